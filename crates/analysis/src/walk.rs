@@ -1,0 +1,319 @@
+//! The walk back from the worst output to the first divergent layer.
+//!
+//! Start at the model output with the largest error and follow the error backwards through the
+//! producer graph, at each node into the (non-weight) input that carries the most error. Stop at the
+//! first node, seen from the output, that *introduces* error: its output is broken while its inputs
+//! carry only drift-level error. A node introduces error when
+//! - it produces inf/NaN from finite inputs, or
+//! - its output error (relative L2) is at least `ratio` times its largest input error, and at least
+//!   `min_break` in absolute terms (so rounding noise at the first layers is never a break).
+//!
+//! Both thresholds are relative to the inputs' error, never one absolute tolerance, so a sensitive
+//! layer is still named when the error has already drifted to a fraction of a percent before it,
+//! and error that grows a little at every layer (drift) is never blamed on one node.
+
+use layerwise_model::fp16::FP16_MAX;
+use layerwise_model::{GraphIndex, WeightRange};
+use serde::Serialize;
+
+use crate::compare::{Comparison, TensorRecord};
+
+/// Thresholds of the walk.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct WalkRule {
+    /// How many times its largest input error a node's output error must be to introduce error.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub ratio: f64,
+    /// Smallest output error (relative L2) that counts as a break.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub min_break: f64,
+}
+
+impl WalkRule {
+    /// FP16 candidates: rounding to FP16 alone gives a relative error of about 3e-4 per tensor;
+    /// a break is at least an order of magnitude above the inputs and above 1%.
+    pub const FP16: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-2 };
+    /// Float32 candidates (another runtime, TF32): breaks are much smaller in absolute terms.
+    pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4 };
+}
+
+/// What kind of cause a break has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseKind {
+    /// The reference value exceeds the FP16 range at this node: the candidate overflows to inf.
+    ValueOverflow,
+    /// A weight the node reads is out of FP16 range (inf after conversion).
+    WeightOverflow,
+    /// The node turns finite inputs into inf/NaN without its reference exceeding the FP16 range.
+    NonFiniteProduced,
+    /// The node amplifies small input error (Softmax, Div, Exp, Pow, normalisations, ...).
+    Amplification,
+    /// The node itself loses precision (values in the FP16 subnormal range, cancellation).
+    PrecisionLoss,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Cause {
+    pub kind: CauseKind,
+    /// The weight at fault, for `weight_overflow`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    /// One sentence for people.
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FirstDivergent {
+    pub node: String,
+    pub op_type: String,
+    pub tensor: String,
+    /// Largest relative L2 error among the node's non-weight inputs.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub input_error: f64,
+    /// Relative L2 error of the node's output.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_error: f64,
+    pub cause: Cause,
+}
+
+/// One step of the blame chain, from the worst output back towards the first divergent node.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChainStep {
+    pub tensor: String,
+    pub node: String,
+    pub op_type: String,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub error: f64,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub max_abs_err: f64,
+    pub nonfinite: usize,
+}
+
+/// A tensor where the candidate has inf/NaN that the reference does not.
+#[derive(Debug, Clone, Serialize)]
+pub struct NonFiniteTensor {
+    pub tensor: String,
+    pub node: String,
+    pub op_type: String,
+    pub cand_nan: usize,
+    pub cand_inf: usize,
+    pub mismatched: usize,
+    /// True where the node's own inputs are free of such mismatches: the inf/NaN is born here.
+    pub origin: bool,
+    pub on_chain: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    Diverged,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub status: Status,
+    pub worst_output: Option<String>,
+    pub first_divergent: Option<FirstDivergent>,
+    pub chain: Vec<ChainStep>,
+    /// One paragraph for people: what was found, or why no single node is to blame.
+    pub summary: String,
+    pub non_finite: Vec<NonFiniteTensor>,
+}
+
+/// Ops known to amplify relative input error.
+const SENSITIVE_OPS: &[&str] = &[
+    "Softmax", "LogSoftmax", "Div", "Reciprocal", "Exp", "Pow", "Log", "Sqrt", "Sub",
+    "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "LayerNormalization", "InstanceNormalization",
+    "GroupNormalization", "BatchNormalization", "Erf", "Tan", "Atan",
+];
+
+fn step(record: &TensorRecord) -> ChainStep {
+    ChainStep {
+        tensor: record.name.clone(),
+        node: record.node.clone(),
+        op_type: record.op_type.clone(),
+        error: record.error_level(),
+        max_abs_err: record.metrics.max_abs_err,
+        nonfinite: record.metrics.nonfinite_mismatch,
+    }
+}
+
+/// Finds the first divergent layer. `weight_ranges` lists weights out of FP16 range (empty for
+/// float32 candidates).
+pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[WeightRange], rule: WalkRule) -> Verdict {
+    let outputs: Vec<&TensorRecord> = index.outputs.iter().filter_map(|o| comparison.get(o)).collect();
+    let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
+    let worst = outputs
+        .iter()
+        .filter(|r| !r.pass)
+        .max_by(|a, b| a.error_level().total_cmp(&b.error_level()).then(b.topo_index.cmp(&a.topo_index)))
+        .copied();
+    let mut verdict = Verdict {
+        status,
+        worst_output: worst.map(|r| r.name.clone()),
+        first_divergent: None,
+        chain: Vec::new(),
+        summary: String::new(),
+        non_finite: Vec::new(),
+    };
+
+    if let Some(worst) = worst {
+        let mut current = worst;
+        loop {
+            verdict.chain.push(step(current));
+            let Some(node) = index.producer(&current.name) else { break };
+            let data_inputs: Vec<&TensorRecord> = node
+                .inputs
+                .iter()
+                .filter(|i| !i.is_empty() && !index.is_constant_like(i))
+                .filter_map(|i| comparison.get(i))
+                .collect();
+            let input_error = data_inputs.iter().map(|r| r.error_level()).fold(0.0, f64::max);
+            let output_error = current.error_level();
+            let nonfinite_out = current.metrics.nonfinite_mismatch > 0;
+            let nonfinite_in = data_inputs.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
+            let introduces = if nonfinite_out {
+                !nonfinite_in
+            } else {
+                output_error >= rule.min_break && output_error >= rule.ratio * input_error
+            };
+            if introduces {
+                let cause = classify(index, comparison, weight_ranges, node, current, input_error);
+                verdict.first_divergent = Some(FirstDivergent {
+                    node: node.name.clone(),
+                    op_type: node.op_type.clone(),
+                    tensor: current.name.clone(),
+                    input_error,
+                    output_error,
+                    cause,
+                });
+                break;
+            }
+            // Follow the input carrying the most error; stop if none carries any worth following.
+            let next = data_inputs.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied();
+            match next {
+                Some(next) if next.error_level() > 0.0 && output_error >= rule.min_break => current = next,
+                _ => break,
+            }
+        }
+    }
+
+    let chain_tensors: std::collections::HashSet<&str> = verdict.chain.iter().map(|s| s.tensor.as_str()).collect();
+    for record in comparison.records.iter().filter(|r| r.metrics.nonfinite_mismatch > 0) {
+        let origin = index
+            .producer(&record.name)
+            .map(|n| {
+                !n.inputs
+                    .iter()
+                    .filter(|i| !i.is_empty())
+                    .filter_map(|i| comparison.get(i))
+                    .any(|r| r.metrics.nonfinite_mismatch > 0)
+            })
+            .unwrap_or(true);
+        verdict.non_finite.push(NonFiniteTensor {
+            tensor: record.name.clone(),
+            node: record.node.clone(),
+            op_type: record.op_type.clone(),
+            cand_nan: record.metrics.cand_nan,
+            cand_inf: record.metrics.cand_inf,
+            mismatched: record.metrics.nonfinite_mismatch,
+            origin,
+            on_chain: chain_tensors.contains(record.name.as_str()),
+        });
+    }
+    verdict.summary = summarize(&verdict, rule);
+    verdict
+}
+
+fn classify(
+    index: &GraphIndex,
+    comparison: &Comparison,
+    weight_ranges: &[WeightRange],
+    node: &layerwise_model::NodeInfo,
+    output: &TensorRecord,
+    input_error: f64,
+) -> Cause {
+    // A weight input (or a weight-derived input) that is out of FP16 range.
+    for input in node.inputs.iter().filter(|i| !i.is_empty() && index.is_constant_like(i)) {
+        let range = weight_ranges.iter().find(|w| w.name == *input && w.overflow_count > 0);
+        let computed = comparison.get(input).filter(|r| r.metrics.nonfinite_mismatch > 0);
+        if range.is_some() || computed.is_some() {
+            let detail = match range {
+                Some(w) => format!(
+                    "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
+                    w.name, w.overflow_count, w.numel, w.max_abs
+                ),
+                None => format!("weight-derived input '{input}' becomes inf/NaN in FP16"),
+            };
+            return Cause { kind: CauseKind::WeightOverflow, weight: Some(input.clone()), detail };
+        }
+    }
+    let m = &output.metrics;
+    if m.nonfinite_mismatch > 0 {
+        if m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64 {
+            return Cause {
+                kind: CauseKind::ValueOverflow,
+                weight: None,
+                detail: format!(
+                    "{} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
+                    node.op_type, m.ref_max_abs, m.nonfinite_mismatch
+                ),
+            };
+        }
+        return Cause {
+            kind: CauseKind::NonFiniteProduced,
+            weight: None,
+            detail: format!("{} turns finite inputs into {} inf/NaN values", node.op_type, m.nonfinite_mismatch),
+        };
+    }
+    if m.ref_fp16_subnormal_share > 0.1 {
+        return Cause {
+            kind: CauseKind::PrecisionLoss,
+            weight: None,
+            detail: format!(
+                "{:.0}% of the reference values of {} are in the FP16 subnormal range and lose precision",
+                100.0 * m.ref_fp16_subnormal_share,
+                node.op_type
+            ),
+        };
+    }
+    let factor = if input_error > 0.0 { output.error_level() / input_error } else { f64::INFINITY };
+    let sensitive = SENSITIVE_OPS.contains(&node.op_type.as_str());
+    Cause {
+        kind: if sensitive || input_error > 0.0 { CauseKind::Amplification } else { CauseKind::PrecisionLoss },
+        weight: None,
+        detail: if factor.is_finite() {
+            format!(
+                "{} amplifies its input error {:.1}x (relative L2 {:.2e} -> {:.2e}){}",
+                node.op_type,
+                factor,
+                input_error,
+                output.error_level(),
+                if sensitive { "; it is a precision-sensitive op" } else { "" }
+            )
+        } else {
+            format!("{} introduces a relative L2 error of {:.2e} from exact inputs", node.op_type, output.error_level())
+        },
+    }
+}
+
+fn summarize(v: &Verdict, rule: WalkRule) -> String {
+    match (&v.status, &v.first_divergent) {
+        (Status::Pass, _) => "all model outputs are within tolerance".to_string(),
+        (Status::Diverged, Some(fd)) => format!(
+            "output '{}' diverges; the error starts at node '{}' ({}): {}",
+            v.worst_output.as_deref().unwrap_or("?"),
+            fd.node,
+            fd.op_type,
+            fd.cause.detail
+        ),
+        (Status::Diverged, None) => format!(
+            "output '{}' diverges, but no single node introduces the error: it is drift that grows along the {}-step chain shown (no node raises its input error {}x or more)",
+            v.worst_output.as_deref().unwrap_or("?"),
+            v.chain.len(),
+            rule.ratio
+        ),
+    }
+}

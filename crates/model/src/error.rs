@@ -1,0 +1,28 @@
+use std::path::PathBuf;
+
+/// Everything that can go wrong while reading, checking or rewriting a model.
+///
+/// Messages name the file, tensor or node at fault so that a user can act on them directly.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("model file not found: {0}")]
+    NotFound(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not an ONNX model: protobuf decoding failed ({source}); the file may be truncated, corrupt or of another format")]
+    Decode { path: PathBuf, source: prost::DecodeError },
+    #[error("{path} decodes as protobuf but is not an ONNX model: {why}")]
+    NotAModel { path: PathBuf, why: String },
+    #[error("external data of initializer '{tensor}': {why}")]
+    ExternalData { tensor: String, why: String },
+    #[error("invalid graph: {0}")]
+    InvalidGraph(String),
+    #[error("tensor '{0}' does not exist in the main graph")]
+    UnknownTensor(String),
+    #[error("tensor '{tensor}' is produced inside a subgraph of node '{node}' and is not visible from the main graph, so it cannot be compared")]
+    SubgraphTensor { tensor: String, node: String },
+    #[error("tensor '{0}' is a graph input or initializer, not computed by the model: there is nothing to compare")]
+    NotComputed(String),
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}

@@ -1,0 +1,25 @@
+//! ONNX model I/O, the graph index and the rewrites layerwise needs: exposing intermediate tensors as
+//! graph outputs and emulating FP16 storage on an FP32 runtime.
+//!
+//! This crate is the first stage of the data flow (model -> runtime -> analysis -> report) and
+//! depends on no other layerwise crate.
+
+#[allow(clippy::all, missing_docs, rustdoc::all)]
+pub mod onnx;
+
+pub mod builder;
+mod error;
+pub mod fp16;
+mod graph;
+mod model;
+mod rewrite;
+mod weights;
+
+pub use error::ModelError;
+pub use graph::{GraphIndex, NodeInfo};
+pub use model::{data_type_name, data_type_size, Model};
+pub use rewrite::{emulate_fp16, expose, Fp16Emulation, Selection};
+pub use weights::{float_weight_values, scan_fp16_weight_range, WeightRange};
+
+/// ONNX `TensorProto.DataType` codes used throughout layerwise.
+pub use onnx::tensor_proto::DataType;

@@ -1,0 +1,218 @@
+use std::collections::HashSet;
+
+use bytes::Bytes;
+
+use crate::fp16;
+use crate::onnx::{
+    attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
+    TensorProto, ValueInfoProto,
+};
+use crate::weights::float_weight_values;
+use crate::{GraphIndex, Model, ModelError};
+
+/// Which intermediate tensors to expose as graph outputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every tensor computed by a main-graph node.
+    All,
+    /// Only these tensors (plus the model's own outputs).
+    Names(Vec<String>),
+}
+
+/// Returns a copy of the model whose graph outputs are its own outputs followed by the selected
+/// intermediate tensors, and the list of exposed tensor names in topological order.
+///
+/// Added outputs carry a name only: ONNX Runtime and TensorRT's parser accept untyped outputs, so no
+/// type inference is needed. Graph inputs and initializers are never exposed (nothing computes them);
+/// tensors that live only inside If/Loop/Scan bodies cannot be, and asking for one is an error.
+pub fn expose(proto: &ModelProto, index: &GraphIndex, selection: &Selection) -> Result<(ModelProto, Vec<String>), ModelError> {
+    let wanted: Vec<String> = match selection {
+        Selection::All => index.computed_tensors().map(str::to_string).collect(),
+        Selection::Names(names) => {
+            for name in names {
+                if index.producer_index(name).is_some() {
+                    continue;
+                }
+                if let Some(node) = index.subgraph_owner(name) {
+                    return Err(ModelError::SubgraphTensor { tensor: name.clone(), node: node.to_string() });
+                }
+                if index.is_initializer(name) || index.is_graph_input(name) {
+                    return Err(ModelError::NotComputed(name.clone()));
+                }
+                return Err(ModelError::UnknownTensor(name.clone()));
+            }
+            let set: HashSet<&String> = names.iter().collect();
+            index.computed_tensors().filter(|t| set.contains(&t.to_string())).map(str::to_string).collect()
+        }
+    };
+    let mut out = proto.clone();
+    let graph = out.graph.as_mut().expect("model has a graph");
+    let mut present: HashSet<String> = graph.output.iter().map(|v| v.name().to_string()).collect();
+    for name in &wanted {
+        if present.insert(name.clone()) {
+            graph.output.push(ValueInfoProto { name: Some(name.clone()), ..Default::default() });
+        }
+    }
+    // Report in topological order, the model's own outputs included.
+    let exposed: Vec<String> = index.computed_tensors().filter(|t| present.contains(*t)).map(str::to_string).collect();
+    Ok((out, exposed))
+}
+
+/// The FP16-emulation rewrite of a model (see docs/fp16-emulation.md).
+#[derive(Debug, Clone)]
+pub struct Fp16Emulation {
+    pub proto: ModelProto,
+    /// Node outputs and graph inputs rounded through a Cast pair.
+    pub rounded_tensors: usize,
+    /// Float32 initializers and Constant tensors rounded in place.
+    pub rounded_weights: usize,
+}
+
+/// Suffix of the unrounded value of a tensor in the emulated model.
+pub const RAW_SUFFIX: &str = "__lw_fp32";
+const HALF_SUFFIX: &str = "__lw_fp16";
+
+/// Emulates a strongly typed FP16 model on an FP32 runtime:
+/// - every float32 initializer and Constant (also inside subgraphs) is rounded to FP16 in place
+///   (values beyond the FP16 range become ±inf, as they do in an FP16 model);
+/// - every float32 tensor in `float_tensors` that a main-graph node produces is renamed
+///   `<name>__lw_fp32`, and `Cast(to=FLOAT16) -> Cast(to=FLOAT)` recreates `<name>` rounded;
+/// - every float32 graph input is rounded the same way before any node reads it.
+///
+/// Arithmetic inside each op therefore stays FP32 while every value stored between ops is FP16.
+/// `proto` is normally the output of [`expose`], so the rounded values are what gets compared.
+pub fn emulate_fp16(model: &Model, proto: &ModelProto, float_tensors: &HashSet<String>) -> Result<Fp16Emulation, ModelError> {
+    let mut out = proto.clone();
+    let graph = out.graph.as_mut().expect("model has a graph");
+    let mut rounded_weights = 0;
+    round_graph_weights(model, graph, &mut rounded_weights)?;
+
+    let float_inputs: Vec<String> = graph
+        .input
+        .iter()
+        .filter(|v| is_float_value(v) && !graph.initializer.iter().any(|t| t.name() == v.name()))
+        .map(|v| v.name().to_string())
+        .collect();
+
+    let mut nodes = Vec::with_capacity(graph.node.len() * 3 + float_inputs.len() * 2);
+    let mut rounded_tensors = 0;
+    for input in &float_inputs {
+        let rounded = format!("{input}{HALF_SUFFIX}_input");
+        for node in graph.node.iter_mut() {
+            rename_reads(node, input, &rounded);
+        }
+        nodes.extend(cast_pair(input, &rounded));
+        rounded_tensors += 1;
+    }
+    for mut node in std::mem::take(&mut graph.node) {
+        let mut pairs = Vec::new();
+        for out_name in node.output.iter_mut() {
+            if out_name.is_empty() || !float_tensors.contains(out_name.as_str()) {
+                continue;
+            }
+            let raw = format!("{out_name}{RAW_SUFFIX}");
+            pairs.extend(cast_pair(&raw, out_name));
+            *out_name = raw;
+            rounded_tensors += 1;
+        }
+        nodes.push(node);
+        nodes.extend(pairs);
+    }
+    graph.node = nodes;
+    Ok(Fp16Emulation { proto: out, rounded_tensors, rounded_weights })
+}
+
+fn is_float_value(v: &ValueInfoProto) -> bool {
+    use crate::onnx::type_proto::Value;
+    matches!(&v.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(Value::TensorType(t)) if t.elem_type() == DataType::Float as i32)
+}
+
+/// Replaces reads of `from` by `to` in a node and in the subgraphs it owns.
+fn rename_reads(node: &mut NodeProto, from: &str, to: &str) {
+    for i in node.input.iter_mut().filter(|i| i.as_str() == from) {
+        *i = to.to_string();
+    }
+    for attr in node.attribute.iter_mut() {
+        for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+            for n in g.node.iter_mut() {
+                rename_reads(n, from, to);
+            }
+            for o in g.output.iter_mut().filter(|o| o.name() == from) {
+                o.name = Some(to.to_string());
+            }
+        }
+    }
+}
+
+/// `from -> Cast(FLOAT16) -> Cast(FLOAT) -> to`, with names that say what they are.
+fn cast_pair(from: &str, to: &str) -> [NodeProto; 2] {
+    let half = format!("{to}{HALF_SUFFIX}");
+    let cast = |input: &str, output: &str, target: DataType, name: String| NodeProto {
+        input: vec![input.to_string()],
+        output: vec![output.to_string()],
+        name: Some(name),
+        op_type: Some("Cast".into()),
+        attribute: vec![AttributeProto {
+            name: Some("to".into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(target as i64),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    [
+        cast(from, &half, DataType::Float16, format!("{to}/lw_to_fp16")),
+        cast(&half, to, DataType::Float, format!("{to}/lw_to_fp32")),
+    ]
+}
+
+fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize) -> Result<(), ModelError> {
+    for t in graph.initializer.iter_mut() {
+        if t.data_type() == DataType::Float as i32 {
+            round_tensor(model, t)?;
+            *count += 1;
+        }
+    }
+    for node in graph.node.iter_mut() {
+        let is_constant = node.op_type() == "Constant";
+        for attr in node.attribute.iter_mut() {
+            if is_constant {
+                match attr.name() {
+                    "value" => {
+                        if let Some(t) = attr.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
+                            round_tensor(model, t)?;
+                            *count += 1;
+                        }
+                    }
+                    "value_float" => {
+                        attr.f = attr.f.map(fp16::round_f32);
+                        *count += 1;
+                    }
+                    "value_floats" => {
+                        attr.floats.iter_mut().for_each(|v| *v = fp16::round_f32(*v));
+                        *count += 1;
+                    }
+                    _ => {}
+                }
+            }
+            for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                round_graph_weights(model, g, count)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rounds a float32 tensor's values through FP16 and stores them inline as raw data.
+fn round_tensor(model: &Model, t: &mut TensorProto) -> Result<(), ModelError> {
+    let values = float_weight_values(model, t)?;
+    let mut raw = Vec::with_capacity(values.len() * 4);
+    for v in values {
+        raw.extend_from_slice(&fp16::round_f32(v).to_le_bytes());
+    }
+    t.raw_data = Some(Bytes::from(raw));
+    t.float_data.clear();
+    t.external_data.clear();
+    t.data_location = None;
+    Ok(())
+}

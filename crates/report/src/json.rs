@@ -1,0 +1,183 @@
+use layerwise_analysis::num::finite_or_string;
+use layerwise_analysis::{Comparison, TensorRecord, Tolerance, Verdict, WalkRule};
+use layerwise_model::{GraphIndex, Model, WeightRange};
+use layerwise_runtime::inputs::PreparedInput;
+use serde::Serialize;
+
+pub const SCHEMA: &str = "layerwise.report/1";
+
+/// Everything a report is built from.
+pub struct ReportContext<'a> {
+    pub model: &'a Model,
+    pub index: &'a GraphIndex,
+    pub ref_spec: &'a str,
+    pub cand_spec: &'a str,
+    pub ref_notes: Vec<String>,
+    pub cand_notes: Vec<String>,
+    pub tolerance: Tolerance,
+    pub rule: WalkRule,
+    pub inputs: &'a [PreparedInput],
+    pub comparison: &'a Comparison,
+    pub verdict: &'a Verdict,
+    pub weights: &'a [WeightRange],
+    pub unavailable: Vec<(String, String)>,
+    /// The one non-deterministic part of a report: when and how long.
+    pub run_info: RunInfo,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunInfo {
+    pub generated_at_unix_s: u64,
+    pub durations_s: Vec<(String, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    pub layerwise_version: &'static str,
+    pub model: ModelInfo,
+    #[serde(rename = "ref")]
+    pub reference: BackendInfo,
+    pub cand: BackendInfo,
+    pub tolerances: Tolerances,
+    pub inputs: Vec<InputInfo>,
+    pub tensors: Vec<TensorRecord>,
+    pub not_compared: Vec<NotCompared>,
+    pub weights_out_of_fp16_range: Vec<WeightInfo>,
+    pub outputs: Vec<OutputInfo>,
+    pub worst_output: Option<String>,
+    pub verdict: Verdict,
+    pub run_info: RunInfo,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelInfo {
+    pub path: String,
+    pub sha256: String,
+    pub ir_version: i64,
+    pub opset: i64,
+    pub node_count: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BackendInfo {
+    pub spec: String,
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Tolerances {
+    #[serde(serialize_with = "finite_or_string")]
+    pub atol: f64,
+    #[serde(serialize_with = "finite_or_string")]
+    pub rtol: f64,
+    pub rule: &'static str,
+    pub walk: WalkRule,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InputInfo {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub dtype: String,
+    pub source: String,
+    pub nan: usize,
+    pub inf: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NotCompared {
+    pub tensor: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WeightInfo {
+    pub name: String,
+    pub kind: &'static str,
+    pub numel: usize,
+    pub max_abs: f32,
+    pub overflow_count: usize,
+    pub subnormal_count: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputInfo {
+    pub name: String,
+    pub compared: bool,
+    pub pass: bool,
+    #[serde(serialize_with = "finite_or_string")]
+    pub rel_l2_err: f64,
+    #[serde(serialize_with = "finite_or_string")]
+    pub max_abs_err: f64,
+}
+
+pub fn build_report(ctx: ReportContext) -> Report {
+    let mut not_compared: Vec<NotCompared> =
+        ctx.comparison.not_compared.iter().map(|(t, r)| NotCompared { tensor: t.clone(), reason: r.clone() }).collect();
+    for (t, r) in &ctx.unavailable {
+        if !not_compared.iter().any(|n| &n.tensor == t) {
+            not_compared.push(NotCompared { tensor: t.clone(), reason: r.clone() });
+        }
+    }
+    for (t, owner) in ctx.index.subgraph_tensors() {
+        not_compared.push(NotCompared {
+            tensor: t.to_string(),
+            reason: format!("produced inside a subgraph of node '{owner}'; not visible from the main graph"),
+        });
+    }
+    let outputs = ctx
+        .index
+        .outputs
+        .iter()
+        .map(|o| match ctx.comparison.get(o) {
+            Some(r) => OutputInfo { name: o.clone(), compared: true, pass: r.pass, rel_l2_err: r.error_level(), max_abs_err: r.metrics.max_abs_err },
+            None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN },
+        })
+        .collect();
+    Report {
+        schema: SCHEMA,
+        layerwise_version: env!("CARGO_PKG_VERSION"),
+        model: ModelInfo {
+            path: ctx.model.path.display().to_string(),
+            sha256: ctx.model.sha256.clone(),
+            ir_version: ctx.model.proto.ir_version.unwrap_or(0),
+            opset: ctx.model.opset(),
+            node_count: ctx.index.nodes.len(),
+        },
+        reference: BackendInfo { spec: ctx.ref_spec.to_string(), notes: ctx.ref_notes },
+        cand: BackendInfo { spec: ctx.cand_spec.to_string(), notes: ctx.cand_notes },
+        tolerances: Tolerances {
+            atol: ctx.tolerance.atol,
+            rtol: ctx.tolerance.rtol,
+            rule: "element passes if |cand - ref| <= atol + rtol * |ref|; a tensor passes if all elements pass and no inf/NaN differs",
+            walk: ctx.rule,
+        },
+        inputs: ctx
+            .inputs
+            .iter()
+            .map(|i| {
+                let (nan, inf) = i.tensor.non_finite_counts();
+                InputInfo { name: i.name.clone(), shape: i.tensor.shape.clone(), dtype: i.tensor.dtype().name().to_string(), source: i.source.clone(), nan, inf }
+            })
+            .collect(),
+        tensors: ctx.comparison.records.clone(),
+        not_compared,
+        weights_out_of_fp16_range: ctx
+            .weights
+            .iter()
+            .map(|w| WeightInfo {
+                name: w.name.clone(),
+                kind: w.kind,
+                numel: w.numel,
+                max_abs: w.max_abs,
+                overflow_count: w.overflow_count,
+                subnormal_count: w.subnormal_count,
+            })
+            .collect(),
+        outputs,
+        worst_output: ctx.verdict.worst_output.clone(),
+        verdict: ctx.verdict.clone(),
+        run_info: ctx.run_info,
+    }
+}

@@ -1,0 +1,119 @@
+use std::fmt::Write;
+
+use layerwise_analysis::Status;
+
+use crate::Report;
+
+fn num(v: f64) -> String {
+    if v.is_nan() {
+        "nan".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "inf".into() } else { "-inf".into() }
+    } else if v == 0.0 {
+        "0".into()
+    } else {
+        // 1.23e-04 rather than Rust's 1.23e-4, so columns line up.
+        let s = format!("{v:.2e}");
+        match s.split_once('e') {
+            Some((mantissa, exp)) => {
+                let e: i32 = exp.parse().unwrap_or(0);
+                format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+            }
+            None => s,
+        }
+    }
+}
+
+fn short(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let tail: String = s.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("…{tail}")
+    }
+}
+
+/// The terminal summary: verdict, first divergent layer, blame chain, non-finite values, and the
+/// worst tensors.
+pub fn render_terminal(report: &Report, top: usize) -> String {
+    let mut out = String::new();
+    let m = &report.model;
+    let _ = writeln!(out, "model      {} (sha256 {}…, opset {}, {} nodes)", m.path, &m.sha256[..12.min(m.sha256.len())], m.opset, m.node_count);
+    let _ = writeln!(out, "reference  {}", report.reference.spec);
+    let _ = writeln!(out, "candidate  {}", report.cand.spec);
+    let _ = writeln!(
+        out,
+        "tolerance  |cand - ref| <= {} + {} * |ref|    compared {} tensors ({} not compared)",
+        report.tolerances.atol,
+        report.tolerances.rtol,
+        report.tensors.len(),
+        report.not_compared.len()
+    );
+    for i in &report.inputs {
+        let nonfinite = if i.nan + i.inf > 0 { format!("  WARNING: {} NaN, {} inf in this input", i.nan, i.inf) } else { String::new() };
+        let _ = writeln!(out, "input      {} {} {} from {}{nonfinite}", i.name, i.dtype, i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"), i.source);
+    }
+    out.push('\n');
+
+    let v = &report.verdict;
+    match v.status {
+        Status::Pass => {
+            let _ = writeln!(out, "VERDICT: PASS - all {} model outputs are within tolerance", report.outputs.len());
+        }
+        Status::Diverged => {
+            let failing: Vec<String> = report.outputs.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, num(o.rel_l2_err))).collect();
+            let _ = writeln!(out, "VERDICT: DIVERGED - {} of {} outputs out of tolerance: {}", failing.len(), report.outputs.len(), failing.join(", "));
+        }
+    }
+    if let Some(fd) = &v.first_divergent {
+        let _ = writeln!(out, "\nFirst divergent layer: {} ({})", fd.node, fd.op_type);
+        let _ = writeln!(out, "  tensor  {}", fd.tensor);
+        let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", num(fd.input_error), num(fd.output_error));
+        let _ = writeln!(out, "  cause   {:?}: {}", fd.cause.kind, fd.cause.detail);
+    } else if v.status == Status::Diverged {
+        let _ = writeln!(out, "\nNo single layer introduces the error: {}", v.summary);
+    }
+    if !v.chain.is_empty() {
+        let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer):");
+        for (i, s) in v.chain.iter().enumerate() {
+            let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
+            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{nf}", i, short(&s.tensor, 40), short(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+        }
+    }
+    if !v.non_finite.is_empty() {
+        let origins: Vec<String> = v.non_finite.iter().filter(|n| n.origin).map(|n| format!("{} ({})", n.node, n.op_type)).collect();
+        let _ = writeln!(out, "\nNon-finite values in the candidate: {} tensors; born at: {}", v.non_finite.len(), origins.join(", "));
+        for n in v.non_finite.iter().filter(|n| n.origin && !n.on_chain) {
+            let _ = writeln!(out, "  off the blame chain: {} ({}) produces {} inf/NaN", n.node, n.op_type, n.mismatched);
+        }
+    }
+    if !report.weights_out_of_fp16_range.is_empty() {
+        let over: Vec<String> = report.weights_out_of_fp16_range.iter().filter(|w| w.overflow_count > 0).map(|w| format!("{} (max |w| {:.3e})", w.name, w.max_abs)).collect();
+        if !over.is_empty() {
+            let _ = writeln!(out, "\nWeights beyond the FP16 range: {}", over.join(", "));
+        }
+    }
+
+    let mut worst: Vec<_> = report.tensors.iter().filter(|t| !t.constant_like).collect();
+    worst.sort_by(|a, b| b.error_level().total_cmp(&a.error_level()).then(a.topo_index.cmp(&b.topo_index)));
+    if !worst.is_empty() && top > 0 {
+        let _ = writeln!(out, "\nWorst tensors:");
+        let _ = writeln!(out, "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8} {:>8}  pass", "tensor", "op", "rel L2", "max abs", "max rel", "cosine", "SNR dB");
+        for t in worst.iter().take(top) {
+            let mm = &t.metrics;
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8.5} {:>8.1}  {}",
+                short(&t.name, 40),
+                short(&t.op_type, 18),
+                num(t.error_level()),
+                num(mm.max_abs_err),
+                num(mm.max_rel_err),
+                mm.cosine,
+                mm.snr_db,
+                if t.pass { "yes" } else { "NO" }
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,130 @@
+//! The one interface every backend implements, and the command-line specs that name them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use layerwise_model::{GraphIndex, Model, Selection};
+
+use crate::{RuntimeError, Tensor};
+
+/// What a backend is asked to do: run `model` on `inputs` and return the selected tensors.
+pub struct RunRequest<'a> {
+    pub model: &'a Model,
+    pub index: &'a GraphIndex,
+    pub inputs: &'a [(String, Tensor)],
+    pub selection: &'a Selection,
+}
+
+/// What a backend returns.
+#[derive(Debug, Default)]
+pub struct RunOutput {
+    /// Tensors by name (names of the original model).
+    pub tensors: HashMap<String, Tensor>,
+    /// Tensors that were asked for but that this backend cannot provide, with the reason
+    /// (not a tensor type, fused away, ...). Not errors: the report lists them.
+    pub unavailable: Vec<(String, String)>,
+    /// Facts about the run worth showing the user (library used, rewrite sizes, ...).
+    pub notes: Vec<String>,
+}
+
+/// The numeric precision a backend computes in, used to choose default tolerances.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Fp16,
+}
+
+/// A way to run a model. ONNX Runtime execution providers and native TensorRT implement this
+/// same trait, so the analysis never depends on which backend produced a tensor.
+pub trait Backend {
+    /// The spec this backend was created from (`ort:cpu`, `sim:fp16`, ...).
+    fn spec(&self) -> &str;
+    /// The precision its results carry.
+    fn precision(&self) -> Precision;
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError>;
+}
+
+/// ONNX Runtime graph optimization level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptLevel {
+    Disable,
+    Basic,
+    Extended,
+    All,
+}
+
+/// Options shared by the ONNX Runtime based backends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OrtOptions {
+    pub opt_level: OptLevel,
+    /// Intra-op threads; `None` lets ONNX Runtime choose.
+    pub threads: Option<usize>,
+}
+
+/// A parsed backend spec.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendSpec {
+    /// `ort:cpu[,opt=disable|basic|extended|all][,threads=N]`: ONNX Runtime's CPU execution provider
+    /// in float32, the reference.
+    OrtCpu(OrtOptions),
+    /// `sim:fp16[,threads=N]`: FP16 storage emulated on ONNX Runtime's CPU provider.
+    SimFp16(OrtOptions),
+    /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
+    Saved(PathBuf),
+}
+
+pub const KNOWN_SPECS: &str = "ort:cpu[,opt=LEVEL][,threads=N], sim:fp16[,threads=N], npz:PATH";
+
+impl BackendSpec {
+    pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
+        let bad = |why: String| RuntimeError::BadSpec { spec: spec.to_string(), why: format!("{why}; known specs: {KNOWN_SPECS}") };
+        if let Some(path) = spec.strip_prefix("npz:") {
+            if path.is_empty() {
+                return Err(bad("npz: needs a path".into()));
+            }
+            return Ok(BackendSpec::Saved(PathBuf::from(path)));
+        }
+        let mut parts = spec.split(',');
+        let head = parts.next().unwrap_or_default();
+        let (default_level, make): (OptLevel, fn(OrtOptions) -> BackendSpec) = match head {
+            "ort:cpu" => (OptLevel::All, BackendSpec::OrtCpu),
+            // Optimizations would be free to fold the rounding Cast pairs away.
+            "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16),
+            "ort:cuda" | "ort:trt" | "ort:nvrtx" | "trt" => {
+                return Err(bad(format!("'{head}' is not available in this build yet (GPU and TensorRT backends are planned)")))
+            }
+            _ => return Err(bad(format!("'{head}' is not a backend"))),
+        };
+        let mut options = OrtOptions { opt_level: default_level, threads: None };
+        for part in parts {
+            let (key, value) = part.split_once('=').ok_or_else(|| bad(format!("option '{part}' is not KEY=VALUE")))?;
+            match key {
+                "opt" if head == "ort:cpu" => {
+                    options.opt_level = match value {
+                        "disable" => OptLevel::Disable,
+                        "basic" => OptLevel::Basic,
+                        "extended" => OptLevel::Extended,
+                        "all" => OptLevel::All,
+                        _ => return Err(bad(format!("opt must be disable, basic, extended or all, not '{value}'"))),
+                    }
+                }
+                "threads" => {
+                    options.threads = Some(
+                        value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| bad(format!("threads must be a positive number, not '{value}'")))?,
+                    )
+                }
+                _ => return Err(bad(format!("unknown option '{key}' for {head}"))),
+            }
+        }
+        Ok(make(options))
+    }
+}
+
+/// Creates the backend a spec names.
+pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
+    Ok(match BackendSpec::parse(spec)? {
+        BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, false)),
+        BackendSpec::SimFp16(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, true)),
+        BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),
+    })
+}

@@ -1,0 +1,19 @@
+//! Backends that run a model and return its tensors, and the tensor I/O around them.
+//!
+//! Every backend implements [`Backend`]: given a model, inputs and a selection of tensors, it returns
+//! those tensors by their original names. Rewriting the model so the tensors become visible (or
+//! marking them as engine outputs) is the backend's business, so the analysis never depends on
+//! which backend produced a tensor.
+
+mod backend;
+mod error;
+pub mod inputs;
+pub mod npy;
+mod ort_backend;
+pub mod ortlib;
+pub mod saved;
+mod tensor;
+
+pub use backend::{create_backend, Backend, BackendSpec, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
+pub use error::RuntimeError;
+pub use tensor::{shape_string, DType, Tensor, TensorData};

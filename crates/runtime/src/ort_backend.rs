@@ -1,0 +1,178 @@
+//! ONNX Runtime backends: `ort:cpu` (the float32 reference) and `sim:fp16` (FP16 emulation).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use layerwise_model::{emulate_fp16, expose};
+use ort::logging::LogLevel;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::session::Session;
+use ort::value::{DynValue, TensorElementType, ValueType};
+
+use crate::backend::{Backend, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
+use crate::{ortlib, RuntimeError, Tensor, TensorData};
+
+pub struct OrtBackend {
+    spec: String,
+    options: OrtOptions,
+    emulate_fp16: bool,
+}
+
+impl OrtBackend {
+    pub fn new(spec: &str, options: OrtOptions, emulate_fp16: bool) -> OrtBackend {
+        OrtBackend { spec: spec.to_string(), options, emulate_fp16 }
+    }
+
+    fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
+        RuntimeError::Ort { backend: self.spec.clone(), why: why.to_string() }
+    }
+
+    fn session(&self, path: &Path, level: OptLevel) -> Result<Session, RuntimeError> {
+        let (env, _) = ortlib::environment()?;
+        let level = match level {
+            OptLevel::Disable => GraphOptimizationLevel::Disable,
+            OptLevel::Basic => GraphOptimizationLevel::Level1,
+            OptLevel::Extended => GraphOptimizationLevel::Level2,
+            OptLevel::All => GraphOptimizationLevel::All,
+        };
+        let mut builder = Session::builder(env)
+            .map_err(|e| self.err(e))?
+            .with_log_level(LogLevel::Error)
+            .map_err(|e| self.err(e))?
+            .with_optimization_level(level)
+            .map_err(|e| self.err(e))?;
+        if let Some(n) = self.options.threads {
+            builder = builder.with_intra_threads(n).map_err(|e| self.err(e))?;
+        }
+        builder.commit_from_file(path).map_err(|e| self.err(format!("cannot create a session: {e}")))
+    }
+}
+
+impl Backend for OrtBackend {
+    fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    fn precision(&self) -> Precision {
+        if self.emulate_fp16 {
+            Precision::Fp16
+        } else {
+            Precision::Fp32
+        }
+    }
+
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+        let (_, lib) = ortlib::environment()?;
+        let mut output = RunOutput::default();
+        output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
+        let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
+        let dir = tempfile::Builder::new()
+            .prefix("layerwise-")
+            .tempdir()
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+        let proto = if self.emulate_fp16 {
+            // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.
+            let path = request.model.write_rewrite(&exposed, dir.path(), "exposed.onnx")?;
+            let typed = self.session(&path, OptLevel::Disable)?;
+            let float: HashSet<String> = typed
+                .outputs()
+                .iter()
+                .filter(|o| matches!(o.dtype(), ValueType::Tensor { ty: TensorElementType::Float32, .. }))
+                .map(|o| o.name().to_string())
+                .collect();
+            drop(typed);
+            let emulated = emulate_fp16(request.model, &exposed, &float)?;
+            output.notes.push(format!(
+                "FP16 emulation: {} tensors rounded through Cast pairs, {} weights rounded",
+                emulated.rounded_tensors, emulated.rounded_weights
+            ));
+            emulated.proto
+        } else {
+            exposed
+        };
+        let path = request.model.write_rewrite(&proto, dir.path(), "model.onnx")?;
+        let mut session = self.session(&path, self.options.opt_level)?;
+
+        let mut feeds: Vec<(String, DynValue)> = Vec::new();
+        for input in session.inputs() {
+            let name = input.name();
+            let tensor = request
+                .inputs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t)
+                .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+            feeds.push((name.to_string(), to_ort_value(tensor).map_err(|e| self.err(format!("input '{name}': {e}")))?));
+        }
+        let results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        for name in names {
+            match results.get(&name) {
+                None => output.unavailable.push((name, "ONNX Runtime returned no value".into())),
+                Some(value) => match from_ort_value(value) {
+                    Ok(t) => {
+                        output.tensors.insert(name, t);
+                    }
+                    Err(why) => output.unavailable.push((name, why)),
+                },
+            }
+        }
+        Ok(output)
+    }
+}
+
+fn to_ort_value(t: &Tensor) -> ort::Result<DynValue> {
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    macro_rules! make {
+        ($v:expr) => {
+            ort::value::Tensor::from_array((shape, $v.clone()))?.into_dyn()
+        };
+    }
+    Ok(match &t.data {
+        TensorData::F32(v) => make!(v),
+        TensorData::F16(v) => make!(v),
+        TensorData::BF16(v) => make!(v),
+        TensorData::F64(v) => make!(v),
+        TensorData::I8(v) => make!(v),
+        TensorData::I16(v) => make!(v),
+        TensorData::I32(v) => make!(v),
+        TensorData::I64(v) => make!(v),
+        TensorData::U8(v) => make!(v),
+        TensorData::U16(v) => make!(v),
+        TensorData::U32(v) => make!(v),
+        TensorData::U64(v) => make!(v),
+        TensorData::Bool(v) => make!(v),
+    })
+}
+
+/// Copies an ONNX Runtime output to a host tensor; non-tensor values are reported, not failed.
+fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
+    let ty = match value.dtype() {
+        ValueType::Tensor { ty, .. } => *ty,
+        ValueType::Sequence(_) => return Err("a sequence, not a tensor".into()),
+        ValueType::Map { .. } => return Err("a map, not a tensor".into()),
+        ValueType::Optional(_) => return Err("an optional value, not a tensor".into()),
+    };
+    macro_rules! take {
+        ($t:ty, $variant:ident) => {{
+            let (shape, data) = value.try_extract_tensor::<$t>().map_err(|e| e.to_string())?;
+            let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+            Ok(Tensor::new(shape, TensorData::$variant(data.to_vec())))
+        }};
+    }
+    match ty {
+        TensorElementType::Float32 => take!(f32, F32),
+        TensorElementType::Float16 => take!(half::f16, F16),
+        TensorElementType::Bfloat16 => take!(half::bf16, BF16),
+        TensorElementType::Float64 => take!(f64, F64),
+        TensorElementType::Int8 => take!(i8, I8),
+        TensorElementType::Int16 => take!(i16, I16),
+        TensorElementType::Int32 => take!(i32, I32),
+        TensorElementType::Int64 => take!(i64, I64),
+        TensorElementType::Uint8 => take!(u8, U8),
+        TensorElementType::Uint16 => take!(u16, U16),
+        TensorElementType::Uint32 => take!(u32, U32),
+        TensorElementType::Uint64 => take!(u64, U64),
+        TensorElementType::Bool => take!(bool, Bool),
+        other => Err(format!("element type {other:?} is not compared")),
+    }
+}

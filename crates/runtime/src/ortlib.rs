@@ -1,0 +1,177 @@
+//! Finding `libonnxruntime` and starting ONNX Runtime once per process.
+//!
+//! Search order: `LAYERWISE_ORT_LIB`, `ORT_DYLIB_PATH`, layerwise's cache folder, an installed
+//! Python `onnxruntime` package; failing all, `pip download onnxruntime==ORT_VERSION` into the cache.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::RuntimeError;
+
+/// The ONNX Runtime release layerwise fetches when none is found.
+pub const ORT_VERSION: &str = "1.31.1";
+
+/// Where layerwise keeps fetched libraries: `LAYERWISE_CACHE_DIR`, else the user's cache folder.
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("LAYERWISE_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    dirs::cache_dir().unwrap_or_else(std::env::temp_dir).join("layerwise")
+}
+
+fn python() -> String {
+    std::env::var("LAYERWISE_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+/// The library found, and how.
+#[derive(Debug, Clone)]
+pub struct OrtLibrary {
+    pub path: PathBuf,
+    pub found_by: String,
+}
+
+fn is_ort_lib(name: &str) -> bool {
+    (name.starts_with("libonnxruntime.so") || (name.starts_with("libonnxruntime") && name.ends_with(".dylib")))
+        && !name.contains("providers")
+}
+
+fn find_lib_in(dir: &Path) -> Option<PathBuf> {
+    let mut found: Vec<PathBuf> = fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| is_ort_lib(&e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    // Prefer the fully versioned file name (libonnxruntime.so.1.31.1) over a bare link.
+    found.sort_by_key(|p| std::cmp::Reverse(p.to_string_lossy().len()));
+    found.into_iter().next()
+}
+
+fn from_env(var: &str) -> Result<Option<OrtLibrary>, RuntimeError> {
+    let Some(value) = std::env::var_os(var).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let path = PathBuf::from(value);
+    let path = if path.is_dir() { find_lib_in(&path).unwrap_or(path) } else { path };
+    if !path.is_file() {
+        return Err(RuntimeError::OrtNotFound(format!("{var} is set to '{}', which is not a file", path.display())));
+    }
+    Ok(Some(OrtLibrary { path, found_by: var.to_string() }))
+}
+
+fn from_python() -> Option<OrtLibrary> {
+    let out = Command::new(python())
+        .args(["-c", "import onnxruntime, os; print(os.path.dirname(onnxruntime.__file__))"])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("capi");
+    find_lib_in(&dir).map(|path| OrtLibrary { path, found_by: "the installed Python onnxruntime package".into() })
+}
+
+fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
+    let spinner = indicatif::ProgressBar::new_spinner();
+    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    spinner.enable_steady_tick(Duration::from_millis(120));
+    spinner.set_message(format!(
+        "ONNX Runtime not found: fetching onnxruntime=={ORT_VERSION} with pip into {}",
+        dest.display()
+    ));
+    let result = (|| {
+        let download = tempfile::tempdir().map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+        let out = Command::new(python())
+            .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
+            .arg(download.path())
+            .arg(format!("onnxruntime=={ORT_VERSION}"))
+            .output()
+            .map_err(|e| format!("cannot run '{} -m pip': {e}", python()))?;
+        if !out.status.success() {
+            return Err(format!("pip download failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let wheel = fs::read_dir(download.path())
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or("pip download produced no wheel")?;
+        extract_libs(&wheel, dest)
+    })();
+    spinner.finish_and_clear();
+    result
+}
+
+/// Copies the ONNX Runtime shared libraries out of a wheel into `dest`, atomically per file.
+fn extract_libs(wheel: &Path, dest: &Path) -> Result<PathBuf, String> {
+    let file = fs::File::open(wheel).map_err(|e| e.to_string())?;
+    let mut zip = npyz::zip::ZipArchive::new(file).map_err(|e| format!("{}: {e}", wheel.display()))?;
+    fs::create_dir_all(dest).map_err(|e| format!("cannot create {}: {e}", dest.display()))?;
+    let mut main_lib = None;
+    for i in 0..zip.len() {
+        let mut entry = zip.by_index(i).map_err(|e| e.to_string())?;
+        let name = entry.name().to_string();
+        let Some(file_name) = name.strip_prefix("onnxruntime/capi/") else { continue };
+        if !file_name.starts_with("libonnxruntime") || file_name.contains('/') {
+            continue;
+        }
+        let tmp = tempfile::NamedTempFile::new_in(dest).map_err(|e| e.to_string())?;
+        std::io::copy(&mut entry, &mut tmp.as_file()).map_err(|e| e.to_string())?;
+        let target = dest.join(file_name);
+        tmp.persist(&target).map_err(|e| e.to_string())?;
+        if is_ort_lib(file_name) {
+            main_lib = Some(target);
+        }
+    }
+    main_lib.ok_or_else(|| format!("{} holds no libonnxruntime", wheel.display()))
+}
+
+/// Finds the ONNX Runtime shared library, fetching it with pip as a last resort.
+pub fn locate() -> Result<OrtLibrary, RuntimeError> {
+    for var in ["LAYERWISE_ORT_LIB", "ORT_DYLIB_PATH"] {
+        if let Some(lib) = from_env(var)? {
+            return Ok(lib);
+        }
+    }
+    let cached = cache_dir().join(format!("onnxruntime-{ORT_VERSION}"));
+    if let Some(path) = find_lib_in(&cached) {
+        return Ok(OrtLibrary { path, found_by: "layerwise's cache".into() });
+    }
+    if let Some(lib) = from_python() {
+        return Ok(lib);
+    }
+    match fetch_with_pip(&cached) {
+        Ok(path) => Ok(OrtLibrary { path, found_by: format!("pip download onnxruntime=={ORT_VERSION}") }),
+        Err(why) => Err(RuntimeError::OrtNotFound(format!(
+            "{why}. Provide it with one of: `pip install onnxruntime=={ORT_VERSION}`; \
+             LAYERWISE_ORT_LIB=/path/to/libonnxruntime.so; or unpack the onnxruntime wheel into {}",
+            cached.display()
+        ))),
+    }
+}
+
+/// Why the environment could not be started: the library is missing, or it failed to load.
+type StartError = (bool, String);
+static ENVIRONMENT: OnceLock<Result<(ort::environment::Environment, OrtLibrary), StartError>> = OnceLock::new();
+
+/// The process-wide ONNX Runtime environment, loading the library on first use.
+pub fn environment() -> Result<(&'static ort::environment::Environment, &'static OrtLibrary), RuntimeError> {
+    let result = ENVIRONMENT.get_or_init(|| {
+        let lib = locate().map_err(|e| match e {
+            RuntimeError::OrtNotFound(why) => (true, why),
+            other => (false, other.to_string()),
+        })?;
+        let loaded = ort::init_from(&lib.path)
+            .map_err(|e| (false, format!("{e} (found by {})", lib.found_by)))?
+            .with_name("layerwise")
+            .build()
+            .map_err(|e| (false, format!("cannot start the environment: {e}")))?;
+        Ok((loaded, lib))
+    });
+    match result {
+        Ok((env, lib)) => Ok((env, lib)),
+        Err((true, why)) => Err(RuntimeError::OrtNotFound(why.clone())),
+        Err((false, why)) => Err(RuntimeError::OrtLoad { path: PathBuf::from("libonnxruntime"), why: why.clone() }),
+    }
+}

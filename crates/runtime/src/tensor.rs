@@ -1,0 +1,248 @@
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+
+/// Element types layerwise can carry between backends and compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    F64,
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U16,
+    U32,
+    U64,
+    Bool,
+}
+
+/// The values of a tensor, one vector per element type.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    F64(Vec<f64>),
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    U32(Vec<u32>),
+    U64(Vec<u64>),
+    Bool(Vec<bool>),
+}
+
+/// A dense host tensor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tensor {
+    pub shape: Vec<usize>,
+    pub data: TensorData,
+}
+
+/// Applies `$body` to the vector inside any [`TensorData`] variant.
+#[macro_export]
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {
+        match $data {
+            $crate::TensorData::F32($v) => $body,
+            $crate::TensorData::F16($v) => $body,
+            $crate::TensorData::BF16($v) => $body,
+            $crate::TensorData::F64($v) => $body,
+            $crate::TensorData::I8($v) => $body,
+            $crate::TensorData::I16($v) => $body,
+            $crate::TensorData::I32($v) => $body,
+            $crate::TensorData::I64($v) => $body,
+            $crate::TensorData::U8($v) => $body,
+            $crate::TensorData::U16($v) => $body,
+            $crate::TensorData::U32($v) => $body,
+            $crate::TensorData::U64($v) => $body,
+            $crate::TensorData::Bool($v) => $body,
+        }
+    };
+}
+
+impl DType {
+    pub const ALL: [DType; 13] = [
+        DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32, DType::I64,
+        DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool,
+    ];
+
+    /// The numpy name (`float32`, `int64`, `bool`, ...); also used in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::F64 => "float64",
+            DType::I8 => "int8",
+            DType::I16 => "int16",
+            DType::I32 => "int32",
+            DType::I64 => "int64",
+            DType::U8 => "uint8",
+            DType::U16 => "uint16",
+            DType::U32 => "uint32",
+            DType::U64 => "uint64",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// The ONNX `TensorProto.DataType` code.
+    pub fn onnx(self) -> i32 {
+        match self {
+            DType::F32 => 1,
+            DType::U8 => 2,
+            DType::I8 => 3,
+            DType::U16 => 4,
+            DType::I16 => 5,
+            DType::I32 => 6,
+            DType::I64 => 7,
+            DType::Bool => 9,
+            DType::F16 => 10,
+            DType::F64 => 11,
+            DType::U32 => 12,
+            DType::U64 => 13,
+            DType::BF16 => 16,
+        }
+    }
+
+    pub fn from_onnx(code: i32) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.onnx() == code)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
+    }
+
+    /// numpy's little-endian type string (`<f4`, `|b1`, ...). bfloat16 has none in numpy.
+    pub fn numpy_descr(self) -> Option<&'static str> {
+        Some(match self {
+            DType::F32 => "<f4",
+            DType::F16 => "<f2",
+            DType::F64 => "<f8",
+            DType::I8 => "|i1",
+            DType::I16 => "<i2",
+            DType::I32 => "<i4",
+            DType::I64 => "<i8",
+            DType::U8 => "|u1",
+            DType::U16 => "<u2",
+            DType::U32 => "<u4",
+            DType::U64 => "<u8",
+            DType::Bool => "|b1",
+            DType::BF16 => return None,
+        })
+    }
+}
+
+impl TensorData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::F16(_) => DType::F16,
+            TensorData::BF16(_) => DType::BF16,
+            TensorData::F64(_) => DType::F64,
+            TensorData::I8(_) => DType::I8,
+            TensorData::I16(_) => DType::I16,
+            TensorData::I32(_) => DType::I32,
+            TensorData::I64(_) => DType::I64,
+            TensorData::U8(_) => DType::U8,
+            TensorData::U16(_) => DType::U16,
+            TensorData::U32(_) => DType::U32,
+            TensorData::U64(_) => DType::U64,
+            TensorData::Bool(_) => DType::Bool,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        with_data!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Tensor {
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Tensor {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        Tensor { shape, data }
+    }
+
+    pub fn f32(shape: Vec<usize>, values: Vec<f32>) -> Tensor {
+        Tensor::new(shape, TensorData::F32(values))
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    pub fn size_bytes(&self) -> usize {
+        let elem = match self.dtype() {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        };
+        self.len() * elem
+    }
+
+    /// The values as float32 for comparison: borrowed when they already are, converted otherwise
+    /// (FP16 candidates are compared as float32, the way they would be widened on the host).
+    pub fn to_f32(&self) -> Cow<'_, [f32]> {
+        match &self.data {
+            TensorData::F32(v) => Cow::Borrowed(v),
+            TensorData::F16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            TensorData::BF16(v) => Cow::Owned(v.iter().map(|x| x.to_f32()).collect()),
+            TensorData::F64(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::I8(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::I16(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::I32(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::I64(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::U8(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::U16(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::U32(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::U64(v) => Cow::Owned(v.iter().map(|&x| x as f32).collect()),
+            TensorData::Bool(v) => Cow::Owned(v.iter().map(|&x| x as u8 as f32).collect()),
+        }
+    }
+
+    /// Count of NaN and of ±inf values (zero for integer tensors).
+    pub fn non_finite_counts(&self) -> (usize, usize) {
+        let count = |it: &mut dyn Iterator<Item = f32>| {
+            it.fold((0, 0), |(n, i), x| (n + x.is_nan() as usize, i + x.is_infinite() as usize))
+        };
+        match &self.data {
+            TensorData::F32(v) => count(&mut v.iter().copied()),
+            TensorData::F16(v) => count(&mut v.iter().map(|x| x.to_f32())),
+            TensorData::BF16(v) => count(&mut v.iter().map(|x| x.to_f32())),
+            TensorData::F64(v) => count(&mut v.iter().map(|&x| x as f32)),
+            _ => (0, 0),
+        }
+    }
+
+    pub fn shape_string(&self) -> String {
+        shape_string(&self.shape)
+    }
+}
+
+/// `1x3x224x224`, or `scalar` for rank 0.
+pub fn shape_string(shape: &[usize]) -> String {
+    if shape.is_empty() {
+        "scalar".to_string()
+    } else {
+        shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    }
+}

@@ -1,0 +1,206 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use layerwise::demo::{demo_model, PLANTED_NODE};
+use layerwise::pipeline::{bisect, bisect_model, BisectOptions};
+use layerwise_analysis::Status;
+use layerwise_model::{Model, Selection};
+use layerwise_runtime::inputs::InputOptions;
+
+/// Find the layer where a model's accuracy breaks between a float32 reference (ONNX Runtime) and a
+/// candidate backend or precision.
+///
+/// Exit codes: 0 all outputs within tolerance, 1 diverged, 2 usage, input or run error.
+#[derive(Parser)]
+#[command(name = "layerwise", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare every tensor of the reference and candidate runs and walk back from the worst output
+    /// to the first divergent layer.
+    Bisect(BisectArgs),
+    /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct BisectArgs {
+    /// The ONNX model (never modified).
+    model: PathBuf,
+    /// Reference backend spec.
+    #[arg(long = "ref", default_value = "ort:cpu")]
+    reference: String,
+    /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16[,threads=N], npz:PATH.
+    #[arg(long = "cand", default_value = "sim:fp16")]
+    candidate: String,
+    #[command(flatten)]
+    inputs: InputArgs,
+    /// Absolute tolerance (element passes if |cand - ref| <= atol + rtol*|ref|). Default: 1e-2 for
+    /// FP16 candidates, 1e-4 for float32 ones.
+    #[arg(long)]
+    atol: Option<f64>,
+    /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// Write the JSON report (schema layerwise.report/1) here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Save every tensor of both runs as .npy files under DIR/ref and DIR/cand (and the inputs as
+    /// DIR/inputs.npz), for later comparison with --cand npz:DIR/cand.
+    #[arg(long, value_name = "DIR")]
+    save_tensors: Option<PathBuf>,
+    /// Compare only these tensors (comma-separated), besides the model outputs. Default: all.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    tensors: Option<Vec<String>>,
+    /// How many of the worst tensors to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+}
+
+#[derive(Args)]
+struct InputArgs {
+    /// Model inputs from an .npz file (keys are input names).
+    #[arg(long = "inputs", value_name = "FILE.npz")]
+    npz: Option<PathBuf>,
+    /// One input from an .npy file; repeatable.
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_named_path)]
+    npy: Vec<(String, PathBuf)>,
+    /// Shape of an input with dynamic dimensions, e.g. x:1x3x48x320; repeatable.
+    #[arg(long = "input-shape", value_name = "NAME:SHAPE", value_parser = parse_shape)]
+    shapes: Vec<(String, Vec<usize>)>,
+    /// Range of random values for an input, e.g. x:-1,1 (default 0,1); repeatable.
+    #[arg(long = "val-range", value_name = "NAME:LO,HI", value_parser = parse_range)]
+    ranges: Vec<(String, f64, f64)>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Folder for the demo model and its report.
+    #[arg(long, default_value = "layerwise-demo")]
+    out_dir: PathBuf,
+}
+
+fn parse_named_path(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s.split_once('=').ok_or("expected NAME=FILE.npy")?;
+    if name.is_empty() || path.is_empty() {
+        return Err("expected NAME=FILE.npy".into());
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
+}
+
+fn parse_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, shape) = s.rsplit_once(':').ok_or("expected NAME:D0xD1x..., e.g. x:1x3x224x224")?;
+    let dims: Result<Vec<usize>, _> = shape.split('x').map(|d| d.trim().parse::<usize>()).collect();
+    match dims {
+        Ok(d) if !name.is_empty() && !d.is_empty() => Ok((name.to_string(), d)),
+        _ => Err(format!("'{shape}' is not a shape like 1x3x224x224")),
+    }
+}
+
+fn parse_range(s: &str) -> Result<(String, f64, f64), String> {
+    let (name, range) = s.rsplit_once(':').ok_or("expected NAME:LO,HI")?;
+    let (lo, hi) = range.split_once(',').ok_or("expected NAME:LO,HI")?;
+    let lo: f64 = lo.trim().parse().map_err(|_| format!("'{lo}' is not a number"))?;
+    let hi: f64 = hi.trim().parse().map_err(|_| format!("'{hi}' is not a number"))?;
+    Ok((name.to_string(), lo, hi))
+}
+
+impl InputArgs {
+    fn options(self) -> InputOptions {
+        InputOptions { npz: self.npz, npy: self.npy, shapes: self.shapes, ranges: self.ranges, seed: self.seed }
+    }
+}
+
+fn exit_for(status: Status) -> ExitCode {
+    match status {
+        Status::Pass => ExitCode::SUCCESS,
+        Status::Diverged => ExitCode::from(1),
+    }
+}
+
+fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
+    let options = BisectOptions {
+        model: args.model,
+        reference: args.reference,
+        candidate: args.candidate,
+        inputs: args.inputs.options(),
+        atol: args.atol,
+        rtol: args.rtol,
+        json: args.json,
+        save_tensors: args.save_tensors,
+        selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
+        top: args.top,
+        progress: true,
+    };
+    let outcome = bisect(&options)?;
+    print!("{}", outcome.text);
+    if let Some(json) = &options.json {
+        println!("\nJSON report: {}", json.display());
+    }
+    Ok(exit_for(outcome.report.verdict.status))
+}
+
+fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
+    let proto = demo_model();
+    let model_path = args.out_dir.join("demo.onnx");
+    std::fs::write(&model_path, prost_encode(&proto)).with_context(|| format!("cannot write {}", model_path.display()))?;
+    let model = Model::load(&model_path)?;
+    let json = args.out_dir.join("report.json");
+    let options = BisectOptions {
+        model: model_path.clone(),
+        reference: "ort:cpu".into(),
+        candidate: "sim:fp16".into(),
+        inputs: InputOptions::default(),
+        atol: None,
+        rtol: None,
+        json: Some(json.clone()),
+        save_tensors: None,
+        selection: Selection::All,
+        top: 8,
+        progress: true,
+    };
+    println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
+    println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
+    let outcome = bisect_model(&model, &options)?;
+    print!("{}", outcome.text);
+    println!("\nModel:       {}", model_path.display());
+    println!("JSON report: {}", json.display());
+    println!("Try it yourself: layerwise bisect {} --cand sim:fp16", model_path.display());
+    match &outcome.report.verdict.first_divergent {
+        Some(fd) if fd.node == PLANTED_NODE => Ok(ExitCode::SUCCESS),
+        other => bail!(
+            "the demo expected the break at '{PLANTED_NODE}' but found {}",
+            other.as_ref().map(|f| f.node.clone()).unwrap_or_else(|| "none".into())
+        ),
+    }
+}
+
+fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
+    use prost::Message;
+    proto.encode_to_vec()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bisect(args) => run_bisect(args),
+        Command::Demo(args) => run_demo(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! The bisect job: load, prepare inputs, run both backends, compare, walk back, report.
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use layerwise_analysis::{compare_all, walk_back, Tolerance, WalkRule};
+use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
+use layerwise_report::{build_report, render_terminal, to_json, write_atomic, Report, ReportContext};
+use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions};
+use layerwise_runtime::{create_backend, saved, Precision, RunRequest};
+
+/// Everything `layerwise bisect` takes.
+#[derive(Debug, Clone)]
+pub struct BisectOptions {
+    pub model: PathBuf,
+    pub reference: String,
+    pub candidate: String,
+    pub inputs: InputOptions,
+    pub atol: Option<f64>,
+    pub rtol: Option<f64>,
+    pub json: Option<PathBuf>,
+    pub save_tensors: Option<PathBuf>,
+    pub selection: Selection,
+    /// How many worst tensors the terminal summary lists.
+    pub top: usize,
+    /// Show progress spinners on stderr.
+    pub progress: bool,
+}
+
+/// The outcome: the report (also written as JSON if asked) and its terminal rendering.
+pub struct BisectOutcome {
+    pub report: Report,
+    pub text: String,
+}
+
+struct Steps {
+    bar: ProgressBar,
+    started: Instant,
+    durations: Vec<(String, f64)>,
+}
+
+impl Steps {
+    fn new(show: bool) -> Steps {
+        let bar = ProgressBar::new_spinner();
+        bar.set_draw_target(if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+        bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("template"));
+        bar.enable_steady_tick(std::time::Duration::from_millis(120));
+        Steps { bar, started: Instant::now(), durations: Vec::new() }
+    }
+
+    fn run<T>(&mut self, label: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        self.bar.set_message(label.to_string());
+        let t = Instant::now();
+        let r = f();
+        self.durations.push((label.to_string(), t.elapsed().as_secs_f64()));
+        r
+    }
+
+    fn finish(self) -> Vec<(String, f64)> {
+        self.bar.finish_and_clear();
+        let mut d = self.durations;
+        d.push(("total".into(), self.started.elapsed().as_secs_f64()));
+        d
+    }
+}
+
+/// Checks up front that a report can be written there, so a bad path fails before any work.
+fn check_writable_target(path: &Path, what: &str) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!("cannot write {what} {}: folder '{}' does not exist", path.display(), dir.display());
+    }
+    if path.is_dir() {
+        bail!("cannot write {what} {}: it is a folder", path.display());
+    }
+    Ok(())
+}
+
+pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
+    let mut steps = Steps::new(options.progress);
+    if let Some(json) = &options.json {
+        check_writable_target(json, "the JSON report")?;
+    }
+    let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
+    run_bisect(&model, options, steps)
+}
+
+/// The bisect job on an already loaded model (the demo builds its model in memory).
+pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
+    if let Some(json) = &options.json {
+        check_writable_target(json, "the JSON report")?;
+    }
+    run_bisect(model, options, Steps::new(options.progress))
+}
+
+fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
+    let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", model.path.display()))?;
+    let mut reference = create_backend(&options.reference).context("--ref")?;
+    let mut candidate = create_backend(&options.candidate).context("--cand")?;
+    let decls = declared_inputs(model, &index);
+    let inputs = prepare_inputs(&decls, &options.inputs)?;
+    let feeds: Vec<(String, layerwise_runtime::Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
+
+    let precision = candidate.precision();
+    let defaults = match precision {
+        Precision::Fp16 => Tolerance::FP16,
+        Precision::Fp32 => Tolerance::FP32,
+    };
+    let tolerance = Tolerance { atol: options.atol.unwrap_or(defaults.atol), rtol: options.rtol.unwrap_or(defaults.rtol) };
+    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0) {
+        bail!("--atol and --rtol must be non-negative numbers");
+    }
+    let rule = match precision {
+        Precision::Fp16 => WalkRule::FP16,
+        Precision::Fp32 => WalkRule::FP32,
+    };
+
+    let request = RunRequest { model, index: &index, inputs: &feeds, selection: &options.selection };
+    let ref_out = steps.run(&format!("running reference {}", options.reference), || Ok(reference.run(&request)?))?;
+    let cand_out = steps.run(&format!("running candidate {}", options.candidate), || Ok(candidate.run(&request)?))?;
+
+    let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
+    if let Some(dir) = &options.save_tensors {
+        steps.run("saving tensors", || {
+            saved::save_run(dir, "ref", &options.reference, &order, &ref_out.tensors, &feeds)?;
+            saved::save_run(dir, "cand", &options.candidate, &order, &cand_out.tensors, &feeds)?;
+            Ok(())
+        })?;
+    }
+    let comparison = steps.run("comparing tensors", || Ok(compare_all(&index, &order, &ref_out.tensors, &cand_out.tensors, tolerance)))?;
+    if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
+        bail!("no model output could be compared: {}", comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; "));
+    }
+    let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
+    let verdict = walk_back(&index, &comparison, &weights, rule);
+    let mut unavailable = ref_out.unavailable.clone();
+    unavailable.extend(cand_out.unavailable.iter().cloned());
+
+    let durations = steps.finish();
+    let report = build_report(ReportContext {
+        model,
+        index: &index,
+        ref_spec: &options.reference,
+        cand_spec: &options.candidate,
+        ref_notes: ref_out.notes,
+        cand_notes: cand_out.notes,
+        tolerance,
+        rule,
+        inputs: &inputs,
+        comparison: &comparison,
+        verdict: &verdict,
+        weights: &weights,
+        unavailable,
+        run_info: layerwise_report::RunInfo {
+            generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            durations_s: durations,
+        },
+    });
+    if let Some(path) = &options.json {
+        write_atomic(path, &to_json(&report))?;
+    }
+    let text = render_terminal(&report, options.top);
+    Ok(BisectOutcome { report, text })
+}
