@@ -41,13 +41,17 @@ struct BisectArgs {
     candidate: String,
     #[command(flatten)]
     inputs: InputArgs,
-    /// Absolute tolerance (element passes if |cand - ref| <= atol + rtol*|ref|). Default: 1e-2 for
-    /// FP16 candidates, 1e-4 for float32 ones.
+    /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
+    /// Default: 1e-4 for FP16 candidates, 1e-5 for float32 ones.
     #[arg(long)]
     atol: Option<f64>,
     /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
     #[arg(long)]
     rtol: Option<f64>,
+    /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
+    /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
+    #[arg(long)]
+    range_tol: Option<f64>,
     /// Write the JSON report (schema layerwise.report/1) here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -135,6 +139,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         inputs: args.inputs.options(),
         atol: args.atol,
         rtol: args.rtol,
+        range_tol: args.range_tol,
         json: args.json,
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
@@ -163,6 +168,7 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
         inputs: InputOptions::default(),
         atol: None,
         rtol: None,
+        range_tol: None,
         json: Some(json.clone()),
         save_tensors: None,
         selection: Selection::All,

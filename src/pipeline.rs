@@ -20,6 +20,7 @@ pub struct BisectOptions {
     pub inputs: InputOptions,
     pub atol: Option<f64>,
     pub rtol: Option<f64>,
+    pub range_tol: Option<f64>,
     pub json: Option<PathBuf>,
     pub save_tensors: Option<PathBuf>,
     pub selection: Selection,
@@ -111,9 +112,13 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         Precision::Fp16 => Tolerance::FP16,
         Precision::Fp32 => Tolerance::FP32,
     };
-    let tolerance = Tolerance { atol: options.atol.unwrap_or(defaults.atol), rtol: options.rtol.unwrap_or(defaults.rtol) };
-    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0) {
-        bail!("--atol and --rtol must be non-negative numbers");
+    let tolerance = Tolerance {
+        atol: options.atol.unwrap_or(defaults.atol),
+        rtol: options.rtol.unwrap_or(defaults.rtol),
+        range_tol: options.range_tol.unwrap_or(defaults.range_tol),
+    };
+    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
+        bail!("--atol, --rtol and --range-tol must be non-negative numbers");
     }
     let rule = match precision {
         Precision::Fp16 => WalkRule::FP16,

@@ -95,7 +95,7 @@ pub fn compare_all(
                 return record;
             }
             record.metrics = compute(&r.to_f32(), &c.to_f32(), tol);
-            record.pass = record.metrics.violations == 0;
+            record.pass = record.metrics.passes();
             record
         })
         .collect();

@@ -1,12 +1,16 @@
 //! The walk back from the worst output to the first divergent layer.
 //!
 //! Start at the model output with the largest error and follow the error backwards through the
-//! producer graph, at each node into the (non-weight) input that carries the most error. Stop at the
-//! first node, seen from the output, that *introduces* error: its output is broken while its inputs
-//! carry only drift-level error. A node introduces error when
+//! producer graph, at each node into the (non-weight) input that carries the most error. A node
+//! *breaks* when
 //! - it produces inf/NaN from finite inputs, or
 //! - its output error (relative L2) is at least `ratio` times its largest input error, and at least
 //!   `min_break` in absolute terms (so rounding noise at the first layers is never a break).
+//!
+//! The walk stops at the first breaking node, seen from the output, whose inputs carry only
+//! drift-level error (below `max_drift`): that node introduces the error. A breaking node whose
+//! inputs are already broken is remembered and the walk goes on past it; if nothing further back
+//! qualifies, the earliest breaking node seen is named. No breaking node at all means drift.
 //!
 //! Both thresholds are relative to the inputs' error, never one absolute tolerance, so a sensitive
 //! layer is still named when the error has already drifted to a fraction of a percent before it,
@@ -27,14 +31,17 @@ pub struct WalkRule {
     /// Smallest output error (relative L2) that counts as a break.
     #[serde(serialize_with = "crate::num::finite_or_string")]
     pub min_break: f64,
+    /// Largest input error (relative L2) that is still drift rather than an earlier break.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub max_drift: f64,
 }
 
 impl WalkRule {
     /// FP16 candidates: rounding to FP16 alone gives a relative error of about 3e-4 per tensor;
     /// a break is at least an order of magnitude above the inputs and above 1%.
-    pub const FP16: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-2 };
+    pub const FP16: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-2, max_drift: 5e-2 };
     /// Float32 candidates (another runtime, TF32): breaks are much smaller in absolute terms.
-    pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4 };
+    pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4, max_drift: 1e-3 };
 }
 
 /// What kind of cause a break has.
@@ -102,6 +109,8 @@ pub struct NonFiniteTensor {
     /// True where the node's own inputs are free of such mismatches: the inf/NaN is born here.
     pub origin: bool,
     pub on_chain: bool,
+    /// A weight or a value computed from weights alone (out of FP16 range), not a layer output.
+    pub weight: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -161,6 +170,8 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
 
     if let Some(worst) = worst {
         let mut current = worst;
+        // Breaking nodes whose inputs were already broken: (chain length at that node, finding).
+        let mut earlier_breaks: Vec<(usize, FirstDivergent)> = Vec::new();
         loop {
             verdict.chain.push(step(current));
             let Some(node) = index.producer(&current.name) else { break };
@@ -174,28 +185,37 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
             let output_error = current.error_level();
             let nonfinite_out = current.metrics.nonfinite_mismatch > 0;
             let nonfinite_in = data_inputs.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
-            let introduces = if nonfinite_out {
+            let breaks = if nonfinite_out {
                 !nonfinite_in
             } else {
                 output_error >= rule.min_break && output_error >= rule.ratio * input_error
             };
-            if introduces {
-                let cause = classify(index, comparison, weight_ranges, node, current, input_error);
-                verdict.first_divergent = Some(FirstDivergent {
+            if breaks {
+                let finding = FirstDivergent {
                     node: node.name.clone(),
                     op_type: node.op_type.clone(),
                     tensor: current.name.clone(),
                     input_error,
                     output_error,
-                    cause,
-                });
-                break;
+                    cause: classify(index, comparison, weight_ranges, node, current, input_error),
+                };
+                if input_error < rule.max_drift {
+                    verdict.first_divergent = Some(finding);
+                    break;
+                }
+                earlier_breaks.push((verdict.chain.len(), finding));
             }
             // Follow the input carrying the most error; stop if none carries any worth following.
             let next = data_inputs.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied();
             match next {
                 Some(next) if next.error_level() > 0.0 && output_error >= rule.min_break => current = next,
                 _ => break,
+            }
+        }
+        if verdict.first_divergent.is_none() {
+            if let Some((len, finding)) = earlier_breaks.pop() {
+                verdict.chain.truncate(len);
+                verdict.first_divergent = Some(finding);
             }
         }
     }
@@ -221,6 +241,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
             mismatched: record.metrics.nonfinite_mismatch,
             origin,
             on_chain: chain_tensors.contains(record.name.as_str()),
+            weight: record.constant_like,
         });
     }
     verdict.summary = summarize(&verdict, rule);

@@ -71,6 +71,8 @@ pub struct Tolerances {
     pub atol: f64,
     #[serde(serialize_with = "finite_or_string")]
     pub rtol: f64,
+    #[serde(serialize_with = "finite_or_string")]
+    pub range_tol: f64,
     pub rule: &'static str,
     pub walk: WalkRule,
 }
@@ -150,7 +152,8 @@ pub fn build_report(ctx: ReportContext) -> Report {
         tolerances: Tolerances {
             atol: ctx.tolerance.atol,
             rtol: ctx.tolerance.rtol,
-            rule: "element passes if |cand - ref| <= atol + rtol * |ref|; a tensor passes if all elements pass and no inf/NaN differs",
+            range_tol: ctx.tolerance.range_tol,
+            rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs",
             walk: ctx.rule,
         },
         inputs: ctx

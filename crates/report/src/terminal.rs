@@ -43,9 +43,10 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let _ = writeln!(out, "candidate  {}", report.cand.spec);
     let _ = writeln!(
         out,
-        "tolerance  |cand - ref| <= {} + {} * |ref|    compared {} tensors ({} not compared)",
+        "tolerance  |cand - ref| <= {} + {} * |ref| + {} * max|ref|    compared {} tensors ({} not compared)",
         report.tolerances.atol,
         report.tolerances.rtol,
+        report.tolerances.range_tol,
         report.tensors.len(),
         report.not_compared.len()
     );
@@ -59,6 +60,10 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     match v.status {
         Status::Pass => {
             let _ = writeln!(out, "VERDICT: PASS - all {} model outputs are within tolerance", report.outputs.len());
+            let failing = report.tensors.iter().filter(|t| !t.pass && !t.constant_like).count();
+            if failing > 0 {
+                let _ = writeln!(out, "  note: {failing} intermediate tensors are out of tolerance, but their error does not reach the outputs with these inputs");
+            }
         }
         Status::Diverged => {
             let failing: Vec<String> = report.outputs.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, num(o.rel_l2_err))).collect();
@@ -84,7 +89,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let origins: Vec<String> = v.non_finite.iter().filter(|n| n.origin).map(|n| format!("{} ({})", n.node, n.op_type)).collect();
         let _ = writeln!(out, "\nNon-finite values in the candidate: {} tensors; born at: {}", v.non_finite.len(), origins.join(", "));
         for n in v.non_finite.iter().filter(|n| n.origin && !n.on_chain) {
-            let _ = writeln!(out, "  off the blame chain: {} ({}) produces {} inf/NaN", n.node, n.op_type, n.mismatched);
+            let what = if n.weight { "weight value" } else { "off the blame chain" };
+            let _ = writeln!(out, "  {what}: '{}' from {} ({}) holds {} inf/NaN", n.tensor, n.node, n.op_type, n.mismatched);
         }
     }
     if !report.weights_out_of_fp16_range.is_empty() {

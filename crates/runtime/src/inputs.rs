@@ -51,7 +51,8 @@ pub fn declared_inputs(model: &Model, index: &GraphIndex) -> Vec<InputDecl> {
                     .iter()
                     .map(|d| match &d.value {
                         Some(DimValue::DimValue(v)) if *v >= 0 => DeclaredDim::Fixed(*v as usize),
-                        Some(DimValue::DimParam(p)) => DeclaredDim::Dynamic(p.clone()),
+                        // Some exporters write '?' for "unknown": anonymous, not one shared symbol.
+                        Some(DimValue::DimParam(p)) if p != "?" => DeclaredDim::Dynamic(p.clone()),
                         _ => DeclaredDim::Dynamic(String::new()),
                     })
                     .collect()
@@ -181,11 +182,26 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
         prepared.push(PreparedInput { name: decl.name.clone(), tensor, source });
     }
     if !unresolved.is_empty() {
+        // An example with the first unresolved input's rank: its fixed dims, 1 for the first
+        // dynamic one (usually the batch), 64 for the others.
+        let decl = decls.iter().find(|d| unresolved.iter().any(|u| u.starts_with(&format!("'{}'", d.name)))).expect("unresolved input");
+        let dims: Vec<String> = decl
+            .dims
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, d)| match d {
+                DeclaredDim::Fixed(v) => v.to_string(),
+                DeclaredDim::Dynamic(_) if i == 0 => "1".into(),
+                DeclaredDim::Dynamic(_) => "64".into(),
+            })
+            .collect();
+        let example = (decl.name.as_str(), if dims.is_empty() { "1x64".to_string() } else { dims.join("x") });
         return Err(RuntimeError::Input(format!(
             "dynamic dimensions without a value in {}; give each with --input-shape NAME:D0xD1x... (e.g. --input-shape {}:{}), or provide the input with --inputs/--input",
             unresolved.join("; "),
-            decls.iter().find(|d| unresolved.iter().any(|u| u.starts_with(&format!("'{}'", d.name)))).map(|d| d.name.as_str()).unwrap_or("x"),
-            "1x3x224x224"
+            example.0,
+            example.1
         )));
     }
     Ok(prepared)
