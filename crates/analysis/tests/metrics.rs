@@ -1,0 +1,78 @@
+use layerwise_analysis::{compute, Tolerance};
+
+const LOOSE: Tolerance = Tolerance { atol: 0.0, rtol: 0.0, range_tol: 0.0 };
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+}
+
+#[test]
+fn metrics_match_hand_computed_values() {
+    // ref [1,2,3,4], cand [1,2,3,5]: one element off by 1.
+    let m = compute(&[1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 3.0, 5.0], LOOSE);
+    assert_eq!(m.numel, 4);
+    assert_eq!(m.max_abs_err, 1.0);
+    assert_eq!(m.mean_abs_err, 0.25);
+    assert_eq!(m.max_rel_err, 0.25);
+    assert!(close(m.rel_l2_err, 1.0 / 30f64.sqrt()));
+    assert!(close(m.cosine, 34.0 / (30f64.sqrt() * 39f64.sqrt())));
+    assert!(close(m.snr_db, 10.0 * 30f64.log10()));
+    assert_eq!(m.ref_max_abs, 4.0);
+    assert_eq!(m.worst_index, 3);
+    assert_eq!(m.violations, 1);
+    assert!(!m.passes());
+}
+
+#[test]
+fn tolerance_terms_combine_as_documented() {
+    // |c - r| <= atol + rtol*|r| + range_tol*max|r|: error 1 at r = 4, max|r| = 4.
+    let r = [1.0, 2.0, 3.0, 4.0];
+    let c = [1.0, 2.0, 3.0, 5.0];
+    let t = |atol, rtol, range_tol| compute(&r, &c, Tolerance { atol, rtol, range_tol }).passes();
+    assert!(t(1.0, 0.0, 0.0));
+    assert!(!t(0.99, 0.0, 0.0));
+    assert!(t(0.0, 0.25, 0.0));
+    assert!(!t(0.0, 0.24, 0.0));
+    assert!(t(0.0, 0.0, 0.25));
+    assert!(t(0.5, 0.0625, 0.0625), "0.5 + 0.25 + 0.25 = 1");
+    assert!(!t(0.49, 0.0625, 0.0625));
+}
+
+#[test]
+fn identical_tensors_are_perfect() {
+    let m = compute(&[0.5, -2.0, 7.0], &[0.5, -2.0, 7.0], LOOSE);
+    assert_eq!((m.max_abs_err, m.rel_l2_err, m.cosine), (0.0, 0.0, 1.0));
+    assert_eq!(m.snr_db, f64::INFINITY);
+    assert!(m.passes());
+    let zeros = compute(&[0.0, 0.0], &[0.0, 0.0], LOOSE);
+    assert_eq!((zeros.rel_l2_err, zeros.cosine), (0.0, 1.0));
+    let from_zero = compute(&[0.0, 0.0], &[0.0, 1e-3], LOOSE);
+    assert_eq!(from_zero.rel_l2_err, f64::INFINITY, "any error on an all-zero reference is infinite relative error");
+}
+
+#[test]
+fn non_finite_values_are_counted_and_fail() {
+    let inf = f32::INFINITY;
+    let m = compute(&[1.0, inf, f32::NAN, 2.0], &[inf, inf, f32::NAN, 2.0], LOOSE);
+    assert_eq!((m.ref_inf, m.ref_nan, m.cand_inf, m.cand_nan), (1, 1, 2, 1));
+    assert_eq!(m.nonfinite_mismatch, 1, "matching inf and NaN are not mismatches");
+    assert_eq!(m.max_abs_err, f64::INFINITY);
+    assert_eq!(m.rel_l2_err, f64::INFINITY);
+    assert_eq!(m.snr_db, f64::NEG_INFINITY);
+    assert!(m.cosine.is_nan());
+    assert!(!m.passes());
+    assert_eq!(m.error_level(), f64::INFINITY);
+    let sign = compute(&[inf], &[-inf], LOOSE);
+    assert_eq!(sign.nonfinite_mismatch, 1, "+inf against -inf is a mismatch");
+}
+
+#[test]
+fn fp16_range_flags_come_from_the_reference() {
+    let m = compute(&[70000.0, -1e-6, 0.5, 0.0], &[70000.0, -1e-6, 0.5, 0.0], LOOSE);
+    assert_eq!(m.ref_fp16_overflow, 1);
+    assert!(close(m.ref_fp16_subnormal_share, 1.0 / 3.0), "one of three non-zero values is FP16-subnormal");
+    // Reference statistics include elements where the candidate is non-finite.
+    let broken = compute(&[1e5, 1.0], &[f32::INFINITY, 1.0], LOOSE);
+    assert_eq!(broken.ref_max_abs, 1e5);
+    assert_eq!(broken.ref_fp16_overflow, 1);
+}

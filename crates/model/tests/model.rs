@@ -1,0 +1,247 @@
+use std::collections::HashSet;
+use std::fs;
+
+use bytes::Bytes;
+use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+use layerwise_model::{emulate_fp16, expose, fp16, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
+use prost::Message;
+
+/// x -> Mul(w) -> a -> Relu -> b (output), with a Constant feeding an Add.
+fn small_model() -> ModelProto {
+    let mut b = ModelBuilder::new("small", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.initializer(f32_tensor("w", &[4], &[1.0001, 1e5, 2.0, -3.0]));
+    b.node("Constant", "", &[], &["c"], vec![attr::tensor("value", f32_tensor("", &[1], &[70000.0]))]);
+    b.node("Mul", "mul", &["x", "w"], &["a"], vec![]);
+    b.node("Add", "", &["a", "c"], &["a2"], vec![]);
+    b.node("Relu", "relu", &["a2"], &["b"], vec![]);
+    b.output("b", DataType::Float);
+    b.build()
+}
+
+fn values(model: &Model, t: &TensorProto) -> Vec<f32> {
+    float_weight_values(model, t).unwrap()
+}
+
+#[test]
+fn fp16_rounding_matches_ieee_half() {
+    assert!(fp16::round_f32(1e5).is_infinite());
+    assert_eq!(fp16::round_f32(1.0001), 1.0);
+    assert_eq!(fp16::round_f32(65504.0), 65504.0);
+    assert_eq!(fp16::round_f32(65519.0), 65504.0, "rounds to nearest, below the overflow threshold");
+    assert!(fp16::round_f32(65520.0).is_infinite());
+    assert_eq!(fp16::round_f32(-3.0), -3.0);
+    assert!(fp16::overflows(-1e6) && !fp16::overflows(f32::INFINITY));
+}
+
+#[test]
+fn index_orders_names_and_classifies() {
+    // Nodes written out of order must come back topologically sorted.
+    let mut proto = small_model();
+    proto.graph.as_mut().unwrap().node.reverse();
+    let index = GraphIndex::build(proto.graph.as_ref().unwrap()).unwrap();
+    let order: Vec<&str> = index.nodes.iter().map(|n| n.op_type.as_str()).collect();
+    assert_eq!(order, ["Mul", "Constant", "Add", "Relu"]);
+    // Unnamed nodes get OpType#<position in the file> (reversed file: Add is at 1, Constant at 3).
+    let names: HashSet<&str> = index.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert!(names.contains("Add#1") && names.contains("Constant#3"), "{names:?}");
+    assert_eq!(index.producer("a2").unwrap().op_type, "Add");
+    assert_eq!(index.consumers("a").len(), 1);
+    assert!(index.is_constant_like("c") && index.is_constant_like("w") && !index.is_constant_like("a"));
+    assert_eq!(index.inputs, ["x"]);
+}
+
+#[test]
+fn duplicate_node_names_are_made_unique() {
+    let mut b = ModelBuilder::new("dup", 17);
+    b.input("x", DataType::Float, &[Dim::from(2)]);
+    b.node("Relu", "same", &["x"], &["y"], vec![]);
+    b.node("Relu", "same", &["y"], &["z"], vec![]);
+    b.output("z", DataType::Float);
+    let index = GraphIndex::build(b.build().graph.as_ref().unwrap()).unwrap();
+    let names: Vec<&str> = index.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(names, ["same#0", "same#1"]);
+}
+
+#[test]
+fn invalid_graphs_are_rejected_with_the_culprit_named() {
+    let graph = |nodes: &[(&str, &[&str], &[&str])]| {
+        let mut b = ModelBuilder::new("g", 17);
+        b.input("x", DataType::Float, &[Dim::from(2)]);
+        for (name, i, o) in nodes {
+            b.node("Relu", name, i, o, vec![]);
+        }
+        b.output("y", DataType::Float);
+        b.build().graph.unwrap()
+    };
+    let err = |g: GraphProto| GraphIndex::build(&g).unwrap_err().to_string();
+    assert!(err(graph(&[("a", &["y"], &["t"]), ("b", &["t"], &["y"])])).contains("cycle"));
+    assert!(err(graph(&[("a", &["nobody"], &["y"])])).contains("'nobody'"));
+    assert!(err(graph(&[("a", &["x"], &["y"]), ("b", &["x"], &["y"])])).contains("produced by two nodes"));
+    assert!(err(graph(&[("a", &["x"], &["t"])])).contains("graph output 'y' is not produced"));
+}
+
+#[test]
+fn expose_all_adds_every_computed_tensor_once() {
+    let proto = small_model();
+    let index = GraphIndex::build(proto.graph.as_ref().unwrap()).unwrap();
+    let (exposed, names) = expose(&proto, &index, &Selection::All).unwrap();
+    let outputs: Vec<&str> = exposed.graph.as_ref().unwrap().output.iter().map(|o| o.name()).collect();
+    assert_eq!(outputs, ["b", "c", "a", "a2"], "existing output first, then the rest, no duplicates");
+    assert_eq!(names, ["c", "a", "a2", "b"], "reported in topological order");
+    assert!(!outputs.contains(&"x") && !outputs.contains(&"w"), "inputs and initializers are not exposed");
+    // Added outputs carry a name only.
+    assert!(exposed.graph.as_ref().unwrap().output[1].r#type.is_none());
+}
+
+#[test]
+fn expose_names_checks_each_name() {
+    let mut b = ModelBuilder::new("if", 17);
+    b.input("x", DataType::Float, &[Dim::from(2)]);
+    b.input("cond", DataType::Bool, &[]);
+    let mut branch = ModelBuilder::new("then", 17);
+    branch.node("Relu", "inner", &["x"], &["inner_out"], vec![]);
+    branch.output("inner_out", DataType::Float);
+    let g = branch.build().graph.unwrap();
+    b.node("If", "branch", &["cond"], &["y"], vec![attr::graph("then_branch", g.clone()), attr::graph("else_branch", g)]);
+    b.output("y", DataType::Float);
+    let proto = b.build();
+    let index = GraphIndex::build(proto.graph.as_ref().unwrap()).unwrap();
+    assert_eq!(index.subgraph_owner("inner_out"), Some("branch"));
+    let e = expose(&proto, &index, &Selection::Names(vec!["inner_out".into()])).unwrap_err();
+    assert!(matches!(e, ModelError::SubgraphTensor { .. }), "{e}");
+    let e = expose(&proto, &index, &Selection::Names(vec!["x".into()])).unwrap_err();
+    assert!(matches!(e, ModelError::NotComputed(_)), "{e}");
+    let e = expose(&proto, &index, &Selection::Names(vec!["nope".into()])).unwrap_err();
+    assert!(matches!(e, ModelError::UnknownTensor(_)), "{e}");
+    // Selecting all must not crash on the subgraph and must not expose its tensors.
+    let (_, names) = expose(&proto, &index, &Selection::All).unwrap();
+    assert_eq!(names, ["y"]);
+}
+
+#[test]
+fn emulation_rounds_weights_and_wraps_float_outputs_in_cast_pairs() {
+    let model = Model::from_proto(small_model(), "small").unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let (exposed, _) = expose(&model.proto, &index, &Selection::All).unwrap();
+    let float: HashSet<String> = ["a", "a2", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let emu = emulate_fp16(&model, &exposed, &float).unwrap();
+    let g = emu.proto.graph.as_ref().unwrap();
+    let w = values(&model, &g.initializer[0]);
+    assert_eq!(w[0], 1.0, "1.0001 rounds to 1.0");
+    assert!(w[1].is_infinite(), "1e5 overflows to inf");
+    assert_eq!(&w[2..], &[2.0, -3.0]);
+    let constant = g.node.iter().find(|n| n.op_type() == "Constant").unwrap();
+    let c = values(&model, constant.attribute[0].t.as_ref().unwrap());
+    assert!(c[0].is_infinite(), "a Constant of 70000 overflows");
+    // The input and each float node output: Cast(FLOAT16) then Cast(FLOAT), original name last.
+    assert_eq!(emu.rounded_tensors, 5);
+    for name in ["a", "a2", "b", "c"] {
+        let back = g.node.iter().find(|n| n.output.first().map(String::as_str) == Some(name)).unwrap();
+        assert_eq!(back.op_type(), "Cast");
+        assert_eq!(back.attribute[0].i, Some(DataType::Float as i64));
+        let half = g.node.iter().find(|n| n.output[0] == back.input[0]).unwrap();
+        assert_eq!(half.op_type(), "Cast");
+        assert_eq!(half.attribute[0].i, Some(DataType::Float16 as i64));
+    }
+    let mul = g.node.iter().find(|n| n.op_type() == "Mul").unwrap();
+    assert_ne!(mul.input[0], "x", "the Mul reads the rounded input");
+    assert_eq!(mul.output[0], "a__lw_fp32");
+    // The rewrite is a valid graph in topological order.
+    GraphIndex::build(g).unwrap();
+}
+
+#[test]
+fn weight_scan_flags_overflow_and_subnormals() {
+    let model = Model::from_proto(small_model(), "small").unwrap();
+    let found = scan_fp16_weight_range(&model).unwrap();
+    let names: Vec<&str> = found.iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["w", "c"]);
+    assert_eq!(found[0].overflow_count, 1);
+    assert_eq!(found[0].max_abs, 1e5);
+}
+
+fn write(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn load_errors_are_specific() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(matches!(Model::load(&dir.path().join("absent.onnx")), Err(ModelError::NotFound(_))));
+    let garbage = write(dir.path(), "garbage.onnx", b"this is plain text, not protobuf \xff\xff\xff");
+    assert!(matches!(Model::load(&garbage), Err(ModelError::Decode { .. })));
+    let full = small_model().encode_to_vec();
+    let truncated = write(dir.path(), "truncated.onnx", &full[..full.len() / 2]);
+    assert!(matches!(Model::load(&truncated), Err(ModelError::Decode { .. })));
+    // Valid protobuf, but not a model: only an unknown field (field 100 = 1), an empty file, a
+    // ModelProto without a graph.
+    for (name, bytes) in [
+        ("unknown.pb", vec![0xA0u8, 0x06, 0x01]),
+        ("empty.onnx", vec![]),
+        ("nograph.onnx", ModelProto { ir_version: Some(8), ..Default::default() }.encode_to_vec()),
+    ] {
+        let e = Model::load(&write(dir.path(), name, &bytes)).unwrap_err();
+        assert!(matches!(e, ModelError::NotAModel { .. }), "{name}: {e}");
+    }
+    let ok = write(dir.path(), "ok.onnx", &full);
+    let model = Model::load(&ok).unwrap();
+    assert_eq!(model.opset(), 17);
+    assert_eq!(fs::read(&ok).unwrap(), full, "loading never modifies the file");
+}
+
+fn external(proto: &mut ModelProto, location: &str, offset: u64, length: u64) {
+    let t = &mut proto.graph.as_mut().unwrap().initializer[0];
+    t.raw_data = None;
+    let e = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+    t.external_data = vec![e("location", location.into()), e("offset", offset.to_string()), e("length", length.to_string())];
+    t.data_location = Some(tensor_proto::DataLocation::External as i32);
+}
+
+#[test]
+fn external_data_is_checked_read_and_linked() {
+    let dir = tempfile::tempdir().unwrap();
+    let data: Vec<u8> = [0.5f32, 1.5, 2.5, 3.5].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut padded = vec![0u8; 8];
+    padded.extend(&data);
+    write(dir.path(), "weights.bin", &padded);
+
+    let mut proto = small_model();
+    external(&mut proto, "weights.bin", 8, 16);
+    let path = write(dir.path(), "ext.onnx", &proto.encode_to_vec());
+    let model = Model::load(&path).unwrap();
+    let w = values(&model, &model.graph().initializer[0]);
+    assert_eq!(w, [0.5, 1.5, 2.5, 3.5]);
+    // A rewrite written elsewhere still finds its external data.
+    let out = tempfile::tempdir().unwrap();
+    model.write_rewrite(&model.proto, out.path(), "rewritten.onnx").unwrap();
+    assert_eq!(fs::read(out.path().join("weights.bin")).unwrap(), padded);
+
+    let mut missing = small_model();
+    external(&mut missing, "absent.bin", 0, 16);
+    let e = Model::load(&write(dir.path(), "missing.onnx", &missing.encode_to_vec())).unwrap_err();
+    assert!(e.to_string().contains("absent.bin"), "{e}");
+    let mut short = small_model();
+    external(&mut short, "weights.bin", 16, 16);
+    let e = Model::load(&write(dir.path(), "short.onnx", &short.encode_to_vec())).unwrap_err();
+    assert!(e.to_string().contains("needs bytes up to 32"), "{e}");
+    let mut outside = small_model();
+    external(&mut outside, "../etc/passwd", 0, 16);
+    let e = Model::load(&write(dir.path(), "outside.onnx", &outside.encode_to_vec())).unwrap_err();
+    assert!(e.to_string().contains("outside the model's folder"), "{e}");
+}
+
+#[test]
+fn raw_data_is_not_copied_on_load() {
+    // prost decodes `bytes` fields from a `Bytes` buffer by slicing it: the tensor's raw data must
+    // point into the one buffer read from the file.
+    let proto = small_model();
+    let buf = Bytes::from(proto.encode_to_vec());
+    let decoded = ModelProto::decode(buf.clone()).unwrap();
+    let raw = decoded.graph.unwrap().initializer[0].raw_data.clone().unwrap();
+    let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+    assert!(range.contains(&(raw.as_ptr() as usize)), "raw_data was copied");
+}

@@ -1,0 +1,95 @@
+//! Models for the end-to-end tests, built in Rust.
+#![allow(dead_code)]
+
+use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::ModelProto;
+use layerwise_model::DataType;
+
+/// Appends `steps` pairs of Mul/Add to `from`, each rounding to FP16 under emulation, so the error
+/// grows a little at every layer (drift) and never jumps. Returns the last tensor.
+pub fn drift_chain(b: &mut ModelBuilder, prefix: &str, from: &str, steps: usize) -> String {
+    let mut current = from.to_string();
+    for i in 0..steps {
+        let (w, c) = (format!("{prefix}_w{i}"), format!("{prefix}_c{i}"));
+        b.initializer(f32_tensor(&w, &[1], &[1.0037 + 0.0001 * i as f32]));
+        b.initializer(f32_tensor(&c, &[1], &[0.000_713]));
+        let (m, a) = (format!("{prefix}_mul{i}"), format!("{prefix}_add{i}"));
+        b.node("Mul", &format!("{prefix}/Mul_{i}"), &[&current, &w], &[&m], vec![]);
+        b.node("Add", &format!("{prefix}/Add_{i}"), &[&m, &c], &[&a], vec![]);
+        current = a;
+    }
+    current
+}
+
+/// What follows the drifting chains.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Ending {
+    /// Nothing: the output is the drifted value (healthy under FP16).
+    Healthy,
+    /// `Exp(20 * d)` overflows FP16 (e^20 > 65504) from a drifted but finite input.
+    ExpOverflow,
+    /// `Softmax(5 * d + 2000)`: logits near 2000 keep only ~0.5 absolute precision in FP16, which
+    /// Softmax over a spread of ~5 turns into a different distribution: amplification by a
+    /// sensitive op, with no overflow anywhere.
+    SoftmaxAmplification,
+}
+
+/// x[1,256] -> a drifting branch A (30 steps) -> ending, multiplied by a longer drifting branch B
+/// (60 steps, more drift than A but no break).
+pub fn planted(ending: Ending) -> ModelProto {
+    let mut b = ModelBuilder::new("planted", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(256)]);
+    let a = drift_chain(&mut b, "branch_a", "x", 30);
+    let bb = drift_chain(&mut b, "branch_b", "x", 60);
+    let head = match ending {
+        Ending::Healthy => a,
+        Ending::ExpOverflow => {
+            b.initializer(f32_tensor("twenty", &[1], &[20.0]));
+            b.node("Mul", "head/scale", &[&a, "twenty"], &["scaled"], vec![]);
+            b.node("Exp", "head/Exp", &["scaled"], &["exp"], vec![]);
+            "exp".to_string()
+        }
+        Ending::SoftmaxAmplification => {
+            b.initializer(f32_tensor("five", &[1], &[5.0]));
+            b.initializer(f32_tensor("offset", &[1], &[2000.0]));
+            b.node("Mul", "head/scale", &[&a, "five"], &["scaled"], vec![]);
+            b.node("Add", "head/offset", &["scaled", "offset"], &["logits"], vec![]);
+            b.node("Softmax", "head/Softmax", &["logits"], &["probs"], vec![attr::int("axis", -1)]);
+            "probs".to_string()
+        }
+    };
+    b.node("Mul", "merge/Mul", &[&head, &bb], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// y = x * one, z = x2 * 1000: under FP16 emulation 1e5 must become inf and 1.0001 must become 1.
+pub fn rounding_probe() -> ModelProto {
+    let mut b = ModelBuilder::new("rounding", 17);
+    b.input("x", DataType::Float, &[Dim::from(3)]);
+    b.input("x2", DataType::Float, &[Dim::from(1)]);
+    b.initializer(f32_tensor("one", &[1], &[1.0]));
+    b.initializer(f32_tensor("thousand", &[1], &[1000.0]));
+    b.node("Mul", "y/Mul", &["x", "one"], &["y"], vec![]);
+    b.node("Mul", "z/Mul", &["x2", "thousand"], &["z"], vec![]);
+    b.output("y", DataType::Float);
+    b.output("z", DataType::Float);
+    b.build()
+}
+
+/// A model with a dynamic batch dimension and an int64 input.
+pub fn dynamic_model() -> ModelProto {
+    let mut b = ModelBuilder::new("dynamic", 17);
+    b.input("x", DataType::Float, &[Dim::from("batch"), Dim::from(4)]);
+    b.input("ids", DataType::Int64, &[Dim::from("batch")]);
+    b.node("Relu", "relu", &["x"], &["y"], vec![]);
+    b.node("Cast", "cast", &["ids"], &["ids_f"], vec![attr::int("to", DataType::Float as i64)]);
+    b.output("y", DataType::Float);
+    b.output("ids_f", DataType::Float);
+    b.build()
+}
+
+pub fn save(proto: &ModelProto, path: &std::path::Path) {
+    use prost::Message;
+    std::fs::write(path, proto.encode_to_vec()).unwrap();
+}

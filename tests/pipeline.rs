@@ -1,0 +1,137 @@
+//! End-to-end runs through ONNX Runtime. They need libonnxruntime: layerwise finds it (see
+//! README) or fetches it with pip, and these tests fail with that error if it cannot.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{planted, rounding_probe, Ending};
+use layerwise::pipeline::{bisect_model, BisectOptions};
+use layerwise_analysis::{CauseKind, Status};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::inputs::InputOptions;
+use layerwise_runtime::{create_backend, RunRequest, Tensor, TensorData};
+
+fn options(json: Option<std::path::PathBuf>) -> BisectOptions {
+    BisectOptions {
+        model: "in-memory".into(),
+        reference: "ort:cpu".into(),
+        candidate: "sim:fp16".into(),
+        inputs: InputOptions::default(),
+        atol: None,
+        rtol: None,
+        range_tol: None,
+        json,
+        save_tensors: None,
+        selection: Selection::All,
+        top: 5,
+        progress: false,
+    }
+}
+
+fn run(backend: &str, model: &Model, inputs: &[(String, Tensor)]) -> HashMap<String, Tensor> {
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let mut b = create_backend(backend).unwrap();
+    let out = b.run(&RunRequest { model, index: &index, inputs, selection: &Selection::All }).unwrap();
+    out.tensors
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    match &t.data {
+        TensorData::F32(v) => v.clone(),
+        other => panic!("expected float32, got {:?}", other.dtype()),
+    }
+}
+
+#[test]
+fn fp16_emulation_really_rounds_at_run_time() {
+    let model = Model::from_proto(rounding_probe(), "rounding").unwrap();
+    let inputs = vec![
+        ("x".to_string(), Tensor::f32(vec![3], vec![1e5, 1.0001, 3.0])),
+        ("x2".to_string(), Tensor::f32(vec![1], vec![100.0])),
+    ];
+    let sim = run("sim:fp16", &model, &inputs);
+    let y = f32s(&sim["y"]);
+    assert!(y[0].is_infinite() && y[0] > 0.0, "1e5 must come out inf, got {}", y[0]);
+    assert_eq!(y[1], 1.0, "1.0001 must come out 1.0");
+    assert_eq!(y[2], 3.0);
+    assert!(f32s(&sim["z"])[0].is_infinite(), "100 * 1000 computed in FP32 must overflow when stored as FP16");
+    let reference = run("ort:cpu", &model, &inputs);
+    assert_eq!(f32s(&reference["y"]), [1e5, 1.0001, 3.0], "the reference is untouched float32");
+    assert_eq!(f32s(&reference["z"]), [1e5]);
+}
+
+#[test]
+fn planted_overflow_behind_drift_is_found_and_drift_is_not_blamed() {
+    let model = Model::from_proto(planted(Ending::ExpOverflow), "planted-exp").unwrap();
+    let outcome = bisect_model(&model, &options(None)).unwrap();
+    let v = &outcome.report.verdict;
+    assert_eq!(v.status, Status::Diverged, "{}", outcome.text);
+    let fd = v.first_divergent.as_ref().expect("a first divergent layer");
+    assert_eq!(fd.node, "head/Exp", "{}", outcome.text);
+    assert_eq!(fd.cause.kind, CauseKind::ValueOverflow);
+    assert!(fd.input_error > 1e-4 && fd.input_error < 5e-2, "its input carries drift, not zero error: {}", fd.input_error);
+    assert_eq!(v.chain.first().unwrap().tensor, "out");
+    assert_eq!(v.chain.last().unwrap().node, "head/Exp");
+    assert!(v.chain.iter().all(|s| !s.node.starts_with("branch_")), "no drift node on the chain: {:?}", v.chain);
+    assert!(v.non_finite.iter().any(|n| n.node == "head/Exp" && n.origin));
+}
+
+#[test]
+fn sensitive_layer_after_drift_is_named() {
+    let model = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted-softmax").unwrap();
+    let outcome = bisect_model(&model, &options(None)).unwrap();
+    let fd = outcome.report.verdict.first_divergent.as_ref().unwrap_or_else(|| panic!("no first divergent layer:\n{}", outcome.text));
+    assert_eq!(fd.node, "head/Softmax", "{}", outcome.text);
+    assert_eq!(fd.cause.kind, CauseKind::Amplification);
+    assert!(fd.output_error >= 10.0 * fd.input_error);
+    // The error has drifted to a few tenths of a percent on the way to the Softmax, and the drift
+    // nodes are not blamed for it.
+    let scaled = outcome.report.tensors.iter().find(|t| t.name == "scaled").unwrap();
+    assert!(scaled.metrics.rel_l2_err > 3e-3, "drift before the sensitive layer: {}", scaled.metrics.rel_l2_err);
+    assert!(outcome.report.verdict.chain.iter().all(|s| !s.node.starts_with("branch_")));
+}
+
+#[test]
+fn drift_alone_passes() {
+    let model = Model::from_proto(planted(Ending::Healthy), "drift").unwrap();
+    let outcome = bisect_model(&model, &options(None)).unwrap();
+    assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
+    assert!(outcome.report.verdict.first_divergent.is_none());
+    let branch_b_end = outcome.report.tensors.iter().find(|t| t.name == "branch_b_add59").unwrap();
+    assert!(branch_b_end.metrics.rel_l2_err > 1e-4, "the drift is real: {}", branch_b_end.metrics.rel_l2_err);
+}
+
+#[test]
+fn saved_tensors_compare_like_a_live_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::from_proto(planted(Ending::ExpOverflow), "planted-exp").unwrap();
+    let mut save = options(None);
+    save.save_tensors = Some(dir.path().to_path_buf());
+    let live = bisect_model(&model, &save).unwrap();
+    let mut replay = options(None);
+    replay.candidate = format!("npz:{}", dir.path().join("cand").display());
+    replay.inputs.npz = Some(dir.path().join("inputs.npz"));
+    let saved = bisect_model(&model, &replay).unwrap();
+    let node = |o: &layerwise::pipeline::BisectOutcome| o.report.verdict.first_divergent.as_ref().map(|f| f.node.clone());
+    assert_eq!(node(&saved), node(&live));
+    assert_eq!(saved.report.tensors.len(), live.report.tensors.len());
+    // Other inputs than the saved run's are refused rather than compared.
+    let mut wrong = options(None);
+    wrong.candidate = replay.candidate.clone();
+    wrong.inputs.seed = 99;
+    let err = bisect_model(&model, &wrong).err().expect("different inputs must be refused").to_string();
+    assert!(err.contains("different value of input 'x'"), "{err}");
+}
+
+#[test]
+fn same_seed_same_report() {
+    let model = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted-softmax").unwrap();
+    let strip = |o: layerwise::pipeline::BisectOutcome| {
+        let mut v = serde_json::to_value(&o.report).unwrap();
+        v.as_object_mut().unwrap().remove("run_info");
+        v
+    };
+    assert_eq!(strip(bisect_model(&model, &options(None)).unwrap()), strip(bisect_model(&model, &options(None)).unwrap()));
+}
+
