@@ -1,0 +1,161 @@
+//! The command line: exit codes, the demo, and a specific error (exit 2, nothing written) for each
+//! kind of bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::{dynamic_model, planted, save, Ending};
+use layerwise_runtime::npy::write_npz;
+use layerwise_runtime::{Tensor, TensorData};
+
+fn layerwise(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn new() -> Case {
+        Case { dir: tempfile::tempdir().unwrap() }
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+    fn p(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+    /// Runs bisect with a JSON report requested, and checks the failure: exit 2, the message,
+    /// no report written.
+    fn fails(&self, args: &[&str], message: &str) {
+        let json = self.p("report.json");
+        let mut all: Vec<&str> = vec!["bisect"];
+        all.extend(args);
+        all.extend(["--json", &json]);
+        let out = layerwise(&all, self.dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
+        assert!(t.contains(message), "{args:?}: expected '{message}' in: {t}");
+        assert!(!t.contains("panicked"), "{t}");
+        assert!(!self.path("report.json").exists(), "a failed run must not write a report");
+    }
+}
+
+#[test]
+fn demo_finds_the_planted_layer_and_writes_its_report() {
+    let case = Case::new();
+    let out = layerwise(&["demo", "--out-dir", "demo"], case.dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("First divergent layer: encoder/ln/Pow (Pow)"), "{t}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("demo/report.json")).unwrap()).unwrap();
+    assert_eq!(report["schema"], "layerwise.report/1");
+    assert_eq!(report["verdict"]["status"], "diverged");
+    assert_eq!(report["verdict"]["first_divergent"]["node"], "encoder/ln/Pow");
+    assert_eq!(report["verdict"]["first_divergent"]["cause"]["kind"], "value_overflow");
+    assert_eq!(report["worst_output"], "logits");
+    let tensors = report["tensors"].as_array().unwrap();
+    assert_eq!(tensors.len(), 15);
+    let topo: Vec<u64> = tensors.iter().map(|t| t["topo_index"].as_u64().unwrap()).collect();
+    assert!(topo.windows(2).all(|w| w[0] <= w[1]), "tensors in topological order");
+    assert!(tensors.iter().any(|t| t["node"] == "Tanh#14"), "unnamed nodes get synthetic names");
+    let features = report["outputs"].as_array().unwrap().iter().find(|o| o["name"] == "features").unwrap();
+    assert_eq!(features["pass"], true, "the healthy branch passes");
+    let pow = tensors.iter().find(|t| t["name"] == "ln_squared").unwrap();
+    assert_eq!(pow["metrics"]["max_abs_err"], "inf", "non-finite numbers are strings in JSON");
+}
+
+#[test]
+fn exit_codes_follow_the_verdict_and_the_model_is_untouched() {
+    let case = Case::new();
+    save(&planted(Ending::Healthy), &case.path("healthy.onnx"));
+    save(&planted(Ending::ExpOverflow), &case.path("broken.onnx"));
+    let before = std::fs::read(case.path("broken.onnx")).unwrap();
+    let healthy = layerwise(&["bisect", &case.p("healthy.onnx")], case.dir.path());
+    assert_eq!(healthy.status.code(), Some(0), "{}", text(&healthy));
+    assert!(text(&healthy).contains("VERDICT: PASS"));
+    let broken = layerwise(&["bisect", &case.p("broken.onnx"), "--json", &case.p("r.json")], case.dir.path());
+    assert_eq!(broken.status.code(), Some(1), "{}", text(&broken));
+    assert!(text(&broken).contains("First divergent layer: head/Exp (Exp)"), "{}", text(&broken));
+    assert!(case.path("r.json").exists());
+    assert_eq!(std::fs::read(case.path("broken.onnx")).unwrap(), before, "the input model is never modified");
+    let leftovers: Vec<_> = std::fs::read_dir(case.dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".tmp")).collect();
+    assert!(leftovers.is_empty(), "no temporary files left: {leftovers:?}");
+}
+
+#[test]
+fn bad_inputs_give_specific_errors() {
+    let case = Case::new();
+    save(&dynamic_model(), &case.path("dyn.onnx"));
+    let dynm = case.p("dyn.onnx");
+
+    case.fails(&[&case.p("absent.onnx")], "model file not found");
+    std::fs::write(case.path("text.onnx"), "definitely not protobuf \u{ff}\u{fe}").unwrap();
+    case.fails(&[&case.p("text.onnx")], "is not an ONNX model: protobuf decoding failed");
+    let full = std::fs::read(case.path("dyn.onnx")).unwrap();
+    std::fs::write(case.path("truncated.onnx"), &full[..full.len() - 7]).unwrap();
+    case.fails(&[&case.p("truncated.onnx")], "is not an ONNX model: protobuf decoding failed");
+    std::fs::write(case.path("notmodel.pb"), [0xA0u8, 0x06, 0x01]).unwrap();
+    case.fails(&[&case.p("notmodel.pb")], "decodes as protobuf but is not an ONNX model");
+
+    // External data that is missing.
+    let mut ext = planted(Ending::Healthy);
+    {
+        use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
+        let t = &mut ext.graph.as_mut().unwrap().initializer[0];
+        t.raw_data = None;
+        t.external_data = vec![StringStringEntryProto { key: Some("location".into()), value: Some("weights.bin".into()) }];
+        t.data_location = Some(DataLocation::External as i32);
+    }
+    save(&ext, &case.path("ext.onnx"));
+    case.fails(&[&case.p("ext.onnx")], "external data of initializer 'branch_a_w0'");
+
+    // Dynamic dimension without a value.
+    case.fails(&[&dynm], "dynamic dimensions without a value in 'x' (dim 0 'batch'); 'ids' (dim 0 'batch')");
+    // Inputs from an npz: a missing input, a wrong dtype, a wrong shape, an unknown array.
+    let x = Tensor::f32(vec![2, 4], vec![0.5; 8]);
+    let ids = Tensor::new(vec![2], TensorData::I64(vec![1, 2]));
+    let ids_f32 = Tensor::f32(vec![2], vec![1.0, 2.0]);
+    let x_bad = Tensor::f32(vec![2, 5], vec![0.5; 10]);
+    write_npz(&case.path("only_x.npz"), &[("x", &x)]).unwrap();
+    case.fails(&[&dynm, "--inputs", &case.p("only_x.npz")], "input 'ids' is not in");
+    write_npz(&case.path("dtype.npz"), &[("x", &x), ("ids", &ids_f32)]).unwrap();
+    case.fails(&[&dynm, "--inputs", &case.p("dtype.npz")], "input 'ids' must be int64 but");
+    write_npz(&case.path("shape.npz"), &[("x", &x_bad), ("ids", &ids)]).unwrap();
+    case.fails(&[&dynm, "--inputs", &case.p("shape.npz")], "input 'x' has shape 2x5 from");
+    write_npz(&case.path("extra.npz"), &[("x", &x), ("ids", &ids), ("y", &x)]).unwrap();
+    case.fails(&[&dynm, "--inputs", &case.p("extra.npz")], "holds array 'y', but the model has no input of that name");
+    write_npz(&case.path("good.npz"), &[("x", &x), ("ids", &ids)]).unwrap();
+    // A symbol must take one value across inputs.
+    case.fails(&[&dynm, "--input-shape", "x:3x4", "--input-shape", "ids:2"], "dimension 'batch' is 2 in input 'ids' but 3 in input 'x'");
+    case.fails(&[&dynm, "--input-shape", "nope:1x4"], "the model has no input 'nope'");
+    // Backend specs.
+    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", "tensorflow:gpu"], "unknown backend spec 'tensorflow:gpu'");
+    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", "ort:cpu,opt=fast"], "opt must be disable, basic, extended or all");
+    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", &format!("npz:{}", case.p("nothing"))], "does not exist");
+    // Unwritable report folder: refused before any work.
+    let out = layerwise(&["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("no/such/dir/r.json")], case.dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out).contains("folder") && text(&out).contains("does not exist"), "{}", text(&out));
+
+    // And the good inputs work, with the dynamic dimension taken from the file.
+    let ok = layerwise(&["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("report.json")], case.dir.path());
+    assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
+    assert!(text(&ok).contains("input      x float32 2x4 from npz:"), "{}", text(&ok));
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let case = Case::new();
+    for args in [&["bisect"][..], &["bisect", "m.onnx", "--input-shape", "x:1xa"], &["frobnicate"]] {
+        let out = layerwise(args, case.dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    }
+}
