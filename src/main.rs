@@ -24,7 +24,7 @@ struct Cli {
 enum Command {
     /// Compare every tensor of the reference and candidate runs and walk back from the worst output
     /// to the first divergent layer.
-    Bisect(BisectArgs),
+    Bisect(Box<BisectArgs>),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
 }
@@ -161,20 +161,8 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     std::fs::write(&model_path, prost_encode(&proto)).with_context(|| format!("cannot write {}", model_path.display()))?;
     let model = Model::load(&model_path)?;
     let json = args.out_dir.join("report.json");
-    let options = BisectOptions {
-        model: model_path.clone(),
-        reference: "ort:cpu".into(),
-        candidate: "sim:fp16".into(),
-        inputs: InputOptions::default(),
-        atol: None,
-        rtol: None,
-        range_tol: None,
-        json: Some(json.clone()),
-        save_tensors: None,
-        selection: Selection::All,
-        top: 8,
-        progress: true,
-    };
+    let options =
+        BisectOptions { json: Some(json.clone()), top: 8, progress: true, ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") };
     println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
@@ -199,7 +187,7 @@ fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bisect(args) => run_bisect(args),
+        Command::Bisect(args) => run_bisect(*args),
         Command::Demo(args) => run_demo(args),
     };
     match result {

@@ -30,6 +30,27 @@ pub struct BisectOptions {
     pub progress: bool,
 }
 
+impl BisectOptions {
+    /// Options with every default: all tensors, random inputs with seed 0, default tolerances,
+    /// no files written, no progress display.
+    pub fn new(model: impl Into<PathBuf>, reference: &str, candidate: &str) -> BisectOptions {
+        BisectOptions {
+            model: model.into(),
+            reference: reference.to_string(),
+            candidate: candidate.to_string(),
+            inputs: InputOptions::default(),
+            atol: None,
+            rtol: None,
+            range_tol: None,
+            json: None,
+            save_tensors: None,
+            selection: Selection::All,
+            top: 10,
+            progress: false,
+        }
+    }
+}
+
 /// The outcome: the report (also written as JSON if asked) and its terminal rendering.
 pub struct BisectOutcome {
     pub report: Report,

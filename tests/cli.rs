@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use common::{dynamic_model, planted, save, Ending};
-use layerwise_runtime::npy::write_npz;
+use layerwise_runtime::npy::{write_npy_file, write_npz};
 use layerwise_runtime::{Tensor, TensorData};
 
 fn layerwise(args: &[&str], cwd: &Path) -> Output {
@@ -36,6 +36,7 @@ impl Case {
     /// no report written.
     fn fails(&self, args: &[&str], message: &str) {
         let json = self.p("report.json");
+        let _ = std::fs::remove_file(&json);
         let mut all: Vec<&str> = vec!["bisect"];
         all.extend(args);
         all.extend(["--json", &json]);
@@ -149,6 +150,24 @@ fn bad_inputs_give_specific_errors() {
     let ok = layerwise(&["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("report.json")], case.dir.path());
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
     assert!(text(&ok).contains("input      x float32 2x4 from npz:"), "{}", text(&ok));
+
+    // Inputs one by one from .npy files, and a chosen subset of tensors.
+    write_npy_file(&case.path("x.npy"), &x).unwrap();
+    write_npy_file(&case.path("ids.npy"), &ids).unwrap();
+    let x_arg = format!("x={}", case.p("x.npy"));
+    let ids_arg = format!("ids={}", case.p("ids.npy"));
+    let npy = layerwise(&["bisect", &dynm, "--input", &x_arg, "--input", &ids_arg], case.dir.path());
+    assert_eq!(npy.status.code(), Some(0), "{}", text(&npy));
+    assert!(text(&npy).contains("input      x float32 2x4 from npy:"), "{}", text(&npy));
+
+    save(&planted(Ending::Healthy), &case.path("chain.onnx"));
+    let json = case.p("subset.json");
+    let subset = layerwise(&["bisect", &case.p("chain.onnx"), "--tensors", "branch_b_mul7,branch_a_add3", "--json", &json], case.dir.path());
+    assert_eq!(subset.status.code(), Some(0), "{}", text(&subset));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("subset.json")).unwrap()).unwrap();
+    let names: Vec<&str> = report["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["branch_a_add3", "branch_b_mul7", "out"], "the chosen tensors plus the output, in topological order");
+    case.fails(&[&case.p("chain.onnx"), "--tensors", "no_such_tensor"], "tensor 'no_such_tensor' does not exist");
 }
 
 #[test]

@@ -9,24 +9,10 @@ use common::{planted, rounding_probe, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{CauseKind, Status};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_runtime::inputs::InputOptions;
 use layerwise_runtime::{create_backend, RunRequest, Tensor, TensorData};
 
 fn options(json: Option<std::path::PathBuf>) -> BisectOptions {
-    BisectOptions {
-        model: "in-memory".into(),
-        reference: "ort:cpu".into(),
-        candidate: "sim:fp16".into(),
-        inputs: InputOptions::default(),
-        atol: None,
-        rtol: None,
-        range_tol: None,
-        json,
-        save_tensors: None,
-        selection: Selection::All,
-        top: 5,
-        progress: false,
-    }
+    BisectOptions { json, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") }
 }
 
 fn run(backend: &str, model: &Model, inputs: &[(String, Tensor)]) -> HashMap<String, Tensor> {

@@ -109,8 +109,10 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     }
 
     let mut from_files: HashMap<String, (Tensor, String)> = HashMap::new();
+    let mut npz_arrays: Vec<String> = Vec::new();
     if let Some(path) = &options.npz {
         for (name, tensor) in read_npz(path)? {
+            npz_arrays.push(name.clone());
             if !known(&name) {
                 return Err(RuntimeError::Input(format!(
                     "{} holds array '{name}', but the model has no input of that name (its inputs: {})",
@@ -135,12 +137,12 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
             prepared.push(PreparedInput { name: decl.name.clone(), tensor, source });
             continue;
         }
-        if options.npz.is_some() {
+        if let Some(npz) = &options.npz {
             return Err(RuntimeError::Input(format!(
                 "input '{}' is not in {} (it holds: {}); add it, or leave --inputs out to use random data",
                 decl.name,
-                options.npz.as_ref().unwrap().display(),
-                options_arrays(options)
+                npz.display(),
+                npz_arrays.join(", ")
             )));
         }
         let shape = match options.shapes.iter().find(|(n, _)| *n == decl.name) {
@@ -205,10 +207,6 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
         )));
     }
     Ok(prepared)
-}
-
-fn options_arrays(options: &InputOptions) -> String {
-    options.npz.as_ref().and_then(|p| read_npz(p).ok()).map(|v| v.into_iter().map(|(n, _)| n).collect::<Vec<_>>().join(", ")).unwrap_or_default()
 }
 
 fn check_file_input(

@@ -119,6 +119,12 @@ fn extract_libs(wheel: &Path, dest: &Path) -> Result<PathBuf, String> {
         let tmp = tempfile::NamedTempFile::new_in(dest).map_err(|e| e.to_string())?;
         std::io::copy(&mut entry, &mut tmp.as_file()).map_err(|e| e.to_string())?;
         let target = dest.join(file_name);
+        // Temporary files are private (0600); a library in a cache is readable by all, like pip's.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o644)).map_err(|e| e.to_string())?;
+        }
         tmp.persist(&target).map_err(|e| e.to_string())?;
         if is_ort_lib(file_name) {
             main_lib = Some(target);
