@@ -3,4 +3,5 @@
 //! [`pipeline::bisect`]; the work happens in the `layerwise-*` crates.
 
 pub mod demo;
+pub mod fix;
 pub mod pipeline;

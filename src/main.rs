@@ -4,7 +4,11 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use layerwise::demo::{demo_model, PLANTED_NODE};
+use layerwise::fix::{fix, FixOptions};
 use layerwise::pipeline::{bisect, bisect_model, BisectOptions};
+use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::GraphIndex;
+use layerwise_runtime::float32_tensors;
 use layerwise_analysis::Status;
 use layerwise_model::{Model, Selection};
 use layerwise_runtime::inputs::InputOptions;
@@ -25,8 +29,69 @@ enum Command {
     /// Compare every tensor of the reference and candidate runs and walk back from the worst output
     /// to the first divergent layer.
     Bisect(Box<BisectArgs>),
+    /// Convert a float32 model to FP16, keeping chosen nodes and unsafe ops in FP32.
+    Convert(ConvertArgs),
+    /// Find a small set of nodes to keep in FP32 so every output is within tolerance, verify it,
+    /// and write the fixed FP16 model.
+    Fix(Box<FixArgs>),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The float32 ONNX model (never modified).
+    model: PathBuf,
+    /// Target precision (only fp16 for now).
+    #[arg(long, default_value = "fp16", value_parser = ["fp16"])]
+    to: String,
+    /// Nodes to keep in FP32 (names as layerwise reports them), comma-separated.
+    #[arg(long = "keep-fp32", value_delimiter = ',', value_name = "NODES")]
+    keep_fp32: Vec<String>,
+    /// Op types to keep in FP32, comma-separated (e.g. LayerNormalization,Softmax).
+    #[arg(long = "keep-fp32-op", value_delimiter = ',', value_name = "OPS")]
+    keep_fp32_op: Vec<String>,
+    /// Keep float graph inputs and outputs FP32, with Casts inside the model (the default).
+    #[arg(long, conflicts_with = "fp16_io")]
+    keep_io_types: bool,
+    /// Make float graph inputs and outputs FP16 too.
+    #[arg(long)]
+    fp16_io: bool,
+    /// Also convert nodes that read weights beyond the FP16 range (they become inf).
+    #[arg(long)]
+    allow_weight_overflow: bool,
+    /// The converted model.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct FixArgs {
+    /// The float32 ONNX model (never modified).
+    model: PathBuf,
+    #[arg(long = "ref", default_value = "ort:cpu")]
+    reference: String,
+    /// Candidate: sim:fp16 (keeps nodes in the emulation), or a backend that runs the model
+    /// converted with the keep list each round (e.g. ort:cpu, for ONNX Runtime's FP16 kernels).
+    #[arg(long = "cand", default_value = "sim:fp16")]
+    candidate: String,
+    #[command(flatten)]
+    inputs: InputArgs,
+    #[arg(long)]
+    atol: Option<f64>,
+    #[arg(long)]
+    rtol: Option<f64>,
+    #[arg(long)]
+    range_tol: Option<f64>,
+    /// The fixed FP16 model; the keep list goes beside it as OUT.keep-fp32.json.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// The fix report (schema layerwise.fix/1).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Most patterns to add before giving up.
+    #[arg(long, default_value_t = 12)]
+    max_rounds: usize,
 }
 
 #[derive(Args)]
@@ -39,6 +104,10 @@ struct BisectArgs {
     /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16[,threads=N], npz:PATH.
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: String,
+    /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
+    /// matched by name and FP16 tensors compared as float32.
+    #[arg(long, value_name = "MODEL")]
+    cand_model: Option<PathBuf>,
     #[command(flatten)]
     inputs: InputArgs,
     /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
@@ -136,6 +205,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         model: args.model,
         reference: args.reference,
         candidate: args.candidate,
+        cand_model: args.cand_model,
         inputs: args.inputs.options(),
         atol: args.atol,
         rtol: args.rtol,
@@ -152,6 +222,60 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         println!("\nJSON report: {}", json.display());
     }
     Ok(exit_for(outcome.report.verdict.status))
+}
+
+fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
+    if args.output == args.model {
+        bail!("-o {} would overwrite the input model; choose another path", args.output.display());
+    }
+    let model = Model::load(&args.model)?;
+    let index = GraphIndex::build(model.graph())?;
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
+    let options = ConvertOptions {
+        keep_nodes: args.keep_fp32.into_iter().collect(),
+        keep_ops: args.keep_fp32_op.into_iter().collect(),
+        keep_io_types: !args.fp16_io,
+        keep_overflowing_weight_consumers: !args.allow_weight_overflow,
+    };
+    let conversion = convert_fp16(&model, &index, &float, &options)?;
+    let problems = check_float_types(&conversion.proto, &float);
+    if !problems.is_empty() {
+        bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));
+    }
+    model.save_standalone(&conversion.proto, &args.output)?;
+    println!(
+        "{}: {} nodes FP16, {} FP32, {} Casts inserted -> {}",
+        args.model.display(),
+        conversion.fp16_nodes,
+        conversion.fp32_nodes.len(),
+        conversion.casts_inserted,
+        args.output.display()
+    );
+    for (node, why) in &conversion.fp32_nodes {
+        println!("  FP32 {node}: {why}");
+    }
+    for (w, readers) in &conversion.overflowing_weights {
+        println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_fix(args: FixArgs) -> Result<ExitCode> {
+    let options = FixOptions {
+        bisect: BisectOptions {
+            inputs: args.inputs.options(),
+            atol: args.atol,
+            rtol: args.rtol,
+            range_tol: args.range_tol,
+            json: args.json,
+            ..BisectOptions::new(&args.model, &args.reference, &args.candidate)
+        },
+        output: args.output,
+        max_rounds: args.max_rounds,
+    };
+    let outcome = fix(&options)?;
+    print!("{}", outcome.text);
+    Ok(if outcome.report.status == "fixed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn run_demo(args: DemoArgs) -> Result<ExitCode> {
@@ -171,12 +295,27 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     println!("JSON report: {}", json.display());
     println!("Try it yourself: layerwise bisect {} --cand sim:fp16", model_path.display());
     match &outcome.report.verdict.first_divergent {
-        Some(fd) if fd.node == PLANTED_NODE => Ok(ExitCode::SUCCESS),
+        Some(fd) if fd.node == PLANTED_NODE => {}
         other => bail!(
             "the demo expected the break at '{PLANTED_NODE}' but found {}",
             other.as_ref().map(|f| f.node.clone()).unwrap_or_else(|| "none".into())
         ),
     }
+
+    println!("\nNow the fix: the smallest set of nodes to keep in FP32, verified by re-running the candidate.\n");
+    let fixed_path = args.out_dir.join("demo_fp16_fixed.onnx");
+    let fix_options = FixOptions {
+        bisect: BisectOptions { json: Some(args.out_dir.join("fix.json")), ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") },
+        output: Some(fixed_path.clone()),
+        max_rounds: 12,
+    };
+    let fixed = fix(&fix_options)?;
+    print!("{}", fixed.text);
+    println!("Fix report:  {}", args.out_dir.join("fix.json").display());
+    if fixed.report.status != "fixed" {
+        bail!("the demo's fix did not verify");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
@@ -188,6 +327,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Bisect(args) => run_bisect(*args),
+        Command::Convert(args) => run_convert(args),
+        Command::Fix(args) => run_fix(*args),
         Command::Demo(args) => run_demo(args),
     };
     match result {

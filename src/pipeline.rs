@@ -17,6 +17,9 @@ pub struct BisectOptions {
     pub model: PathBuf,
     pub reference: String,
     pub candidate: String,
+    /// A different model file for the candidate side (a converted FP16 model); tensors are matched
+    /// by name.
+    pub cand_model: Option<PathBuf>,
     pub inputs: InputOptions,
     pub atol: Option<f64>,
     pub rtol: Option<f64>,
@@ -38,6 +41,7 @@ impl BisectOptions {
             model: model.into(),
             reference: reference.to_string(),
             candidate: candidate.to_string(),
+            cand_model: None,
             inputs: InputOptions::default(),
             atol: None,
             rtol: None,
@@ -88,8 +92,25 @@ impl Steps {
     }
 }
 
+/// Tolerances and walk thresholds for a candidate precision, with the user's overrides.
+pub fn tolerance_and_rule(precision: Precision, options: &BisectOptions) -> Result<(Tolerance, WalkRule)> {
+    let (defaults, rule) = match precision {
+        Precision::Fp16 => (Tolerance::FP16, WalkRule::FP16),
+        Precision::Fp32 => (Tolerance::FP32, WalkRule::FP32),
+    };
+    let tolerance = Tolerance {
+        atol: options.atol.unwrap_or(defaults.atol),
+        rtol: options.rtol.unwrap_or(defaults.rtol),
+        range_tol: options.range_tol.unwrap_or(defaults.range_tol),
+    };
+    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
+        bail!("--atol, --rtol and --range-tol must be non-negative numbers");
+    }
+    Ok((tolerance, rule))
+}
+
 /// Checks up front that a report can be written there, so a bad path fails before any work.
-fn check_writable_target(path: &Path, what: &str) -> Result<()> {
+pub(crate) fn check_writable_target(path: &Path, what: &str) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -128,27 +149,24 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     let inputs = prepare_inputs(&decls, &options.inputs)?;
     let feeds: Vec<(String, layerwise_runtime::Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
 
-    let precision = candidate.precision();
-    let defaults = match precision {
-        Precision::Fp16 => Tolerance::FP16,
-        Precision::Fp32 => Tolerance::FP32,
+    // A converted candidate model computes in FP16 whatever its backend's own precision is.
+    let cand_model = match &options.cand_model {
+        Some(path) => Some(steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?),
+        None => None,
     };
-    let tolerance = Tolerance {
-        atol: options.atol.unwrap_or(defaults.atol),
-        rtol: options.rtol.unwrap_or(defaults.rtol),
-        range_tol: options.range_tol.unwrap_or(defaults.range_tol),
-    };
-    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
-        bail!("--atol, --rtol and --range-tol must be non-negative numbers");
-    }
-    let rule = match precision {
-        Precision::Fp16 => WalkRule::FP16,
-        Precision::Fp32 => WalkRule::FP32,
-    };
+    let precision = if cand_model.is_some() { Precision::Fp16 } else { candidate.precision() };
+    let (tolerance, rule) = tolerance_and_rule(precision, options)?;
 
     let request = RunRequest { model, index: &index, inputs: &feeds, selection: &options.selection };
     let ref_out = steps.run(&format!("running reference {}", options.reference), || Ok(reference.run(&request)?))?;
-    let cand_out = steps.run(&format!("running candidate {}", options.candidate), || Ok(candidate.run(&request)?))?;
+    let cand_out = match &cand_model {
+        Some(cm) => {
+            let cand_index = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            let cand_request = RunRequest { model: cm, index: &cand_index, inputs: &feeds, selection: &Selection::All };
+            steps.run(&format!("running candidate {} on {}", options.candidate, cm.path.display()), || Ok(candidate.run(&cand_request)?))?
+        }
+        None => steps.run(&format!("running candidate {}", options.candidate), || Ok(candidate.run(&request)?))?,
+    };
 
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     if let Some(dir) = &options.save_tensors {

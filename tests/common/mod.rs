@@ -93,3 +93,62 @@ pub fn save(proto: &ModelProto, path: &std::path::Path) {
     use prost::Message;
     std::fs::write(path, proto.encode_to_vec()).unwrap();
 }
+
+/// x[1,256] -> 20 drifting steps -> a decomposed LayerNorm over h = 400*d (its x² overflows FP16)
+/// -> Mul(gamma) -> Add(beta) -> Tanh -> out: the planted break sits inside a larger model.
+pub fn planted_layernorm() -> ModelProto {
+    let mut b = ModelBuilder::new("planted-ln", 13);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(256)]);
+    let d = drift_chain(&mut b, "pre", "x", 20);
+    let ramp: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 3.0).collect();
+    b.initializer(f32_tensor("ramp", &[256], &ramp));
+    b.initializer(f32_tensor("two", &[], &[2.0]));
+    b.initializer(f32_tensor("eps", &[], &[1e-5]));
+    b.initializer(f32_tensor("gamma", &[256], &vec![1.0; 256]));
+    b.initializer(f32_tensor("beta", &[256], &vec![0.1; 256]));
+    b.node("Add", "ln_in", &[&d, "ramp"], &["h"], vec![]);
+    b.node("ReduceMean", "ln/mean", &["h"], &["mean"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
+    b.node("Sub", "ln/sub", &["h", "mean"], &["centered"], vec![]);
+    b.node("Pow", "ln/pow", &["centered", "two"], &["sq"], vec![]);
+    b.node("ReduceMean", "ln/var", &["sq"], &["var"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
+    b.node("Add", "ln/add_eps", &["var", "eps"], &["var_eps"], vec![]);
+    b.node("Sqrt", "ln/sqrt", &["var_eps"], &["std"], vec![]);
+    b.node("Div", "ln/div", &["centered", "std"], &["normed"], vec![]);
+    b.node("Mul", "ln/gamma", &["normed", "gamma"], &["scaled"], vec![]);
+    b.node("Add", "ln/beta", &["scaled", "beta"], &["ln_out"], vec![]);
+    b.node("Tanh", "head", &["ln_out"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// x[1,4,8,8] -> Conv -> BatchNormalization whose variance has a value beyond the FP16 range ->
+/// Relu -> out.
+pub fn batchnorm_overflow() -> ModelProto {
+    let mut b = ModelBuilder::new("bn-overflow", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(8), Dim::from(8)]);
+    let w: Vec<f32> = (0..16).map(|i| 0.1 + 0.05 * i as f32).collect();
+    b.initializer(f32_tensor("conv_w", &[4, 4, 1, 1], &w));
+    b.initializer(f32_tensor("bn_scale", &[4], &[1.0, 1.0, 1.0, 300.0]));
+    b.initializer(f32_tensor("bn_bias", &[4], &[0.0, 0.1, 0.2, 0.3]));
+    b.initializer(f32_tensor("bn_mean", &[4], &[0.5, 0.5, 0.5, 0.5]));
+    b.initializer(f32_tensor("bn_var", &[4], &[1.0, 1.0, 1.0, 1e5]));
+    b.node("Conv", "conv", &["x", "conv_w"], &["conv_out"], vec![]);
+    b.node("BatchNormalization", "bn", &["conv_out", "bn_scale", "bn_bias", "bn_mean", "bn_var"], &["bn_out"], vec![]);
+    b.node("Relu", "relu", &["bn_out"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// x -> Mul(w) -> Relu -> Softmax -> Add(w2) -> out, for conversion tests.
+pub fn convertible() -> ModelProto {
+    let mut b = ModelBuilder::new("convertible", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
+    b.initializer(f32_tensor("w", &[8], &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]));
+    b.initializer(f32_tensor("w2", &[8], &[0.1; 8]));
+    b.node("Mul", "mul", &["x", "w"], &["a"], vec![]);
+    b.node("Relu", "relu", &["a"], &["b"], vec![]);
+    b.node("Softmax", "softmax", &["b"], &["c"], vec![attr::int("axis", -1)]);
+    b.node("Add", "add", &["c", "w2"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}

@@ -4,8 +4,10 @@
 mod compare;
 mod metrics;
 pub mod num;
+mod patterns;
 mod walk;
 
 pub use compare::{compare_all, Comparison, TensorRecord};
 pub use metrics::{compute, Metrics, Tolerance};
+pub use patterns::{pattern_of, Pattern};
 pub use walk::{walk_back, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};

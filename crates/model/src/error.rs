@@ -23,6 +23,8 @@ pub enum ModelError {
     SubgraphTensor { tensor: String, node: String },
     #[error("tensor '{0}' is a graph input or initializer, not computed by the model: there is nothing to compare")]
     NotComputed(String),
+    #[error("node '{0}' does not exist in the main graph (names as layerwise reports them: the node's own name, or OpType#i for unnamed nodes)")]
+    UnknownNode(String),
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: std::io::Error },
 }

@@ -8,6 +8,7 @@
 pub mod onnx;
 
 pub mod builder;
+pub mod convert;
 mod error;
 pub mod fp16;
 mod graph;

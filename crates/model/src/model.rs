@@ -222,6 +222,60 @@ fn externalize_large_tensors(proto: &mut ModelProto, dir: &Path, data_name: &str
     Ok(())
 }
 
+impl Model {
+    /// Saves `proto` (a rewrite of this model) as a standalone model at `path`: external tensors
+    /// are read in, and a result over 1 GiB moves its large tensors into `<path>.data` beside it.
+    /// The file is written to a temporary name and renamed, so it is complete or absent.
+    pub fn save_standalone(&self, proto: &ModelProto, path: &Path) -> Result<(), ModelError> {
+        let mut proto = proto.clone();
+        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
+        while let Some(graph) = stack.pop() {
+            for t in graph.initializer.iter_mut().filter(|t| is_external(t)) {
+                let bytes = self.external_bytes(t)?;
+                t.raw_data = Some(Bytes::from(bytes));
+                t.external_data.clear();
+                t.data_location = None;
+            }
+            for node in graph.node.iter_mut() {
+                for attr in node.attribute.iter_mut() {
+                    stack.extend(attr.g.iter_mut());
+                    stack.extend(attr.graphs.iter_mut());
+                }
+            }
+        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let file_name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model.onnx".into());
+        if proto.encoded_len() > PROTOBUF_LIMIT {
+            externalize_large_tensors(&mut proto, &dir, &format!("{file_name}.data"))?;
+        }
+        let io = |source| ModelError::Write { path: path.to_path_buf(), source };
+        let mut tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir).map_err(io)?;
+        tmp.write_all(&proto.encode_to_vec()).map_err(io)?;
+        tmp.as_file().sync_all().map_err(io)?;
+        tmp.persist(path).map_err(|e| io(e.error))?;
+        Ok(())
+    }
+
+    /// The bytes of an externally stored tensor.
+    pub(crate) fn external_bytes(&self, t: &TensorProto) -> Result<Vec<u8>, ModelError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
+        let ext = ExternalRef::parse(t).map_err(err)?;
+        let path = self.external_file(&ext.location).ok_or_else(|| err("in-memory model".into()))?;
+        let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
+        let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64) as usize;
+        let mut buf = vec![0u8; len];
+        let mut f = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
+        f.seek(SeekFrom::Start(ext.offset))
+            .and_then(|_| f.read_exact(&mut buf))
+            .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
+        Ok(buf)
+    }
+}
+
 #[cfg(unix)]
 fn symlink_or_copy(target: &Path, link: &Path) -> Result<(), ModelError> {
     std::os::unix::fs::symlink(target, link).map_err(|source| ModelError::Write { path: link.to_path_buf(), source })

@@ -71,6 +71,8 @@ pub struct Fp16Emulation {
 /// Suffix of the unrounded value of a tensor in the emulated model.
 pub const RAW_SUFFIX: &str = "__lw_fp32";
 const HALF_SUFFIX: &str = "__lw_fp16";
+/// Suffix of the unrounded copy of a weight read by a node kept in FP32.
+const KEEP_SUFFIX: &str = "__lw_keep32";
 
 /// Emulates a strongly typed FP16 model on an FP32 runtime:
 /// - every float32 initializer and Constant (also inside subgraphs) is rounded to FP16 in place
@@ -81,9 +83,20 @@ const HALF_SUFFIX: &str = "__lw_fp16";
 ///
 /// Arithmetic inside each op therefore stays FP32 while every value stored between ops is FP16.
 /// `proto` is normally the output of [`expose`], so the rounded values are what gets compared.
-pub fn emulate_fp16(model: &Model, proto: &ModelProto, float_tensors: &HashSet<String>) -> Result<Fp16Emulation, ModelError> {
+///
+/// `keep_fp32` lists nodes (by position in `proto`) kept in FP32, as a converted model with FP32
+/// islands has them: their outputs are not rounded, and they read unrounded copies of the weights
+/// and graph inputs (their other inputs come from FP16 nodes, already rounded).
+pub fn emulate_fp16(
+    model: &Model,
+    proto: &ModelProto,
+    float_tensors: &HashSet<String>,
+    keep_fp32: &HashSet<usize>,
+) -> Result<Fp16Emulation, ModelError> {
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
+    let shift = keep_weights_fp32(graph, keep_fp32);
+    let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
     let mut rounded_weights = 0;
     round_graph_weights(model, graph, &mut rounded_weights)?;
 
@@ -98,16 +111,18 @@ pub fn emulate_fp16(model: &Model, proto: &ModelProto, float_tensors: &HashSet<S
     let mut rounded_tensors = 0;
     for input in &float_inputs {
         let rounded = format!("{input}{HALF_SUFFIX}_input");
-        for node in graph.node.iter_mut() {
-            rename_reads(node, input, &rounded);
+        for (i, node) in graph.node.iter_mut().enumerate() {
+            if !keep_fp32.contains(&i) {
+                rename_reads(node, input, &rounded);
+            }
         }
         nodes.extend(cast_pair(input, &rounded));
         rounded_tensors += 1;
     }
-    for mut node in std::mem::take(&mut graph.node) {
+    for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
         let mut pairs = Vec::new();
         for out_name in node.output.iter_mut() {
-            if out_name.is_empty() || !float_tensors.contains(out_name.as_str()) {
+            if out_name.is_empty() || !float_tensors.contains(out_name.as_str()) || keep_fp32.contains(&i) {
                 continue;
             }
             let raw = format!("{out_name}{RAW_SUFFIX}");
@@ -120,6 +135,47 @@ pub fn emulate_fp16(model: &Model, proto: &ModelProto, float_tensors: &HashSet<S
     }
     graph.node = nodes;
     Ok(Fp16Emulation { proto: out, rounded_tensors, rounded_weights })
+}
+
+/// Kept nodes read unrounded copies (`<name>__lw_keep32`) of the float weights they use; the
+/// originals are rounded for everyone else. Copies are made before any rounding. Returns how many
+/// nodes were inserted at the front (node positions shift by that much).
+fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usize {
+    if keep_fp32.is_empty() {
+        return 0;
+    }
+    let copy_name = |n: &str| format!("{n}{KEEP_SUFFIX}");
+    let kept_reads: HashSet<String> = keep_fp32.iter().filter_map(|&i| graph.node.get(i)).flat_map(|n| n.input.iter().cloned()).collect();
+    let mut copies: HashSet<String> = HashSet::new();
+    let mut new_inits = Vec::new();
+    for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32 && kept_reads.contains(t.name())) {
+        let mut c = t.clone();
+        c.name = Some(copy_name(t.name()));
+        copies.insert(t.name().to_string());
+        new_inits.push(c);
+    }
+    graph.initializer.extend(new_inits);
+    let mut new_constants = Vec::new();
+    for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.output.first().is_some_and(|o| kept_reads.contains(o))) {
+        let mut c = n.clone();
+        c.output = vec![copy_name(&n.output[0])];
+        c.name = Some(format!("{}/lw_keep32", n.name()));
+        copies.insert(n.output[0].clone());
+        new_constants.push(c);
+    }
+    for &i in keep_fp32 {
+        if let Some(node) = graph.node.get_mut(i) {
+            for input in node.input.iter_mut().filter(|x| copies.contains(x.as_str())) {
+                *input = copy_name(input);
+            }
+        }
+    }
+    // Unrounded Constant copies go first (they have no inputs), keeping the order topological.
+    let shift = new_constants.len();
+    let rest = std::mem::take(&mut graph.node);
+    graph.node = new_constants;
+    graph.node.extend(rest);
+    shift
 }
 
 fn is_float_value(v: &ValueInfoProto) -> bool {
@@ -167,14 +223,15 @@ fn cast_pair(from: &str, to: &str) -> [NodeProto; 2] {
 }
 
 fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize) -> Result<(), ModelError> {
+    let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
     for t in graph.initializer.iter_mut() {
-        if t.data_type() == DataType::Float as i32 {
+        if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
             round_tensor(model, t)?;
             *count += 1;
         }
     }
     for node in graph.node.iter_mut() {
-        let is_constant = node.op_type() == "Constant";
+        let is_constant = node.op_type() == "Constant" && !node.output.first().is_some_and(|o| is_keep_copy(o));
         for attr in node.attribute.iter_mut() {
             if is_constant {
                 match attr.name() {

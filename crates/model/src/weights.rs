@@ -1,15 +1,11 @@
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
-
 use crate::fp16;
-use crate::model::{is_external, ExternalRef};
+use crate::model::is_external;
 use crate::onnx::{attribute_proto::AttributeType, tensor_proto::DataType, GraphProto, TensorProto};
 use crate::{Model, ModelError};
 
 /// The values of a float32 weight (initializer or Constant tensor), wherever they are stored:
 /// `float_data`, little-endian `raw_data`, or an external file.
 pub fn float_weight_values(model: &Model, t: &TensorProto) -> Result<Vec<f32>, ModelError> {
-    let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
     if t.data_type() != DataType::Float as i32 {
         return Err(ModelError::InvalidGraph(format!("tensor '{}' is not float32", t.name())));
     }
@@ -18,15 +14,7 @@ pub fn float_weight_values(model: &Model, t: &TensorProto) -> Result<Vec<f32>, M
         b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
     };
     if is_external(t) {
-        let ext = ExternalRef::parse(t).map_err(err)?;
-        let path = model.external_file(&ext.location).ok_or_else(|| err("in-memory model".into()))?;
-        let len = ext.length.unwrap_or(numel as u64 * 4) as usize;
-        let mut buf = vec![0u8; len];
-        let mut f = File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
-        f.seek(SeekFrom::Start(ext.offset))
-            .and_then(|_| f.read_exact(&mut buf))
-            .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
-        return Ok(bytes_to_f32(&buf));
+        return Ok(bytes_to_f32(&model.external_bytes(t)?));
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != numel * 4 {

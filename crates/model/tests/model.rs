@@ -126,7 +126,7 @@ fn emulation_rounds_weights_and_wraps_float_outputs_in_cast_pairs() {
     let index = GraphIndex::build(model.graph()).unwrap();
     let (exposed, _) = expose(&model.proto, &index, &Selection::All).unwrap();
     let float: HashSet<String> = ["a", "a2", "b", "c"].iter().map(|s| s.to_string()).collect();
-    let emu = emulate_fp16(&model, &exposed, &float).unwrap();
+    let emu = emulate_fp16(&model, &exposed, &float, &HashSet::new()).unwrap();
     let g = emu.proto.graph.as_ref().unwrap();
     let w = values(&model, &g.initializer[0]);
     assert_eq!(w[0], 1.0, "1.0001 rounds to 1.0");

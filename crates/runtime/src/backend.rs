@@ -42,6 +42,13 @@ pub trait Backend {
     /// The precision its results carry.
     fn precision(&self) -> Precision;
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError>;
+    /// Keep these nodes (layerwise names) at reference precision in later runs, if the backend can
+    /// do so on the original model (FP16 emulation can). Backends that run a converted model
+    /// return false: keep the nodes by converting the model with them in FP32 instead.
+    fn keep_fp32(&mut self, nodes: &[String]) -> bool {
+        let _ = nodes;
+        false
+    }
 }
 
 /// ONNX Runtime graph optimization level.

@@ -16,11 +16,13 @@ pub struct OrtBackend {
     spec: String,
     options: OrtOptions,
     emulate_fp16: bool,
+    /// Nodes the emulation keeps in FP32.
+    keep_fp32: Vec<String>,
 }
 
 impl OrtBackend {
     pub fn new(spec: &str, options: OrtOptions, emulate_fp16: bool) -> OrtBackend {
-        OrtBackend { spec: spec.to_string(), options, emulate_fp16 }
+        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new() }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -61,6 +63,13 @@ impl Backend for OrtBackend {
         }
     }
 
+    fn keep_fp32(&mut self, nodes: &[String]) -> bool {
+        if self.emulate_fp16 {
+            self.keep_fp32 = nodes.to_vec();
+        }
+        self.emulate_fp16
+    }
+
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let (_, lib) = ortlib::environment()?;
         let mut output = RunOutput::default();
@@ -72,19 +81,18 @@ impl Backend for OrtBackend {
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
         let proto = if self.emulate_fp16 {
             // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.
-            let path = request.model.write_rewrite(&exposed, dir.path(), "exposed.onnx")?;
-            let typed = self.session(&path, OptLevel::Disable)?;
-            let float: HashSet<String> = typed
-                .outputs()
-                .iter()
-                .filter(|o| matches!(o.dtype(), ValueType::Tensor { ty: TensorElementType::Float32, .. }))
-                .map(|o| o.name().to_string())
-                .collect();
-            drop(typed);
-            let emulated = emulate_fp16(request.model, &exposed, &float)?;
+            let float = float32_tensors(request.model, request.index)?;
+            let mut keep = HashSet::new();
+            for name in &self.keep_fp32 {
+                let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
+                keep.insert(node.proto_index);
+            }
+            let emulated = emulate_fp16(request.model, &exposed, &float, &keep)?;
             output.notes.push(format!(
-                "FP16 emulation: {} tensors rounded through Cast pairs, {} weights rounded",
-                emulated.rounded_tensors, emulated.rounded_weights
+                "FP16 emulation: {} tensors rounded through Cast pairs, {} weights rounded, {} nodes kept in FP32",
+                emulated.rounded_tensors,
+                emulated.rounded_weights,
+                keep.len()
             ));
             emulated.proto
         } else {
@@ -102,13 +110,25 @@ impl Backend for OrtBackend {
                 .find(|(n, _)| n == name)
                 .map(|(_, t)| t)
                 .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+            // A converted model may declare FP16 inputs: feed the same values, converted.
+            let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
+            let converted;
+            let tensor = match (&tensor.data, wants_f16) {
+                (TensorData::F32(v), true) => {
+                    converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+                    &converted
+                }
+                _ => tensor,
+            };
             feeds.push((name.to_string(), to_ort_value(tensor).map_err(|e| self.err(format!("input '{name}': {e}")))?));
         }
-        let results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        let mut results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        // Take each value out and drop it once copied, so ONNX Runtime's buffer and our copy of
+        // every tensor are not all alive at once.
         for name in names {
-            match results.get(&name) {
+            match results.remove(&name) {
                 None => output.unavailable.push((name, "ONNX Runtime returned no value".into())),
-                Some(value) => match from_ort_value(value) {
+                Some(value) => match from_ort_value(&value) {
                     Ok(t) => {
                         output.tensors.insert(name, t);
                     }
@@ -118,6 +138,25 @@ impl Backend for OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// The float32 tensors a main-graph node computes, as ONNX Runtime types them: every tensor is
+/// exposed and the session's output metadata read (no run).
+pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
+    let (exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
+    let dir = tempfile::Builder::new()
+        .prefix("layerwise-")
+        .tempdir()
+        .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None }, false);
+    let path = model.write_rewrite(&exposed, dir.path(), "exposed.onnx")?;
+    let session = backend.session(&path, OptLevel::Disable)?;
+    Ok(session
+        .outputs()
+        .iter()
+        .filter(|o| matches!(o.dtype(), ValueType::Tensor { ty: TensorElementType::Float32, .. }))
+        .map(|o| o.name().to_string())
+        .collect())
 }
 
 fn to_ort_value(t: &Tensor) -> ort::Result<DynValue> {

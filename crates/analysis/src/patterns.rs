@@ -1,0 +1,146 @@
+//! Recognising the small patterns that a precision fix should keep together: a decomposed
+//! LayerNorm, a (decomposed) Softmax, a Conv with its BatchNormalization.
+
+use std::collections::{HashSet, VecDeque};
+
+use layerwise_model::GraphIndex;
+use serde::Serialize;
+
+/// A group of nodes to keep in FP32 together.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Pattern {
+    /// `decomposed_layernorm`, `decomposed_softmax`, `softmax`, `conv_batchnorm`, or `node`.
+    pub kind: &'static str,
+    /// Node names in topological order.
+    pub nodes: Vec<String>,
+}
+
+/// The recognised pattern `node` belongs to, or the node alone.
+pub fn pattern_of(index: &GraphIndex, node: &str) -> Pattern {
+    let Some(info) = index.node(node) else { return Pattern { kind: "node", nodes: vec![node.to_string()] } };
+    let target = info.topo_index;
+    // Look for a pattern anchor near the node (a few hops either way).
+    for candidate in neighbourhood(index, target, 8) {
+        let found = match index.nodes[candidate].op_type.as_str() {
+            "Sub" => decomposed_layernorm(index, candidate).map(|n| ("decomposed_layernorm", n)),
+            "Exp" => decomposed_softmax(index, candidate).map(|n| ("decomposed_softmax", n)),
+            _ => None,
+        };
+        if let Some((kind, nodes)) = found {
+            if nodes.contains(&target) {
+                return make(index, kind, nodes);
+            }
+        }
+    }
+    match info.op_type.as_str() {
+        "Softmax" | "LogSoftmax" => return make(index, "softmax", vec![target]),
+        "BatchNormalization" => {
+            if let Some(conv) = single_input_producer(index, target, "Conv") {
+                return make(index, "conv_batchnorm", vec![conv, target]);
+            }
+        }
+        "Conv" => {
+            if let Some(bn) = sole_consumer(index, target, "BatchNormalization") {
+                return make(index, "conv_batchnorm", vec![target, bn]);
+            }
+        }
+        _ => {}
+    }
+    make(index, "node", vec![target])
+}
+
+fn make(index: &GraphIndex, kind: &'static str, mut nodes: Vec<usize>) -> Pattern {
+    nodes.sort_unstable();
+    nodes.dedup();
+    Pattern { kind, nodes: nodes.into_iter().map(|i| index.nodes[i].name.clone()).collect() }
+}
+
+/// Nodes within `hops` producer/consumer steps over non-weight tensors, nearest first.
+fn neighbourhood(index: &GraphIndex, start: usize, hops: usize) -> Vec<usize> {
+    let mut seen = HashSet::from([start]);
+    let mut order = vec![start];
+    let mut queue = VecDeque::from([(start, 0)]);
+    while let Some((n, d)) = queue.pop_front() {
+        if d == hops {
+            continue;
+        }
+        let info = &index.nodes[n];
+        let producers = info.inputs.iter().filter(|t| !t.is_empty() && !index.is_constant_like(t)).filter_map(|t| index.producer_index(t));
+        let consumers = info.outputs.iter().flat_map(|t| index.consumers(t).iter().copied());
+        for next in producers.chain(consumers).collect::<Vec<_>>() {
+            if seen.insert(next) {
+                order.push(next);
+                queue.push_back((next, d + 1));
+            }
+        }
+    }
+    order
+}
+
+fn consumers_of(index: &GraphIndex, node: usize) -> Vec<usize> {
+    index.nodes[node].outputs.iter().flat_map(|t| index.consumers(t).iter().copied()).collect()
+}
+
+fn find_consumer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
+    consumers_of(index, node).into_iter().find(|&c| index.nodes[c].op_type == op)
+}
+
+fn sole_consumer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
+    match consumers_of(index, node).as_slice() {
+        [only] if index.nodes[*only].op_type == op => Some(*only),
+        _ => None,
+    }
+}
+
+fn single_input_producer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
+    let input = index.nodes[node].inputs.first()?;
+    let p = index.producer_index(input)?;
+    (index.nodes[p].op_type == op && consumers_of(index, p).len() == 1).then_some(p)
+}
+
+/// `Sub(x, ReduceMean(x)) -> Pow(., 2) | Mul(., .) -> ReduceMean -> Add(eps) -> Sqrt -> Div`,
+/// optionally followed by `Mul(gamma)` and `Add(beta)`, anchored at the Sub.
+fn decomposed_layernorm(index: &GraphIndex, sub: usize) -> Option<Vec<usize>> {
+    let s = &index.nodes[sub];
+    let (x, m) = (s.inputs.first()?, s.inputs.get(1)?);
+    let mean = index.producer_index(m)?;
+    if index.nodes[mean].op_type != "ReduceMean" || index.nodes[mean].inputs.first() != Some(x) {
+        return None;
+    }
+    let square = consumers_of(index, sub).into_iter().find(|&c| {
+        let n = &index.nodes[c];
+        n.op_type == "Pow" || (n.op_type == "Mul" && n.inputs.first() == n.inputs.get(1))
+    })?;
+    let var = find_consumer(index, square, "ReduceMean")?;
+    let add_eps = find_consumer(index, var, "Add")?;
+    let sqrt = find_consumer(index, add_eps, "Sqrt")?;
+    let div = find_consumer(index, sqrt, "Div")?;
+    if !index.nodes[div].inputs.contains(&s.outputs[0]) {
+        return None;
+    }
+    let mut nodes = vec![mean, sub, square, var, add_eps, sqrt, div];
+    if let Some(scale) = sole_consumer(index, div, "Mul") {
+        nodes.push(scale);
+        if let Some(shift) = sole_consumer(index, scale, "Add") {
+            nodes.push(shift);
+        }
+    }
+    Some(nodes)
+}
+
+/// `[ReduceMax -> Sub ->] Exp -> ReduceSum -> Div(exp, sum)`, anchored at the Exp.
+fn decomposed_softmax(index: &GraphIndex, exp: usize) -> Option<Vec<usize>> {
+    let sum = find_consumer(index, exp, "ReduceSum")?;
+    let div = find_consumer(index, sum, "Div")?;
+    if !index.nodes[div].inputs.contains(&index.nodes[exp].outputs[0]) {
+        return None;
+    }
+    let mut nodes = vec![exp, sum, div];
+    if let Some(sub) = index.nodes[exp].inputs.first().and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "Sub") {
+        nodes.push(sub);
+        if let Some(max) = index.nodes[sub].inputs.get(1).and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "ReduceMax") {
+            nodes.push(max);
+        }
+    }
+    Some(nodes)
+}

@@ -1,0 +1,461 @@
+//! Converting a float32 model to a strongly typed FP16 model with FP32 islands.
+//!
+//! TensorRT 11 takes precision from the model's types, so "keep this layer in FP32" is a model:
+//! FP16 everywhere except the kept nodes, with a Cast wherever an FP16 and an FP32 region meet.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use bytes::Bytes;
+use half::f16;
+
+use crate::fp16;
+use crate::onnx::{
+    attribute_proto::AttributeType, tensor_proto::DataType, type_proto, AttributeProto, ModelProto, NodeProto,
+    TensorProto,
+};
+use crate::weights::float_weight_values;
+use crate::{GraphIndex, Model, ModelError};
+
+/// Ops that stay FP32 whatever the keep list says, and why (docs/fix.md lists them too).
+pub const FP32_ONLY_OPS: &[(&str, &str)] = &[
+    ("NonMaxSuppression", "its boxes and scores are float32 only in the ONNX spec"),
+    ("RoiAlign", "box coordinates need float32 precision"),
+    ("Range", "accumulates start + i*delta; FP16 loses integers above 2048"),
+    ("CumSum", "a running sum loses precision in FP16"),
+    ("RandomNormal", "its output type is set by an attribute"),
+    ("RandomUniform", "its output type is set by an attribute"),
+    ("RandomNormalLike", "its output type is set by an attribute"),
+    ("RandomUniformLike", "its output type is set by an attribute"),
+    ("Multinomial", "probabilities need float32"),
+    ("Bernoulli", "probabilities need float32"),
+    ("QuantizeLinear", "quantization scales are float32 by convention"),
+    ("DequantizeLinear", "quantization scales are float32 by convention"),
+    ("DynamicQuantizeLinear", "float32 only in the ONNX spec"),
+    ("DynamicQuantizeLSTM", "quantized kernels take float32 scales"),
+    ("MatMulInteger", "integer op with float32 scales around it"),
+    ("ConvInteger", "integer op with float32 scales around it"),
+];
+
+/// Ops that read a float input of any type without arithmetic on it: no Cast is needed in front.
+const ANY_TYPE_READERS: &[&str] = &["Shape", "Size", "Cast"];
+
+/// (op, input index) whose float input must stay float32 even in an FP16 node.
+const FP32_INPUT_SLOTS: &[(&str, usize)] = &[("Resize", 2), ("Upsample", 1)];
+
+/// How to convert.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Node names (as layerwise names them) to keep in FP32.
+    pub keep_nodes: HashSet<String>,
+    /// Op types to keep in FP32.
+    pub keep_ops: HashSet<String>,
+    /// Keep float graph inputs and outputs FP32 (Casts inside the model). Default true.
+    pub keep_io_types: bool,
+    /// Keep nodes that read a weight beyond the FP16 range in FP32. Default true.
+    pub keep_overflowing_weight_consumers: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            keep_nodes: HashSet::new(),
+            keep_ops: HashSet::new(),
+            keep_io_types: true,
+            keep_overflowing_weight_consumers: true,
+        }
+    }
+}
+
+/// The result of a conversion.
+#[derive(Debug, Clone)]
+pub struct Conversion {
+    pub proto: ModelProto,
+    /// Nodes left in FP32 with the reason, in topological order.
+    pub fp32_nodes: Vec<(String, String)>,
+    pub fp16_nodes: usize,
+    pub casts_inserted: usize,
+    /// Float32 weights with values beyond the FP16 range, and their consumers kept FP32.
+    pub overflowing_weights: Vec<(String, Vec<String>)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Precision {
+    Fp16,
+    Fp32,
+}
+
+impl Precision {
+    fn data_type(self) -> DataType {
+        match self {
+            Precision::Fp16 => DataType::Float16,
+            Precision::Fp32 => DataType::Float,
+        }
+    }
+    fn suffix(self) -> &'static str {
+        match self {
+            Precision::Fp16 => "fp16",
+            Precision::Fp32 => "fp32",
+        }
+    }
+}
+
+fn is_float_elem(v: &crate::onnx::ValueInfoProto) -> bool {
+    matches!(&v.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(type_proto::Value::TensorType(t)) if t.elem_type() == DataType::Float as i32)
+}
+
+fn set_elem_type(v: &mut crate::onnx::ValueInfoProto, dt: DataType) {
+    if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        t.elem_type = Some(dt as i32);
+    }
+}
+
+fn to_f16_tensor(model: &Model, t: &TensorProto) -> Result<TensorProto, ModelError> {
+    let values = float_weight_values(model, t)?;
+    let raw: Vec<u8> = values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+    Ok(TensorProto {
+        name: t.name.clone(),
+        dims: t.dims.clone(),
+        data_type: Some(DataType::Float16 as i32),
+        raw_data: Some(Bytes::from(raw)),
+        doc_string: t.doc_string.clone(),
+        ..Default::default()
+    })
+}
+
+/// The set of float32 tensors of the main graph: `computed_float` (node outputs, as ONNX Runtime
+/// reports them) plus float32 initializers, Constant outputs and graph inputs.
+pub fn float_tensor_set(model: &Model, computed_float: &HashSet<String>) -> HashSet<String> {
+    let g = model.graph();
+    let mut set = computed_float.clone();
+    set.extend(g.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()));
+    set.extend(g.input.iter().filter(|v| is_float_elem(v)).map(|v| v.name().to_string()));
+    set
+}
+
+/// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`].
+pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+    let graph = model.graph();
+    for name in &options.keep_nodes {
+        if index.node(name).is_none() {
+            return Err(ModelError::UnknownNode(name.clone()));
+        }
+    }
+    // Weights beyond the FP16 range.
+    let mut overflowing: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32) {
+        if float_weight_values(model, t)?.iter().any(|&v| fp16::overflows(v)) {
+            overflowing.insert(t.name().to_string(), Vec::new());
+        }
+    }
+    for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
+        let over = n.attribute.iter().any(|a| match (a.name(), &a.t) {
+            ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
+                float_weight_values(model, t).map(|v| v.iter().any(|&x| fp16::overflows(x))).unwrap_or(false)
+            }
+            ("value_float", _) => a.f.is_some_and(fp16::overflows),
+            ("value_floats", _) => a.floats.iter().any(|&x| fp16::overflows(x)),
+            _ => false,
+        });
+        if over {
+            overflowing.insert(n.output[0].clone(), Vec::new());
+        }
+    }
+
+    // Precision of every node that touches a float tensor.
+    let fp32_only: HashMap<&str, &str> = FP32_ONLY_OPS.iter().copied().collect();
+    let mut precision: Vec<Option<Precision>> = vec![None; graph.node.len()];
+    let mut fp32_nodes = Vec::new();
+    for info in &index.nodes {
+        let touches_float = info.inputs.iter().chain(&info.outputs).any(|t| float.contains(t));
+        if !touches_float || info.op_type == "Constant" {
+            continue;
+        }
+        let reason = if options.keep_nodes.contains(&info.name) {
+            Some("--keep-fp32".to_string())
+        } else if options.keep_ops.contains(&info.op_type) {
+            Some(format!("--keep-fp32-op {}", info.op_type))
+        } else if let Some(why) = fp32_only.get(info.op_type.as_str()) {
+            Some(format!("{} stays FP32: {why}", info.op_type))
+        } else if !info.domain.is_empty() && info.domain != "ai.onnx" {
+            Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
+        } else if info.has_subgraphs {
+            Some("has If/Loop/Scan bodies, which are not converted".to_string())
+        } else {
+            info.inputs
+                .iter()
+                .find(|i| options.keep_overflowing_weight_consumers && overflowing.contains_key(*i))
+                .map(|w| format!("reads weight '{w}', which is beyond the FP16 range"))
+        };
+        for w in &info.inputs {
+            if let Some(readers) = overflowing.get_mut(w) {
+                readers.push(info.name.clone());
+            }
+        }
+        precision[info.proto_index] = Some(if reason.is_some() { Precision::Fp32 } else { Precision::Fp16 });
+        if let Some(r) = reason {
+            fp32_nodes.push((info.name.clone(), r));
+        }
+    }
+
+    // The precision each float input slot needs (None: any type).
+    let needs = |node: &NodeProto, p: Precision, slot: usize| -> Option<Precision> {
+        if ANY_TYPE_READERS.contains(&node.op_type()) {
+            return None;
+        }
+        if FP32_INPUT_SLOTS.contains(&(node.op_type(), slot)) {
+            return Some(Precision::Fp32);
+        }
+        Some(p)
+    };
+
+    // Storage precision of each float tensor.
+    let mut storage: HashMap<String, Precision> = HashMap::new();
+    let graph_outputs: HashSet<&str> = graph.output.iter().map(|o| o.name()).collect();
+    for v in graph.input.iter().filter(|v| float.contains(v.name()) && !index.is_initializer(v.name())) {
+        storage.insert(v.name().to_string(), if options.keep_io_types { Precision::Fp32 } else { Precision::Fp16 });
+    }
+    // Weights (initializers, Constant outputs): FP16 when every float reader wants FP16.
+    let weight_names: Vec<String> = graph
+        .initializer
+        .iter()
+        .filter(|t| t.data_type() == DataType::Float as i32)
+        .map(|t| t.name().to_string())
+        .chain(graph.node.iter().filter(|n| n.op_type() == "Constant" && float.contains(&n.output[0])).map(|n| n.output[0].clone()))
+        .collect();
+    for w in &weight_names {
+        let mut wanted = Vec::new();
+        for &c in index.consumers(w) {
+            let info = &index.nodes[c];
+            let node = &graph.node[info.proto_index];
+            if let Some(p) = precision[info.proto_index] {
+                for (slot, _) in node.input.iter().enumerate().filter(|(_, i)| *i == w) {
+                    wanted.extend(needs(node, p, slot));
+                }
+            }
+        }
+        let all_fp16 = !wanted.is_empty() && wanted.iter().all(|p| *p == Precision::Fp16) && !graph_outputs.contains(w.as_str());
+        storage.insert(w.clone(), if all_fp16 { Precision::Fp16 } else { Precision::Fp32 });
+    }
+    for (i, node) in graph.node.iter().enumerate() {
+        let Some(p) = precision[i] else { continue };
+        // A node's float outputs are stored in its precision (an FP16 Cast to FLOAT is retargeted
+        // to FLOAT16 below).
+        for o in node.output.iter().filter(|o| float.contains(*o)) {
+            storage.insert(o.clone(), p);
+        }
+    }
+
+    // Rewrite.
+    let mut out = model.proto.clone();
+    let g = out.graph.as_mut().expect("graph");
+    for t in g.initializer.iter_mut() {
+        if storage.get(t.name()) == Some(&Precision::Fp16) {
+            *t = to_f16_tensor(model, t)?;
+        }
+    }
+    let mut casts: HashMap<(String, Precision), String> = HashMap::new();
+    let mut new_nodes: Vec<NodeProto> = Vec::with_capacity(g.node.len() * 2);
+    let mut casts_inserted = 0;
+    let mut fp16_nodes = 0;
+    let original_nodes = std::mem::take(&mut g.node);
+    for (i, mut node) in original_nodes.into_iter().enumerate() {
+        let is_constant = node.op_type() == "Constant";
+        if is_constant && storage.get(&node.output[0]) == Some(&Precision::Fp16) {
+            convert_constant_attributes(model, &mut node)?;
+        }
+        if let Some(p) = precision[i] {
+            if p == Precision::Fp16 {
+                fp16_nodes += 1;
+                retarget_fp16_attributes(model, &mut node)?;
+            }
+            for slot in 0..node.input.len() {
+                let name = node.input[slot].clone();
+                let Some(have) = storage.get(&name).copied() else { continue };
+                let Some(want) = needs(&node, p, slot) else { continue };
+                if have == want {
+                    continue;
+                }
+                let cast_out = casts.entry((name.clone(), want)).or_insert_with(|| {
+                    casts_inserted += 1;
+                    let out_name = format!("{name}__to_{}", want.suffix());
+                    new_nodes.push(cast_node(&name, &out_name, want.data_type(), format!("{name}/lw_to_{}", want.suffix())));
+                    out_name
+                });
+                node.input[slot] = cast_out.clone();
+            }
+        }
+        new_nodes.push(node);
+    }
+    // Graph outputs keep their declared type: an FP16 value gets a Cast back under its own name.
+    let mut renames: Vec<(String, String)> = Vec::new();
+    for o in g.output.iter_mut() {
+        if !float.contains(o.name()) {
+            continue;
+        }
+        let have = storage.get(o.name()).copied().unwrap_or(Precision::Fp32);
+        let want = if options.keep_io_types { Precision::Fp32 } else { have };
+        if have != want {
+            let inner = format!("{}__{}", o.name(), have.suffix());
+            renames.push((o.name().to_string(), inner));
+        } else if have == Precision::Fp16 {
+            set_elem_type(o, DataType::Float16);
+        }
+    }
+    for (name, inner) in &renames {
+        for node in new_nodes.iter_mut() {
+            for t in node.input.iter_mut().chain(node.output.iter_mut()).filter(|t| *t == name) {
+                *t = inner.clone();
+            }
+        }
+        new_nodes.push(cast_node(inner, name, DataType::Float, format!("{name}/lw_to_fp32")));
+        casts_inserted += 1;
+    }
+    g.node = new_nodes;
+    if !options.keep_io_types {
+        for v in g.input.iter_mut().filter(|v| storage.get(v.name()) == Some(&Precision::Fp16)) {
+            set_elem_type(v, DataType::Float16);
+        }
+    }
+    for v in g.value_info.iter_mut() {
+        if let Some(p) = storage.get(v.name()) {
+            if is_float_elem(v) || p == &Precision::Fp16 {
+                set_elem_type(v, p.data_type());
+            }
+        }
+    }
+    let overflowing_weights = overflowing.into_iter().collect();
+    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights })
+}
+
+fn cast_node(input: &str, output: &str, to: DataType, name: String) -> NodeProto {
+    NodeProto {
+        input: vec![input.to_string()],
+        output: vec![output.to_string()],
+        name: Some(name),
+        op_type: Some("Cast".into()),
+        attribute: vec![AttributeProto { name: Some("to".into()), r#type: Some(AttributeType::Int as i32), i: Some(to as i64), ..Default::default() }],
+        ..Default::default()
+    }
+}
+
+fn convert_constant_attributes(model: &Model, node: &mut NodeProto) -> Result<(), ModelError> {
+    for a in node.attribute.iter_mut() {
+        match a.name() {
+            "value" => {
+                if let Some(t) = a.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
+                    *t = to_f16_tensor(model, t)?;
+                }
+            }
+            "value_float" => {
+                let v = a.f.unwrap_or(0.0);
+                *a = crate::builder::attr::tensor("value", f16_scalar_tensor(&[v], &[]));
+            }
+            "value_floats" => {
+                let v = a.floats.clone();
+                *a = crate::builder::attr::tensor("value", f16_scalar_tensor(&v, &[v.len() as i64]));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn f16_scalar_tensor(values: &[f32], dims: &[i64]) -> TensorProto {
+    TensorProto {
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float16 as i32),
+        raw_data: Some(Bytes::from(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect::<Vec<u8>>())),
+        ..Default::default()
+    }
+}
+
+/// In an FP16 node, attributes that name float32 as a type become float16: a Cast to FLOAT, a
+/// ConstantOfShape's value.
+fn retarget_fp16_attributes(model: &Model, node: &mut NodeProto) -> Result<(), ModelError> {
+    match node.op_type() {
+        "Cast" => {
+            for a in node.attribute.iter_mut().filter(|a| a.name() == "to") {
+                if a.i == Some(DataType::Float as i64) {
+                    a.i = Some(DataType::Float16 as i64);
+                }
+            }
+        }
+        "ConstantOfShape" => {
+            match node.attribute.iter_mut().find(|a| a.name() == "value") {
+                Some(a) => {
+                    if let Some(t) = a.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
+                        *t = to_f16_tensor(model, t)?;
+                    }
+                }
+                // The default value is a float32 zero.
+                None => node.attribute.push(crate::builder::attr::tensor("value", f16_scalar_tensor(&[0.0], &[1]))),
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Structural check of a converted model, independent of how it was converted: types are
+/// propagated from the graph inputs, initializers and Constants through the nodes (`float` lists
+/// the tensors that are floating point in the original model), and every node whose floating
+/// inputs mix FP16 and FP32 is reported, as is a graph output whose type differs from its
+/// declaration. Returns the problems found (empty when the model is consistent).
+pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<String> {
+    let Some(g) = &proto.graph else { return vec!["no graph".into()] };
+    let mut types: HashMap<String, i32> = HashMap::new();
+    for t in &g.initializer {
+        types.insert(t.name().to_string(), t.data_type());
+    }
+    for v in &g.input {
+        if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            types.insert(v.name().to_string(), t.elem_type());
+        }
+    }
+    let floaty = |dt: i32| dt == DataType::Float as i32 || dt == DataType::Float16 as i32;
+    let mut problems = Vec::new();
+    let Ok(index) = GraphIndex::build(g) else { return vec!["the converted graph is not a valid DAG".into()] };
+    for info in &index.nodes {
+        let node = &g.node[info.proto_index];
+        let op = node.op_type();
+        let input_types: Vec<(usize, i32)> = node
+            .input
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, i)| types.get(i).map(|&dt| (slot, dt)))
+            .filter(|(slot, dt)| floaty(*dt) && !FP32_INPUT_SLOTS.contains(&(op, *slot)))
+            .collect();
+        let mixed = !ANY_TYPE_READERS.contains(&op)
+            && input_types.iter().any(|(_, dt)| *dt == DataType::Float as i32)
+            && input_types.iter().any(|(_, dt)| *dt == DataType::Float16 as i32);
+        if mixed {
+            problems.push(format!("node '{}' ({op}) mixes float16 and float32 inputs without a Cast", info.name));
+        }
+        let out_type = match op {
+            "Cast" => node.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i).map(|v| v as i32),
+            "Constant" => node.attribute.iter().find_map(|a| match a.name() {
+                "value" => a.t.as_ref().map(|t| t.data_type()),
+                "value_float" | "value_floats" => Some(DataType::Float as i32),
+                _ => None,
+            }),
+            "ConstantOfShape" => Some(
+                node.attribute.iter().find(|a| a.name() == "value").and_then(|a| a.t.as_ref()).map(|t| t.data_type()).unwrap_or(DataType::Float as i32),
+            ),
+            _ => input_types.first().map(|(_, dt)| *dt),
+        };
+        for o in node.output.iter().filter(|o| !o.is_empty()) {
+            let is_float = float.contains(o) || op == "Cast" || (op == "Constant" && out_type.is_some_and(floaty));
+            if let (true, Some(dt)) = (is_float, out_type) {
+                types.insert(o.clone(), dt);
+            }
+        }
+    }
+    for v in &g.output {
+        if let (Some(type_proto::Value::TensorType(t)), Some(&dt)) = (v.r#type.as_ref().and_then(|t| t.value.as_ref()), types.get(v.name())) {
+            if floaty(t.elem_type()) && t.elem_type() != dt {
+                problems.push(format!("graph output '{}' is declared {} but computed as {}", v.name(), crate::data_type_name(t.elem_type()), crate::data_type_name(dt)));
+            }
+        }
+    }
+    problems
+}

@@ -1,0 +1,395 @@
+//! `layerwise fix`: from the first divergent layer to the smallest set of nodes to keep in FP32,
+//! verified by re-running the candidate, and written out as an FP16 model with FP32 islands.
+//! docs/fix.md describes the search and the outputs.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use layerwise_analysis::{compare_all, pattern_of, walk_back, Comparison, Status, Tolerance, Verdict, WalkRule};
+use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
+use layerwise_report::write_atomic;
+use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
+use layerwise_runtime::{create_backend, float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
+use serde::Serialize;
+
+use crate::pipeline::{check_writable_target, tolerance_and_rule, BisectOptions};
+
+/// Everything `layerwise fix` takes.
+#[derive(Debug, Clone)]
+pub struct FixOptions {
+    pub bisect: BisectOptions,
+    /// Where to write the fixed FP16 model (and `<output>.keep-fp32.json` beside it).
+    pub output: Option<PathBuf>,
+    /// Most rounds of adding a pattern before giving up.
+    pub max_rounds: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KeptPattern {
+    pub kind: &'static str,
+    pub nodes: Vec<String>,
+    /// The break that made the search keep it.
+    pub because: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Round {
+    pub keep_fp32: usize,
+    pub status: Status,
+    pub worst_output: Option<String>,
+    pub first_divergent: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputChange {
+    pub name: String,
+    #[serde(serialize_with = "layerwise_analysis::num::finite_or_string")]
+    pub before_rel_l2: f64,
+    pub before_pass: bool,
+    #[serde(serialize_with = "layerwise_analysis::num::finite_or_string")]
+    pub after_rel_l2: f64,
+    pub after_pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCheck {
+    pub backend: String,
+    pub structural_problems: Vec<String>,
+    pub outputs: Vec<OutputChange>,
+    pub pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FixReport {
+    pub schema: &'static str,
+    pub model: String,
+    pub reference: String,
+    pub candidate: String,
+    /// `fixed` or `not_fixed`.
+    pub status: &'static str,
+    pub summary: String,
+    pub node_count: usize,
+    pub keep_fp32: Vec<String>,
+    pub patterns: Vec<KeptPattern>,
+    pub rounds: Vec<Round>,
+    /// Candidate runs the search made (the first, diagnosing run included).
+    pub candidate_runs: usize,
+    /// Error of every model output before (all FP16) and after (with the keep list).
+    pub outputs: Vec<OutputChange>,
+    /// The same fix for weakly typed TensorRT 10 (layer names = ONNX node names).
+    pub trtexec_flags: String,
+    pub fixed_model: Option<String>,
+    /// Nodes FP32 in the fixed model: the keep list plus ops that always stay FP32.
+    pub fixed_model_fp32_nodes: Vec<(String, String)>,
+    /// The written model run for real on ONNX Runtime's CPU FP16 kernels against the reference.
+    pub fixed_model_check: Option<ModelCheck>,
+    pub run_info: layerwise_report::RunInfo,
+}
+
+pub struct FixOutcome {
+    pub report: FixReport,
+    pub text: String,
+}
+
+struct Search<'a> {
+    model: &'a Model,
+    index: GraphIndex,
+    feeds: Vec<(String, Tensor)>,
+    order: Vec<String>,
+    reference: std::collections::HashMap<String, Tensor>,
+    candidate: Box<dyn Backend>,
+    emulated: bool,
+    float: Option<HashSet<String>>,
+    tolerance: Tolerance,
+    rule: WalkRule,
+    weights: Vec<WeightRange>,
+    runs: usize,
+}
+
+impl Search<'_> {
+    fn float(&mut self) -> Result<HashSet<String>> {
+        if self.float.is_none() {
+            self.float = Some(float_tensor_set(self.model, &float32_tensors(self.model, &self.index)?));
+        }
+        Ok(self.float.clone().unwrap())
+    }
+
+    fn convert(&mut self, keep: &[String]) -> Result<layerwise_model::convert::Conversion> {
+        let float = self.float()?;
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
+        Ok(convert_fp16(self.model, &self.index, &float, &options)?)
+    }
+
+    /// One candidate run with `keep` in FP32: emulated directly, or on a converted model.
+    fn run(&mut self, keep: &[String]) -> Result<(Comparison, Verdict)> {
+        self.runs += 1;
+        let out: RunOutput = if self.emulated {
+            self.candidate.keep_fp32(keep);
+            self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: &self.feeds, selection: &Selection::All })?
+        } else {
+            let converted = self.convert(keep)?;
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().join("candidate.onnx");
+            self.model.save_standalone(&converted.proto, &path)?;
+            let cm = Model::load(&path)?;
+            let ci = GraphIndex::build(cm.graph())?;
+            self.candidate.run(&RunRequest { model: &cm, index: &ci, inputs: &self.feeds, selection: &Selection::All })?
+        };
+        Ok(self.judge(&out))
+    }
+
+    fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
+        let comparison = compare_all(&self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
+        let verdict = walk_back(&self.index, &comparison, &self.weights, self.rule);
+        (comparison, verdict)
+    }
+}
+
+/// On a blame chain with no first divergent layer, the node (not yet kept, with a float output)
+/// whose output error is the largest multiple, at least 2x, of its input's: where the drift meets
+/// the most sensitive consumer. Keeping an integer op in FP32 would change nothing.
+fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[String]) -> Option<(String, String)> {
+    let float_output = |tensor: &str| comparison.get(tensor).is_some_and(|r| r.ref_dtype.starts_with("float"));
+    verdict
+        .chain
+        .windows(2)
+        .filter(|w| !keep.contains(&w[0].node) && float_output(&w[0].tensor) && w[1].error > 0.0 && w[0].error.is_finite())
+        .map(|w| (w[0].error / w[1].error, &w[0]))
+        .filter(|(ratio, _)| *ratio >= 2.0)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(ratio, step)| {
+            (step.node.clone(), format!("{} ({}): drift, and it is the chain's strongest amplifier ({ratio:.1}x)", step.node, step.op_type))
+        })
+}
+
+fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -> Vec<OutputChange> {
+    index
+        .outputs
+        .iter()
+        .map(|o| {
+            let b = before.get(o);
+            let a = after.get(o);
+            OutputChange {
+                name: o.clone(),
+                before_rel_l2: b.map(|r| r.error_level()).unwrap_or(f64::NAN),
+                before_pass: b.is_some_and(|r| r.pass),
+                after_rel_l2: a.map(|r| r.error_level()).unwrap_or(f64::NAN),
+                after_pass: a.is_some_and(|r| r.pass),
+            }
+        })
+        .collect()
+}
+
+/// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build.
+pub fn trtexec_flags(keep: &[String]) -> String {
+    if keep.is_empty() {
+        return String::new();
+    }
+    let spec: Vec<String> = keep.iter().map(|n| format!("{n}:fp32")).collect();
+    format!("--fp16 --precisionConstraints=obey --layerPrecisions='{}'", spec.join(","))
+}
+
+pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
+    let b = &options.bisect;
+    if let Some(json) = &b.json {
+        check_writable_target(json, "the JSON report")?;
+    }
+    if let Some(out) = &options.output {
+        check_writable_target(out, "the fixed model")?;
+        if out == &b.model {
+            bail!("-o {} would overwrite the input model; choose another path", out.display());
+        }
+    }
+    let started = std::time::Instant::now();
+    let model = Model::load(&b.model)?;
+    let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", b.model.display()))?;
+    let mut reference = create_backend(&b.reference).context("--ref")?;
+    let mut candidate = create_backend(&b.candidate).context("--cand")?;
+    let emulated = candidate.keep_fp32(&[]);
+    let inputs = prepare_inputs(&declared_inputs(&model, &index), &b.inputs)?;
+    let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
+    let (tolerance, rule) = tolerance_and_rule(Precision::Fp16, b)?;
+    let reference_out = reference.run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::All })?;
+    let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
+    let weights = scan_fp16_weight_range(&model)?;
+    let mut search = Search {
+        model: &model,
+        index: index.clone(),
+        feeds,
+        order,
+        reference: reference_out.tensors,
+        candidate,
+        emulated,
+        float: None,
+        tolerance,
+        rule,
+        weights,
+        runs: 0,
+    };
+
+    let (first, first_verdict) = search.run(&[])?;
+    let mut rounds = vec![Round { keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
+    let mut keep: Vec<String> = Vec::new();
+    let mut patterns: Vec<KeptPattern> = Vec::new();
+    let mut last = (first.clone(), first_verdict.clone());
+    let mut stuck = None;
+    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
+        // The first divergent layer, and every other node where inf/NaN are born in this run:
+        // each is a break of its own, and fixing them one run at a time would cost a run each.
+        // With no first divergent layer (drift), the chain's strongest amplifier.
+        let mut culprits = match (&last.1.first_divergent, strongest_amplifier(&last.0, &last.1, &keep)) {
+            (Some(fd), _) => vec![(fd.node.clone(), format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.detail))],
+            (None, Some((node, why))) => vec![(node, why)],
+            (None, None) => {
+                stuck = Some(format!("{} No layer left to keep in FP32.", last.1.summary));
+                break;
+            }
+        };
+        let first = culprits[0].0.clone();
+        for n in last.1.non_finite.iter().filter(|n| n.origin && !n.weight && n.node != first) {
+            culprits.push((n.node.clone(), format!("{} ({}) produces {} inf/NaN", n.node, n.op_type, n.mismatched)));
+        }
+        let mut added = false;
+        for (node, because) in culprits {
+            let pattern = pattern_of(&index, &node);
+            let new: Vec<String> = pattern.nodes.iter().filter(|n| !keep.contains(n)).cloned().collect();
+            if new.is_empty() {
+                continue;
+            }
+            keep.extend(new);
+            patterns.push(KeptPattern { kind: pattern.kind, nodes: pattern.nodes, because });
+            added = true;
+        }
+        if !added {
+            stuck = Some(format!("node '{first}' is already kept in FP32 and still diverges"));
+            break;
+        }
+        last = search.run(&keep)?;
+        rounds.push(Round { keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+    }
+    // Drop patterns that turn out unnecessary once the others are kept (earliest first).
+    if last.1.status == Status::Pass && patterns.len() > 1 {
+        let mut i = 0;
+        while i < patterns.len() && patterns.len() > 1 {
+            let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
+            let trial = search.run(&without)?;
+            rounds.push(Round { keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+            if trial.1.status == Status::Pass {
+                keep = without;
+                patterns.remove(i);
+                last = trial;
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let fixed = last.1.status == Status::Pass;
+    let outputs = output_changes(&index, &first, &last.0);
+
+    let mut fixed_model = None;
+    let mut fixed_model_fp32_nodes = Vec::new();
+    let mut fixed_model_check = None;
+    if let (true, Some(path)) = (fixed, &options.output) {
+        let conversion = search.convert(&keep)?;
+        let float = search.float()?;
+        let problems = check_float_types(&conversion.proto, &float);
+        model.save_standalone(&conversion.proto, path)?;
+        let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep) });
+        write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;
+        fixed_model = Some(path.display().to_string());
+        fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
+        // The written file, run for real with ONNX Runtime's FP16 CPU kernels.
+        let written = Model::load(path)?;
+        let wi = GraphIndex::build(written.graph())?;
+        let mut cpu = create_backend("ort:cpu")?;
+        let out = cpu.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::All })?;
+        let (comparison, verdict) = search.judge(&out);
+        fixed_model_check = Some(ModelCheck {
+            backend: format!("ort:cpu on {}", path.display()),
+            structural_problems: problems,
+            outputs: output_changes(&index, &first, &comparison),
+            pass: verdict.status == Status::Pass,
+        });
+    }
+
+    let summary = if fixed && keep.is_empty() {
+        "all outputs are already within tolerance in FP16; nothing to keep in FP32".to_string()
+    } else if fixed {
+        format!(
+            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance; found in {} candidate runs",
+            keep.len(),
+            index.nodes.len(),
+            patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; "),
+            search.runs
+        )
+    } else {
+        format!("no fix found after {} candidate runs: {}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
+    };
+    let report = FixReport {
+        schema: "layerwise.fix/1",
+        model: b.model.display().to_string(),
+        reference: b.reference.clone(),
+        candidate: b.candidate.clone(),
+        status: if fixed { "fixed" } else { "not_fixed" },
+        summary,
+        node_count: index.nodes.len(),
+        trtexec_flags: trtexec_flags(&keep),
+        keep_fp32: keep,
+        patterns,
+        rounds,
+        candidate_runs: search.runs,
+        outputs,
+        fixed_model,
+        fixed_model_fp32_nodes,
+        fixed_model_check,
+        run_info: layerwise_report::RunInfo {
+            generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            durations_s: vec![("total".into(), started.elapsed().as_secs_f64())],
+        },
+    };
+    if let Some(json) = &b.json {
+        let mut bytes = serde_json::to_vec_pretty(&report)?;
+        bytes.push(b'\n');
+        write_atomic(json, &bytes)?;
+    }
+    let text = render(&report);
+    Ok(FixOutcome { report, text })
+}
+
+fn num(v: f64) -> String {
+    if v.is_finite() { format!("{v:.2e}") } else { format!("{v}") }
+}
+
+fn render(r: &FixReport) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "FIX: {} - {}", if r.status == "fixed" { "FIXED" } else { "NOT FIXED" }, r.summary);
+    for p in &r.patterns {
+        let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, p.nodes.join(", "), p.because);
+    }
+    let _ = writeln!(out, "  outputs (relative L2, FP16 -> with keep list):");
+    for o in &r.outputs {
+        let _ = writeln!(out, "    {:<30} {:>9} -> {:>9}  {}", o.name, num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "FAIL" });
+    }
+    if !r.trtexec_flags.is_empty() {
+        let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
+    }
+    if let Some(path) = &r.fixed_model {
+        let _ = writeln!(out, "  fixed FP16 model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
+    }
+    if let Some(check) = &r.fixed_model_check {
+        let worst = check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "  check: {} -> {} (worst output relative L2 {}){}",
+            check.backend,
+            if check.pass { "pass" } else { "FAIL" },
+            num(worst),
+            if check.structural_problems.is_empty() { String::new() } else { format!("; type problems: {}", check.structural_problems.join("; ")) }
+        );
+    }
+    out
+}

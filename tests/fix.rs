@@ -1,0 +1,192 @@
+//! FP16 conversion with a keep list, and the fix search (issue: from diagnosis to fix).
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{batchnorm_overflow, convertible, planted_layernorm, save};
+use layerwise::fix::{fix, FixOptions};
+use layerwise::pipeline::{bisect, BisectOptions};
+use layerwise_analysis::Status;
+use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::onnx::{type_proto, ModelProto};
+use layerwise_model::{DataType, GraphIndex, Model};
+use layerwise_runtime::float32_tensors;
+
+fn convert(proto: ModelProto, options: ConvertOptions) -> (Model, layerwise_model::convert::Conversion, HashSet<String>) {
+    let model = Model::from_proto(proto, "test").unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
+    let conversion = convert_fp16(&model, &index, &float, &options).unwrap();
+    (model, conversion, float)
+}
+
+fn casts(p: &ModelProto) -> Vec<(String, String, i64)> {
+    p.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Cast").map(|n| (n.input[0].clone(), n.output[0].clone(), n.attribute[0].i.unwrap())).collect()
+}
+
+fn initializer_type(p: &ModelProto, name: &str) -> i32 {
+    p.graph.as_ref().unwrap().initializer.iter().find(|t| t.name() == name).unwrap().data_type()
+}
+
+fn io_type(v: &layerwise_model::onnx::ValueInfoProto) -> i32 {
+    match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(t)) => t.elem_type(),
+        _ => 0,
+    }
+}
+
+const F16: i64 = DataType::Float16 as i64;
+const F32: i64 = DataType::Float as i64;
+
+#[test]
+fn conversion_types_and_casts_are_exactly_at_the_boundaries() {
+    let (_, plain, float) = convert(convertible(), ConvertOptions::default());
+    assert!(check_float_types(&plain.proto, &float).is_empty(), "{:?}", check_float_types(&plain.proto, &float));
+    // All FP16: one Cast in after the FP32 input, one Cast back before the FP32 output.
+    assert_eq!(casts(&plain.proto), [("x".into(), "x__to_fp16".into(), F16), ("out__fp16".into(), "out".into(), F32)]);
+    assert_eq!(initializer_type(&plain.proto, "w"), DataType::Float16 as i32);
+    let g = plain.proto.graph.as_ref().unwrap();
+    assert_eq!(io_type(&g.input[0]), DataType::Float as i32, "graph inputs stay FP32 by default");
+    assert_eq!(io_type(&g.output[0]), DataType::Float as i32);
+    assert_eq!(plain.fp16_nodes, 4);
+    let names: Vec<&str> = g.node.iter().map(|n| n.name()).collect();
+    assert!(["mul", "relu", "softmax", "add"].iter().all(|n| names.contains(n)), "node names are preserved: {names:?}");
+
+    // Keep the Softmax: Casts appear on both sides of it, and nowhere else new.
+    let keep = ConvertOptions { keep_nodes: ["softmax".to_string()].into(), ..Default::default() };
+    let (_, kept, float) = convert(convertible(), keep);
+    assert!(check_float_types(&kept.proto, &float).is_empty());
+    assert_eq!(
+        casts(&kept.proto),
+        [
+            ("x".into(), "x__to_fp16".into(), F16),
+            ("b".into(), "b__to_fp32".into(), F32),
+            ("c".into(), "c__to_fp16".into(), F16),
+            ("out__fp16".into(), "out".into(), F32)
+        ]
+    );
+    assert_eq!(kept.fp32_nodes, [("softmax".to_string(), "--keep-fp32".to_string())]);
+    let softmax = kept.proto.graph.as_ref().unwrap().node.iter().find(|n| n.name() == "softmax").unwrap();
+    assert_eq!(softmax.input, ["b__to_fp32"]);
+
+    // The same by op type.
+    let by_op = ConvertOptions { keep_ops: ["Softmax".to_string()].into(), ..Default::default() };
+    assert_eq!(casts(&convert(convertible(), by_op).1.proto).len(), 4);
+    // FP16 inputs and outputs when asked.
+    let io = ConvertOptions { keep_io_types: false, ..Default::default() };
+    let (_, fp16_io, float) = convert(convertible(), io);
+    assert!(casts(&fp16_io.proto).is_empty());
+    assert_eq!(io_type(&fp16_io.proto.graph.as_ref().unwrap().input[0]), DataType::Float16 as i32);
+    assert!(check_float_types(&fp16_io.proto, &float).is_empty());
+}
+
+#[test]
+fn the_type_check_catches_a_missing_cast() {
+    let (_, mut kept, float) = convert(convertible(), ConvertOptions { keep_nodes: ["softmax".to_string()].into(), ..Default::default() });
+    assert!(check_float_types(&kept.proto, &float).is_empty());
+    // Feed the FP16 Add the Softmax's FP32 output directly, skipping the Cast back to FP16.
+    let add = kept.proto.graph.as_mut().unwrap().node.iter_mut().find(|n| n.name() == "add").unwrap();
+    add.input[0] = "c".into();
+    let problems = check_float_types(&kept.proto, &float);
+    assert!(problems.iter().any(|p| p.contains("'add'") && p.contains("mixes")), "{problems:?}");
+}
+
+#[test]
+fn overflowing_weight_keeps_its_consumer_fp32() {
+    let (_, conversion, float) = convert(batchnorm_overflow(), ConvertOptions::default());
+    assert!(conversion.fp32_nodes.iter().any(|(n, why)| n == "bn" && why.contains("bn_var")), "{:?}", conversion.fp32_nodes);
+    assert_eq!(conversion.overflowing_weights, [("bn_var".to_string(), vec!["bn".to_string()])]);
+    assert_eq!(initializer_type(&conversion.proto, "bn_var"), DataType::Float as i32);
+    assert_eq!(initializer_type(&conversion.proto, "conv_w"), DataType::Float16 as i32);
+    assert!(check_float_types(&conversion.proto, &float).is_empty());
+}
+
+#[test]
+fn converted_model_runs_in_onnx_runtime_and_compares_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, conversion, _) = convert(convertible(), ConvertOptions::default());
+    let original = dir.path().join("model.onnx");
+    let converted = dir.path().join("model_fp16.onnx");
+    save(&model.proto, &original);
+    model.save_standalone(&conversion.proto, &converted).unwrap();
+    let options = BisectOptions { cand_model: Some(converted), ..BisectOptions::new(&original, "ort:cpu", "ort:cpu") };
+    let outcome = bisect(&options).unwrap();
+    assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
+    let a = outcome.report.tensors.iter().find(|t| t.name == "a").unwrap();
+    assert_eq!(a.cand_dtype, "float16", "the candidate's tensor is FP16, compared as float32");
+    assert!(a.metrics.rel_l2_err > 0.0 && a.metrics.rel_l2_err < 1e-3);
+    assert_eq!(outcome.report.tensors.len(), 4, "Casts the conversion added are not compared");
+}
+
+fn fix_options(model: &std::path::Path, cand: &str, output: std::path::PathBuf) -> FixOptions {
+    FixOptions { bisect: BisectOptions::new(model, "ort:cpu", cand), output: Some(output), max_rounds: 12 }
+}
+
+#[test]
+fn fix_keeps_the_layernorm_pattern_and_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ln.onnx");
+    save(&planted_layernorm(), &path);
+    let outcome = fix(&fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"))).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    assert_eq!(r.patterns.len(), 1, "{}", outcome.text);
+    assert_eq!(r.patterns[0].kind, "decomposed_layernorm");
+    let expected = ["ln/mean", "ln/sub", "ln/pow", "ln/var", "ln/add_eps", "ln/sqrt", "ln/div", "ln/gamma", "ln/beta"];
+    assert_eq!(r.keep_fp32, expected, "the LayerNorm pattern, not the whole model");
+    assert!(r.keep_fp32.len() * 5 < r.node_count, "{} of {}", r.keep_fp32.len(), r.node_count);
+    assert_eq!(r.candidate_runs, 2, "one run to diagnose, one to verify");
+    assert!(r.outputs.iter().all(|o| !o.before_pass && o.after_pass));
+    assert!(r.trtexec_flags.contains("--layerPrecisions='ln/mean:fp32,ln/sub:fp32,") && r.trtexec_flags.contains("--precisionConstraints=obey"));
+    // The written model: FP32 islands where the keep list says, and it runs for real in FP16.
+    let check = r.fixed_model_check.as_ref().unwrap();
+    assert!(check.structural_problems.is_empty(), "{:?}", check.structural_problems);
+    assert!(check.pass, "{:?}", check.outputs);
+    let keep_json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("fixed.onnx.keep-fp32.json")).unwrap()).unwrap();
+    assert_eq!(keep_json["keep_fp32"].as_array().unwrap().len(), 9);
+}
+
+#[test]
+fn fix_on_converted_models_uses_the_converter() {
+    // A backend that cannot keep nodes itself (ort:cpu) gets the model converted with the keep
+    // list each round and runs it with ONNX Runtime's FP16 kernels: x @ (300 I) overflows FP16
+    // for x > 218. ONNX Runtime's CPU provider computes element-wise FP16 ops in FP32 (it inserts
+    // and then merges Casts, docs/fix.md), but a MatMul's result does reach FP16 storage.
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    let eye = |s: f32| -> Vec<f32> { (0..64).map(|i| if i % 9 == 0 { s } else { 0.0 }).collect() };
+    let mut b = ModelBuilder::new("matmul", 17);
+    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
+    b.initializer(f32_tensor("big", &[8, 8], &eye(300.0)));
+    b.initializer(f32_tensor("small", &[8, 8], &eye(1e-3)));
+    b.node("MatMul", "scale", &["x", "big"], &["s"], vec![]);
+    b.node("Identity", "pass", &["s"], &["t"], vec![]);
+    b.node("MatMul", "shrink", &["t", "small"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mul.onnx");
+    save(&b.build(), &path);
+    let mut options = fix_options(&path, "ort:cpu", dir.path().join("fixed.onnx"));
+    options.bisect.inputs.ranges = vec![("x".into(), 0.0, 255.0)];
+    let outcome = fix(&options).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    assert_eq!(r.rounds[0].first_divergent.as_deref(), Some("scale"), "{}", outcome.text);
+    assert_eq!(r.keep_fp32.first().map(String::as_str), Some("scale"), "{}", outcome.text);
+    assert!(r.outputs.iter().all(|o| !o.before_pass && o.after_pass), "{}", outcome.text);
+}
+
+#[test]
+fn fix_keeps_conv_batchnorm_whose_weight_overflows() {
+    // The kept BatchNorm must read its variance unrounded in the emulation (1e5 would be inf).
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bn.onnx");
+    save(&batchnorm_overflow(), &path);
+    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
+    options.bisect.inputs.ranges = vec![("x".into(), -1.0, 1.0)];
+    let outcome = fix(&options).unwrap();
+    assert_eq!(outcome.report.status, "fixed", "{}", outcome.text);
+    assert_eq!(outcome.report.patterns[0].kind, "conv_batchnorm");
+    assert_eq!(outcome.report.keep_fp32, ["conv", "bn"]);
+    assert!(outcome.report.patterns[0].because.contains("bn_var"), "{}", outcome.text);
+}
