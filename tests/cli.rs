@@ -71,6 +71,11 @@ fn demo_finds_the_planted_layer_and_writes_its_report() {
     assert_eq!(features["pass"], true, "the healthy branch passes");
     let pow = tensors.iter().find(|t| t["name"] == "ln_squared").unwrap();
     assert_eq!(pow["metrics"]["max_abs_err"], "inf", "non-finite numbers are strings in JSON");
+    // The demo's fix step: the LayerNorm pattern, verified, written out.
+    assert!(t.contains("FIX: FIXED - keeping 9 of 15 nodes in FP32 (decomposed_layernorm"), "{t}");
+    let fix: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("demo/fix.json")).unwrap()).unwrap();
+    assert_eq!(fix["fixed_model_check"]["pass"], true);
+    assert!(case.path("demo/demo_fp16_fixed.onnx").exists());
 }
 
 #[test]
@@ -177,4 +182,66 @@ fn usage_errors_exit_2() {
         let out = layerwise(args, case.dir.path());
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
     }
+}
+
+#[test]
+fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
+    use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
+    let case = Case::new();
+    // An external-data model: weight `w` lives in weights.bin beside the model.
+    let mut proto = common::convertible();
+    {
+        let w = &mut proto.graph.as_mut().unwrap().initializer[0];
+        std::fs::write(case.path("weights.bin"), w.raw_data.take().unwrap()).unwrap();
+        let e = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+        w.external_data = vec![e("location", "weights.bin"), e("offset", "0"), e("length", "32")];
+        w.data_location = Some(DataLocation::External as i32);
+    }
+    save(&proto, &case.path("ext.onnx"));
+    // Both backends load external data from the model's own folder (sim rounds it too).
+    let sim = layerwise(&["bisect", &case.p("ext.onnx")], case.dir.path());
+    assert_eq!(sim.status.code(), Some(0), "{}", text(&sim));
+    assert!(text(&sim).contains("compared 4 tensors"), "{}", text(&sim));
+    let out = layerwise(&["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")], case.dir.path());
+    assert_eq!(out.status.code(), Some(2), "a missing output folder is an error: {}", text(&out));
+    std::fs::create_dir(case.path("out")).unwrap();
+    let out = layerwise(&["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")], case.dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("3 nodes FP16, 1 FP32, 4 Casts inserted"), "{}", text(&out));
+    assert!(text(&out).contains("FP32 softmax: --keep-fp32"), "{}", text(&out));
+    // The converted model stands alone (weights inlined) and compares against the original.
+    let cmp = layerwise(&["bisect", &case.p("ext.onnx"), "--cand", "ort:cpu", "--cand-model", &case.p("out/fp16.onnx")], case.dir.path());
+    assert_eq!(cmp.status.code(), Some(0), "{}", text(&cmp));
+
+    let refuse = |args: &[&str], message: &str| {
+        let out = layerwise(args, case.dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains(message), "{args:?}: {}", text(&out));
+    };
+    refuse(&["convert", &case.p("ext.onnx"), "-o", &case.p("ext.onnx")], "would overwrite the input model");
+    refuse(&["convert", &case.p("ext.onnx"), "--keep-fp32", "nope", "-o", &case.p("x.onnx")], "node 'nope' does not exist");
+    refuse(&["convert", &case.p("ext.onnx"), "--to", "int8", "-o", &case.p("x.onnx")], "invalid value 'int8'");
+    assert!(!case.path("x.onnx").exists());
+}
+
+#[test]
+fn fix_exit_codes_and_outputs() {
+    let case = Case::new();
+    save(&common::planted_layernorm(), &case.path("ln.onnx"));
+    let out = layerwise(&["fix", &case.p("ln.onnx"), "-o", &case.p("fixed.onnx"), "--json", &case.p("fix.json")], case.dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("FIX: FIXED - keeping 9 of"), "{}", text(&out));
+    assert!(text(&out).contains("trtexec --onnx=MODEL --fp16 --precisionConstraints=obey --layerPrecisions='ln/mean:fp32"), "{}", text(&out));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("fix.json")).unwrap()).unwrap();
+    assert_eq!(report["schema"], "layerwise.fix/1");
+    assert_eq!(report["status"], "fixed");
+    assert_eq!(report["patterns"][0]["kind"], "decomposed_layernorm");
+    assert!(case.path("fixed.onnx").exists() && case.path("fixed.onnx.keep-fp32.json").exists());
+    // Nothing to fix on a healthy model: exit 0 and an empty keep list.
+    save(&common::planted(common::Ending::Healthy), &case.path("healthy.onnx"));
+    let healthy = layerwise(&["fix", &case.p("healthy.onnx")], case.dir.path());
+    assert_eq!(healthy.status.code(), Some(0), "{}", text(&healthy));
+    assert!(text(&healthy).contains("nothing to keep in FP32"), "{}", text(&healthy));
+    let same = layerwise(&["fix", &case.p("ln.onnx"), "-o", &case.p("ln.onnx")], case.dir.path());
+    assert_eq!(same.status.code(), Some(2), "{}", text(&same));
 }

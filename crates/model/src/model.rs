@@ -1,4 +1,3 @@
-use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Component, Path, PathBuf};
@@ -143,47 +142,47 @@ impl Model {
         self.base_dir.as_ref().map(|b| b.join(location))
     }
 
-    /// Writes `proto` (a rewrite of this model) as `dir/file_name` and makes the external data files it
-    /// references reachable from `dir` (symbolic links to the originals), so runtimes that resolve
-    /// locations relative to the model file find them. Returns the written path.
-    pub fn write_rewrite(&self, proto: &ModelProto, dir: &Path, file_name: &str) -> Result<PathBuf, ModelError> {
-        let mut locations = BTreeSet::new();
-        if let Some(g) = &proto.graph {
-            for_each_initializer(g, &mut |t| {
-                if is_external(t) {
-                    if let Ok(ext) = ExternalRef::parse(t) {
-                        locations.insert(ext.location);
-                    }
-                }
-            });
-        }
-        for location in locations {
-            let target = self.external_file(&location).ok_or_else(|| ModelError::ExternalData {
-                tensor: location.clone(),
-                why: "in-memory model with external data".into(),
-            })?;
-            let target = fs::canonicalize(&target).map_err(|source| ModelError::Read { path: target.clone(), source })?;
-            let link = dir.join(&location);
-            if link.exists() {
-                continue;
-            }
-            if let Some(parent) = link.parent() {
-                fs::create_dir_all(parent).map_err(|source| ModelError::Write { path: parent.to_path_buf(), source })?;
-            }
-            symlink_or_copy(&target, &link)?;
-        }
-        let path = dir.join(file_name);
-        let mut proto = proto.clone();
+    /// The bytes a runtime should load for `proto` (a rewrite of this model), and the folder its
+    /// external data resolves against. Runtimes refuse external data outside the model's own
+    /// folder (ONNX Runtime resolves links too), so a rewrite is loaded from memory with the
+    /// original model's folder as its external-data folder. A rewrite over 1 GiB reads its
+    /// external tensors in and moves every large tensor into `scratch`, which becomes the folder.
+    pub fn runtime_bytes(&self, proto: &ModelProto, scratch: &Path) -> Result<(Vec<u8>, Option<PathBuf>), ModelError> {
         if proto.encoded_len() > PROTOBUF_LIMIT {
-            externalize_large_tensors(&mut proto, dir, &format!("{file_name}.data"))?;
+            let mut proto = proto.clone();
+            self.materialize_external(&mut proto)?;
+            externalize_large_tensors(&mut proto, scratch, "model.onnx.data")?;
+            return Ok((proto.encode_to_vec(), Some(scratch.to_path_buf())));
         }
-        let write = |path: &Path| -> std::io::Result<()> {
-            let mut f = fs::File::create(path)?;
-            f.write_all(&proto.encode_to_vec())?;
-            f.sync_all()
+        let mut external = false;
+        if let Some(g) = &proto.graph {
+            for_each_initializer(g, &mut |t| external |= is_external(t));
+        }
+        let folder = match (&self.base_dir, external) {
+            (Some(base), true) => Some(fs::canonicalize(base).map_err(|source| ModelError::Read { path: base.clone(), source })?),
+            _ => None,
         };
-        write(&path).map_err(|source| ModelError::Write { path: path.clone(), source })?;
-        Ok(path)
+        Ok((proto.encode_to_vec(), folder))
+    }
+
+    /// Reads every external tensor of `proto` into inline raw data.
+    fn materialize_external(&self, proto: &mut ModelProto) -> Result<(), ModelError> {
+        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
+        while let Some(graph) = stack.pop() {
+            for t in graph.initializer.iter_mut().filter(|t| is_external(t)) {
+                let bytes = self.external_bytes(t)?;
+                t.raw_data = Some(Bytes::from(bytes));
+                t.external_data.clear();
+                t.data_location = None;
+            }
+            for node in graph.node.iter_mut() {
+                for attr in node.attribute.iter_mut() {
+                    stack.extend(attr.g.iter_mut());
+                    stack.extend(attr.graphs.iter_mut());
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -228,21 +227,7 @@ impl Model {
     /// The file is written to a temporary name and renamed, so it is complete or absent.
     pub fn save_standalone(&self, proto: &ModelProto, path: &Path) -> Result<(), ModelError> {
         let mut proto = proto.clone();
-        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
-        while let Some(graph) = stack.pop() {
-            for t in graph.initializer.iter_mut().filter(|t| is_external(t)) {
-                let bytes = self.external_bytes(t)?;
-                t.raw_data = Some(Bytes::from(bytes));
-                t.external_data.clear();
-                t.data_location = None;
-            }
-            for node in graph.node.iter_mut() {
-                for attr in node.attribute.iter_mut() {
-                    stack.extend(attr.g.iter_mut());
-                    stack.extend(attr.graphs.iter_mut());
-                }
-            }
-        }
+        self.materialize_external(&mut proto)?;
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
@@ -274,16 +259,6 @@ impl Model {
             .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
         Ok(buf)
     }
-}
-
-#[cfg(unix)]
-fn symlink_or_copy(target: &Path, link: &Path) -> Result<(), ModelError> {
-    std::os::unix::fs::symlink(target, link).map_err(|source| ModelError::Write { path: link.to_path_buf(), source })
-}
-
-#[cfg(not(unix))]
-fn symlink_or_copy(target: &Path, link: &Path) -> Result<(), ModelError> {
-    fs::copy(target, link).map(|_| ()).map_err(|source| ModelError::Write { path: link.to_path_buf(), source })
 }
 
 pub(crate) fn is_external(t: &TensorProto) -> bool {

@@ -215,10 +215,15 @@ fn external_data_is_checked_read_and_linked() {
     let model = Model::load(&path).unwrap();
     let w = values(&model, &model.graph().initializer[0]);
     assert_eq!(w, [0.5, 1.5, 2.5, 3.5]);
-    // A rewrite written elsewhere still finds its external data.
-    let out = tempfile::tempdir().unwrap();
-    model.write_rewrite(&model.proto, out.path(), "rewritten.onnx").unwrap();
-    assert_eq!(fs::read(out.path().join("weights.bin")).unwrap(), padded);
+    // A rewrite is loaded from memory with external data resolved in the original folder.
+    let scratch = tempfile::tempdir().unwrap();
+    let (bytes, folder) = model.runtime_bytes(&model.proto, scratch.path()).unwrap();
+    assert_eq!(folder.unwrap(), fs::canonicalize(dir.path()).unwrap());
+    assert_eq!(ModelProto::decode(bytes.as_slice()).unwrap().graph.unwrap().initializer[0].external_data.len(), 3);
+    // A standalone save reads the external data in.
+    model.save_standalone(&model.proto, &scratch.path().join("standalone.onnx")).unwrap();
+    let standalone = Model::load(&scratch.path().join("standalone.onnx")).unwrap();
+    assert_eq!(values(&standalone, &standalone.graph().initializer[0]), [0.5, 1.5, 2.5, 3.5]);
 
     let mut missing = small_model();
     external(&mut missing, "absent.bin", 0, 16);

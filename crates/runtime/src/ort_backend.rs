@@ -29,7 +29,18 @@ impl OrtBackend {
         RuntimeError::Ort { backend: self.spec.clone(), why: why.to_string() }
     }
 
-    fn session(&self, path: &Path, level: OptLevel) -> Result<Session, RuntimeError> {
+    /// A session for `proto`, a rewrite of `model`, loaded from memory with external data
+    /// resolved against the original model's folder (see `Model::runtime_bytes`).
+    fn session_for(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, level: OptLevel) -> Result<Session, RuntimeError> {
+        let scratch = tempfile::Builder::new()
+            .prefix("layerwise-")
+            .tempdir()
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+        let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
+        self.session(&bytes, folder.as_deref(), level)
+    }
+
+    fn session(&self, bytes: &[u8], external_folder: Option<&Path>, level: OptLevel) -> Result<Session, RuntimeError> {
         let (env, _) = ortlib::environment()?;
         let level = match level {
             OptLevel::Disable => GraphOptimizationLevel::Disable,
@@ -46,7 +57,12 @@ impl OrtBackend {
         if let Some(n) = self.options.threads {
             builder = builder.with_intra_threads(n).map_err(|e| self.err(e))?;
         }
-        builder.commit_from_file(path).map_err(|e| self.err(format!("cannot create a session: {e}")))
+        if let Some(folder) = external_folder {
+            builder = builder
+                .with_config_entry("session.model_external_initializers_file_folder_path", folder.to_string_lossy())
+                .map_err(|e| self.err(e))?;
+        }
+        builder.commit_from_memory(bytes).map_err(|e| self.err(format!("cannot create a session: {e}")))
     }
 }
 
@@ -75,10 +91,6 @@ impl Backend for OrtBackend {
         let mut output = RunOutput::default();
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
         let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
-        let dir = tempfile::Builder::new()
-            .prefix("layerwise-")
-            .tempdir()
-            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
         let proto = if self.emulate_fp16 {
             // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.
             let float = float32_tensors(request.model, request.index)?;
@@ -98,8 +110,7 @@ impl Backend for OrtBackend {
         } else {
             exposed
         };
-        let path = request.model.write_rewrite(&proto, dir.path(), "model.onnx")?;
-        let mut session = self.session(&path, self.options.opt_level)?;
+        let mut session = self.session_for(request.model, &proto, self.options.opt_level)?;
 
         let mut feeds: Vec<(String, DynValue)> = Vec::new();
         for input in session.inputs() {
@@ -144,13 +155,8 @@ impl Backend for OrtBackend {
 /// exposed and the session's output metadata read (no run).
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
     let (exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
-    let dir = tempfile::Builder::new()
-        .prefix("layerwise-")
-        .tempdir()
-        .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
     let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None }, false);
-    let path = model.write_rewrite(&exposed, dir.path(), "exposed.onnx")?;
-    let session = backend.session(&path, OptLevel::Disable)?;
+    let session = backend.session_for(model, &exposed, OptLevel::Disable)?;
     Ok(session
         .outputs()
         .iter()
