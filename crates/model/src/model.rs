@@ -240,6 +240,12 @@ impl Model {
         let mut tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir).map_err(io)?;
         tmp.write_all(&proto.encode_to_vec()).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
+        // Temporary files are private (0600); a written model gets the usual 0644.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o644)).map_err(io)?;
+        }
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
     }

@@ -37,6 +37,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
         .map_err(|e| err(e.to_string()))?;
     tmp.write_all(bytes).map_err(|e| err(e.to_string()))?;
     tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
+    // Temporary files are private (0600); a report gets the usual 0644.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)).map_err(|e| err(e.to_string()))?;
+    }
     tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
     Ok(())
 }
