@@ -190,3 +190,40 @@ fn fix_keeps_conv_batchnorm_whose_weight_overflows() {
     assert_eq!(outcome.report.keep_fp32, ["conv", "bn"]);
     assert!(outcome.report.patterns[0].because.contains("bn_var"), "{}", outcome.text);
 }
+
+#[test]
+fn conversion_retargets_casts_constant_of_shape_and_value_info() {
+    use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::onnx::ValueInfoProto;
+    let mut b = ModelBuilder::new("attrs", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(3)]);
+    b.input("ids", DataType::Int64, &[Dim::from(2), Dim::from(3)]);
+    b.node("Cast", "ids_to_float", &["ids"], &["idsf"], vec![attr::int("to", DataType::Float as i64)]);
+    b.node("Shape", "shape", &["x"], &["sh"], vec![]);
+    b.node("ConstantOfShape", "ones", &["sh"], &["one"], vec![attr::tensor("value", f32_tensor("", &[1], &[1.5]))]);
+    b.node("Add", "add", &["x", "idsf"], &["s"], vec![]);
+    b.node("Mul", "mul", &["s", "one"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let mut proto = b.build();
+    proto.graph.as_mut().unwrap().value_info.push(ValueInfoProto {
+        name: Some("s".into()),
+        r#type: Some(layerwise_model::builder::tensor_type(DataType::Float, None)),
+        ..Default::default()
+    });
+    let (model, conversion, float) = convert(proto, ConvertOptions::default());
+    assert!(check_float_types(&conversion.proto, &float).is_empty(), "{:?}", check_float_types(&conversion.proto, &float));
+    let g = conversion.proto.graph.as_ref().unwrap();
+    let node = |name: &str| g.node.iter().find(|n| n.name() == name).unwrap();
+    assert_eq!(node("ids_to_float").attribute[0].i, Some(F16), "Cast to FLOAT becomes Cast to FLOAT16");
+    let value = node("ones").attribute[0].t.as_ref().unwrap();
+    assert_eq!(value.data_type(), DataType::Float16 as i32);
+    assert_eq!(value.raw_data.as_deref(), Some(&half::f16::from_f32(1.5).to_le_bytes()[..]));
+    assert_eq!(io_type(&g.value_info[0]), DataType::Float16 as i32, "value_info follows the tensor");
+    // And it runs: compare against the original on ONNX Runtime.
+    let dir = tempfile::tempdir().unwrap();
+    let (orig, conv) = (dir.path().join("m.onnx"), dir.path().join("m16.onnx"));
+    save(&model.proto, &orig);
+    model.save_standalone(&conversion.proto, &conv).unwrap();
+    let outcome = bisect(&BisectOptions { cand_model: Some(conv), ..BisectOptions::new(&orig, "ort:cpu", "ort:cpu") }).unwrap();
+    assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
+}
