@@ -194,7 +194,7 @@ pub fn trtexec_flags(keep: &[String]) -> String {
 
 pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let b = &options.bisect;
-    if let Some(json) = &b.json {
+    if let Some(json) = &b.outputs.json {
         check_writable_target(json, "the JSON report")?;
     }
     if let Some(out) = &options.output {
@@ -350,7 +350,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             durations_s: vec![("total".into(), started.elapsed().as_secs_f64())],
         },
     };
-    if let Some(json) = &b.json {
+    if let Some(json) = &b.outputs.json {
         let mut bytes = serde_json::to_vec_pretty(&report)?;
         bytes.push(b'\n');
         write_atomic(json, &bytes)?;

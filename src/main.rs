@@ -8,6 +8,7 @@ use layerwise::fix::{fix, FixOptions};
 use layerwise::pipeline::{bisect, bisect_model, BisectOptions};
 use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::GraphIndex;
+use layerwise_report::Outputs;
 use layerwise_runtime::float32_tensors;
 use layerwise_analysis::Status;
 use layerwise_model::{Model, Selection};
@@ -34,6 +35,8 @@ enum Command {
     /// Find a small set of nodes to keep in FP32 so every output is within tolerance, verify it,
     /// and write the fixed FP16 model.
     Fix(Box<FixArgs>),
+    /// Render a saved JSON report as HTML, Markdown, CSV or Model Explorer node data.
+    Report(ReportCmdArgs),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
 }
@@ -121,9 +124,8 @@ struct BisectArgs {
     /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
     #[arg(long)]
     range_tol: Option<f64>,
-    /// Write the JSON report (schema layerwise.report/1) here.
-    #[arg(long)]
-    json: Option<PathBuf>,
+    #[command(flatten)]
+    reports: ReportArgs,
     /// Save every tensor of both runs as .npy files under DIR/ref and DIR/cand (and the inputs as
     /// DIR/inputs.npz), for later comparison with --cand npz:DIR/cand.
     #[arg(long, value_name = "DIR")]
@@ -134,6 +136,49 @@ struct BisectArgs {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// Write the JSON report (schema layerwise.report/1) here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write a self-contained HTML report (plots, the first divergent layer's neighbourhood, a
+    /// sortable table of every tensor).
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Write a Markdown summary for a pull request or issue.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Write one CSV row per tensor with every metric.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write per-node error as Model Explorer node data (JSON).
+    #[arg(long)]
+    model_explorer: Option<PathBuf>,
+}
+
+impl ReportArgs {
+    fn outputs(self) -> Outputs {
+        Outputs { json: self.json, html: self.html, markdown: self.markdown, csv: self.csv, model_explorer: self.model_explorer }
+    }
+}
+
+#[derive(Args)]
+struct ReportCmdArgs {
+    /// A JSON report written by `bisect --json`.
+    report: PathBuf,
+    /// A fix report (`fix --json`) to include in the Markdown summary.
+    #[arg(long)]
+    fix: Option<PathBuf>,
+    #[arg(long)]
+    html: Option<PathBuf>,
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    #[arg(long)]
+    model_explorer: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -210,7 +255,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         atol: args.atol,
         rtol: args.rtol,
         range_tol: args.range_tol,
-        json: args.json,
+        outputs: args.reports.outputs(),
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
@@ -218,8 +263,8 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);
-    if let Some(json) = &options.json {
-        println!("\nJSON report: {}", json.display());
+    for (what, path) in options.outputs.paths() {
+        println!("{what}: {}", path.display());
     }
     Ok(exit_for(outcome.report.verdict.status))
 }
@@ -267,7 +312,7 @@ fn run_fix(args: FixArgs) -> Result<ExitCode> {
             atol: args.atol,
             rtol: args.rtol,
             range_tol: args.range_tol,
-            json: args.json,
+            outputs: Outputs { json: args.json, ..Outputs::default() },
             ..BisectOptions::new(&args.model, &args.reference, &args.candidate)
         },
         output: args.output,
@@ -278,6 +323,35 @@ fn run_fix(args: FixArgs) -> Result<ExitCode> {
     Ok(if outcome.report.status == "fixed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
+fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
+    let read = |path: &PathBuf| -> Result<serde_json::Value> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+    };
+    let report = read(&args.report)?;
+    if report["schema"] != layerwise_report::SCHEMA {
+        bail!("{} is not a layerwise report (schema {} expected, found {})", args.report.display(), layerwise_report::SCHEMA, report["schema"]);
+    }
+    let fix = args.fix.as_ref().map(read).transpose()?;
+    if let Some(f) = &fix {
+        if f["schema"] != "layerwise.fix/1" {
+            bail!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1)");
+        }
+    }
+    let outputs = Outputs { json: None, html: args.html, markdown: args.markdown, csv: args.csv, model_explorer: args.model_explorer };
+    if outputs.paths().is_empty() {
+        bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
+    }
+    for (what, path) in outputs.paths() {
+        layerwise::pipeline::check_writable_target(path, what)?;
+    }
+    outputs.write(&report, fix.as_ref())?;
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
     let proto = demo_model();
@@ -285,14 +359,22 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     std::fs::write(&model_path, prost_encode(&proto)).with_context(|| format!("cannot write {}", model_path.display()))?;
     let model = Model::load(&model_path)?;
     let json = args.out_dir.join("report.json");
-    let options =
-        BisectOptions { json: Some(json.clone()), top: 8, progress: true, ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") };
+    let outputs = Outputs {
+        json: Some(json.clone()),
+        html: Some(args.out_dir.join("report.html")),
+        markdown: None,
+        csv: Some(args.out_dir.join("tensors.csv")),
+        model_explorer: Some(args.out_dir.join("model-explorer.json")),
+    };
+    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") };
     println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
     print!("{}", outcome.text);
     println!("\nModel:       {}", model_path.display());
-    println!("JSON report: {}", json.display());
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
     println!("Try it yourself: layerwise bisect {} --cand sim:fp16", model_path.display());
     match &outcome.report.verdict.first_divergent {
         Some(fd) if fd.node == PLANTED_NODE => {}
@@ -305,7 +387,10 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     println!("\nNow the fix: the smallest set of nodes to keep in FP32, verified by re-running the candidate.\n");
     let fixed_path = args.out_dir.join("demo_fp16_fixed.onnx");
     let fix_options = FixOptions {
-        bisect: BisectOptions { json: Some(args.out_dir.join("fix.json")), ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") },
+        bisect: BisectOptions {
+            outputs: Outputs { json: Some(args.out_dir.join("fix.json")), ..Outputs::default() },
+            ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16")
+        },
         output: Some(fixed_path.clone()),
         max_rounds: 12,
     };
@@ -315,6 +400,11 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     if fixed.report.status != "fixed" {
         bail!("the demo's fix did not verify");
     }
+    // The pull-request summary, with the fix.
+    let markdown = args.out_dir.join("summary.md");
+    Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
+        .write(&serde_json::to_value(&outcome.report)?, Some(&serde_json::to_value(&fixed.report)?))?;
+    println!("Markdown summary: {}", markdown.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -329,6 +419,7 @@ fn main() -> ExitCode {
         Command::Bisect(args) => run_bisect(*args),
         Command::Convert(args) => run_convert(args),
         Command::Fix(args) => run_fix(*args),
+        Command::Report(args) => run_report(args),
         Command::Demo(args) => run_demo(args),
     };
     match result {

@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use layerwise_analysis::{compare_all, walk_back, Tolerance, WalkRule};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
-use layerwise_report::{build_report, render_terminal, to_json, write_atomic, Report, ReportContext};
+use layerwise_report::{build_report, render_terminal, Outputs, Report, ReportContext};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions};
 use layerwise_runtime::{create_backend, saved, Precision, RunRequest};
 
@@ -24,7 +24,8 @@ pub struct BisectOptions {
     pub atol: Option<f64>,
     pub rtol: Option<f64>,
     pub range_tol: Option<f64>,
-    pub json: Option<PathBuf>,
+    /// Report files to write (JSON, HTML, Markdown, CSV, Model Explorer node data).
+    pub outputs: Outputs,
     pub save_tensors: Option<PathBuf>,
     pub selection: Selection,
     /// How many worst tensors the terminal summary lists.
@@ -46,7 +47,7 @@ impl BisectOptions {
             atol: None,
             rtol: None,
             range_tol: None,
-            json: None,
+            outputs: Outputs::default(),
             save_tensors: None,
             selection: Selection::All,
             top: 10,
@@ -110,7 +111,7 @@ pub fn tolerance_and_rule(precision: Precision, options: &BisectOptions) -> Resu
 }
 
 /// Checks up front that a report can be written there, so a bad path fails before any work.
-pub(crate) fn check_writable_target(path: &Path, what: &str) -> Result<()> {
+pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
@@ -124,20 +125,23 @@ pub(crate) fn check_writable_target(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
+fn check_outputs(outputs: &Outputs) -> Result<()> {
+    for (what, path) in outputs.paths() {
+        check_writable_target(path, &format!("the {what}"))?;
+    }
+    Ok(())
+}
+
 pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     let mut steps = Steps::new(options.progress);
-    if let Some(json) = &options.json {
-        check_writable_target(json, "the JSON report")?;
-    }
+    check_outputs(&options.outputs)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
     run_bisect(&model, options, steps)
 }
 
 /// The bisect job on an already loaded model (the demo builds its model in memory).
 pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
-    if let Some(json) = &options.json {
-        check_writable_target(json, "the JSON report")?;
-    }
+    check_outputs(&options.outputs)?;
     run_bisect(model, options, Steps::new(options.progress))
 }
 
@@ -182,6 +186,10 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     }
     let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
     let verdict = walk_back(&index, &comparison, &weights, rule);
+    let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
+        let (r, c) = (ref_out.tensors.get(&fd.tensor)?, cand_out.tensors.get(&fd.tensor)?);
+        Some(layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), 40))
+    });
     let mut unavailable = ref_out.unavailable.clone();
     unavailable.extend(cand_out.unavailable.iter().cloned());
 
@@ -200,14 +208,13 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         verdict: &verdict,
         weights: &weights,
         unavailable,
+        histogram,
         run_info: layerwise_report::RunInfo {
             generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             durations_s: durations,
         },
     });
-    if let Some(path) = &options.json {
-        write_atomic(path, &to_json(&report))?;
-    }
+    options.outputs.write(&serde_json::to_value(&report)?, None)?;
     let text = render_terminal(&report, options.top);
     Ok(BisectOutcome { report, text })
 }

@@ -12,7 +12,7 @@ use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{create_backend, RunRequest, Tensor, TensorData};
 
 fn options(json: Option<std::path::PathBuf>) -> BisectOptions {
-    BisectOptions { json, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") }
+    BisectOptions { outputs: layerwise_report::Outputs { json, ..Default::default() }, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") }
 }
 
 fn run(backend: &str, model: &Model, inputs: &[(String, Tensor)]) -> HashMap<String, Tensor> {

@@ -1,5 +1,5 @@
 use layerwise_analysis::num::finite_or_string;
-use layerwise_analysis::{Comparison, TensorRecord, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{Comparison, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
 use layerwise_model::{GraphIndex, Model, WeightRange};
 use layerwise_runtime::inputs::PreparedInput;
 use serde::Serialize;
@@ -21,6 +21,8 @@ pub struct ReportContext<'a> {
     pub verdict: &'a Verdict,
     pub weights: &'a [WeightRange],
     pub unavailable: Vec<(String, String)>,
+    /// Values of the first divergent tensor, reference against candidate.
+    pub histogram: Option<Histogram>,
     /// The one non-deterministic part of a report: when and how long.
     pub run_info: RunInfo,
 }
@@ -47,7 +49,29 @@ pub struct Report {
     pub outputs: Vec<OutputInfo>,
     pub worst_output: Option<String>,
     pub verdict: Verdict,
+    /// The first divergent node's inputs and consumers, and its tensor's value histogram.
+    pub first_divergent_detail: Option<Detail>,
     pub run_info: RunInfo,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Detail {
+    pub inputs: Vec<Neighbour>,
+    pub consumers: Vec<Neighbour>,
+    pub histogram: Option<Histogram>,
+}
+
+/// A tensor next to the first divergent node: one of its inputs, or a consumer's output.
+#[derive(Debug, Clone, Serialize)]
+pub struct Neighbour {
+    pub tensor: String,
+    /// The node producing `tensor` (empty for graph inputs and weights).
+    pub node: String,
+    pub op_type: String,
+    pub weight: bool,
+    /// Relative L2 error; absent when the tensor was not compared.
+    #[serde(serialize_with = "finite_or_string")]
+    pub error: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -114,7 +138,34 @@ pub struct OutputInfo {
     pub max_abs_err: f64,
 }
 
+fn neighbour(ctx: &ReportContext, tensor: &str) -> Neighbour {
+    let node = ctx.index.producer(tensor);
+    Neighbour {
+        tensor: tensor.to_string(),
+        node: node.map(|n| n.name.clone()).unwrap_or_default(),
+        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| if ctx.index.is_graph_input(tensor) { "input".into() } else { "weight".into() }),
+        weight: ctx.index.is_constant_like(tensor),
+        error: ctx.comparison.get(tensor).map(|r| r.error_level()).unwrap_or(f64::NAN),
+    }
+}
+
+fn detail(ctx: &ReportContext) -> Option<Detail> {
+    let fd = ctx.verdict.first_divergent.as_ref()?;
+    let node = ctx.index.node(&fd.node)?;
+    let inputs = node.inputs.iter().filter(|i| !i.is_empty()).map(|i| neighbour(ctx, i)).collect();
+    let mut consumers = Vec::new();
+    for out in node.outputs.iter().filter(|o| !o.is_empty()) {
+        for &c in ctx.index.consumers(out) {
+            for t in ctx.index.nodes[c].outputs.iter().filter(|o| !o.is_empty()).take(1) {
+                consumers.push(neighbour(ctx, t));
+            }
+        }
+    }
+    Some(Detail { inputs, consumers, histogram: ctx.histogram.clone() })
+}
+
 pub fn build_report(ctx: ReportContext) -> Report {
+    let first_divergent_detail = detail(&ctx);
     let mut not_compared: Vec<NotCompared> =
         ctx.comparison.not_compared.iter().map(|(t, r)| NotCompared { tensor: t.clone(), reason: r.clone() }).collect();
     for (t, r) in &ctx.unavailable {
@@ -180,6 +231,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             .collect(),
         outputs,
         worst_output: ctx.verdict.worst_output.clone(),
+        first_divergent_detail,
         verdict: ctx.verdict.clone(),
         run_info: ctx.run_info,
     }

@@ -1,14 +1,63 @@
 //! Reports: the versioned JSON document (`layerwise.report/1`, see docs/report-format.md) and the
 //! terminal summary. Files are written atomically: a report is either complete or absent.
 
+mod formats;
+mod html;
 mod json;
+mod svg;
 mod terminal;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use json::{build_report, Report, ReportContext, RunInfo, SCHEMA};
+pub use formats::{render_csv, render_markdown, render_model_explorer};
+pub use html::render_html;
 pub use terminal::render_terminal;
+
+/// Where to write the report formats of one run (each optional).
+#[derive(Debug, Clone, Default)]
+pub struct Outputs {
+    pub json: Option<PathBuf>,
+    pub html: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    pub model_explorer: Option<PathBuf>,
+}
+
+impl Outputs {
+    pub fn paths(&self) -> Vec<(&'static str, &PathBuf)> {
+        [("JSON report", &self.json), ("HTML report", &self.html), ("Markdown summary", &self.markdown), ("CSV", &self.csv), ("Model Explorer node data", &self.model_explorer)]
+            .into_iter()
+            .filter_map(|(what, p)| p.as_ref().map(|p| (what, p)))
+            .collect()
+    }
+
+    /// Writes every requested format of a report document (the JSON value of a [`Report`]), each
+    /// atomically. `fix` (a `layerwise.fix/1` document) adds the fix to the Markdown summary.
+    pub fn write(&self, report: &serde_json::Value, fix: Option<&serde_json::Value>) -> Result<(), ReportError> {
+        if let Some(p) = &self.json {
+            let mut bytes = serde_json::to_vec_pretty(report).expect("json");
+            bytes.push(b'\n');
+            write_atomic(p, &bytes)?;
+        }
+        if let Some(p) = &self.html {
+            write_atomic(p, render_html(report).as_bytes())?;
+        }
+        if let Some(p) = &self.markdown {
+            write_atomic(p, render_markdown(report, fix).as_bytes())?;
+        }
+        if let Some(p) = &self.csv {
+            write_atomic(p, &render_csv(report))?;
+        }
+        if let Some(p) = &self.model_explorer {
+            let mut bytes = serde_json::to_vec_pretty(&render_model_explorer(report)).expect("json");
+            bytes.push(b'\n');
+            write_atomic(p, &bytes)?;
+        }
+        Ok(())
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {

@@ -1,0 +1,52 @@
+//! The HTML report in a real browser (headless Chromium): the plots and the table render, the
+//! table's script runs, and nothing is logged to the console. Opt-in with LAYERWISE_BROWSER_TEST=1
+//! (`.ci/run` installs Debian's chromium and sets it); the screenshot is kept as a CI artifact in
+//! target/test-output/report.png.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("CHROMIUM").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(path.exists(), "LAYERWISE_BROWSER_TEST=1 needs Chromium at {} (apt-get install chromium, or set CHROMIUM)", path.display());
+    path
+}
+
+fn headless(profile: &Path) -> Command {
+    let mut c = Command::new(chromium());
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]);
+    c.arg(format!("--user-data-dir={}", profile.display()));
+    c
+}
+
+#[test]
+fn html_report_renders_in_chromium() {
+    if std::env::var("LAYERWISE_BROWSER_TEST").as_deref() != Ok("1") {
+        eprintln!("browser test not requested: set LAYERWISE_BROWSER_TEST=1 (CI does) to run it");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let demo = Command::new(env!("CARGO_BIN_EXE_layerwise")).args(["demo", "--out-dir", "demo"]).current_dir(dir.path()).output().unwrap();
+    assert!(demo.status.success(), "{}", String::from_utf8_lossy(&demo.stderr));
+    let page = format!("file://{}", dir.path().join("demo/report.html").display());
+
+    let dom = headless(&dir.path().join("profile-dom")).args(["--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000", "--dump-dom", &page]).output().unwrap();
+    assert!(dom.status.success(), "chromium failed: {}", String::from_utf8_lossy(&dom.stderr));
+    let html = String::from_utf8_lossy(&dom.stdout);
+    let log = String::from_utf8_lossy(&dom.stderr);
+    // The script ran: it writes the row count.
+    assert!(html.contains(r#"<span id="tensor-count">15 of 15 tensors</span>"#), "the table script did not run:\n{}", &html[html.len().saturating_sub(2000)..]);
+    assert!(html.matches("<circle class=\"pt").count() >= 15, "the plots have their points");
+    assert!(html.contains("id=\"neighbourhood-graph\"") && html.contains("encoder/ln/Pow"));
+    let console: Vec<&str> = log.lines().filter(|l| l.contains("CONSOLE") || l.contains("Uncaught")).collect();
+    assert!(console.is_empty(), "console messages: {console:?}");
+
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-output");
+    std::fs::create_dir_all(&out).unwrap();
+    let shot = out.join("report.png");
+    let _ = std::fs::remove_file(&shot);
+    let status = headless(&dir.path().join("profile-shot")).args(["--window-size=1280,2400", &format!("--screenshot={}", shot.display()), &page]).output().unwrap();
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    let png = std::fs::read(&shot).unwrap();
+    assert!(png.starts_with(b"\x89PNG") && png.len() > 50_000, "screenshot too small: {} bytes", png.len());
+}
