@@ -60,19 +60,39 @@ pub enum OptLevel {
     All,
 }
 
+/// Which ONNX Runtime execution provider runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecutionProvider {
+    Cpu,
+    /// CUDA; `tf32` lets float32 Conv/MatMul use TF32 tensor cores (ONNX Runtime's default: on).
+    Cuda { device: u32, tf32: bool },
+    /// ONNX Runtime's TensorRT execution provider.
+    TensorRt { device: u32, fp16: bool },
+    /// ONNX Runtime's TensorRT-RTX (NV) execution provider.
+    NvRtx { device: u32 },
+}
+
+impl ExecutionProvider {
+    pub fn needs_gpu(self) -> bool {
+        !matches!(self, ExecutionProvider::Cpu)
+    }
+}
+
 /// Options shared by the ONNX Runtime based backends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OrtOptions {
     pub opt_level: OptLevel,
     /// Intra-op threads; `None` lets ONNX Runtime choose.
     pub threads: Option<usize>,
+    pub ep: ExecutionProvider,
 }
 
 /// A parsed backend spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
     /// `ort:cpu[,opt=disable|basic|extended|all][,threads=N]`: ONNX Runtime's CPU execution provider
-    /// in float32, the reference.
+    /// in float32, the reference. Also `ort:cuda[,tf32=on|off][,device=N]`, `ort:trt[,fp16][,device=N]`
+    /// and `ort:nvrtx[,device=N]`: the GPU execution providers (ONNX Runtime's GPU build).
     OrtCpu(OrtOptions),
     /// `sim:fp16[,threads=N]`: FP16 storage emulated on ONNX Runtime's CPU provider.
     SimFp16(OrtOptions),
@@ -80,7 +100,8 @@ pub enum BackendSpec {
     Saved(PathBuf),
 }
 
-pub const KNOWN_SPECS: &str = "ort:cpu[,opt=LEVEL][,threads=N], sim:fp16[,threads=N], npz:PATH";
+pub const KNOWN_SPECS: &str =
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -93,20 +114,45 @@ impl BackendSpec {
         }
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or_default();
-        let (default_level, make): (OptLevel, fn(OrtOptions) -> BackendSpec) = match head {
-            "ort:cpu" => (OptLevel::All, BackendSpec::OrtCpu),
+        let (default_level, make, ep): (OptLevel, fn(OrtOptions) -> BackendSpec, ExecutionProvider) = match head {
+            "ort:cpu" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::Cpu),
+            "ort:cuda" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::Cuda { device: 0, tf32: true }),
+            "ort:trt" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::TensorRt { device: 0, fp16: false }),
+            "ort:nvrtx" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::NvRtx { device: 0 }),
             // Optimizations would be free to fold the rounding Cast pairs away.
-            "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16),
-            "ort:cuda" | "ort:trt" | "ort:nvrtx" | "trt" => {
-                return Err(bad(format!("'{head}' is not available in this build yet (GPU and TensorRT backends are planned)")))
-            }
+            "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16, ExecutionProvider::Cpu),
+            "trt" => return Err(bad("native TensorRT ('trt') is not available in this build yet".into())),
             _ => return Err(bad(format!("'{head}' is not a backend"))),
         };
-        let mut options = OrtOptions { opt_level: default_level, threads: None };
+        let mut options = OrtOptions { opt_level: default_level, threads: None, ep };
         for part in parts {
+            if part == "fp16" {
+                match &mut options.ep {
+                    ExecutionProvider::TensorRt { fp16, .. } => *fp16 = true,
+                    _ => return Err(bad(format!("option 'fp16' is for ort:trt, not {head}"))),
+                }
+                continue;
+            }
             let (key, value) = part.split_once('=').ok_or_else(|| bad(format!("option '{part}' is not KEY=VALUE")))?;
             match key {
-                "opt" if head == "ort:cpu" => {
+                "tf32" => match &mut options.ep {
+                    ExecutionProvider::Cuda { tf32, .. } => {
+                        *tf32 = match value {
+                            "on" => true,
+                            "off" => false,
+                            _ => return Err(bad(format!("tf32 must be on or off, not '{value}'"))),
+                        }
+                    }
+                    _ => return Err(bad(format!("option 'tf32' is for ort:cuda, not {head}"))),
+                },
+                "device" => {
+                    let n: u32 = value.parse().map_err(|_| bad(format!("device must be a GPU index, not '{value}'")))?;
+                    match &mut options.ep {
+                        ExecutionProvider::Cuda { device, .. } | ExecutionProvider::TensorRt { device, .. } | ExecutionProvider::NvRtx { device } => *device = n,
+                        ExecutionProvider::Cpu => return Err(bad(format!("option 'device' is for GPU backends, not {head}"))),
+                    }
+                }
+                "opt" if head != "sim:fp16" => {
                     options.opt_level = match value {
                         "disable" => OptLevel::Disable,
                         "basic" => OptLevel::Basic,
@@ -129,7 +175,13 @@ impl BackendSpec {
 
 /// Creates the backend a spec names.
 pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
-    Ok(match BackendSpec::parse(spec)? {
+    let parsed = BackendSpec::parse(spec)?;
+    if let BackendSpec::OrtCpu(o) = &parsed {
+        if o.ep.needs_gpu() {
+            crate::ortlib::require_gpu_build()?;
+        }
+    }
+    Ok(match parsed {
         BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, false)),
         BackendSpec::SimFp16(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, true)),
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),

@@ -15,6 +15,6 @@ pub mod ortlib;
 pub mod saved;
 mod tensor;
 
-pub use backend::{create_backend, Backend, BackendSpec, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
+pub use backend::{create_backend, Backend, BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
 pub use error::RuntimeError;
 pub use tensor::{shape_string, DType, Tensor, TensorData};

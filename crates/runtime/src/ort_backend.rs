@@ -9,7 +9,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-use crate::backend::{Backend, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
+use crate::backend::{Backend, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
 use crate::{ortlib, RuntimeError, Tensor, TensorData};
 
 pub struct OrtBackend {
@@ -57,6 +57,18 @@ impl OrtBackend {
         if let Some(n) = self.options.threads {
             builder = builder.with_intra_threads(n).map_err(|e| self.err(e))?;
         }
+        // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
+        let provider = match self.options.ep {
+            ExecutionProvider::Cpu => None,
+            ExecutionProvider::Cuda { device, tf32 } => Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).build()),
+            ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device as i32).with_fp16(fp16).build()),
+            ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device).build()),
+        };
+        if let Some(provider) = provider {
+            builder = builder
+                .with_execution_providers([provider.error_on_failure()])
+                .map_err(|e| self.err(format!("cannot use the execution provider: {e}")))?;
+        }
         if let Some(folder) = external_folder {
             builder = builder
                 .with_config_entry("session.model_external_initializers_file_folder_path", folder.to_string_lossy())
@@ -72,10 +84,9 @@ impl Backend for OrtBackend {
     }
 
     fn precision(&self) -> Precision {
-        if self.emulate_fp16 {
-            Precision::Fp16
-        } else {
-            Precision::Fp32
+        match (self.emulate_fp16, self.options.ep) {
+            (true, _) | (false, ExecutionProvider::TensorRt { fp16: true, .. }) => Precision::Fp16,
+            _ => Precision::Fp32,
         }
     }
 
@@ -155,7 +166,7 @@ impl Backend for OrtBackend {
 /// exposed and the session's output metadata read (no run).
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
     let (exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
-    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None }, false);
+    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, false);
     let session = backend.session_for(model, &exposed, OptLevel::Disable)?;
     Ok(session
         .outputs()

@@ -2,10 +2,16 @@
 //!
 //! Search order: `LAYERWISE_ORT_LIB`, `ORT_DYLIB_PATH`, layerwise's cache folder, an installed
 //! Python `onnxruntime` package; failing all, `pip download onnxruntime==ORT_VERSION` into the cache.
+//!
+//! A GPU execution provider (`ort:cuda`, `ort:trt`, `ort:nvrtx`) needs ONNX Runtime's GPU build,
+//! which also runs the CPU provider: one process loads one library, so when any backend asks for
+//! the GPU the search looks for `onnxruntime-gpu` instead (a folder that holds
+//! `libonnxruntime_providers_cuda.so`), and fetches it with pip only where an NVIDIA driver is.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -36,6 +42,35 @@ pub struct OrtLibrary {
 fn is_ort_lib(name: &str) -> bool {
     (name.starts_with("libonnxruntime.so") || (name.starts_with("libonnxruntime") && name.ends_with(".dylib")))
         && !name.contains("providers")
+}
+
+static WANT_GPU: AtomicBool = AtomicBool::new(false);
+
+/// Asks for ONNX Runtime's GPU build. Must come before the first run (the library is loaded once).
+pub fn require_gpu_build() -> Result<(), RuntimeError> {
+    WANT_GPU.store(true, Ordering::SeqCst);
+    if let Some(Ok((_, lib))) = ENVIRONMENT.get() {
+        if !is_gpu_build(lib.path.parent().unwrap_or(Path::new("."))) {
+            return Err(RuntimeError::OrtLoad {
+                path: lib.path.clone(),
+                why: "a GPU backend was asked for after ONNX Runtime's CPU build was loaded".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn wants_gpu() -> bool {
+    WANT_GPU.load(Ordering::SeqCst)
+}
+
+/// Whether a folder holds ONNX Runtime's GPU build (its CUDA provider library).
+fn is_gpu_build(dir: &Path) -> bool {
+    dir.join("libonnxruntime_providers_cuda.so").exists()
+}
+
+fn package() -> &'static str {
+    if wants_gpu() { "onnxruntime-gpu" } else { "onnxruntime" }
 }
 
 fn find_lib_in(dir: &Path) -> Option<PathBuf> {
@@ -69,6 +104,9 @@ fn from_python() -> Option<OrtLibrary> {
         return None;
     }
     let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("capi");
+    if wants_gpu() && !is_gpu_build(&dir) {
+        return None;
+    }
     find_lib_in(&dir).map(|path| OrtLibrary { path, found_by: "the installed Python onnxruntime package".into() })
 }
 
@@ -76,16 +114,13 @@ fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
     let spinner = indicatif::ProgressBar::new_spinner();
     spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
     spinner.enable_steady_tick(Duration::from_millis(120));
-    spinner.set_message(format!(
-        "ONNX Runtime not found: fetching onnxruntime=={ORT_VERSION} with pip into {}",
-        dest.display()
-    ));
+    spinner.set_message(format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display()));
     let result = (|| {
         let download = tempfile::tempdir().map_err(|e| format!("cannot create a temporary folder: {e}"))?;
         let out = Command::new(python())
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
             .arg(download.path())
-            .arg(format!("onnxruntime=={ORT_VERSION}"))
+            .arg(format!("{}=={ORT_VERSION}", package()))
             .output()
             .map_err(|e| format!("cannot run '{} -m pip': {e}", python()))?;
         if !out.status.success() {
@@ -140,20 +175,27 @@ pub fn locate() -> Result<OrtLibrary, RuntimeError> {
             return Ok(lib);
         }
     }
-    let cached = cache_dir().join(format!("onnxruntime-{ORT_VERSION}"));
+    let cached = cache_dir().join(format!("{}-{ORT_VERSION}", package()));
     if let Some(path) = find_lib_in(&cached) {
         return Ok(OrtLibrary { path, found_by: "layerwise's cache".into() });
     }
     if let Some(lib) = from_python() {
         return Ok(lib);
     }
+    let how = format!(
+        "Provide it with one of: `pip install {pkg}=={ORT_VERSION}`; LAYERWISE_ORT_LIB=/path/to/libonnxruntime.so; \
+         or unpack the {pkg} wheel's onnxruntime/capi/ libraries into {}",
+        cached.display(),
+        pkg = package()
+    );
+    if wants_gpu() && !Path::new("/proc/driver/nvidia/version").exists() {
+        return Err(RuntimeError::OrtNotFound(format!(
+            "a GPU backend needs ONNX Runtime's GPU build, and this machine has no NVIDIA driver to fetch it for. {how}"
+        )));
+    }
     match fetch_with_pip(&cached) {
-        Ok(path) => Ok(OrtLibrary { path, found_by: format!("pip download onnxruntime=={ORT_VERSION}") }),
-        Err(why) => Err(RuntimeError::OrtNotFound(format!(
-            "{why}. Provide it with one of: `pip install onnxruntime=={ORT_VERSION}`; \
-             LAYERWISE_ORT_LIB=/path/to/libonnxruntime.so; or unpack the onnxruntime wheel into {}",
-            cached.display()
-        ))),
+        Ok(path) => Ok(OrtLibrary { path, found_by: format!("pip download {}=={ORT_VERSION}", package()) }),
+        Err(why) => Err(RuntimeError::OrtNotFound(format!("{why}. {how}"))),
     }
 }
 

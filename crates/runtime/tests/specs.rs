@@ -1,0 +1,38 @@
+use layerwise_runtime::{BackendSpec, ExecutionProvider, OptLevel};
+
+fn ep(spec: &str) -> ExecutionProvider {
+    match BackendSpec::parse(spec).unwrap() {
+        BackendSpec::OrtCpu(o) => o.ep,
+        other => panic!("{spec}: {other:?}"),
+    }
+}
+
+fn err(spec: &str) -> String {
+    BackendSpec::parse(spec).unwrap_err().to_string()
+}
+
+#[test]
+fn gpu_specs_parse_with_their_options() {
+    assert_eq!(ep("ort:cpu"), ExecutionProvider::Cpu);
+    assert_eq!(ep("ort:cuda"), ExecutionProvider::Cuda { device: 0, tf32: true }, "TF32 on, as ONNX Runtime defaults");
+    assert_eq!(ep("ort:cuda,tf32=off,device=1"), ExecutionProvider::Cuda { device: 1, tf32: false });
+    assert_eq!(ep("ort:trt,fp16"), ExecutionProvider::TensorRt { device: 0, fp16: true });
+    assert_eq!(ep("ort:nvrtx,device=2"), ExecutionProvider::NvRtx { device: 2 });
+    match BackendSpec::parse("ort:cuda,opt=basic,threads=2").unwrap() {
+        BackendSpec::OrtCpu(o) => assert_eq!((o.opt_level, o.threads), (OptLevel::Basic, Some(2))),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(BackendSpec::parse("sim:fp16").unwrap(), BackendSpec::SimFp16(o) if o.opt_level == OptLevel::Disable));
+}
+
+#[test]
+fn bad_specs_say_what_is_wrong() {
+    assert!(err("ort:cuda,tf32=maybe").contains("tf32 must be on or off"));
+    assert!(err("ort:cpu,tf32=on").contains("option 'tf32' is for ort:cuda"));
+    assert!(err("ort:cpu,fp16").contains("option 'fp16' is for ort:trt"));
+    assert!(err("ort:cpu,device=1").contains("option 'device' is for GPU backends"));
+    assert!(err("ort:cuda,device=gpu0").contains("device must be a GPU index"));
+    assert!(err("sim:fp16,opt=all").contains("unknown option 'opt' for sim:fp16"));
+    assert!(err("onnx:cpu").contains("'onnx:cpu' is not a backend"));
+    assert!(err("npz:").contains("npz: needs a path"));
+}
