@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{compare_all, pattern_of, walk_back, Comparison, Status, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{compare_all, pattern_of, walk_back, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
 use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::write_atomic;
@@ -143,7 +143,7 @@ impl Search<'_> {
 
     fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
         let comparison = compare_all(&self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
-        let verdict = walk_back(&self.index, &comparison, &self.weights, self.rule);
+        let verdict = walk_back(&self.index, &comparison, &self.weights, self.rule, Candidate { tf32: self.candidate.tf32() });
         (comparison, verdict)
     }
 }

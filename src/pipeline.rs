@@ -5,7 +5,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use layerwise_analysis::{compare_all, walk_back, Tolerance, WalkRule};
+use layerwise_analysis::{compare_all, walk_back, Candidate, Tolerance, WalkRule};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
 use layerwise_report::{build_report, render_terminal, Outputs, Report, ReportContext};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions};
@@ -185,7 +185,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         bail!("no model output could be compared: {}", comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; "));
     }
     let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
-    let verdict = walk_back(&index, &comparison, &weights, rule);
+    let verdict = walk_back(&index, &comparison, &weights, rule, Candidate { tf32: candidate.tf32() });
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
         let (r, c) = (ref_out.tensors.get(&fd.tensor)?, cand_out.tensors.get(&fd.tensor)?);
         Some(layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), 40))

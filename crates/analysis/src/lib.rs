@@ -12,4 +12,4 @@ pub use compare::{compare_all, Comparison, TensorRecord};
 pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance};
 pub use patterns::{pattern_of, Pattern};
-pub use walk::{walk_back, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};
+pub use walk::{walk_back, Candidate, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};

@@ -58,7 +58,20 @@ pub enum CauseKind {
     Amplification,
     /// The node itself loses precision (values in the FP16 subnormal range, cancellation).
     PrecisionLoss,
+    /// A float32 Conv/MatMul/Gemm that the candidate ran with TF32 tensor cores (10-bit mantissa).
+    Tf32,
 }
+
+/// What the walk knows about the candidate beyond its numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Candidate {
+    /// The candidate runs float32 matrix products and convolutions with TF32 (ONNX Runtime CUDA's
+    /// default, TensorRT's default).
+    pub tf32: bool,
+}
+
+/// Ops whose float32 arithmetic TF32 replaces.
+const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention"];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Cause {
@@ -151,7 +164,7 @@ fn step(record: &TensorRecord) -> ChainStep {
 
 /// Finds the first divergent layer. `weight_ranges` lists weights out of FP16 range (empty for
 /// float32 candidates).
-pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[WeightRange], rule: WalkRule) -> Verdict {
+pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[WeightRange], rule: WalkRule, candidate: Candidate) -> Verdict {
     let outputs: Vec<&TensorRecord> = index.outputs.iter().filter_map(|o| comparison.get(o)).collect();
     let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
     let worst = outputs
@@ -197,7 +210,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
                     tensor: current.name.clone(),
                     input_error,
                     output_error,
-                    cause: classify(index, comparison, weight_ranges, node, current, input_error),
+                    cause: classify(index, comparison, weight_ranges, node, current, input_error, candidate),
                 };
                 if input_error < rule.max_drift {
                     verdict.first_divergent = Some(finding);
@@ -255,6 +268,7 @@ fn classify(
     node: &layerwise_model::NodeInfo,
     output: &TensorRecord,
     input_error: f64,
+    candidate: Candidate,
 ) -> Cause {
     // A weight input (or a weight-derived input) that is out of FP16 range.
     for input in node.inputs.iter().filter(|i| !i.is_empty() && index.is_constant_like(i)) {
@@ -272,6 +286,18 @@ fn classify(
         }
     }
     let m = &output.metrics;
+    if candidate.tf32 && m.nonfinite_mismatch == 0 && TF32_OPS.contains(&node.op_type.as_str()) {
+        return Cause {
+            kind: CauseKind::Tf32,
+            weight: None,
+            detail: format!(
+                "float32 {} ran with TF32 tensor cores (10-bit mantissa inputs): relative L2 {:.2e} -> {:.2e}; run the candidate with tf32=off to confirm",
+                node.op_type,
+                input_error,
+                output.error_level()
+            ),
+        };
+    }
     if m.nonfinite_mismatch > 0 {
         if m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64 {
             return Cause {

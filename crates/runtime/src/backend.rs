@@ -49,6 +49,10 @@ pub trait Backend {
         let _ = nodes;
         false
     }
+    /// Whether float32 matrix products and convolutions run with TF32 on this backend.
+    fn tf32(&self) -> bool {
+        false
+    }
 }
 
 /// ONNX Runtime graph optimization level.

@@ -90,6 +90,10 @@ impl Backend for OrtBackend {
         }
     }
 
+    fn tf32(&self) -> bool {
+        matches!(self.options.ep, ExecutionProvider::Cuda { tf32: true, .. })
+    }
+
     fn keep_fp32(&mut self, nodes: &[String]) -> bool {
         if self.emulate_fp16 {
             self.keep_fp32 = nodes.to_vec();
