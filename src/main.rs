@@ -143,6 +143,13 @@ struct ReportArgs {
     /// Write the JSON report (schema layerwise.report/1) here.
     #[arg(long)]
     json: Option<PathBuf>,
+    #[command(flatten)]
+    formats: FormatArgs,
+}
+
+/// The report formats rendered from the JSON report (by `bisect`, or later by `report`).
+#[derive(Args)]
+struct FormatArgs {
     /// Write a self-contained HTML report (plots, the first divergent layer's neighbourhood, a
     /// sortable table of every tensor).
     #[arg(long)]
@@ -158,9 +165,9 @@ struct ReportArgs {
     model_explorer: Option<PathBuf>,
 }
 
-impl ReportArgs {
-    fn outputs(self) -> Outputs {
-        Outputs { json: self.json, html: self.html, markdown: self.markdown, csv: self.csv, model_explorer: self.model_explorer }
+impl FormatArgs {
+    fn outputs(self, json: Option<PathBuf>) -> Outputs {
+        Outputs { json, html: self.html, markdown: self.markdown, csv: self.csv, model_explorer: self.model_explorer }
     }
 }
 
@@ -171,14 +178,8 @@ struct ReportCmdArgs {
     /// A fix report (`fix --json`) to include in the Markdown summary.
     #[arg(long)]
     fix: Option<PathBuf>,
-    #[arg(long)]
-    html: Option<PathBuf>,
-    #[arg(long)]
-    markdown: Option<PathBuf>,
-    #[arg(long)]
-    csv: Option<PathBuf>,
-    #[arg(long)]
-    model_explorer: Option<PathBuf>,
+    #[command(flatten)]
+    formats: FormatArgs,
 }
 
 #[derive(Args)]
@@ -255,7 +256,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         atol: args.atol,
         rtol: args.rtol,
         range_tol: args.range_tol,
-        outputs: args.reports.outputs(),
+        outputs: args.reports.formats.outputs(args.reports.json),
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
@@ -338,7 +339,7 @@ fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
             bail!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1)");
         }
     }
-    let outputs = Outputs { json: None, html: args.html, markdown: args.markdown, csv: args.csv, model_explorer: args.model_explorer };
+    let outputs = args.formats.outputs(None);
     if outputs.paths().is_empty() {
         bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
     }
