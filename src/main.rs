@@ -37,6 +37,10 @@ enum Command {
     Fix(Box<FixArgs>),
     /// Render a saved JSON report as HTML, Markdown, CSV or Model Explorer node data.
     Report(ReportCmdArgs),
+    /// Build a TensorRT engine (no GPU needed) with every tensor marked as an output and show
+    /// which ONNX nodes each engine layer computes (cargo feature `tensorrt`).
+    #[cfg(feature = "tensorrt")]
+    TrtLayers(TrtLayersArgs),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
 }
@@ -180,6 +184,49 @@ struct ReportCmdArgs {
     fix: Option<PathBuf>,
     #[command(flatten)]
     formats: FormatArgs,
+}
+
+#[cfg(feature = "tensorrt")]
+#[derive(Args)]
+struct TrtLayersArgs {
+    model: PathBuf,
+    /// Mark only these tensors (comma-separated) besides the outputs. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    tensors: Option<Vec<String>>,
+    /// Builder optimization level (0-5).
+    #[arg(long)]
+    opt: Option<i32>,
+    /// Input shapes (dynamic dimensions need one), as for bisect.
+    #[command(flatten)]
+    inputs: InputArgs,
+}
+
+#[cfg(feature = "tensorrt")]
+fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
+    use layerwise_runtime::trt::{build_engine, TrtOptions};
+    let model = Model::load(&args.model)?;
+    let index = GraphIndex::build(model.graph())?;
+    let selection = args.tensors.map(Selection::Names).unwrap_or(Selection::All);
+    let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &args.inputs.options())?;
+    let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
+    let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, workspace_mib: None })?;
+    println!(
+        "{}: engine of {} bytes, {} layers, {} tensors marked as outputs{} ({})",
+        args.model.display(),
+        built.size,
+        built.layers.len(),
+        built.marked.len(),
+        if built.not_exposable.is_empty() { String::new() } else { format!(", {} not exposable", built.not_exposable.len()) },
+        if built.from_cache { "from the cache".to_string() } else { format!("built in {:.2} s", built.build_seconds) }
+    );
+    for layer in &built.layers {
+        println!("  {}\n    <- {}", layer.name, layer.onnx_nodes.join(", "));
+    }
+    for t in &built.not_exposable {
+        println!("  not exposable: {t}");
+    }
+    println!("engine: {}", built.path.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 #[derive(Args)]
@@ -421,6 +468,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => run_convert(args),
         Command::Fix(args) => run_fix(*args),
         Command::Report(args) => run_report(args),
+        #[cfg(feature = "tensorrt")]
+        Command::TrtLayers(args) => run_trt_layers(args),
         Command::Demo(args) => run_demo(args),
     };
     match result {

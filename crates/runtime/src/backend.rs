@@ -102,10 +102,12 @@ pub enum BackendSpec {
     SimFp16(OrtOptions),
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
+    /// `trt[,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
+    Trt { opt_level: Option<i32>, workspace_mib: Option<usize> },
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], trt[,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -125,7 +127,17 @@ impl BackendSpec {
             "ort:nvrtx" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::NvRtx { device: 0 }),
             // Optimizations would be free to fold the rounding Cast pairs away.
             "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16, ExecutionProvider::Cpu),
-            "trt" => return Err(bad("native TensorRT ('trt') is not available in this build yet".into())),
+            "trt" => {
+                let (mut opt_level, mut workspace_mib) = (None, None);
+                for part in parts {
+                    match part.split_once('=') {
+                        Some(("opt", v)) => opt_level = Some(v.parse().ok().filter(|l| (0..=5).contains(l)).ok_or_else(|| bad(format!("opt must be 0 to 5, not '{v}'")))?),
+                        Some(("workspace", v)) => workspace_mib = Some(v.parse().map_err(|_| bad(format!("workspace must be MiB, not '{v}'")))?),
+                        _ => return Err(bad(format!("unknown option '{part}' for trt (opt=N, workspace=MiB)"))),
+                    }
+                }
+                return Ok(BackendSpec::Trt { opt_level, workspace_mib });
+            }
             _ => return Err(bad(format!("'{head}' is not a backend"))),
         };
         let mut options = OrtOptions { opt_level: default_level, threads: None, ep };
@@ -189,5 +201,16 @@ pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
         BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, false)),
         BackendSpec::SimFp16(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, true)),
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),
+        #[cfg(feature = "tensorrt")]
+        BackendSpec::Trt { opt_level, workspace_mib } => {
+            Box::new(crate::trt::TrtBackend::new(spec, crate::trt::TrtOptions { opt_level, workspace_mib }))
+        }
+        #[cfg(not(feature = "tensorrt"))]
+        BackendSpec::Trt { .. } => {
+            return Err(RuntimeError::BadSpec {
+                spec: spec.to_string(),
+                why: "this layerwise was built without native TensorRT; rebuild with `--features tensorrt` (docs/tensorrt.md)".into(),
+            })
+        }
     })
 }

@@ -14,6 +14,8 @@ pub use ort_backend::float32_tensors;
 pub mod ortlib;
 pub mod saved;
 mod tensor;
+#[cfg(feature = "tensorrt")]
+pub mod trt;
 
 pub use backend::{create_backend, Backend, BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
 pub use error::RuntimeError;

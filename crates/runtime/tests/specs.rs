@@ -35,4 +35,7 @@ fn bad_specs_say_what_is_wrong() {
     assert!(err("sim:fp16,opt=all").contains("unknown option 'opt' for sim:fp16"));
     assert!(err("onnx:cpu").contains("'onnx:cpu' is not a backend"));
     assert!(err("npz:").contains("npz: needs a path"));
+    assert!(err("trt,opt=9").contains("opt must be 0 to 5"));
+    assert!(err("trt,fp16").contains("unknown option 'fp16' for trt"));
+    assert_eq!(BackendSpec::parse("trt,opt=3,workspace=512").unwrap(), BackendSpec::Trt { opt_level: Some(3), workspace_mib: Some(512) });
 }
