@@ -84,12 +84,8 @@ struct FixArgs {
     candidate: String,
     #[command(flatten)]
     inputs: InputArgs,
-    #[arg(long)]
-    atol: Option<f64>,
-    #[arg(long)]
-    rtol: Option<f64>,
-    #[arg(long)]
-    range_tol: Option<f64>,
+    #[command(flatten)]
+    tolerances: ToleranceArgs,
     /// The fixed FP16 model; the keep list goes beside it as OUT.keep-fp32.json.
     #[arg(short, long)]
     output: Option<PathBuf>,
@@ -108,7 +104,8 @@ struct BisectArgs {
     /// Reference backend spec.
     #[arg(long = "ref", default_value = "ort:cpu")]
     reference: String,
-    /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16[,threads=N], npz:PATH.
+    /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16, ort:cuda[,tf32=on|off],
+    /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH.
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: String,
     /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
@@ -117,17 +114,8 @@ struct BisectArgs {
     cand_model: Option<PathBuf>,
     #[command(flatten)]
     inputs: InputArgs,
-    /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
-    /// Default: 1e-4 for FP16 candidates, 1e-5 for float32 ones.
-    #[arg(long)]
-    atol: Option<f64>,
-    /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
-    #[arg(long)]
-    rtol: Option<f64>,
-    /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
-    /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
-    #[arg(long)]
-    range_tol: Option<f64>,
+    #[command(flatten)]
+    tolerances: ToleranceArgs,
     #[command(flatten)]
     reports: ReportArgs,
     /// Save every tensor of both runs as .npy files under DIR/ref and DIR/cand (and the inputs as
@@ -140,6 +128,21 @@ struct BisectArgs {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
+}
+
+#[derive(Args)]
+struct ToleranceArgs {
+    /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
+    /// Default: 1e-4 for FP16 candidates, 1e-5 for float32 ones.
+    #[arg(long)]
+    atol: Option<f64>,
+    /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
+    /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
+    #[arg(long)]
+    range_tol: Option<f64>,
 }
 
 #[derive(Args)]
@@ -300,9 +303,9 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         candidate: args.candidate,
         cand_model: args.cand_model,
         inputs: args.inputs.options(),
-        atol: args.atol,
-        rtol: args.rtol,
-        range_tol: args.range_tol,
+        atol: args.tolerances.atol,
+        rtol: args.tolerances.rtol,
+        range_tol: args.tolerances.range_tol,
         outputs: args.reports.formats.outputs(args.reports.json),
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
@@ -357,9 +360,9 @@ fn run_fix(args: FixArgs) -> Result<ExitCode> {
     let options = FixOptions {
         bisect: BisectOptions {
             inputs: args.inputs.options(),
-            atol: args.atol,
-            rtol: args.rtol,
-            range_tol: args.range_tol,
+            atol: args.tolerances.atol,
+            rtol: args.tolerances.rtol,
+            range_tol: args.tolerances.range_tol,
             outputs: Outputs { json: args.json, ..Outputs::default() },
             ..BisectOptions::new(&args.model, &args.reference, &args.candidate)
         },
