@@ -212,7 +212,7 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
     let selection = args.tensors.map(Selection::Names).unwrap_or(Selection::All);
     let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &args.inputs.options())?;
     let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
-    let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, workspace_mib: None })?;
+    let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, ..TrtOptions::default() })?;
     println!(
         "{}: engine of {} bytes, {} layers, {} tensors marked as outputs{} ({})",
         args.model.display(),

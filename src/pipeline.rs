@@ -175,8 +175,8 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     if let Some(dir) = &options.save_tensors {
         steps.run("saving tensors", || {
-            saved::save_run(dir, "ref", &options.reference, &order, &ref_out.tensors, &feeds)?;
-            saved::save_run(dir, "cand", &options.candidate, &order, &cand_out.tensors, &feeds)?;
+            saved::save_run(dir, "ref", &options.reference, &order, &ref_out.tensors, &ref_out.engine_layers, &feeds)?;
+            saved::save_run(dir, "cand", &options.candidate, &order, &cand_out.tensors, &cand_out.engine_layers, &feeds)?;
             Ok(())
         })?;
     }
@@ -209,6 +209,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         weights: &weights,
         unavailable,
         histogram,
+        engine_layers: cand_out.engine_layers.clone(),
         run_info: layerwise_report::RunInfo {
             generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             durations_s: durations,

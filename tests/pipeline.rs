@@ -121,3 +121,32 @@ fn same_seed_same_report() {
     assert_eq!(strip(bisect_model(&model, &options(None)).unwrap()), strip(bisect_model(&model, &options(None)).unwrap()));
 }
 
+
+#[test]
+fn reports_name_the_engine_layer_that_contains_the_first_divergent_node() {
+    // A candidate run saved on a machine with TensorRT records its engine's layer map; replayed
+    // anywhere, the report says which fused layer holds the first divergent node.
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::from_proto(planted(Ending::ExpOverflow), "planted-exp").unwrap();
+    let mut save = options(None);
+    save.save_tensors = Some(dir.path().to_path_buf());
+    bisect_model(&model, &save).unwrap();
+    let manifest_path = dir.path().join("cand/manifest.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    assert_eq!(manifest["engine_layers"], serde_json::json!([]), "an ONNX Runtime run has no engine layers");
+    manifest["engine_layers"] = serde_json::json!([
+        { "name": "{ForeignNode[branch_a/Mul_0...branch_a/Add_29]}", "onnx_nodes": ["branch_a/Mul_0", "branch_a/Add_29"] },
+        { "name": "{ForeignNode[head/scale...merge/Mul]}", "onnx_nodes": ["head/scale", "head/Exp", "merge/Mul"] }
+    ]);
+    std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let mut replay = options(None);
+    replay.candidate = format!("npz:{}", dir.path().join("cand").display());
+    replay.inputs.npz = Some(dir.path().join("inputs.npz"));
+    let outcome = bisect_model(&model, &replay).unwrap();
+    let layer = outcome.report.first_divergent_detail.as_ref().unwrap().engine_layer.as_ref().expect("the engine layer");
+    assert_eq!(layer.name, "{ForeignNode[head/scale...merge/Mul]}");
+    assert_eq!(layer.onnx_nodes, 3);
+    assert!(outcome.text.contains("inside TensorRT layer {ForeignNode[head/scale...merge/Mul]} (3 ONNX nodes fused)"), "{}", outcome.text);
+    let html = layerwise_report::render_html(&serde_json::to_value(&outcome.report).unwrap());
+    assert!(html.contains(r#"<p id="engine-layer">Inside TensorRT layer <code>{ForeignNode[head/scale...merge/Mul]}</code>"#));
+}

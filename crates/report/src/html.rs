@@ -202,6 +202,10 @@ pub fn render_html(report: &Value) -> String {
             esc(s(&fd["cause"]["kind"])),
             esc(s(&fd["cause"]["detail"]))
         );
+        let layer = &report["first_divergent_detail"]["engine_layer"];
+        if layer.is_object() {
+            let _ = write!(h, r#"<p id="engine-layer">Inside TensorRT layer <code>{}</code> ({} ONNX nodes fused).</p>"#, esc(s(&layer["name"])), layer["onnx_nodes"]);
+        }
     }
 
     // Error and magnitude against depth.

@@ -23,6 +23,8 @@ pub struct ReportContext<'a> {
     pub unavailable: Vec<(String, String)>,
     /// Values of the first divergent tensor, reference against candidate.
     pub histogram: Option<Histogram>,
+    /// The candidate's compiled layers (TensorRT), each with the ONNX nodes it computes.
+    pub engine_layers: Vec<(String, Vec<String>)>,
     /// The one non-deterministic part of a report: when and how long.
     pub run_info: RunInfo,
 }
@@ -59,6 +61,16 @@ pub struct Detail {
     pub inputs: Vec<Neighbour>,
     pub consumers: Vec<Neighbour>,
     pub histogram: Option<Histogram>,
+    /// The candidate engine's layer (a TensorRT fused region) that computes the node, if the
+    /// candidate is a compiled engine.
+    pub engine_layer: Option<EngineLayerInfo>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineLayerInfo {
+    pub name: String,
+    /// How many ONNX nodes the layer computes (fused together).
+    pub onnx_nodes: usize,
 }
 
 /// A tensor next to the first divergent node: one of its inputs, or a consumer's output.
@@ -161,7 +173,12 @@ fn detail(ctx: &ReportContext) -> Option<Detail> {
             }
         }
     }
-    Some(Detail { inputs, consumers, histogram: ctx.histogram.clone() })
+    let engine_layer = ctx
+        .engine_layers
+        .iter()
+        .find(|(_, nodes)| nodes.contains(&fd.node))
+        .map(|(name, nodes)| EngineLayerInfo { name: name.clone(), onnx_nodes: nodes.len() });
+    Some(Detail { inputs, consumers, histogram: ctx.histogram.clone(), engine_layer })
 }
 
 pub fn build_report(ctx: ReportContext) -> Report {

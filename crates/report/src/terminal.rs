@@ -75,6 +75,9 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let _ = writeln!(out, "  tensor  {}", fd.tensor);
         let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", num(fd.input_error), num(fd.output_error));
         let _ = writeln!(out, "  cause   {:?}: {}", fd.cause.kind, fd.cause.detail);
+        if let Some(layer) = report.first_divergent_detail.as_ref().and_then(|d| d.engine_layer.as_ref()) {
+            let _ = writeln!(out, "  engine  inside TensorRT layer {} ({} ONNX nodes fused)", layer.name, layer.onnx_nodes);
+        }
     } else if v.status == Status::Diverged {
         let _ = writeln!(out, "\nNo single layer introduces the error: {}", v.summary);
     }

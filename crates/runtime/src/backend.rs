@@ -25,6 +25,8 @@ pub struct RunOutput {
     pub unavailable: Vec<(String, String)>,
     /// Facts about the run worth showing the user (library used, rewrite sizes, ...).
     pub notes: Vec<String>,
+    /// For compiled engines (TensorRT): each engine layer and the ONNX nodes it computes.
+    pub engine_layers: Vec<(String, Vec<String>)>,
 }
 
 /// The numeric precision a backend computes in, used to choose default tolerances.
@@ -102,12 +104,12 @@ pub enum BackendSpec {
     SimFp16(OrtOptions),
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
-    /// `trt[,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
-    Trt { opt_level: Option<i32>, workspace_mib: Option<usize> },
+    /// `trt[,tf32=on|off][,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
+    Trt { tf32: bool, opt_level: Option<i32>, workspace_mib: Option<usize> },
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], trt[,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -128,15 +130,18 @@ impl BackendSpec {
             // Optimizations would be free to fold the rounding Cast pairs away.
             "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16, ExecutionProvider::Cpu),
             "trt" => {
-                let (mut opt_level, mut workspace_mib) = (None, None);
+                let (mut tf32, mut opt_level, mut workspace_mib) = (true, None, None);
                 for part in parts {
                     match part.split_once('=') {
+                        Some(("tf32", "on")) => tf32 = true,
+                        Some(("tf32", "off")) => tf32 = false,
+                        Some(("tf32", v)) => return Err(bad(format!("tf32 must be on or off, not '{v}'"))),
                         Some(("opt", v)) => opt_level = Some(v.parse().ok().filter(|l| (0..=5).contains(l)).ok_or_else(|| bad(format!("opt must be 0 to 5, not '{v}'")))?),
                         Some(("workspace", v)) => workspace_mib = Some(v.parse().map_err(|_| bad(format!("workspace must be MiB, not '{v}'")))?),
-                        _ => return Err(bad(format!("unknown option '{part}' for trt (opt=N, workspace=MiB)"))),
+                        _ => return Err(bad(format!("unknown option '{part}' for trt (tf32=on|off, opt=N, workspace=MiB)"))),
                     }
                 }
-                return Ok(BackendSpec::Trt { opt_level, workspace_mib });
+                return Ok(BackendSpec::Trt { tf32, opt_level, workspace_mib });
             }
             _ => return Err(bad(format!("'{head}' is not a backend"))),
         };
@@ -202,8 +207,8 @@ pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
         BackendSpec::SimFp16(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, true)),
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),
         #[cfg(feature = "tensorrt")]
-        BackendSpec::Trt { opt_level, workspace_mib } => {
-            Box::new(crate::trt::TrtBackend::new(spec, crate::trt::TrtOptions { opt_level, workspace_mib }))
+        BackendSpec::Trt { tf32, opt_level, workspace_mib } => {
+            Box::new(crate::trt::TrtBackend::new(spec, crate::trt::TrtOptions { tf32, opt_level, workspace_mib }))
         }
         #[cfg(not(feature = "tensorrt"))]
         BackendSpec::Trt { .. } => {

@@ -15,6 +15,8 @@ pub mod ortlib;
 pub mod saved;
 mod tensor;
 #[cfg(feature = "tensorrt")]
+mod cuda;
+#[cfg(feature = "tensorrt")]
 pub mod trt;
 
 pub use backend::{create_backend, Backend, BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};

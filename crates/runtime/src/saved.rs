@@ -41,6 +41,7 @@ pub fn save_run(
     spec: &str,
     order: &[String],
     tensors: &HashMap<String, Tensor>,
+    engine_layers: &[(String, Vec<String>)],
     inputs: &[(String, Tensor)],
 ) -> Result<PathBuf, RuntimeError> {
     let run_dir = dir.join(role);
@@ -58,6 +59,7 @@ pub fn save_run(
         "spec": spec,
         "inputs": input_prints,
         "tensors": entries,
+        "engine_layers": engine_layers.iter().map(|(n, nodes)| serde_json::json!({ "name": n, "onnx_nodes": nodes })).collect::<Vec<_>>(),
     });
     let manifest_path = run_dir.join(MANIFEST);
     fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).expect("json")).map_err(|e| io(&manifest_path, e))?;
@@ -74,6 +76,7 @@ pub struct SavedBackend {
     tensors: HashMap<String, Tensor>,
     precision: Precision,
     input_prints: Option<BTreeMap<String, String>>,
+    engine_layers: Vec<(String, Vec<String>)>,
 }
 
 impl SavedBackend {
@@ -89,6 +92,7 @@ impl SavedBackend {
             // Saved tensors of unknown origin get the looser (FP16) default tolerances.
             precision: Precision::Fp16,
             input_prints: None,
+            engine_layers: Vec::new(),
         };
         if path.is_file() {
             backend.tensors = read_npz(path)?.into_iter().collect();
@@ -123,6 +127,10 @@ impl SavedBackend {
         backend.input_prints = manifest["inputs"]
             .as_object()
             .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect());
+        for layer in manifest["engine_layers"].as_array().into_iter().flatten() {
+            let nodes = layer["onnx_nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect();
+            backend.engine_layers.push((layer["name"].as_str().unwrap_or_default().to_string(), nodes));
+        }
         for entry in manifest["tensors"].as_array().ok_or_else(|| bad("manifest has no tensor list".into()))? {
             let (Some(name), Some(file)) = (entry["name"].as_str(), entry["file"].as_str()) else {
                 return Err(bad("manifest entry without name or file".into()));
@@ -165,7 +173,7 @@ impl Backend for SavedBackend {
             Selection::All => request.index.computed_tensors().map(str::to_string).collect(),
             Selection::Names(names) => names.clone(),
         };
-        let mut output = RunOutput::default();
+        let mut output = RunOutput { engine_layers: self.engine_layers.clone(), ..RunOutput::default() };
         output.notes.push(format!("saved tensors from {}", self.path.display()));
         for name in wanted {
             match self.tensors.get(&name) {

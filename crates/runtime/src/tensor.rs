@@ -115,6 +115,16 @@ impl DType {
         DType::ALL.into_iter().find(|d| d.onnx() == code)
     }
 
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+        }
+    }
+
     pub fn is_float(self) -> bool {
         matches!(self, DType::F32 | DType::F16 | DType::BF16 | DType::F64)
     }
@@ -181,6 +191,55 @@ impl Tensor {
         self.data.dtype()
     }
 
+    /// A tensor from little-endian bytes (what a device copy returns). `None` when the byte count
+    /// does not match the shape.
+    pub fn from_le_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<Tensor> {
+        let n: usize = shape.iter().product();
+        macro_rules! take {
+            ($t:ty, $w:expr, $variant:ident, $conv:expr) => {{
+                if bytes.len() != n * $w {
+                    return None;
+                }
+                TensorData::$variant(bytes.chunks_exact($w).map(|c| $conv(c.try_into().expect("chunk width"))).collect::<Vec<$t>>())
+            }};
+        }
+        let data = match dtype {
+            DType::F32 => take!(f32, 4, F32, f32::from_le_bytes),
+            DType::F16 => take!(f16, 2, F16, f16::from_le_bytes),
+            DType::BF16 => take!(bf16, 2, BF16, bf16::from_le_bytes),
+            DType::F64 => take!(f64, 8, F64, f64::from_le_bytes),
+            DType::I8 => take!(i8, 1, I8, i8::from_le_bytes),
+            DType::I16 => take!(i16, 2, I16, i16::from_le_bytes),
+            DType::I32 => take!(i32, 4, I32, i32::from_le_bytes),
+            DType::I64 => take!(i64, 8, I64, i64::from_le_bytes),
+            DType::U8 => take!(u8, 1, U8, u8::from_le_bytes),
+            DType::U16 => take!(u16, 2, U16, u16::from_le_bytes),
+            DType::U32 => take!(u32, 4, U32, u32::from_le_bytes),
+            DType::U64 => take!(u64, 8, U64, u64::from_le_bytes),
+            DType::Bool => take!(bool, 1, Bool, |b: [u8; 1]| b[0] != 0),
+        };
+        Some(Tensor::new(shape, data))
+    }
+
+    /// The values as little-endian bytes (what a device copy takes).
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        match &self.data {
+            TensorData::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::F16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::BF16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I8(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::I64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::U8(v) => v.clone(),
+            TensorData::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::U32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.data.len()
     }
@@ -190,13 +249,7 @@ impl Tensor {
     }
 
     pub fn size_bytes(&self) -> usize {
-        let elem = match self.dtype() {
-            DType::F64 | DType::I64 | DType::U64 => 8,
-            DType::F32 | DType::I32 | DType::U32 => 4,
-            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
-            DType::I8 | DType::U8 | DType::Bool => 1,
-        };
-        self.len() * elem
+        self.len() * self.dtype().size()
     }
 
     /// The values as float32 for comparison: borrowed when they already are, converted otherwise

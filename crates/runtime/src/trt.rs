@@ -19,8 +19,10 @@ use crate::backend::{Backend, Precision, RunOutput, RunRequest};
 use crate::RuntimeError;
 
 /// The `trt` backend: builds (or reuses) the engine with the requested tensors marked, then runs
-/// it. Running needs an NVIDIA GPU, and is not part of this build yet: the run reports the built
-/// engine and stops with that error.
+/// it on GPU 0: device buffers for every input and marked output, the input shapes set on the
+/// context (one optimization profile), `enqueueV3`, and the outputs copied back. Running needs
+/// the CUDA runtime and an NVIDIA GPU that the TensorRT flavour supports; without them the run
+/// stops with an error that names what is missing, after building and caching the engine.
 pub struct TrtBackend {
     spec: String,
     options: TrtOptions,
@@ -42,24 +44,127 @@ impl Backend for TrtBackend {
     }
 
     fn tf32(&self) -> bool {
-        // TensorRT enables TF32 for float32 convolutions and matrix products by default.
-        true
+        self.options.tf32
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let shapes: Vec<(String, Vec<usize>)> = request.inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
         let built = build_engine(request.model, request.index, request.selection, &shapes, &self.options)?;
-        Err(RuntimeError::Backend {
+        let fail = |why: String| RuntimeError::Backend {
             backend: self.spec.clone(),
-            why: format!(
-                "engine built ({} layers, {} tensors marked, {} not exposable; {}), but running TensorRT engines is not in this build yet and needs an NVIDIA GPU",
-                built.layers.len(),
-                built.marked.len(),
-                built.not_exposable.len(),
-                built.path.display()
-            ),
-        })
+            why: format!("engine built ({} layers, {}), but it cannot run here: {why}", built.layers.len(), built.path.display()),
+        };
+        let cuda = crate::cuda::Cuda::load().map_err(|why| fail(format!("{why}; running TensorRT engines needs CUDA and an NVIDIA GPU")))?;
+        let mut output = execute(&cuda, &built, request).map_err(fail)?;
+        output.engine_layers = built.layers.iter().map(|l| (l.name.clone(), l.onnx_nodes.clone())).collect();
+        output.notes.push(format!(
+            "TensorRT engine {} ({} layers, {} tensors marked{})",
+            built.path.display(),
+            built.layers.len(),
+            built.marked.len(),
+            if built.from_cache { ", from the cache" } else { "" }
+        ));
+        for t in &built.not_exposable {
+            output.unavailable.push((t.clone(), "TensorRT cannot expose it (a folded constant or shape tensor)".into()));
+        }
+        Ok(output)
     }
+}
+
+fn dtype_of(t: trtx::DataType) -> Option<crate::DType> {
+    use crate::DType;
+    Some(match t {
+        trtx::DataType::kFLOAT => DType::F32,
+        trtx::DataType::kHALF => DType::F16,
+        trtx::DataType::kBF16 => DType::BF16,
+        trtx::DataType::kINT8 => DType::I8,
+        trtx::DataType::kINT32 => DType::I32,
+        trtx::DataType::kINT64 => DType::I64,
+        trtx::DataType::kUINT8 => DType::U8,
+        trtx::DataType::kBOOL => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn dims64(shape: &[usize]) -> Result<trtx_sys::Dims64, String> {
+    if shape.len() > 8 {
+        return Err(format!("rank {} is above TensorRT's 8", shape.len()));
+    }
+    // SAFETY: Dims64 is a plain C struct (a rank and 8 extents); all zeros is valid.
+    let mut dims: trtx_sys::Dims64 = unsafe { std::mem::zeroed() };
+    dims.nbDims = shape.len() as i32;
+    for (d, &v) in dims.d.iter_mut().zip(shape) {
+        *d = v as i64;
+    }
+    Ok(dims)
+}
+
+/// Runs a built engine on GPU 0 and copies every output back to the host.
+fn execute(cuda: &crate::cuda::Cuda, built: &BuiltEngine, request: &RunRequest) -> Result<RunOutput, String> {
+    cuda.set_device(0)?;
+    let bytes = fs::read(&built.path).map_err(|e| format!("cannot read {}: {e}", built.path.display()))?;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let logger = trtx::Logger::new(Capture(log.clone())).map_err(|e| e.to_string())?;
+    let mut runtime = trtx::Runtime::new(&logger).map_err(|e| e.to_string())?;
+    let mut engine = runtime.deserialize_cuda_engine(&bytes).map_err(|e| format!("cannot deserialize the engine: {e}"))?;
+    let n = engine.nb_io_tensors().map_err(|e| e.to_string())?;
+    let mut io = Vec::new();
+    for i in 0..n {
+        let name = engine.io_tensor_name(i).map_err(|e| e.to_string())?;
+        let dtype = engine.tensor_data_type(&name).map_err(|e| e.to_string())?;
+        let output = matches!(engine.tensor_io_mode(&name).map_err(|e| e.to_string())?, trtx::TensorIOMode::kOUTPUT);
+        io.push((name, dtype, output));
+    }
+    let mut context = engine.create_execution_context().map_err(|e| e.to_string())?;
+    let mut buffers = Vec::new();
+    for (name, dtype, _) in io.iter().filter(|(_, _, output)| !output) {
+        let given = request.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or(format!("no value for engine input '{name}'"))?;
+        let want = dtype_of(*dtype).ok_or(format!("engine input '{name}' has a type layerwise cannot feed"))?;
+        // An FP16 (converted) engine takes the same values converted.
+        let converted;
+        let tensor = match (&given.data, want) {
+            (crate::TensorData::F32(v), crate::DType::F16) => {
+                converted = crate::Tensor::new(given.shape.clone(), crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+                &converted
+            }
+            (_, want) if want == given.dtype() => given,
+            _ => return Err(format!("engine input '{name}' is {} but the value is {}", want.name(), given.dtype().name())),
+        };
+        context.set_input_shape(name, &dims64(&tensor.shape)?).map_err(|e| format!("input '{name}': {e}"))?;
+        let host = tensor.to_le_bytes();
+        let buffer = cuda.alloc(host.len())?;
+        cuda.upload(&buffer, &host)?;
+        // SAFETY: the buffer outlives the enqueue below and holds the whole tensor.
+        unsafe { context.set_tensor_address(name, buffer.ptr) }.map_err(|e| e.to_string())?;
+        buffers.push(buffer);
+    }
+    let mut outputs = Vec::new();
+    for (name, dtype, _) in io.iter().filter(|(_, _, o)| *o) {
+        let Some(dtype) = dtype_of(*dtype) else { continue };
+        let dims = context.tensor_shape(name).map_err(|e| e.to_string())?;
+        let shape: Vec<usize> = dims.d[..dims.nbDims.max(0) as usize].iter().map(|&d| d.max(0) as usize).collect();
+        let size = shape.iter().product::<usize>() * dtype.size();
+        let buffer = cuda.alloc(size)?;
+        // SAFETY: the buffer outlives the enqueue below and holds the whole output.
+        unsafe { context.set_tensor_address(name, buffer.ptr) }.map_err(|e| e.to_string())?;
+        outputs.push((name.clone(), dtype, shape, size, buffer));
+    }
+    let stream = cuda.create_stream()?;
+    // SAFETY: every I/O tensor has a device address set above; the stream is valid.
+    let enqueued = unsafe { context.enqueue_v3(stream) }.map_err(|e| e.to_string());
+    let synced = cuda.synchronize(stream);
+    cuda.destroy_stream(stream)?;
+    enqueued?;
+    synced?;
+    let mut out = RunOutput::default();
+    for (name, dtype, shape, size, buffer) in outputs {
+        let mut host = vec![0u8; size];
+        cuda.download(&buffer, &mut host)?;
+        let tensor = crate::Tensor::from_le_bytes(dtype, shape, &host).ok_or(format!("output '{name}' came back with the wrong size"))?;
+        out.tensors.insert(name, tensor);
+    }
+    drop(buffers);
+    Ok(out)
 }
 
 /// TensorRT-RTX's main library and ONNX parser (TensorRT 11's with `tensorrt-enterprise`).
@@ -129,12 +234,20 @@ fn load() -> Result<&'static PathBuf, RuntimeError> {
 }
 
 /// Builder options of the `trt` backend.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrtOptions {
+    /// Let float32 convolutions and matrix products use TF32 (TensorRT's default: on).
+    pub tf32: bool,
     /// Builder optimization level (0-5); TensorRT's default when `None`.
     pub opt_level: Option<i32>,
     /// Workspace limit in MiB; TensorRT's default when `None`.
     pub workspace_mib: Option<usize>,
+}
+
+impl Default for TrtOptions {
+    fn default() -> Self {
+        TrtOptions { tf32: true, opt_level: None, workspace_mib: None }
+    }
 }
 
 /// One layer of a built engine and the ONNX nodes (layerwise names) it computes.
@@ -303,6 +416,11 @@ pub fn build_engine(
     let marked: Vec<String> = wanted.iter().filter(|t| found.contains(t)).cloned().collect();
     let mut config = builder.create_config().map_err(err)?;
     config.set_profiling_verbosity(trtx::ProfilingVerbosity::kDETAILED);
+    if options.tf32 {
+        config.set_flag(trtx::BuilderFlag::kTF32);
+    } else {
+        config.clear_flag(trtx::BuilderFlag::kTF32);
+    }
     if let Some(level) = options.opt_level {
         config.set_builder_optimization_level(level);
     }

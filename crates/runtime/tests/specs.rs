@@ -37,5 +37,24 @@ fn bad_specs_say_what_is_wrong() {
     assert!(err("npz:").contains("npz: needs a path"));
     assert!(err("trt,opt=9").contains("opt must be 0 to 5"));
     assert!(err("trt,fp16").contains("unknown option 'fp16' for trt"));
-    assert_eq!(BackendSpec::parse("trt,opt=3,workspace=512").unwrap(), BackendSpec::Trt { opt_level: Some(3), workspace_mib: Some(512) });
+    assert_eq!(BackendSpec::parse("trt,opt=3,workspace=512").unwrap(), BackendSpec::Trt { tf32: true, opt_level: Some(3), workspace_mib: Some(512) });
+    assert_eq!(BackendSpec::parse("trt,tf32=off").unwrap(), BackendSpec::Trt { tf32: false, opt_level: None, workspace_mib: None });
+    assert!(err("trt,tf32=no").contains("tf32 must be on or off"));
+}
+
+#[test]
+fn tensors_round_trip_through_little_endian_bytes() {
+    use half::f16;
+    use layerwise_runtime::{DType, Tensor, TensorData};
+    for t in [
+        Tensor::f32(vec![2, 2], vec![1.0, -2.5, f32::INFINITY, 0.0]),
+        Tensor::new(vec![3], TensorData::F16(vec![f16::from_f32(1.5), f16::MAX, f16::from_f32(-0.0)])),
+        Tensor::new(vec![2], TensorData::I64(vec![-1, 1 << 40])),
+        Tensor::new(vec![3], TensorData::Bool(vec![true, false, true])),
+    ] {
+        let bytes = t.to_le_bytes();
+        assert_eq!(bytes.len(), t.size_bytes());
+        assert_eq!(Tensor::from_le_bytes(t.dtype(), t.shape.clone(), &bytes).unwrap(), t);
+    }
+    assert!(Tensor::from_le_bytes(DType::F32, vec![3], &[0u8; 8]).is_none(), "a short buffer is refused");
 }
