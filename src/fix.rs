@@ -360,7 +360,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
 }
 
 fn num(v: f64) -> String {
-    if v.is_finite() { format!("{v:.2e}") } else { format!("{v}") }
+    layerwise_report::format_number(v)
 }
 
 fn render(r: &FixReport) -> String {

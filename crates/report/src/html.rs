@@ -18,12 +18,8 @@ pub fn num(v: &Value) -> f64 {
 }
 
 pub fn fmt(v: f64) -> String {
-    if v.is_nan() {
-        "nan".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "inf".into() } else { "-inf".into() }
-    } else if v == 0.0 {
-        "0".into()
+    if let Some(s) = crate::special_number(v) {
+        s.into()
     } else if (1e-3..1e4).contains(&v.abs()) {
         format!("{v:.4}")
     } else {

@@ -96,6 +96,37 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// How every report writes the numbers that need no digits: "nan", "inf", "-inf", "0".
+pub fn special_number(v: f64) -> Option<&'static str> {
+    if v.is_nan() {
+        Some("nan")
+    } else if v == f64::INFINITY {
+        Some("inf")
+    } else if v == f64::NEG_INFINITY {
+        Some("-inf")
+    } else if v == 0.0 {
+        Some("0")
+    } else {
+        None
+    }
+}
+
+/// A number as the terminal summaries write it: two significant decimals, `1.23e-04`.
+pub fn format_number(v: f64) -> String {
+    if let Some(s) = special_number(v) {
+        return s.into();
+    }
+    // 1.23e-04 rather than Rust's 1.23e-4, so columns line up.
+    let s = format!("{v:.2e}");
+    match s.split_once('e') {
+        Some((mantissa, exp)) => {
+            let e: i32 = exp.parse().unwrap_or(0);
+            format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+        }
+        None => s,
+    }
+}
+
 /// The JSON text of a report (pretty, with a final newline).
 pub fn to_json(report: &Report) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(report).expect("reports serialize");

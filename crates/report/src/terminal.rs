@@ -5,23 +5,7 @@ use layerwise_analysis::Status;
 use crate::Report;
 
 fn num(v: f64) -> String {
-    if v.is_nan() {
-        "nan".into()
-    } else if v.is_infinite() {
-        if v > 0.0 { "inf".into() } else { "-inf".into() }
-    } else if v == 0.0 {
-        "0".into()
-    } else {
-        // 1.23e-04 rather than Rust's 1.23e-4, so columns line up.
-        let s = format!("{v:.2e}");
-        match s.split_once('e') {
-            Some((mantissa, exp)) => {
-                let e: i32 = exp.parse().unwrap_or(0);
-                format!("{mantissa}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
-            }
-            None => s,
-        }
-    }
+    crate::format_number(v)
 }
 
 fn short(s: &str, width: usize) -> String {
