@@ -5,19 +5,7 @@ use std::fmt::Write;
 
 use serde_json::{json, Value};
 
-use crate::html::{fmt, num};
-
-fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or("")
-}
-
-fn error_of(t: &Value) -> f64 {
-    if t["mismatch"].is_null() {
-        num(&t["metrics"]["rel_l2_err"])
-    } else {
-        f64::INFINITY
-    }
-}
+use crate::html::{error_of, fmt, num, s};
 
 /// Markdown escaping for table cells.
 fn md(text: &str) -> String {

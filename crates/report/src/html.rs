@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use serde_json::Value;
 
+use crate::shorten;
 use crate::svg::{esc, histogram, LogChart, Point};
 
 /// A JSON number, or the strings "inf"/"-inf"/"nan" the report uses for non-finite values.
@@ -41,8 +42,18 @@ fn severity(error: f64) -> &'static str {
     }
 }
 
-fn s(v: &Value) -> &str {
+/// A string field of the report, or "".
+pub(crate) fn s(v: &Value) -> &str {
     v.as_str().unwrap_or("")
+}
+
+/// A tensor record's error level: relative L2, inf when it could not be compared.
+pub(crate) fn error_of(t: &Value) -> f64 {
+    if t["mismatch"].is_null() {
+        num(&t["metrics"]["rel_l2_err"])
+    } else {
+        f64::INFINITY
+    }
 }
 
 const STYLE: &str = r#"
@@ -128,10 +139,10 @@ fn neighbourhood_svg(detail: &Value, fd: &Value) -> String {
             severity(error),
             x + 8.0,
             y + 18.0,
-            esc(&truncate(title, 38)),
+            esc(&shorten(title, 38)),
             x + 8.0,
             y + 36.0,
-            esc(&truncate(sub, 22)),
+            esc(&shorten(sub, 22)),
             if error.is_nan() { "not compared".to_string() } else { format!("rel L2 {}", fmt(error)) },
             esc(title),
             esc(sub)
@@ -145,7 +156,7 @@ fn neighbourhood_svg(detail: &Value, fd: &Value) -> String {
         let _ = write!(out, r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##, 10.0 + box_w, y + box_h / 2.0, 365.0, center_y + box_h / 2.0);
     }
     let _ = write!(out, r##"<g class="node first"><rect class="sev-{}" x="365" y="{center_y:.1}" width="{box_w}" height="{box_h}" stroke-width="3"/><text x="373" y="{:.1}" font-weight="bold">{}</text><text class="sub" x="373" y="{:.1}">{} · rel L2 {}</text></g>"##,
-        severity(num(&fd["output_error"])), center_y + 18.0, esc(&truncate(s(&fd["node"]), 36)), center_y + 36.0, esc(s(&fd["op_type"])), fmt(num(&fd["output_error"])));
+        severity(num(&fd["output_error"])), center_y + 18.0, esc(&shorten(s(&fd["node"]), 36)), center_y + 36.0, esc(s(&fd["op_type"])), fmt(num(&fd["output_error"])));
     for (i, n) in consumers.iter().enumerate() {
         let y = column(&consumers, i);
         let _ = write!(out, r##"<line x1="{:.1}" y1="{:.1}" x2="718" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##, 365.0 + box_w, center_y + box_h / 2.0, y + box_h / 2.0);
@@ -153,15 +164,6 @@ fn neighbourhood_svg(detail: &Value, fd: &Value) -> String {
     }
     out.push_str("</svg>");
     out
-}
-
-fn truncate(text: &str, n: usize) -> String {
-    if text.chars().count() <= n {
-        text.to_string()
-    } else {
-        let tail: String = text.chars().rev().take(n - 1).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("…{tail}")
-    }
 }
 
 /// Renders the HTML report of a `layerwise.report/1` document.
@@ -219,7 +221,6 @@ pub fn render_html(report: &Value) -> String {
         }
     };
     let layers: Vec<&Value> = tensors.iter().filter(|t| !t["constant_like"].as_bool().unwrap_or(false)).collect();
-    let error_of = |t: &Value| if t["mismatch"].is_null() { num(&t["metrics"]["rel_l2_err"]) } else { f64::INFINITY };
     let mut chain_line: Vec<(f64, f64)> = layers
         .iter()
         .filter(|t| chain.contains(&s(&t["name"])))

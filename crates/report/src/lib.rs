@@ -96,6 +96,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// `text` cut to `width` characters from the left (`…tail`): tensor names differ at their ends.
+pub(crate) fn shorten(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        let tail: String = text.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("…{tail}")
+    }
+}
+
 /// How every report writes the numbers that need no digits: "nan", "inf", "-inf", "0".
 pub fn special_number(v: f64) -> Option<&'static str> {
     if v.is_nan() {

@@ -2,19 +2,10 @@ use std::fmt::Write;
 
 use layerwise_analysis::Status;
 
-use crate::Report;
+use crate::{shorten, Report};
 
 fn num(v: f64) -> String {
     crate::format_number(v)
-}
-
-fn short(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        s.to_string()
-    } else {
-        let tail: String = s.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("…{tail}")
-    }
 }
 
 /// The terminal summary: verdict, first divergent layer, blame chain, non-finite values, and the
@@ -69,7 +60,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer):");
         for (i, s) in v.chain.iter().enumerate() {
             let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
-            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{nf}", i, short(&s.tensor, 40), short(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{nf}", i, shorten(&s.tensor, 40), shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
         }
     }
     if !v.non_finite.is_empty() {
@@ -97,8 +88,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             let _ = writeln!(
                 out,
                 "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8.5} {:>8.1}  {}",
-                short(&t.name, 40),
-                short(&t.op_type, 18),
+                shorten(&t.name, 40),
+                shorten(&t.op_type, 18),
                 num(t.error_level()),
                 num(mm.max_abs_err),
                 num(mm.max_rel_err),

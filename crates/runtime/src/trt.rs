@@ -283,6 +283,11 @@ impl BuiltEngine {
 
 struct Capture(Arc<Mutex<Vec<(Severity, String)>>>);
 
+/// The error messages TensorRT logged, for error reports.
+fn logged_errors(log: &Mutex<Vec<(Severity, String)>>) -> Vec<String> {
+    log.lock().expect("log").iter().filter(|(s, _)| *s <= Severity::Error).map(|(_, m)| m.clone()).collect()
+}
+
 impl LogHandler for Capture {
     fn log(&self, severity: Severity, message: &str) {
         self.0.lock().expect("log lock").push((severity, message.to_string()));
@@ -388,7 +393,7 @@ pub fn build_engine(
     let network = builder.create_network(0).map_err(err)?;
     let mut parser = trtx::OnnxParser::new(network, &logger).map_err(err)?;
     if let Err(e) = parser.parse(&bytes) {
-        let errors: Vec<String> = log.lock().expect("log").iter().filter(|(s, _)| *s <= Severity::Error).map(|(_, m)| m.clone()).collect();
+        let errors = logged_errors(&log);
         return Err(err(format!("TensorRT's ONNX parser refused the model: {e}; {}", errors.join("; "))));
     }
     // Mark the requested tensors on the parsed network (TensorRT's parser refuses untyped graph
@@ -430,15 +435,7 @@ pub fn build_engine(
     if !input_shapes.is_empty() {
         let mut profile = builder.creata_optimization_profile().map_err(err)?;
         for (name, shape) in input_shapes {
-            if shape.len() > 8 {
-                return Err(err(format!("input '{name}' has rank {}; TensorRT supports at most 8", shape.len())));
-            }
-            // SAFETY: Dims64 is a plain C struct (a rank and 8 extents); all zeros is valid.
-            let mut dims: trtx_sys::Dims64 = unsafe { std::mem::zeroed() };
-            dims.nbDims = shape.len() as i32;
-            for (d, &v) in dims.d.iter_mut().zip(shape) {
-                *d = v as i64;
-            }
+            let dims = dims64(shape).map_err(|why| err(format!("input '{name}': {why}")))?;
             for select in [trtx::OptProfileSelector::kMIN, trtx::OptProfileSelector::kOPT, trtx::OptProfileSelector::kMAX] {
                 profile.set_dimensions(name, select, &dims).map_err(|e| err(format!("input '{name}': {e}")))?;
             }
@@ -446,7 +443,7 @@ pub fn build_engine(
         config.add_optimization_profile(&mut profile).map_err(err)?;
     }
     let engine = builder.build_serialized_network(network, &mut config).map_err(|e| {
-        let errors: Vec<String> = log.lock().expect("log").iter().filter(|(s, _)| *s <= Severity::Error).map(|(_, m)| m.clone()).collect();
+        let errors = logged_errors(&log);
         err(format!("engine build failed: {e}; {}", errors.join("; ")))
     })?;
     let lines: Vec<String> = log.lock().expect("log").iter().map(|(_, m)| m.clone()).collect();
