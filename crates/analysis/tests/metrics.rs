@@ -76,3 +76,78 @@ fn fp16_range_flags_come_from_the_reference() {
     assert_eq!(broken.ref_max_abs, 1e5);
     assert_eq!(broken.ref_fp16_overflow, 1);
 }
+
+/// The metrics computed naively in float64, element by element: what the blocked kernel must match.
+fn naive(r: &[f32], c: &[f32], tol: Tolerance) -> (f64, f64, f64, f64, usize, usize, usize, f64) {
+    let (mut d2, mut r2, mut c2, mut rc, mut sum_abs, mut worst, mut worst_i, mut max_r) = (0f64, 0f64, 0f64, 0f64, 0f64, -1f64, 0, 0f64);
+    let mut mismatch = 0;
+    for (i, (&a, &b)) in r.iter().zip(c).enumerate() {
+        let (a, b) = (a as f64, b as f64);
+        if a.is_finite() {
+            max_r = max_r.max(a.abs());
+        }
+        let d = if a.is_finite() && b.is_finite() {
+            d2 += (b - a) * (b - a);
+            r2 += a * a;
+            c2 += b * b;
+            rc += a * b;
+            sum_abs += (b - a).abs();
+            (b - a).abs()
+        } else if (a.is_nan() && b.is_nan()) || (a.is_infinite() && a == b) {
+            0.0
+        } else {
+            mismatch += 1;
+            f64::INFINITY
+        };
+        if d > worst {
+            worst = d;
+            worst_i = i;
+        }
+    }
+    let violations = mismatch
+        + r.iter().zip(c).filter(|(&a, &b)| {
+            let (a, b) = (a as f64, b as f64);
+            a.is_finite() && b.is_finite() && (b - a).abs() > tol.atol + tol.range_tol * max_r + tol.rtol * a.abs()
+        }).count();
+    (d2.sqrt() / r2.sqrt(), rc / (r2.sqrt() * c2.sqrt()), sum_abs / r.len() as f64, worst, worst_i, violations, mismatch, max_r)
+}
+
+#[test]
+fn blocked_kernel_matches_naive_float64_on_large_mixed_tensors() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    // Several blocks: ordinary values, a block of huge values, one of tiny values, a non-finite
+    // value, FP16-like rounding error, and a few elements well beyond tolerance.
+    let n = 4096 * 7 + 123;
+    let mut r: Vec<f32> = (0..n).map(|_| rng.random::<f32>() * 4.0 - 2.0).collect();
+    for x in &mut r[4096..4200] {
+        *x *= 1e20;
+    }
+    for x in &mut r[8192..8300] {
+        *x *= 1e-20;
+    }
+    let mut c: Vec<f32> = r.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    for x in &mut c[4096..4200] {
+        *x = r[4096] * 1.001;
+    }
+    c[20000] += 0.5;
+    c[25000] -= 0.75;
+    for tol in [Tolerance::FP16, Tolerance { atol: 0.0, rtol: 0.0, range_tol: 0.0 }, Tolerance::FP32] {
+        let m = compute(&r, &c, tol);
+        let (rel_l2, cosine, mean_abs, worst, worst_i, violations, _, max_r) = naive(&r, &c, tol);
+        let near = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1e-30);
+        assert!(near(m.rel_l2_err, rel_l2), "rel L2 {} vs {}", m.rel_l2_err, rel_l2);
+        assert!(near(m.cosine, cosine), "cosine {} vs {}", m.cosine, cosine);
+        assert!(near(m.mean_abs_err, mean_abs), "mean abs {} vs {}", m.mean_abs_err, mean_abs);
+        assert_eq!(m.max_abs_err, worst);
+        assert_eq!(m.worst_index, worst_i);
+        assert_eq!(m.violations, violations, "violations with {tol:?}");
+        assert_eq!(m.ref_max_abs, max_r);
+    }
+    // A NaN in the candidate: every metric goes to its non-finite value, and the count is exact.
+    c[30] = f32::NAN;
+    let m = compute(&r, &c, Tolerance::FP16);
+    let (.., violations, mismatch, _) = naive(&r, &c, Tolerance::FP16);
+    assert_eq!((m.nonfinite_mismatch, m.violations), (mismatch, violations));
+    assert_eq!(m.rel_l2_err, f64::INFINITY);
+}

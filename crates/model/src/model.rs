@@ -51,6 +51,12 @@ impl Model {
             return Err(ModelError::NotFound(path.to_path_buf()));
         }
         let data = fs::read(path).map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+        Model::from_bytes(data, path)
+    }
+
+    /// Decodes and checks the bytes of an `.onnx` file that lives (or would live) at `path`;
+    /// external data resolves against `path`'s folder. The fuzz targets enter here.
+    pub fn from_bytes(data: Vec<u8>, path: &Path) -> Result<Model, ModelError> {
         let sha256 = hex(&Sha256::digest(&data));
         let proto = ModelProto::decode(Bytes::from(data))
             .map_err(|source| ModelError::Decode { path: path.to_path_buf(), source })?;
