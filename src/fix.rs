@@ -2,19 +2,19 @@
 //! verified by re-running the candidate, and written out as an FP16 model with FP32 islands.
 //! docs/fix.md describes the search and the outputs.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
-use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::convert::check_float_types;
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::write_atomic;
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
-use layerwise_runtime::{create_backend, float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
+use layerwise_runtime::{create_backend, Backend, Precision, RunOutput, RunRequest, Tensor};
 use serde::Serialize;
 
+use crate::keep::KeepRunner;
 use crate::pipeline::{check_writable_target, tolerance_and_rule, BisectOptions};
 
 /// Everything `layerwise fix` takes.
@@ -95,14 +95,12 @@ pub struct FixOutcome {
 }
 
 struct Search<'a> {
-    model: &'a Model,
-    index: GraphIndex,
+    index: &'a GraphIndex,
     feeds: Vec<(String, Tensor)>,
     order: Vec<String>,
     reference: std::collections::HashMap<String, Tensor>,
     candidate: Box<dyn Backend>,
-    emulated: bool,
-    float: Option<HashSet<String>>,
+    keeper: KeepRunner<'a>,
     tolerance: Tolerance,
     rule: WalkRule,
     weights: Vec<WeightRange>,
@@ -110,40 +108,16 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    fn float(&mut self) -> Result<HashSet<String>> {
-        if self.float.is_none() {
-            self.float = Some(float_tensor_set(self.model, &float32_tensors(self.model, &self.index)?));
-        }
-        Ok(self.float.clone().unwrap())
-    }
-
-    fn convert(&mut self, keep: &[String]) -> Result<layerwise_model::convert::Conversion> {
-        let float = self.float()?;
-        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
-        Ok(convert_fp16(self.model, &self.index, &float, &options)?)
-    }
-
     /// One candidate run with `keep` in FP32: emulated directly, or on a converted model.
     fn run(&mut self, keep: &[String]) -> Result<(Comparison, Verdict)> {
         self.runs += 1;
-        let out: RunOutput = if self.emulated {
-            self.candidate.keep_fp32(keep);
-            self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: &self.feeds, selection: &Selection::All })?
-        } else {
-            let converted = self.convert(keep)?;
-            let dir = tempfile::tempdir()?;
-            let path = dir.path().join("candidate.onnx");
-            self.model.save_standalone(&converted.proto, &path)?;
-            let cm = Model::load(&path)?;
-            let ci = GraphIndex::build(cm.graph())?;
-            self.candidate.run(&RunRequest { model: &cm, index: &ci, inputs: &self.feeds, selection: &Selection::All })?
-        };
+        let out = self.keeper.run(self.candidate.as_mut(), keep, &self.feeds, &Selection::All)?;
         Ok(self.judge(&out))
     }
 
     fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
-        let comparison = compare_all(&self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
-        let verdict = walk_back(&self.index, &comparison, &self.weights, self.rule, Candidate { tf32: self.candidate.tf32() });
+        let comparison = compare_all(self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
+        let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, Candidate { tf32: self.candidate.tf32() });
         (comparison, verdict)
     }
 }
@@ -208,7 +182,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", b.model.display()))?;
     let mut reference = create_backend(&b.reference).context("--ref")?;
     let mut candidate = create_backend(&b.candidate).context("--cand")?;
-    let emulated = candidate.keep_fp32(&[]);
+    let keeper = KeepRunner::new(&model, &index, candidate.as_mut());
     let inputs = prepare_inputs(&declared_inputs(&model, &index), &b.inputs)?;
     let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
     let (tolerance, rule) = tolerance_and_rule(Precision::Fp16, b)?;
@@ -216,14 +190,12 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     let weights = scan_fp16_weight_range(&model)?;
     let mut search = Search {
-        model: &model,
-        index: index.clone(),
+        index: &index,
         feeds,
         order,
         reference: reference_out.tensors,
         candidate,
-        emulated,
-        float: None,
+        keeper,
         tolerance,
         rule,
         weights,
@@ -293,9 +265,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut fixed_model_fp32_nodes = Vec::new();
     let mut fixed_model_check = None;
     if let (true, Some(path)) = (fixed, &options.output) {
-        let conversion = search.convert(&keep)?;
-        let float = search.float()?;
-        let problems = check_float_types(&conversion.proto, &float);
+        let conversion = search.keeper.convert(&keep)?;
+        let problems = check_float_types(&conversion.proto, search.keeper.float()?);
         model.save_standalone(&conversion.proto, path)?;
         let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep) });
         write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;

@@ -4,4 +4,5 @@
 
 pub mod demo;
 pub mod fix;
+pub mod keep;
 pub mod pipeline;

@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use layerwise::demo::{demo_model, PLANTED_NODE};
 use layerwise::fix::{fix, FixOptions};
-use layerwise::pipeline::{bisect, bisect_model, BisectOptions};
+use layerwise::pipeline::{bisect, bisect_model, BisectOptions, Marking};
 use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::GraphIndex;
 use layerwise_report::Outputs;
@@ -128,6 +128,21 @@ struct BisectArgs {
     /// How many of the worst tensors to list.
     #[arg(long, default_value_t = 10)]
     top: usize,
+    /// How the candidate marks tensors as outputs: `all` in one run, or `search`: the model's
+    /// outputs plus a few tensors per run, bisecting the blame path (about log2(N) runs; for
+    /// compilers whose fusions marking would change, e.g. --cand trt).
+    #[arg(long, default_value = "all", value_parser = ["all", "search"])]
+    mark: String,
+    /// Most memory for exposed tensors of both runs at once, e.g. 512M or 4G; beyond it the
+    /// tensors are compared in groups over several runs. Default: half the available memory.
+    #[arg(long, value_name = "SIZE", value_parser = layerwise::pipeline::parse_size)]
+    max_memory: Option<u64>,
+    /// Do not run blame-chain nodes alone to tell introduced from propagated error.
+    #[arg(long)]
+    no_isolate: bool,
+    /// Do not re-run the candidate with each break kept at reference precision.
+    #[arg(long)]
+    no_counterfactual: bool,
 }
 
 #[derive(Args)]
@@ -234,8 +249,9 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
 
 #[derive(Args)]
 struct InputArgs {
-    /// Model inputs from an .npz file (keys are input names).
-    #[arg(long = "inputs", value_name = "FILE.npz")]
+    /// Model inputs from an .npz file (keys are input names), or a folder of .npz files, one
+    /// sample each: every sample is run and the metrics aggregated (bisect).
+    #[arg(long = "inputs", value_name = "FILE.npz|DIR")]
     npz: Option<PathBuf>,
     /// One input from an .npy file; repeatable.
     #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_named_path)]
@@ -311,6 +327,10 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
         progress: true,
+        mark: if args.mark == "search" { Marking::Search } else { Marking::All },
+        max_memory: args.max_memory,
+        isolate: !args.no_isolate,
+        counterfactual: !args.no_counterfactual,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);

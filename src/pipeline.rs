@@ -1,15 +1,23 @@
 //! The bisect job: load, prepare inputs, run both backends, compare, walk back, report.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use layerwise_analysis::{compare_all, walk_back, Candidate, Tolerance, WalkRule};
+use layerwise_analysis::search::Measured;
+use layerwise_analysis::{
+    compare_all, pattern_of, search_first_divergent, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
+    Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, SampleStats, Samples, Status, Tolerance, Verdict, WalkRule,
+};
+use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
 use layerwise_report::{build_report, render_terminal, Outputs, Report, ReportContext};
-use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions};
-use layerwise_runtime::{create_backend, saved, Precision, RunRequest};
+use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions, PreparedInput};
+use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision, RunOutput, RunRequest, Tensor};
+
+use crate::keep::KeepRunner;
 
 /// Everything `layerwise bisect` takes.
 #[derive(Debug, Clone)]
@@ -32,6 +40,24 @@ pub struct BisectOptions {
     pub top: usize,
     /// Show progress spinners on stderr.
     pub progress: bool,
+    /// How candidate runs mark tensors: all at once, or a few per run (search).
+    pub mark: Marking,
+    /// Most bytes of exposed tensors held at once (both sides); `None`: half the available memory.
+    pub max_memory: Option<u64>,
+    /// Run each blame-chain node alone on reference inputs (introduced vs propagated error).
+    pub isolate: bool,
+    /// Re-run the candidate with each break kept at reference precision.
+    pub counterfactual: bool,
+}
+
+/// How the candidate's tensors are marked as outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marking {
+    /// Every tensor in one run (free for ONNX Runtime and the emulation).
+    All,
+    /// The model's outputs plus a few tensors per run, bisecting the blame path (for compilers
+    /// whose fusions marking would change).
+    Search,
 }
 
 impl BisectOptions {
@@ -52,6 +78,10 @@ impl BisectOptions {
             selection: Selection::All,
             top: 10,
             progress: false,
+            mark: Marking::All,
+            max_memory: None,
+            isolate: true,
+            counterfactual: true,
         }
     }
 }
@@ -145,71 +175,318 @@ pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutc
     run_bisect(model, options, Steps::new(options.progress))
 }
 
+/// Half the memory the system reports available, or 4 GiB where it cannot tell.
+pub fn default_memory_budget() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
+        s.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()).map(|kib| kib * 1024)
+    });
+    available.map(|b| b / 2).unwrap_or(4 << 30)
+}
+
+/// Parses `512M`, `2G`, `1.5GiB`, `100000` (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit '{other}' in '{s}' (K, M, G, T)")),
+    };
+    let bytes = value * scale as f64;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        return Err(format!("size '{s}' must be at least one byte"));
+    }
+    Ok(bytes as u64)
+}
+
+/// The samples to run: one (the usual inputs), or every `.npz` file of an `--inputs DIR`.
+fn samples(options: &InputOptions) -> Result<Vec<(String, InputOptions)>> {
+    match &options.npz {
+        Some(dir) if dir.is_dir() => {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("--inputs {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "npz") && p.is_file())
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                bail!("--inputs {}: the folder holds no .npz files (one sample per file)", dir.display());
+            }
+            Ok(files
+                .into_iter()
+                .map(|f| {
+                    let name = f.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                    (name, InputOptions { npz: Some(f), ..options.clone() })
+                })
+                .collect())
+        }
+        _ => Ok(vec![(String::new(), options.clone())]),
+    }
+}
+
+/// Everything one bisect job holds while it runs.
+struct Job<'a> {
+    options: &'a BisectOptions,
+    model: &'a Model,
+    index: GraphIndex,
+    cand_model: Option<(Model, GraphIndex)>,
+    reference: Box<dyn Backend>,
+    candidate: Box<dyn Backend>,
+    precision: Precision,
+    tolerance: Tolerance,
+    rule: WalkRule,
+    order: Vec<String>,
+    budget: u64,
+}
+
+/// The result of comparing one sample, all tensors.
+struct Compared {
+    comparison: Comparison,
+    /// Reference and candidate tensors, when they were all held at once (no split).
+    tensors: Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>,
+    histograms: HashMap<String, Histogram>,
+    notes: (Vec<String>, Vec<String>),
+    unavailable: Vec<(String, String)>,
+    engine_layers: Vec<(String, Vec<String>)>,
+    memory: Option<MemoryPlan>,
+}
+
+impl Job<'_> {
+    fn run_reference(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+        let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection };
+        Ok(self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))?)
+    }
+
+    fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+        let out = match &self.cand_model {
+            Some((cm, ci)) => {
+                // The converted model has the same tensor names; ask only for those it computes.
+                let selection = match selection {
+                    Selection::All => Selection::All,
+                    Selection::Names(names) => Selection::Names(names.iter().filter(|n| ci.producer_index(n).is_some()).cloned().collect()),
+                };
+                self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection })
+            }
+            None => self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: feeds, selection }),
+        };
+        Ok(out.with_context(|| format!("candidate {}", self.options.candidate))?)
+    }
+
+    /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget.
+    fn plan(&self, feeds: &[(String, Tensor)]) -> Result<(Vec<Vec<String>>, Option<MemoryPlan>)> {
+        let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+        let types = tensor_types(self.model, &self.index, &shapes)?;
+        // A dimension ONNX Runtime cannot infer before running counts as the largest input dimension.
+        let fallback_dim = feeds.iter().flat_map(|(_, t)| t.shape.iter().copied()).max().unwrap_or(1).max(1);
+        let size = |t: &str| -> u64 {
+            types.get(t).map_or(0, |ty| {
+                let elem = ty.dtype.map_or(8, |d| d.size()) as u64;
+                ty.dims.iter().map(|d| d.unwrap_or(fallback_dim) as u64).product::<u64>() * elem
+            })
+        };
+        let outputs: u64 = self.index.outputs.iter().map(|o| size(o)).sum();
+        let total: u64 = self.order.iter().map(|t| size(t)).sum();
+        let per_group = (self.budget / 2).saturating_sub(outputs).max(1);
+        if total <= per_group {
+            return Ok((vec![self.order.clone()], None));
+        }
+        let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+        let mut bytes = 0u64;
+        let mut largest = 0u64;
+        for t in &self.order {
+            let s = size(t);
+            if bytes + s > per_group && !groups.last().expect("one group").is_empty() {
+                largest = largest.max(bytes);
+                groups.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += s;
+            groups.last_mut().expect("one group").push(t.clone());
+        }
+        largest = largest.max(bytes) + outputs;
+        let plan = MemoryPlan { budget_bytes: self.budget, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest };
+        Ok((groups, Some(plan)))
+    }
+
+    /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
+    fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
+        let (groups, memory) = steps.run("planning memory", || self.plan(feeds))?;
+        let mut records = Vec::new();
+        let mut not_compared = Vec::new();
+        let mut histograms = HashMap::new();
+        let mut result = Compared {
+            comparison: Comparison::default(),
+            tensors: None,
+            histograms: HashMap::new(),
+            notes: (Vec::new(), Vec::new()),
+            unavailable: Vec::new(),
+            engine_layers: Vec::new(),
+            memory: memory.clone(),
+        };
+        let split = groups.len() > 1;
+        if split && self.options.save_tensors.is_some() {
+            bail!("--save-tensors keeps every tensor of both runs, but they do not fit --max-memory {} at once; raise --max-memory", self.budget);
+        }
+        let mut seen_outputs = false;
+        for (g, group) in groups.iter().enumerate() {
+            let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
+            let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
+            let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
+            let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
+            let mut order: Vec<String> = group.clone();
+            if !seen_outputs {
+                order.extend(self.index.outputs.iter().filter(|o| !group.contains(o)).cloned());
+            }
+            seen_outputs = true;
+            let comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, self.tolerance)))?;
+            if split {
+                for record in comparison.records.iter().filter(|r| !r.pass && r.mismatch.is_none()) {
+                    if let (Some(r), Some(c)) = (ref_out.tensors.get(&record.name), cand_out.tensors.get(&record.name)) {
+                        histograms.insert(record.name.clone(), layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), 40));
+                    }
+                }
+            }
+            records.extend(comparison.records);
+            not_compared.extend(comparison.not_compared);
+            if g == 0 {
+                result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
+                result.engine_layers = cand_out.engine_layers.clone();
+            }
+            result.unavailable.extend(ref_out.unavailable.iter().cloned());
+            result.unavailable.extend(cand_out.unavailable.iter().cloned());
+            if !split && keep_tensors {
+                result.tensors = Some((ref_out.tensors, cand_out.tensors));
+            }
+            // Both runs' tensors of this group are dropped here, before the next group runs.
+        }
+        // A tensor another group also listed as not compared (the model outputs) counts once.
+        let compared: std::collections::HashSet<String> = records.iter().map(|r| r.name.clone()).collect();
+        not_compared.retain(|(t, _)| !compared.contains(t));
+        not_compared.dedup();
+        result.comparison = Comparison::from_records(records, not_compared, &self.order);
+        result.histograms = histograms;
+        Ok(result)
+    }
+}
+
 fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
     let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", model.path.display()))?;
-    let mut reference = create_backend(&options.reference).context("--ref")?;
-    let mut candidate = create_backend(&options.candidate).context("--cand")?;
+    let reference = create_backend(&options.reference).context("--ref")?;
+    let candidate = create_backend(&options.candidate).context("--cand")?;
     let decls = declared_inputs(model, &index);
-    let inputs = prepare_inputs(&decls, &options.inputs)?;
-    let feeds: Vec<(String, layerwise_runtime::Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
-
+    let samples = samples(&options.inputs)?;
+    if samples.len() > 1 && options.mark == Marking::Search {
+        bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
+    }
     // A converted candidate model computes in FP16 whatever its backend's own precision is.
     let cand_model = match &options.cand_model {
-        Some(path) => Some(steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?),
+        Some(path) => {
+            let cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            Some((cm, ci))
+        }
         None => None,
     };
     let precision = if cand_model.is_some() { Precision::Fp16 } else { candidate.precision() };
     let (tolerance, rule) = tolerance_and_rule(precision, options)?;
-
-    let request = RunRequest { model, index: &index, inputs: &feeds, selection: &options.selection };
-    let ref_out = steps.run(&format!("running reference {}", options.reference), || Ok(reference.run(&request)?))?;
-    let cand_out = match &cand_model {
-        Some(cm) => {
-            let cand_index = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
-            let cand_request = RunRequest { model: cm, index: &cand_index, inputs: &feeds, selection: &Selection::All };
-            steps.run(&format!("running candidate {} on {}", options.candidate, cm.path.display()), || Ok(candidate.run(&cand_request)?))?
+    let order: Vec<String> = match &options.selection {
+        Selection::All => index.computed_tensors().map(str::to_string).collect(),
+        Selection::Names(names) => {
+            // Checked here so an unknown name is an error before any run.
+            layerwise_model::expose(&model.proto, &index, &options.selection)?;
+            index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
         }
-        None => steps.run(&format!("running candidate {}", options.candidate), || Ok(candidate.run(&request)?))?,
     };
-
-    let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
-    if let Some(dir) = &options.save_tensors {
-        steps.run("saving tensors", || {
-            saved::save_run(dir, "ref", &options.reference, &order, &ref_out.tensors, &ref_out.engine_layers, &feeds)?;
-            saved::save_run(dir, "cand", &options.candidate, &order, &cand_out.tensors, &cand_out.engine_layers, &feeds)?;
-            Ok(())
-        })?;
-    }
-    let comparison = steps.run("comparing tensors", || Ok(compare_all(&index, &order, &ref_out.tensors, &cand_out.tensors, tolerance)))?;
-    if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
-        bail!("no model output could be compared: {}", comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; "));
-    }
+    let budget = options.max_memory.unwrap_or_else(default_memory_budget);
+    let mut job = Job { options, model, index, cand_model, reference, candidate, precision, tolerance, rule, order, budget };
     let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
-    let verdict = walk_back(&index, &comparison, &weights, rule, Candidate { tf32: candidate.tf32() });
-    let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
-        let (r, c) = (ref_out.tensors.get(&fd.tensor)?, cand_out.tensors.get(&fd.tensor)?);
-        Some(layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), 40))
-    });
-    let mut unavailable = ref_out.unavailable.clone();
-    unavailable.extend(cand_out.unavailable.iter().cloned());
+    let cand_info = Candidate { tf32: job.candidate.tf32() };
+    let mut extras = Extras::default();
 
+    // One sample per run; with several, the worst sample's comparison carries the verdict.
+    let mut per_sample: Vec<(String, Vec<PreparedInput>, Compared, Verdict)> = Vec::new();
+    for (name, sample_options) in &samples {
+        let inputs = prepare_inputs(&decls, sample_options).with_context(|| if name.is_empty() { String::new() } else { format!("sample {name}") })?;
+        let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
+        let (compared, verdict) = match options.mark {
+            Marking::All => {
+                let compared = job.compare_sample(&feeds, &mut steps, samples.len() == 1)?;
+                if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
+                    bail!(
+                        "no model output could be compared: {}",
+                        compared.comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; ")
+                    );
+                }
+                let verdict = walk_back(&job.index, &compared.comparison, &weights, rule, cand_info);
+                (compared, verdict)
+            }
+            Marking::Search => search(&mut job, &feeds, &weights, cand_info, &mut steps, &mut extras)?,
+        };
+        if let (Some(dir), Some((r, c))) = (&options.save_tensors, &compared.tensors) {
+            steps.run("saving tensors", || {
+                saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
+                saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, &feeds)?;
+                Ok(())
+            })?;
+        }
+        per_sample.push((name.clone(), inputs, compared, verdict));
+    }
+
+    let worst_of = |c: &Compared| -> f64 {
+        job.index.outputs.iter().filter_map(|o| c.comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max)
+    };
+    let chosen = (0..per_sample.len()).max_by(|&a, &b| worst_of(&per_sample[a].2).total_cmp(&worst_of(&per_sample[b].2)).then(b.cmp(&a))).expect("one sample");
+    if per_sample.len() > 1 {
+        extras.samples = Some(aggregate(&per_sample.iter().map(|(n, _, c, v)| (n.as_str(), &c.comparison, v)).collect::<Vec<_>>(), chosen, &job.order));
+    }
+    let (sample_name, inputs, compared, verdict) = per_sample.swap_remove(chosen);
+    drop(per_sample);
+    extras.memory = compared.memory.clone();
+    let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
+
+    if verdict.status == Status::Diverged && options.isolate {
+        extras.isolation = steps.run("running chain nodes alone", || isolate(&mut job, &feeds, &compared, &verdict)).map(Some).unwrap_or_else(|e| {
+            Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
+        });
+    }
+    if verdict.status == Status::Diverged && options.counterfactual && job.precision == Precision::Fp16 {
+        extras.counterfactual = steps.run("counterfactual runs", || counterfactual(&mut job, &feeds, &compared.comparison, &verdict, extras.isolation.as_ref()))?;
+    }
+
+    let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
+        if let Some(h) = compared.histograms.get(&fd.tensor) {
+            return Some(h.clone());
+        }
+        let (r, c) = compared.tensors.as_ref().map(|(r, c)| (r.get(&fd.tensor), c.get(&fd.tensor)))?;
+        Some(layerwise_analysis::histogram(&r?.to_f32(), &c?.to_f32(), 40))
+    });
+    let mut cand_notes = compared.notes.1.clone();
+    if !sample_name.is_empty() {
+        cand_notes.push(format!("verdict from sample {sample_name}, the one with the largest output error"));
+    }
     let durations = steps.finish();
     let report = build_report(ReportContext {
         model,
-        index: &index,
+        index: &job.index,
         ref_spec: &options.reference,
         cand_spec: &options.candidate,
-        ref_notes: ref_out.notes,
-        cand_notes: cand_out.notes,
-        tolerance,
-        rule,
+        ref_notes: compared.notes.0.clone(),
+        cand_notes,
+        tolerance: job.tolerance,
+        rule: job.rule,
         inputs: &inputs,
-        comparison: &comparison,
+        comparison: &compared.comparison,
         verdict: &verdict,
         weights: &weights,
-        unavailable,
+        unavailable: compared.unavailable.clone(),
         histogram,
-        engine_layers: cand_out.engine_layers.clone(),
+        engine_layers: compared.engine_layers.clone(),
+        extras,
         run_info: layerwise_report::RunInfo {
             generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             durations_s: durations,
@@ -218,4 +495,271 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     options.outputs.write(&serde_json::to_value(&report)?, None)?;
     let text = render_terminal(&report, options.top);
     Ok(BisectOutcome { report, text })
+}
+
+/// `--mark search`: the reference marks everything once; the candidate marks a few tensors per run.
+fn search(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    weights: &[layerwise_model::WeightRange],
+    cand_info: Candidate,
+    steps: &mut Steps,
+    extras: &mut Extras,
+) -> Result<(Compared, Verdict)> {
+    let reference = steps.run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
+    let mut notes = Vec::new();
+    let mut engine_layers = Vec::new();
+    let rule = job.rule;
+    let index = job.index.clone();
+    let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
+        let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
+        let out = steps.run(&format!("candidate run, {label}"), || job.run_candidate(feeds, &Selection::Names(marked.to_vec())))?;
+        if notes.is_empty() {
+            notes = out.notes.clone();
+        }
+        if !out.engine_layers.is_empty() {
+            engine_layers = out.engine_layers.clone();
+        }
+        let mut order: Vec<String> = marked.to_vec();
+        order.extend(index.outputs.iter().cloned());
+        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, job.tolerance);
+        let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
+        Ok((comparison.records, unavailable))
+    })?;
+    let comparison = Comparison::from_records(result.records.clone(), Vec::new(), &job.order);
+    if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
+        bail!("no model output could be compared in the candidate's first run");
+    }
+    let verdict = verdict_from_chain(&index, &comparison, weights, rule, cand_info, &result.chain, result.node.as_deref());
+    let unavailable = result.unavailable.clone();
+    extras.search = Some(result);
+    let compared = Compared {
+        comparison,
+        tensors: Some((reference.tensors, HashMap::new())),
+        histograms: HashMap::new(),
+        notes: (reference.notes, notes),
+        unavailable,
+        engine_layers,
+        memory: None,
+    };
+    Ok((compared, verdict))
+}
+
+/// Most chain nodes run alone.
+const ISOLATE_MAX: usize = 128;
+
+/// Runs each blame-chain node alone on the candidate, fed the reference's values.
+fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Result<Isolation> {
+    let mut skipped = Vec::new();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut steps_by_node = Vec::new();
+    for step in verdict.chain.iter().take(ISOLATE_MAX) {
+        let Some(node) = job.index.node(&step.node) else { continue };
+        if node.has_subgraphs {
+            skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));
+            continue;
+        }
+        if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&node.name).is_none()) {
+            skipped.push((node.name.clone(), "not in the candidate model".into()));
+            continue;
+        }
+        groups.push(vec![node.name.clone()]);
+        steps_by_node.push(step.clone());
+    }
+    if groups.is_empty() {
+        return Ok(Isolation { nodes: Vec::new(), introducing: None, skipped });
+    }
+    // Reference values of every input and output of the chain nodes.
+    let mut wanted: Vec<String> = Vec::new();
+    for g in &groups {
+        let node = job.index.node(&g[0]).expect("checked");
+        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+    }
+    wanted.sort();
+    wanted.dedup();
+    let held = compared.tensors.as_ref().map(|(r, _)| r);
+    let reference: HashMap<String, Tensor> = if held.is_some_and(|r| wanted.iter().all(|t| r.contains_key(t))) {
+        let r = held.expect("checked");
+        wanted.iter().map(|t| (t.clone(), r[t].clone())).collect()
+    } else {
+        job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
+    };
+    let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
+    // Types as the candidate's model declares them (a converted model reads FP16).
+    let cand_types = match &job.cand_model {
+        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
+        None => None,
+    };
+    let type_of = |t: &str| -> Option<TensorType> {
+        let v = value(t)?;
+        let dtype = cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype());
+        let elem = layerwise_model::DataType::try_from(dtype.onnx()).ok()?;
+        Some(TensorType { elem, dims: v.shape.clone() })
+    };
+    let (source, source_index) = match &job.cand_model {
+        Some((cm, ci)) => (cm, ci),
+        None => (job.model, &job.index),
+    };
+    let extraction = extract_groups(source, source_index, &groups, &type_of)?;
+    let extracted = source.derived(extraction.proto, "isolated.onnx");
+    let extracted_index = GraphIndex::build(extracted.graph())?;
+    let mut local_feeds = Vec::new();
+    for group in &extraction.groups {
+        for (local, original) in &group.inputs {
+            let v = value(original).ok_or_else(|| anyhow::anyhow!("no reference value for '{original}'"))?;
+            local_feeds.push((local.clone(), v.clone()));
+        }
+    }
+    job.candidate.keep_fp32(&[]);
+    let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
+    let mut nodes = Vec::new();
+    for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
+        let Some((local, _)) = group.outputs.iter().find(|(_, o)| *o == step.tensor) else { continue };
+        let (Some(r), Some(c)) = (reference.get(&step.tensor), out.tensors.get(local)) else {
+            skipped.push((step.node.clone(), "the candidate returned no value".into()));
+            continue;
+        };
+        if r.shape != c.shape {
+            skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
+            continue;
+        }
+        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance).error_level();
+        // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
+        // the node sees that overflow, but in the model it comes from upstream.
+        let node = job.index.node(&step.node).expect("chain node");
+        let overflowing_input = (job.precision == Precision::Fp16)
+            .then(|| {
+                node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
+                    value(t).is_some_and(|v| v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
+                })
+            })
+            .flatten();
+        let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
+        let introduces = local_error >= job.rule.min_break && note.is_none();
+        nodes.push(LocalError {
+            node: step.node.clone(),
+            op_type: step.op_type.clone(),
+            tensor: step.tensor.clone(),
+            local_error,
+            in_model_error: step.error,
+            role: if introduces { "introduces" } else { "propagates" },
+            note,
+        });
+    }
+    let topo = |n: &str| job.index.node(n).map_or(0, |i| i.topo_index);
+    let introducing = nodes
+        .iter()
+        .filter(|n| n.role == "introduces")
+        .max_by(|a, b| a.local_error.total_cmp(&b.local_error).then(topo(&b.node).cmp(&topo(&a.node))))
+        .map(|n| n.node.clone());
+    Ok(Isolation { nodes, introducing, skipped })
+}
+
+/// Most breaks checked by re-running the candidate.
+const COUNTERFACTUAL_MAX: usize = 6;
+
+/// Re-runs the candidate with each break's pattern kept at reference precision.
+fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Comparison, verdict: &Verdict, isolation: Option<&Isolation>) -> Result<Option<Counterfactual>> {
+    let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
+    let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+    // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
+    let emulated = job.candidate.keep_fp32(&[]);
+    if !emulated && job.cand_model.is_none() {
+        return Ok(None);
+    }
+    let mut candidates: Vec<(String, &'static str)> = Vec::new();
+    if let Some(fd) = &verdict.first_divergent {
+        candidates.push((fd.node.clone(), "first_divergent"));
+    }
+    for b in &verdict.breaks {
+        candidates.push((b.node.clone(), "break"));
+    }
+    for n in verdict.non_finite.iter().filter(|n| n.origin && !n.weight) {
+        candidates.push((n.node.clone(), "non_finite_origin"));
+    }
+    if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
+        candidates.push((n, "introducing"));
+    }
+    let mut checks = Vec::new();
+    let mut tried: Vec<Vec<String>> = Vec::new();
+    let outputs = Selection::Names(Vec::new());
+    let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
+    for (node, reason) in candidates {
+        let pattern = pattern_of(&job.index, &node);
+        if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
+            continue;
+        }
+        tried.push(pattern.nodes.clone());
+        let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
+        let reference = job.reference.run(&RunRequest { model: job.model, index: &job.index, inputs: feeds, selection: &outputs })?;
+        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.tolerance);
+        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+        let explained = KeepCheck::explained_share(before, after_error);
+        checks.push(KeepCheck {
+            node,
+            reason,
+            pattern: pattern.kind,
+            kept: pattern.nodes,
+            output_error_after: after_error,
+            explained,
+            fixes: job.index.outputs.iter().all(|o| after.get(o).is_some_and(|r| r.pass)),
+            contained: explained < 0.1,
+        });
+    }
+    let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
+    let conclusion = match best {
+        Some(b) if b.explained >= 0.5 => format!(
+            "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
+            b.node,
+            b.pattern,
+            100.0 * b.explained,
+            if b.fixes { " and brings every output within tolerance" } else { "" }
+        ),
+        _ => {
+            let amplifier = verdict
+                .chain
+                .windows(2)
+                .filter(|w| w[1].error > 0.0 && w[0].error.is_finite())
+                .max_by(|a, b| (a[0].error / a[1].error).total_cmp(&(b[0].error / b[1].error)))
+                .map(|w| format!("; it grows most at {} ({}, {:.1}x)", w[0].node, w[0].op_type, w[0].error / w[1].error))
+                .unwrap_or_default();
+            format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
+        }
+    };
+    Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
+}
+
+/// Per-tensor worst and mean error over samples; the verdict's sample is `chosen`.
+fn aggregate(samples: &[(&str, &Comparison, &Verdict)], chosen: usize, order: &[String]) -> Samples {
+    let mut tensors = Vec::new();
+    for t in order {
+        let mut sum = 0.0;
+        let mut count = 0usize;
+        let mut worst: Option<(f64, &str)> = None;
+        let mut failing = 0;
+        for (name, c, _) in samples {
+            let Some(r) = c.get(t) else { continue };
+            let e = r.error_level();
+            sum += e;
+            count += 1;
+            failing += (!r.pass) as usize;
+            if worst.is_none_or(|(w, _)| e > w) {
+                worst = Some((e, name));
+            }
+        }
+        if let Some((worst_error, worst_sample)) = worst {
+            tensors.push(SampleStats { tensor: t.clone(), mean_error: sum / count as f64, worst_error, worst_sample: worst_sample.to_string(), failing_samples: failing });
+        }
+    }
+    let runs = samples
+        .iter()
+        .map(|(name, c, v)| SampleRun {
+            sample: name.to_string(),
+            status: v.status,
+            worst_output_error: v.worst_output.as_ref().and_then(|o| c.get(o)).map(|r| r.error_level()).unwrap_or(0.0),
+            first_divergent: v.first_divergent.as_ref().map(|f| f.node.clone()),
+        })
+        .collect();
+    Samples { count: samples.len(), runs, worst_sample: samples[chosen].0.to_string(), tensors }
 }

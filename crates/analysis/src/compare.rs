@@ -50,6 +50,15 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// A comparison assembled from records of several runs (search marking, split runs, samples),
+    /// put in topological order.
+    pub fn from_records(mut records: Vec<TensorRecord>, not_compared: Vec<(String, String)>, order: &[String]) -> Comparison {
+        let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+        records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
+        let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
+        Comparison { records, not_compared, position }
+    }
+
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
         self.position.get(tensor).map(|&i| &self.records[i])
     }

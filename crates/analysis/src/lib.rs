@@ -2,14 +2,18 @@
 //! first diverges.
 
 mod compare;
+pub mod findings;
 mod histogram;
 mod metrics;
 pub mod num;
 mod patterns;
+pub mod search;
 mod walk;
 
+pub use findings::{Counterfactual, Extras, Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, SampleStats, Samples};
 pub use compare::{compare_all, Comparison, TensorRecord};
 pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance};
 pub use patterns::{pattern_of, Pattern};
-pub use walk::{walk_back, Candidate, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};
+pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
+pub use walk::{judge_node, verdict_from_chain, walk_back, Candidate, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};

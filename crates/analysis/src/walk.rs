@@ -142,6 +142,9 @@ pub struct Verdict {
     /// One paragraph for people: what was found, or why no single node is to blame.
     pub summary: String,
     pub non_finite: Vec<NonFiniteTensor>,
+    /// Every breaking node the walk passed, from the output back (the first divergent included):
+    /// each is a candidate for the counterfactual check.
+    pub breaks: Vec<FirstDivergent>,
 }
 
 /// Ops known to amplify relative input error.
@@ -179,6 +182,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         chain: Vec::new(),
         summary: String::new(),
         non_finite: Vec::new(),
+        breaks: Vec::new(),
     };
 
     if let Some(worst) = worst {
@@ -188,31 +192,11 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         loop {
             verdict.chain.push(step(current));
             let Some(node) = index.producer(&current.name) else { break };
-            let data_inputs: Vec<&TensorRecord> = node
-                .inputs
-                .iter()
-                .filter(|i| !i.is_empty() && !index.is_constant_like(i))
-                .filter_map(|i| comparison.get(i))
-                .collect();
-            let input_error = data_inputs.iter().map(|r| r.error_level()).fold(0.0, f64::max);
+            let data_inputs = data_inputs(index, comparison, node);
             let output_error = current.error_level();
-            let nonfinite_out = current.metrics.nonfinite_mismatch > 0;
-            let nonfinite_in = data_inputs.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
-            let breaks = if nonfinite_out {
-                !nonfinite_in
-            } else {
-                output_error >= rule.min_break && output_error >= rule.ratio * input_error
-            };
-            if breaks {
-                let finding = FirstDivergent {
-                    node: node.name.clone(),
-                    op_type: node.op_type.clone(),
-                    tensor: current.name.clone(),
-                    input_error,
-                    output_error,
-                    cause: classify(index, comparison, weight_ranges, node, current, input_error, candidate),
-                };
-                if input_error < rule.max_drift {
+            if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, node, current) {
+                verdict.breaks.push(finding.clone());
+                if finding.input_error < rule.max_drift {
                     verdict.first_divergent = Some(finding);
                     break;
                 }
@@ -233,6 +217,83 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         }
     }
 
+    finish(&mut verdict, index, comparison, rule);
+    verdict
+}
+
+/// The non-blank, non-weight inputs of `node` that were compared.
+fn data_inputs<'a>(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> Vec<&'a TensorRecord> {
+    node.inputs.iter().filter(|i| !i.is_empty() && !index.is_constant_like(i)).filter_map(|i| comparison.get(i)).collect()
+}
+
+/// Whether `node`, whose output record is `output`, breaks by the rule (see the module docs), and
+/// if so the finding with its cause. Its data inputs must have been compared.
+pub fn judge_node(
+    index: &GraphIndex,
+    comparison: &Comparison,
+    weight_ranges: &[WeightRange],
+    rule: WalkRule,
+    candidate: Candidate,
+    node: &layerwise_model::NodeInfo,
+    output: &TensorRecord,
+) -> Option<FirstDivergent> {
+    let inputs = data_inputs(index, comparison, node);
+    let input_error = inputs.iter().map(|r| r.error_level()).fold(0.0, f64::max);
+    let output_error = output.error_level();
+    let nonfinite_in = inputs.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
+    let breaks = if output.metrics.nonfinite_mismatch > 0 {
+        !nonfinite_in
+    } else {
+        output_error >= rule.min_break && output_error >= rule.ratio * input_error
+    };
+    breaks.then(|| FirstDivergent {
+        node: node.name.clone(),
+        op_type: node.op_type.clone(),
+        tensor: output.name.clone(),
+        input_error,
+        output_error,
+        cause: classify(index, comparison, weight_ranges, node, output, input_error, candidate),
+    })
+}
+
+/// The verdict of a search-marked run (see `search`): the first divergent node the search
+/// settled on, judged by the same rule as the walk, and the measured chain from the worst output
+/// back to it (tensor names, output first).
+pub fn verdict_from_chain(
+    index: &GraphIndex,
+    comparison: &Comparison,
+    weight_ranges: &[WeightRange],
+    rule: WalkRule,
+    candidate: Candidate,
+    chain: &[String],
+    node: Option<&str>,
+) -> Verdict {
+    let outputs: Vec<&TensorRecord> = index.outputs.iter().filter_map(|o| comparison.get(o)).collect();
+    let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
+    let mut verdict = Verdict {
+        status,
+        worst_output: chain.first().cloned().filter(|_| status == Status::Diverged),
+        first_divergent: None,
+        chain: chain.iter().filter_map(|t| comparison.get(t)).map(step).collect(),
+        summary: String::new(),
+        non_finite: Vec::new(),
+        breaks: Vec::new(),
+    };
+    if status == Status::Diverged {
+        if let Some(info) = node.and_then(|n| index.node(n)) {
+            let output = info.outputs.iter().filter_map(|o| comparison.get(o)).max_by(|a, b| a.error_level().total_cmp(&b.error_level()));
+            if let Some(finding) = output.and_then(|o| judge_node(index, comparison, weight_ranges, rule, candidate, info, o)) {
+                verdict.breaks.push(finding.clone());
+                verdict.first_divergent = Some(finding);
+            }
+        }
+    }
+    finish(&mut verdict, index, comparison, rule);
+    verdict
+}
+
+/// Lists the tensors with inf/NaN mismatches (and where each is born) and writes the summary.
+fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, rule: WalkRule) {
     let chain_tensors: std::collections::HashSet<&str> = verdict.chain.iter().map(|s| s.tensor.as_str()).collect();
     for record in comparison.records.iter().filter(|r| r.metrics.nonfinite_mismatch > 0) {
         let origin = index
@@ -257,8 +318,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
             weight: record.constant_like,
         });
     }
-    verdict.summary = summarize(&verdict, rule);
-    verdict
+    verdict.summary = summarize(verdict, rule);
 }
 
 fn classify(

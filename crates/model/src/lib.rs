@@ -10,6 +10,7 @@ pub mod onnx;
 pub mod builder;
 pub mod convert;
 mod error;
+pub mod extract;
 pub mod fp16;
 mod graph;
 mod model;

@@ -76,6 +76,13 @@ impl Model {
         Ok(model)
     }
 
+    /// A model derived from this one (an extraction, a rewrite kept in memory): its external data
+    /// still resolves against this model's folder.
+    pub fn derived(&self, proto: ModelProto, label: &str) -> Model {
+        let sha256 = hex(&Sha256::digest(proto.encode_to_vec()));
+        Model { proto, path: self.path.with_file_name(label), base_dir: self.base_dir.clone(), sha256 }
+    }
+
     pub fn graph(&self) -> &GraphProto {
         self.proto.graph.as_ref().expect("checked on load")
     }

@@ -250,3 +250,49 @@ fn raw_data_is_not_copied_on_load() {
     let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
     assert!(range.contains(&(raw.as_ptr() as usize)), "raw_data was copied");
 }
+
+#[test]
+fn extraction_isolates_each_group_with_typed_inputs_and_its_constants() {
+    use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
+    use layerwise_model::extract::{extract_groups, TensorType};
+    let mut b = ModelBuilder::new("chain", 13);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(3)]);
+    b.initializer(f32_tensor("W", &[3, 3], &[1.0; 9]));
+    b.initializer(i64_tensor("shape", &[2], &[3, 2]));
+    b.node("MatMul", "mm", &["x", "W"], &["h"], vec![]);
+    b.node("Constant", "k", &[], &["k_out"], vec![attr::tensor("value", f32_tensor("kv", &[], &[2.0]))]);
+    b.node("Mul", "scale", &["h", "k_out"], &["s"], vec![]);
+    b.node("Reshape", "shape_it", &["s", "shape"], &["r"], vec![]);
+    b.node("Add", "", &["r", "r"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let model = Model::from_proto(b.build(), "chain.onnx").unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let types = |t: &str| -> Option<TensorType> {
+        match t {
+            "h" | "s" => Some(TensorType { elem: DataType::Float, dims: vec![2, 3] }),
+            "r" => Some(TensorType { elem: DataType::Float, dims: vec![3, 2] }),
+            _ => None,
+        }
+    };
+    let groups = vec![vec!["scale".to_string()], vec!["shape_it".to_string(), "Add#4".to_string()]];
+    let e = extract_groups(&model, &index, &groups, &types).unwrap();
+    let g = e.proto.graph.as_ref().unwrap();
+    // Group 0: Mul reads h (a graph input now) and the Constant's output (extracted with it).
+    assert_eq!(e.groups[0].nodes, vec!["scale"]);
+    assert_eq!(e.groups[0].inputs, vec![("h__lw_g0".to_string(), "h".to_string())]);
+    assert_eq!(e.groups[0].outputs, vec![("s__lw_g0".to_string(), "s".to_string())]);
+    assert!(g.node.iter().any(|n| n.op_type() == "Constant" && n.output[0] == "k_out__lw_g0"));
+    // Group 1: two connected nodes; only the tensor from outside is an input, the initializer is shared.
+    assert_eq!(e.groups[1].inputs, vec![("s__lw_g1".to_string(), "s".to_string())]);
+    assert_eq!(e.groups[1].outputs.iter().map(|(_, o)| o.as_str()).collect::<Vec<_>>(), vec!["r", "y"]);
+    assert_eq!(g.initializer.iter().map(|t| t.name()).collect::<Vec<_>>(), vec!["shape"], "W is not read by any group");
+    assert_eq!(g.input.len(), 2);
+    // The extraction is a valid model by itself.
+    let extracted = model.derived(e.proto.clone(), "extracted.onnx");
+    let ei = GraphIndex::build(extracted.graph()).unwrap();
+    assert_eq!(ei.inputs, vec!["h__lw_g0", "s__lw_g1"]);
+    // Unknown nodes and missing types are errors, not panics.
+    assert!(extract_groups(&model, &index, &[vec!["nope".into()]], &types).is_err());
+    let err = extract_groups(&model, &index, &[vec!["mm".into()]], &types).unwrap_err().to_string();
+    assert!(err.contains("no type and shape known for 'x'"), "{err}");
+}

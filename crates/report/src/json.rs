@@ -1,5 +1,5 @@
 use layerwise_analysis::num::finite_or_string;
-use layerwise_analysis::{Comparison, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{Comparison, Extras, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
 use layerwise_model::{GraphIndex, Model, WeightRange};
 use layerwise_runtime::inputs::PreparedInput;
 use serde::Serialize;
@@ -25,6 +25,8 @@ pub struct ReportContext<'a> {
     pub histogram: Option<Histogram>,
     /// The candidate's compiled layers (TensorRT), each with the ONNX nodes it computes.
     pub engine_layers: Vec<(String, Vec<String>)>,
+    /// Search marking, isolation, counterfactual checks, memory split, samples.
+    pub extras: Extras,
     /// The one non-deterministic part of a report: when and how long.
     pub run_info: RunInfo,
 }
@@ -53,6 +55,8 @@ pub struct Report {
     pub verdict: Verdict,
     /// The first divergent node's inputs and consumers, and its tensor's value histogram.
     pub first_divergent_detail: Option<Detail>,
+    #[serde(flatten)]
+    pub extras: Extras,
     pub run_info: RunInfo,
 }
 
@@ -250,6 +254,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
         worst_output: ctx.verdict.worst_output.clone(),
         first_divergent_detail,
         verdict: ctx.verdict.clone(),
+        extras: ctx.extras,
         run_info: ctx.run_info,
     }
 }

@@ -56,11 +56,54 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     } else if v.status == Status::Diverged {
         let _ = writeln!(out, "\nNo single layer introduces the error: {}", v.summary);
     }
+    let e = &report.extras;
     if !v.chain.is_empty() {
-        let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer):");
+        let isolated = |node: &str| e.isolation.as_ref().and_then(|iso| iso.nodes.iter().find(|n| n.node == node));
+        let header = if e.isolation.is_some() { " 'alone' = the node run by itself on the reference's inputs" } else { "" };
+        let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer);{header}:");
         for (i, s) in v.chain.iter().enumerate() {
             let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
-            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{nf}", i, shorten(&s.tensor, 40), shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+            let local = isolated(&s.node).map(|l| format!("  alone {:>9} {}", num(l.local_error), l.role)).unwrap_or_default();
+            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{local}{nf}", i, shorten(&s.tensor, 40), shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+        }
+    }
+    if let Some(iso) = &e.isolation {
+        match &iso.introducing {
+            Some(n) => {
+                let _ = writeln!(out, "\nRun alone on the reference's inputs, {n} introduces the most error; chain nodes marked 'propagates' only pass on error from upstream.");
+            }
+            None if !iso.nodes.is_empty() => {
+                let _ = writeln!(out, "\nRun alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced.");
+            }
+            None => {}
+        }
+        for (node, why) in &iso.skipped {
+            let _ = writeln!(out, "  not run alone: {node}: {why}");
+        }
+    }
+    if let Some(cf) = &e.counterfactual {
+        let _ = writeln!(out, "\nCounterfactual (candidate re-run with the break kept at reference precision; '{}' rel L2 {}):", cf.output, num(cf.output_error));
+        for c in &cf.checks {
+            let effect = if c.contained { "contained: the output error does not change".to_string() } else { format!("removes {:.0}% of the output error", 100.0 * c.explained) };
+            let _ = writeln!(out, "  {:<40} {:<22} -> {:>9}  {effect}{}", shorten(&c.node, 40), format!("{} ({})", c.reason, c.kept.len()), num(c.output_error_after), if c.fixes { ", fixes every output" } else { "" });
+        }
+        let _ = writeln!(out, "  => {}", cf.conclusion);
+    }
+    if let Some(sr) = &e.search {
+        let marked: usize = sr.runs.iter().map(|r| r.marked.len()).sum();
+        let _ = writeln!(out, "\nSearch marking: {} candidate runs, {} tensors marked in all (divergence threshold rel L2 {})", sr.runs.len(), marked, num(sr.threshold));
+        for (i, r) in sr.runs.iter().enumerate() {
+            let what = if r.marked.is_empty() { "model outputs only".to_string() } else { r.marked.join(", ") };
+            let _ = writeln!(out, "  run {:>2} {:<8} {}", i + 1, r.purpose, shorten(&what, 100));
+        }
+    }
+    if let Some(mp) = &e.memory {
+        let _ = writeln!(out, "\nMemory: exposed tensors ~{} MiB per run, over the budget of {} MiB: compared in {} groups (largest ~{} MiB)", mp.estimated_bytes >> 20, mp.budget_bytes >> 20, mp.groups, mp.largest_group_bytes >> 20);
+    }
+    if let Some(sm) = &e.samples {
+        let _ = writeln!(out, "\nSamples: {} (verdict from {}, the largest output error)", sm.count, sm.worst_sample);
+        for r in &sm.runs {
+            let _ = writeln!(out, "  {:<30} {:<8} worst output rel L2 {:>9}  first divergent {}", shorten(&r.sample, 30), format!("{:?}", r.status).to_lowercase(), num(r.worst_output_error), r.first_divergent.as_deref().unwrap_or("-"));
         }
     }
     if !v.non_finite.is_empty() {

@@ -10,7 +10,7 @@ mod error;
 pub mod inputs;
 pub mod npy;
 mod ort_backend;
-pub use ort_backend::float32_tensors;
+pub use ort_backend::{float32_tensors, tensor_types, InferredType};
 pub mod ortlib;
 pub mod saved;
 mod tensor;

@@ -1,6 +1,6 @@
 //! ONNX Runtime backends: `ort:cpu` (the float32 reference) and `sim:fp16` (FP16 emulation).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use layerwise_model::{emulate_fp16, expose};
@@ -10,7 +10,7 @@ use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::{Backend, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
-use crate::{ortlib, RuntimeError, Tensor, TensorData};
+use crate::{ortlib, DType, RuntimeError, Tensor, TensorData};
 
 pub struct OrtBackend {
     spec: String,
@@ -18,11 +18,14 @@ pub struct OrtBackend {
     emulate_fp16: bool,
     /// Nodes the emulation keeps in FP32.
     keep_fp32: Vec<String>,
+    /// The float32 tensors of each model emulated so far, by model hash: asking ONNX Runtime costs
+    /// a session build, and `fix` and the counterfactual checks run the same model many times.
+    float_cache: HashMap<String, HashSet<String>>,
 }
 
 impl OrtBackend {
     pub fn new(spec: &str, options: OrtOptions, emulate_fp16: bool) -> OrtBackend {
-        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new() }
+        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new(), float_cache: HashMap::new() }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -108,13 +111,17 @@ impl Backend for OrtBackend {
         let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
         let proto = if self.emulate_fp16 {
             // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.
-            let float = float32_tensors(request.model, request.index)?;
+            if !self.float_cache.contains_key(&request.model.sha256) {
+                let float = float32_tensors(request.model, request.index)?;
+                self.float_cache.insert(request.model.sha256.clone(), float);
+            }
+            let float = &self.float_cache[&request.model.sha256];
             let mut keep = HashSet::new();
             for name in &self.keep_fp32 {
                 let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
                 keep.insert(node.proto_index);
             }
-            let emulated = emulate_fp16(request.model, &exposed, &float, &keep)?;
+            let emulated = emulate_fp16(request.model, &exposed, float, &keep)?;
             output.notes.push(format!(
                 "FP16 emulation: {} tensors rounded through Cast pairs, {} weights rounded, {} nodes kept in FP32",
                 emulated.rounded_tensors,
@@ -169,15 +176,76 @@ impl Backend for OrtBackend {
 /// The float32 tensors a main-graph node computes, as ONNX Runtime types them: every tensor is
 /// exposed and the session's output metadata read (no run).
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
-    let (exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
+    Ok(tensor_types(model, index, &[])?.into_iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n).collect())
+}
+
+/// The type of a computed tensor as ONNX Runtime infers it before any run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InferredType {
+    /// `None` for element types layerwise does not hold (strings) and for non-tensors.
+    pub dtype: Option<DType>,
+    /// Dimensions; `None` where ONNX Runtime could not infer one.
+    pub dims: Vec<Option<usize>>,
+}
+
+/// The inferred type of every tensor a main-graph node computes: every tensor is exposed and the
+/// session's output metadata read (no run). `inputs` (name, shape) fix the shapes of dynamic
+/// graph inputs first, so that shapes downstream come out concrete.
+pub fn tensor_types(
+    model: &layerwise_model::Model,
+    index: &layerwise_model::GraphIndex,
+    inputs: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, InferredType>, RuntimeError> {
+    use layerwise_model::onnx::{tensor_shape_proto::dimension::Value, type_proto};
+    let (mut exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
+    if let Some(graph) = exposed.graph.as_mut() {
+        for v in graph.input.iter_mut() {
+            let Some((_, shape)) = inputs.iter().find(|(n, _)| n == v.name()) else { continue };
+            if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+                if let Some(s) = t.shape.as_mut().filter(|s| s.dim.len() == shape.len()) {
+                    for (d, &n) in s.dim.iter_mut().zip(shape) {
+                        d.value = Some(Value::DimValue(n as i64));
+                    }
+                }
+            }
+        }
+    }
     let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, false);
     let session = backend.session_for(model, &exposed, OptLevel::Disable)?;
     Ok(session
         .outputs()
         .iter()
-        .filter(|o| matches!(o.dtype(), ValueType::Tensor { ty: TensorElementType::Float32, .. }))
-        .map(|o| o.name().to_string())
+        .map(|o| {
+            let ty = match o.dtype() {
+                ValueType::Tensor { ty, shape, .. } => InferredType {
+                    dtype: element_dtype(*ty),
+                    dims: shape.iter().map(|&d| usize::try_from(d).ok()).collect(),
+                },
+                _ => InferredType { dtype: None, dims: Vec::new() },
+            };
+            (o.name().to_string(), ty)
+        })
         .collect())
+}
+
+fn element_dtype(ty: TensorElementType) -> Option<DType> {
+    use TensorElementType as E;
+    Some(match ty {
+        E::Float32 => DType::F32,
+        E::Float16 => DType::F16,
+        E::Bfloat16 => DType::BF16,
+        E::Float64 => DType::F64,
+        E::Int8 => DType::I8,
+        E::Int16 => DType::I16,
+        E::Int32 => DType::I32,
+        E::Int64 => DType::I64,
+        E::Uint8 => DType::U8,
+        E::Uint16 => DType::U16,
+        E::Uint32 => DType::U32,
+        E::Uint64 => DType::U64,
+        E::Bool => DType::Bool,
+        _ => return None,
+    })
 }
 
 fn to_ort_value(t: &Tensor) -> ort::Result<DynValue> {

@@ -1,0 +1,144 @@
+//! What bisect finds beyond the walk: how the candidate runs were marked, which chain nodes
+//! introduce error and which only pass it on, what keeping each break at reference precision does
+//! to the outputs, memory splitting, and many-sample aggregation. All optional parts of a report.
+
+use serde::Serialize;
+
+use crate::search::SearchResult;
+
+/// The optional sections of a report, filled by the pipeline.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Extras {
+    /// `--mark search`: the candidate runs made and what each marked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Isolation>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub counterfactual: Option<Counterfactual>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryPlan>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples: Option<Samples>,
+}
+
+/// Local error of the blame chain's nodes: each node run alone on the candidate with the
+/// reference's values as its inputs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Isolation {
+    pub nodes: Vec<LocalError>,
+    /// The chain node that introduces the most error by itself (largest local error, earliest on
+    /// ties), if any introduces error at all.
+    pub introducing: Option<String>,
+    /// Chain nodes that could not be run alone, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LocalError {
+    pub node: String,
+    pub op_type: String,
+    pub tensor: String,
+    /// Relative L2 error of the node run alone on exact inputs.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub local_error: f64,
+    /// Relative L2 error of the same tensor inside the full candidate run.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub in_model_error: f64,
+    /// `introduces` (large local error) or `propagates` (small local error: the error comes
+    /// from its inputs).
+    pub role: &'static str,
+    /// Why the local error does not count, where it does not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// Each break re-run with its node (or the recognised pattern around it) kept at reference
+/// precision, and what that does to the worst output's error.
+#[derive(Debug, Clone, Serialize)]
+pub struct Counterfactual {
+    /// The output whose error is measured.
+    pub output: String,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_error: f64,
+    pub checks: Vec<KeepCheck>,
+    /// One paragraph for people: which break explains the output error, or that none does.
+    pub conclusion: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct KeepCheck {
+    /// The break checked (a node name).
+    pub node: String,
+    /// Why it was checked: `first_divergent`, `break`, `non_finite_origin`, `introducing`.
+    pub reason: &'static str,
+    /// The pattern kept at reference precision, and its nodes.
+    pub pattern: &'static str,
+    pub kept: Vec<String>,
+    /// The worst output's error with the pattern kept.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_error_after: f64,
+    /// Share of the output error that disappears (1 = all of it, 0 = none).
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub explained: f64,
+    /// Every output within tolerance with this pattern kept.
+    pub fixes: bool,
+    /// The output error does not change: the break is contained (its error does not reach the output).
+    pub contained: bool,
+}
+
+impl KeepCheck {
+    /// Share of `before` that disappears when the error becomes `after` (inf counts as the whole).
+    pub fn explained_share(before: f64, after: f64) -> f64 {
+        match (before.is_finite(), after.is_finite()) {
+            (false, true) => 1.0,
+            (false, false) => 0.0,
+            _ if before <= 0.0 => 0.0,
+            _ => ((before - after) / before).clamp(0.0, 1.0),
+        }
+    }
+}
+
+/// How the exposed tensors were split to stay within `--max-memory`.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryPlan {
+    pub budget_bytes: u64,
+    /// Estimated bytes of every exposed tensor of one run.
+    pub estimated_bytes: u64,
+    /// Runs per side (1 = no split); each group's tensors are compared and dropped before the next.
+    pub groups: usize,
+    pub largest_group_bytes: u64,
+}
+
+/// `--inputs DIR`: one run per sample, metrics aggregated per tensor.
+#[derive(Debug, Clone, Serialize)]
+pub struct Samples {
+    pub count: usize,
+    /// Per sample: its file, its worst output error and the first divergent node it leads to.
+    pub runs: Vec<SampleRun>,
+    /// The sample whose worst output error is largest: the verdict and chain come from it.
+    pub worst_sample: String,
+    /// Per tensor: mean relative L2 error over samples, and the sample with the largest error.
+    pub tensors: Vec<SampleStats>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SampleRun {
+    pub sample: String,
+    pub status: crate::Status,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub worst_output_error: f64,
+    pub first_divergent: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SampleStats {
+    pub tensor: String,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub mean_error: f64,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub worst_error: f64,
+    pub worst_sample: String,
+    /// Samples in which the tensor is out of tolerance.
+    pub failing_samples: usize,
+}

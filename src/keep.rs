@@ -1,0 +1,62 @@
+//! Running the candidate with chosen nodes kept at reference precision: the one mechanism behind
+//! `fix`'s search and `bisect`'s counterfactual checks.
+//!
+//! `sim:fp16` keeps nodes in the emulation itself. Any other FP16 candidate is given the model
+//! converted to FP16 with the keep list in FP32 (the converter's keep list), saved to a
+//! temporary file and loaded like a user's model.
+
+use std::collections::HashSet;
+
+use anyhow::Result;
+use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, ConvertOptions};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::{float32_tensors, Backend, RunOutput, RunRequest, Tensor};
+
+pub struct KeepRunner<'a> {
+    model: &'a Model,
+    index: &'a GraphIndex,
+    /// The candidate emulates FP16 and keeps nodes itself.
+    emulated: bool,
+    float: Option<HashSet<String>>,
+}
+
+impl<'a> KeepRunner<'a> {
+    /// Prepares `candidate` (its keep list is reset) to run `model` with keep lists.
+    pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
+        let emulated = candidate.keep_fp32(&[]);
+        KeepRunner { model, index, emulated, float: None }
+    }
+
+    /// The float32 tensors of the model (ONNX Runtime's answer), asked once.
+    pub fn float(&mut self) -> Result<&HashSet<String>> {
+        if self.float.is_none() {
+            self.float = Some(float_tensor_set(self.model, &float32_tensors(self.model, self.index)?));
+        }
+        Ok(self.float.as_ref().expect("just set"))
+    }
+
+    /// The model converted to FP16 with `keep` in FP32.
+    pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
+        let (model, index) = (self.model, self.index);
+        Ok(convert_fp16(model, index, self.float()?, &options)?)
+    }
+
+    /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own
+    /// keep list is reset afterwards.
+    pub fn run(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+        if self.emulated {
+            candidate.keep_fp32(keep);
+            let out = candidate.run(&RunRequest { model: self.model, index: self.index, inputs, selection });
+            candidate.keep_fp32(&[]);
+            return Ok(out?);
+        }
+        let converted = self.convert(keep)?;
+        let dir = tempfile::Builder::new().prefix("layerwise-keep-").tempdir()?;
+        let path = dir.path().join("candidate.onnx");
+        self.model.save_standalone(&converted.proto, &path)?;
+        let cm = Model::load(&path)?;
+        let ci = GraphIndex::build(cm.graph())?;
+        Ok(candidate.run(&RunRequest { model: &cm, index: &ci, inputs, selection })?)
+    }
+}
