@@ -333,6 +333,7 @@ impl Job<'_> {
             bail!("--save-tensors keeps every tensor of both runs, but they do not fit --max-memory {} at once; raise --max-memory", self.budget);
         }
         let mut seen_outputs = false;
+        let mut seen_outputs_compared: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (g, group) in groups.iter().enumerate() {
             let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
             let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
@@ -351,7 +352,9 @@ impl Job<'_> {
                     }
                 }
             }
-            records.extend(comparison.records);
+            // Model outputs come back in every group; keep their first comparison.
+            records.extend(comparison.records.into_iter().filter(|r| !(seen_outputs_compared.contains(&r.name))));
+            seen_outputs_compared.extend(self.index.outputs.iter().cloned());
             not_compared.extend(comparison.not_compared);
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());

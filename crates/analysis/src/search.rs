@@ -68,7 +68,19 @@ pub fn search_first_divergent<E>(
         unavailable.extend(missing);
         Ok(())
     };
-    run(Vec::new(), "outputs", &mut known, &mut unavailable)?;
+    // The first run also marks the data inputs of the nodes producing the outputs: where branches
+    // merge right at an output, that tells which branch carries the error at no extra run.
+    let mut first: Vec<String> = index
+        .outputs
+        .iter()
+        .filter_map(|o| index.producer(o))
+        .flat_map(|n| n.inputs.iter())
+        .filter(|i| !i.is_empty() && !index.is_constant_like(i) && index.producer_index(i).is_some() && !index.outputs.contains(i))
+        .cloned()
+        .collect();
+    first.sort_by_key(|t| index.producer_index(t));
+    first.dedup();
+    run(first, "outputs", &mut known, &mut unavailable)?;
 
     let worst = index
         .outputs
@@ -89,6 +101,33 @@ pub fn search_first_divergent<E>(
     let mut start = worst;
     let mut visited: HashSet<String> = HashSet::new();
     loop {
+        // Where every data input of the current tensor's producer is already measured, follow
+        // the diverged one (or settle on the producer) without bisecting.
+        if let Some(node) = index.producer(&start) {
+            let inputs = data_inputs(index, node);
+            if inputs.iter().all(|i| known.contains_key(i)) {
+                if chain.last() != Some(&start) {
+                    chain.push(start.clone());
+                }
+                visited.insert(start.clone());
+                let next = inputs
+                    .iter()
+                    .filter_map(|i| known.get(i))
+                    .filter(|r| diverged(r) && !visited.contains(&r.name))
+                    .max_by(|a, b| a.error_level().total_cmp(&b.error_level()))
+                    .map(|r| r.name.clone());
+                match next {
+                    Some(next) => {
+                        start = next;
+                        continue;
+                    }
+                    None => {
+                        let node = node.name.clone();
+                        return Ok(finish(runs, tau, chain, Some(node), known, unavailable));
+                    }
+                }
+            }
+        }
         let path = blame_path(index, &depth, &start);
         // path[lo] is diverged; path[hi] (or the graph inputs, at hi == len) is not.
         let (mut lo, mut hi) = (0usize, path.len());
@@ -122,12 +161,7 @@ pub fn search_first_divergent<E>(
         let Some(node) = index.producer(&tensor) else { break };
         visited.insert(tensor.clone());
         // The node's other data inputs, measured in one run if not yet known.
-        let inputs: Vec<String> = node
-            .inputs
-            .iter()
-            .filter(|i| !i.is_empty() && !index.is_constant_like(i) && index.producer_index(i).is_some())
-            .cloned()
-            .collect();
+        let inputs = data_inputs(index, node);
         let missing: Vec<String> = inputs.iter().filter(|i| !known.contains_key(*i)).cloned().collect::<HashSet<_>>().into_iter().collect();
         if !missing.is_empty() {
             let mut missing = missing;
@@ -150,6 +184,14 @@ pub fn search_first_divergent<E>(
         }
     }
     Ok(finish(runs, tau, chain, None, known, unavailable))
+}
+
+/// The computed, non-weight inputs of a node.
+fn data_inputs(index: &GraphIndex, node: &layerwise_model::NodeInfo) -> Vec<String> {
+    let mut inputs: Vec<String> =
+        node.inputs.iter().filter(|i| !i.is_empty() && !index.is_constant_like(i) && index.producer_index(i).is_some()).cloned().collect();
+    inputs.dedup();
+    inputs
 }
 
 fn finish(
