@@ -452,7 +452,9 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     extras.memory = compared.memory.clone();
     let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
 
-    if verdict.status == Status::Diverged && options.isolate {
+    // Saved tensors cannot run anything new.
+    let can_run = !options.candidate.starts_with("npz:");
+    if verdict.status == Status::Diverged && options.isolate && can_run {
         extras.isolation = steps.run("running chain nodes alone", || isolate(&mut job, &feeds, &compared, &verdict)).map(Some).unwrap_or_else(|e| {
             Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
         });

@@ -106,7 +106,7 @@ fn saved_tensors_compare_like_a_live_run() {
     let mut wrong = options(None);
     wrong.candidate = replay.candidate.clone();
     wrong.inputs.seed = 99;
-    let err = bisect_model(&model, &wrong).err().expect("different inputs must be refused").to_string();
+    let err = format!("{:#}", bisect_model(&model, &wrong).err().expect("different inputs must be refused"));
     assert!(err.contains("different value of input 'x'"), "{err}");
 }
 
