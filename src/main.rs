@@ -49,8 +49,10 @@ enum Command {
 struct ConvertArgs {
     /// The float32 ONNX model (never modified).
     model: PathBuf,
-    /// Target precision (only fp16 for now).
-    #[arg(long, default_value = "fp16", value_parser = ["fp16"])]
+    /// Target: `fp16` (a strongly typed FP16 model), or `fp16-emulated`: the float32 model that
+    /// `--cand sim:fp16` runs (every stored value rounded to FP16 through Cast pairs), for other
+    /// tools such as Polygraphy.
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "fp16-emulated"])]
     to: String,
     /// Nodes to keep in FP32 (names as layerwise reports them), comma-separated.
     #[arg(long = "keep-fp32", value_delimiter = ',', value_name = "NODES")]
@@ -346,6 +348,24 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
     }
     let model = Model::load(&args.model)?;
     let index = GraphIndex::build(model.graph())?;
+    if args.to == "fp16-emulated" {
+        let computed = float32_tensors(&model, &index)?;
+        let keep: std::collections::HashSet<usize> = args
+            .keep_fp32
+            .iter()
+            .map(|n| index.node(n).map(|i| i.proto_index).with_context(|| format!("--keep-fp32: no node '{n}'")))
+            .collect::<Result<_>>()?;
+        let emulated = layerwise_model::emulate_fp16(&model, &model.proto, &computed, &keep)?;
+        model.save_standalone(&emulated.proto, &args.output)?;
+        println!(
+            "{}: {} tensors rounded through Cast pairs, {} weights rounded -> {}",
+            args.model.display(),
+            emulated.rounded_tensors,
+            emulated.rounded_weights,
+            args.output.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
     let options = ConvertOptions {
         keep_nodes: args.keep_fp32.into_iter().collect(),

@@ -177,10 +177,7 @@ pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutc
 
 /// Half the memory the system reports available, or 4 GiB where it cannot tell.
 pub fn default_memory_budget() -> u64 {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|s| {
-        s.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()).map(|kib| kib * 1024)
-    });
-    available.map(|b| b / 2).unwrap_or(4 << 30)
+    layerwise_runtime::inputs::available_memory().map(|b| b / 2).unwrap_or(4 << 30)
 }
 
 /// Parses `512M`, `2G`, `1.5GiB`, `100000` (bytes).

@@ -27,6 +27,9 @@ fn tensor_from_npy<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<Tensor, Runt
     let npyz::DType::Plain(ts) = npy.dtype() else {
         return Err(bad(path, "structured (record) arrays are not tensors"));
     };
+    // An absurd shape in a header must be an error, not an allocation that fails.
+    let bytes = crate::inputs::tensor_bytes(&shape, ts.size_field() as usize);
+    crate::inputs::check_fits(bytes, &shape).map_err(|why| bad(path, why))?;
     let dtype = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Float, 4) => DType::F32,
         (TypeChar::Float, 2) => DType::F16,
