@@ -228,3 +228,34 @@ fn non_finite_user_inputs_are_allowed_and_reported() {
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
     assert_eq!((report["inputs"][0]["nan"].as_u64(), report["inputs"][0]["inf"].as_u64()), (Some(1), Some(1)));
 }
+
+#[test]
+fn reports_are_byte_identical_across_runs_and_thread_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
+    let run = |threads: &str, name: &str| -> serde_json::Value {
+        let spec_ref = format!("ort:cpu,threads={threads}");
+        let spec_cand = format!("sim:fp16,threads={threads}");
+        let out = Command::new(env!("CARGO_BIN_EXE_layerwise"))
+            .args(["bisect", "demo.onnx", "--ref", &spec_ref, "--cand", &spec_cand, "--json", name])
+            .env("RAYON_NUM_THREADS", threads)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join(name)).unwrap()).unwrap();
+        let o = v.as_object_mut().unwrap();
+        // The one field that may differ (timestamps, durations), and the specs that name the threads.
+        o.remove("run_info");
+        o["ref"]["spec"] = serde_json::Value::Null;
+        o["cand"]["spec"] = serde_json::Value::Null;
+        v
+    };
+    let one = run("1", "one.json");
+    let again = run("1", "again.json");
+    let two = run("2", "two.json");
+    let four = run("4", "four.json");
+    assert_eq!(one, again, "same inputs, same seed, same report");
+    assert_eq!(one, two, "1 and 2 threads");
+    assert_eq!(one, four, "1 and 4 threads");
+}

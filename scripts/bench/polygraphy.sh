@@ -26,7 +26,7 @@ measure() { # command...: prints "wall_s rss_mib"; exit 1 (tensors out of tolera
     local rc=0
     /usr/bin/time -f "%e %M" -o "$work/time" "$@" >"$work/out" 2>&1 || rc=$?
     if [ "$rc" -gt 1 ]; then echo "FAILED ($rc): $*" >&2; tail -20 "$work/out" >&2; exit 1; fi
-    awk '{printf "%s %.0f\n", $1, $2/1024}' "$work/time"
+    tail -1 "$work/time" | awk '{printf "%s %.0f\n", $1, $2/1024}'
 }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
