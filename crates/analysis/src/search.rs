@@ -100,31 +100,31 @@ pub fn search_first_divergent<E>(
     let mut chain: Vec<String> = Vec::new();
     let mut start = worst;
     let mut visited: HashSet<String> = HashSet::new();
+    let mut unmeasurable: HashSet<String> = HashSet::new();
     loop {
-        // Where every data input of the current tensor's producer is already measured, follow
-        // the diverged one (or settle on the producer) without bisecting.
-        if let Some(node) = index.producer(&start) {
-            let inputs = data_inputs(index, node);
-            if inputs.iter().all(|i| known.contains_key(i)) {
-                if chain.last() != Some(&start) {
-                    chain.push(start.clone());
+        let node = index.producer(&start).expect("the blame path holds computed tensors only");
+        let inputs = data_inputs(index, node);
+        // With every data input of the producer measured, follow the one that diverges (the
+        // error came in from there) or settle on the producer.
+        if inputs.iter().all(|i| known.contains_key(i) || unmeasurable.contains(i)) {
+            if chain.last() != Some(&start) {
+                chain.push(start.clone());
+            }
+            visited.insert(start.clone());
+            let next = inputs
+                .iter()
+                .filter_map(|i| known.get(i))
+                .filter(|r| diverged(r) && !visited.contains(&r.name))
+                .max_by(|a, b| a.error_level().total_cmp(&b.error_level()))
+                .map(|r| r.name.clone());
+            match next {
+                Some(next) => {
+                    start = next;
+                    continue;
                 }
-                visited.insert(start.clone());
-                let next = inputs
-                    .iter()
-                    .filter_map(|i| known.get(i))
-                    .filter(|r| diverged(r) && !visited.contains(&r.name))
-                    .max_by(|a, b| a.error_level().total_cmp(&b.error_level()))
-                    .map(|r| r.name.clone());
-                match next {
-                    Some(next) => {
-                        start = next;
-                        continue;
-                    }
-                    None => {
-                        let node = node.name.clone();
-                        return Ok(finish(runs, tau, chain, Some(node), known, unavailable));
-                    }
+                None => {
+                    let node = node.name.clone();
+                    return Ok(finish(runs, tau, chain, Some(node), known, unavailable));
                 }
             }
         }
@@ -152,38 +152,23 @@ pub fn search_first_divergent<E>(
                 }
             }
         }
-        for t in &path[..=lo] {
+        for t in &path[..lo] {
             if known.contains_key(t) && chain.last() != Some(t) {
                 chain.push(t.clone());
             }
         }
-        let tensor = path[lo].clone();
-        let Some(node) = index.producer(&tensor) else { break };
-        visited.insert(tensor.clone());
-        // The node's other data inputs, measured in one run if not yet known.
-        let inputs = data_inputs(index, node);
-        let missing: Vec<String> = inputs.iter().filter(|i| !known.contains_key(*i)).cloned().collect::<HashSet<_>>().into_iter().collect();
+        start = path[lo].clone();
+        // Its producer's data inputs not yet known, measured in one run; the top of the loop
+        // then follows or settles.
+        let settled = index.producer(&start).expect("the blame path holds computed tensors only");
+        let mut missing: Vec<String> = data_inputs(index, settled).into_iter().filter(|i| !known.contains_key(i)).collect();
         if !missing.is_empty() {
-            let mut missing = missing;
             missing.sort_by_key(|t| index.producer_index(t));
-            run(missing, "inputs", &mut known, &mut unavailable)?;
-        }
-        // An input that diverges too: the error came in from there.
-        let next = inputs
-            .iter()
-            .filter_map(|i| known.get(i))
-            .filter(|r| diverged(r) && !visited.contains(&r.name))
-            .max_by(|a, b| a.error_level().total_cmp(&b.error_level()))
-            .map(|r| r.name.clone());
-        match next {
-            Some(next) => start = next,
-            None => {
-                let node = node.name.clone();
-                return Ok(finish(runs, tau, chain, Some(node), known, unavailable));
-            }
+            run(missing.clone(), "inputs", &mut known, &mut unavailable)?;
+            // What the candidate could not provide counts as measured and not diverged.
+            unmeasurable.extend(missing.into_iter().filter(|t| !known.contains_key(t)));
         }
     }
-    Ok(finish(runs, tau, chain, None, known, unavailable))
 }
 
 /// The computed, non-weight inputs of a node.
