@@ -27,6 +27,11 @@ impl<'a> KeepRunner<'a> {
         KeepRunner { model, index, emulated, float: None }
     }
 
+    /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
+    pub fn emulated(&self) -> bool {
+        self.emulated
+    }
+
     /// The float32 tensors of the model (ONNX Runtime's answer), asked once.
     pub fn float(&mut self) -> Result<&HashSet<String>> {
         if self.float.is_none() {

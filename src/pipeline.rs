@@ -239,6 +239,9 @@ struct Job<'a> {
     rule: WalkRule,
     order: Vec<String>,
     budget: u64,
+    /// The group plan per set of input shapes: samples usually share their shapes, and planning
+    /// builds an ONNX Runtime session.
+    plans: HashMap<Vec<Vec<usize>>, (Vec<Vec<String>>, Option<MemoryPlan>)>,
 }
 
 /// The result of comparing one sample, all tensors.
@@ -312,7 +315,12 @@ impl Job<'_> {
 
     /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
     fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
-        let (groups, memory) = steps.run("planning memory", || self.plan(feeds))?;
+        let shapes: Vec<Vec<usize>> = feeds.iter().map(|(_, t)| t.shape.clone()).collect();
+        if !self.plans.contains_key(&shapes) {
+            let plan = steps.run("planning memory", || self.plan(feeds))?;
+            self.plans.insert(shapes.clone(), plan);
+        }
+        let (groups, memory) = self.plans[&shapes].clone();
         let mut records = Vec::new();
         let mut not_compared = Vec::new();
         let mut histograms = HashMap::new();
@@ -329,18 +337,14 @@ impl Job<'_> {
         if split && self.options.save_tensors.is_some() {
             bail!("--save-tensors keeps every tensor of both runs, but they do not fit --max-memory {} at once; raise --max-memory", self.budget);
         }
-        let mut seen_outputs = false;
-        let mut seen_outputs_compared: std::collections::HashSet<String> = std::collections::HashSet::new();
+        // Names compared so far: model outputs come back in every group and count once.
+        let mut attempted: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (g, group) in groups.iter().enumerate() {
             let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
             let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
             let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
             let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
-            let mut order: Vec<String> = group.clone();
-            if !seen_outputs {
-                order.extend(self.index.outputs.iter().filter(|o| !group.contains(o)).cloned());
-            }
-            seen_outputs = true;
+            let order: Vec<String> = group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
             let comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, self.tolerance)))?;
             if split {
                 for record in comparison.records.iter().filter(|r| !r.pass && r.mismatch.is_none()) {
@@ -349,9 +353,7 @@ impl Job<'_> {
                     }
                 }
             }
-            // Model outputs come back in every group; keep their first comparison.
-            records.extend(comparison.records.into_iter().filter(|r| !(seen_outputs_compared.contains(&r.name))));
-            seen_outputs_compared.extend(self.index.outputs.iter().cloned());
+            records.extend(comparison.records);
             not_compared.extend(comparison.not_compared);
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
@@ -364,10 +366,6 @@ impl Job<'_> {
             }
             // Both runs' tensors of this group are dropped here, before the next group runs.
         }
-        // A tensor another group also listed as not compared (the model outputs) counts once.
-        let compared: std::collections::HashSet<String> = records.iter().map(|r| r.name.clone()).collect();
-        not_compared.retain(|(t, _)| !compared.contains(t));
-        not_compared.dedup();
         result.comparison = Comparison::from_records(records, not_compared, &self.order);
         result.histograms = histograms;
         Ok(result)
@@ -403,7 +401,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, reference, candidate, precision, tolerance, rule, order, budget };
+    let mut job = Job { options, model, index, cand_model, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new() };
     let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
     let cand_info = Candidate { tf32: job.candidate.tf32() };
     let mut extras = Extras::default();
@@ -665,9 +663,9 @@ const COUNTERFACTUAL_MAX: usize = 6;
 fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Comparison, verdict: &Verdict, isolation: Option<&Isolation>) -> Result<Option<Counterfactual>> {
     let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
     let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+    let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
     // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
-    let emulated = job.candidate.keep_fp32(&[]);
-    if !emulated && job.cand_model.is_none() {
+    if !keeper.emulated() && job.cand_model.is_none() {
         return Ok(None);
     }
     let mut candidates: Vec<(String, &'static str)> = Vec::new();
@@ -686,7 +684,8 @@ fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Compar
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     let outputs = Selection::Names(Vec::new());
-    let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
+    // The reference's outputs do not change between checks.
+    let reference = job.reference.run(&RunRequest { model: job.model, index: &job.index, inputs: feeds, selection: &outputs })?;
     for (node, reason) in candidates {
         let pattern = pattern_of(&job.index, &node);
         if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
@@ -694,7 +693,6 @@ fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Compar
         }
         tried.push(pattern.nodes.clone());
         let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
-        let reference = job.reference.run(&RunRequest { model: job.model, index: &job.index, inputs: feeds, selection: &outputs })?;
         let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.tolerance);
         let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(before, after_error);
@@ -719,12 +717,14 @@ fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Compar
             if b.fixes { " and brings every output within tolerance" } else { "" }
         ),
         _ => {
-            let amplifier = verdict
-                .chain
-                .windows(2)
-                .filter(|w| w[1].error > 0.0 && w[0].error.is_finite())
-                .max_by(|a, b| (a[0].error / a[1].error).total_cmp(&(b[0].error / b[1].error)))
-                .map(|w| format!("; it grows most at {} ({}, {:.1}x)", w[0].node, w[0].op_type, w[0].error / w[1].error))
+            // Growth at each chain step, the chain's last node (its input is off the chain) included.
+            let steps = verdict.chain.windows(2).map(|w| (&w[0].node, &w[0].op_type, w[0].error, w[1].error));
+            let last = verdict.first_divergent.iter().map(|f| (&f.node, &f.op_type, f.output_error, f.input_error));
+            let amplifier = steps
+                .chain(last)
+                .filter(|(_, _, out, input)| *input > 0.0 && out.is_finite())
+                .max_by(|a, b| (a.2 / a.3).total_cmp(&(b.2 / b.3)))
+                .map(|(node, op, out, input)| format!("; it grows most at {node} ({op}, {:.1}x)", out / input))
                 .unwrap_or_default();
             format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
         }
