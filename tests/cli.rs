@@ -3,20 +3,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
-use common::{dynamic_model, planted, save, Ending};
+use common::{dynamic_model, layerwise, planted, save, text, Ending};
 use layerwise_runtime::npy::{write_npy_file, write_npz};
 use layerwise_runtime::{Tensor, TensorData};
-
-fn layerwise(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
 
 struct Case {
     dir: tempfile::TempDir,

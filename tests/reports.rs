@@ -2,16 +2,7 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::{Command, Output};
-
-fn layerwise(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
+use common::{layerwise, text};
 
 #[test]
 fn all_formats_from_one_run_and_from_the_saved_report() {

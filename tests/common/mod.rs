@@ -152,3 +152,13 @@ pub fn convertible() -> ModelProto {
     b.output("out", DataType::Float);
     b.build()
 }
+
+/// Runs the layerwise binary in `cwd`.
+pub fn layerwise(args: &[&str], cwd: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).output().unwrap()
+}
+
+/// Stdout and stderr of a run, together.
+pub fn text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
