@@ -191,6 +191,47 @@ impl Tensor {
         self.data.dtype()
     }
 
+    /// The values of an ONNX `TensorProto` held in the proto itself (`raw_data` or the typed
+    /// fields), as ONNX's test data and Polygraphy's `.pb` files store them. Element types layerwise
+    /// does not carry (strings, FP8, INT4, complex) and external data are errors.
+    pub fn from_proto(t: &layerwise_model::onnx::TensorProto) -> Result<Tensor, String> {
+        let dtype = DType::from_onnx(t.data_type())
+            .ok_or_else(|| format!("element type {} is not one layerwise carries", layerwise_model::data_type_name(t.data_type())))?;
+        if t.data_location == Some(1) {
+            return Err("its values are in an external file".into());
+        }
+        let shape: Vec<usize> = t
+            .dims
+            .iter()
+            .map(|&d| usize::try_from(d).map_err(|_| format!("dimension {d} is negative")))
+            .collect::<Result<_, _>>()?;
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or("its shape overflows")?;
+        if let Some(raw) = t.raw_data.as_ref().filter(|r| !r.is_empty() || n == 0) {
+            return Tensor::from_le_bytes(dtype, shape.clone(), raw)
+                .ok_or_else(|| format!("{} bytes of raw data do not fill shape {}", raw.len(), shape_string(&shape)));
+        }
+        let data = match dtype {
+            DType::F32 => TensorData::F32(t.float_data.clone()),
+            DType::F64 => TensorData::F64(t.double_data.clone()),
+            DType::I64 => TensorData::I64(t.int64_data.clone()),
+            DType::U32 => TensorData::U32(t.uint64_data.iter().map(|&v| v as u32).collect()),
+            DType::U64 => TensorData::U64(t.uint64_data.clone()),
+            // The narrower types are stored one element per int32_data entry (FP16/BF16 as bits).
+            DType::I32 => TensorData::I32(t.int32_data.clone()),
+            DType::I16 => TensorData::I16(t.int32_data.iter().map(|&v| v as i16).collect()),
+            DType::I8 => TensorData::I8(t.int32_data.iter().map(|&v| v as i8).collect()),
+            DType::U16 => TensorData::U16(t.int32_data.iter().map(|&v| v as u16).collect()),
+            DType::U8 => TensorData::U8(t.int32_data.iter().map(|&v| v as u8).collect()),
+            DType::Bool => TensorData::Bool(t.int32_data.iter().map(|&v| v != 0).collect()),
+            DType::F16 => TensorData::F16(t.int32_data.iter().map(|&v| f16::from_bits(v as u16)).collect()),
+            DType::BF16 => TensorData::BF16(t.int32_data.iter().map(|&v| bf16::from_bits(v as u16)).collect()),
+        };
+        if data.len() != n {
+            return Err(format!("{} values do not fill shape {}", data.len(), shape_string(&shape)));
+        }
+        Ok(Tensor::new(shape, data))
+    }
+
     /// A tensor from little-endian bytes (what a device copy returns). `None` when the byte count
     /// does not match the shape.
     pub fn from_le_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<Tensor> {
@@ -297,5 +338,53 @@ pub fn shape_string(shape: &[usize]) -> String {
         "scalar".to_string()
     } else {
         shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerwise_model::onnx::TensorProto;
+
+    fn proto(data_type: i32, dims: &[i64]) -> TensorProto {
+        TensorProto { data_type: Some(data_type), dims: dims.to_vec(), ..Default::default() }
+    }
+
+    #[test]
+    fn tensor_from_proto_reads_raw_and_typed_fields() {
+        let mut raw = proto(1, &[2]);
+        raw.raw_data = Some([1.5f32.to_le_bytes(), (-2.0f32).to_le_bytes()].concat().into());
+        assert_eq!(Tensor::from_proto(&raw).unwrap(), Tensor::f32(vec![2], vec![1.5, -2.0]));
+
+        let mut halfs = proto(10, &[2]);
+        halfs.int32_data = vec![f16::from_f32(0.5).to_bits() as i32, f16::from_f32(-3.0).to_bits() as i32];
+        assert_eq!(Tensor::from_proto(&halfs).unwrap().data, TensorData::F16(vec![f16::from_f32(0.5), f16::from_f32(-3.0)]));
+
+        let mut bools = proto(9, &[3]);
+        bools.int32_data = vec![1, 0, 1];
+        assert_eq!(Tensor::from_proto(&bools).unwrap().data, TensorData::Bool(vec![true, false, true]));
+
+        let mut wide = proto(13, &[1]);
+        wide.uint64_data = vec![u64::MAX];
+        assert_eq!(Tensor::from_proto(&wide).unwrap().data, TensorData::U64(vec![u64::MAX]));
+
+        // A scalar has no dims and one value; an empty tensor has a zero dim and no raw bytes.
+        let mut scalar = proto(7, &[]);
+        scalar.int64_data = vec![-7];
+        assert_eq!(Tensor::from_proto(&scalar).unwrap(), Tensor::new(vec![], TensorData::I64(vec![-7])));
+        assert_eq!(Tensor::from_proto(&proto(1, &[0, 3])).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn tensor_from_proto_refuses_what_it_cannot_hold() {
+        let mut short = proto(1, &[3]);
+        short.float_data = vec![1.0, 2.0];
+        assert_eq!(Tensor::from_proto(&short).unwrap_err(), "2 values do not fill shape 3");
+        let mut short_raw = proto(6, &[2]);
+        short_raw.raw_data = Some(vec![0u8; 5].into());
+        assert_eq!(Tensor::from_proto(&short_raw).unwrap_err(), "5 bytes of raw data do not fill shape 2");
+        assert_eq!(Tensor::from_proto(&proto(1, &[-1])).unwrap_err(), "dimension -1 is negative");
+        assert!(Tensor::from_proto(&proto(8, &[1])).unwrap_err().contains("is not one layerwise carries"), "strings");
+        assert_eq!(Tensor::from_proto(&proto(1, &[i64::MAX, 4])).unwrap_err(), "its shape overflows");
     }
 }
