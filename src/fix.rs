@@ -3,7 +3,6 @@
 //! docs/fix.md describes the search and the outputs.
 
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
@@ -316,10 +315,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model,
         fixed_model_fp32_nodes,
         fixed_model_check,
-        run_info: layerwise_report::RunInfo {
-            generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            durations_s: vec![("total".into(), started.elapsed().as_secs_f64())],
-        },
+        run_info: layerwise_report::RunInfo::now(vec![("total".into(), started.elapsed().as_secs_f64())]),
     };
     if let Some(json) = &b.outputs.json {
         let mut bytes = serde_json::to_vec_pretty(&report)?;

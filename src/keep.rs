@@ -57,7 +57,7 @@ impl<'a> KeepRunner<'a> {
             return Ok(out?);
         }
         let converted = self.convert(keep)?;
-        let dir = tempfile::Builder::new().prefix("layerwise-keep-").tempdir()?;
+        let dir = layerwise_model::scratch::ScratchDir::new("layerwise-keep-")?;
         let path = dir.path().join("candidate.onnx");
         self.model.save_standalone(&converted.proto, &path)?;
         let cm = Model::load(&path)?;

@@ -506,6 +506,14 @@ fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Ctrl-C (and SIGTERM, SIGHUP) would end the process without running destructors: remove the
+    // temporary files and folders first. Reports and models are renamed into place when complete,
+    // so an interrupted run leaves the previous file or none, never a partial one.
+    let _ = ctrlc::set_handler(|| {
+        layerwise_model::scratch::remove_all();
+        eprintln!("layerwise: interrupted; temporary files removed, no partial output written");
+        std::process::exit(130);
+    });
     let result = match cli.command {
         Command::Bisect(args) => run_bisect(*args),
         Command::Convert(args) => run_convert(args),

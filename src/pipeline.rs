@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -402,7 +402,11 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
     let mut job = Job { options, model, index, cand_model, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new() };
-    let weights = if precision == Precision::Fp16 { scan_fp16_weight_range(model)? } else { Vec::new() };
+    let weights = if precision == Precision::Fp16 {
+        steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
+    } else {
+        Vec::new()
+    };
     let cand_info = Candidate { tf32: job.candidate.tf32() };
     let mut extras = Extras::default();
 
@@ -487,10 +491,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
         histogram,
         engine_layers: compared.engine_layers.clone(),
         extras,
-        run_info: layerwise_report::RunInfo {
-            generated_at_unix_s: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            durations_s: durations,
-        },
+        run_info: layerwise_report::RunInfo::now(durations),
     });
     options.outputs.write(&serde_json::to_value(&report)?, None)?;
     let text = render_terminal(&report, options.top);

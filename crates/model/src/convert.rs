@@ -13,7 +13,7 @@ use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, type_proto, AttributeProto, ModelProto, NodeProto,
     TensorProto,
 };
-use crate::weights::float_weight_values;
+use crate::weights::for_each_float_chunk;
 use crate::{GraphIndex, Model, ModelError};
 
 /// Ops that stay FP32 whatever the keep list says, and why (docs/fix.md lists them too).
@@ -110,8 +110,8 @@ fn set_elem_type(v: &mut crate::onnx::ValueInfoProto, dt: DataType) {
 }
 
 fn to_f16_tensor(model: &Model, t: &TensorProto) -> Result<TensorProto, ModelError> {
-    let values = float_weight_values(model, t)?;
-    let raw: Vec<u8> = values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect();
+    let mut raw: Vec<u8> = Vec::new();
+    for_each_float_chunk(model, t, &mut |values| raw.extend(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes())))?;
     Ok(TensorProto {
         name: t.name.clone(),
         dims: t.dims.clone(),
@@ -120,6 +120,12 @@ fn to_f16_tensor(model: &Model, t: &TensorProto) -> Result<TensorProto, ModelErr
         doc_string: t.doc_string.clone(),
         ..Default::default()
     })
+}
+
+fn overflows_fp16(model: &Model, t: &TensorProto) -> Result<bool, ModelError> {
+    let mut any = false;
+    for_each_float_chunk(model, t, &mut |values| any |= values.iter().any(|&v| fp16::overflows(v)))?;
+    Ok(any)
 }
 
 /// The set of float32 tensors of the main graph: `computed_float` (node outputs, as ONNX Runtime
@@ -143,14 +149,14 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     // Weights beyond the FP16 range.
     let mut overflowing: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32) {
-        if float_weight_values(model, t)?.iter().any(|&v| fp16::overflows(v)) {
+        if overflows_fp16(model, t)? {
             overflowing.insert(t.name().to_string(), Vec::new());
         }
     }
     for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
         let over = n.attribute.iter().any(|a| match (a.name(), &a.t) {
             ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
-                float_weight_values(model, t).map(|v| v.iter().any(|&x| fp16::overflows(x))).unwrap_or(false)
+                overflows_fp16(model, t).unwrap_or(false)
             }
             ("value_float", _) => a.f.is_some_and(fp16::overflows),
             ("value_floats", _) => a.floats.iter().any(|&x| fp16::overflows(x)),

@@ -96,12 +96,12 @@ pub fn extract_groups(
             for output in node.output.iter_mut().filter(|t| !t.is_empty()) {
                 let original = output.clone();
                 *output = rename(&original);
-                if !index.is_constant_like(&original) || names.iter().any(|n| *n == info.name) {
+                if !index.is_constant_like(&original) || names.contains(&info.name) {
                     out_graph.output.push(ValueInfoProto { name: Some(rename(&original)), ..Default::default() });
                     group.outputs.push((rename(&original), original));
                 }
             }
-            if names.iter().any(|n| *n == info.name) {
+            if names.contains(&info.name) {
                 group.nodes.push(info.name.clone());
             }
             out_graph.node.push(node);

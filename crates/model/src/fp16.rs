@@ -16,7 +16,27 @@ pub fn round_f32(x: f32) -> f32 {
     f16::from_f32(x).to_f32()
 }
 
-/// Whether a finite FP32 value overflows when stored as FP16.
+/// Magnitude from which FP32 values round to ±inf in FP16: halfway between 65504 and the next
+/// step (65536), where round-to-nearest-even goes up.
+pub const FP16_OVERFLOW_FROM: f32 = 65520.0;
+
+/// Whether a finite FP32 value overflows when stored as FP16 (a comparison, not a conversion:
+/// weight scans call it on billions of values).
 pub fn overflows(x: f32) -> bool {
-    x.is_finite() && round_f32(x).is_infinite()
+    x.is_finite() && x.abs() >= FP16_OVERFLOW_FROM
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overflow_threshold_matches_the_conversion() {
+        let below = f32::from_bits(FP16_OVERFLOW_FROM.to_bits() - 1);
+        for x in [FP16_MAX, below, FP16_OVERFLOW_FROM, 1e6, f32::MAX, 0.0, 1.0, f32::INFINITY, f32::NAN] {
+            for v in [x, -x] {
+                assert_eq!(overflows(v), v.is_finite() && round_f32(v).is_infinite(), "{v}");
+            }
+        }
+    }
 }

@@ -12,6 +12,7 @@ pub mod convert;
 mod error;
 pub mod extract;
 pub mod fp16;
+pub mod scratch;
 mod graph;
 mod model;
 mod rewrite;
@@ -21,7 +22,7 @@ pub use error::ModelError;
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, Model};
 pub use rewrite::{emulate_fp16, expose, Fp16Emulation, Selection};
-pub use weights::{float_weight_values, scan_fp16_weight_range, WeightRange};
+pub use weights::{float_weight_values, for_each_float_chunk, scan_fp16_weight_range, WeightRange};
 
 /// ONNX `TensorProto.DataType` codes used throughout layerwise.
 pub use onnx::tensor_proto::DataType;

@@ -161,15 +161,20 @@ impl Model {
     /// original model's folder as its external-data folder. A rewrite over 1 GiB reads its
     /// external tensors in and moves every large tensor into `scratch`, which becomes the folder.
     pub fn runtime_bytes(&self, proto: &ModelProto, scratch: &Path) -> Result<(Vec<u8>, Option<PathBuf>), ModelError> {
-        if proto.encoded_len() > PROTOBUF_LIMIT {
-            let mut proto = proto.clone();
-            self.materialize_external(&mut proto)?;
-            externalize_large_tensors(&mut proto, scratch, "model.onnx.data")?;
-            return Ok((proto.encode_to_vec(), Some(scratch.to_path_buf())));
-        }
         let mut external = false;
+        let mut marked = false;
         if let Some(g) = &proto.graph {
-            for_each_initializer(g, &mut |t| external |= is_external(t));
+            for_each_initializer(g, &mut |t| {
+                external |= is_external(t);
+                marked |= is_marked_for_rounding(t);
+            });
+        }
+        let oversized = proto.encoded_len() > PROTOBUF_LIMIT;
+        if oversized || marked {
+            // Raw data are shared `Bytes`, so this clone copies no weights.
+            let mut proto = proto.clone();
+            self.relocate_weights(&mut proto, &scratch.join("model.onnx.data"), "model.onnx.data", oversized)?;
+            return Ok((proto.encode_to_vec(), Some(scratch.to_path_buf())));
         }
         let folder = match (&self.base_dir, external) {
             (Some(base), true) => Some(fs::canonicalize(base).map_err(|source| ModelError::Read { path: base.clone(), source })?),
@@ -197,67 +202,100 @@ impl Model {
         }
         Ok(())
     }
+
+    /// Writes every external tensor of `proto` (and, when `move_inline`, every inline tensor of
+    /// 1 KiB and more) into `data_path`, which the tensors then name as `location` (the file's
+    /// name once in place: callers may write to a temporary name and rename).
+    /// External tensors are streamed through a small buffer, FP16-rounded on the way when marked,
+    /// so no weight is ever held whole in memory; offsets are aligned to 64 KiB so that ONNX
+    /// Runtime can map them.
+    fn relocate_weights(&self, proto: &mut ModelProto, data_path: &Path, location: &str, move_inline: bool) -> Result<(), ModelError> {
+        const ALIGN: u64 = 64 << 10;
+        let io = |source| ModelError::Write { path: data_path.to_path_buf(), source };
+        let mut file = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(data_path).map_err(io)?);
+        let mut offset = 0u64;
+        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
+        while let Some(graph) = stack.pop() {
+            for t in graph.initializer.iter_mut() {
+                let padding = offset.next_multiple_of(ALIGN) - offset;
+                let length = if is_external(t) {
+                    file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
+                    self.stream_external(t, &mut file)?
+                } else if let Some(raw) = t.raw_data.take_if(|r| move_inline && r.len() >= 1024) {
+                    file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
+                    file.write_all(&raw).map_err(io)?;
+                    raw.len() as u64
+                } else {
+                    continue;
+                };
+                offset += padding;
+                let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+                t.external_data = vec![entry("location", location.to_string()), entry("offset", offset.to_string()), entry("length", length.to_string())];
+                t.data_location = Some(tensor_proto::DataLocation::External as i32);
+                offset += length;
+            }
+            for node in graph.node.iter_mut() {
+                for attr in node.attribute.iter_mut() {
+                    stack.extend(attr.g.iter_mut());
+                    stack.extend(attr.graphs.iter_mut());
+                }
+            }
+        }
+        file.flush().map_err(io)?;
+        Ok(())
+    }
 }
 
 /// Protobuf messages cannot exceed 2 GiB; stay clear of it.
 const PROTOBUF_LIMIT: usize = 1 << 30;
-
-/// Moves inline raw data of 1 KiB and more into one external file beside the model, as ONNX's own
-/// `save_model(..., save_as_external_data=True)` does, so a rewritten large model stays loadable.
-fn externalize_large_tensors(proto: &mut ModelProto, dir: &Path, data_name: &str) -> Result<(), ModelError> {
-    let data_path = dir.join(data_name);
-    let io = |source| ModelError::Write { path: data_path.clone(), source };
-    let mut file = std::io::BufWriter::new(fs::File::create(&data_path).map_err(io)?);
-    let mut offset = 0u64;
-    let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
-    while let Some(graph) = stack.pop() {
-        for t in graph.initializer.iter_mut() {
-            let Some(raw) = t.raw_data.take_if(|r| r.len() >= 1024) else { continue };
-            file.write_all(&raw).map_err(io)?;
-            let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-            t.external_data = vec![
-                entry("location", data_name.to_string()),
-                entry("offset", offset.to_string()),
-                entry("length", raw.len().to_string()),
-            ];
-            t.data_location = Some(tensor_proto::DataLocation::External as i32);
-            offset += raw.len() as u64;
-        }
-        for node in graph.node.iter_mut() {
-            for attr in node.attribute.iter_mut() {
-                stack.extend(attr.g.iter_mut());
-                stack.extend(attr.graphs.iter_mut());
-            }
-        }
-    }
-    file.flush().map_err(io)?;
-    Ok(())
-}
 
 impl Model {
     /// Saves `proto` (a rewrite of this model) as a standalone model at `path`: external tensors
     /// are read in, and a result over 1 GiB moves its large tensors into `<path>.data` beside it.
     /// The file is written to a temporary name and renamed, so it is complete or absent.
     pub fn save_standalone(&self, proto: &ModelProto, path: &Path) -> Result<(), ModelError> {
-        let mut proto = proto.clone();
-        self.materialize_external(&mut proto)?;
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
         let file_name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model.onnx".into());
-        if proto.encoded_len() > PROTOBUF_LIMIT {
-            externalize_large_tensors(&mut proto, &dir, &format!("{file_name}.data"))?;
-        }
         let io = |source| ModelError::Write { path: path.to_path_buf(), source };
+        let mut external_bytes = 0u64;
+        if let Some(g) = &proto.graph {
+            for_each_initializer(g, &mut |t| {
+                if is_external(t) {
+                    external_bytes += ExternalRef::parse(t).ok().and_then(|e| e.length).unwrap_or(0);
+                }
+            });
+        }
+        let mut proto = proto.clone();
+        // A model that stays under the protobuf limit with its weights inline is written as one
+        // file; a larger one streams its weights into `<path>.data` beside it.
+        let mut data_file = None;
+        if proto.encoded_len() as u64 + external_bytes > PROTOBUF_LIMIT as u64 {
+            let data_name = format!("{file_name}.data");
+            let tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir).map_err(io)?;
+            let tracked = crate::scratch::track(tmp.path());
+            self.relocate_weights(&mut proto, tmp.path(), &data_name, true)?;
+            data_file = Some((tmp, dir.join(data_name), tracked));
+        } else {
+            self.materialize_external(&mut proto)?;
+        }
         let mut tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir).map_err(io)?;
+        let _tracked = crate::scratch::track(tmp.path());
         tmp.write_all(&proto.encode_to_vec()).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
         // Temporary files are private (0600); a written model gets the usual 0644.
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o644)).map_err(io)?;
+            for f in std::iter::once(tmp.path()).chain(data_file.as_ref().map(|(d, _, _)| d.path())) {
+                fs::set_permissions(f, fs::Permissions::from_mode(0o644)).map_err(io)?;
+            }
+        }
+        if let Some((data, final_path, _tracked)) = data_file {
+            data.as_file().sync_all().map_err(io)?;
+            data.persist(&final_path).map_err(|e| io(e.error))?;
         }
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
@@ -276,12 +314,74 @@ impl Model {
         f.seek(SeekFrom::Start(ext.offset))
             .and_then(|_| f.read_exact(&mut buf))
             .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
+        if is_marked_for_rounding(t) {
+            round_le_f32(&mut buf);
+        }
         Ok(buf)
+    }
+
+    /// Streams an external tensor's bytes (FP16-rounded when marked) to `out` through an 8 MiB
+    /// buffer; returns the byte count.
+    fn stream_external(&self, t: &TensorProto, out: &mut dyn Write) -> Result<u64, ModelError> {
+        self.for_each_external_chunk(t, &mut |chunk| {
+            out.write_all(chunk).map_err(|e| format!("cannot write a copy: {e}"))
+        })
+    }
+
+    /// Calls `f` on successive chunks (whole elements, at most 8 MiB) of an external tensor's
+    /// bytes, FP16-rounded when the tensor is marked; returns the byte count.
+    pub(crate) fn for_each_external_chunk(&self, t: &TensorProto, f: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<u64, ModelError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
+        let ext = ExternalRef::parse(t).map_err(err)?;
+        let path = self.external_file(&ext.location).ok_or_else(|| err("in-memory model".into()))?;
+        let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
+        let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
+        let mut file = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
+        file.seek(SeekFrom::Start(ext.offset)).map_err(|e| err(format!("cannot seek in '{}': {e}", path.display())))?;
+        let round = is_marked_for_rounding(t);
+        let mut buf = vec![0u8; (8usize << 20).min(len as usize)];
+        let mut left = len;
+        while left > 0 {
+            let n = (buf.len() as u64).min(left) as usize;
+            file.read_exact(&mut buf[..n])
+                .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
+            if round {
+                round_le_f32(&mut buf[..n]);
+            }
+            f(&buf[..n]).map_err(err)?;
+            left -= n as u64;
+        }
+        Ok(len)
     }
 }
 
 pub(crate) fn is_external(t: &TensorProto) -> bool {
     t.data_location == Some(tensor_proto::DataLocation::External as i32)
+}
+
+/// An `external_data` entry layerwise adds to a float32 external tensor whose values are to be
+/// read rounded through FP16 (the FP16 emulation), so that a 2 GB weight is rounded while it is
+/// streamed instead of being read whole. Runtimes never see it: every path that hands a model to
+/// a runtime or writes it out reads such tensors through layerwise.
+pub(crate) const ROUND_FP16_KEY: &str = "layerwise_round_fp16";
+
+pub(crate) fn mark_for_rounding(t: &mut TensorProto) {
+    if is_external(t) && !is_marked_for_rounding(t) {
+        t.external_data.push(StringStringEntryProto { key: Some(ROUND_FP16_KEY.into()), value: Some("1".into()) });
+    }
+}
+
+pub(crate) fn is_marked_for_rounding(t: &TensorProto) -> bool {
+    is_external(t) && t.external_data.iter().any(|e| e.key() == ROUND_FP16_KEY)
+}
+
+/// Rounds little-endian float32 values through FP16 in place.
+fn round_le_f32(bytes: &mut [u8]) {
+    for c in bytes.chunks_exact_mut(4) {
+        let v = crate::fp16::round_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        c.copy_from_slice(&v.to_le_bytes());
+    }
 }
 
 /// The parsed `external_data` entries of a tensor.

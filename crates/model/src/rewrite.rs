@@ -7,6 +7,7 @@ use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
     TensorProto, ValueInfoProto,
 };
+use crate::model::{is_external, mark_for_rounding};
 use crate::weights::float_weight_values;
 use crate::{GraphIndex, Model, ModelError};
 
@@ -226,7 +227,12 @@ fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize)
     let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
     for t in graph.initializer.iter_mut() {
         if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
-            round_tensor(model, t)?;
+            if is_external(t) {
+                // Rounded while streamed to the runtime (`Model::runtime_bytes`), never read whole.
+                mark_for_rounding(t);
+            } else {
+                round_tensor(model, t)?;
+            }
             *count += 1;
         }
     }

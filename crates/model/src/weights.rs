@@ -4,17 +4,33 @@ use crate::onnx::{attribute_proto::AttributeType, tensor_proto::DataType, GraphP
 use crate::{Model, ModelError};
 
 /// The values of a float32 weight (initializer or Constant tensor), wherever they are stored:
-/// `float_data`, little-endian `raw_data`, or an external file.
+/// `float_data`, little-endian `raw_data`, or an external file. Holds the whole weight: scans
+/// over weights that may be large use [`for_each_float_chunk`].
 pub fn float_weight_values(model: &Model, t: &TensorProto) -> Result<Vec<f32>, ModelError> {
+    let mut values = Vec::new();
+    for_each_float_chunk(model, t, &mut |chunk| values.extend_from_slice(chunk))?;
+    Ok(values)
+}
+
+/// Calls `f` on successive chunks of a float32 weight's values; an external weight is streamed
+/// through a bounded buffer, so a 2 GB weight is never held whole.
+pub fn for_each_float_chunk(model: &Model, t: &TensorProto, f: &mut dyn FnMut(&[f32])) -> Result<(), ModelError> {
     if t.data_type() != DataType::Float as i32 {
         return Err(ModelError::InvalidGraph(format!("tensor '{}' is not float32", t.name())));
     }
     let numel: usize = t.dims.iter().map(|&d| d.max(0) as usize).product();
-    let bytes_to_f32 = |b: &[u8]| -> Vec<f32> {
-        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    let mut floats = Vec::new();
+    let mut emit = |b: &[u8]| {
+        floats.clear();
+        floats.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        f(&floats);
     };
     if is_external(t) {
-        return Ok(bytes_to_f32(&model.external_bytes(t)?));
+        model.for_each_external_chunk(t, &mut |b| {
+            emit(b);
+            Ok(())
+        })?;
+        return Ok(());
     }
     if let Some(raw) = &t.raw_data {
         if raw.len() != numel * 4 {
@@ -25,9 +41,13 @@ pub fn float_weight_values(model: &Model, t: &TensorProto) -> Result<Vec<f32>, M
                 numel * 4
             )));
         }
-        return Ok(bytes_to_f32(raw));
+        for part in raw.chunks(8 << 20) {
+            emit(part);
+        }
+        return Ok(());
     }
-    Ok(t.float_data.clone())
+    f(&t.float_data);
+    Ok(())
 }
 
 /// A float32 weight whose values do not survive FP16 storage.
@@ -67,16 +87,18 @@ pub fn scan_fp16_weight_range(model: &Model) -> Result<Vec<WeightRange>, ModelEr
         if t.data_type() != DataType::Float as i32 {
             continue;
         }
-        let values = float_weight_values(model, t)?;
-        let mut w = WeightRange { name, kind, numel: values.len(), max_abs: 0.0, overflow_count: 0, subnormal_count: 0 };
-        for &v in &values {
-            w.max_abs = w.max_abs.max(v.abs());
-            if fp16::overflows(v) {
-                w.overflow_count += 1;
-            } else if v != 0.0 && v.abs() < fp16::FP16_MIN_NORMAL {
-                w.subnormal_count += 1;
+        let mut w = WeightRange { name, kind, numel: 0, max_abs: 0.0, overflow_count: 0, subnormal_count: 0 };
+        for_each_float_chunk(model, t, &mut |values| {
+            w.numel += values.len();
+            for &v in values {
+                w.max_abs = w.max_abs.max(v.abs());
+                if fp16::overflows(v) {
+                    w.overflow_count += 1;
+                } else if v != 0.0 && v.abs() < fp16::FP16_MIN_NORMAL {
+                    w.subnormal_count += 1;
+                }
             }
-        }
+        })?;
         if w.overflow_count > 0 || w.subnormal_count > 0 {
             found.push(w);
         }

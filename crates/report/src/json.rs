@@ -35,6 +35,22 @@ pub struct ReportContext<'a> {
 pub struct RunInfo {
     pub generated_at_unix_s: u64,
     pub durations_s: Vec<(String, f64)>,
+    /// The process's peak resident memory so far (Linux `VmHWM`), in MiB; absent elsewhere.
+    pub peak_memory_mib: Option<f64>,
+}
+
+impl RunInfo {
+    /// Run facts as of now: the time, the given step durations and the peak memory.
+    pub fn now(durations_s: Vec<(String, f64)>) -> RunInfo {
+        let generated_at_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        RunInfo { generated_at_unix_s, durations_s, peak_memory_mib: peak_memory_mib() }
+    }
+}
+
+fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some((kib / 1024.0 * 10.0).round() / 10.0)
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -84,6 +84,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
         .suffix(".tmp")
         .tempfile_in(&dir)
         .map_err(|e| err(e.to_string()))?;
+    let _tracked = layerwise_model::scratch::track(tmp.path());
     tmp.write_all(bytes).map_err(|e| err(e.to_string()))?;
     tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
     // Temporary files are private (0600); a report gets the usual 0644.

@@ -35,9 +35,7 @@ impl OrtBackend {
     /// A session for `proto`, a rewrite of `model`, loaded from memory with external data
     /// resolved against the original model's folder (see `Model::runtime_bytes`).
     fn session_for(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, level: OptLevel) -> Result<Session, RuntimeError> {
-        let scratch = tempfile::Builder::new()
-            .prefix("layerwise-")
-            .tempdir()
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         self.session(&bytes, folder.as_deref(), level)
@@ -199,6 +197,7 @@ pub fn tensor_types(
     use layerwise_model::onnx::{tensor_shape_proto::dimension::Value, type_proto};
     let (mut exposed, _) = expose(&model.proto, index, &layerwise_model::Selection::All)?;
     if let Some(graph) = exposed.graph.as_mut() {
+        weights_as_inputs(graph);
         for v in graph.input.iter_mut() {
             let Some((_, shape)) = inputs.iter().find(|(n, _)| n == v.name()) else { continue };
             if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
@@ -226,6 +225,35 @@ pub fn tensor_types(
             (o.name().to_string(), ty)
         })
         .collect())
+}
+
+/// Turns the large weights (external, or 64 KiB and more inline) of the main graph into typed
+/// graph inputs: type inference needs their types and shapes, not their values, and a session
+/// built this way does not read gigabytes of weights just to answer. Small initializers stay,
+/// since shape inference may need their values (Reshape's shape, Slice's starts, ...).
+fn weights_as_inputs(graph: &mut layerwise_model::onnx::GraphProto) {
+    use layerwise_model::builder::{tensor_type, Dim};
+    let large = |t: &layerwise_model::onnx::TensorProto| {
+        t.data_location == Some(1) || t.raw_data.as_ref().is_some_and(|r| r.len() >= 64 << 10)
+    };
+    let declared: HashSet<String> = graph.input.iter().map(|v| v.name().to_string()).collect();
+    let mut kept = Vec::with_capacity(graph.initializer.len());
+    for t in std::mem::take(&mut graph.initializer) {
+        if !large(&t) {
+            kept.push(t);
+            continue;
+        }
+        if !declared.contains(t.name()) {
+            let dims: Vec<Dim> = t.dims.iter().map(|&d| Dim::Fixed(d)).collect();
+            let elem = layerwise_model::DataType::try_from(t.data_type()).unwrap_or(layerwise_model::DataType::Float);
+            graph.input.push(layerwise_model::onnx::ValueInfoProto {
+                name: t.name.clone(),
+                r#type: Some(tensor_type(elem, Some(&dims))),
+                ..Default::default()
+            });
+        }
+    }
+    graph.initializer = kept;
 }
 
 fn element_dtype(ty: TensorElementType) -> Option<DType> {

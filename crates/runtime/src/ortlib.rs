@@ -116,7 +116,7 @@ fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
     spinner.enable_steady_tick(Duration::from_millis(120));
     spinner.set_message(format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display()));
     let result = (|| {
-        let download = tempfile::tempdir().map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+        let download = layerwise_model::scratch::ScratchDir::new("layerwise-pip-").map_err(|e| format!("cannot create a temporary folder: {e}"))?;
         let out = Command::new(python())
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
             .arg(download.path())
@@ -152,6 +152,7 @@ fn extract_libs(wheel: &Path, dest: &Path) -> Result<PathBuf, String> {
             continue;
         }
         let tmp = tempfile::NamedTempFile::new_in(dest).map_err(|e| e.to_string())?;
+        let _tracked = layerwise_model::scratch::track(tmp.path());
         std::io::copy(&mut entry, &mut tmp.as_file()).map_err(|e| e.to_string())?;
         let target = dest.join(file_name);
         // Temporary files are private (0600); a library in a cache is readable by all, like pip's.
@@ -213,6 +214,9 @@ pub fn environment() -> Result<(&'static ort::environment::Environment, &'static
         let loaded = ort::init_from(&lib.path)
             .map_err(|e| (false, format!("{e} (found by {})", lib.found_by)))?
             .with_name("layerwise")
+            // No usage events leave the machine, and no telemetry session file (`.ses`) is left in
+            // the temporary folder by an interrupted run.
+            .with_telemetry(false)
             .build()
             .map_err(|e| (false, format!("cannot start the environment: {e}")))?;
         Ok((loaded, lib))

@@ -382,7 +382,7 @@ pub fn build_engine(
     }
 
     let started = std::time::Instant::now();
-    let scratch = tempfile::tempdir().map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-trt-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
     let (bytes, folder) = model.runtime_bytes(&model.proto, scratch.path())?;
     if folder.is_some() {
         return Err(err("models with external data are not supported by the TensorRT backend yet"));
@@ -452,6 +452,7 @@ pub fn build_engine(
     let write = |path: &Path, data: &[u8]| -> Result<(), RuntimeError> {
         let io = |e| RuntimeError::Io { path: path.to_path_buf(), source: e };
         let mut tmp = tempfile::NamedTempFile::new_in(&cache).map_err(io)?;
+        let _tracked = layerwise_model::scratch::track(tmp.path());
         std::io::Write::write_all(&mut tmp, data).map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
