@@ -130,7 +130,11 @@ fn apply(proto: &mut ModelProto, edit: &Edit) {
         Edit::MakeExternal { init, location, offset, length } if !graph.initializer.is_empty() => {
             let t = &mut graph.initializer[*init as usize % inits];
             let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-            t.external_data = vec![entry("location", location.clone()), entry("offset", offset.to_string()), entry("length", length.to_string())];
+            // Mostly the real data file beside the model (so loading, streaming and FP16 rounding
+            // of external weights run), sometimes an arbitrary location.
+            let location = if location.len() % 4 == 0 { DATA_FILE.to_string() } else { location.clone() };
+            let (offset, length) = if location == DATA_FILE { (offset % DATA_LEN, length % (DATA_LEN + 8)) } else { (*offset, *length) };
+            t.external_data = vec![entry("location", location), entry("offset", offset.to_string()), entry("length", length.to_string())];
             t.data_location = Some(DataLocation::External as i32);
         }
         Edit::SetIntAttr { node, name, value } if !graph.node.is_empty() => {
@@ -159,6 +163,22 @@ fn apply(proto: &mut ModelProto, edit: &Edit) {
     }
 }
 
+const DATA_FILE: &str = "w.bin";
+const DATA_LEN: u64 = 4096;
+
+/// A folder (one per fuzzing process) holding `w.bin`, 4 KiB of float32 values for external
+/// weights, and `scratch/` for the rewritten models' data.
+fn data_folder() -> &'static std::path::PathBuf {
+    static FOLDER: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    FOLDER.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("layerwise-fuzz-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("scratch")).unwrap();
+        let values: Vec<u8> = (0..DATA_LEN / 4).flat_map(|i| ((i as f32 - 500.0) * 130.0).to_le_bytes()).collect();
+        std::fs::write(dir.join(DATA_FILE), values).unwrap();
+        dir
+    })
+}
+
 fuzz_target!(|input: Input| {
     let seeds = seeds();
     let mut proto = seeds[input.seed as usize % seeds.len()].clone();
@@ -167,7 +187,8 @@ fuzz_target!(|input: Input| {
     }
     let Ok(model) = Model::from_proto(proto, "fuzz.onnx") else { return };
     // Serialize and load back through the file path's decoder too.
-    let Ok(model) = Model::from_bytes(model.proto.encode_to_vec(), Path::new("/nonexistent-layerwise-fuzz/m.onnx")) else { return };
+    let folder = data_folder();
+    let Ok(model) = Model::from_bytes(model.proto.encode_to_vec(), &folder.join("m.onnx")) else { return };
     let Ok(index) = GraphIndex::build(model.graph()) else { return };
     let computed: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     let (exposed, _) = expose(&model.proto, &index, &Selection::All).expect("Selection::All always exposes");
@@ -180,6 +201,12 @@ fuzz_target!(|input: Input| {
     let keep: HashSet<usize> = input.keep.iter().map(|&i| i as usize % index.nodes.len().max(1)).collect();
     if let Ok(emulated) = emulate_fp16(&model, &exposed, &float, &keep) {
         let _ = Model::from_bytes(emulated.proto.encode_to_vec(), Path::new("/nonexistent-layerwise-fuzz/e.onnx"));
+        // What a runtime is handed: external weights streamed (rounded where marked) into scratch.
+        if let Ok((bytes, Some(scratch))) = model.runtime_bytes(&emulated.proto, &folder.join("scratch")) {
+            if scratch.ends_with("scratch") {
+                let _ = Model::from_bytes(bytes, &scratch.join("r.onnx"));
+            }
+        }
     }
     let options = ConvertOptions {
         keep_nodes: input.keep.iter().filter_map(|&i| index.nodes.get(i as usize).map(|n| n.name.clone())).collect(),
