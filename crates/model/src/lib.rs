@@ -20,7 +20,7 @@ mod weights;
 
 pub use error::ModelError;
 pub use graph::{GraphIndex, NodeInfo};
-pub use model::{data_type_name, data_type_size, Model};
+pub use model::{data_type_name, data_type_size, is_external, Model};
 pub use rewrite::{emulate_fp16, expose, Fp16Emulation, Selection};
 pub use weights::{float_weight_values, for_each_float_chunk, scan_fp16_weight_range, WeightRange};
 

@@ -185,22 +185,15 @@ impl Model {
 
     /// Reads every external tensor of `proto` into inline raw data.
     fn materialize_external(&self, proto: &mut ModelProto) -> Result<(), ModelError> {
-        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
-        while let Some(graph) = stack.pop() {
-            for t in graph.initializer.iter_mut().filter(|t| is_external(t)) {
+        for_each_initializer_mut(proto, &mut |t| {
+            if is_external(t) {
                 let bytes = self.external_bytes(t)?;
                 t.raw_data = Some(Bytes::from(bytes));
                 t.external_data.clear();
                 t.data_location = None;
             }
-            for node in graph.node.iter_mut() {
-                for attr in node.attribute.iter_mut() {
-                    stack.extend(attr.g.iter_mut());
-                    stack.extend(attr.graphs.iter_mut());
-                }
-            }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Writes every external tensor of `proto` (and, when `move_inline`, every inline tensor of
@@ -214,33 +207,25 @@ impl Model {
         let io = |source| ModelError::Write { path: data_path.to_path_buf(), source };
         let mut file = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(data_path).map_err(io)?);
         let mut offset = 0u64;
-        let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
-        while let Some(graph) = stack.pop() {
-            for t in graph.initializer.iter_mut() {
-                let padding = offset.next_multiple_of(ALIGN) - offset;
-                let length = if is_external(t) {
-                    file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
-                    self.stream_external(t, &mut file)?
-                } else if let Some(raw) = t.raw_data.take_if(|r| move_inline && r.len() >= 1024) {
-                    file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
-                    file.write_all(&raw).map_err(io)?;
-                    raw.len() as u64
-                } else {
-                    continue;
-                };
-                offset += padding;
-                let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-                t.external_data = vec![entry("location", location.to_string()), entry("offset", offset.to_string()), entry("length", length.to_string())];
-                t.data_location = Some(tensor_proto::DataLocation::External as i32);
-                offset += length;
-            }
-            for node in graph.node.iter_mut() {
-                for attr in node.attribute.iter_mut() {
-                    stack.extend(attr.g.iter_mut());
-                    stack.extend(attr.graphs.iter_mut());
-                }
-            }
-        }
+        for_each_initializer_mut(proto, &mut |t| {
+            let padding = offset.next_multiple_of(ALIGN) - offset;
+            let length = if is_external(t) {
+                file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
+                self.stream_external(t, &mut file)?
+            } else if let Some(raw) = t.raw_data.take_if(|r| move_inline && r.len() >= 1024) {
+                file.write_all(&vec![0u8; padding as usize]).map_err(io)?;
+                file.write_all(&raw).map_err(io)?;
+                raw.len() as u64
+            } else {
+                return Ok(());
+            };
+            offset += padding;
+            let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+            t.external_data = vec![entry("location", location.to_string()), entry("offset", offset.to_string()), entry("length", length.to_string())];
+            t.data_location = Some(tensor_proto::DataLocation::External as i32);
+            offset += length;
+            Ok(())
+        })?;
         file.flush().map_err(io)?;
         Ok(())
     }
@@ -302,22 +287,13 @@ impl Model {
     }
 
     /// The bytes of an externally stored tensor.
-    pub(crate) fn external_bytes(&self, t: &TensorProto) -> Result<Vec<u8>, ModelError> {
-        use std::io::{Read, Seek, SeekFrom};
-        let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
-        let ext = ExternalRef::parse(t).map_err(err)?;
-        let path = self.external_file(&ext.location).ok_or_else(|| err("in-memory model".into()))?;
-        let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
-        let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64) as usize;
-        let mut buf = vec![0u8; len];
-        let mut f = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
-        f.seek(SeekFrom::Start(ext.offset))
-            .and_then(|_| f.read_exact(&mut buf))
-            .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
-        if is_marked_for_rounding(t) {
-            round_le_f32(&mut buf);
-        }
-        Ok(buf)
+    fn external_bytes(&self, t: &TensorProto) -> Result<Vec<u8>, ModelError> {
+        let mut bytes = Vec::new();
+        self.for_each_external_chunk(t, &mut |chunk| {
+            bytes.extend_from_slice(chunk);
+            Ok(())
+        })?;
+        Ok(bytes)
     }
 
     /// Streams an external tensor's bytes (FP16-rounded when marked) to `out` through an 8 MiB
@@ -356,7 +332,8 @@ impl Model {
     }
 }
 
-pub(crate) fn is_external(t: &TensorProto) -> bool {
+/// Whether a tensor's values live in an external file.
+pub fn is_external(t: &TensorProto) -> bool {
     t.data_location == Some(tensor_proto::DataLocation::External as i32)
 }
 
@@ -404,6 +381,23 @@ impl ExternalRef {
         };
         Ok(ExternalRef { location, offset: number("offset")?.unwrap_or(0), length: number("length")? })
     }
+}
+
+/// Visits the initializers of a model's graph and of all its subgraphs, mutably.
+fn for_each_initializer_mut(proto: &mut ModelProto, f: &mut dyn FnMut(&mut TensorProto) -> Result<(), ModelError>) -> Result<(), ModelError> {
+    let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
+    while let Some(graph) = stack.pop() {
+        for t in graph.initializer.iter_mut() {
+            f(t)?;
+        }
+        for node in graph.node.iter_mut() {
+            for attr in node.attribute.iter_mut() {
+                stack.extend(attr.g.iter_mut());
+                stack.extend(attr.graphs.iter_mut());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Visits the initializers of a graph and of all its subgraphs.

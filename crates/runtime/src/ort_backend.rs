@@ -234,7 +234,7 @@ pub fn tensor_types(
 fn weights_as_inputs(graph: &mut layerwise_model::onnx::GraphProto) {
     use layerwise_model::builder::{tensor_type, Dim};
     let large = |t: &layerwise_model::onnx::TensorProto| {
-        t.data_location == Some(1) || t.raw_data.as_ref().is_some_and(|r| r.len() >= 64 << 10)
+        layerwise_model::is_external(t) || t.raw_data.as_ref().is_some_and(|r| r.len() >= 64 << 10)
     };
     let declared: HashSet<String> = graph.input.iter().map(|v| v.name().to_string()).collect();
     let mut kept = Vec::with_capacity(graph.initializer.len());

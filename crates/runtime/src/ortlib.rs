@@ -214,8 +214,8 @@ pub fn environment() -> Result<(&'static ort::environment::Environment, &'static
         let loaded = ort::init_from(&lib.path)
             .map_err(|e| (false, format!("{e} (found by {})", lib.found_by)))?
             .with_name("layerwise")
-            // No usage events leave the machine, and no telemetry session file (`.ses`) is left in
-            // the temporary folder by an interrupted run.
+            // No usage events leave the machine. (ONNX Runtime still writes its `.ses` session file
+            // in the temporary folder; see docs/reliability.md.)
             .with_telemetry(false)
             .build()
             .map_err(|e| (false, format!("cannot start the environment: {e}")))?;

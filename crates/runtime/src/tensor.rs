@@ -197,7 +197,7 @@ impl Tensor {
     pub fn from_proto(t: &layerwise_model::onnx::TensorProto) -> Result<Tensor, String> {
         let dtype = DType::from_onnx(t.data_type())
             .ok_or_else(|| format!("element type {} is not one layerwise carries", layerwise_model::data_type_name(t.data_type())))?;
-        if t.data_location == Some(1) {
+        if layerwise_model::is_external(t) {
             return Err("its values are in an external file".into());
         }
         let shape: Vec<usize> = t
