@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{dynamic_model, layerwise, save, text};
+use common::{assert_refused, dynamic_model, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use layerwise_model::DataType;
@@ -69,11 +69,7 @@ impl Catalogue {
         if args[0] == "bisect" {
             all.extend(["--json", &json]);
         }
-        let out = layerwise(&all, self.dir.path());
-        let t = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
-        assert!(t.contains(message), "{args:?}: expected '{message}' in: {t}");
-        assert!(!t.contains("panicked"), "{t}");
+        assert_refused(&layerwise(&all, self.dir.path()), args, message);
         assert_eq!(snapshot(self.dir.path()), before, "{args:?} changed, wrote or left files behind");
     }
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{dynamic_model, layerwise, planted, save, text, Ending};
+use common::{assert_refused, dynamic_model, layerwise, planted, save, text, Ending};
 use layerwise_runtime::npy::{write_npy_file, write_npz};
 use layerwise_runtime::{Tensor, TensorData};
 
@@ -31,11 +31,7 @@ impl Case {
         let mut all: Vec<&str> = vec!["bisect"];
         all.extend(args);
         all.extend(["--json", &json]);
-        let out = layerwise(&all, self.dir.path());
-        let t = text(&out);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
-        assert!(t.contains(message), "{args:?}: expected '{message}' in: {t}");
-        assert!(!t.contains("panicked"), "{t}");
+        assert_refused(&layerwise(&all, self.dir.path()), args, message);
         assert!(!self.path("report.json").exists(), "a failed run must not write a report");
     }
 }

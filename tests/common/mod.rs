@@ -158,6 +158,14 @@ pub fn layerwise(args: &[&str], cwd: &std::path::Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).output().unwrap()
 }
 
+/// Checks a refused run: exit status 2, `message` in its output, no panic.
+pub fn assert_refused(out: &std::process::Output, args: &[&str], message: &str) {
+    let t = text(out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
+    assert!(t.contains(message), "{args:?}: expected '{message}' in: {t}");
+    assert!(!t.contains("panicked"), "{t}");
+}
+
 /// Stdout and stderr of a run, together.
 pub fn text(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
