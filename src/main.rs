@@ -512,7 +512,10 @@ fn main() -> ExitCode {
     let _ = ctrlc::set_handler(|| {
         layerwise_model::scratch::remove_all();
         eprintln!("layerwise: interrupted; temporary files removed, no partial output written");
-        std::process::exit(130);
+        // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
+        // destructors under them aborts the process (cpuinfo's "called before initialized").
+        // SAFETY: `_exit` ends the process at once; nothing runs after it.
+        unsafe { libc::_exit(130) }
     });
     let result = match cli.command {
         Command::Bisect(args) => run_bisect(*args),
