@@ -1,8 +1,8 @@
 //! A model over 2 GB with external data (one 2.1 GiB tensor, others at offsets past 2 GiB),
 //! generated at test time: it loads, is rewritten and compared (`bisect --cand sim:fp16`), the
 //! model's folder is left untouched, and the process's peak memory (the report's `run_info`)
-//! shows layerwise never holds the weights itself. Opt-in: LAYERWISE_HUGE_MODEL_TEST=1 (`.ci/run` sets it when the disk has
-//! room); the model (2.3 GB) is written under target/tmp and removed afterwards.
+//! shows layerwise never holds the weights itself. Ignored by default: `.ci/run` runs it with
+//! `--include-ignored` when the disk has room; the model (2.3 GB) is written under target/tmp and removed afterwards.
 
 use std::io::Write;
 use std::path::Path;
@@ -94,11 +94,8 @@ fn listing(dir: &Path) -> Vec<(String, u64, std::time::SystemTime)> {
 }
 
 #[test]
+#[ignore = "writes 4.6 GB to disk; .ci/run runs it with --include-ignored when the disk has room"]
 fn model_over_2gb_with_external_data() {
-    if std::env::var("LAYERWISE_HUGE_MODEL_TEST").as_deref() != Ok("1") {
-        eprintln!("huge-model test not requested: set LAYERWISE_HUGE_MODEL_TEST=1 (CI does when the disk has 8 GB free) to run it");
-        return;
-    }
     let root = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let model_dir = root.path().join("model");
     std::fs::create_dir(&model_dir).unwrap();
