@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{compare_all, pattern_of, walk_back, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
 use layerwise_model::convert::check_float_types;
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::write_atomic;
@@ -116,7 +116,8 @@ impl Search<'_> {
 
     fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
         let comparison = compare_all(self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
-        let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, Candidate { tf32: self.candidate.tf32() });
+        let candidate = Candidate { arithmetic: Arithmetic::Fp16, tf32: self.candidate.tf32(), atol: self.tolerance.atol };
+        let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
     }
 }

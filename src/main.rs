@@ -145,6 +145,10 @@ struct BisectArgs {
     /// Do not re-run the candidate with each break kept at reference precision.
     #[arg(long)]
     no_counterfactual: bool,
+    /// Do not measure the noise floor (the reference re-run with its weights and inputs perturbed
+    /// by one rounding of the candidate's arithmetic).
+    #[arg(long)]
+    no_noise_floor: bool,
 }
 
 #[derive(Args)]
@@ -333,6 +337,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         max_memory: args.max_memory,
         isolate: !args.no_isolate,
         counterfactual: !args.no_counterfactual,
+        noise_floor: !args.no_noise_floor,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);

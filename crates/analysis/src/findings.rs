@@ -20,7 +20,37 @@ pub struct Extras {
     pub memory: Option<MemoryPlan>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub samples: Option<Samples>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub noise_floor: Option<NoiseFloor>,
 }
+
+/// How sensitive the model's worst output is to perturbations as small as one rounding of the
+/// candidate's arithmetic: the float32 reference re-run with its weights and float inputs each
+/// multiplied by `1 + relative * r` (`r` uniform in [-1, 1), seeded). When the candidate's error is
+/// within a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
+#[derive(Debug, Clone, Serialize)]
+pub struct NoiseFloor {
+    /// What was perturbed, in words.
+    pub perturbation: String,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub relative: f64,
+    pub seeds: Vec<u64>,
+    pub output: String,
+    /// The output's relative L2 error under the perturbation, the largest over the seeds.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_error: f64,
+    /// The candidate's relative L2 error on the same output.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub candidate_error: f64,
+    /// candidate_error / output_error.
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub ratio: f64,
+    /// The candidate's error is within `ILL_CONDITIONED_FACTOR` of the noise floor.
+    pub ill_conditioned: bool,
+}
+
+/// A candidate error at most this many times the noise floor is the model's sensitivity, not a layer.
+pub const ILL_CONDITIONED_FACTOR: f64 = 3.0;
 
 /// Local error of the blame chain's nodes: each node run alone on the candidate with the
 /// reference's values as its inputs.

@@ -10,10 +10,10 @@ mod patterns;
 pub mod search;
 mod walk;
 
-pub use findings::{Counterfactual, Extras, Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, SampleStats, Samples};
+pub use findings::{Counterfactual, Extras, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
 pub use compare::{compare_all, Comparison, TensorRecord};
 pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance};
 pub use patterns::{pattern_of, Pattern};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
-pub use walk::{judge_node, verdict_from_chain, walk_back, Candidate, Cause, CauseKind, ChainStep, FirstDivergent, NonFiniteTensor, Status, Verdict, WalkRule};
+pub use walk::{judge_node, verdict_from_chain, walk_back, Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status, Verdict, WalkRule};

@@ -13,3 +13,11 @@ pub fn finite_or_string<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error>
         s.serialize_str("-inf")
     }
 }
+
+/// Like [`finite_or_string`], with `None` as `null` (a value that was not measured).
+pub fn option_finite_or_string<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        Some(v) => finite_or_string(v, s),
+        None => s.serialize_none(),
+    }
+}

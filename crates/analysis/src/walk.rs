@@ -16,7 +16,7 @@
 //! layer is still named when the error has already drifted to a fraction of a percent before it,
 //! and error that grows a little at every layer (drift) is never blamed on one node.
 
-use layerwise_model::fp16::FP16_MAX;
+use layerwise_model::fp16::{FP16_MAX, FP16_UNIT_ROUNDOFF};
 use layerwise_model::{GraphIndex, WeightRange};
 use serde::Serialize;
 
@@ -60,27 +60,91 @@ pub enum CauseKind {
     PrecisionLoss,
     /// A float32 Conv/MatMul/Gemm that the candidate ran with TF32 tensor cores (10-bit mantissa).
     Tf32,
+    /// A saturating activation (Sigmoid, Tanh, Exp, Softplus) in its flat region: its relative
+    /// output error is the absolute error of its input, however small that is relatively.
+    Saturation,
+    /// Softmax/LogSoftmax on large logits: it depends on the absolute differences of its inputs,
+    /// and a small relative error of a large logit is a large absolute one.
+    LargeLogits,
+}
+
+/// The arithmetic the candidate computes in: which causes can apply to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arithmetic {
+    /// float32 (another runtime, other kernels, TF32 when `Candidate::tf32`).
+    #[default]
+    Fp32,
+    /// FP16 storage or FP16 kernels (emulated, a converted model, a GPU provider in FP16).
+    Fp16,
+}
+
+impl Arithmetic {
+    /// Relative error of one rounding in this arithmetic (half an ulp at 1.0).
+    pub fn unit_roundoff(self, tf32: bool) -> f64 {
+        match (self, tf32) {
+            (Arithmetic::Fp16, _) | (Arithmetic::Fp32, true) => FP16_UNIT_ROUNDOFF,
+            (Arithmetic::Fp32, false) => f32::EPSILON as f64 / 2.0,
+        }
+    }
 }
 
 /// What the walk knows about the candidate beyond its numbers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Candidate {
+    pub arithmetic: Arithmetic,
     /// The candidate runs float32 matrix products and convolutions with TF32 (ONNX Runtime CUDA's
     /// default, TensorRT's default).
     pub tf32: bool,
+    /// The absolute tolerance: an absolute error below it is not material.
+    pub atol: f64,
 }
 
 /// Ops whose float32 arithmetic TF32 replaces.
 const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention"];
 
+/// One mechanism that may account for a node's output error, with how much of it it explains.
 #[derive(Debug, Clone, Serialize)]
-pub struct Cause {
+pub struct Mechanism {
     pub kind: CauseKind,
     /// The weight at fault, for `weight_overflow`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub weight: Option<String>,
-    /// One sentence for people.
+    /// Share of the observed error this mechanism can account for, from the measured numbers
+    /// (1 = all of it); `null` where it cannot be estimated from them.
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub explains: Option<f64>,
+    /// One sentence for people, with the numbers that show it.
     pub detail: String,
+}
+
+/// Why a node breaks: the mechanism that explains most of its error, and the others considered.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cause {
+    pub kind: CauseKind,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub explains: Option<f64>,
+    pub detail: String,
+    /// Other mechanisms that apply to the candidate's arithmetic, best first.
+    pub alternatives: Vec<Mechanism>,
+}
+
+/// The measured numbers a cause is drawn from (the reference's magnitudes and the candidate's
+/// errors), for the node's largest-error data input and its output.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Evidence {
+    /// max |x| of the input in the reference; `null` when no input was compared.
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub input_max_abs: Option<f64>,
+    /// max |cand - ref| of that input.
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub input_max_abs_err: Option<f64>,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_max_abs: f64,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_max_abs_err: f64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -88,13 +152,29 @@ pub struct FirstDivergent {
     pub node: String,
     pub op_type: String,
     pub tensor: String,
-    /// Largest relative L2 error among the node's non-weight inputs.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
-    pub input_error: f64,
+    /// Largest relative L2 error among the node's data inputs (graph inputs are exact); `null`
+    /// when one of them was not compared.
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub input_error: Option<f64>,
     /// Relative L2 error of the node's output.
     #[serde(serialize_with = "crate::num::finite_or_string")]
     pub output_error: f64,
+    pub evidence: Evidence,
     pub cause: Cause,
+}
+
+/// Where the walk cannot see further back: a node on the error's path whose data inputs were not
+/// all compared (another model's names, a fused-away tensor), so the error may enter there or
+/// anywhere before it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SightEnd {
+    pub node: String,
+    pub op_type: String,
+    pub tensor: String,
+    #[serde(serialize_with = "crate::num::finite_or_string")]
+    pub output_error: f64,
+    /// The node's data inputs that were not compared, with the reason.
+    pub unseen_inputs: Vec<(String, String)>,
 }
 
 /// One step of the blame chain, from the worst output back towards the first divergent node.
@@ -145,6 +225,12 @@ pub struct Verdict {
     /// Every breaking node the walk passed, from the output back (the first divergent included):
     /// each is a candidate for the counterfactual check.
     pub breaks: Vec<FirstDivergent>,
+    /// Set when the walk reached a node whose inputs were not compared: no node further back can
+    /// be named, and none at or after it is called the origin.
+    pub sight_ends: Option<SightEnd>,
+    /// What the runs after the walk found (run alone, keeping breaks at reference precision, the
+    /// noise floor), one sentence each, in the order every report shows them.
+    pub conclusions: Vec<String>,
 }
 
 /// Ops known to amplify relative input error.
@@ -183,6 +269,8 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         summary: String::new(),
         non_finite: Vec::new(),
         breaks: Vec::new(),
+        sight_ends: None,
+        conclusions: Vec::new(),
     };
 
     if let Some(worst) = worst {
@@ -192,24 +280,36 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         loop {
             verdict.chain.push(step(current));
             let Some(node) = index.producer(&current.name) else { break };
-            let data_inputs = data_inputs(index, comparison, node);
+            let inputs = InputView::of(index, comparison, node);
             let output_error = current.error_level();
+            // The error may come from an input nobody measured: the walk cannot go on, and no node
+            // from here on can be called the origin.
+            if !inputs.unseen.is_empty() && (output_error >= rule.min_break || current.metrics.nonfinite_mismatch > 0) {
+                verdict.sight_ends = Some(SightEnd {
+                    node: node.name.clone(),
+                    op_type: node.op_type.clone(),
+                    tensor: current.name.clone(),
+                    output_error,
+                    unseen_inputs: inputs.unseen.clone(),
+                });
+                break;
+            }
             if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, node, current) {
                 verdict.breaks.push(finding.clone());
-                if finding.input_error < rule.max_drift {
+                if finding.input_error.is_some_and(|e| e < rule.max_drift) {
                     verdict.first_divergent = Some(finding);
                     break;
                 }
                 earlier_breaks.push((verdict.chain.len(), finding));
             }
             // Follow the input carrying the most error; stop if none carries any worth following.
-            let next = data_inputs.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied();
+            let next = inputs.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied();
             match next {
                 Some(next) if next.error_level() > 0.0 && output_error >= rule.min_break => current = next,
                 _ => break,
             }
         }
-        if verdict.first_divergent.is_none() {
+        if verdict.first_divergent.is_none() && verdict.sight_ends.is_none() {
             if let Some((len, finding)) = earlier_breaks.pop() {
                 verdict.chain.truncate(len);
                 verdict.first_divergent = Some(finding);
@@ -221,13 +321,46 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
     verdict
 }
 
-/// The non-blank, non-weight inputs of `node` that were compared.
-fn data_inputs<'a>(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> Vec<&'a TensorRecord> {
-    node.inputs.iter().filter(|i| !i.is_empty() && !index.is_constant_like(i)).filter_map(|i| comparison.get(i)).collect()
+/// A node's data inputs (weights excluded, the tensors its bodies read from the outer scope
+/// included), sorted by what is known of them.
+struct InputView<'a> {
+    /// Compared in both runs.
+    seen: Vec<&'a TensorRecord>,
+    /// Not compared, with the reason: their error is unknown.
+    unseen: Vec<(String, String)>,
+}
+
+impl<'a> InputView<'a> {
+    fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
+        let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
+        for t in node.all_inputs().filter(|t| !index.is_constant_like(t)) {
+            match comparison.get(t) {
+                Some(r) => view.seen.push(r),
+                // Both runs are fed the same graph inputs: they are exact.
+                None if index.is_graph_input(t) => {}
+                None => {
+                    let why = comparison.not_compared.iter().find(|(n, _)| n == t).map_or("not compared".to_string(), |(_, r)| r.clone());
+                    view.unseen.push((t.clone(), why));
+                }
+            }
+        }
+        view
+    }
+
+    /// The largest input error, or `None` when an input was not compared.
+    fn error(&self) -> Option<f64> {
+        self.unseen.is_empty().then(|| self.seen.iter().map(|r| r.error_level()).fold(0.0, f64::max))
+    }
+
+    /// The compared input with the largest error.
+    fn worst(&self) -> Option<&'a TensorRecord> {
+        self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
+    }
 }
 
 /// Whether `node`, whose output record is `output`, breaks by the rule (see the module docs), and
-/// if so the finding with its cause. Its data inputs must have been compared.
+/// if so the finding with its cause. A node with an input that was not compared never breaks: its
+/// error may come from that input.
 pub fn judge_node(
     index: &GraphIndex,
     comparison: &Comparison,
@@ -237,23 +370,27 @@ pub fn judge_node(
     node: &layerwise_model::NodeInfo,
     output: &TensorRecord,
 ) -> Option<FirstDivergent> {
-    let inputs = data_inputs(index, comparison, node);
-    let input_error = inputs.iter().map(|r| r.error_level()).fold(0.0, f64::max);
+    let inputs = InputView::of(index, comparison, node);
+    let input_error = inputs.error()?;
     let output_error = output.error_level();
-    let nonfinite_in = inputs.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
+    let nonfinite_in = inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
     let breaks = if output.metrics.nonfinite_mismatch > 0 {
         !nonfinite_in
     } else {
         output_error >= rule.min_break && output_error >= rule.ratio * input_error
     };
-    breaks.then(|| FirstDivergent {
-        node: node.name.clone(),
-        op_type: node.op_type.clone(),
-        tensor: output.name.clone(),
-        input_error,
-        output_error,
-        cause: classify(index, comparison, weight_ranges, node, output, input_error, candidate),
-    })
+    if !breaks {
+        return None;
+    }
+    let worst_input = inputs.worst();
+    let evidence = Evidence {
+        input_max_abs: worst_input.map(|r| r.metrics.ref_max_abs),
+        input_max_abs_err: worst_input.map(|r| r.metrics.max_abs_err),
+        output_max_abs: output.metrics.ref_max_abs,
+        output_max_abs_err: output.metrics.max_abs_err,
+    };
+    let cause = classify(index, comparison, weight_ranges, node, output, worst_input, input_error, candidate);
+    Some(FirstDivergent { node: node.name.clone(), op_type: node.op_type.clone(), tensor: output.name.clone(), input_error: Some(input_error), output_error, evidence, cause })
 }
 
 /// The verdict of a search-marked run (see `search`): the first divergent node the search
@@ -278,13 +415,26 @@ pub fn verdict_from_chain(
         summary: String::new(),
         non_finite: Vec::new(),
         breaks: Vec::new(),
+        sight_ends: None,
+        conclusions: Vec::new(),
     };
     if status == Status::Diverged {
         if let Some(info) = node.and_then(|n| index.node(n)) {
             let output = info.outputs.iter().filter_map(|o| comparison.get(o)).max_by(|a, b| a.error_level().total_cmp(&b.error_level()));
-            if let Some(finding) = output.and_then(|o| judge_node(index, comparison, weight_ranges, rule, candidate, info, o)) {
-                verdict.breaks.push(finding.clone());
-                verdict.first_divergent = Some(finding);
+            if let Some(output) = output {
+                let inputs = InputView::of(index, comparison, info);
+                if !inputs.unseen.is_empty() {
+                    verdict.sight_ends = Some(SightEnd {
+                        node: info.name.clone(),
+                        op_type: info.op_type.clone(),
+                        tensor: output.name.clone(),
+                        output_error: output.error_level(),
+                        unseen_inputs: inputs.unseen,
+                    });
+                } else if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, info, output) {
+                    verdict.breaks.push(finding.clone());
+                    verdict.first_divergent = Some(finding);
+                }
             }
         }
     }
@@ -296,14 +446,13 @@ pub fn verdict_from_chain(
 fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, rule: WalkRule) {
     let chain_tensors: std::collections::HashSet<&str> = verdict.chain.iter().map(|s| s.tensor.as_str()).collect();
     for record in comparison.records.iter().filter(|r| r.metrics.nonfinite_mismatch > 0) {
+        // Born here when every input is known to be free of such mismatches (an input that was
+        // not compared leaves the origin unknown).
         let origin = index
             .producer(&record.name)
             .map(|n| {
-                !n.inputs
-                    .iter()
-                    .filter(|i| !i.is_empty())
-                    .filter_map(|i| comparison.get(i))
-                    .any(|r| r.metrics.nonfinite_mismatch > 0)
+                let inputs = InputView::of(index, comparison, n);
+                inputs.unseen.is_empty() && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
             })
             .unwrap_or(true);
         verdict.non_finite.push(NonFiniteTensor {
@@ -321,104 +470,200 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
     verdict.summary = summarize(verdict, rule);
 }
 
+/// Ops whose relative output error is (at most) the absolute error of their input where their
+/// output is small: exp(x + d) = exp(x) * e^d.
+const SATURATING_OPS: &[&str] = &["Sigmoid", "Exp", "Softplus", "Tanh", "HardSigmoid", "Elu", "Selu"];
+
+/// Every mechanism that applies to the candidate's arithmetic and this node, each with the share of
+/// the observed error it can account for; the best becomes the cause.
+#[allow(clippy::too_many_arguments)]
 fn classify(
     index: &GraphIndex,
     comparison: &Comparison,
     weight_ranges: &[WeightRange],
     node: &layerwise_model::NodeInfo,
     output: &TensorRecord,
+    input: Option<&TensorRecord>,
     input_error: f64,
     candidate: Candidate,
 ) -> Cause {
-    // A weight input (or a weight-derived input) that is out of FP16 range.
-    for input in node.inputs.iter().filter(|i| !i.is_empty() && index.is_constant_like(i)) {
-        let range = weight_ranges.iter().find(|w| w.name == *input && w.overflow_count > 0);
-        let computed = comparison.get(input).filter(|r| r.metrics.nonfinite_mismatch > 0);
-        if range.is_some() || computed.is_some() {
-            let detail = match range {
-                Some(w) => format!(
-                    "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
-                    w.name, w.overflow_count, w.numel, w.max_abs
-                ),
-                None => format!("weight-derived input '{input}' becomes inf/NaN in FP16"),
-            };
-            return Cause { kind: CauseKind::WeightOverflow, weight: Some(input.clone()), detail };
-        }
-    }
+    let fp16 = candidate.arithmetic == Arithmetic::Fp16;
     let m = &output.metrics;
-    if candidate.tf32 && m.nonfinite_mismatch == 0 && TF32_OPS.contains(&node.op_type.as_str()) {
-        return Cause {
-            kind: CauseKind::Tf32,
-            weight: None,
-            detail: format!(
-                "float32 {} ran with TF32 tensor cores (10-bit mantissa inputs): relative L2 {:.2e} -> {:.2e}; run the candidate with tf32=off to confirm",
-                node.op_type,
-                input_error,
-                output.error_level()
-            ),
-        };
+    let op = node.op_type.as_str();
+    let out_rel = output.error_level();
+    // Share of the observed relative error that a predicted one accounts for.
+    let share = |predicted: f64| -> f64 {
+        if out_rel.is_finite() && out_rel > 0.0 {
+            (predicted / out_rel).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    };
+    let mut found: Vec<Mechanism> = Vec::new();
+
+    // A weight (or weight-derived input) beyond the FP16 range.
+    if fp16 {
+        for w in node.inputs.iter().filter(|i| !i.is_empty() && index.is_constant_like(i)) {
+            let range = weight_ranges.iter().find(|r| r.name == *w && r.overflow_count > 0);
+            let computed = comparison.get(w).filter(|r| r.metrics.nonfinite_mismatch > 0);
+            if range.is_some() || computed.is_some() {
+                let detail = match range {
+                    Some(r) => format!(
+                        "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
+                        r.name, r.overflow_count, r.numel, r.max_abs
+                    ),
+                    None => format!("weight-derived input '{w}' becomes inf/NaN in FP16"),
+                };
+                found.push(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail });
+                break;
+            }
+        }
     }
     if m.nonfinite_mismatch > 0 {
-        if m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64 {
-            return Cause {
+        if fp16 && (m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64) {
+            found.push(Mechanism {
                 kind: CauseKind::ValueOverflow,
                 weight: None,
+                explains: Some(1.0),
                 detail: format!(
-                    "{} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
-                    node.op_type, m.ref_max_abs, m.nonfinite_mismatch
+                    "{op} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
+                    m.ref_max_abs, m.nonfinite_mismatch
                 ),
-            };
-        }
-        return Cause {
-            kind: CauseKind::NonFiniteProduced,
-            weight: None,
-            detail: format!("{} turns finite inputs into {} inf/NaN values", node.op_type, m.nonfinite_mismatch),
-        };
-    }
-    if m.ref_fp16_subnormal_share > 0.1 {
-        return Cause {
-            kind: CauseKind::PrecisionLoss,
-            weight: None,
-            detail: format!(
-                "{:.0}% of the reference values of {} are in the FP16 subnormal range and lose precision",
-                100.0 * m.ref_fp16_subnormal_share,
-                node.op_type
-            ),
-        };
-    }
-    let factor = if input_error > 0.0 { output.error_level() / input_error } else { f64::INFINITY };
-    let sensitive = SENSITIVE_OPS.contains(&node.op_type.as_str());
-    Cause {
-        kind: if sensitive || input_error > 0.0 { CauseKind::Amplification } else { CauseKind::PrecisionLoss },
-        weight: None,
-        detail: if factor.is_finite() {
-            format!(
-                "{} amplifies its input error {:.1}x (relative L2 {:.2e} -> {:.2e}){}",
-                node.op_type,
-                factor,
-                input_error,
-                output.error_level(),
-                if sensitive { "; it is a precision-sensitive op" } else { "" }
-            )
+            });
         } else {
-            format!("{} introduces a relative L2 error of {:.2e} from exact inputs", node.op_type, output.error_level())
-        },
+            found.push(Mechanism {
+                kind: CauseKind::NonFiniteProduced,
+                weight: None,
+                explains: Some(1.0),
+                detail: format!("{op} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", m.nonfinite_mismatch, m.ref_max_abs),
+            });
+        }
+    }
+    if m.nonfinite_mismatch == 0 {
+        // What the input's absolute error does to ops that depend on it, not on its relative error.
+        if let Some(inp) = input.filter(|r| r.metrics.nonfinite_mismatch == 0) {
+            let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+            let materiality = if m.max_abs_err > candidate.atol {
+                format!("the absolute output error {:.2e} is material (above atol {:.0e})", m.max_abs_err, candidate.atol)
+            } else {
+                format!("the absolute output error is only {:.2e} (below atol {:.0e}): large relative to near-zero outputs, not material", m.max_abs_err, candidate.atol)
+            };
+            if SATURATING_OPS.contains(&op) {
+                // Beyond |x| = 4 a Sigmoid's slope is below 2% of its peak: the flat region.
+                let region = if x_max > 4.0 { " in its flat region" } else { "" };
+                found.push(Mechanism {
+                    kind: CauseKind::Saturation,
+                    weight: None,
+                    explains: Some(share(dx)),
+                    detail: format!(
+                        "{op}{region} (inputs reach |x| = {x_max:.3e}, outputs at most {:.3e}) turns the input's absolute error {dx:.2e} (relative only {:.2e}) into a relative output error of up to {dx:.2e}; measured {out_rel:.2e}; {materiality}",
+                        m.ref_max_abs,
+                        inp.error_level()
+                    ),
+                });
+            }
+            if op == "Softmax" || op == "LogSoftmax" {
+                let predicted = ((2.0 * dx).min(700.0)).exp_m1();
+                let spacing = if fp16 && x_max > 0.0 { format!(" (FP16's spacing there is {})", fp16_spacing(x_max)) } else { String::new() };
+                found.push(Mechanism {
+                    kind: CauseKind::LargeLogits,
+                    weight: None,
+                    explains: Some(share(predicted)),
+                    detail: format!(
+                        "{op} depends on the absolute differences of its inputs: its logits reach {x_max:.3e}{spacing}, so a relative input error of {:.2e} is an absolute error of up to {dx:.3e}, which changes probabilities by a factor up to e^{:.2e}; measured output relative L2 {out_rel:.2e}",
+                        inp.error_level(),
+                        2.0 * dx
+                    ),
+                });
+            }
+        }
+        if candidate.tf32 && TF32_OPS.contains(&op) {
+            found.push(Mechanism {
+                kind: CauseKind::Tf32,
+                weight: None,
+                explains: None,
+                detail: format!(
+                    "float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs): relative L2 {input_error:.2e} -> {out_rel:.2e}; not measured separately: run the candidate with tf32=off to confirm"
+                ),
+            });
+        }
+        if fp16 && m.ref_fp16_subnormal_share > 0.1 {
+            // Storing a value below FP16's smallest normal loses at most half its spacing, 2^-25.
+            let max_loss = 2f64.powi(-25);
+            let explains = if m.max_abs_err > 0.0 { (max_loss / m.max_abs_err).clamp(0.0, 1.0) } else { 0.0 };
+            found.push(Mechanism {
+                kind: CauseKind::PrecisionLoss,
+                weight: None,
+                explains: Some(explains),
+                detail: format!(
+                    "{:.0}% of the reference values of {op} are in the FP16 subnormal range, where storing loses at most {max_loss:.1e} absolute; the measured max abs error is {:.2e}",
+                    100.0 * m.ref_fp16_subnormal_share,
+                    m.max_abs_err
+                ),
+            });
+        }
+        if input_error == 0.0 {
+            let u = candidate.arithmetic.unit_roundoff(candidate.tf32);
+            found.push(Mechanism {
+                kind: CauseKind::PrecisionLoss,
+                weight: None,
+                explains: Some(share(u * 4.0)),
+                detail: format!("{op} introduces a relative L2 error of {out_rel:.2e} from exact inputs (one rounding is {u:.1e})"),
+            });
+        } else if out_rel.is_finite() {
+            let sensitive = SENSITIVE_OPS.contains(&op);
+            found.push(Mechanism {
+                kind: CauseKind::Amplification,
+                weight: None,
+                explains: None,
+                detail: format!(
+                    "{op} amplifies its input error {:.1}x (relative L2 {input_error:.2e} -> {out_rel:.2e}){}",
+                    out_rel / input_error,
+                    if sensitive { "; it is a precision-sensitive op" } else { "" }
+                ),
+            });
+        }
+    }
+    // Best first: measured shares, highest first; mechanisms that cannot be estimated after those
+    // that explain at least half, before those that explain less.
+    let rank = |m: &Mechanism| m.explains.unwrap_or(0.5);
+    found.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
+    let mut found = found.into_iter();
+    let best = found.next().unwrap_or(Mechanism {
+        kind: CauseKind::Amplification,
+        weight: None,
+        explains: None,
+        detail: format!("{op}: relative L2 {input_error:.2e} -> {out_rel:.2e}"),
+    });
+    Cause { kind: best.kind, weight: best.weight, explains: best.explains, detail: best.detail, alternatives: found.collect() }
+}
+
+/// The spacing of FP16 values around magnitude `x` (one ulp).
+fn fp16_spacing(x: f64) -> String {
+    let e = x.abs().log2().floor().clamp(-14.0, 15.0);
+    let ulp = 2f64.powf(e - 10.0);
+    if ulp >= 1.0 {
+        format!("{ulp:.0}")
+    } else {
+        format!("{ulp:.1e}")
     }
 }
 
 fn summarize(v: &Verdict, rule: WalkRule) -> String {
-    match (&v.status, &v.first_divergent) {
-        (Status::Pass, _) => "all model outputs are within tolerance".to_string(),
-        (Status::Diverged, Some(fd)) => format!(
-            "output '{}' diverges; the error starts at node '{}' ({}): {}",
-            v.worst_output.as_deref().unwrap_or("?"),
-            fd.node,
-            fd.op_type,
-            fd.cause.detail
+    let worst = v.worst_output.as_deref().unwrap_or("?");
+    match (&v.status, &v.first_divergent, &v.sight_ends) {
+        (Status::Pass, _, _) => "all model outputs are within tolerance".to_string(),
+        (Status::Diverged, _, Some(end)) => format!(
+            "output '{worst}' diverges; its error can be followed back to node '{}' ({}), whose input{} {} {} not compared, so the error enters there or before it: layerwise cannot see further",
+            end.node,
+            end.op_type,
+            if end.unseen_inputs.len() == 1 { "" } else { "s" },
+            end.unseen_inputs.iter().map(|(t, _)| format!("'{t}'")).collect::<Vec<_>>().join(", "),
+            if end.unseen_inputs.len() == 1 { "was" } else { "were" }
         ),
-        (Status::Diverged, None) => format!(
-            "output '{}' diverges, but no single node introduces the error: it is drift that grows along the {}-step chain shown (no node raises its input error {}x or more)",
-            v.worst_output.as_deref().unwrap_or("?"),
+        (Status::Diverged, Some(fd), None) => format!("output '{worst}' diverges; the error starts at node '{}' ({}): {}", fd.node, fd.op_type, fd.cause.detail),
+        (Status::Diverged, None, None) => format!(
+            "output '{worst}' diverges, but no single node introduces the error: it is drift that grows along the {}-step chain shown (no node raises its input error {}x or more)",
             v.chain.len(),
             rule.ratio
         ),

@@ -290,6 +290,23 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 node.input[slot] = cast_out.clone();
             }
         }
+        // Bodies are not converted: an outer tensor they read must reach them in float32.
+        for name in crate::graph::outer_refs_of(&node) {
+            if storage.get(&name) != Some(&Precision::Fp16) {
+                continue;
+            }
+            let cast_out = casts.entry((name.clone(), Precision::Fp32)).or_insert_with(|| {
+                casts_inserted += 1;
+                let out_name = format!("{name}__to_fp32");
+                new_nodes.push(cast_node(&name, &out_name, DataType::Float, format!("{name}/lw_to_fp32")));
+                out_name
+            });
+            for attr in node.attribute.iter_mut() {
+                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                    crate::graph::rename_outer_ref(g, &name, cast_out);
+                }
+            }
+        }
         new_nodes.push(node);
     }
     // Graph outputs keep their declared type: an FP16 value gets a Cast back under its own name.

@@ -19,6 +19,16 @@ pub struct NodeInfo {
     /// Position in the topological order (index into [`GraphIndex::nodes`]).
     pub topo_index: usize,
     pub has_subgraphs: bool,
+    /// Main-graph tensors that the node's bodies (If/Loop/Scan) read from the outer scope: data
+    /// inputs as real as `inputs`, though not listed there.
+    pub outer_inputs: Vec<String>,
+}
+
+impl NodeInfo {
+    /// Every tensor the node reads: its inputs, then what its bodies read from the outer scope.
+    pub fn all_inputs(&self) -> impl Iterator<Item = &String> {
+        self.inputs.iter().chain(&self.outer_inputs).filter(|t| !t.is_empty())
+    }
 }
 
 /// Topological order, producers and consumers of the main graph.
@@ -118,6 +128,10 @@ impl GraphIndex {
                 proto_index: i,
                 topo_index,
                 has_subgraphs: node.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()),
+                outer_inputs: outer_refs_of(node)
+                    .into_iter()
+                    .filter(|t| producer_by_proto.contains_key(t) || initializers.contains(t) || inputs.contains(t))
+                    .collect(),
             });
         }
         let mut producer = HashMap::new();
@@ -262,7 +276,7 @@ fn topological_order(deps: &[Vec<usize>]) -> Result<Vec<usize>, Vec<usize>> {
 }
 
 /// Tensors a subgraph reads that it does not define itself (outer-scope references).
-fn collect_outer_refs(graph: &GraphProto, out: &mut HashSet<String>) {
+pub(crate) fn collect_outer_refs(graph: &GraphProto, out: &mut HashSet<String>) {
     let mut defined: HashSet<&str> = graph.input.iter().map(|v| v.name()).collect();
     defined.extend(graph.initializer.iter().map(|t| t.name()));
     for n in &graph.node {
@@ -282,6 +296,44 @@ fn collect_outer_refs(graph: &GraphProto, out: &mut HashSet<String>) {
     }
     for o in graph.output.iter().map(|v| v.name()).filter(|o| !defined.contains(o)) {
         out.insert(o.to_string());
+    }
+}
+
+/// The outer-scope tensors that a node's bodies (If/Loop/Scan) read, sorted.
+pub(crate) fn outer_refs_of(node: &NodeProto) -> Vec<String> {
+    let mut outer = HashSet::new();
+    for attr in &node.attribute {
+        for g in attr.g.iter().chain(attr.graphs.iter()) {
+            collect_outer_refs(g, &mut outer);
+        }
+    }
+    let mut v: Vec<String> = outer.into_iter().collect();
+    v.sort();
+    v
+}
+
+/// Renames the outer-scope tensor `from` to `to` wherever a body (and its nested bodies) reads it,
+/// leaving alone bodies that define a tensor of that name themselves (shadowing).
+pub(crate) fn rename_outer_ref(graph: &mut GraphProto, from: &str, to: &str) {
+    let shadowed = graph.input.iter().any(|v| v.name() == from)
+        || graph.initializer.iter().any(|t| t.name() == from)
+        || graph.node.iter().any(|n| n.output.iter().any(|o| o == from));
+    if shadowed {
+        return;
+    }
+    for n in graph.node.iter_mut() {
+        for i in n.input.iter_mut().filter(|i| *i == from) {
+            *i = to.to_string();
+        }
+        for attr in n.attribute.iter_mut() {
+            for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                rename_outer_ref(g, from, to);
+            }
+        }
+    }
+    // A body output may be an outer tensor passed through unchanged.
+    for o in graph.output.iter_mut().filter(|o| o.name() == from) {
+        o.name = Some(to.to_string());
     }
 }
 

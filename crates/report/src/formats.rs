@@ -21,9 +21,15 @@ pub fn render_markdown(report: &Value, fix: Option<&Value>) -> String {
     let _ = writeln!(m, "## layerwise: {status}\n");
     let _ = writeln!(m, "`{}` — reference `{}`, candidate `{}`\n", md(s(&report["model"]["path"])), md(s(&report["ref"]["spec"])), md(s(&report["cand"]["spec"])));
     let _ = writeln!(m, "{}\n", md(s(&v["summary"])));
+    if let Some(conclusions) = v["conclusions"].as_array().filter(|c| !c.is_empty()) {
+        for c in conclusions {
+            let _ = writeln!(m, "- {}", md(s(c)));
+        }
+        m.push('\n');
+    }
     let fd = &v["first_divergent"];
     if fd.is_object() {
-        let _ = writeln!(m, "**First divergent layer:** `{}` ({}) — tensor `{}`, relative L2 error {} → {}  ", md(s(&fd["node"])), md(s(&fd["op_type"])), md(s(&fd["tensor"])), fmt(num(&fd["input_error"])), fmt(num(&fd["output_error"])));
+        let _ = writeln!(m, "**First divergent layer:** `{}` ({}) — tensor `{}`, relative L2 error {} → {}  ", md(s(&fd["node"])), md(s(&fd["op_type"])), md(s(&fd["tensor"])), crate::html::input_error_text(&fd["input_error"]), fmt(num(&fd["output_error"])));
         let _ = writeln!(m, "**Cause:** {} — {}\n", s(&fd["cause"]["kind"]), md(s(&fd["cause"]["detail"])));
     }
     if let Some(chain) = v["chain"].as_array().filter(|c| !c.is_empty()) {

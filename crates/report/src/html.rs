@@ -166,6 +166,73 @@ fn neighbourhood_svg(detail: &Value, fd: &Value) -> String {
     out
 }
 
+/// A first divergent node's input error: a number, or "not compared" (JSON null).
+pub(crate) fn input_error_text(v: &Value) -> String {
+    if v.is_null() {
+        "not compared".to_string()
+    } else {
+        fmt(num(v))
+    }
+}
+
+/// The verdict's conclusions as a list (every format shows the same sentences).
+fn conclusions_list(v: &Value) -> String {
+    let items: Vec<String> = v["conclusions"].as_array().into_iter().flatten().map(|c| format!("<li>{}</li>", esc(s(c)))).collect();
+    if items.is_empty() {
+        String::new()
+    } else {
+        format!(r#"<ul id="conclusions">{}</ul>"#, items.join(""))
+    }
+}
+
+/// "Run alone", "Does keeping it help" and the noise floor: what the runs after the walk found.
+fn after_walk_sections(report: &Value) -> String {
+    let mut h = String::new();
+    let floor = &report["noise_floor"];
+    if floor.is_object() {
+        let _ = write!(
+            h,
+            r#"<h2 id="noise-floor">Noise floor</h2><p>The float32 reference re-run with {}: output <code>{}</code> moves by rel L2 <b>{}</b>; the candidate's error is {} ({}x). {}</p>"#,
+            esc(s(&floor["perturbation"])),
+            esc(s(&floor["output"])),
+            fmt(num(&floor["output_error"])),
+            fmt(num(&floor["candidate_error"])),
+            fmt(num(&floor["ratio"])),
+            if floor["ill_conditioned"].as_bool() == Some(true) { "The output is ill-conditioned for these inputs: no layer is at fault." } else { "The candidate's error is not the model's own sensitivity." }
+        );
+    }
+    let iso = &report["isolation"];
+    if let Some(nodes) = iso["nodes"].as_array().filter(|n| !n.is_empty()) {
+        h.push_str(r#"<h2 id="run-alone">Run alone</h2><p>Each blame-chain node run by itself on the candidate, fed the reference's values: a large error alone means the node introduces it; a small one means it passes on error from upstream.</p><table><thead><tr><th>node</th><th>op</th><th>alone (rel L2)</th><th>in the model</th><th>role</th><th>note</th></tr></thead><tbody>"#);
+        for n in nodes {
+            let _ = write!(h, r#"<tr><td>{}</td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td><td>{}</td></tr>"#, esc(s(&n["node"])), esc(s(&n["op_type"])), fmt(num(&n["local_error"])), fmt(num(&n["in_model_error"])), esc(s(&n["role"])), esc(s(&n["note"])));
+        }
+        h.push_str("</tbody></table>");
+    }
+    if let Some(skipped) = iso["skipped"].as_array().filter(|n| !n.is_empty()) {
+        h.push_str("<p>Not run alone:</p><ul>");
+        for k in skipped {
+            let _ = write!(h, "<li>{}: {}</li>", esc(s(&k[0])), esc(s(&k[1])));
+        }
+        h.push_str("</ul>");
+    }
+    let cf = &report["counterfactual"];
+    if cf.is_object() {
+        let _ = write!(h, r#"<h2 id="keep-helps">Does keeping it help?</h2><p>The candidate re-run with each break (and its recognised pattern) kept at reference precision; output <code>{}</code> has rel L2 {} without any keep.</p><table><thead><tr><th>node</th><th>why checked</th><th>pattern (nodes)</th><th>error after</th><th>effect</th></tr></thead><tbody>"#, esc(s(&cf["output"])), fmt(num(&cf["output_error"])));
+        for c in cf["checks"].as_array().into_iter().flatten() {
+            let effect = if c["contained"].as_bool() == Some(true) {
+                "contained: the output error does not change".to_string()
+            } else {
+                format!("removes {:.0}% of the output error{}", 100.0 * num(&c["explained"]), if c["fixes"].as_bool() == Some(true) { ", fixes every output" } else { "" })
+            };
+            let kept = c["kept"].as_array().map_or(0, Vec::len);
+            let _ = write!(h, r#"<tr><td>{}</td><td>{}</td><td>{} ({kept})</td><td class="n">{}</td><td>{}</td></tr>"#, esc(s(&c["node"])), esc(s(&c["reason"])), esc(s(&c["pattern"])), fmt(num(&c["output_error_after"])), esc(&effect));
+        }
+        let _ = write!(h, "</tbody></table><p><b>{}</b></p>", esc(s(&cf["conclusion"])));
+    }
+    h
+}
+
 /// Renders the HTML report of a `layerwise.report/1` document.
 pub fn render_html(report: &Value) -> String {
     let v = &report["verdict"];
@@ -179,10 +246,11 @@ pub fn render_html(report: &Value) -> String {
     let _ = write!(h, "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\"><title>layerwise: {}</title><style>{STYLE}</style></head><body>", esc(s(&report["model"]["path"])));
     let _ = write!(
         h,
-        r#"<header class="verdict {}" id="verdict"><h1>{}</h1><p>{}</p><p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
+        r#"<header class="verdict {}" id="verdict"><h1>{}</h1><p>{}</p>{}<p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
         if status == "pass" { "pass" } else { "diverged" },
         if status == "pass" { "PASS" } else { "DIVERGED" },
         esc(s(&v["summary"])),
+        conclusions_list(v),
         esc(s(&report["model"]["path"])),
         esc(s(&report["ref"]["spec"])),
         esc(s(&report["cand"]["spec"]))
@@ -195,16 +263,34 @@ pub fn render_html(report: &Value) -> String {
             esc(s(&fd["node"])),
             esc(s(&fd["op_type"])),
             esc(first_tensor),
-            fmt(num(&fd["input_error"])),
+            input_error_text(&fd["input_error"]),
             fmt(num(&fd["output_error"])),
             esc(s(&fd["cause"]["kind"])),
             esc(s(&fd["cause"]["detail"]))
         );
+        if let Some(alts) = fd["cause"]["alternatives"].as_array().filter(|a| !a.is_empty()) {
+            h.push_str(r#"<p>Other mechanisms considered (share of the error each can account for):</p><ul id="alternatives">"#);
+            for a in alts {
+                let share = if a["explains"].is_null() { "share unknown".to_string() } else { format!("explains {:.0}%", 100.0 * num(&a["explains"])) };
+                let _ = write!(h, "<li>{} ({share}): {}</li>", esc(s(&a["kind"])), esc(s(&a["detail"])));
+            }
+            h.push_str("</ul>");
+        }
         let layer = &report["first_divergent_detail"]["engine_layer"];
         if layer.is_object() {
             let _ = write!(h, r#"<p id="engine-layer">Inside TensorRT layer <code>{}</code> ({} ONNX nodes fused).</p>"#, esc(s(&layer["name"])), layer["onnx_nodes"]);
         }
     }
+
+    let end = &v["sight_ends"];
+    if end.is_object() {
+        let _ = write!(h, r#"<h2 id="sight-ends">Where sight ends</h2><p>The error of the worst output can be followed back to <b>{}</b> ({}), tensor <code>{}</code> (rel L2 {}), whose inputs were not all compared: the error enters there or before it.</p><ul>"#, esc(s(&end["node"])), esc(s(&end["op_type"])), esc(s(&end["tensor"])), fmt(num(&end["output_error"])));
+        for u in end["unseen_inputs"].as_array().into_iter().flatten() {
+            let _ = write!(h, "<li><code>{}</code>: {}</li>", esc(s(&u[0])), esc(s(&u[1])));
+        }
+        h.push_str("</ul>");
+    }
+    h.push_str(&after_walk_sections(report));
 
     // Error and magnitude against depth.
     let x_max = tensors.iter().map(|t| t["topo_index"].as_f64().unwrap_or(0.0)).fold(1.0, f64::max);

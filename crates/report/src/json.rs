@@ -101,9 +101,9 @@ pub struct Neighbour {
     pub node: String,
     pub op_type: String,
     pub weight: bool,
-    /// Relative L2 error; absent when the tensor was not compared.
-    #[serde(serialize_with = "finite_or_string")]
-    pub error: f64,
+    /// Relative L2 error; `null` when the tensor was not compared (a graph input is exact: 0).
+    #[serde(serialize_with = "layerwise_analysis::num::option_finite_or_string")]
+    pub error: Option<f64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -177,7 +177,11 @@ fn neighbour(ctx: &ReportContext, tensor: &str) -> Neighbour {
         node: node.map(|n| n.name.clone()).unwrap_or_default(),
         op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| if ctx.index.is_graph_input(tensor) { "input".into() } else { "weight".into() }),
         weight: ctx.index.is_constant_like(tensor),
-        error: ctx.comparison.get(tensor).map(|r| r.error_level()).unwrap_or(f64::NAN),
+        error: match ctx.comparison.get(tensor) {
+            Some(r) => Some(r.error_level()),
+            None if ctx.index.is_graph_input(tensor) => Some(0.0),
+            None => None,
+        },
     }
 }
 

@@ -97,6 +97,23 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     Ok(())
 }
 
+/// The name reports give a cause kind (its JSON spelling).
+pub fn cause_name(kind: layerwise_analysis::CauseKind) -> String {
+    serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+}
+
+/// The verdict's first line, the same in every format.
+pub fn verdict_headline(report: &Report) -> String {
+    use layerwise_analysis::Status;
+    match report.verdict.status {
+        Status::Pass => format!("VERDICT: PASS - all {} model outputs are within tolerance", report.outputs.len()),
+        Status::Diverged => {
+            let failing: Vec<String> = report.outputs.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err))).collect();
+            format!("VERDICT: DIVERGED - {} of {} outputs out of tolerance: {}", failing.len(), report.outputs.len(), failing.join(", "))
+        }
+    }
+}
+
 /// `text` cut to `width` characters from the left (`…tail`): tensor names differ at their ends.
 pub(crate) fn shorten(text: &str, width: usize) -> String {
     if text.chars().count() <= width {

@@ -32,29 +32,26 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     out.push('\n');
 
     let v = &report.verdict;
-    match v.status {
-        Status::Pass => {
-            let _ = writeln!(out, "VERDICT: PASS - all {} model outputs are within tolerance", report.outputs.len());
-            let failing = report.tensors.iter().filter(|t| !t.pass && !t.constant_like).count();
-            if failing > 0 {
-                let _ = writeln!(out, "  note: {failing} intermediate tensors are out of tolerance, but their error does not reach the outputs with these inputs");
-            }
-        }
-        Status::Diverged => {
-            let failing: Vec<String> = report.outputs.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, num(o.rel_l2_err))).collect();
-            let _ = writeln!(out, "VERDICT: DIVERGED - {} of {} outputs out of tolerance: {}", failing.len(), report.outputs.len(), failing.join(", "));
-        }
-    }
+    let _ = writeln!(out, "{}", crate::verdict_headline(report));
     if let Some(fd) = &v.first_divergent {
         let _ = writeln!(out, "\nFirst divergent layer: {} ({})", fd.node, fd.op_type);
         let _ = writeln!(out, "  tensor  {}", fd.tensor);
-        let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", num(fd.input_error), num(fd.output_error));
-        let _ = writeln!(out, "  cause   {:?}: {}", fd.cause.kind, fd.cause.detail);
+        let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", fd.input_error.map_or("not compared".to_string(), num), num(fd.output_error));
+        let _ = writeln!(out, "  cause   {}: {}", crate::cause_name(fd.cause.kind), fd.cause.detail);
+        for alt in &fd.cause.alternatives {
+            let share = alt.explains.map_or("share unknown".to_string(), |e| format!("explains {:.0}%", 100.0 * e));
+            let _ = writeln!(out, "  also    {} ({share}): {}", crate::cause_name(alt.kind), alt.detail);
+        }
         if let Some(layer) = report.first_divergent_detail.as_ref().and_then(|d| d.engine_layer.as_ref()) {
             let _ = writeln!(out, "  engine  inside TensorRT layer {} ({} ONNX nodes fused)", layer.name, layer.onnx_nodes);
         }
+    } else if let Some(end) = &v.sight_ends {
+        let _ = writeln!(out, "\nSight ends at: {} ({}), tensor {} (rel L2 {})", end.node, end.op_type, end.tensor, num(end.output_error));
+        for (t, why) in &end.unseen_inputs {
+            let _ = writeln!(out, "  input not compared: {t}: {why}");
+        }
     } else if v.status == Status::Diverged {
-        let _ = writeln!(out, "\nNo single layer introduces the error: {}", v.summary);
+        let _ = writeln!(out, "\nNo single layer is named.");
     }
     let e = &report.extras;
     if !v.chain.is_empty() {
@@ -68,15 +65,6 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         }
     }
     if let Some(iso) = &e.isolation {
-        match &iso.introducing {
-            Some(n) => {
-                let _ = writeln!(out, "\nRun alone on the reference's inputs, {n} introduces the most error; chain nodes marked 'propagates' only pass on error from upstream.");
-            }
-            None if !iso.nodes.is_empty() => {
-                let _ = writeln!(out, "\nRun alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced.");
-            }
-            None => {}
-        }
         for (node, why) in &iso.skipped {
             let _ = writeln!(out, "  not run alone: {node}: {why}");
         }
@@ -87,7 +75,6 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             let effect = if c.contained { "contained: the output error does not change".to_string() } else { format!("removes {:.0}% of the output error", 100.0 * c.explained) };
             let _ = writeln!(out, "  {:<40} {:<22} -> {:>9}  {effect}{}", shorten(&c.node, 40), format!("{} ({})", c.reason, c.kept.len()), num(c.output_error_after), if c.fixes { ", fixes every output" } else { "" });
         }
-        let _ = writeln!(out, "  => {}", cf.conclusion);
     }
     if let Some(sr) = &e.search {
         let marked: usize = sr.runs.iter().map(|r| r.marked.len()).sum();
@@ -122,6 +109,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     }
 
     let mut worst: Vec<_> = report.tensors.iter().filter(|t| !t.constant_like).collect();
+    let closing = render_verdict_text(report);
     worst.sort_by(|a, b| b.error_level().total_cmp(&a.error_level()).then(a.topo_index.cmp(&b.topo_index)));
     if !worst.is_empty() && top > 0 {
         let _ = writeln!(out, "\nWorst tensors:");
@@ -141,6 +129,20 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
                 if t.pass { "yes" } else { "NO" }
             );
         }
+    }
+    out.push_str(&closing);
+    out
+}
+
+/// The verdict as every format states it: the headline, the summary, then the conclusions of the
+/// runs after the walk. The terminal ends with it.
+pub fn render_verdict_text(report: &Report) -> String {
+    let mut out = String::new();
+    let v = &report.verdict;
+    let _ = writeln!(out, "\n{}", crate::verdict_headline(report));
+    let _ = writeln!(out, "  {}", v.summary);
+    for c in &v.conclusions {
+        let _ = writeln!(out, "  - {c}");
     }
     out
 }

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use layerwise_analysis::search::Measured;
 use layerwise_analysis::{
-    compare_all, pattern_of, search_first_divergent, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
+    compare_all, pattern_of, search_first_divergent, Arithmetic, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
     Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, SampleStats, Samples, Status, Tolerance, Verdict, WalkRule,
 };
 use layerwise_model::extract::{extract_groups, TensorType};
@@ -18,6 +18,20 @@ use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions, P
 use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision, RunOutput, RunRequest, Tensor};
 
 use crate::keep::KeepRunner;
+
+mod conclusions;
+mod counterfactual;
+mod isolate;
+mod noise_floor;
+mod samples;
+mod search;
+
+use conclusions::conclude;
+use counterfactual::counterfactual;
+use noise_floor::noise_floor;
+use isolate::isolate;
+use samples::aggregate;
+use search::search;
 
 /// Everything `layerwise bisect` takes.
 #[derive(Debug, Clone)]
@@ -48,6 +62,8 @@ pub struct BisectOptions {
     pub isolate: bool,
     /// Re-run the candidate with each break kept at reference precision.
     pub counterfactual: bool,
+    /// Measure the noise floor (the reference re-run with perturbed weights and inputs).
+    pub noise_floor: bool,
 }
 
 /// How the candidate's tensors are marked as outputs.
@@ -82,6 +98,7 @@ impl BisectOptions {
             max_memory: None,
             isolate: true,
             counterfactual: true,
+            noise_floor: true,
         }
     }
 }
@@ -407,7 +424,8 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     } else {
         Vec::new()
     };
-    let cand_info = Candidate { tf32: job.candidate.tf32() };
+    let arithmetic = if precision == Precision::Fp16 { Arithmetic::Fp16 } else { Arithmetic::Fp32 };
+    let cand_info = Candidate { arithmetic, tf32: job.candidate.tf32(), atol: tolerance.atol };
     let mut extras = Extras::default();
 
     // One sample per run; with several, the worst sample's comparison carries the verdict.
@@ -453,14 +471,46 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
 
     // Saved tensors cannot run anything new.
     let can_run = !options.candidate.starts_with("npz:");
-    if verdict.status == Status::Diverged && options.isolate && can_run {
-        extras.isolation = steps.run("running chain nodes alone", || isolate(&mut job, &feeds, &compared, &verdict)).map(Some).unwrap_or_else(|e| {
-            Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
-        });
+    let mut verdict = verdict;
+    let mut conclusions = Vec::new();
+    if verdict.status == Status::Diverged {
+        // The reference's outputs, once, for the noise floor and every counterfactual check.
+        let reference_outputs = if options.reference.starts_with("npz:") {
+            None
+        } else {
+            Some(steps.run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())))?)
+        };
+        if options.noise_floor {
+            let worst = verdict.worst_output.clone();
+            let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
+            match (&reference_outputs, worst, cand_error) {
+                (Some(reference), Some(worst), Some(cand_error)) => {
+                    let relative = cand_info.arithmetic.unit_roundoff(cand_info.tf32);
+                    match steps.run("measuring the noise floor", || noise_floor(&mut job, &feeds, &reference.tensors, &worst, cand_error, relative)) {
+                        Ok(floor) => extras.noise_floor = Some(floor),
+                        Err(e) => conclusions.push(format!("noise floor not measured: {e:#}")),
+                    }
+                }
+                _ => conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string()),
+            }
+        }
+        let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
+        if ill_conditioned {
+            // No layer is at fault: the walk's finding stays among the breaks, not as the culprit.
+            verdict.first_divergent = None;
+        }
+        if options.isolate && can_run && !ill_conditioned {
+            extras.isolation = steps.run("running chain nodes alone", || isolate(&mut job, &feeds, &compared, &verdict)).map(Some).unwrap_or_else(|e| {
+                Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
+            });
+        }
+        if options.counterfactual && job.precision == Precision::Fp16 && !ill_conditioned {
+            if let Some(reference) = &reference_outputs {
+                extras.counterfactual = steps.run("counterfactual runs", || counterfactual(&mut job, &feeds, reference, &compared.comparison, &verdict, extras.isolation.as_ref()))?;
+            }
+        }
     }
-    if verdict.status == Status::Diverged && options.counterfactual && job.precision == Precision::Fp16 {
-        extras.counterfactual = steps.run("counterfactual runs", || counterfactual(&mut job, &feeds, &compared.comparison, &verdict, extras.isolation.as_ref()))?;
-    }
+    conclude(&mut verdict, &extras, &compared.comparison, conclusions);
 
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
         if let Some(h) = compared.histograms.get(&fd.tensor) {
@@ -496,273 +546,4 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     options.outputs.write(&serde_json::to_value(&report)?, None)?;
     let text = render_terminal(&report, options.top);
     Ok(BisectOutcome { report, text })
-}
-
-/// `--mark search`: the reference marks everything once; the candidate marks a few tensors per run.
-fn search(
-    job: &mut Job,
-    feeds: &[(String, Tensor)],
-    weights: &[layerwise_model::WeightRange],
-    cand_info: Candidate,
-    steps: &mut Steps,
-    extras: &mut Extras,
-) -> Result<(Compared, Verdict)> {
-    let reference = steps.run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
-    let mut notes = Vec::new();
-    let mut engine_layers = Vec::new();
-    let rule = job.rule;
-    let index = job.index.clone();
-    let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
-        let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
-        let out = steps.run(&format!("candidate run, {label}"), || job.run_candidate(feeds, &Selection::Names(marked.to_vec())))?;
-        if notes.is_empty() {
-            notes = out.notes.clone();
-        }
-        if !out.engine_layers.is_empty() {
-            engine_layers = out.engine_layers.clone();
-        }
-        let mut order: Vec<String> = marked.to_vec();
-        order.extend(index.outputs.iter().cloned());
-        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, job.tolerance);
-        let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
-        Ok((comparison.records, unavailable))
-    })?;
-    let comparison = Comparison::from_records(result.records.clone(), Vec::new(), &job.order);
-    if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
-        bail!("no model output could be compared in the candidate's first run");
-    }
-    let verdict = verdict_from_chain(&index, &comparison, weights, rule, cand_info, &result.chain, result.node.as_deref());
-    let unavailable = result.unavailable.clone();
-    extras.search = Some(result);
-    let compared = Compared {
-        comparison,
-        tensors: Some((reference.tensors, HashMap::new())),
-        histograms: HashMap::new(),
-        notes: (reference.notes, notes),
-        unavailable,
-        engine_layers,
-        memory: None,
-    };
-    Ok((compared, verdict))
-}
-
-/// Most chain nodes run alone.
-const ISOLATE_MAX: usize = 128;
-
-/// Runs each blame-chain node alone on the candidate, fed the reference's values.
-fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Result<Isolation> {
-    let mut skipped = Vec::new();
-    let mut groups: Vec<Vec<String>> = Vec::new();
-    let mut steps_by_node = Vec::new();
-    for step in verdict.chain.iter().take(ISOLATE_MAX) {
-        let Some(node) = job.index.node(&step.node) else { continue };
-        if node.has_subgraphs {
-            skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));
-            continue;
-        }
-        if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&node.name).is_none()) {
-            skipped.push((node.name.clone(), "not in the candidate model".into()));
-            continue;
-        }
-        groups.push(vec![node.name.clone()]);
-        steps_by_node.push(step.clone());
-    }
-    if groups.is_empty() {
-        return Ok(Isolation { nodes: Vec::new(), introducing: None, skipped });
-    }
-    // Reference values of every input and output of the chain nodes.
-    let mut wanted: Vec<String> = Vec::new();
-    for g in &groups {
-        let node = job.index.node(&g[0]).expect("checked");
-        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
-    }
-    wanted.sort();
-    wanted.dedup();
-    let held = compared.tensors.as_ref().map(|(r, _)| r);
-    let reference: HashMap<String, Tensor> = if held.is_some_and(|r| wanted.iter().all(|t| r.contains_key(t))) {
-        let r = held.expect("checked");
-        wanted.iter().map(|t| (t.clone(), r[t].clone())).collect()
-    } else {
-        job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
-    };
-    let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
-    // Types as the candidate's model declares them (a converted model reads FP16).
-    let cand_types = match &job.cand_model {
-        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
-        None => None,
-    };
-    let type_of = |t: &str| -> Option<TensorType> {
-        let v = value(t)?;
-        let dtype = cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype());
-        let elem = layerwise_model::DataType::try_from(dtype.onnx()).ok()?;
-        Some(TensorType { elem, dims: v.shape.clone() })
-    };
-    let (source, source_index) = match &job.cand_model {
-        Some((cm, ci)) => (cm, ci),
-        None => (job.model, &job.index),
-    };
-    let extraction = extract_groups(source, source_index, &groups, &type_of)?;
-    let extracted = source.derived(extraction.proto, "isolated.onnx");
-    let extracted_index = GraphIndex::build(extracted.graph())?;
-    let mut local_feeds = Vec::new();
-    for group in &extraction.groups {
-        for (local, original) in &group.inputs {
-            let v = value(original).ok_or_else(|| anyhow::anyhow!("no reference value for '{original}'"))?;
-            local_feeds.push((local.clone(), v.clone()));
-        }
-    }
-    job.candidate.keep_fp32(&[]);
-    let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
-    let mut nodes = Vec::new();
-    for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
-        let Some((local, _)) = group.outputs.iter().find(|(_, o)| *o == step.tensor) else { continue };
-        let (Some(r), Some(c)) = (reference.get(&step.tensor), out.tensors.get(local)) else {
-            skipped.push((step.node.clone(), "the candidate returned no value".into()));
-            continue;
-        };
-        if r.shape != c.shape {
-            skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
-            continue;
-        }
-        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance).error_level();
-        // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
-        // the node sees that overflow, but in the model it comes from upstream.
-        let node = job.index.node(&step.node).expect("chain node");
-        let overflowing_input = (job.precision == Precision::Fp16)
-            .then(|| {
-                node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
-                    value(t).is_some_and(|v| v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
-                })
-            })
-            .flatten();
-        let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
-        let introduces = local_error >= job.rule.min_break && note.is_none();
-        nodes.push(LocalError {
-            node: step.node.clone(),
-            op_type: step.op_type.clone(),
-            tensor: step.tensor.clone(),
-            local_error,
-            in_model_error: step.error,
-            role: if introduces { "introduces" } else { "propagates" },
-            note,
-        });
-    }
-    let topo = |n: &str| job.index.node(n).map_or(0, |i| i.topo_index);
-    let introducing = nodes
-        .iter()
-        .filter(|n| n.role == "introduces")
-        .max_by(|a, b| a.local_error.total_cmp(&b.local_error).then(topo(&b.node).cmp(&topo(&a.node))))
-        .map(|n| n.node.clone());
-    Ok(Isolation { nodes, introducing, skipped })
-}
-
-/// Most breaks checked by re-running the candidate.
-const COUNTERFACTUAL_MAX: usize = 6;
-
-/// Re-runs the candidate with each break's pattern kept at reference precision.
-fn counterfactual(job: &mut Job, feeds: &[(String, Tensor)], comparison: &Comparison, verdict: &Verdict, isolation: Option<&Isolation>) -> Result<Option<Counterfactual>> {
-    let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
-    let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
-    let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
-    // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
-    if !keeper.emulated() && job.cand_model.is_none() {
-        return Ok(None);
-    }
-    let mut candidates: Vec<(String, &'static str)> = Vec::new();
-    if let Some(fd) = &verdict.first_divergent {
-        candidates.push((fd.node.clone(), "first_divergent"));
-    }
-    for b in &verdict.breaks {
-        candidates.push((b.node.clone(), "break"));
-    }
-    for n in verdict.non_finite.iter().filter(|n| n.origin && !n.weight) {
-        candidates.push((n.node.clone(), "non_finite_origin"));
-    }
-    if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
-        candidates.push((n, "introducing"));
-    }
-    let mut checks = Vec::new();
-    let mut tried: Vec<Vec<String>> = Vec::new();
-    let outputs = Selection::Names(Vec::new());
-    // The reference's outputs do not change between checks.
-    let reference = job.reference.run(&RunRequest { model: job.model, index: &job.index, inputs: feeds, selection: &outputs })?;
-    for (node, reason) in candidates {
-        let pattern = pattern_of(&job.index, &node);
-        if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
-            continue;
-        }
-        tried.push(pattern.nodes.clone());
-        let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
-        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.tolerance);
-        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
-        let explained = KeepCheck::explained_share(before, after_error);
-        checks.push(KeepCheck {
-            node,
-            reason,
-            pattern: pattern.kind,
-            kept: pattern.nodes,
-            output_error_after: after_error,
-            explained,
-            fixes: job.index.outputs.iter().all(|o| after.get(o).is_some_and(|r| r.pass)),
-            contained: explained < 0.1,
-        });
-    }
-    let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
-    let conclusion = match best {
-        Some(b) if b.explained >= 0.5 => format!(
-            "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
-            b.node,
-            b.pattern,
-            100.0 * b.explained,
-            if b.fixes { " and brings every output within tolerance" } else { "" }
-        ),
-        _ => {
-            // Growth at each chain step, the chain's last node (its input is off the chain) included.
-            let steps = verdict.chain.windows(2).map(|w| (&w[0].node, &w[0].op_type, w[0].error, w[1].error));
-            let last = verdict.first_divergent.iter().map(|f| (&f.node, &f.op_type, f.output_error, f.input_error));
-            let amplifier = steps
-                .chain(last)
-                .filter(|(_, _, out, input)| *input > 0.0 && out.is_finite())
-                .max_by(|a, b| (a.2 / a.3).total_cmp(&(b.2 / b.3)))
-                .map(|(node, op, out, input)| format!("; it grows most at {node} ({op}, {:.1}x)", out / input))
-                .unwrap_or_default();
-            format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
-        }
-    };
-    Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
-}
-
-/// Per-tensor worst and mean error over samples; the verdict's sample is `chosen`.
-fn aggregate(samples: &[(&str, &Comparison, &Verdict)], chosen: usize, order: &[String]) -> Samples {
-    let mut tensors = Vec::new();
-    for t in order {
-        let mut sum = 0.0;
-        let mut count = 0usize;
-        let mut worst: Option<(f64, &str)> = None;
-        let mut failing = 0;
-        for (name, c, _) in samples {
-            let Some(r) = c.get(t) else { continue };
-            let e = r.error_level();
-            sum += e;
-            count += 1;
-            failing += (!r.pass) as usize;
-            if worst.is_none_or(|(w, _)| e > w) {
-                worst = Some((e, name));
-            }
-        }
-        if let Some((worst_error, worst_sample)) = worst {
-            tensors.push(SampleStats { tensor: t.clone(), mean_error: sum / count as f64, worst_error, worst_sample: worst_sample.to_string(), failing_samples: failing });
-        }
-    }
-    let runs = samples
-        .iter()
-        .map(|(name, c, v)| SampleRun {
-            sample: name.to_string(),
-            status: v.status,
-            worst_output_error: v.worst_output.as_ref().and_then(|o| c.get(o)).map(|r| r.error_level()).unwrap_or(0.0),
-            first_divergent: v.first_divergent.as_ref().map(|f| f.node.clone()),
-        })
-        .collect();
-    Samples { count: samples.len(), runs, worst_sample: samples[chosen].0.to_string(), tensors }
 }

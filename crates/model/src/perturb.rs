@@ -1,0 +1,90 @@
+//! Seeded perturbation of a model's weights at a given relative size: the noise floor runs the
+//! float32 reference on such a copy to measure how sensitive the outputs are to perturbations as
+//! small as one rounding of the candidate's arithmetic.
+
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::onnx::{tensor_proto::DataType, GraphProto, ModelProto, TensorProto};
+use crate::weights::for_each_float_chunk;
+use crate::{Model, ModelError};
+
+/// Most bytes of external float32 weights that are perturbed in memory; a larger model's noise
+/// floor is not measured.
+pub const PERTURB_MAX_EXTERNAL_BYTES: u64 = 1 << 30;
+
+/// Multiplies `v` by `1 + relative * r` with `r` uniform in [-1, 1).
+pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
+    for v in values.iter_mut() {
+        let r: f64 = rng.random_range(-1.0..1.0);
+        *v = (*v as f64 * (1.0 + relative * r)) as f32;
+    }
+}
+
+/// A copy of `model` whose float32 weights (initializers and Constant tensors of the main graph
+/// and of every body) are each multiplied by `1 + relative * r`, `r` uniform in [-1, 1), drawn
+/// from a generator seeded with `seed`. External weights are read and stored inline.
+pub fn perturb_weights(model: &Model, relative: f64, seed: u64) -> Result<ModelProto, ModelError> {
+    let external: u64 = model
+        .graph()
+        .initializer
+        .iter()
+        .filter(|t| crate::is_external(t))
+        .map(|t| t.dims.iter().map(|&d| d.max(0) as u64).product::<u64>() * 4)
+        .sum();
+    if external > PERTURB_MAX_EXTERNAL_BYTES {
+        return Err(ModelError::InvalidGraph(format!(
+            "{external} bytes of external weights are more than the {} that are perturbed in memory",
+            PERTURB_MAX_EXTERNAL_BYTES
+        )));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut proto = model.proto.clone();
+    let graph = proto.graph.as_mut().ok_or_else(|| ModelError::InvalidGraph("no graph".into()))?;
+    perturb_graph(model, graph, relative, &mut rng)?;
+    Ok(proto)
+}
+
+fn perturb_graph(model: &Model, graph: &mut GraphProto, relative: f64, rng: &mut ChaCha8Rng) -> Result<(), ModelError> {
+    for t in graph.initializer.iter_mut() {
+        perturb_tensor(model, t, relative, rng)?;
+    }
+    for node in graph.node.iter_mut() {
+        for attr in node.attribute.iter_mut() {
+            if node.op_type.as_deref() == Some("Constant") {
+                if let Some(t) = attr.t.as_mut() {
+                    perturb_tensor(model, t, relative, rng)?;
+                }
+                if let Some(f) = attr.f.as_mut() {
+                    let mut v = [*f];
+                    perturb_values(&mut v, relative, rng);
+                    *f = v[0];
+                }
+                perturb_values(&mut attr.floats, relative, rng);
+            }
+            for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                perturb_graph(model, g, relative, rng)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn perturb_tensor(model: &Model, t: &mut TensorProto, relative: f64, rng: &mut ChaCha8Rng) -> Result<(), ModelError> {
+    if t.data_type() != DataType::Float as i32 {
+        return Ok(());
+    }
+    let mut values = Vec::new();
+    for_each_float_chunk(model, t, &mut |chunk| values.extend_from_slice(chunk))?;
+    perturb_values(&mut values, relative, rng);
+    *t = TensorProto {
+        name: t.name.clone(),
+        dims: t.dims.clone(),
+        data_type: t.data_type,
+        raw_data: Some(Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
+        doc_string: t.doc_string.clone(),
+        ..Default::default()
+    };
+    Ok(())
+}

@@ -1,0 +1,58 @@
+//! The verdict's conclusions: what the runs after the walk found, one sentence each, written once
+//! here so that every report format states the same verdict.
+
+use layerwise_analysis::{Extras, ILL_CONDITIONED_FACTOR};
+
+use super::*;
+
+fn n(v: f64) -> String {
+    layerwise_report::format_number(v)
+}
+
+/// Fills `verdict.conclusions` (after `first`, notes gathered while running) and, when the output
+/// is ill-conditioned, restates the summary.
+pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comparison, first: Vec<String>) {
+    let mut out = first;
+    if verdict.status == Status::Pass {
+        let failing = comparison.records.iter().filter(|r| !r.pass && !r.constant_like).count();
+        if failing > 0 {
+            out.push(format!("{failing} intermediate tensors are out of tolerance, but their error does not reach the outputs with these inputs"));
+        }
+    }
+    if let Some(floor) = &extras.noise_floor {
+        if floor.ill_conditioned {
+            verdict.summary = format!(
+                "output '{}' is as sensitive to perturbing every weight and input by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                floor.output, n(floor.relative), n(floor.output_error), n(floor.candidate_error), floor.ratio
+            );
+            out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
+        } else {
+            out.push(format!(
+                "noise floor: perturbing every weight and input by one rounding (relative {}) moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
+                n(floor.relative), floor.output, n(floor.output_error), n(floor.candidate_error), n(floor.ratio)
+            ));
+        }
+    }
+    if let Some(iso) = &extras.isolation {
+        match &iso.introducing {
+            Some(node) => {
+                let local = iso.nodes.iter().find(|l| &l.node == node).map(|l| l.local_error).unwrap_or(f64::NAN);
+                out.push(format!(
+                    "run alone on the reference's inputs, {node} introduces the most error (rel L2 {} by itself); chain nodes marked 'propagates' only pass on error from upstream", n(local)
+                ));
+            }
+            None if !iso.nodes.is_empty() => out.push(
+                "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
+            ),
+            None => {
+                if let Some((_, why)) = iso.skipped.iter().find(|(n, _)| n == "*") {
+                    out.push(format!("chain nodes could not be run alone: {why}"));
+                }
+            }
+        }
+    }
+    if let Some(cf) = &extras.counterfactual {
+        out.push(cf.conclusion.clone());
+    }
+    verdict.conclusions = out;
+}

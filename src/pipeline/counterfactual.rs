@@ -1,0 +1,84 @@
+//! Does fixing it help: the candidate re-run with each break kept at reference precision.
+
+use super::*;
+
+/// Most breaks checked by re-running the candidate.
+const COUNTERFACTUAL_MAX: usize = 6;
+
+/// Re-runs the candidate with each break's pattern kept at reference precision.
+pub(super) fn counterfactual(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    reference: &RunOutput,
+    comparison: &Comparison,
+    verdict: &Verdict,
+    isolation: Option<&Isolation>,
+) -> Result<Option<Counterfactual>> {
+    let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
+    let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+    let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
+    // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
+    if !keeper.emulated() && job.cand_model.is_none() {
+        return Ok(None);
+    }
+    let mut candidates: Vec<(String, &'static str)> = Vec::new();
+    if let Some(fd) = &verdict.first_divergent {
+        candidates.push((fd.node.clone(), "first_divergent"));
+    }
+    for b in &verdict.breaks {
+        candidates.push((b.node.clone(), "break"));
+    }
+    for n in verdict.non_finite.iter().filter(|n| n.origin && !n.weight) {
+        candidates.push((n.node.clone(), "non_finite_origin"));
+    }
+    if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
+        candidates.push((n, "introducing"));
+    }
+    let mut checks = Vec::new();
+    let mut tried: Vec<Vec<String>> = Vec::new();
+    let outputs = Selection::Names(Vec::new());
+    for (node, reason) in candidates {
+        let pattern = pattern_of(&job.index, &node);
+        if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
+            continue;
+        }
+        tried.push(pattern.nodes.clone());
+        let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
+        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.tolerance);
+        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+        let explained = KeepCheck::explained_share(before, after_error);
+        checks.push(KeepCheck {
+            node,
+            reason,
+            pattern: pattern.kind,
+            kept: pattern.nodes,
+            output_error_after: after_error,
+            explained,
+            fixes: job.index.outputs.iter().all(|o| after.get(o).is_some_and(|r| r.pass)),
+            contained: explained < 0.1,
+        });
+    }
+    let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
+    let conclusion = match best {
+        Some(b) if b.explained >= 0.5 => format!(
+            "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
+            b.node,
+            b.pattern,
+            100.0 * b.explained,
+            if b.fixes { " and brings every output within tolerance" } else { "" }
+        ),
+        _ => {
+            // Growth at each chain step, the chain's last node (its input is off the chain) included.
+            let steps = verdict.chain.windows(2).map(|w| (&w[0].node, &w[0].op_type, w[0].error, w[1].error));
+            let last = verdict.first_divergent.iter().filter_map(|f| Some((&f.node, &f.op_type, f.output_error, f.input_error?)));
+            let amplifier = steps
+                .chain(last)
+                .filter(|(_, _, out, input)| *input > 0.0 && out.is_finite())
+                .max_by(|a, b| (a.2 / a.3).total_cmp(&(b.2 / b.3)))
+                .map(|(node, op, out, input)| format!("; it grows most at {node} ({op}, {:.1}x)", out / input))
+                .unwrap_or_default();
+            format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
+        }
+    };
+    Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
+}

@@ -1,0 +1,114 @@
+//! Introduced or propagated: each blame-chain node run alone on the reference's values.
+
+use super::*;
+
+/// Most chain nodes run alone.
+const ISOLATE_MAX: usize = 128;
+
+/// Runs each blame-chain node alone on the candidate, fed the reference's values.
+pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Result<Isolation> {
+    let mut skipped = Vec::new();
+    let mut groups: Vec<Vec<String>> = Vec::new();
+    let mut steps_by_node = Vec::new();
+    for step in verdict.chain.iter().take(ISOLATE_MAX) {
+        let Some(node) = job.index.node(&step.node) else { continue };
+        if node.has_subgraphs {
+            skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));
+            continue;
+        }
+        if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&node.name).is_none()) {
+            skipped.push((node.name.clone(), "not in the candidate model".into()));
+            continue;
+        }
+        groups.push(vec![node.name.clone()]);
+        steps_by_node.push(step.clone());
+    }
+    if groups.is_empty() {
+        return Ok(Isolation { nodes: Vec::new(), introducing: None, skipped });
+    }
+    // Reference values of every input and output of the chain nodes.
+    let mut wanted: Vec<String> = Vec::new();
+    for g in &groups {
+        let node = job.index.node(&g[0]).expect("checked");
+        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+    }
+    wanted.sort();
+    wanted.dedup();
+    let held = compared.tensors.as_ref().map(|(r, _)| r);
+    let reference: HashMap<String, Tensor> = if held.is_some_and(|r| wanted.iter().all(|t| r.contains_key(t))) {
+        let r = held.expect("checked");
+        wanted.iter().map(|t| (t.clone(), r[t].clone())).collect()
+    } else {
+        job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
+    };
+    let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
+    // Types as the candidate's model declares them (a converted model reads FP16).
+    let cand_types = match &job.cand_model {
+        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
+        None => None,
+    };
+    let type_of = |t: &str| -> Option<TensorType> {
+        let v = value(t)?;
+        let dtype = cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype());
+        let elem = layerwise_model::DataType::try_from(dtype.onnx()).ok()?;
+        Some(TensorType { elem, dims: v.shape.clone() })
+    };
+    let (source, source_index) = match &job.cand_model {
+        Some((cm, ci)) => (cm, ci),
+        None => (job.model, &job.index),
+    };
+    let extraction = extract_groups(source, source_index, &groups, &type_of)?;
+    let extracted = source.derived(extraction.proto, "isolated.onnx");
+    let extracted_index = GraphIndex::build(extracted.graph())?;
+    let mut local_feeds = Vec::new();
+    for group in &extraction.groups {
+        for (local, original) in &group.inputs {
+            let v = value(original).ok_or_else(|| anyhow::anyhow!("no reference value for '{original}'"))?;
+            local_feeds.push((local.clone(), v.clone()));
+        }
+    }
+    job.candidate.keep_fp32(&[]);
+    let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
+    let mut nodes = Vec::new();
+    for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
+        let Some((local, _)) = group.outputs.iter().find(|(_, o)| *o == step.tensor) else { continue };
+        let (Some(r), Some(c)) = (reference.get(&step.tensor), out.tensors.get(local)) else {
+            skipped.push((step.node.clone(), "the candidate returned no value".into()));
+            continue;
+        };
+        if r.shape != c.shape {
+            skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
+            continue;
+        }
+        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance).error_level();
+        // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
+        // the node sees that overflow, but in the model it comes from upstream.
+        let node = job.index.node(&step.node).expect("chain node");
+        let overflowing_input = (job.precision == Precision::Fp16)
+            .then(|| {
+                node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
+                    value(t).is_some_and(|v| v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
+                })
+            })
+            .flatten();
+        let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
+        let introduces = local_error >= job.rule.min_break && note.is_none();
+        nodes.push(LocalError {
+            node: step.node.clone(),
+            op_type: step.op_type.clone(),
+            tensor: step.tensor.clone(),
+            local_error,
+            in_model_error: step.error,
+            role: if introduces { "introduces" } else { "propagates" },
+            note,
+        });
+    }
+    let topo = |n: &str| job.index.node(n).map_or(0, |i| i.topo_index);
+    let introducing = nodes
+        .iter()
+        .filter(|n| n.role == "introduces")
+        .max_by(|a, b| a.local_error.total_cmp(&b.local_error).then(topo(&b.node).cmp(&topo(&a.node))))
+        .map(|n| n.node.clone());
+    Ok(Isolation { nodes, introducing, skipped })
+}

@@ -1,0 +1,51 @@
+//! `--mark search`: a few marked tensors per candidate run, bisecting the blame path.
+
+use super::*;
+
+/// `--mark search`: the reference marks everything once; the candidate marks a few tensors per run.
+pub(super) fn search(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    weights: &[layerwise_model::WeightRange],
+    cand_info: Candidate,
+    steps: &mut Steps,
+    extras: &mut Extras,
+) -> Result<(Compared, Verdict)> {
+    let reference = steps.run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
+    let mut notes = Vec::new();
+    let mut engine_layers = Vec::new();
+    let rule = job.rule;
+    let index = job.index.clone();
+    let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
+        let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
+        let out = steps.run(&format!("candidate run, {label}"), || job.run_candidate(feeds, &Selection::Names(marked.to_vec())))?;
+        if notes.is_empty() {
+            notes = out.notes.clone();
+        }
+        if !out.engine_layers.is_empty() {
+            engine_layers = out.engine_layers.clone();
+        }
+        let mut order: Vec<String> = marked.to_vec();
+        order.extend(index.outputs.iter().cloned());
+        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, job.tolerance);
+        let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
+        Ok((comparison.records, unavailable))
+    })?;
+    let comparison = Comparison::from_records(result.records.clone(), Vec::new(), &job.order);
+    if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
+        bail!("no model output could be compared in the candidate's first run");
+    }
+    let verdict = verdict_from_chain(&index, &comparison, weights, rule, cand_info, &result.chain, result.node.as_deref());
+    let unavailable = result.unavailable.clone();
+    extras.search = Some(result);
+    let compared = Compared {
+        comparison,
+        tensors: Some((reference.tensors, HashMap::new())),
+        histograms: HashMap::new(),
+        notes: (reference.notes, notes),
+        unavailable,
+        engine_layers,
+        memory: None,
+    };
+    Ok((compared, verdict))
+}
