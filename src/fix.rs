@@ -14,7 +14,9 @@ use layerwise_runtime::{create_backend, Backend, Precision, RunOutput, RunReques
 use serde::Serialize;
 
 use crate::keep::KeepRunner;
+use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::{check_writable_target, tolerance_and_rule, BisectOptions};
+use layerwise_model::fp16::FP16_UNIT_ROUNDOFF;
 
 /// Everything `layerwise fix` takes.
 #[derive(Debug, Clone)]
@@ -36,6 +38,9 @@ pub struct KeptPattern {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Round {
+    /// `diagnose` (nothing kept), `pattern` (the breaks' patterns), `region` (a contiguous run of
+    /// nodes in topological order), `prune` (parts of the region dropped again).
+    pub stage: &'static str,
     pub keep_fp32: usize,
     pub status: Status,
     pub worst_output: Option<String>,
@@ -76,6 +81,8 @@ pub struct FixReport {
     pub rounds: Vec<Round>,
     /// Candidate runs the search made (the first, diagnosing run included).
     pub candidate_runs: usize,
+    /// How sensitive the worst output is to one FP16 rounding of every weight (see bisect).
+    pub noise_floor: Option<layerwise_analysis::NoiseFloor>,
     /// Error of every model output before (all FP16) and after (with the keep list).
     pub outputs: Vec<OutputChange>,
     /// The same fix for weakly typed TensorRT 10 (layer names = ONNX node names).
@@ -137,6 +144,77 @@ fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[Strin
         .map(|(ratio, step)| {
             (step.node.clone(), format!("{} ({}): drift, and it is the chain's strongest amplifier ({ratio:.1}x)", step.node, step.op_type))
         })
+}
+
+/// Nodes that may be kept in FP32 (they compute a float tensor that is not a weight), in
+/// topological order, `keep` excluded.
+fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Tensor>, keep: &[String]) -> Vec<String> {
+    index
+        .nodes
+        .iter()
+        .filter(|n| !keep.contains(&n.name))
+        .filter(|n| n.outputs.iter().any(|o| !index.is_constant_like(o) && reference.get(o).is_some_and(|t| t.dtype().is_float())))
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// The smallest contiguous region (topological order) whose nodes, kept in FP32 beside `keep`,
+/// bring every output within tolerance: the start found by bisection, then the end, then chunks of
+/// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
+fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, (Comparison, Verdict))>> {
+    let nodes = keepable(index, &search.reference, keep);
+    let trial = |search: &mut Search, region: &[String], stage: &'static str, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
+        let all: Vec<String> = keep.iter().chain(region).cloned().collect();
+        let outcome = search.run(&all)?;
+        let pass = outcome.1.status == Status::Pass;
+        rounds.push(Round { stage, keep_fp32: all.len(), status: outcome.1.status, worst_output: outcome.1.worst_output.clone(), first_divergent: outcome.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        Ok((pass, outcome))
+    };
+    let (pass, mut best) = trial(search, &nodes, "region", rounds)?;
+    if !pass {
+        return Ok(None);
+    }
+    // Start: the latest `lo` for which nodes[lo..] still fixes it (nodes[n..] = keep alone fails).
+    let (mut ok, mut bad) = (0, nodes.len());
+    while bad - ok > 1 {
+        let mid = (ok + bad) / 2;
+        let (pass, outcome) = trial(search, &nodes[mid..], "region", rounds)?;
+        if pass {
+            ok = mid;
+            best = outcome;
+        } else {
+            bad = mid;
+        }
+    }
+    let lo = ok;
+    // End: the earliest `hi` for which nodes[lo..hi] still fixes it.
+    let (mut ok, mut bad) = (nodes.len(), lo);
+    while ok - bad > 1 {
+        let mid = (ok + bad) / 2;
+        let (pass, outcome) = trial(search, &nodes[lo..mid], "region", rounds)?;
+        if pass {
+            ok = mid;
+            best = outcome;
+        } else {
+            bad = mid;
+        }
+    }
+    let mut region: Vec<String> = nodes[lo..ok].to_vec();
+    // Prune: drop eighths of the region that are not needed.
+    let chunk = region.len().div_ceil(8).max(1);
+    let mut start = 0;
+    while start < region.len() && region.len() > 1 {
+        let end = (start + chunk).min(region.len());
+        let without: Vec<String> = region[..start].iter().chain(&region[end..]).cloned().collect();
+        let (pass, outcome) = trial(search, &without, "prune", rounds)?;
+        if pass {
+            region = without;
+            best = outcome;
+        } else {
+            start = end;
+        }
+    }
+    Ok(Some((region, best)))
 }
 
 fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -> Vec<OutputChange> {
@@ -203,12 +281,30 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     };
 
     let (first, first_verdict) = search.run(&[])?;
-    let mut rounds = vec![Round { keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
+    let mut rounds = vec![Round { stage: "diagnose", keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
     let mut stuck = None;
-    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
+    // An output as sensitive to one FP16 rounding of every weight as to the candidate has no small fix.
+    let mut noise_floor = None;
+    if first_verdict.status == Status::Diverged && b.noise_floor {
+        if let Some(worst) = first_verdict.worst_output.as_deref() {
+            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: FP16_UNIT_ROUNDOFF, seed: b.inputs.seed };
+            let floor = noise_floor_of(reference.as_mut(), &model, &index, &search.feeds, &search.reference, tolerance, target)?;
+            if floor.ill_conditioned {
+                stuck = Some(format!(
+                    "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; perturbing every weight by one FP16 rounding moves it by rel L2 {}, the candidate by {} ({:.1}x)",
+                    num(floor.output_error),
+                    num(floor.candidate_error),
+                    floor.ratio
+                ));
+            }
+            noise_floor = Some(floor);
+        }
+    }
+    let ill_conditioned = noise_floor.as_ref().is_some_and(|f: &layerwise_analysis::NoiseFloor| f.ill_conditioned);
+    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds && !ill_conditioned {
         // The first divergent layer, and every other node where inf/NaN are born in this run:
         // each is a break of its own, and fixing them one run at a time would cost a run each.
         // With no first divergent layer (drift), the chain's strongest amplifier.
@@ -240,7 +336,26 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             break;
         }
         last = search.run(&keep)?;
-        rounds.push(Round { keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        rounds.push(Round { stage: "pattern", keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+    }
+    // The targeted keeps did not do it: a contiguous region in topological order, shrunk from both
+    // ends, then pruned.
+    if last.1.status == Status::Diverged && !ill_conditioned {
+        match region_search(&mut search, &index, &keep, &mut rounds)? {
+            Some((region, outcome)) => {
+                stuck = None;
+                patterns.push(KeptPattern { kind: "region", nodes: region.clone(), because: "keeping the recognised patterns did not fix the outputs; the smallest contiguous region that does, pruned".into() });
+                keep.extend(region);
+                last = outcome;
+            }
+            None => {
+                let why = "even keeping every node in FP32 does not bring the outputs within tolerance";
+                stuck = Some(match stuck {
+                    Some(s) => format!("{s}; {why}"),
+                    None => why.to_string(),
+                });
+            }
+        }
     }
     // Drop patterns that turn out unnecessary once the others are kept (earliest first).
     if last.1.status == Status::Pass && patterns.len() > 1 {
@@ -248,7 +363,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         while i < patterns.len() && patterns.len() > 1 {
             let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
             let trial = search.run(&without)?;
-            rounds.push(Round { keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+            rounds.push(Round { stage: "prune", keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
             if trial.1.status == Status::Pass {
                 keep = without;
                 patterns.remove(i);
@@ -312,6 +427,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         patterns,
         rounds,
         candidate_runs: search.runs,
+        noise_floor,
         outputs,
         fixed_model,
         fixed_model_fp32_nodes,
@@ -338,6 +454,13 @@ fn render(r: &FixReport) -> String {
     for p in &r.patterns {
         let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, p.nodes.join(", "), p.because);
     }
+    let stages: Vec<String> = ["diagnose", "pattern", "region", "prune"]
+        .iter()
+        .map(|st| (st, r.rounds.iter().filter(|x| x.stage == *st).count()))
+        .filter(|(_, n)| *n > 0)
+        .map(|(st, n)| format!("{st} {n}"))
+        .collect();
+    let _ = writeln!(out, "  rounds: {}", stages.join(", "));
     let _ = writeln!(out, "  outputs (relative L2, FP16 -> with keep list):");
     for o in &r.outputs {
         let _ = writeln!(out, "    {:<30} {:>9} -> {:>9}  {}", o.name, num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "FAIL" });

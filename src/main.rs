@@ -145,7 +145,7 @@ struct BisectArgs {
     /// Do not re-run the candidate with each break kept at reference precision.
     #[arg(long)]
     no_counterfactual: bool,
-    /// Do not measure the noise floor (the reference re-run with its weights and inputs perturbed
+    /// Do not measure the noise floor (the reference re-run with its weights perturbed
     /// by one rounding of the candidate's arithmetic).
     #[arg(long)]
     no_noise_floor: bool,

@@ -56,7 +56,8 @@ fn planted_overflow_behind_drift_is_found_and_drift_is_not_blamed() {
     let fd = v.first_divergent.as_ref().expect("a first divergent layer");
     assert_eq!(fd.node, "head/Exp", "{}", outcome.text);
     assert_eq!(fd.cause.kind, CauseKind::ValueOverflow);
-    assert!(fd.input_error > 1e-4 && fd.input_error < 5e-2, "its input carries drift, not zero error: {}", fd.input_error);
+    let input_error = fd.input_error.expect("its input was compared");
+    assert!(input_error > 1e-4 && input_error < 5e-2, "its input carries drift, not zero error: {input_error}");
     assert_eq!(v.chain.first().unwrap().tensor, "out");
     assert_eq!(v.chain.last().unwrap().node, "head/Exp");
     assert!(v.chain.iter().all(|s| !s.node.starts_with("branch_")), "no drift node on the chain: {:?}", v.chain);
@@ -69,8 +70,9 @@ fn sensitive_layer_after_drift_is_named() {
     let outcome = bisect_model(&model, &options(None)).unwrap();
     let fd = outcome.report.verdict.first_divergent.as_ref().unwrap_or_else(|| panic!("no first divergent layer:\n{}", outcome.text));
     assert_eq!(fd.node, "head/Softmax", "{}", outcome.text);
-    assert_eq!(fd.cause.kind, CauseKind::Amplification);
-    assert!(fd.output_error >= 10.0 * fd.input_error);
+    // Logits near 2000 keep ~1 absolute precision in FP16: the cause is their absolute error.
+    assert_eq!(fd.cause.kind, CauseKind::LargeLogits, "{}", fd.cause.detail);
+    assert!(fd.output_error >= 10.0 * fd.input_error.unwrap());
     // The error has drifted to a few tenths of a percent on the way to the Softmax, and the drift
     // nodes are not blamed for it.
     let scaled = outcome.report.tensors.iter().find(|t| t.name == "scaled").unwrap();

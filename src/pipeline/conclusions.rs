@@ -22,13 +22,13 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
     if let Some(floor) = &extras.noise_floor {
         if floor.ill_conditioned {
             verdict.summary = format!(
-                "output '{}' is as sensitive to perturbing every weight and input by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                "output '{}' is as sensitive to perturbing every weight by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
                 floor.output, n(floor.relative), n(floor.output_error), n(floor.candidate_error), floor.ratio
             );
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
         } else {
             out.push(format!(
-                "noise floor: perturbing every weight and input by one rounding (relative {}) moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
+                "noise floor: perturbing every weight by one rounding (relative {}) moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
                 n(floor.relative), floor.output, n(floor.output_error), n(floor.candidate_error), n(floor.ratio)
             ));
         }

@@ -22,13 +22,13 @@ use crate::keep::KeepRunner;
 mod conclusions;
 mod counterfactual;
 mod isolate;
-mod noise_floor;
+pub mod noise_floor;
 mod samples;
 mod search;
 
 use conclusions::conclude;
 use counterfactual::counterfactual;
-use noise_floor::noise_floor;
+use noise_floor::{noise_floor, FloorTarget};
 use isolate::isolate;
 use samples::aggregate;
 use search::search;
@@ -62,7 +62,7 @@ pub struct BisectOptions {
     pub isolate: bool,
     /// Re-run the candidate with each break kept at reference precision.
     pub counterfactual: bool,
-    /// Measure the noise floor (the reference re-run with perturbed weights and inputs).
+    /// Measure the noise floor (the reference re-run with its weights perturbed).
     pub noise_floor: bool,
 }
 
@@ -486,7 +486,11 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
             match (&reference_outputs, worst, cand_error) {
                 (Some(reference), Some(worst), Some(cand_error)) => {
                     let relative = cand_info.arithmetic.unit_roundoff(cand_info.tf32);
-                    match steps.run("measuring the noise floor", || noise_floor(&mut job, &feeds, &reference.tensors, &worst, cand_error, relative)) {
+                    let target = FloorTarget { output: &worst, candidate_error: cand_error, relative, seed: options.inputs.seed };
+                    let floor = steps.run("measuring the noise floor", || {
+                        noise_floor(job.reference.as_mut(), job.model, &job.index, &feeds, &reference.tensors, job.tolerance, target)
+                    });
+                    match floor {
                         Ok(floor) => extras.noise_floor = Some(floor),
                         Err(e) => conclusions.push(format!("noise floor not measured: {e:#}")),
                     }

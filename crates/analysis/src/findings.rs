@@ -25,7 +25,7 @@ pub struct Extras {
 }
 
 /// How sensitive the model's worst output is to perturbations as small as one rounding of the
-/// candidate's arithmetic: the float32 reference re-run with its weights and float inputs each
+/// candidate's arithmetic: the float32 reference re-run with its weights each
 /// multiplied by `1 + relative * r` (`r` uniform in [-1, 1), seeded). When the candidate's error is
 /// within a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
 #[derive(Debug, Clone, Serialize)]

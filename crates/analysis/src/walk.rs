@@ -577,13 +577,15 @@ fn classify(
                 });
             }
         }
-        if candidate.tf32 && TF32_OPS.contains(&op) {
+        let tf32_op = candidate.tf32 && TF32_OPS.contains(&op);
+        if tf32_op {
+            // A few roundings of TF32 inputs (10-bit mantissa) account for a relative error of about 4u.
             found.push(Mechanism {
                 kind: CauseKind::Tf32,
                 weight: None,
-                explains: None,
+                explains: Some(share(4.0 * FP16_UNIT_ROUNDOFF)),
                 detail: format!(
-                    "float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs): relative L2 {input_error:.2e} -> {out_rel:.2e}; not measured separately: run the candidate with tf32=off to confirm"
+                    "float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs, one rounding {FP16_UNIT_ROUNDOFF:.1e}): relative L2 {input_error:.2e} -> {out_rel:.2e}; not measured separately: run the candidate with tf32=off to confirm"
                 ),
             });
         }
@@ -602,8 +604,8 @@ fn classify(
                 ),
             });
         }
-        if input_error == 0.0 {
-            let u = candidate.arithmetic.unit_roundoff(candidate.tf32);
+        if input_error == 0.0 && !tf32_op {
+            let u = candidate.arithmetic.unit_roundoff(false);
             found.push(Mechanism {
                 kind: CauseKind::PrecisionLoss,
                 weight: None,

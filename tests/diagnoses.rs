@@ -1,0 +1,252 @@
+//! Diagnoses that hold: every statement of a verdict is measured or explicitly unknown. Each test
+//! plants a model of the shape that showed a false claim on a real model (a renamed FP16 twin,
+//! nested If bodies, an ill-conditioned head) and checks what the verdict says about it.
+
+mod common;
+
+use common::{layerwise, save, text};
+use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto};
+use layerwise_model::DataType;
+use serde_json::Value;
+
+fn json(path: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// x[1,64] -> Mul(w1) -> Add(b1) -> Relu -> Mul(w2) -> Tanh -> y. `prefix` renames every
+/// intermediate tensor and node (another exporter's names); `w2_scale` scales the last weight (the
+/// twin was exported from a different checkpoint step, say).
+fn chain(prefix: &str, w2_scale: f32) -> ModelProto {
+    let mut b = ModelBuilder::new("chain", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    let w1: Vec<f32> = (0..64).map(|i| 0.5 + 0.01 * i as f32).collect();
+    let w2: Vec<f32> = (0..64).map(|i| w2_scale * (0.8 - 0.005 * i as f32)).collect();
+    b.initializer(f32_tensor("w1", &[64], &w1));
+    b.initializer(f32_tensor("b1", &[64], &[0.1; 64]));
+    b.initializer(f32_tensor("w2", &[64], &w2));
+    let t = |n: &str| format!("{prefix}{n}");
+    b.node("Mul", &t("mul1"), &["x", "w1"], &[&t("m1")], vec![]);
+    b.node("Add", &t("add1"), &[&t("m1"), "b1"], &[&t("a1")], vec![]);
+    b.node("Relu", &t("relu"), &[&t("a1")], &[&t("r1")], vec![]);
+    b.node("Mul", &t("mul2"), &[&t("r1"), "w2"], &[&t("m2")], vec![]);
+    b.node("Tanh", &t("tanh"), &[&t("m2")], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&chain("", 1.0), &dir.path().join("ref.onnx"));
+    save(&chain("twin/", 1.3), &dir.path().join("twin.onnx"));
+    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"];
+    let out = layerwise(&args, dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let r = json(&dir.path().join("r.json"));
+    let v = &r["verdict"];
+    assert!(v["first_divergent"].is_null(), "no node can be the origin: {}", v["first_divergent"]);
+    assert_eq!(v["sight_ends"]["node"], "tanh", "{t}");
+    assert_eq!(v["sight_ends"]["unseen_inputs"][0][0], "m2");
+    assert!(!t.contains("from exact inputs") && !t.contains("inputs 0 ->"), "{t}");
+    assert!(t.contains("input not compared: m2"), "{t}");
+    // Nothing in the report claims a measured zero for what was not compared.
+    for b in v["breaks"].as_array().unwrap() {
+        assert!(!b["input_error"].is_number() || b["input_error"].as_f64() != Some(0.0), "{b}");
+    }
+    for path in ["r.html", "r.md"] {
+        let doc = std::fs::read_to_string(dir.path().join(path)).unwrap();
+        assert!(doc.contains("m2") && doc.contains("not compared"), "{path} says where sight ends");
+    }
+}
+
+/// A node, in a body or the main graph.
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<layerwise_model::onnx::AttributeProto>) -> layerwise_model::onnx::NodeProto {
+    layerwise_model::onnx::NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+fn body(name: &str, nodes: Vec<layerwise_model::onnx::NodeProto>, output: &str, elem: DataType) -> GraphProto {
+    GraphProto {
+        name: Some(name.into()),
+        node: nodes,
+        output: vec![layerwise_model::onnx::ValueInfoProto {
+            name: Some(output.into()),
+            r#type: Some(layerwise_model::builder::tensor_type(elem, None)),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn bool_constant(name: &str, output: &str) -> layerwise_model::onnx::NodeProto {
+    let t = TensorProto { data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() };
+    node("Constant", name, &[], &[output], vec![attr::tensor("value", t)])
+}
+
+fn f16_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float16 as i32),
+        raw_data: Some(values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect::<Vec<u8>>().into()),
+        ..Default::default()
+    }
+}
+
+/// x[2,8] -> Mul(two) -> h0; If(true): { h1 = h0 @ W (h0 read from the outer scope); If(true):
+/// { h1 @ W2 } else { Relu(h1) }; * small } else { Sigmoid(h0) } -> Add(one) -> y. `fp16`: the
+/// twin exported in FP16 throughout, bodies included (Casts at the input and output), from another
+/// checkpoint: its W2 differs by 20%, so the error enters inside the If.
+fn nested_if(fp16: bool) -> ModelProto {
+    let elem = if fp16 { DataType::Float16 } else { DataType::Float };
+    let w: Vec<f32> = (0..64).map(|i| ((i * 37 % 17) as f32 - 8.0) / 2.0).collect();
+    let w2_scale = if fp16 { 1.2 } else { 1.0 };
+    let w2: Vec<f32> = (0..64).map(|i| w2_scale * ((i * 11 % 13) as f32 - 6.0) / 12.0).collect();
+    let tensor = |name: &str, dims: &[i64], v: &[f32]| if fp16 { f16_tensor(name, dims, v) } else { f32_tensor(name, dims, v) };
+    let inner = node(
+        "If",
+        "inner_if",
+        &["cond2"],
+        &["inner_out"],
+        vec![
+            attr::graph("then_branch", body("inner_then", vec![node("MatMul", "inner_then_mm", &["h1", "W2"], &["it_out"], vec![])], "it_out", elem)),
+            attr::graph("else_branch", body("inner_else", vec![node("Relu", "inner_else_relu", &["h1"], &["ie_out"], vec![])], "ie_out", elem)),
+        ],
+    );
+    let outer_then = body(
+        "outer_then",
+        vec![node("MatMul", "then_mm", &["h0", "W"], &["h1"], vec![]), bool_constant("cond2_const", "cond2"), inner, node("Mul", "then_scale", &["inner_out", "small"], &["ot_out"], vec![])],
+        "ot_out",
+        elem,
+    );
+    let outer_else = body("outer_else", vec![node("Sigmoid", "else_sig", &["h0"], &["oe_out"], vec![])], "oe_out", elem);
+    let mut b = ModelBuilder::new("nested-if", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
+    b.initializer(tensor("W", &[8, 8], &w));
+    b.initializer(tensor("W2", &[8, 8], &w2));
+    b.initializer(tensor("two", &[1], &[2.0]));
+    b.initializer(tensor("one", &[1], &[1.0]));
+    b.initializer(tensor("small", &[1], &[0.5]));
+    let x = if fp16 {
+        b.node("Cast", "in_cast", &["x"], &["x16"], vec![attr::int("to", DataType::Float16 as i64)]);
+        "x16"
+    } else {
+        "x"
+    };
+    b.node("Mul", "pre_mul", &[x, "two"], &["h0"], vec![]);
+    b.node("Constant", "cond_const", &[], &["cond"], vec![attr::tensor("value", TensorProto { data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() })]);
+    b.node("If", "outer_if", &["cond"], &["if_out"], vec![attr::graph("then_branch", outer_then), attr::graph("else_branch", outer_else)]);
+    if fp16 {
+        b.node("Add", "post_add", &["if_out", "one"], &["y16"], vec![]);
+        b.node("Cast", "out_cast", &["y16"], &["y"], vec![attr::int("to", DataType::Float as i64)]);
+    } else {
+        b.node("Add", "post_add", &["if_out", "one"], &["y"], vec![]);
+    }
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn nested_if_bodies_against_their_fp16_twin_run_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&nested_if(false), &dir.path().join("ref.onnx"));
+    save(&nested_if(true), &dir.path().join("twin.onnx"));
+    // The If breaks; the counterfactual check keeps it in FP32 in the converted model, whose If
+    // bodies must then read their outer input h0 in float32.
+    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--val-range", "x:-3,3", "--json", "r.json"];
+    let out = layerwise(&args, dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "every step runs and the run diverges: {t}");
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["verdict"]["first_divergent"]["node"], "outer_if", "{t}");
+    // The If reads h0 from the outer scope: that is its input, measured, not an exact zero.
+    let input_error = r["verdict"]["first_divergent"]["input_error"].as_f64().unwrap();
+    assert!(input_error > 0.0, "h0 carries FP16 rounding: {input_error}");
+    let checks = r["counterfactual"]["checks"].as_array().expect("the counterfactual check ran");
+    assert!(checks.iter().any(|c| c["node"] == "outer_if" && c["explained"].as_f64().unwrap() > 0.9), "{t}");
+    // The converted model the check ran is one ONNX Runtime accepts: keeping the If in FP32 fixes it.
+    assert!(!t.contains("does not match expected type") && !t.contains("TypeInferenceError"), "{t}");
+}
+
+/// x[1,64] -> Relu -> x*a + x*b -> y, a = 1000 + small, b = -1000: the output is the tiny
+/// difference of two large weights, ill-conditioned in them for any input. FP16 storage of a
+/// (spacing 0.5 at 1000) or of x*a changes y by as much as perturbing a and b by one FP16 rounding.
+fn ill_conditioned_head() -> ModelProto {
+    let mut b = ModelBuilder::new("ill-conditioned", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    let a: Vec<f32> = (0..64).map(|i| 1000.0 + 0.05 * (1.0 + (i as f32 * 0.7).sin())).collect();
+    b.initializer(f32_tensor("a", &[64], &a));
+    b.initializer(f32_tensor("b", &[64], &[-1000.0; 64]));
+    b.node("Relu", "relu", &["x"], &["h"], vec![]);
+    b.node("Mul", "head/mul_a", &["h", "a"], &["ha"], vec![]);
+    b.node("Mul", "head/mul_b", &["h", "b"], &["hb"], vec![]);
+    b.node("Add", "head/add", &["ha", "hb"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn an_ill_conditioned_output_names_no_culprit_and_fix_says_no_small_keep_list_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&ill_conditioned_head(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let floor = &r["noise_floor"];
+    assert_eq!(floor["ill_conditioned"], true, "{t}");
+    assert!(floor["output_error"].as_f64().unwrap() > 0.1, "perturbing the weights by 2^-11 moves y a lot: {floor}");
+    assert!(r["verdict"]["first_divergent"].is_null(), "no culprit: {}", r["verdict"]["first_divergent"]);
+    let summary = r["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("ill-conditioned") && summary.contains("no small keep list"), "{summary}");
+    assert!(t.contains("ill-conditioned"), "{t}");
+
+    let fix = layerwise(&["fix", "m.onnx", "--json", "fix.json"], dir.path());
+    let ft = text(&fix);
+    assert_eq!(fix.status.code(), Some(1), "{ft}");
+    assert!(ft.contains("ill-conditioned") && ft.contains("no small keep list"), "{ft}");
+}
+
+#[test]
+fn a_real_break_is_far_above_the_noise_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = layerwise(&["demo", "--out-dir", "demo"], dir.path());
+    assert!(out.status.success(), "{}", text(&out));
+    let r = json(&dir.path().join("demo/report.json"));
+    let floor = &r["noise_floor"];
+    assert_eq!(floor["ill_conditioned"], false);
+    assert!(floor["ratio"].as_f64().unwrap() > 100.0, "{floor}");
+    assert_eq!(r["verdict"]["first_divergent"]["node"], "encoder/ln/Pow");
+}
+
+/// The verdict's conclusions are the same sentences in the terminal, the JSON, the HTML and the
+/// Markdown, and the HTML has a section for each run after the walk.
+#[test]
+fn one_verdict_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = layerwise(&["demo", "--out-dir", "demo"], dir.path());
+    let terminal = text(&out);
+    let r = json(&dir.path().join("demo/report.json"));
+    let conclusions: Vec<&str> = r["verdict"]["conclusions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert!(conclusions.len() >= 3, "noise floor, run alone, keeping: {conclusions:?}");
+    assert!(conclusions.iter().any(|c| c.contains("run alone")) && conclusions.iter().any(|c| c.contains("keeping")));
+    let html = std::fs::read_to_string(dir.path().join("demo/report.html")).unwrap().replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&");
+    let markdown = std::fs::read_to_string(dir.path().join("demo/summary.md")).unwrap().replace("\\|", "|");
+    let summary = r["verdict"]["summary"].as_str().unwrap();
+    for sentence in conclusions.iter().copied().chain([summary]) {
+        assert!(terminal.contains(sentence), "terminal lacks: {sentence}");
+        assert!(html.contains(sentence), "HTML lacks: {sentence}");
+        assert!(markdown.contains(&sentence.replace('`', "'")), "Markdown lacks: {sentence}");
+    }
+    for id in ["id=\"conclusions\"", "id=\"run-alone\"", "id=\"keep-helps\"", "id=\"noise-floor\""] {
+        assert!(html.contains(id), "HTML has {id}");
+    }
+}
