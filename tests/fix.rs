@@ -227,3 +227,32 @@ fn conversion_retargets_casts_constant_of_shape_and_value_info() {
     let outcome = bisect(&BisectOptions { cand_model: Some(conv), ..BisectOptions::new(&orig, "ort:cpu", "ort:cpu") }).unwrap();
     assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
 }
+
+/// Drift over 60 FP16 roundings with a tolerance tighter than that drift: no node breaks and no
+/// pattern is at fault, so the search keeps a contiguous region in topological order, shrinks it
+/// from both ends and prunes it, and the keep list it reports is verified.
+#[test]
+fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
+    let mut b = layerwise_model::builder::ModelBuilder::new("drift", 17);
+    b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(256)]);
+    let out = common::drift_chain(&mut b, "c", "x", 30);
+    b.node("Identity", "out", &[&out], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("drift.onnx");
+    save(&b.build(), &path);
+    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
+    options.bisect.atol = Some(0.0);
+    options.bisect.rtol = Some(2e-3);
+    options.bisect.range_tol = Some(0.0);
+    let outcome = fix(&options).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    let region = r.patterns.iter().find(|p| p.kind == "region").unwrap_or_else(|| panic!("a region: {}", outcome.text));
+    assert!(!region.nodes.is_empty() && region.nodes.len() < r.node_count, "{}", outcome.text);
+    assert!(r.rounds.iter().any(|x| x.stage == "region") && r.rounds.iter().any(|x| x.stage == "prune"), "{:?}", r.rounds);
+    // Bisection from both ends and an eighths prune: far fewer runs than one per node.
+    assert!(r.candidate_runs <= 2 + 2 * 7 + 8 + 4, "{} runs", r.candidate_runs);
+    assert!(outcome.text.contains("rounds: diagnose 1"), "{}", outcome.text);
+    assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
+}
