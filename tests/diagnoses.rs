@@ -250,3 +250,59 @@ fn one_verdict_in_every_format() {
         assert!(html.contains(id), "HTML has {id}");
     }
 }
+
+/// x[1,W] -> NonZero(x > 0.5) -> the selected values g[N] -> outer products [N,N] (N depends on
+/// the data, so shape inference cannot know it; about W/2 here).
+fn data_dependent_dims() -> ModelProto {
+    let mut b = ModelBuilder::new("dynamic", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from("W")]);
+    b.initializer(f32_tensor("half", &[], &[0.5]));
+    b.initializer(layerwise_model::builder::i64_tensor("minus_one", &[1], &[-1]));
+    b.initializer(layerwise_model::builder::i64_tensor("zero", &[1], &[0]));
+    b.initializer(layerwise_model::builder::i64_tensor("one", &[1], &[1]));
+    b.node("Greater", "gt", &["x", "half"], &["mask"], vec![]);
+    b.node("NonZero", "nz", &["mask"], &["idx"], vec![]);
+    b.node("Reshape", "flat", &["x", "minus_one"], &["xf"], vec![]);
+    b.node("Gather", "pick_row", &["idx", "one"], &["cols2d"], vec![attr::int("axis", 0)]);
+    b.node("Reshape", "cols", &["cols2d", "minus_one"], &["cols1d"], vec![]);
+    b.node("Gather", "gather", &["xf", "cols1d"], &["g"], vec![attr::int("axis", 0)]);
+    b.node("Unsqueeze", "col", &["g", "one"], &["gc"], vec![]);
+    b.node("Unsqueeze", "row", &["g", "zero"], &["gr"], vec![]);
+    b.node("Mul", "outer", &["gc", "gr"], &["o1"], vec![]);
+    b.node("Sqrt", "sqrt", &["o1"], &["o2"], vec![]);
+    b.node("Add", "sum", &["o1", "o2"], &["o3"], vec![]);
+    b.node("ReduceSum", "total", &["o3"], &["y"], vec![attr::int("keepdims", 0)]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn the_memory_plan_uses_real_shapes_and_never_splits_what_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&data_dependent_dims(), &dir.path().join("m.onnx"));
+    // Real tensors: three [~256, ~256] float32 (~0.8 MiB) and small ones; the largest-dimension
+    // guess for the unknown N would plan 3 x 512 x 512 x 4 bytes = 3 MiB.
+    let out = layerwise(&["bisect", "m.onnx", "--input-shape", "x:1x512", "--max-memory", "4M", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert!(out.status.code() == Some(0) || out.status.code() == Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let plan = &r["memory"];
+    let actual: u64 = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let numel: u64 = t["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).product();
+            let elem = match t["ref_dtype"].as_str().unwrap() {
+                "float32" | "int32" => 4,
+                "bool" => 1,
+                _ => 8,
+            };
+            numel * elem
+        })
+        .sum();
+    let estimated = plan["estimated_bytes"].as_u64().unwrap();
+    assert!(estimated <= 2 * actual && actual <= 2 * estimated, "estimated {estimated} bytes, returned {actual}: {plan}");
+    assert_eq!(plan["groups"], 1, "the tensors fit 4 MiB for both sides: {plan}");
+    assert!(plan["shapes_from"].as_str().unwrap().contains("shapes-only reference run"), "{plan}");
+}

@@ -15,7 +15,7 @@ use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
 use layerwise_report::{build_report, render_terminal, Outputs, Report, ReportContext};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions, PreparedInput};
-use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision, RunOutput, RunRequest, Tensor};
+use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision, RunOutput, RunRequest, Tensor, TensorData};
 
 use crate::keep::KeepRunner;
 
@@ -294,24 +294,40 @@ impl Job<'_> {
         Ok(out.with_context(|| format!("candidate {}", self.options.candidate))?)
     }
 
-    /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget.
-    fn plan(&self, feeds: &[(String, Tensor)]) -> Result<(Vec<Vec<String>>, Option<MemoryPlan>)> {
+    /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget, planned
+    /// from each tensor's real size: ONNX Runtime's shape inference with the inputs' shapes, and
+    /// where a dimension stays unknown (data-dependent), the shape measured by one reference run
+    /// that returns only shapes.
+    fn plan(&mut self, feeds: &[(String, Tensor)]) -> Result<(Vec<Vec<String>>, Option<MemoryPlan>)> {
         let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
         let types = tensor_types(self.model, &self.index, &shapes)?;
-        // A dimension ONNX Runtime cannot infer before running counts as the largest input dimension.
+        let unknown: Vec<String> = self.order.iter().filter(|t| types.get(*t).is_some_and(|ty| ty.dims.iter().any(Option::is_none))).cloned().collect();
+        let mut measured: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut source = "shape inference";
+        if !unknown.is_empty() {
+            match self.measure_shapes(feeds, &unknown) {
+                Ok(m) => {
+                    measured = m;
+                    source = "shape inference and a shapes-only reference run";
+                }
+                // A reference that cannot run a rewritten model (a saved run): unknown dimensions
+                // count as the largest input dimension, an upper guess.
+                Err(_) => source = "shape inference; unknown dimensions guessed as the largest input dimension",
+            }
+        }
         let fallback_dim = feeds.iter().flat_map(|(_, t)| t.shape.iter().copied()).max().unwrap_or(1).max(1);
         let size = |t: &str| -> u64 {
             types.get(t).map_or(0, |ty| {
                 let elem = ty.dtype.map_or(8, |d| d.size()) as u64;
-                ty.dims.iter().map(|d| d.unwrap_or(fallback_dim) as u64).product::<u64>() * elem
+                match measured.get(t) {
+                    Some(dims) => dims.iter().map(|&d| d as u64).product::<u64>() * elem,
+                    None => ty.dims.iter().map(|d| d.unwrap_or(fallback_dim) as u64).product::<u64>() * elem,
+                }
             })
         };
         let outputs: u64 = self.index.outputs.iter().map(|o| size(o)).sum();
         let total: u64 = self.order.iter().map(|t| size(t)).sum();
         let per_group = (self.budget / 2).saturating_sub(outputs).max(1);
-        if total <= per_group {
-            return Ok((vec![self.order.clone()], None));
-        }
         let mut groups: Vec<Vec<String>> = vec![Vec::new()];
         let mut bytes = 0u64;
         let mut largest = 0u64;
@@ -326,8 +342,43 @@ impl Job<'_> {
             groups.last_mut().expect("one group").push(t.clone());
         }
         largest = largest.max(bytes) + outputs;
-        let plan = MemoryPlan { budget_bytes: self.budget, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest };
+        if total <= per_group {
+            groups = vec![self.order.clone()];
+        }
+        let plan = MemoryPlan { budget_bytes: self.budget, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string() };
         Ok((groups, Some(plan)))
+    }
+
+    /// The shapes of `tensors`, from one reference run of the model with a `Shape` node on each:
+    /// only the shapes come back, so it needs no more memory than a plain run.
+    fn measure_shapes(&mut self, feeds: &[(String, Tensor)], tensors: &[String]) -> Result<HashMap<String, Vec<usize>>> {
+        if self.options.reference.starts_with("npz:") {
+            bail!("a saved reference cannot run a rewritten model");
+        }
+        let mut proto = self.model.proto.clone();
+        let graph = proto.graph.as_mut().expect("checked on load");
+        let mut names = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let shape_name = format!("{t}__lw_shape_{i}");
+            graph.node.push(layerwise_model::onnx::NodeProto {
+                op_type: Some("Shape".into()),
+                name: Some(format!("lw_shape_probe_{i}")),
+                input: vec![t.clone()],
+                output: vec![shape_name.clone()],
+                ..Default::default()
+            });
+            names.push(shape_name);
+        }
+        let probe = self.model.derived(proto, "shape-probe.onnx");
+        let probe_index = GraphIndex::build(probe.graph())?;
+        let out = self.reference.run(&RunRequest { model: &probe, index: &probe_index, inputs: feeds, selection: &Selection::Names(names.clone()) })?;
+        let mut shapes = HashMap::new();
+        for (t, n) in tensors.iter().zip(&names) {
+            if let Some(TensorData::I64(dims)) = out.tensors.get(n).map(|v| &v.data) {
+                shapes.insert(t.clone(), dims.iter().map(|&d| d.max(0) as usize).collect());
+            }
+        }
+        Ok(shapes)
     }
 
     /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.

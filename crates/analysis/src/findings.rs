@@ -129,7 +129,7 @@ impl KeepCheck {
     }
 }
 
-/// How the exposed tensors were split to stay within `--max-memory`.
+/// The memory plan of the exposed tensors, and how they were split to stay within `--max-memory`.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
     pub budget_bytes: u64,
@@ -138,6 +138,9 @@ pub struct MemoryPlan {
     /// Runs per side (1 = no split); each group's tensors are compared and dropped before the next.
     pub groups: usize,
     pub largest_group_bytes: u64,
+    /// Where the tensor sizes came from: shape inference, and a shapes-only reference run for
+    /// dimensions that depend on the data.
+    pub shapes_from: String,
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.

@@ -84,7 +84,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             let _ = writeln!(out, "  run {:>2} {:<8} {}", i + 1, r.purpose, shorten(&what, 100));
         }
     }
-    if let Some(mp) = &e.memory {
+    if let Some(mp) = e.memory.as_ref().filter(|m| m.groups > 1) {
         let _ = writeln!(out, "\nMemory: exposed tensors ~{} MiB per run, over the budget of {} MiB: compared in {} groups (largest ~{} MiB)", mp.estimated_bytes >> 20, mp.budget_bytes >> 20, mp.groups, mp.largest_group_bytes >> 20);
     }
     if let Some(sm) = &e.samples {
