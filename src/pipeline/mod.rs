@@ -345,7 +345,8 @@ impl Job<'_> {
         if total <= per_group {
             groups = vec![self.order.clone()];
         }
-        let plan = MemoryPlan { budget_bytes: self.budget, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string() };
+        let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
+        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string() };
         Ok((groups, Some(plan)))
     }
 

@@ -132,7 +132,10 @@ impl KeepCheck {
 /// The memory plan of the exposed tensors, and how they were split to stay within `--max-memory`.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryPlan {
-    pub budget_bytes: u64,
+    /// The budget, when it decided something: a split, or a `--max-memory` the user gave (the
+    /// default depends on the machine's free memory, which a report does not depend on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_bytes: Option<u64>,
     /// Estimated bytes of every exposed tensor of one run.
     pub estimated_bytes: u64,
     /// Runs per side (1 = no split); each group's tensors are compared and dropped before the next.
