@@ -309,7 +309,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // each is a break of its own, and fixing them one run at a time would cost a run each.
         // With no first divergent layer (drift), the chain's strongest amplifier.
         let mut culprits = match (&last.1.first_divergent, strongest_amplifier(&last.0, &last.1, &keep)) {
-            (Some(fd), _) => vec![(fd.node.clone(), format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.detail))],
+            (Some(fd), _) => vec![(fd.node.clone(), format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail))],
             (None, Some((node, why))) => vec![(node, why)],
             (None, None) => {
                 stuck = Some(format!("{} No layer left to keep in FP32.", last.1.summary));

@@ -35,7 +35,7 @@ fn search_marking_finds_the_same_first_divergent_layer_in_few_runs() {
         let expected = all.verdict.first_divergent.as_ref().map(|f| f.node.clone());
         assert!(expected.is_some(), "{label}: mark all must find a first divergent layer");
         assert_eq!(search.verdict.first_divergent.as_ref().map(|f| f.node.clone()), expected, "{label}");
-        assert_eq!(search.verdict.first_divergent.as_ref().map(|f| f.cause.kind), all.verdict.first_divergent.as_ref().map(|f| f.cause.kind), "{label}");
+        assert_eq!(search.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind), all.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind), "{label}");
         let s = search.extras.search.as_ref().expect("search section");
         let nodes = all.model.node_count;
         assert!(s.runs.len() <= run_bound(nodes), "{label}: {} candidate runs for {nodes} nodes (bound {})", s.runs.len(), run_bound(nodes));
@@ -151,7 +151,7 @@ fn a_memory_budget_splits_runs_and_gives_the_same_results() {
         assert_eq!(a.pass, b.pass, "{}", a.name);
     }
     let shape = |v: &layerwise_analysis::Verdict| {
-        (v.status, v.first_divergent.as_ref().map(|f| (f.node.clone(), f.cause.kind)), v.chain.iter().map(|c| c.tensor.clone()).collect::<Vec<_>>())
+        (v.status, v.first_divergent.as_ref().map(|f| (f.node.clone(), f.cause.best.kind)), v.chain.iter().map(|c| c.tensor.clone()).collect::<Vec<_>>())
     };
     assert_eq!(shape(&whole.verdict), shape(&split.verdict), "same verdict split or not");
     assert_eq!(split.verdict.first_divergent.as_ref().unwrap().node, "ln/pow");

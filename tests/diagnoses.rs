@@ -86,9 +86,13 @@ fn body(name: &str, nodes: Vec<layerwise_model::onnx::NodeProto>, output: &str, 
     }
 }
 
+/// The boolean scalar `true` (an If condition).
+fn true_tensor() -> TensorProto {
+    TensorProto { data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() }
+}
+
 fn bool_constant(name: &str, output: &str) -> layerwise_model::onnx::NodeProto {
-    let t = TensorProto { data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() };
-    node("Constant", name, &[], &[output], vec![attr::tensor("value", t)])
+    node("Constant", name, &[], &[output], vec![attr::tensor("value", true_tensor())])
 }
 
 fn f16_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
@@ -142,7 +146,7 @@ fn nested_if(fp16: bool) -> ModelProto {
         "x"
     };
     b.node("Mul", "pre_mul", &[x, "two"], &["h0"], vec![]);
-    b.node("Constant", "cond_const", &[], &["cond"], vec![attr::tensor("value", TensorProto { data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() })]);
+    b.node("Constant", "cond_const", &[], &["cond"], vec![attr::tensor("value", true_tensor())]);
     b.node("If", "outer_if", &["cond"], &["if_out"], vec![attr::graph("then_branch", outer_then), attr::graph("else_branch", outer_else)]);
     if fp16 {
         b.node("Add", "post_add", &["if_out", "one"], &["y16"], vec![]);

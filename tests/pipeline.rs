@@ -55,7 +55,7 @@ fn planted_overflow_behind_drift_is_found_and_drift_is_not_blamed() {
     assert_eq!(v.status, Status::Diverged, "{}", outcome.text);
     let fd = v.first_divergent.as_ref().expect("a first divergent layer");
     assert_eq!(fd.node, "head/Exp", "{}", outcome.text);
-    assert_eq!(fd.cause.kind, CauseKind::ValueOverflow);
+    assert_eq!(fd.cause.best.kind, CauseKind::ValueOverflow);
     let input_error = fd.input_error.expect("its input was compared");
     assert!(input_error > 1e-4 && input_error < 5e-2, "its input carries drift, not zero error: {input_error}");
     assert_eq!(v.chain.first().unwrap().tensor, "out");
@@ -71,7 +71,7 @@ fn sensitive_layer_after_drift_is_named() {
     let fd = outcome.report.verdict.first_divergent.as_ref().unwrap_or_else(|| panic!("no first divergent layer:\n{}", outcome.text));
     assert_eq!(fd.node, "head/Softmax", "{}", outcome.text);
     // Logits near 2000 keep ~1 absolute precision in FP16: the cause is their absolute error.
-    assert_eq!(fd.cause.kind, CauseKind::LargeLogits, "{}", fd.cause.detail);
+    assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);
     assert!(fd.output_error >= 10.0 * fd.input_error.unwrap());
     // The error has drifted to a few tenths of a percent on the way to the Softmax, and the drift
     // nodes are not blamed for it.

@@ -328,6 +328,7 @@ impl Job<'_> {
         let outputs: u64 = self.index.outputs.iter().map(|o| size(o)).sum();
         let total: u64 = self.order.iter().map(|t| size(t)).sum();
         let per_group = (self.budget / 2).saturating_sub(outputs).max(1);
+        // Tensors that fit stay in one group: the loop splits only past `per_group`.
         let mut groups: Vec<Vec<String>> = vec![Vec::new()];
         let mut bytes = 0u64;
         let mut largest = 0u64;
@@ -342,9 +343,6 @@ impl Job<'_> {
             groups.last_mut().expect("one group").push(t.clone());
         }
         largest = largest.max(bytes) + outputs;
-        if total <= per_group {
-            groups = vec![self.order.clone()];
-        }
         let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
         let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string() };
         Ok((groups, Some(plan)))
@@ -526,8 +524,10 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     let mut verdict = verdict;
     let mut conclusions = Vec::new();
     if verdict.status == Status::Diverged {
-        // The reference's outputs, once, for the noise floor and every counterfactual check.
-        let reference_outputs = if options.reference.starts_with("npz:") {
+        // The reference's outputs, once, for the noise floor and every counterfactual check, and
+        // only when one of them runs.
+        let counterfactual_runs = options.counterfactual && job.precision == Precision::Fp16;
+        let reference_outputs = if options.reference.starts_with("npz:") || !(options.noise_floor || counterfactual_runs) {
             None
         } else {
             Some(steps.run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())))?)
@@ -560,7 +560,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
                 Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
             });
         }
-        if options.counterfactual && job.precision == Precision::Fp16 && !ill_conditioned {
+        if counterfactual_runs && !ill_conditioned {
             if let Some(reference) = &reference_outputs {
                 extras.counterfactual = steps.run("counterfactual runs", || counterfactual(&mut job, &feeds, reference, &compared.comparison, &verdict, extras.isolation.as_ref()))?;
             }

@@ -74,8 +74,8 @@ pub fn search_first_divergent<E>(
         .outputs
         .iter()
         .filter_map(|o| index.producer(o))
-        .flat_map(|n| n.inputs.iter())
-        .filter(|i| !i.is_empty() && !index.is_constant_like(i) && index.producer_index(i).is_some() && !index.outputs.contains(i))
+        .flat_map(|n| n.all_inputs())
+        .filter(|i| !index.is_constant_like(i) && index.producer_index(i).is_some() && !index.outputs.contains(i))
         .cloned()
         .collect();
     first.sort_by_key(|t| index.producer_index(t));
@@ -171,10 +171,9 @@ pub fn search_first_divergent<E>(
     }
 }
 
-/// The computed, non-weight inputs of a node.
+/// The computed, non-weight inputs of a node (what its bodies read from the outer scope included).
 fn data_inputs(index: &GraphIndex, node: &layerwise_model::NodeInfo) -> Vec<String> {
-    let mut inputs: Vec<String> =
-        node.inputs.iter().filter(|i| !i.is_empty() && !index.is_constant_like(i) && index.producer_index(i).is_some()).cloned().collect();
+    let mut inputs: Vec<String> = node.all_inputs().filter(|i| !index.is_constant_like(i) && index.producer_index(i).is_some()).cloned().collect();
     inputs.dedup();
     inputs
 }
@@ -197,7 +196,7 @@ fn finish(
 fn depths(index: &GraphIndex) -> HashMap<&str, usize> {
     let mut depth: HashMap<&str, usize> = HashMap::new();
     for node in &index.nodes {
-        let d = 1 + node.inputs.iter().filter_map(|i| depth.get(i.as_str())).copied().max().unwrap_or(0);
+        let d = 1 + node.all_inputs().filter_map(|i| depth.get(i.as_str())).copied().max().unwrap_or(0);
         for o in node.outputs.iter().filter(|o| !o.is_empty()) {
             if !index.is_constant_like(o) {
                 depth.insert(o.as_str(), d);

@@ -118,15 +118,12 @@ pub struct Mechanism {
     pub detail: String,
 }
 
-/// Why a node breaks: the mechanism that explains most of its error, and the others considered.
+/// Why a node breaks: the mechanism that explains most of its error (its fields at the top level
+/// of the JSON), and the others considered.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cause {
-    pub kind: CauseKind,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub weight: Option<String>,
-    #[serde(serialize_with = "crate::num::option_finite_or_string")]
-    pub explains: Option<f64>,
-    pub detail: String,
+    #[serde(flatten)]
+    pub best: Mechanism,
     /// Other mechanisms that apply to the candidate's arithmetic, best first.
     pub alternatives: Vec<Mechanism>,
 }
@@ -285,13 +282,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
             // The error may come from an input nobody measured: the walk cannot go on, and no node
             // from here on can be called the origin.
             if !inputs.unseen.is_empty() && (output_error >= rule.min_break || current.metrics.nonfinite_mismatch > 0) {
-                verdict.sight_ends = Some(SightEnd {
-                    node: node.name.clone(),
-                    op_type: node.op_type.clone(),
-                    tensor: current.name.clone(),
-                    output_error,
-                    unseen_inputs: inputs.unseen.clone(),
-                });
+                verdict.sight_ends = Some(SightEnd::at(node, current, inputs.unseen));
                 break;
             }
             if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, node, current) {
@@ -355,6 +346,12 @@ impl<'a> InputView<'a> {
     /// The compared input with the largest error.
     fn worst(&self) -> Option<&'a TensorRecord> {
         self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
+    }
+}
+
+impl SightEnd {
+    fn at(node: &layerwise_model::NodeInfo, output: &TensorRecord, unseen_inputs: Vec<(String, String)>) -> SightEnd {
+        SightEnd { node: node.name.clone(), op_type: node.op_type.clone(), tensor: output.name.clone(), output_error: output.error_level(), unseen_inputs }
     }
 }
 
@@ -424,13 +421,7 @@ pub fn verdict_from_chain(
             if let Some(output) = output {
                 let inputs = InputView::of(index, comparison, info);
                 if !inputs.unseen.is_empty() {
-                    verdict.sight_ends = Some(SightEnd {
-                        node: info.name.clone(),
-                        op_type: info.op_type.clone(),
-                        tensor: output.name.clone(),
-                        output_error: output.error_level(),
-                        unseen_inputs: inputs.unseen,
-                    });
+                    verdict.sight_ends = Some(SightEnd::at(info, output, inputs.unseen));
                 } else if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, info, output) {
                     verdict.breaks.push(finding.clone());
                     verdict.first_divergent = Some(finding);
@@ -637,7 +628,7 @@ fn classify(
         explains: None,
         detail: format!("{op}: relative L2 {input_error:.2e} -> {out_rel:.2e}"),
     });
-    Cause { kind: best.kind, weight: best.weight, explains: best.explains, detail: best.detail, alternatives: found.collect() }
+    Cause { best, alternatives: found.collect() }
 }
 
 /// The spacing of FP16 values around magnitude `x` (one ulp).
@@ -663,7 +654,7 @@ fn summarize(v: &Verdict, rule: WalkRule) -> String {
             end.unseen_inputs.iter().map(|(t, _)| format!("'{t}'")).collect::<Vec<_>>().join(", "),
             if end.unseen_inputs.len() == 1 { "was" } else { "were" }
         ),
-        (Status::Diverged, Some(fd), None) => format!("output '{worst}' diverges; the error starts at node '{}' ({}): {}", fd.node, fd.op_type, fd.cause.detail),
+        (Status::Diverged, Some(fd), None) => format!("output '{worst}' diverges; the error starts at node '{}' ({}): {}", fd.node, fd.op_type, fd.cause.best.detail),
         (Status::Diverged, None, None) => format!(
             "output '{worst}' diverges, but no single node introduces the error: it is drift that grows along the {}-step chain shown (no node raises its input error {}x or more)",
             v.chain.len(),

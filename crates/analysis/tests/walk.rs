@@ -29,11 +29,11 @@ fn a_tf32_candidate_names_tf32_as_the_cause() {
     assert_eq!(v.status, Status::Diverged);
     let fd = v.first_divergent.unwrap();
     assert_eq!(fd.node, "mm");
-    assert_eq!(fd.cause.kind, CauseKind::Tf32);
-    assert!(fd.cause.detail.contains("tf32=off"));
+    assert_eq!(fd.cause.best.kind, CauseKind::Tf32);
+    assert!(fd.cause.best.detail.contains("tf32=off"));
     // Without the TF32 hint the same numbers are an unexplained loss of precision.
     let plain = run(Candidate::default()).first_divergent.unwrap();
-    assert_eq!((plain.node.as_str(), plain.cause.kind), ("mm", CauseKind::PrecisionLoss));
+    assert_eq!((plain.node.as_str(), plain.cause.best.kind), ("mm", CauseKind::PrecisionLoss));
 }
 
 /// x -> Sigmoid -> y, the reference's x deep in Sigmoid's flat region (about -20), the candidate's
@@ -62,18 +62,18 @@ fn a_float32_candidate_gets_no_fp16_cause_and_a_saturating_sigmoid_is_named_as_s
     let v = saturated_sigmoid(candidate);
     let fd = v.first_divergent.expect("the Sigmoid breaks: its relative error jumps");
     assert_eq!(fd.node, "sig");
-    assert_eq!(fd.cause.kind, CauseKind::Saturation, "{}", fd.cause.detail);
-    for m in std::iter::once(fd.cause.kind).chain(fd.cause.alternatives.iter().map(|a| a.kind)) {
+    assert_eq!(fd.cause.best.kind, CauseKind::Saturation, "{}", fd.cause.best.detail);
+    for m in std::iter::once(fd.cause.best.kind).chain(fd.cause.alternatives.iter().map(|a| a.kind)) {
         assert!(!matches!(m, CauseKind::PrecisionLoss | CauseKind::ValueOverflow | CauseKind::WeightOverflow), "no FP16 cause for a float32 run: {m:?}");
     }
-    assert!(!fd.cause.detail.contains("FP16"), "{}", fd.cause.detail);
-    assert!(fd.cause.detail.contains("flat region") && fd.cause.detail.contains("not material"), "{}", fd.cause.detail);
-    assert!(fd.cause.explains.unwrap() > 0.9, "the input's absolute error accounts for the output's relative error");
+    assert!(!fd.cause.best.detail.contains("FP16"), "{}", fd.cause.best.detail);
+    assert!(fd.cause.best.detail.contains("flat region") && fd.cause.best.detail.contains("not material"), "{}", fd.cause.best.detail);
+    assert!(fd.cause.best.explains.unwrap() > 0.9, "the input's absolute error accounts for the output's relative error");
     let e = fd.evidence;
     assert!(e.input_max_abs.unwrap() > 18.0 && (e.input_max_abs_err.unwrap() - 1e-3).abs() < 1e-4);
     // An atol below the absolute error makes it material.
     let fd = saturated_sigmoid(Candidate { atol: 1e-12, ..candidate }).first_divergent.unwrap();
-    assert!(fd.cause.detail.contains("is material"), "{}", fd.cause.detail);
+    assert!(fd.cause.best.detail.contains("is material"), "{}", fd.cause.best.detail);
 }
 
 /// A recognizer's head: logits up to 1.6e4 with a relative error of ~4e-3 (absolute up to ~60),
@@ -102,8 +102,8 @@ fn softmax_on_large_logits_is_blamed_on_absolute_input_error_not_on_subnormals()
     let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4 });
     let fd = v.first_divergent.expect("the Softmax breaks");
     assert_eq!(fd.node, "softmax");
-    assert_eq!(fd.cause.kind, CauseKind::LargeLogits, "{}", fd.cause.detail);
-    assert!(fd.cause.detail.contains("1.600e4") && fd.cause.detail.contains("spacing there is 8"), "{}", fd.cause.detail);
+    assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);
+    assert!(fd.cause.best.detail.contains("1.600e4") && fd.cause.best.detail.contains("spacing there is 8"), "{}", fd.cause.best.detail);
     // The subnormal fact is listed, with the small share of the error it can explain.
     let sub = fd.cause.alternatives.iter().find(|a| a.kind == CauseKind::PrecisionLoss).expect("subnormals considered");
     assert!(sub.explains.unwrap() < 1e-3, "{sub:?}");

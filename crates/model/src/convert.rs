@@ -281,13 +281,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 if have == want {
                     continue;
                 }
-                let cast_out = casts.entry((name.clone(), want)).or_insert_with(|| {
-                    casts_inserted += 1;
-                    let out_name = format!("{name}__to_{}", want.suffix());
-                    new_nodes.push(cast_node(&name, &out_name, want.data_type(), format!("{name}/lw_to_{}", want.suffix())));
-                    out_name
-                });
-                node.input[slot] = cast_out.clone();
+                node.input[slot] = cast_to(&mut casts, &mut new_nodes, &mut casts_inserted, &name, want);
             }
         }
         // Bodies are not converted: an outer tensor they read must reach them in float32.
@@ -295,15 +289,10 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             if storage.get(&name) != Some(&Precision::Fp16) {
                 continue;
             }
-            let cast_out = casts.entry((name.clone(), Precision::Fp32)).or_insert_with(|| {
-                casts_inserted += 1;
-                let out_name = format!("{name}__to_fp32");
-                new_nodes.push(cast_node(&name, &out_name, DataType::Float, format!("{name}/lw_to_fp32")));
-                out_name
-            });
+            let cast_out = cast_to(&mut casts, &mut new_nodes, &mut casts_inserted, &name, Precision::Fp32);
             for attr in node.attribute.iter_mut() {
                 for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                    crate::graph::rename_outer_ref(g, &name, cast_out);
+                    crate::graph::rename_outer_ref(g, &name, &cast_out);
                 }
             }
         }
@@ -348,6 +337,20 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     }
     let overflowing_weights = overflowing.into_iter().collect();
     Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights })
+}
+
+/// The name of `name` cast to `want`: the Cast is added to `new_nodes` the first time, and shared
+/// by every later reader.
+fn cast_to(casts: &mut HashMap<(String, Precision), String>, new_nodes: &mut Vec<NodeProto>, inserted: &mut usize, name: &str, want: Precision) -> String {
+    casts
+        .entry((name.to_string(), want))
+        .or_insert_with(|| {
+            *inserted += 1;
+            let out_name = format!("{name}__to_{}", want.suffix());
+            new_nodes.push(cast_node(name, &out_name, want.data_type(), format!("{name}/lw_to_{}", want.suffix())));
+            out_name
+        })
+        .clone()
 }
 
 fn cast_node(input: &str, output: &str, to: DataType, name: String) -> NodeProto {

@@ -37,7 +37,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let _ = writeln!(out, "\nFirst divergent layer: {} ({})", fd.node, fd.op_type);
         let _ = writeln!(out, "  tensor  {}", fd.tensor);
         let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", fd.input_error.map_or("not compared".to_string(), num), num(fd.output_error));
-        let _ = writeln!(out, "  cause   {}: {}", crate::cause_name(fd.cause.kind), fd.cause.detail);
+        let _ = writeln!(out, "  cause   {}: {}", crate::cause_name(fd.cause.best.kind), fd.cause.best.detail);
         for alt in &fd.cause.alternatives {
             let share = alt.explains.map_or("share unknown".to_string(), |e| format!("explains {:.0}%", 100.0 * e));
             let _ = writeln!(out, "  also    {} ({share}): {}", crate::cause_name(alt.kind), alt.detail);
