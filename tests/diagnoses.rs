@@ -310,3 +310,26 @@ fn the_memory_plan_uses_real_shapes_and_never_splits_what_fits() {
     assert_eq!(plan["groups"], 1, "the tensors fit 4 MiB for both sides: {plan}");
     assert!(plan["shapes_from"].as_str().unwrap().contains("shapes-only reference run"), "{plan}");
 }
+
+/// x[1,1,4,4] -> Resize(scales 1,1,2,2) -> Mul(w) -> Exp: FP16 overflows at the Exp. The noise
+/// floor must leave the Resize scales alone (a scale of 1.999 makes a 7x7 output, which breaks the
+/// run, as PP-OCRv4's detector showed) and be measured.
+#[test]
+fn the_noise_floor_leaves_shape_inputs_alone() {
+    let mut b = ModelBuilder::new("resize", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(1), Dim::from(4), Dim::from(4)]);
+    b.initializer(f32_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
+    b.initializer(f32_tensor("w", &[1], &[15.0]));
+    b.node("Resize", "up", &["x", "", "scales"], &["u"], vec![]);
+    b.node("Mul", "scale", &["u", "w"], &["s"], vec![]);
+    b.node("Exp", "exp", &["s"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert!(r["noise_floor"].is_object(), "the noise floor was measured: {t}");
+    assert!(!t.contains("noise floor not measured"), "{t}");
+}

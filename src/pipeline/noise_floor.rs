@@ -48,7 +48,7 @@ pub fn noise_floor(
     }
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
     Ok(NoiseFloor {
-        perturbation: format!("every float32 weight multiplied by (1 + {:.2e} * r), r uniform in [-1, 1), {SEEDS} seeds; the largest output error counts", target.relative),
+        perturbation: format!("every float32 weight not read as a shape or index multiplied by (1 + {:.2e} * r), r uniform in [-1, 1), {SEEDS} seeds; the largest output error counts", target.relative),
         relative: target.relative,
         seeds,
         output: target.output.to_string(),

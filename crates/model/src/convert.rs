@@ -40,7 +40,7 @@ pub const FP32_ONLY_OPS: &[(&str, &str)] = &[
 const ANY_TYPE_READERS: &[&str] = &["Shape", "Size", "Cast"];
 
 /// (op, input index) whose float input must stay float32 even in an FP16 node.
-const FP32_INPUT_SLOTS: &[(&str, usize)] = &[("Resize", 2), ("Upsample", 1)];
+pub(crate) const FP32_INPUT_SLOTS: &[(&str, usize)] = &[("Resize", 2), ("Upsample", 1)];
 
 /// How to convert.
 #[derive(Debug, Clone)]

@@ -2,6 +2,8 @@
 //! float32 reference on such a copy to measure how sensitive the outputs are to perturbations as
 //! small as one rounding of the candidate's arithmetic.
 
+use std::collections::HashSet;
+
 use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -14,6 +16,24 @@ use crate::{Model, ModelError};
 /// floor is not measured.
 pub const PERTURB_MAX_EXTERNAL_BYTES: u64 = 1 << 30;
 
+/// Ops whose float inputs decide shapes or integer values, not arithmetic: a perturbed Resize scale
+/// changes the output's size, a perturbed float cast to an index changes the index.
+const SHAPE_READERS: &[&str] = &["Cast", "Floor", "Ceil", "Round", "Range", "ConstantOfShape", "Reshape", "Expand", "Tile", "Slice", "Pad"];
+
+/// Weights of `graph` that a node reads as a shape or index (see [`SHAPE_READERS`] and the float32
+/// slots of Resize/Upsample): they are left as they are.
+fn shape_weights(graph: &GraphProto) -> HashSet<String> {
+    let mut skip = HashSet::new();
+    for n in &graph.node {
+        for (slot, input) in n.input.iter().enumerate() {
+            if SHAPE_READERS.contains(&n.op_type()) || crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot)) {
+                skip.insert(input.clone());
+            }
+        }
+    }
+    skip
+}
+
 /// Multiplies `v` by `1 + relative * r` with `r` uniform in [-1, 1).
 pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
     for v in values.iter_mut() {
@@ -23,7 +43,7 @@ pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
 }
 
 /// A copy of `model` whose float32 weights (initializers and Constant tensors of the main graph
-/// and of every body) are each multiplied by `1 + relative * r`, `r` uniform in [-1, 1), drawn
+/// and of every body, except those read as shapes or indices) are each multiplied by `1 + relative * r`, `r` uniform in [-1, 1), drawn
 /// from a generator seeded with `seed`. External weights are read and stored inline.
 pub fn perturb_weights(model: &Model, relative: f64, seed: u64) -> Result<ModelProto, ModelError> {
     let external: u64 = model
@@ -47,12 +67,14 @@ pub fn perturb_weights(model: &Model, relative: f64, seed: u64) -> Result<ModelP
 }
 
 fn perturb_graph(model: &Model, graph: &mut GraphProto, relative: f64, rng: &mut ChaCha8Rng) -> Result<(), ModelError> {
-    for t in graph.initializer.iter_mut() {
+    let skip = shape_weights(graph);
+    for t in graph.initializer.iter_mut().filter(|t| !skip.contains(t.name())) {
         perturb_tensor(model, t, relative, rng)?;
     }
     for node in graph.node.iter_mut() {
+        let constant = node.op_type.as_deref() == Some("Constant") && !node.output.iter().any(|o| skip.contains(o));
         for attr in node.attribute.iter_mut() {
-            if node.op_type.as_deref() == Some("Constant") {
+            if constant {
                 if let Some(t) = attr.t.as_mut() {
                     perturb_tensor(model, t, relative, rng)?;
                 }
