@@ -23,6 +23,10 @@ use layerwise_runtime::inputs::InputOptions;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Show what ONNX Runtime and TensorRT log as it happens. Without it their lines stay off the
+    /// terminal; ONNX Runtime's are kept in the report's backend notes.
+    #[arg(short, long, global = true)]
+    verbose: bool,
 }
 
 #[derive(Subcommand)]
@@ -511,6 +515,7 @@ fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    layerwise_runtime::backend_log::set_echo(cli.verbose);
     // Ctrl-C (and SIGTERM, SIGHUP) would end the process without running destructors: remove the
     // temporary files and folders first. Reports and models are renamed into place when complete,
     // so an interrupted run leaves the previous file or none, never a partial one.

@@ -333,3 +333,59 @@ fn the_noise_floor_leaves_shape_inputs_alone() {
     assert!(r["noise_floor"].is_object(), "the noise floor was measured: {t}");
     assert!(!t.contains("noise floor not measured"), "{t}");
 }
+
+/// x[1,8] -> Mul(w) -> Exp -> y, plus an initializer no node reads: ONNX Runtime warns that it
+/// removes it, in every session.
+fn model_with_an_unused_weight() -> ModelProto {
+    let mut b = ModelBuilder::new("unused", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("w", &[8], &[0.5, 0.7, 0.9, 1.1, 1.3, 1.5, 1.7, 1.9]));
+    b.initializer(f32_tensor("unused_weight", &[4], &[1.0; 4]));
+    b.node("Mul", "mul", &["x", "w"], &["m"], vec![]);
+    b.node("Exp", "exp", &["m"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// x[1,N] -> Reshape([2,4]) -> y: fed N = 7, the run fails inside ONNX Runtime, which logs an error.
+fn model_that_fails_at_run_time() -> ModelProto {
+    let mut b = ModelBuilder::new("fails", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::Symbolic("n".into())]);
+    b.initializer(layerwise_model::builder::i64_tensor("shape", &[2], &[2, 4]));
+    b.node("Reshape", "reshape", &["x", "shape"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn onnx_runtime_logs_stay_off_the_terminal_and_in_the_report_unless_verbose() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&model_with_an_unused_weight(), &dir.path().join("unused.onnx"));
+    save(&model_that_fails_at_run_time(), &dir.path().join("fails.onnx"));
+    let raw_log = |stderr: &str| stderr.contains(":onnxruntime:") || stderr.contains("[W:onnxruntime") || stderr.contains("[E:onnxruntime");
+
+    let out = layerwise(&["bisect", "unused.onnx", "--json", "r.json"], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(!raw_log(&stderr) && !stderr.contains("unused_weight"), "quiet by default: {stderr}");
+    let r = json(&dir.path().join("r.json"));
+    for side in ["ref", "cand"] {
+        let notes: Vec<&str> = r[side]["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+        assert!(
+            notes.iter().any(|n| n.starts_with("ONNX Runtime warning: Removing initializer 'unused_weight'")),
+            "{side} notes keep the warning: {notes:?}"
+        );
+    }
+
+    let out = layerwise(&["bisect", "unused.onnx", "--verbose"], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(stderr.contains("[ONNX Runtime warning] Removing initializer 'unused_weight'"), "--verbose shows it: {stderr}");
+
+    // A run that fails: one clear error from layerwise, none of ONNX Runtime's own lines.
+    let out = layerwise(&["bisect", "fails.onnx", "--input-shape", "x:1x7"], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot be reshaped"), "the error says why: {stderr}");
+    assert!(!raw_log(&stderr), "no raw ONNX Runtime lines: {stderr}");
+    assert_eq!(stderr.matches("cannot be reshaped").count(), 1, "said once: {stderr}");
+}

@@ -6,6 +6,7 @@
 //! which backend produced a tensor.
 
 mod backend;
+pub mod backend_log;
 mod error;
 pub mod inputs;
 pub mod npy;

@@ -21,11 +21,16 @@ pub struct OrtBackend {
     /// The float32 tensors of each model emulated so far, by model hash: asking ONNX Runtime costs
     /// a session build, and `fix` and the counterfactual checks run the same model many times.
     float_cache: HashMap<String, HashSet<String>>,
+    /// The log id of this backend's sessions, so that what ONNX Runtime logs lands in this
+    /// backend's run notes.
+    log_id: String,
 }
 
 impl OrtBackend {
     pub fn new(spec: &str, options: OrtOptions, emulate_fp16: bool) -> OrtBackend {
-        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new(), float_cache: HashMap::new() }
+        static BACKENDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -51,7 +56,9 @@ impl OrtBackend {
         };
         let mut builder = Session::builder(env)
             .map_err(|e| self.err(e))?
-            .with_log_level(LogLevel::Error)
+            .with_log_level(LogLevel::Warning)
+            .map_err(|e| self.err(e))?
+            .with_log_id(&self.log_id)
             .map_err(|e| self.err(e))?
             .with_optimization_level(level)
             .map_err(|e| self.err(e))?;
@@ -103,6 +110,18 @@ impl Backend for OrtBackend {
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+        let result = self.run_session(request);
+        // What ONNX Runtime logged during this run: kept in the notes of a run that worked; on
+        // failure the error carries ONNX Runtime's own message.
+        let logged = crate::backend_log::take(&self.log_id);
+        let mut output = result?;
+        output.notes.extend(logged.iter().map(|l| l.note()));
+        Ok(output)
+    }
+}
+
+impl OrtBackend {
+    fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let (_, lib) = ortlib::environment()?;
         let mut output = RunOutput::default();
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
@@ -210,8 +229,10 @@ pub fn tensor_types(
         }
     }
     let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, false);
-    let session = backend.session_for(model, &exposed, OptLevel::Disable)?;
-    Ok(session
+    let session = backend.session_for(model, &exposed, OptLevel::Disable);
+    // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.
+    crate::backend_log::take(&backend.log_id);
+    Ok(session?
         .outputs()
         .iter()
         .map(|o| {

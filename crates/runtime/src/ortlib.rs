@@ -217,8 +217,22 @@ pub fn environment() -> Result<(&'static ort::environment::Environment, &'static
             // No usage events leave the machine. (ONNX Runtime still writes its `.ses` session file
             // in the temporary folder; see docs/reliability.md.)
             .with_telemetry(false)
+            // ONNX Runtime's lines go to layerwise's log (report notes, `--verbose`), never
+            // straight to the terminal.
+            .with_logger(std::sync::Arc::new(|level: ort::logging::LogLevel, _category: &str, id: &str, _location: &str, message: &str| {
+                use crate::backend_log::{record, LogLevel};
+                let level = match level {
+                    ort::logging::LogLevel::Verbose | ort::logging::LogLevel::Info => LogLevel::Info,
+                    ort::logging::LogLevel::Warning => LogLevel::Warning,
+                    ort::logging::LogLevel::Error => LogLevel::Error,
+                    ort::logging::LogLevel::Fatal => LogLevel::Fatal,
+                };
+                record("ONNX Runtime", id, level, message);
+            }))
             .build()
             .map_err(|e| (false, format!("cannot start the environment: {e}")))?;
+        // A custom logger starts at verbose: every line would cross into Rust for nothing.
+        loaded.set_log_level(ort::logging::LogLevel::Warning);
         Ok((loaded, lib))
     });
     match result {

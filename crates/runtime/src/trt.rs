@@ -290,6 +290,12 @@ fn logged_errors(log: &Mutex<Vec<(Severity, String)>>) -> Vec<String> {
 
 impl LogHandler for Capture {
     fn log(&self, severity: Severity, message: &str) {
+        // The build log is read for the layer map; with `--verbose` its warnings and errors are
+        // shown too.
+        if severity <= Severity::Warning && crate::backend_log::echo() {
+            let level = if severity == Severity::Warning { "warning" } else { "error" };
+            eprintln!("[TensorRT {level}] {}", message.trim());
+        }
         self.0.lock().expect("log lock").push((severity, message.to_string()));
     }
 }
