@@ -6,11 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
-use layerwise_model::convert::check_float_types;
+use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::write_atomic;
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
-use layerwise_runtime::{create_backend, Backend, Precision, RunOutput, RunRequest, Tensor};
+use layerwise_runtime::{create_backend, float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 use serde::Serialize;
 
 use crate::keep::KeepRunner;
@@ -235,12 +235,23 @@ fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -
         .collect()
 }
 
-/// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build.
-pub fn trtexec_flags(keep: &[String]) -> String {
+/// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build. A node
+/// inside an If or Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its
+/// own name in the file, the name TensorRT's ONNX parser gives its layer.
+pub fn trtexec_flags(keep: &[String], inlined: &[String]) -> String {
     if keep.is_empty() {
         return String::new();
     }
-    let spec: Vec<String> = keep.iter().map(|n| format!("{n}:fp32")).collect();
+    // The innermost body holding the node: the longest inlined node name that prefixes it.
+    let own_name = |name: &str| -> String {
+        inlined
+            .iter()
+            .filter_map(|n| name.strip_prefix(n.as_str())?.strip_prefix('/')?.split_once('/').map(|(_, rest)| rest))
+            .min_by_key(|rest| rest.len())
+            .unwrap_or(name)
+            .to_string()
+    };
+    let spec: Vec<String> = keep.iter().map(|n| format!("{}:fp32", own_name(n))).collect();
     format!("--fp16 --precisionConstraints=obey --layerPrecisions='{}'", spec.join(","))
 }
 
@@ -256,19 +267,33 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
     }
     let started = std::time::Instant::now();
-    let model = Model::load(&b.model)?;
-    let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", b.model.display()))?;
+    let original = Model::load(&b.model)?;
+    let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     let mut reference = create_backend(&b.reference).context("--ref")?;
     let mut candidate = create_backend(&b.candidate).context("--cand")?;
-    let keeper = KeepRunner::new(&model, &index, candidate.as_mut());
-    let inputs = prepare_inputs(&declared_inputs(&model, &index), &b.inputs)?;
+    let inputs = prepare_inputs(&declared_inputs(&original, &original_index), &b.inputs)?;
     let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
+    // The search runs on the control flow as the reference ran it (bodies inlined, so nodes inside
+    // can be kept); the fixed model is the original with the keep list resolved into its bodies.
+    let flattened = if original_index.nodes.iter().any(|n| n.has_subgraphs) && !b.keep_control_flow {
+        crate::pipeline::control_flow::flatten_control_flow(&original, reference.as_mut(), std::slice::from_ref(&feeds))?
+    } else {
+        None
+    };
+    let inlined: Vec<String> = flattened.as_ref().map(|(_, cf)| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
+    let flattened = flattened.map(|(m, _)| m);
+    let flat_index = flattened.as_ref().map(|m| GraphIndex::build(m.graph())).transpose()?;
+    let (model, index) = match (&flattened, &flat_index) {
+        (Some(m), Some(i)) => (m, i),
+        _ => (&original, &original_index),
+    };
+    let keeper = KeepRunner::new(model, index, candidate.as_mut());
     let (tolerance, rule) = tolerance_and_rule(Precision::Fp16, b)?;
-    let reference_out = reference.run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::All })?;
+    let reference_out = reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?;
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
-    let weights = scan_fp16_weight_range(&model)?;
+    let weights = scan_fp16_weight_range(model)?;
     let mut search = Search {
-        index: &index,
+        index,
         feeds,
         order,
         reference: reference_out.tensors,
@@ -291,7 +316,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
             let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: FP16_UNIT_ROUNDOFF, seed: b.inputs.seed };
-            let floor = noise_floor_of(reference.as_mut(), &model, &index, &search.feeds, &search.reference, tolerance, target)?;
+            let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
                     "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; perturbing every weight by one FP16 rounding moves it by rel L2 {}, the candidate by {} ({:.1}x)",
@@ -322,7 +347,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
         let mut added = false;
         for (node, because) in culprits {
-            let pattern = pattern_of(&index, &node);
+            let pattern = pattern_of(index, &node);
             let new: Vec<String> = pattern.nodes.iter().filter(|n| !keep.contains(n)).cloned().collect();
             if new.is_empty() {
                 continue;
@@ -341,7 +366,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // The targeted keeps did not do it: a contiguous region in topological order, shrunk from both
     // ends, then pruned.
     if last.1.status == Status::Diverged && !ill_conditioned {
-        match region_search(&mut search, &index, &keep, &mut rounds)? {
+        match region_search(&mut search, index, &keep, &mut rounds)? {
             Some((region, outcome)) => {
                 stuck = None;
                 patterns.push(KeptPattern { kind: "region", nodes: region.clone(), because: "keeping the recognised patterns did not fix the outputs; the smallest contiguous region that does, pruned".into() });
@@ -374,16 +399,25 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
     }
     let fixed = last.1.status == Status::Pass;
-    let outputs = output_changes(&index, &first, &last.0);
+    let outputs = output_changes(index, &first, &last.0);
 
     let mut fixed_model = None;
     let mut fixed_model_fp32_nodes = Vec::new();
     let mut fixed_model_check = None;
     if let (true, Some(path)) = (fixed, &options.output) {
-        let conversion = search.keeper.convert(&keep)?;
-        let problems = check_float_types(&conversion.proto, search.keeper.float()?);
-        model.save_standalone(&conversion.proto, path)?;
-        let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep) });
+        let (conversion, problems) = if flattened.is_some() {
+            let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
+            let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
+            let conversion = convert_fp16(&original, &original_index, &float, &options)?;
+            let problems = check_float_types(&conversion.proto, &float);
+            (conversion, problems)
+        } else {
+            let conversion = search.keeper.convert(&keep)?;
+            let problems = check_float_types(&conversion.proto, search.keeper.float()?);
+            (conversion, problems)
+        };
+        original.save_standalone(&conversion.proto, path)?;
+        let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep, &inlined) });
         write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;
         fixed_model = Some(path.display().to_string());
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
@@ -396,7 +430,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model_check = Some(ModelCheck {
             backend: format!("ort:cpu on {}", path.display()),
             structural_problems: problems,
-            outputs: output_changes(&index, &first, &comparison),
+            outputs: output_changes(index, &first, &comparison),
             pass: verdict.status == Status::Pass,
         });
     }
@@ -422,7 +456,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         status: if fixed { "fixed" } else { "not_fixed" },
         summary,
         node_count: index.nodes.len(),
-        trtexec_flags: trtexec_flags(&keep),
+        trtexec_flags: trtexec_flags(&keep, &inlined),
         keep_fp32: keep,
         patterns,
         rounds,

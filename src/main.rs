@@ -153,6 +153,11 @@ struct BisectArgs {
     /// by one rounding of the candidate's arithmetic).
     #[arg(long)]
     no_noise_floor: bool,
+    /// Leave If/Loop nodes as they are. By default each is replaced by what the reference ran (the
+    /// branch taken, the iterations made), so the tensors inside are compared as
+    /// `Node/then/tensor`, `Node/iter3/tensor`.
+    #[arg(long)]
+    keep_control_flow: bool,
 }
 
 #[derive(Args)]
@@ -342,6 +347,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         isolate: !args.no_isolate,
         counterfactual: !args.no_counterfactual,
         noise_floor: !args.no_noise_floor,
+        keep_control_flow: args.keep_control_flow,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);

@@ -165,19 +165,26 @@ fn nested_if_bodies_against_their_fp16_twin_run_every_step() {
     save(&nested_if(true), &dir.path().join("twin.onnx"));
     // The If breaks; the counterfactual check keeps it in FP32 in the converted model, whose If
     // bodies must then read their outer input h0 in float32.
-    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--val-range", "x:-3,3", "--json", "r.json"];
-    let out = layerwise(&args, dir.path());
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "every step runs and the run diverges: {t}");
-    let r = json(&dir.path().join("r.json"));
-    assert_eq!(r["verdict"]["first_divergent"]["node"], "outer_if", "{t}");
-    // The If reads h0 from the outer scope: that is its input, measured, not an exact zero.
-    let input_error = r["verdict"]["first_divergent"]["input_error"].as_f64().unwrap();
-    assert!(input_error > 0.0, "h0 carries FP16 rounding: {input_error}");
-    let checks = r["counterfactual"]["checks"].as_array().expect("the counterfactual check ran");
-    assert!(checks.iter().any(|c| c["node"] == "outer_if" && c["explained"].as_f64().unwrap() > 0.9), "{t}");
-    // The converted model the check ran is one ONNX Runtime accepts: keeping the If in FP32 fixes it.
-    assert!(!t.contains("does not match expected type") && !t.contains("TypeInferenceError"), "{t}");
+    // With the If kept as a unit (--keep-control-flow) and with its bodies followed (the default,
+    // which also flattens the twin's own Ifs), the node named is the one whose weight differs.
+    for (keep, expected) in [(true, "outer_if"), (false, "outer_if/then/inner_if/then/inner_then_mm")] {
+        let mut args = vec!["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--val-range", "x:-3,3", "--json", "r.json"];
+        if keep {
+            args.push("--keep-control-flow");
+        }
+        let out = layerwise(&args, dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "every step runs and the run diverges: {t}");
+        let r = json(&dir.path().join("r.json"));
+        assert_eq!(r["verdict"]["first_divergent"]["node"], expected, "{t}");
+        // The node reads h0 (or h1) from the outer scope: its input, measured, not an exact zero.
+        let input_error = r["verdict"]["first_divergent"]["input_error"].as_f64().unwrap();
+        assert!(input_error > 0.0, "the input carries FP16 rounding: {input_error}");
+        let checks = r["counterfactual"]["checks"].as_array().expect("the counterfactual check ran");
+        assert!(checks.iter().any(|c| c["node"] == expected && c["explained"].as_f64().unwrap() > 0.9), "{t}");
+        // The converted model the check ran is one ONNX Runtime accepts: keeping the node in FP32 fixes it.
+        assert!(!t.contains("does not match expected type") && !t.contains("TypeInferenceError"), "{t}");
+    }
 }
 
 /// x[1,64] -> Relu -> x*a + x*b -> y, a = 1000 + small, b = -1000: the output is the tiny

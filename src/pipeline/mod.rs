@@ -20,6 +20,7 @@ use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision,
 use crate::keep::KeepRunner;
 
 mod conclusions;
+pub(crate) mod control_flow;
 mod counterfactual;
 mod isolate;
 pub mod noise_floor;
@@ -64,6 +65,9 @@ pub struct BisectOptions {
     pub counterfactual: bool,
     /// Measure the noise floor (the reference re-run with its weights perturbed).
     pub noise_floor: bool,
+    /// Leave If/Loop nodes as they are instead of replacing them by what the reference ran (their
+    /// bodies' tensors are then not compared).
+    pub keep_control_flow: bool,
 }
 
 /// How the candidate's tensors are marked as outputs.
@@ -99,6 +103,7 @@ impl BisectOptions {
             isolate: true,
             counterfactual: true,
             noise_floor: true,
+            keep_control_flow: false,
         }
     }
 }
@@ -216,6 +221,17 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         return Err(format!("size '{s}' must be at least one byte"));
     }
     Ok(bytes as u64)
+}
+
+/// Every sample's input values, prepared as the runs will see them.
+fn sample_feeds(decls: &[layerwise_runtime::inputs::InputDecl], samples: &[(String, InputOptions)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+    samples
+        .iter()
+        .map(|(name, options)| {
+            let inputs = prepare_inputs(decls, options).with_context(|| if name.is_empty() { String::new() } else { format!("sample {name}") })?;
+            Ok(inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
+        })
+        .collect()
 }
 
 /// The samples to run: one (the usual inputs), or every `.npz` file of an `--inputs DIR`.
@@ -439,20 +455,45 @@ impl Job<'_> {
     }
 }
 
-fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
-    let index = GraphIndex::build(model.graph()).with_context(|| format!("{}", model.path.display()))?;
-    let reference = create_backend(&options.reference).context("--ref")?;
+fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
+    let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
+    let mut reference = create_backend(&options.reference).context("--ref")?;
     let candidate = create_backend(&options.candidate).context("--cand")?;
-    let decls = declared_inputs(model, &index);
+    let decls = declared_inputs(original, &index);
     let samples = samples(&options.inputs)?;
     if samples.len() > 1 && options.mark == Marking::Search {
         bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
     }
+    let mut extras = Extras::default();
+    // Control flow as the reference ran it: bodies become ordinary, comparable graph.
+    let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);
+    let mut flattened = None;
+    if has_control_flow(&index) && !options.keep_control_flow {
+        let all_feeds = sample_feeds(&decls, &samples)?;
+        let result = steps.run("following control flow", || control_flow::flatten_control_flow(original, reference.as_mut(), &all_feeds))?;
+        if let Some((model, report)) = result {
+            extras.control_flow = Some(report);
+            flattened = Some((GraphIndex::build(model.graph())?, model));
+        }
+    }
+    let (index, model) = match flattened {
+        Some((i, m)) => (i, std::borrow::Cow::Owned(m)),
+        None => (index, std::borrow::Cow::Borrowed(original)),
+    };
+    let model: &Model = &model;
     // A converted candidate model computes in FP16 whatever its backend's own precision is.
     let cand_model = match &options.cand_model {
         Some(path) => {
-            let cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
-            let ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            let mut cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let mut ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            if has_control_flow(&ci) && !options.keep_control_flow {
+                // The candidate model's own branches, as ONNX Runtime's reference kernels run it.
+                let all_feeds = sample_feeds(&declared_inputs(&cm, &ci), &samples)?;
+                if let Some((flat, _)) = control_flow::flatten_control_flow(&cm, reference.as_mut(), &all_feeds)? {
+                    ci = GraphIndex::build(flat.graph())?;
+                    cm = flat;
+                }
+            }
             Some((cm, ci))
         }
         None => None,
@@ -476,7 +517,6 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     };
     let arithmetic = if precision == Precision::Fp16 { Arithmetic::Fp16 } else { Arithmetic::Fp32 };
     let cand_info = Candidate { arithmetic, tf32: job.candidate.tf32(), atol: tolerance.atol };
-    let mut extras = Extras::default();
 
     // One sample per run; with several, the worst sample's comparison carries the verdict.
     let mut per_sample: Vec<(String, Vec<PreparedInput>, Compared, Verdict)> = Vec::new();
@@ -581,7 +621,7 @@ fn run_bisect(model: &Model, options: &BisectOptions, mut steps: Steps) -> Resul
     }
     let durations = steps.finish();
     let report = build_report(ReportContext {
-        model,
+        model: original,
         index: &job.index,
         ref_spec: &options.reference,
         cand_spec: &options.candidate,

@@ -22,6 +22,27 @@ pub struct Extras {
     pub samples: Option<Samples>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub noise_floor: Option<NoiseFloor>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_flow: Option<ControlFlow>,
+}
+
+/// If/Loop nodes replaced by what the reference ran (the branch taken, the iterations made), so
+/// their bodies' tensors are compared as `Node/then/tensor`, `Node/iter3/tensor`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ControlFlow {
+    pub inlined: Vec<InlinedNode>,
+    /// Control-flow nodes left as they are, with why: their bodies' tensors are not compared.
+    pub kept: Vec<(String, String)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InlinedNode {
+    pub node: String,
+    pub op_type: String,
+    /// `then_branch`, `else_branch` or `N iterations`.
+    pub taken: String,
+    /// Nodes that replaced it.
+    pub nodes: usize,
 }
 
 /// How sensitive the model's worst output is to perturbations as small as one rounding of the

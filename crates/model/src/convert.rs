@@ -142,7 +142,7 @@ pub fn float_tensor_set(model: &Model, computed_float: &HashSet<String>) -> Hash
 pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
     let graph = model.graph();
     for name in &options.keep_nodes {
-        if index.node(name).is_none() {
+        if index.node(name).is_none() && body_of(index, name).is_none() {
             return Err(ModelError::UnknownNode(name.clone()));
         }
     }
@@ -184,8 +184,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             Some(format!("{} stays FP32: {why}", info.op_type))
         } else if !info.domain.is_empty() && info.domain != "ai.onnx" {
             Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
-        } else if info.has_subgraphs {
-            Some("has If/Loop/Scan bodies, which are not converted".to_string())
+        } else if info.has_subgraphs && !matches!(info.op_type.as_str(), "If" | "Loop") {
+            Some(format!("{} bodies are not converted", info.op_type))
         } else {
             info.inputs
                 .iter()
@@ -197,7 +197,9 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 readers.push(info.name.clone());
             }
         }
-        precision[info.proto_index] = Some(if reason.is_some() { Precision::Fp32 } else { Precision::Fp16 });
+        // An If or Loop keeps a float32 interface; its bodies are converted inside (below).
+        let interface_fp32 = info.has_subgraphs;
+        precision[info.proto_index] = Some(if reason.is_some() || interface_fp32 { Precision::Fp32 } else { Precision::Fp16 });
         if let Some(r) = reason {
             fp32_nodes.push((info.name.clone(), r));
         }
@@ -263,6 +265,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let mut new_nodes: Vec<NodeProto> = Vec::with_capacity(g.node.len() * 2);
     let mut casts_inserted = 0;
     let mut fp16_nodes = 0;
+    let mut overflowing_in_bodies: Vec<(String, Vec<String>)> = Vec::new();
     let original_nodes = std::mem::take(&mut g.node);
     for (i, mut node) in original_nodes.into_iter().enumerate() {
         let is_constant = node.op_type() == "Constant";
@@ -284,7 +287,22 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 node.input[slot] = cast_to(&mut casts, &mut new_nodes, &mut casts_inserted, &name, want);
             }
         }
-        // Bodies are not converted: an outer tensor they read must reach them in float32.
+        // If/Loop bodies are converted as graphs of their own whose inputs and outputs stay
+        // float32, so an outer tensor they read must reach them in float32.
+        if matches!(node.op_type(), "If" | "Loop") {
+            let name = index.nodes.iter().find(|n| n.proto_index == i).map(|n| n.name.clone()).unwrap_or_default();
+            for attr in node.attribute.iter_mut() {
+                let Some(prefix) = crate::inline::body_prefixes(&name, node.op_type.as_deref().unwrap_or_default(), attr.name()) else { continue };
+                let Some(body) = attr.g.as_mut() else { continue };
+                let inner = convert_body(model, body, &prefix, float, options)?;
+                fp16_nodes += inner.fp16_nodes;
+                casts_inserted += inner.casts_inserted;
+                fp32_nodes.extend(inner.fp32_nodes.into_iter().map(|(n, why)| (format!("{prefix}/{n}"), why)));
+                for (w, readers) in inner.overflowing_weights {
+                    overflowing_in_bodies.push((format!("{prefix}/{w}"), readers.into_iter().map(|r| format!("{prefix}/{r}")).collect()));
+                }
+            }
+        }
         for name in crate::graph::outer_refs_of(&node) {
             if storage.get(&name) != Some(&Precision::Fp16) {
                 continue;
@@ -335,8 +353,69 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             }
         }
     }
-    let overflowing_weights = overflowing.into_iter().collect();
+    let mut overflowing_weights: Vec<(String, Vec<String>)> = overflowing.into_iter().collect();
+    overflowing_weights.extend(overflowing_in_bodies);
     Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights })
+}
+
+/// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
+/// control-flow node and the body prefix (`Node/then`, `Node/body`) it falls under.
+fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo, String)> {
+    index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop")).find_map(|n| {
+        let rest = name.strip_prefix(&n.name)?.strip_prefix('/')?;
+        let (part, inner) = rest.split_once('/')?;
+        let ok = match n.op_type.as_str() {
+            "If" => part == "then" || part == "else",
+            _ => part == "body" || part.strip_prefix("iter").is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())),
+        };
+        (ok && !inner.is_empty()).then(|| (n, format!("{}/{}", n.name, if n.op_type == "If" { part } else { "body" })))
+    })
+}
+
+/// Converts one If branch or Loop body in place, as a model of its own: its inputs and the outer
+/// tensors it reads are float32 graph inputs, its outputs stay float32 (Casts inside), and inside
+/// it the same rules and keep list apply. `prefix` is how its tensors and nodes are named once
+/// inlined (`Node/then`), the names `float` and the keep list use.
+fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+    use crate::onnx::ValueInfoProto;
+    let outer = crate::graph::outer_refs_of_graph(body);
+    let loop_owner = prefix.strip_suffix("/body");
+    let local = |name: &str| -> Option<String> {
+        if let Some(rest) = name.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')) {
+            return Some(rest.to_string());
+        }
+        // A Loop's iterations share one body: keeping a node in one iteration keeps it in all.
+        let owner = loop_owner?;
+        let rest = name.strip_prefix(owner)?.strip_prefix("/iter")?;
+        let (k, inner) = rest.split_once('/')?;
+        (!k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())).then(|| inner.to_string())
+    };
+    // Types: the body's own float tensors by their inlined names, its declared float inputs, and
+    // the outer tensors that are float32 (they reach the body in float32).
+    let mut local_float: HashSet<String> = float.iter().filter_map(|t| t.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')).map(str::to_string)).collect();
+    local_float.extend(body.input.iter().filter(|v| is_float_elem(v)).map(|v| v.name().to_string()));
+    local_float.extend(body.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()));
+    // (Names are relative at every level: a nested body's `float` is its enclosing body's.)
+    local_float.extend(outer.iter().filter(|name| float.contains(*name)).cloned());
+    let mut graph = body.clone();
+    for name in &outer {
+        let elem = if local_float.contains(name) { Some(crate::builder::tensor_type(DataType::Float, None)) } else { None };
+        graph.input.push(ValueInfoProto { name: Some(name.clone()), r#type: elem, ..Default::default() });
+    }
+    let standalone = ModelProto { graph: Some(graph), ..model.proto.clone() };
+    let standalone = model.derived(standalone, "body.onnx");
+    let index = GraphIndex::build(standalone.graph())?;
+    let inner_options = ConvertOptions {
+        keep_nodes: options.keep_nodes.iter().filter_map(|n| local(n)).collect(),
+        keep_io_types: true,
+        ..options.clone()
+    };
+    let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options)?;
+    let converted = conversion.proto.graph.take().expect("graph");
+    body.node = converted.node;
+    body.initializer = converted.initializer;
+    body.value_info = converted.value_info;
+    Ok(conversion)
 }
 
 /// The name of `name` cast to `want`: the Cast is added to `new_nodes` the first time, and shared

@@ -299,6 +299,15 @@ pub(crate) fn collect_outer_refs(graph: &GraphProto, out: &mut HashSet<String>) 
     }
 }
 
+/// The outer-scope tensors that a body (and its nested bodies) reads, sorted.
+pub(crate) fn outer_refs_of_graph(graph: &GraphProto) -> Vec<String> {
+    let mut outer = HashSet::new();
+    collect_outer_refs(graph, &mut outer);
+    let mut v: Vec<String> = outer.into_iter().collect();
+    v.sort();
+    v
+}
+
 /// The outer-scope tensors that a node's bodies (If/Loop/Scan) read, sorted.
 pub(crate) fn outer_refs_of(node: &NodeProto) -> Vec<String> {
     let mut outer = HashSet::new();

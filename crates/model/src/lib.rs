@@ -12,6 +12,7 @@ pub mod convert;
 mod error;
 pub mod extract;
 pub mod fp16;
+pub mod inline;
 pub mod perturb;
 pub mod scratch;
 mod graph;

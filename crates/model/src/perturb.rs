@@ -20,13 +20,22 @@ pub const PERTURB_MAX_EXTERNAL_BYTES: u64 = 1 << 30;
 /// changes the output's size, a perturbed float cast to an index changes the index.
 const SHAPE_READERS: &[&str] = &["Cast", "Floor", "Ceil", "Round", "Range", "ConstantOfShape", "Reshape", "Expand", "Tile", "Slice", "Pad"];
 
-/// Weights of `graph` that a node reads as a shape or index (see [`SHAPE_READERS`] and the float32
-/// slots of Resize/Upsample): they are left as they are.
+/// Inputs read as exponents: `x ^ 2.0009` is NaN for every negative x, while FP16 rounding leaves
+/// 2.0 (any small integer) exactly as it is. (Silero VAD's STFT magnitude, `Pow(x, 2)`, turned into
+/// NaN and read as a noise floor of 1.8.)
+const EXPONENT_SLOTS: &[(&str, usize)] = &[("Pow", 1)];
+
+/// Weights of `graph` that a node reads as a shape, an index or an exponent (see
+/// [`SHAPE_READERS`], [`EXPONENT_SLOTS`] and the float32 slots of Resize/Upsample): they are left
+/// as they are.
 fn shape_weights(graph: &GraphProto) -> HashSet<String> {
     let mut skip = HashSet::new();
     for n in &graph.node {
         for (slot, input) in n.input.iter().enumerate() {
-            if SHAPE_READERS.contains(&n.op_type()) || crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot)) {
+            if SHAPE_READERS.contains(&n.op_type())
+                || crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot))
+                || EXPONENT_SLOTS.contains(&(n.op_type(), slot))
+            {
                 skip.insert(input.clone());
             }
         }

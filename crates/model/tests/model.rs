@@ -296,3 +296,21 @@ fn extraction_isolates_each_group_with_typed_inputs_and_its_constants() {
     let err = extract_groups(&model, &index, &[vec!["mm".into()]], &types).unwrap_err().to_string();
     assert!(err.contains("no type and shape known for 'x'"), "{err}");
 }
+
+/// The noise floor perturbs weights, never exponents: `x ^ 2.0009` is NaN for every negative x
+/// (Silero VAD's STFT magnitude read as a noise floor of 1.8), while FP16 leaves 2.0 as it is.
+#[test]
+fn perturbing_weights_leaves_exponents_alone() {
+    let mut b = ModelBuilder::new("pow", 17);
+    b.input("x", DataType::Float, &[Dim::from(4)]);
+    b.initializer(f32_tensor("two", &[], &[2.0]));
+    b.initializer(f32_tensor("scale", &[1], &[3.0]));
+    b.node("Pow", "square", &["x", "two"], &["sq"], vec![]);
+    b.node("Mul", "mul", &["sq", "scale"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let model = Model::from_proto(b.build(), "pow.onnx").unwrap();
+    let perturbed = Model::from_proto(layerwise_model::perturb::perturb_weights(&model, 1e-3, 7).unwrap(), "p.onnx").unwrap();
+    let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+    assert_eq!(weight("two"), vec![2.0], "the exponent stays exact");
+    assert_ne!(weight("scale"), vec![3.0], "other weights are perturbed");
+}

@@ -25,6 +25,15 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         report.tensors.len(),
         report.not_compared.len()
     );
+    if let Some(cf) = &report.extras.control_flow {
+        for i in &cf.inlined {
+            let what = if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };
+            let _ = writeln!(out, "control    {} '{}': {what}; its {} nodes compared as '{}/...'", i.op_type, i.node, i.nodes, i.node);
+        }
+        for (node, why) in &cf.kept {
+            let _ = writeln!(out, "control    '{node}' left as it is, its body not compared: {why}");
+        }
+    }
     for i in &report.inputs {
         let nonfinite = if i.nan + i.inf > 0 { format!("  WARNING: {} NaN, {} inf in this input", i.nan, i.inf) } else { String::new() };
         let _ = writeln!(out, "input      {} {} {} from {}{nonfinite}", i.name, i.dtype, i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"), i.source);

@@ -192,8 +192,19 @@ impl OrtBackend {
 
 /// The float32 tensors a main-graph node computes, as ONNX Runtime types them: every tensor is
 /// exposed and the session's output metadata read (no run).
+///
+/// Tensors inside If branches and Loop bodies are included under the names inlining gives them
+/// (`Node/then/tensor`, `Node/else/tensor`, `Node/body/tensor`), typed through copies of the
+/// bodies beside their nodes (see `layerwise_model::inline::with_body_copies`).
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
-    Ok(tensor_types(model, index, &[])?.into_iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n).collect())
+    let float = |types: HashMap<String, InferredType>| types.into_iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n).collect();
+    if !index.nodes.iter().any(|n| n.op_type == "If" || n.op_type == "Loop") {
+        return Ok(float(tensor_types(model, index, &[])?));
+    }
+    let (proto, _) = layerwise_model::inline::with_body_copies(&model.proto)?;
+    let copies = model.derived(proto, "typing.onnx");
+    let copies_index = layerwise_model::GraphIndex::build(copies.graph())?;
+    Ok(float(tensor_types(&copies, &copies_index, &[])?))
 }
 
 /// The type of a computed tensor as ONNX Runtime infers it before any run.

@@ -1,0 +1,242 @@
+//! Control flow as users bring it: a network inside an If chosen by an input (a voice-activity
+//! model picks its branch by sample rate), and a Loop. An FP16 overflow planted inside the branch
+//! taken, or inside the loop body, must be named as the first divergent layer: neither is visible
+//! from the main graph, and the FP16 emulation used to leave bodies in float32 (a false all-clear).
+
+mod common;
+
+use common::{layerwise, save, text};
+use layerwise_model::builder::{attr, f32_tensor, i64_tensor, tensor_type, Dim, ModelBuilder};
+use layerwise_model::onnx::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use layerwise_model::DataType;
+use layerwise_runtime::{Tensor, TensorData};
+use serde_json::Value;
+
+fn json(path: &std::path::Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: Some(name.into()),
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn value(name: &str, elem: DataType, dims: Option<&[Dim]>) -> ValueInfoProto {
+    ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, dims)), ..Default::default() }
+}
+
+/// `steps` Mul nodes by 1.01 from `from` inside a body (prefix names them), then, with `planted`,
+/// x*300 -> square -> /300 -> /300: the square reaches 9e4 for inputs near 1 and overflows FP16,
+/// while every weight is exact in FP16 (so rounding weights alone changes nothing).
+fn body_chain(prefix: &str, from: &str, steps: usize, planted: bool, out: &str) -> (Vec<NodeProto>, Vec<TensorProto>) {
+    let (mut nodes, mut weights) = (Vec::new(), Vec::new());
+    let mut current = from.to_string();
+    for i in 0..steps {
+        let (w, t) = (format!("{prefix}w{i}"), format!("{prefix}t{i}"));
+        weights.push(f32_tensor(&w, &[1], &[1.01]));
+        nodes.push(node("Mul", &format!("{prefix}mul{i}"), &[&current, &w], &[&t]));
+        current = t;
+        if planted && i == steps / 2 {
+            weights.push(f32_tensor(&format!("{prefix}k"), &[1], &[300.0]));
+            let k = format!("{prefix}k");
+            let names: Vec<String> = ["scaled", "sq", "down", "back"].iter().map(|s| format!("{prefix}{s}")).collect();
+            nodes.push(node("Mul", &format!("{prefix}scale"), &[&current, &k], &[&names[0]]));
+            nodes.push(node("Mul", &format!("{prefix}square"), &[&names[0], &names[0]], &[&names[1]]));
+            nodes.push(node("Div", &format!("{prefix}down"), &[&names[1], &k], &[&names[2]]));
+            nodes.push(node("Div", &format!("{prefix}back"), &[&names[2], &k], &[&names[3]]));
+            current = names[3].clone();
+        }
+    }
+    nodes.push(node("Identity", &format!("{prefix}out"), &[&current], &[out]));
+    (nodes, weights)
+}
+
+/// x[1,64], sr (int64 scalar) -> If(sr == 16000): then = the whole network (40 nodes, optionally
+/// with the planted overflow), else = 3 nodes -> y.
+fn network_in_an_if(planted: bool) -> ModelProto {
+    let mut b = ModelBuilder::new("vad", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.input("sr", DataType::Int64, &[]);
+    b.initializer(i64_tensor("sr16k", &[], &[16000]));
+    let (then_nodes, then_weights) = body_chain("net/", "x", 40, planted, "then_y");
+    let (else_nodes, else_weights) = body_chain("small/", "x", 3, false, "else_y");
+    let dims = [Dim::from(1), Dim::from(64)];
+    let then_branch = GraphProto { name: Some("then".into()), node: then_nodes, initializer: then_weights, output: vec![value("then_y", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto { name: Some("else".into()), node: else_nodes, initializer: else_weights, output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
+    b.node("If", "by_rate", &["cond"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// x[1,64] -> Loop(6 iterations, v = x): v1 = v*1.5; s = v1*40; v_out = sqrt(s*s/1600); the
+/// square passes 65504 from the 4th iteration on (inputs in [0,1)). Outputs the final v and every
+/// iteration's v stacked.
+fn planted_loop() -> ModelProto {
+    let mut b = ModelBuilder::new("loop", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(i64_tensor("trips", &[], &[6]));
+    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    let nodes = vec![
+        node("Mul", "grow", &["v_in", "k_grow"], &["v1"]),
+        node("Mul", "scale", &["v1", "k_scale"], &["s"]),
+        node("Mul", "square", &["s", "s"], &["sq"]),
+        node("Div", "unscale", &["sq", "k_unscale"], &["v2"]),
+        node("Sqrt", "root", &["v2"], &["v_out"]),
+        node("Identity", "keep_going", &["cond_in"], &["cond_out"]),
+        node("Identity", "record", &["v_out"], &["trace_v"]),
+    ];
+    let body = GraphProto {
+        name: Some("body".into()),
+        node: nodes,
+        initializer: vec![f32_tensor("k_grow", &[1], &[1.5]), f32_tensor("k_scale", &[1], &[40.0]), f32_tensor("k_unscale", &[1], &[1600.0])],
+        input: vec![value("i", DataType::Int64, Some(&[])), value("cond_in", DataType::Bool, Some(&[])), value("v_in", DataType::Float, None)],
+        output: vec![value("cond_out", DataType::Bool, Some(&[])), value("v_out", DataType::Float, None), value("trace_v", DataType::Float, None)],
+        ..Default::default()
+    };
+    b.node("Loop", "steps", &["trips", "go", "x"], &["v_final", "trace"], vec![attr::graph("body", body)]);
+    b.output("v_final", DataType::Float);
+    b.output("trace", DataType::Float);
+    b.build()
+}
+
+fn write_sr(dir: &std::path::Path, rate: i64) {
+    layerwise_runtime::npy::write_npy_file(&dir.join("sr.npy"), &Tensor::new(vec![], TensorData::I64(vec![rate]))).unwrap();
+}
+
+#[test]
+fn an_overflow_inside_the_branch_taken_is_named_and_the_branch_is_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&network_in_an_if(true), &dir.path().join("vad.onnx"));
+    write_sr(dir.path(), 16000);
+    let out = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--json", "r.json", "--html", "r.html"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "the overflow is found: {t}");
+    let r = json(&dir.path().join("r.json"));
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "by_rate/then/net/square", "{t}");
+    assert_eq!(fd["cause"]["kind"], "value_overflow", "{t}");
+    assert_eq!(r["control_flow"]["inlined"][0]["taken"], "then_branch");
+    assert!(t.contains("control    If 'by_rate': then_branch taken"), "{t}");
+    // The whole network is compared, not just the If's output.
+    let compared = r["tensors"].as_array().unwrap().len();
+    let in_branch = r["tensors"].as_array().unwrap().iter().filter(|t| t["name"].as_str().unwrap().starts_with("by_rate/then/")).count();
+    assert!(in_branch >= 40, "{in_branch} of {compared} compared tensors are the branch's");
+    assert!(r["not_compared"].as_array().unwrap().is_empty(), "{}", r["not_compared"]);
+
+    // Left as it is, the If hides the overflow: the emulation does not round inside bodies, so
+    // this is the false all-clear the inlining exists to prevent.
+    let kept = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--keep-control-flow"], dir.path());
+    assert_eq!(kept.status.code(), Some(0), "{}", text(&kept));
+
+    // The other rate takes the other branch: nothing overflows there.
+    write_sr(dir.path(), 8000);
+    let other = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--json", "o.json"], dir.path());
+    assert_eq!(other.status.code(), Some(0), "{}", text(&other));
+    assert_eq!(json(&dir.path().join("o.json"))["control_flow"]["inlined"][0]["taken"], "else_branch");
+}
+
+#[test]
+fn a_network_inside_an_if_is_compared_for_more_than_nine_tenths_of_its_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = network_in_an_if(false);
+    save(&model, &dir.path().join("vad.onnx"));
+    write_sr(dir.path(), 16000);
+    let out = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--json", "r.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let r = json(&dir.path().join("r.json"));
+    // Every tensor the model computes on this path: main graph (cond, y) plus the then branch.
+    let graph = model.graph.as_ref().unwrap();
+    let then_branch = graph.node[1].attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
+    let on_path = 2 + then_branch.node.iter().map(|n| n.output.len()).sum::<usize>();
+    let compared = r["tensors"].as_array().unwrap().len();
+    assert!(compared * 10 > on_path * 9, "{compared} compared of {on_path} computed on the path taken");
+}
+
+#[test]
+fn an_overflow_inside_a_loop_body_is_named_with_its_iteration() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted_loop(), &dir.path().join("loop.onnx"));
+    let out = layerwise(&["bisect", "loop.onnx", "--json", "r.json", "--markdown", "r.md"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let fd = &r["verdict"]["first_divergent"];
+    // (1.5^k * 40 * x)^2 > 65504 first for k = 5 with x near 1 (iteration 4, counting from 0):
+    // 1.5^4 * 40 = 202 (squared 4.1e4) fits, 1.5^5 * 40 = 304 (squared 9.2e4) does not.
+    assert_eq!(fd["node"], "steps/iter4/square", "{t}");
+    assert_eq!(fd["cause"]["kind"], "value_overflow", "{t}");
+    assert_eq!(r["control_flow"]["inlined"][0]["taken"], "6 iterations");
+    // The stacked output is rebuilt from the iterations and matches ONNX Runtime's Loop: the
+    // reference of the unrolled model is the original model's output.
+    let keep = layerwise(&["bisect", "loop.onnx", "--keep-control-flow", "--cand", "ort:cpu", "--save-tensors", "kept"], dir.path());
+    assert_eq!(keep.status.code(), Some(0), "{}", text(&keep));
+    let unrolled = layerwise(&["bisect", "loop.onnx", "--cand", "ort:cpu", "--save-tensors", "unrolled"], dir.path());
+    assert_eq!(unrolled.status.code(), Some(0), "{}", text(&unrolled));
+    let saved = |run: &str, tensor: &str| {
+        let folder = dir.path().join(run).join("ref");
+        let file = std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().ends_with(&format!("_{tensor}.npy")));
+        layerwise_runtime::npy::read_npy_file(&file.unwrap_or_else(|| panic!("{tensor} saved in {}", folder.display()))).unwrap()
+    };
+    for output in ["v_final", "trace"] {
+        let (a, b) = (saved("kept", output), saved("unrolled", output));
+        assert_eq!(a.shape, if output == "trace" { vec![6, 1, 64] } else { vec![1, 64] });
+        assert_eq!(a, b, "{output}: the unrolled loop computes what the Loop computes");
+    }
+}
+
+#[test]
+fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&network_in_an_if(true), &dir.path().join("vad.onnx"));
+    save(&planted_loop(), &dir.path().join("loop.onnx"));
+    write_sr(dir.path(), 16000);
+
+    // The branches are FP16 inside (weights included) and the converted model runs in ONNX
+    // Runtime, whose FP16 tensor overflows where the emulation said. (ONNX Runtime's CPU provider
+    // computes FP16 Mul/Div in float32 between Casts it inserts and then merges, so the inf stays
+    // in the stored tensor and the output passes there; CUDA's FP16 kernels would carry it on.)
+    let out = layerwise(&["convert", "vad.onnx", "-o", "vad16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let converted = layerwise_model::Model::load(&dir.path().join("vad16.onnx")).unwrap();
+    let if_node = converted.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
+    for branch in ["then_branch", "else_branch"] {
+        let body = if_node.attribute.iter().find(|a| a.name() == branch).unwrap().g.as_ref().unwrap();
+        assert!(body.initializer.iter().all(|t| t.data_type() == DataType::Float16 as i32), "{branch} weights are FP16");
+        assert!(body.node.iter().any(|n| n.op_type() == "Cast"), "{branch} casts at its float32 interface");
+    }
+    let out = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--cand", "ort:cpu", "--cand-model", "vad16.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let sq = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "by_rate/then/net/sq").expect("the branch's tensors are compared");
+    assert!(sq["metrics"]["cand_inf"].as_u64().unwrap() > 0, "FP16 storage inside the branch overflows: {sq}");
+    let before = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "by_rate/then/net/t19").unwrap();
+    assert_eq!(before["metrics"]["cand_inf"], 0, "{before}");
+
+    // fix keeps the node inside the branch, writes the original structure (the If stays), and
+    // the written file passes when ONNX Runtime runs it.
+    let out = layerwise(&["fix", "vad.onnx", "--input", "sr=sr.npy", "-o", "vad_fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate/then/net/square"]), "{t}");
+    assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
+    assert!(fix["trtexec_flags"].as_str().unwrap().contains("'net/square:fp32'"), "TensorRT names the layer by the node's own name: {t}");
+    let fixed = layerwise_model::Model::load(&dir.path().join("vad_fixed.onnx")).unwrap();
+    assert!(fixed.graph().node.iter().any(|n| n.op_type() == "If"), "the fixed model keeps its If");
+
+    // In a Loop, keeping a node of one iteration keeps it in the body, so in every iteration.
+    let out = layerwise(&["fix", "loop.onnx", "-o", "loop_fixed.onnx", "--json", "loop_fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("loop_fix.json"));
+    assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
+    let kept: Vec<&str> = fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+    assert!(kept.contains(&"steps/body/square"), "{kept:?}");
+}
