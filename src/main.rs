@@ -158,6 +158,11 @@ struct BisectArgs {
     /// `Node/then/tensor`, `Node/iter3/tensor`.
     #[arg(long)]
     keep_control_flow: bool,
+    /// How a --cand-model's tensors are paired with the reference's: `auto` (names first, then
+    /// structure: op types, topology, attributes and weight shapes, looking through Casts,
+    /// Identity and Q/DQ pairs) or `name` (names only).
+    #[arg(long = "match", default_value = "auto", value_parser = ["auto", "name"])]
+    match_mode: String,
 }
 
 #[derive(Args)]
@@ -348,6 +353,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         counterfactual: !args.no_counterfactual,
         noise_floor: !args.no_noise_floor,
         keep_control_flow: args.keep_control_flow,
+        match_structure: args.match_mode == "auto",
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);

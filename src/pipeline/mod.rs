@@ -68,6 +68,9 @@ pub struct BisectOptions {
     /// Leave If/Loop nodes as they are instead of replacing them by what the reference ran (their
     /// bodies' tensors are then not compared).
     pub keep_control_flow: bool,
+    /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
+    /// (`--match auto`); false: by name only.
+    pub match_structure: bool,
 }
 
 /// How the candidate's tensors are marked as outputs.
@@ -104,6 +107,7 @@ impl BisectOptions {
             counterfactual: true,
             noise_floor: true,
             keep_control_flow: false,
+            match_structure: true,
         }
     }
 }
@@ -223,6 +227,29 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     Ok(bytes as u64)
 }
 
+/// A candidate model's tensors under the reference names they were paired with (copied when
+/// several reference tensors carry one value, as through a reference Identity). A tensor paired
+/// with nothing is dropped, even if the reference has a tensor of that name: a name alone, on a
+/// node of another op type, is no evidence of the same value.
+fn under_reference_names(mut tensors: HashMap<String, Tensor>, cand_names: &HashMap<String, String>) -> HashMap<String, Tensor> {
+    let mut renamed: HashMap<String, Tensor> = HashMap::with_capacity(tensors.len());
+    let mut uses: HashMap<&str, usize> = HashMap::new();
+    for c in cand_names.values() {
+        *uses.entry(c.as_str()).or_default() += 1;
+    }
+    let mut pairs: Vec<(&String, &String)> = cand_names.iter().collect();
+    pairs.sort();
+    for (r, c) in pairs {
+        let left = uses.get_mut(c.as_str()).expect("counted");
+        *left -= 1;
+        let value = if *left == 0 { tensors.remove(c) } else { tensors.get(c).cloned() };
+        if let Some(v) = value {
+            renamed.insert(r.clone(), v);
+        }
+    }
+    renamed
+}
+
 /// Every sample's input values, prepared as the runs will see them.
 fn sample_feeds(decls: &[layerwise_runtime::inputs::InputDecl], samples: &[(String, InputOptions)]) -> Result<Vec<Vec<(String, Tensor)>>> {
     samples
@@ -265,6 +292,8 @@ struct Job<'a> {
     model: &'a Model,
     index: GraphIndex,
     cand_model: Option<(Model, GraphIndex)>,
+    /// Reference tensor -> the candidate model's tensor holding its value (`--cand-model`).
+    cand_names: HashMap<String, String>,
     reference: Box<dyn Backend>,
     candidate: Box<dyn Backend>,
     precision: Precision,
@@ -298,12 +327,20 @@ impl Job<'_> {
     fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         let out = match &self.cand_model {
             Some((cm, ci)) => {
-                // The converted model has the same tensor names; ask only for those it computes.
+                // Ask for the candidate model's own names, and give the tensors back under the
+                // reference's.
+                let theirs = |n: &String| self.cand_names.get(n).unwrap_or(n).clone();
                 let selection = match selection {
                     Selection::All => Selection::All,
-                    Selection::Names(names) => Selection::Names(names.iter().filter(|n| ci.producer_index(n).is_some()).cloned().collect()),
+                    Selection::Names(names) => {
+                        Selection::Names(names.iter().map(theirs).filter(|n| ci.producer_index(n).is_some()).collect::<std::collections::BTreeSet<_>>().into_iter().collect())
+                    }
                 };
-                self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection })
+                let out = self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection });
+                out.map(|mut out| {
+                    out.tensors = under_reference_names(std::mem::take(&mut out.tensors), &self.cand_names);
+                    out
+                })
             }
             None => self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: feeds, selection }),
         };
@@ -498,6 +535,28 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
         None => None,
     };
+    // The candidate model's tensors paired with the reference's: names first, then structure.
+    let mut cand_names = HashMap::new();
+    if let Some((cm, ci)) = &cand_model {
+        let matching = layerwise_model::matching::match_tensors(model.graph(), &index, cm.graph(), ci, options.match_structure);
+        let mut summary = layerwise_analysis::TensorMatching {
+            mode: if options.match_structure { "auto" } else { "name" }.to_string(),
+            unmatched_reference: matching.unmatched_reference,
+            unmatched_candidate: matching.unmatched_candidate,
+            ..Default::default()
+        };
+        for p in matching.pairs {
+            match p.by {
+                layerwise_model::matching::MatchedBy::Name => summary.by_name += 1,
+                layerwise_model::matching::MatchedBy::Structure => {
+                    summary.by_structure += 1;
+                    summary.structure_pairs.push((p.reference.clone(), p.candidate.clone()));
+                }
+            }
+            cand_names.insert(p.reference, p.candidate);
+        }
+        extras.matching = Some(summary);
+    }
     let precision = if cand_model.is_some() { Precision::Fp16 } else { candidate.precision() };
     let (tolerance, rule) = tolerance_and_rule(precision, options)?;
     let order: Vec<String> = match &options.selection {
@@ -509,7 +568,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new() };
+    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new() };
     let weights = if precision == Precision::Fp16 {
         steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
     } else {

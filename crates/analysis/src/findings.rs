@@ -24,6 +24,23 @@ pub struct Extras {
     pub noise_floor: Option<NoiseFloor>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub control_flow: Option<ControlFlow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matching: Option<TensorMatching>,
+}
+
+/// How the candidate model's tensors were paired with the reference's (`--cand-model`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TensorMatching {
+    /// `name` (names only) or `auto` (names first, structure for the rest).
+    pub mode: String,
+    pub by_name: usize,
+    pub by_structure: usize,
+    /// [reference tensor, candidate tensor] for every pair made by structure.
+    pub structure_pairs: Vec<(String, String)>,
+    /// Reference tensors with no candidate counterpart (not compared).
+    pub unmatched_reference: Vec<String>,
+    /// Candidate tensors paired with nothing (its own Casts and the like included).
+    pub unmatched_candidate: Vec<String>,
 }
 
 /// If/Loop nodes replaced by what the reference ran (the branch taken, the iterations made), so

@@ -13,6 +13,7 @@ mod error;
 pub mod extract;
 pub mod fp16;
 pub mod inline;
+pub mod matching;
 pub mod perturb;
 pub mod scratch;
 mod graph;

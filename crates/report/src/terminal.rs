@@ -25,6 +25,17 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         report.tensors.len(),
         report.not_compared.len()
     );
+    if let Some(m) = &report.extras.matching {
+        let _ = writeln!(
+            out,
+            "matching   {}: {} tensors by name, {} by structure; {} reference tensors unmatched (not compared), {} candidate tensors unpaired",
+            m.mode,
+            m.by_name,
+            m.by_structure,
+            m.unmatched_reference.len(),
+            m.unmatched_candidate.len()
+        );
+    }
     if let Some(cf) = &report.extras.control_flow {
         for i in &cf.inlined {
             let what = if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };

@@ -1,0 +1,227 @@
+//! Which candidate tensor holds which reference tensor when the two models do not share names (an
+//! FP16 model exported by another tool, an engine whose layers were renamed, two exporter
+//! versions). Names first; for the rest, structure: nodes are paired forward from the shared graph
+//! inputs by op type, domain and the pairing of their data inputs, looking through the nodes that
+//! do not change a value's meaning (Identity, float Casts, Dropout, QuantizeLinear→DequantizeLinear)
+//! and treating weights and folded constants as wildcards.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::onnx::{tensor_proto::DataType, GraphProto, NodeProto};
+use crate::GraphIndex;
+
+/// How a pair was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MatchedBy {
+    Name,
+    Structure,
+}
+
+/// The candidate tensor that holds a reference tensor's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorPair {
+    pub reference: String,
+    pub candidate: String,
+    pub by: MatchedBy,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Matching {
+    /// One entry per matched reference tensor (computed by a main-graph node), in the reference's
+    /// topological order.
+    pub pairs: Vec<TensorPair>,
+    /// Reference tensors with no candidate counterpart.
+    pub unmatched_reference: Vec<String>,
+    /// Candidate tensors no reference tensor was paired with (the candidate's own Casts and the
+    /// like included).
+    pub unmatched_candidate: Vec<String>,
+}
+
+/// Ops that pass a value on without changing what it means (a Cast between float types changes
+/// its precision, which is what is being measured).
+fn transparent(graph: &GraphProto, index: &GraphIndex, node: &NodeProto) -> bool {
+    match node.op_type() {
+        "Identity" | "Dropout" => true,
+        "Cast" => node.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i).is_some_and(|to| {
+            [DataType::Float, DataType::Float16, DataType::Bfloat16, DataType::Double].iter().any(|d| *d as i64 == to)
+        }),
+        // DequantizeLinear(QuantizeLinear(x)): x with quantization noise.
+        "DequantizeLinear" => node.input.first().and_then(|t| index.producer(t)).is_some_and(|p| graph.node[p.proto_index].op_type() == "QuantizeLinear"),
+        _ => false,
+    }
+}
+
+/// A graph seen through its transparent nodes.
+struct View<'a> {
+    graph: &'a GraphProto,
+    index: &'a GraphIndex,
+}
+
+impl View<'_> {
+    fn is_transparent(&self, topo: usize) -> bool {
+        let info = &self.index.nodes[topo];
+        transparent(self.graph, self.index, &self.graph.node[info.proto_index])
+    }
+
+    /// The tensor whose value `t` carries: followed back through transparent nodes.
+    fn source(&self, t: &str) -> String {
+        let mut t = t.to_string();
+        for _ in 0..64 {
+            let Some(p) = self.index.producer_index(&t) else { break };
+            if !self.is_transparent(p) {
+                break;
+            }
+            let node = &self.index.nodes[p];
+            let input = if node.op_type == "DequantizeLinear" {
+                // Through the QuantizeLinear to its float input.
+                let q = self.index.producer(&node.inputs[0]).expect("checked by transparent()");
+                q.inputs[0].clone()
+            } else {
+                node.inputs[0].clone()
+            };
+            t = input;
+        }
+        t
+    }
+
+    fn is_weight(&self, t: &str) -> bool {
+        self.index.is_constant_like(t)
+    }
+
+    /// The node's inputs that carry data (not weights), by source.
+    fn data_inputs(&self, topo: usize) -> Vec<String> {
+        self.index.nodes[topo].inputs.iter().filter(|t| !t.is_empty() && !self.is_weight(t)).map(|t| self.source(t)).collect()
+    }
+
+    /// Shapes of the node's weight inputs (initializers only; other weights count as unknown).
+    fn weight_shapes(&self, topo: usize) -> Vec<Option<Vec<i64>>> {
+        self.index.nodes[topo]
+            .inputs
+            .iter()
+            .filter(|t| !t.is_empty() && self.is_weight(t))
+            .map(|t| self.graph.initializer.iter().find(|w| w.name() == t).map(|w| w.dims.clone()))
+            .collect()
+    }
+
+    fn attributes(&self, topo: usize) -> Vec<(String, Vec<u8>)> {
+        use prost::Message;
+        let node = &self.graph.node[self.index.nodes[topo].proto_index];
+        let mut attrs: Vec<(String, Vec<u8>)> = node.attribute.iter().filter(|a| a.g.is_none() && a.graphs.is_empty()).map(|a| (a.name().to_string(), a.encode_to_vec())).collect();
+        attrs.sort();
+        attrs
+    }
+}
+
+/// Ops whose data inputs may come in either order.
+const COMMUTATIVE: &[&str] = &["Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"];
+
+/// Pairs the computed tensors of the reference graph with those of the candidate graph. With
+/// `structural` false, only by name.
+pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, structural: bool) -> Matching {
+    let r = View { graph: reference, index: ref_index };
+    let c = View { graph: candidate, index: cand_index };
+    // Candidate source tensor -> reference source tensor.
+    let mut c2r: HashMap<String, (String, MatchedBy)> = HashMap::new();
+    let mut matched_ref: HashSet<String> = HashSet::new();
+    let pair = |c2r: &mut HashMap<String, (String, MatchedBy)>, matched_ref: &mut HashSet<String>, cs: String, rs: String, by: MatchedBy| {
+        if !c2r.contains_key(&cs) && matched_ref.insert(rs.clone()) {
+            c2r.insert(cs, (rs, by));
+        }
+    };
+    // Graph inputs are fed the same values on both sides.
+    for t in ref_index.inputs.iter().filter(|t| cand_index.is_graph_input(t)) {
+        pair(&mut c2r, &mut matched_ref, t.clone(), t.clone(), MatchedBy::Name);
+    }
+    // Names first: a tensor both sides compute under one name, by nodes of one op type.
+    for info in ref_index.nodes.iter().filter(|n| !r.is_transparent(n.topo_index)) {
+        for o in info.outputs.iter().filter(|o| !o.is_empty()) {
+            if let Some(cp) = cand_index.producer(o) {
+                if cp.op_type == info.op_type && !c.is_transparent(cp.topo_index) {
+                    pair(&mut c2r, &mut matched_ref, o.clone(), o.clone(), MatchedBy::Name);
+                }
+            }
+        }
+    }
+    if structural {
+        // R nodes by (op, domain) not yet paired, in topological order.
+        let mut open: HashMap<(String, String), Vec<usize>> = HashMap::new();
+        let mut taken: HashSet<usize> = HashSet::new();
+        for info in ref_index.nodes.iter().filter(|n| !r.is_transparent(n.topo_index) && !r.is_weight(n.outputs.first().map(String::as_str).unwrap_or(""))) {
+            if info.outputs.iter().all(|o| o.is_empty() || matched_ref.contains(o)) {
+                taken.insert(info.topo_index);
+            }
+            open.entry((info.op_type.clone(), info.domain.clone())).or_default().push(info.topo_index);
+        }
+        for info in cand_index.nodes.iter() {
+            let topo = info.topo_index;
+            if c.is_transparent(topo) || info.outputs.iter().all(|o| o.is_empty() || c2r.contains_key(o)) {
+                continue;
+            }
+            let inputs = c.data_inputs(topo);
+            if inputs.is_empty() {
+                continue;
+            }
+            let Some(mapped): Option<Vec<String>> = inputs.iter().map(|t| c2r.get(t).map(|(r, _)| r.clone())).collect() else { continue };
+            let same_inputs = |rt: usize| -> bool {
+                let mut theirs = r.data_inputs(rt);
+                if theirs.len() != mapped.len() {
+                    return false;
+                }
+                if COMMUTATIVE.contains(&info.op_type.as_str()) {
+                    let mut mine = mapped.clone();
+                    mine.sort();
+                    theirs.sort();
+                    return mine == theirs;
+                }
+                theirs == mapped
+            };
+            let Some(options) = open.get(&(info.op_type.clone(), info.domain.clone())) else { continue };
+            let fits: Vec<usize> = options.iter().copied().filter(|rt| !taken.contains(rt) && ref_index.nodes[*rt].outputs.len() == info.outputs.len() && same_inputs(*rt)).collect();
+            // Among several, the one whose attributes, then weight shapes, agree.
+            let attrs = c.attributes(topo);
+            let shapes = c.weight_shapes(topo);
+            let best = fits
+                .iter()
+                .copied()
+                .max_by_key(|&rt| (r.attributes(rt) == attrs, r.weight_shapes(rt) == shapes, std::cmp::Reverse(rt)));
+            let Some(rt) = best else { continue };
+            taken.insert(rt);
+            for (co, ro) in info.outputs.iter().zip(&ref_index.nodes[rt].outputs) {
+                if !co.is_empty() && !ro.is_empty() {
+                    let by = if co == ro { MatchedBy::Name } else { MatchedBy::Structure };
+                    pair(&mut c2r, &mut matched_ref, co.clone(), ro.clone(), by);
+                }
+            }
+            // The weights the two nodes read in the same slots are the same weights (Constant
+            // outputs are computed tensors and compared too).
+            for (ci, ri) in info.inputs.iter().zip(&ref_index.nodes[rt].inputs) {
+                if !ci.is_empty() && !ri.is_empty() && c.is_weight(ci) && r.is_weight(ri) {
+                    let (cs, rs) = (c.source(ci), r.source(ri));
+                    let by = if cs == rs { MatchedBy::Name } else { MatchedBy::Structure };
+                    pair(&mut c2r, &mut matched_ref, cs, rs, by);
+                }
+            }
+        }
+    }
+    // Reference source -> candidate tensor, then every reference tensor through its source.
+    let r2c: HashMap<&str, (&str, MatchedBy)> = c2r.iter().map(|(cs, (rs, by))| (rs.as_str(), (cs.as_str(), *by))).collect();
+    let mut matching = Matching::default();
+    let mut used: HashSet<String> = HashSet::new();
+    for t in ref_index.computed_tensors() {
+        // A tensor both sides compute under its own name is its own pair, even through a Cast.
+        if cand_index.producer_index(t).is_some() && (r.source(t) == c.source(t) || r2c.get(r.source(t).as_str()).is_some_and(|(cs, _)| *cs == c.source(t))) {
+            matching.pairs.push(TensorPair { reference: t.to_string(), candidate: t.to_string(), by: MatchedBy::Name });
+            used.insert(t.to_string());
+            continue;
+        }
+        match r2c.get(r.source(t).as_str()) {
+            Some((cs, by)) => {
+                matching.pairs.push(TensorPair { reference: t.to_string(), candidate: cs.to_string(), by: *by });
+                used.insert(cs.to_string());
+            }
+            None => matching.unmatched_reference.push(t.to_string()),
+        }
+    }
+    matching.unmatched_candidate = cand_index.computed_tensors().filter(|t| !used.contains(*t)).map(str::to_string).collect();
+    matching
+}
