@@ -163,6 +163,11 @@ struct BisectArgs {
     /// Identity and Q/DQ pairs) or `name` (names only).
     #[arg(long = "match", default_value = "auto", value_parser = ["auto", "name"])]
     match_mode: String,
+    /// Write the first divergent layer (with upstream nodes if it alone does not show the error)
+    /// as a standalone model with its inputs and both sides' outputs, in ONNX's backend-test
+    /// layout, into this new or empty folder.
+    #[arg(long, value_name = "DIR")]
+    repro: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -354,11 +359,19 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         noise_floor: !args.no_noise_floor,
         keep_control_flow: args.keep_control_flow,
         match_structure: args.match_mode == "auto",
+        repro: args.repro,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);
     for (what, path) in options.outputs.paths() {
         println!("{what}: {}", path.display());
+    }
+    if let Some(repro) = &outcome.report.extras.repro {
+        match &repro.folder {
+            Some(folder) if repro.reproduces => println!("repro: {folder} ({} node(s); the candidate's error shows there too)", repro.nodes.len()),
+            Some(folder) => println!("repro: {folder} ({} node(s); the error does not show on its own there, see its README)", repro.nodes.len()),
+            None => println!("repro: not written: {}", repro.note),
+        }
     }
     Ok(exit_for(outcome.report.verdict.status))
 }

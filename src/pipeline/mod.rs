@@ -21,6 +21,7 @@ use crate::keep::KeepRunner;
 
 mod conclusions;
 pub(crate) mod control_flow;
+pub mod repro;
 mod counterfactual;
 mod isolate;
 pub mod noise_floor;
@@ -68,6 +69,8 @@ pub struct BisectOptions {
     /// Leave If/Loop nodes as they are instead of replacing them by what the reference ran (their
     /// bodies' tensors are then not compared).
     pub keep_control_flow: bool,
+    /// Write the first divergent layer as a standalone model with its data into this folder.
+    pub repro: Option<PathBuf>,
     /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
     /// (`--match auto`); false: by name only.
     pub match_structure: bool,
@@ -108,6 +111,7 @@ impl BisectOptions {
             noise_floor: true,
             keep_control_flow: false,
             match_structure: true,
+            repro: None,
         }
     }
 }
@@ -181,7 +185,11 @@ pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_outputs(outputs: &Outputs) -> Result<()> {
+fn check_outputs(options: &BisectOptions) -> Result<()> {
+    if let Some(dir) = &options.repro {
+        repro::check_repro_target(dir)?;
+    }
+    let outputs = &options.outputs;
     for (what, path) in outputs.paths() {
         check_writable_target(path, &format!("the {what}"))?;
     }
@@ -190,14 +198,14 @@ fn check_outputs(outputs: &Outputs) -> Result<()> {
 
 pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     let mut steps = Steps::new(options.progress);
-    check_outputs(&options.outputs)?;
+    check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
     run_bisect(&model, options, steps)
 }
 
 /// The bisect job on an already loaded model (the demo builds its model in memory).
 pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
-    check_outputs(&options.outputs)?;
+    check_outputs(options)?;
     run_bisect(model, options, Steps::new(options.progress))
 }
 
@@ -664,6 +672,9 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
                 extras.counterfactual = steps.run("counterfactual runs", || counterfactual(&mut job, &feeds, reference, &compared.comparison, &verdict, extras.isolation.as_ref()))?;
             }
         }
+    }
+    if let Some(dir) = &options.repro {
+        extras.repro = Some(steps.run("writing the repro", || repro::write_repro(&mut job, &feeds, &verdict, dir))?);
     }
     conclude(&mut verdict, &extras, &compared.comparison, conclusions);
 

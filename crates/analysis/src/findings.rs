@@ -26,6 +26,24 @@ pub struct Extras {
     pub control_flow: Option<ControlFlow>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub matching: Option<TensorMatching>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repro: Option<Repro>,
+}
+
+/// `--repro DIR`: the first divergent layer as a standalone model with its data.
+#[derive(Debug, Clone, Serialize)]
+pub struct Repro {
+    /// Where it was written; `null` when none was (`note` says why).
+    pub folder: Option<String>,
+    /// The nodes in the repro model: the first divergent node, and upstream nodes when it alone
+    /// did not show the error.
+    pub nodes: Vec<String>,
+    /// The candidate's output of the node is out of tolerance in the repro too.
+    pub reproduces: bool,
+    /// Relative L2 error of that output in the repro.
+    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    pub candidate_error: Option<f64>,
+    pub note: String,
 }
 
 /// How the candidate model's tensors were paired with the reference's (`--cand-model`).

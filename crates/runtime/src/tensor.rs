@@ -232,6 +232,18 @@ impl Tensor {
         Ok(Tensor::new(shape, data))
     }
 
+    /// The tensor as an ONNX `TensorProto` named `name`, values in `raw_data` (ONNX's test-data
+    /// `.pb` layout).
+    pub fn to_proto(&self, name: &str) -> layerwise_model::onnx::TensorProto {
+        layerwise_model::onnx::TensorProto {
+            name: Some(name.to_string()),
+            dims: self.shape.iter().map(|&d| d as i64).collect(),
+            data_type: Some(self.dtype().onnx()),
+            raw_data: Some(self.to_le_bytes().into()),
+            ..Default::default()
+        }
+    }
+
     /// A tensor from little-endian bytes (what a device copy returns). `None` when the byte count
     /// does not match the shape.
     pub fn from_le_bytes(dtype: DType, shape: Vec<usize>, bytes: &[u8]) -> Option<Tensor> {

@@ -1,0 +1,208 @@
+//! A minimal reproduction for a bug report or a unit test: the first divergent layer (or the
+//! smallest subgraph upstream of it that still shows the error on the candidate) as a standalone
+//! model, with the reference's input values and both sides' outputs, in ONNX's backend-test
+//! layout.
+
+use std::io::Write as _;
+
+use layerwise_analysis::Repro;
+
+use super::*;
+
+/// Levels of upstream producers tried around the first divergent node, and most nodes in a repro.
+const MOST_LEVELS: usize = 3;
+const MOST_NODES: usize = 32;
+
+/// The folder must be new or empty: a repro never mixes with older files.
+pub fn check_repro_target(dir: &Path) -> Result<()> {
+    if dir.is_file() {
+        bail!("--repro {}: it is a file, not a folder", dir.display());
+    }
+    if dir.is_dir() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("--repro {}: the folder is not empty; give a new or empty folder", dir.display());
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        bail!("--repro {}: folder '{}' does not exist", dir.display(), parent.display());
+    }
+    Ok(())
+}
+
+/// Writes the repro for `verdict` into `dir`, or says why none was written.
+pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &Verdict, dir: &Path) -> Result<Repro> {
+    let not_written = |why: String| Ok(Repro { folder: None, nodes: Vec::new(), reproduces: false, candidate_error: None, note: why });
+    let Some(fd) = verdict.first_divergent.clone() else {
+        return not_written("no first divergent layer was named, so there is no layer to reproduce".into());
+    };
+    if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&fd.node).is_none()) {
+        return not_written(format!("node '{}' has another name in the candidate model", fd.node));
+    }
+    if job.options.candidate.starts_with("npz:") {
+        return not_written("a saved candidate cannot run a new model".into());
+    }
+    // Growing sets: the node, then its upstream producers level by level.
+    let mut sets: Vec<Vec<String>> = vec![vec![fd.node.clone()]];
+    for _ in 0..MOST_LEVELS {
+        let last = sets.last().expect("one set").clone();
+        let mut next = last.clone();
+        for name in &last {
+            let node = job.index.node(name).expect("a node of the model");
+            for t in node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)) {
+                if let Some(p) = job.index.producer(t) {
+                    if !p.has_subgraphs && !next.contains(&p.name) {
+                        next.push(p.name.clone());
+                    }
+                }
+            }
+        }
+        if next.len() == last.len() || next.len() > MOST_NODES {
+            break;
+        }
+        sets.push(next);
+    }
+    // Reference values of everything the largest set reads and writes.
+    let largest = sets.last().expect("one set");
+    let mut wanted: Vec<String> = Vec::new();
+    for name in largest {
+        let node = job.index.node(name).expect("checked");
+        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+    }
+    wanted.sort();
+    wanted.dedup();
+    let reference = job.run_reference(feeds, &Selection::Names(wanted))?.tensors;
+    let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
+    let cand_types = match &job.cand_model {
+        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
+        None => None,
+    };
+    let type_of = |t: &str, candidate: bool| -> Option<TensorType> {
+        let v = value(t)?;
+        let dtype = if candidate { cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype()) } else { v.dtype() };
+        Some(TensorType { elem: layerwise_model::DataType::try_from(dtype.onnx()).ok()?, dims: v.shape.clone() })
+    };
+
+    let mut tried = None;
+    for set in &sets {
+        let made = extract_one(job.model, &job.index, set, &|t| type_of(t, false))?;
+        let cand_made = match &job.cand_model {
+            Some((cm, ci)) => Some(extract_one(cm, ci, set, &|t| type_of(t, true))?),
+            None => None,
+        };
+        let inputs: Vec<(String, Tensor)> = made
+            .1
+            .iter()
+            .map(|name| value(name).cloned().map(|v| (name.clone(), v)).ok_or_else(|| anyhow::anyhow!("no reference value for '{name}'")))
+            .collect::<Result<_>>()?;
+        let ref_out = job.reference.run(&RunRequest { model: &made.0, index: &GraphIndex::build(made.0.graph())?, inputs: &inputs, selection: &Selection::All })?;
+        let (cand_model, cand_index) = match &cand_made {
+            Some((m, _, _)) => (m, GraphIndex::build(m.graph())?),
+            None => (&made.0, GraphIndex::build(made.0.graph())?),
+        };
+        job.candidate.keep_fp32(&[]);
+        let cand_out = job.candidate.run(&RunRequest { model: cand_model, index: &cand_index, inputs: &inputs, selection: &Selection::All })?;
+        let (Some(r), Some(c)) = (ref_out.tensors.get(&fd.tensor), cand_out.tensors.get(&fd.tensor)) else { continue };
+        if r.shape != c.shape {
+            continue;
+        }
+        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance);
+        let reproduces = !metrics.passes();
+        let done = reproduces || set.len() == largest.len();
+        tried = Some((set.clone(), made, cand_made, inputs, ref_out.tensors, cand_out.tensors, metrics.error_level(), reproduces));
+        if done {
+            break;
+        }
+    }
+    let Some((nodes, (model, _, output_names), cand_made, inputs, ref_out, cand_out, error, reproduces)) = tried else {
+        return not_written(format!("node '{}' could not be run on its own", fd.node));
+    };
+
+    // Written into a fresh sibling folder, renamed into place once complete.
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let staging = tempfile::Builder::new().prefix(".layerwise-repro-").tempdir_in(&parent).with_context(|| format!("--repro {}", dir.display()))?;
+    let root = staging.path();
+    model.save_standalone(&model.proto, &root.join("model.onnx"))?;
+    if let Some((cm, _, _)) = &cand_made {
+        cm.save_standalone(&cm.proto, &root.join("candidate_model.onnx"))?;
+    }
+    let data = root.join("test_data_set_0");
+    std::fs::create_dir_all(&data)?;
+    let candidate_dir = root.join("candidate_outputs");
+    std::fs::create_dir_all(&candidate_dir)?;
+    use prost::Message;
+    for (i, (name, t)) in inputs.iter().enumerate() {
+        std::fs::write(data.join(format!("input_{i}.pb")), t.to_proto(name).encode_to_vec())?;
+    }
+    for (i, name) in output_names.iter().enumerate() {
+        if let Some(t) = ref_out.get(name) {
+            std::fs::write(data.join(format!("output_{i}.pb")), t.to_proto(name).encode_to_vec())?;
+        }
+        if let Some(t) = cand_out.get(name) {
+            std::fs::write(candidate_dir.join(format!("output_{i}.pb")), t.to_proto(name).encode_to_vec())?;
+        }
+    }
+    let npz: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    layerwise_runtime::npy::write_npz(&root.join("inputs.npz"), &npz)?;
+    let cand_model_arg = if cand_made.is_some() { " --cand-model candidate_model.onnx" } else { "" };
+    let mut readme = std::fs::File::create(root.join("README.md"))?;
+    writeln!(readme, "# layerwise repro: {} ({})\n", fd.node, fd.op_type)?;
+    writeln!(readme, "Cause named by `layerwise bisect`: {}.\n", fd.cause.best.detail)?;
+    writeln!(
+        readme,
+        "`model.onnx` holds {} node(s) of `{}` ({}); its inputs are the reference's values in the full model.",
+        nodes.len(),
+        job.model.path.display(),
+        nodes.join(", ")
+    )?;
+    writeln!(readme, "`test_data_set_0/` has them as `input_N.pb` and the reference's ({}) outputs as `output_N.pb`, in ONNX's backend-test layout; `candidate_outputs/output_N.pb` are the candidate's ({}).\n", job.options.reference, job.options.candidate)?;
+    if reproduces {
+        writeln!(readme, "The candidate's `{}` differs from the reference's here too: relative L2 {}.\n", fd.tensor, layerwise_report::format_number(error))?;
+    } else {
+        writeln!(readme, "On its own (with up to {} levels of upstream nodes) the candidate's `{}` is within tolerance (relative L2 {}): the error needs more of the model around it.\n", MOST_LEVELS, fd.tensor, layerwise_report::format_number(error))?;
+    }
+    writeln!(readme, "Reproduce: `layerwise bisect model.onnx --ref {} --cand {}{cand_model_arg} --inputs inputs.npz`", job.options.reference, job.options.candidate)?;
+    drop(readme);
+    let staged = staging.keep();
+    if dir.is_dir() {
+        std::fs::remove_dir(dir).with_context(|| format!("--repro {}", dir.display()))?;
+    }
+    std::fs::rename(&staged, dir).with_context(|| format!("--repro {}", dir.display()))?;
+    Ok(Repro { folder: Some(dir.display().to_string()), nodes, reproduces, candidate_error: Some(error), note: String::new() })
+}
+
+/// `set` of `model` as a model of its own, with the extraction's renaming undone (one group: no
+/// name can collide). Returns the model, its input names and its output names.
+fn extract_one(model: &Model, index: &GraphIndex, set: &[String], types: &dyn Fn(&str) -> Option<TensorType>) -> Result<(Model, Vec<String>, Vec<String>)> {
+    let extraction = extract_groups(model, index, &[set.to_vec()], types)?;
+    let mut proto = extraction.proto;
+    let suffix = "__lw_g0";
+    let plain = |s: &mut String| {
+        if let Some(p) = s.strip_suffix(suffix) {
+            *s = p.to_string();
+        }
+    };
+    if let Some(g) = proto.graph.as_mut() {
+        for n in g.node.iter_mut() {
+            n.input.iter_mut().chain(n.output.iter_mut()).for_each(plain);
+            if let Some(name) = n.name.as_mut() {
+                plain(name);
+            }
+        }
+        for v in g.input.iter_mut().chain(g.output.iter_mut()) {
+            if let Some(name) = v.name.as_mut() {
+                plain(name);
+            }
+        }
+    }
+    let group = &extraction.groups[0];
+    let strip = |s: &String| s.strip_suffix(suffix).unwrap_or(s).to_string();
+    let inputs = group.inputs.iter().map(|(l, _)| strip(l)).collect();
+    let outputs = group.outputs.iter().map(|(l, _)| strip(l)).collect();
+    Ok((model.derived(proto, "repro.onnx"), inputs, outputs))
+}
