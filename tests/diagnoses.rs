@@ -40,7 +40,8 @@ fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
     let dir = tempfile::tempdir().unwrap();
     save(&chain("", 1.0), &dir.path().join("ref.onnx"));
     save(&chain("twin/", 1.3), &dir.path().join("twin.onnx"));
-    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"];
+    // Names only (--match name): the twin's intermediate tensors cannot be paired.
+    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--match", "name", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"];
     let out = layerwise(&args, dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
@@ -59,6 +60,13 @@ fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
         let doc = std::fs::read_to_string(dir.path().join(path)).unwrap();
         assert!(doc.contains("m2") && doc.contains("not compared"), "{path} says where sight ends");
     }
+    // Paired by structure (the default), the walk sees the inputs and names the node whose weight
+    // differs, from inputs measured exact.
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--json", "auto.json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let fd = &json(&dir.path().join("auto.json"))["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "mul2", "{fd}");
+    assert_eq!(fd["input_error"].as_f64(), Some(0.0), "measured, not assumed: {fd}");
 }
 
 /// A node, in a body or the main graph.
