@@ -123,7 +123,8 @@ impl Search<'_> {
 
     fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
         let comparison = compare_all(self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
-        let candidate = Candidate { arithmetic: Arithmetic::Fp16, tf32: self.candidate.tf32(), atol: self.tolerance.atol };
+        let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
+        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerance.atol };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
     }
@@ -288,7 +289,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         _ => (&original, &original_index),
     };
     let keeper = KeepRunner::new(model, index, candidate.as_mut());
-    let (tolerance, rule) = tolerance_and_rule(Precision::Fp16, b)?;
+    // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
+    let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
+    let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
+    let (tolerance, rule) = tolerance_and_rule(low, b)?;
     let reference_out = reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?;
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     let weights = scan_fp16_weight_range(model)?;
@@ -315,7 +319,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut noise_floor = None;
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: FP16_UNIT_ROUNDOFF, seed: b.inputs.seed };
+            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: if low == Precision::Bf16 { 1.0 / 256.0 } else { FP16_UNIT_ROUNDOFF }, seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
@@ -407,7 +411,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if let (true, Some(path)) = (fixed, &options.output) {
         let (conversion, problems) = if flattened.is_some() {
             let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
-            let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
+            let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
             let conversion = convert_fp16(&original, &original_index, &float, &options)?;
             let problems = check_float_types(&conversion.proto, &float);
             (conversion, problems)

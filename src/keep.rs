@@ -17,6 +17,8 @@ pub struct KeepRunner<'a> {
     index: &'a GraphIndex,
     /// The candidate emulates FP16 and keeps nodes itself.
     emulated: bool,
+    /// What a converted model is converted to: BF16 for a BF16 candidate, FP16 otherwise.
+    target: layerwise_model::convert::Target,
     float: Option<HashSet<String>>,
 }
 
@@ -24,7 +26,8 @@ impl<'a> KeepRunner<'a> {
     /// Prepares `candidate` (its keep list is reset) to run `model` with keep lists.
     pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
-        KeepRunner { model, index, emulated, float: None }
+        let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
+        KeepRunner { model, index, emulated, target, float: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -42,7 +45,7 @@ impl<'a> KeepRunner<'a> {
 
     /// The model converted to FP16 with `keep` in FP32.
     pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
-        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), ..Default::default() };
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
         let (model, index) = (self.model, self.index);
         Ok(convert_fp16(model, index, self.float()?, &options)?)
     }

@@ -53,10 +53,10 @@ enum Command {
 struct ConvertArgs {
     /// The float32 ONNX model (never modified).
     model: PathBuf,
-    /// Target: `fp16` (a strongly typed FP16 model), or `fp16-emulated`: the float32 model that
-    /// `--cand sim:fp16` runs (every stored value rounded to FP16 through Cast pairs), for other
-    /// tools such as Polygraphy.
-    #[arg(long, default_value = "fp16", value_parser = ["fp16", "fp16-emulated"])]
+    /// Target: `fp16` or `bf16` (a strongly typed FP16 or BF16 model), or `fp16-emulated`,
+    /// `bf16-emulated`, `tf32-emulated`: the float32 model that `--cand sim:fp16|bf16|tf32` runs,
+    /// for other tools such as Polygraphy.
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "fp16-emulated", "bf16-emulated", "tf32-emulated"])]
     to: String,
     /// Nodes to keep in FP32 (names as layerwise reports them), comma-separated.
     #[arg(long = "keep-fp32", value_delimiter = ',', value_name = "NODES")]
@@ -382,17 +382,17 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
     }
     let model = Model::load(&args.model)?;
     let index = GraphIndex::build(model.graph())?;
-    if args.to == "fp16-emulated" {
+    if let Some(rounding) = args.to.strip_suffix("-emulated").and_then(layerwise_model::Rounding::from_name) {
         let computed = float32_tensors(&model, &index)?;
         let keep: std::collections::HashSet<usize> = args
             .keep_fp32
             .iter()
             .map(|n| index.node(n).map(|i| i.proto_index).with_context(|| format!("--keep-fp32: no node '{n}'")))
             .collect::<Result<_>>()?;
-        let emulated = layerwise_model::emulate_fp16(&model, &model.proto, &computed, &keep)?;
+        let emulated = layerwise_model::emulate(&model, &model.proto, &computed, &keep, rounding)?;
         model.save_standalone(&emulated.proto, &args.output)?;
         println!(
-            "{}: {} tensors rounded through Cast pairs, {} weights rounded -> {}",
+            "{}: {} tensors rounded, {} weights rounded -> {}",
             args.model.display(),
             emulated.rounded_tensors,
             emulated.rounded_weights,
@@ -406,6 +406,7 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
         keep_ops: args.keep_fp32_op.into_iter().collect(),
         keep_io_types: !args.fp16_io,
         keep_overflowing_weight_consumers: !args.allow_weight_overflow,
+        target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
     };
     let conversion = convert_fp16(&model, &index, &float, &options)?;
     let problems = check_float_types(&conversion.proto, &float);
@@ -414,9 +415,10 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
     }
     model.save_standalone(&conversion.proto, &args.output)?;
     println!(
-        "{}: {} nodes FP16, {} FP32, {} Casts inserted -> {}",
+        "{}: {} nodes {}, {} FP32, {} Casts inserted -> {}",
         args.model.display(),
         conversion.fp16_nodes,
+        args.to.to_uppercase(),
         conversion.fp32_nodes.len(),
         conversion.casts_inserted,
         args.output.display()

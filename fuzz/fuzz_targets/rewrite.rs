@@ -10,7 +10,7 @@ use arbitrary::Arbitrary;
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
 use layerwise_model::convert::{check_float_types, convert_fp16, ConvertOptions};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
-use layerwise_model::{emulate_fp16, expose, DataType, GraphIndex, Model, Selection};
+use layerwise_model::{emulate, expose, Rounding, DataType, GraphIndex, Model, Selection};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
@@ -199,7 +199,7 @@ fuzz_target!(|input: Input| {
     let mut float: HashSet<String> = computed.iter().cloned().collect();
     float.extend(index.inputs.iter().cloned());
     let keep: HashSet<usize> = input.keep.iter().map(|&i| i as usize % index.nodes.len().max(1)).collect();
-    if let Ok(emulated) = emulate_fp16(&model, &exposed, &float, &keep) {
+    if let Ok(emulated) = emulate(&model, &exposed, &float, &keep, Rounding::Fp16) {
         let _ = Model::from_bytes(emulated.proto.encode_to_vec(), Path::new("/nonexistent-layerwise-fuzz/e.onnx"));
         // What a runtime is handed: external weights streamed (rounded where marked) into scratch.
         if let Ok((bytes, Some(scratch))) = model.runtime_bytes(&emulated.proto, &folder.join("scratch")) {

@@ -157,6 +157,7 @@ impl Steps {
 pub fn tolerance_and_rule(precision: Precision, options: &BisectOptions) -> Result<(Tolerance, WalkRule)> {
     let (defaults, rule) = match precision {
         Precision::Fp16 => (Tolerance::FP16, WalkRule::FP16),
+        Precision::Bf16 => (Tolerance::BF16, WalkRule::BF16),
         Precision::Fp32 => (Tolerance::FP32, WalkRule::FP32),
     };
     let tolerance = Tolerance {
@@ -256,6 +257,18 @@ fn under_reference_names(mut tensors: HashMap<String, Tensor>, cand_names: &Hash
         }
     }
     renamed
+}
+
+/// The precision a converted candidate model computes in: BF16 when its weights are bfloat16 and
+/// none is float16, FP16 otherwise (whatever its backend's own precision).
+fn converted_precision(model: &Model) -> Precision {
+    let types: Vec<i32> = model.graph().initializer.iter().map(|t| t.data_type()).collect();
+    let has = |d: layerwise_model::DataType| types.contains(&(d as i32));
+    if has(layerwise_model::DataType::Bfloat16) && !has(layerwise_model::DataType::Float16) {
+        Precision::Bf16
+    } else {
+        Precision::Fp16
+    }
 }
 
 /// Every sample's input values, prepared as the runs will see them.
@@ -565,7 +578,10 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
         extras.matching = Some(summary);
     }
-    let precision = if cand_model.is_some() { Precision::Fp16 } else { candidate.precision() };
+    let precision = match &cand_model {
+        Some((cm, _)) => converted_precision(cm),
+        None => candidate.precision(),
+    };
     let (tolerance, rule) = tolerance_and_rule(precision, options)?;
     let order: Vec<String> = match &options.selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),
@@ -582,7 +598,11 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     } else {
         Vec::new()
     };
-    let arithmetic = if precision == Precision::Fp16 { Arithmetic::Fp16 } else { Arithmetic::Fp32 };
+    let arithmetic = match precision {
+        Precision::Fp16 => Arithmetic::Fp16,
+        Precision::Bf16 => Arithmetic::Bf16,
+        Precision::Fp32 => Arithmetic::Fp32,
+    };
     let cand_info = Candidate { arithmetic, tf32: job.candidate.tf32(), atol: tolerance.atol };
 
     // One sample per run; with several, the worst sample's comparison carries the verdict.
@@ -633,7 +653,9 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     if verdict.status == Status::Diverged {
         // The reference's outputs, once, for the noise floor and every counterfactual check, and
         // only when one of them runs.
-        let counterfactual_runs = options.counterfactual && job.precision == Precision::Fp16;
+        // Keeping a node at reference precision: an emulation does it itself, an FP16 candidate
+        // runs the model converted with the node kept.
+        let counterfactual_runs = options.counterfactual && (job.precision == Precision::Fp16 || options.candidate.starts_with("sim:"));
         let reference_outputs = if options.reference.starts_with("npz:") || !(options.noise_floor || counterfactual_runs) {
             None
         } else {

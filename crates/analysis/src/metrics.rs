@@ -33,6 +33,8 @@ impl Tolerance {
     /// Defaults for float32 candidates (another float32 runtime): TF32 in a large MatMul shows
     /// ~4e-4 relative error and fails; plain float32 reordering (~1e-7) passes.
     pub const FP32: Tolerance = Tolerance { atol: 1e-5, rtol: 1e-3, range_tol: 1e-4 };
+    /// Defaults for BF16 candidates: FP16's, scaled by BF16's 8x coarser rounding.
+    pub const BF16: Tolerance = Tolerance { atol: 8e-4, rtol: 8e-2, range_tol: 8e-2 };
 }
 
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.

@@ -42,6 +42,8 @@ impl WalkRule {
     pub const FP16: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-2, max_drift: 5e-2 };
     /// Float32 candidates (another runtime, TF32): breaks are much smaller in absolute terms.
     pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4, max_drift: 1e-3 };
+    /// BF16 candidates: FP16's thresholds scaled by BF16's 8x coarser rounding.
+    pub const BF16: WalkRule = WalkRule { ratio: 10.0, min_break: 8e-2, max_drift: 0.4 };
 }
 
 /// What kind of cause a break has.
@@ -77,6 +79,8 @@ pub enum Arithmetic {
     Fp32,
     /// FP16 storage or FP16 kernels (emulated, a converted model, a GPU provider in FP16).
     Fp16,
+    /// BF16 storage or kernels: float32's range, 8 significant bits.
+    Bf16,
 }
 
 impl Arithmetic {
@@ -84,7 +88,31 @@ impl Arithmetic {
     pub fn unit_roundoff(self, tf32: bool) -> f64 {
         match (self, tf32) {
             (Arithmetic::Fp16, _) | (Arithmetic::Fp32, true) => FP16_UNIT_ROUNDOFF,
+            (Arithmetic::Bf16, _) => 1.0 / 256.0,
             (Arithmetic::Fp32, false) => f32::EPSILON as f64 / 2.0,
+        }
+    }
+
+    /// The distance between neighbouring values of this arithmetic's storage at magnitude `x`
+    /// (`None` for float32).
+    pub fn spacing(self, x: f64) -> Option<f64> {
+        if !(x > 0.0 && x.is_finite()) {
+            return None;
+        }
+        let e = x.log2().floor();
+        match self {
+            // Below the smallest normal the spacing stays that of 2^-14; above 65504 is inf.
+            Arithmetic::Fp16 => Some(2f64.powf(e.clamp(-14.0, 15.0) - 10.0)),
+            Arithmetic::Bf16 => Some(2f64.powf(e.max(-126.0) - 7.0)),
+            Arithmetic::Fp32 => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arithmetic::Fp16 => "FP16",
+            Arithmetic::Bf16 => "BF16",
+            Arithmetic::Fp32 => "float32",
         }
     }
 }
@@ -555,7 +583,10 @@ fn classify(
             }
             if op == "Softmax" || op == "LogSoftmax" {
                 let predicted = ((2.0 * dx).min(700.0)).exp_m1();
-                let spacing = if fp16 && x_max > 0.0 { format!(" (FP16's spacing there is {})", fp16_spacing(x_max)) } else { String::new() };
+                let spacing = match candidate.arithmetic.spacing(x_max) {
+                    Some(ulp) => format!(" ({}'s spacing there is {})", candidate.arithmetic.name(), if ulp >= 1.0 { format!("{ulp:.0}") } else { format!("{ulp:.1e}") }),
+                    None => String::new(),
+                };
                 found.push(Mechanism {
                     kind: CauseKind::LargeLogits,
                     weight: None,
@@ -629,17 +660,6 @@ fn classify(
         detail: format!("{op}: relative L2 {input_error:.2e} -> {out_rel:.2e}"),
     });
     Cause { best, alternatives: found.collect() }
-}
-
-/// The spacing of FP16 values around magnitude `x` (one ulp).
-fn fp16_spacing(x: f64) -> String {
-    let e = x.abs().log2().floor().clamp(-14.0, 15.0);
-    let ulp = 2f64.powf(e - 10.0);
-    if ulp >= 1.0 {
-        format!("{ulp:.0}")
-    } else {
-        format!("{ulp:.1e}")
-    }
 }
 
 fn summarize(v: &Verdict, rule: WalkRule) -> String {

@@ -51,8 +51,11 @@ pub struct ConvertOptions {
     pub keep_ops: HashSet<String>,
     /// Keep float graph inputs and outputs FP32 (Casts inside the model). Default true.
     pub keep_io_types: bool,
-    /// Keep nodes that read a weight beyond the FP16 range in FP32. Default true.
+    /// Keep nodes that read a weight beyond the FP16 range in FP32. Default true (FP16 only:
+    /// BF16 has float32's range).
     pub keep_overflowing_weight_consumers: bool,
+    /// FP16 (the default) or BF16.
+    pub target: Target,
 }
 
 impl Default for ConvertOptions {
@@ -62,6 +65,7 @@ impl Default for ConvertOptions {
             keep_ops: HashSet::new(),
             keep_io_types: true,
             keep_overflowing_weight_consumers: true,
+            target: Target::Fp16,
         }
     }
 }
@@ -78,22 +82,50 @@ pub struct Conversion {
     pub overflowing_weights: Vec<(String, Vec<String>)>,
 }
 
+/// The reduced precision a conversion targets.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Target {
+    Fp16,
+    Bf16,
+}
+
+impl Target {
+    fn data_type(self) -> DataType {
+        match self {
+            Target::Fp16 => DataType::Float16,
+            Target::Bf16 => DataType::Bfloat16,
+        }
+    }
+    fn bytes(self, v: f32) -> [u8; 2] {
+        match self {
+            Target::Fp16 => f16::from_f32(v).to_le_bytes(),
+            Target::Bf16 => half::bf16::from_f32(v).to_le_bytes(),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Fp16 => "fp16",
+            Target::Bf16 => "bf16",
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Precision {
-    Fp16,
+    Low(Target),
     Fp32,
 }
 
 impl Precision {
     fn data_type(self) -> DataType {
         match self {
-            Precision::Fp16 => DataType::Float16,
+            Precision::Low(t) => t.data_type(),
             Precision::Fp32 => DataType::Float,
         }
     }
     fn suffix(self) -> &'static str {
         match self {
-            Precision::Fp16 => "fp16",
+            Precision::Low(t) => t.name(),
             Precision::Fp32 => "fp32",
         }
     }
@@ -109,13 +141,13 @@ fn set_elem_type(v: &mut crate::onnx::ValueInfoProto, dt: DataType) {
     }
 }
 
-fn to_f16_tensor(model: &Model, t: &TensorProto) -> Result<TensorProto, ModelError> {
+fn to_low_tensor(model: &Model, t: &TensorProto, target: Target) -> Result<TensorProto, ModelError> {
     let mut raw: Vec<u8> = Vec::new();
-    for_each_float_chunk(model, t, &mut |values| raw.extend(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes())))?;
+    for_each_float_chunk(model, t, &mut |values| raw.extend(values.iter().flat_map(|&v| target.bytes(v))))?;
     Ok(TensorProto {
         name: t.name.clone(),
         dims: t.dims.clone(),
-        data_type: Some(DataType::Float16 as i32),
+        data_type: Some(target.data_type() as i32),
         raw_data: Some(Bytes::from(raw)),
         doc_string: t.doc_string.clone(),
         ..Default::default()
@@ -141,6 +173,8 @@ pub fn float_tensor_set(model: &Model, computed_float: &HashSet<String>) -> Hash
 /// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`].
 pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
     let graph = model.graph();
+    let target = options.target;
+    let low = Precision::Low(target);
     for name in &options.keep_nodes {
         if index.node(name).is_none() && body_of(index, name).is_none() {
             return Err(ModelError::UnknownNode(name.clone()));
@@ -149,12 +183,12 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     // Weights beyond the FP16 range.
     let mut overflowing: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32) {
-        if overflows_fp16(model, t)? {
+        if target == Target::Fp16 && overflows_fp16(model, t)? {
             overflowing.insert(t.name().to_string(), Vec::new());
         }
     }
     for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
-        let over = n.attribute.iter().any(|a| match (a.name(), &a.t) {
+        let over = target == Target::Fp16 && n.attribute.iter().any(|a| match (a.name(), &a.t) {
             ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
                 overflows_fp16(model, t).unwrap_or(false)
             }
@@ -199,7 +233,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         }
         // An If or Loop keeps a float32 interface; its bodies are converted inside (below).
         let interface_fp32 = info.has_subgraphs;
-        precision[info.proto_index] = Some(if reason.is_some() || interface_fp32 { Precision::Fp32 } else { Precision::Fp16 });
+        precision[info.proto_index] = Some(if reason.is_some() || interface_fp32 { Precision::Fp32 } else { low });
         if let Some(r) = reason {
             fp32_nodes.push((info.name.clone(), r));
         }
@@ -220,7 +254,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let mut storage: HashMap<String, Precision> = HashMap::new();
     let graph_outputs: HashSet<&str> = graph.output.iter().map(|o| o.name()).collect();
     for v in graph.input.iter().filter(|v| float.contains(v.name()) && !index.is_initializer(v.name())) {
-        storage.insert(v.name().to_string(), if options.keep_io_types { Precision::Fp32 } else { Precision::Fp16 });
+        storage.insert(v.name().to_string(), if options.keep_io_types { Precision::Fp32 } else { low });
     }
     // Weights (initializers, Constant outputs): FP16 when every float reader wants FP16.
     let weight_names: Vec<String> = graph
@@ -241,8 +275,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 }
             }
         }
-        let all_fp16 = !wanted.is_empty() && wanted.iter().all(|p| *p == Precision::Fp16) && !graph_outputs.contains(w.as_str());
-        storage.insert(w.clone(), if all_fp16 { Precision::Fp16 } else { Precision::Fp32 });
+        let all_fp16 = !wanted.is_empty() && wanted.iter().all(|p| *p == low) && !graph_outputs.contains(w.as_str());
+        storage.insert(w.clone(), if all_fp16 { low } else { Precision::Fp32 });
     }
     for (i, node) in graph.node.iter().enumerate() {
         let Some(p) = precision[i] else { continue };
@@ -257,8 +291,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let mut out = model.proto.clone();
     let g = out.graph.as_mut().expect("graph");
     for t in g.initializer.iter_mut() {
-        if storage.get(t.name()) == Some(&Precision::Fp16) {
-            *t = to_f16_tensor(model, t)?;
+        if storage.get(t.name()) == Some(&low) {
+            *t = to_low_tensor(model, t, target)?;
         }
     }
     let mut casts: HashMap<(String, Precision), String> = HashMap::new();
@@ -269,13 +303,13 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let original_nodes = std::mem::take(&mut g.node);
     for (i, mut node) in original_nodes.into_iter().enumerate() {
         let is_constant = node.op_type() == "Constant";
-        if is_constant && storage.get(&node.output[0]) == Some(&Precision::Fp16) {
-            convert_constant_attributes(model, &mut node)?;
+        if is_constant && storage.get(&node.output[0]) == Some(&low) {
+            convert_constant_attributes(model, &mut node, target)?;
         }
         if let Some(p) = precision[i] {
-            if p == Precision::Fp16 {
+            if p == low {
                 fp16_nodes += 1;
-                retarget_fp16_attributes(model, &mut node)?;
+                retarget_low_attributes(model, &mut node, target)?;
             }
             for slot in 0..node.input.len() {
                 let name = node.input[slot].clone();
@@ -304,7 +338,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             }
         }
         for name in crate::graph::outer_refs_of(&node) {
-            if storage.get(&name) != Some(&Precision::Fp16) {
+            if storage.get(&name) != Some(&low) {
                 continue;
             }
             let cast_out = cast_to(&mut casts, &mut new_nodes, &mut casts_inserted, &name, Precision::Fp32);
@@ -327,8 +361,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         if have != want {
             let inner = format!("{}__{}", o.name(), have.suffix());
             renames.push((o.name().to_string(), inner));
-        } else if have == Precision::Fp16 {
-            set_elem_type(o, DataType::Float16);
+        } else if have == low {
+            set_elem_type(o, target.data_type());
         }
     }
     for (name, inner) in &renames {
@@ -342,13 +376,13 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     }
     g.node = new_nodes;
     if !options.keep_io_types {
-        for v in g.input.iter_mut().filter(|v| storage.get(v.name()) == Some(&Precision::Fp16)) {
-            set_elem_type(v, DataType::Float16);
+        for v in g.input.iter_mut().filter(|v| storage.get(v.name()) == Some(&low)) {
+            set_elem_type(v, target.data_type());
         }
     }
     for v in g.value_info.iter_mut() {
         if let Some(p) = storage.get(v.name()) {
-            if is_float_elem(v) || p == &Precision::Fp16 {
+            if is_float_elem(v) || p == &low {
                 set_elem_type(v, p.data_type());
             }
         }
@@ -443,21 +477,21 @@ fn cast_node(input: &str, output: &str, to: DataType, name: String) -> NodeProto
     }
 }
 
-fn convert_constant_attributes(model: &Model, node: &mut NodeProto) -> Result<(), ModelError> {
+fn convert_constant_attributes(model: &Model, node: &mut NodeProto, target: Target) -> Result<(), ModelError> {
     for a in node.attribute.iter_mut() {
         match a.name() {
             "value" => {
                 if let Some(t) = a.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
-                    *t = to_f16_tensor(model, t)?;
+                    *t = to_low_tensor(model, t, target)?;
                 }
             }
             "value_float" => {
                 let v = a.f.unwrap_or(0.0);
-                *a = crate::builder::attr::tensor("value", f16_scalar_tensor(&[v], &[]));
+                *a = crate::builder::attr::tensor("value", low_scalar_tensor(&[v], &[], target));
             }
             "value_floats" => {
                 let v = a.floats.clone();
-                *a = crate::builder::attr::tensor("value", f16_scalar_tensor(&v, &[v.len() as i64]));
+                *a = crate::builder::attr::tensor("value", low_scalar_tensor(&v, &[v.len() as i64], target));
             }
             _ => {}
         }
@@ -465,23 +499,23 @@ fn convert_constant_attributes(model: &Model, node: &mut NodeProto) -> Result<()
     Ok(())
 }
 
-fn f16_scalar_tensor(values: &[f32], dims: &[i64]) -> TensorProto {
+fn low_scalar_tensor(values: &[f32], dims: &[i64], target: Target) -> TensorProto {
     TensorProto {
         dims: dims.to_vec(),
-        data_type: Some(DataType::Float16 as i32),
-        raw_data: Some(Bytes::from(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect::<Vec<u8>>())),
+        data_type: Some(target.data_type() as i32),
+        raw_data: Some(Bytes::from(values.iter().flat_map(|&v| target.bytes(v)).collect::<Vec<u8>>())),
         ..Default::default()
     }
 }
 
-/// In an FP16 node, attributes that name float32 as a type become float16: a Cast to FLOAT, a
-/// ConstantOfShape's value.
-fn retarget_fp16_attributes(model: &Model, node: &mut NodeProto) -> Result<(), ModelError> {
+/// In an FP16 (BF16) node, attributes that name float32 as a type become float16 (bfloat16): a
+/// Cast to FLOAT, a ConstantOfShape's value.
+fn retarget_low_attributes(model: &Model, node: &mut NodeProto, target: Target) -> Result<(), ModelError> {
     match node.op_type() {
         "Cast" => {
             for a in node.attribute.iter_mut().filter(|a| a.name() == "to") {
                 if a.i == Some(DataType::Float as i64) {
-                    a.i = Some(DataType::Float16 as i64);
+                    a.i = Some(target.data_type() as i64);
                 }
             }
         }
@@ -489,11 +523,11 @@ fn retarget_fp16_attributes(model: &Model, node: &mut NodeProto) -> Result<(), M
             match node.attribute.iter_mut().find(|a| a.name() == "value") {
                 Some(a) => {
                     if let Some(t) = a.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
-                        *t = to_f16_tensor(model, t)?;
+                        *t = to_low_tensor(model, t, target)?;
                     }
                 }
                 // The default value is a float32 zero.
-                None => node.attribute.push(crate::builder::attr::tensor("value", f16_scalar_tensor(&[0.0], &[1]))),
+                None => node.attribute.push(crate::builder::attr::tensor("value", low_scalar_tensor(&[0.0], &[1], target))),
             }
         }
         _ => {}
@@ -517,7 +551,7 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
             types.insert(v.name().to_string(), t.elem_type());
         }
     }
-    let floaty = |dt: i32| dt == DataType::Float as i32 || dt == DataType::Float16 as i32;
+    let floaty = |dt: i32| dt == DataType::Float as i32 || dt == DataType::Float16 as i32 || dt == DataType::Bfloat16 as i32;
     let mut problems = Vec::new();
     let Ok(index) = GraphIndex::build(g) else { return vec!["the converted graph is not a valid DAG".into()] };
     for info in &index.nodes {
@@ -532,7 +566,7 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
             .collect();
         let mixed = !ANY_TYPE_READERS.contains(&op)
             && input_types.iter().any(|(_, dt)| *dt == DataType::Float as i32)
-            && input_types.iter().any(|(_, dt)| *dt == DataType::Float16 as i32);
+            && input_types.iter().any(|(_, dt)| *dt == DataType::Float16 as i32 || *dt == DataType::Bfloat16 as i32);
         if mixed {
             problems.push(format!("node '{}' ({op}) mixes float16 and float32 inputs without a Cast", info.name));
         }

@@ -15,6 +15,7 @@ pub mod fp16;
 pub mod inline;
 pub mod matching;
 pub mod perturb;
+pub mod rounding;
 pub mod scratch;
 mod graph;
 mod model;
@@ -24,7 +25,8 @@ mod weights;
 pub use error::ModelError;
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, Model};
-pub use rewrite::{emulate_fp16, expose, Fp16Emulation, Selection};
+pub use rewrite::{emulate, emulate_tf32, expose, Emulation, Selection};
+pub use rounding::Rounding;
 pub use weights::{float_weight_values, for_each_float_chunk, scan_fp16_weight_range, WeightRange};
 
 /// ONNX `TensorProto.DataType` codes used throughout layerwise.

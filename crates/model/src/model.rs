@@ -296,7 +296,7 @@ impl Model {
         Ok(bytes)
     }
 
-    /// Streams an external tensor's bytes (FP16-rounded when marked) to `out` through an 8 MiB
+    /// Streams an external tensor's bytes (rounded when marked) to `out` through an 8 MiB
     /// buffer; returns the byte count.
     fn stream_external(&self, t: &TensorProto, out: &mut dyn Write) -> Result<u64, ModelError> {
         self.for_each_external_chunk(t, &mut |chunk| {
@@ -305,7 +305,7 @@ impl Model {
     }
 
     /// Calls `f` on successive chunks (whole elements, at most 8 MiB) of an external tensor's
-    /// bytes, FP16-rounded when the tensor is marked; returns the byte count.
+    /// bytes, rounded when the tensor is marked; returns the byte count.
     pub(crate) fn for_each_external_chunk(&self, t: &TensorProto, f: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<u64, ModelError> {
         use std::io::{Read, Seek, SeekFrom};
         let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
@@ -315,15 +315,15 @@ impl Model {
         let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
         let mut file = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
         file.seek(SeekFrom::Start(ext.offset)).map_err(|e| err(format!("cannot seek in '{}': {e}", path.display())))?;
-        let round = is_marked_for_rounding(t);
+        let round = rounding_mark(t);
         let mut buf = vec![0u8; (8usize << 20).min(len as usize)];
         let mut left = len;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
             file.read_exact(&mut buf[..n])
                 .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
-            if round {
-                round_le_f32(&mut buf[..n]);
+            if let Some(rounding) = round {
+                round_le_f32(&mut buf[..n], rounding);
             }
             f(&buf[..n]).map_err(err)?;
             left -= n as u64;
@@ -338,25 +338,33 @@ pub fn is_external(t: &TensorProto) -> bool {
 }
 
 /// An `external_data` entry layerwise adds to a float32 external tensor whose values are to be
-/// read rounded through FP16 (the FP16 emulation), so that a 2 GB weight is rounded while it is
-/// streamed instead of being read whole. Runtimes never see it: every path that hands a model to
-/// a runtime or writes it out reads such tensors through layerwise.
-pub(crate) const ROUND_FP16_KEY: &str = "layerwise_round_fp16";
+/// read rounded (the emulations; its value names the precision, `fp16` or `bf16`), so that a 2 GB
+/// weight is rounded while it is streamed instead of being read whole. Runtimes never see it:
+/// every path that hands a model to a runtime or writes it out reads such tensors through
+/// layerwise.
+pub(crate) const ROUND_KEY: &str = "layerwise_round";
 
-pub(crate) fn mark_for_rounding(t: &mut TensorProto) {
+pub(crate) fn mark_for_rounding(t: &mut TensorProto, rounding: crate::rounding::Rounding) {
     if is_external(t) && !is_marked_for_rounding(t) {
-        t.external_data.push(StringStringEntryProto { key: Some(ROUND_FP16_KEY.into()), value: Some("1".into()) });
+        t.external_data.push(StringStringEntryProto { key: Some(ROUND_KEY.into()), value: Some(rounding.name().into()) });
     }
 }
 
 pub(crate) fn is_marked_for_rounding(t: &TensorProto) -> bool {
-    is_external(t) && t.external_data.iter().any(|e| e.key() == ROUND_FP16_KEY)
+    rounding_mark(t).is_some()
 }
 
-/// Rounds little-endian float32 values through FP16 in place.
-fn round_le_f32(bytes: &mut [u8]) {
+fn rounding_mark(t: &TensorProto) -> Option<crate::rounding::Rounding> {
+    if !is_external(t) {
+        return None;
+    }
+    t.external_data.iter().find(|e| e.key() == ROUND_KEY).and_then(|e| crate::rounding::Rounding::from_name(e.value()))
+}
+
+/// Rounds little-endian float32 values in place.
+fn round_le_f32(bytes: &mut [u8], rounding: crate::rounding::Rounding) {
     for c in bytes.chunks_exact_mut(4) {
-        let v = crate::fp16::round_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+        let v = rounding.round(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
         c.copy_from_slice(&v.to_le_bytes());
     }
 }

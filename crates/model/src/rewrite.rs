@@ -2,7 +2,7 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 
-use crate::fp16;
+use crate::rounding::{Rounding, TF32_OPS};
 use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
     TensorProto, ValueInfoProto,
@@ -59,11 +59,12 @@ pub fn expose(proto: &ModelProto, index: &GraphIndex, selection: &Selection) -> 
     Ok((out, exposed))
 }
 
-/// The FP16-emulation rewrite of a model (see docs/fp16-emulation.md).
+/// An emulation rewrite of a model (see docs/fp16-emulation.md).
 #[derive(Debug, Clone)]
-pub struct Fp16Emulation {
+pub struct Emulation {
     pub proto: ModelProto,
-    /// Node outputs and graph inputs rounded through a Cast pair.
+    /// Node outputs and graph inputs rounded (through a Cast pair, or for TF32 the multiplied
+    /// inputs of Conv/MatMul/Gemm through a Veltkamp split).
     pub rounded_tensors: usize,
     /// Float32 initializers and Constant tensors rounded in place.
     pub rounded_weights: usize,
@@ -71,35 +72,40 @@ pub struct Fp16Emulation {
 
 /// Suffix of the unrounded value of a tensor in the emulated model.
 pub const RAW_SUFFIX: &str = "__lw_fp32";
-const HALF_SUFFIX: &str = "__lw_fp16";
 /// Suffix of the unrounded copy of a weight read by a node kept in FP32.
 const KEEP_SUFFIX: &str = "__lw_keep32";
 
-/// Emulates a strongly typed FP16 model on an FP32 runtime:
-/// - every float32 initializer and Constant (also inside subgraphs) is rounded to FP16 in place
-///   (values beyond the FP16 range become ±inf, as they do in an FP16 model);
+/// Emulates a reduced-precision model on an FP32 runtime. For FP16 and BF16 (a strongly typed
+/// model of that type):
+/// - every float32 initializer and Constant (also inside subgraphs) is rounded in place (values
+///   beyond the FP16 range become ±inf, as they do in an FP16 model);
 /// - every float32 tensor in `float_tensors` that a main-graph node produces is renamed
-///   `<name>__lw_fp32`, and `Cast(to=FLOAT16) -> Cast(to=FLOAT)` recreates `<name>` rounded;
+///   `<name>__lw_fp32`, and `Cast(to=FLOAT16|BFLOAT16) -> Cast(to=FLOAT)` recreates `<name>` rounded;
 /// - every float32 graph input is rounded the same way before any node reads it.
 ///
-/// Arithmetic inside each op therefore stays FP32 while every value stored between ops is FP16.
-/// `proto` is normally the output of [`expose`], so the rounded values are what gets compared.
+/// Arithmetic inside each op therefore stays FP32 while every value stored between ops is
+/// rounded. For TF32 see [`emulate_tf32`]. `proto` is normally the output of [`expose`], so the
+/// rounded values are what gets compared.
 ///
 /// `keep_fp32` lists nodes (by position in `proto`) kept in FP32, as a converted model with FP32
 /// islands has them: their outputs are not rounded, and they read unrounded copies of the weights
-/// and graph inputs (their other inputs come from FP16 nodes, already rounded).
-pub fn emulate_fp16(
+/// and graph inputs (their other inputs come from rounded nodes).
+pub fn emulate(
     model: &Model,
     proto: &ModelProto,
     float_tensors: &HashSet<String>,
     keep_fp32: &HashSet<usize>,
-) -> Result<Fp16Emulation, ModelError> {
+    rounding: Rounding,
+) -> Result<Emulation, ModelError> {
+    let Some(storage) = rounding.storage_type() else {
+        return emulate_tf32(proto, float_tensors, keep_fp32);
+    };
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
     let shift = keep_weights_fp32(graph, keep_fp32);
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
     let mut rounded_weights = 0;
-    round_graph_weights(model, graph, &mut rounded_weights)?;
+    round_graph_weights(model, graph, &mut rounded_weights, rounding)?;
 
     let float_inputs: Vec<String> = graph
         .input
@@ -111,13 +117,13 @@ pub fn emulate_fp16(
     let mut nodes = Vec::with_capacity(graph.node.len() * 3 + float_inputs.len() * 2);
     let mut rounded_tensors = 0;
     for input in &float_inputs {
-        let rounded = format!("{input}{HALF_SUFFIX}_input");
+        let rounded = format!("{input}__lw_{}_input", rounding.name());
         for (i, node) in graph.node.iter_mut().enumerate() {
             if !keep_fp32.contains(&i) {
                 rename_reads(node, input, &rounded);
             }
         }
-        nodes.extend(cast_pair(input, &rounded));
+        nodes.extend(cast_pair(input, &rounded, storage));
         rounded_tensors += 1;
     }
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
@@ -127,7 +133,7 @@ pub fn emulate_fp16(
                 continue;
             }
             let raw = format!("{out_name}{RAW_SUFFIX}");
-            pairs.extend(cast_pair(&raw, out_name));
+            pairs.extend(cast_pair(&raw, out_name, storage));
             *out_name = raw;
             rounded_tensors += 1;
         }
@@ -135,7 +141,60 @@ pub fn emulate_fp16(
         nodes.extend(pairs);
     }
     graph.node = nodes;
-    Ok(Fp16Emulation { proto: out, rounded_tensors, rounded_weights })
+    Ok(Emulation { proto: out, rounded_tensors, rounded_weights })
+}
+
+/// Emulates TF32 tensor cores on an FP32 runtime: each float32 input that Conv, ConvTranspose,
+/// MatMul or Gemm multiplies (activations and weights, see [`TF32_OPS`]) is rounded to TF32's
+/// 11 significant bits by a Veltkamp split in float32 (`c = x * 8193; x' = c - (c - x)`, exactly
+/// round-to-nearest-even, see [`crate::rounding::round_tf32`]); the op then accumulates in float32
+/// and every stored tensor stays float32. Nodes in `keep_fp32` read their inputs unrounded.
+pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp32: &HashSet<usize>) -> Result<Emulation, ModelError> {
+    let mut out = proto.clone();
+    let graph = out.graph.as_mut().expect("model has a graph");
+    let splitter = "__lw_tf32_splitter".to_string();
+    let mut float_weights: HashSet<String> = graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()).collect();
+    float_weights.extend(graph.input.iter().filter(|v| is_float_value(v)).map(|v| v.name().to_string()));
+    let is_float = |t: &str| float_tensors.contains(t) || float_weights.contains(t);
+    // One split per tensor, shared by every reader.
+    let mut split: std::collections::HashMap<String, String> = std::collections::HashMap::new();
+    let mut nodes = Vec::with_capacity(graph.node.len() * 2);
+    let mut rounded_tensors = 0;
+    for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
+        let slots = TF32_OPS.iter().find(|(op, _)| *op == node.op_type()).map(|(_, s)| *s).unwrap_or(&[]);
+        if !keep_fp32.contains(&i) {
+            for &slot in slots {
+                let Some(input) = node.input.get(slot).cloned().filter(|t| !t.is_empty() && is_float(t)) else { continue };
+                let rounded = split.entry(input.clone()).or_insert_with(|| {
+                    rounded_tensors += 1;
+                    let (c, d, r) = (format!("{input}__lw_tf32_c"), format!("{input}__lw_tf32_d"), format!("{input}__lw_tf32"));
+                    let op = |t: &str, name: String, ins: [&str; 2], out: &str| NodeProto {
+                        op_type: Some(t.into()),
+                        name: Some(name),
+                        input: ins.iter().map(|s| s.to_string()).collect(),
+                        output: vec![out.to_string()],
+                        ..Default::default()
+                    };
+                    nodes.push(op("Mul", format!("{input}/lw_tf32_scale"), [&input, &splitter], &c));
+                    nodes.push(op("Sub", format!("{input}/lw_tf32_low"), [&c, &input], &d));
+                    nodes.push(op("Sub", format!("{input}/lw_tf32_high"), [&c, &d], &r));
+                    r
+                });
+                node.input[slot] = rounded.clone();
+            }
+        }
+        nodes.push(node);
+    }
+    graph.node = nodes;
+    if rounded_tensors > 0 {
+        graph.initializer.push(TensorProto {
+            name: Some(splitter),
+            data_type: Some(DataType::Float as i32),
+            raw_data: Some(Bytes::from(crate::rounding::TF32_SPLITTER.to_le_bytes().to_vec())),
+            ..Default::default()
+        });
+    }
+    Ok(Emulation { proto: out, rounded_tensors, rounded_weights: 0 })
 }
 
 /// Kept nodes read unrounded copies (`<name>__lw_keep32`) of the float weights they use; the
@@ -201,9 +260,10 @@ fn rename_reads(node: &mut NodeProto, from: &str, to: &str) {
     }
 }
 
-/// `from -> Cast(FLOAT16) -> Cast(FLOAT) -> to`, with names that say what they are.
-fn cast_pair(from: &str, to: &str) -> [NodeProto; 2] {
-    let half = format!("{to}{HALF_SUFFIX}");
+/// `from -> Cast(FLOAT16|BFLOAT16) -> Cast(FLOAT) -> to`, with names that say what they are.
+fn cast_pair(from: &str, to: &str, storage: DataType) -> [NodeProto; 2] {
+    let short = if storage == DataType::Bfloat16 { "bf16" } else { "fp16" };
+    let half = format!("{to}__lw_{short}");
     let cast = |input: &str, output: &str, target: DataType, name: String| NodeProto {
         input: vec![input.to_string()],
         output: vec![output.to_string()],
@@ -218,20 +278,20 @@ fn cast_pair(from: &str, to: &str) -> [NodeProto; 2] {
         ..Default::default()
     };
     [
-        cast(from, &half, DataType::Float16, format!("{to}/lw_to_fp16")),
+        cast(from, &half, storage, format!("{to}/lw_to_{short}")),
         cast(&half, to, DataType::Float, format!("{to}/lw_to_fp32")),
     ]
 }
 
-fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize) -> Result<(), ModelError> {
+fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize, rounding: Rounding) -> Result<(), ModelError> {
     let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
     for t in graph.initializer.iter_mut() {
         if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
             if is_external(t) {
                 // Rounded while streamed to the runtime (`Model::runtime_bytes`), never read whole.
-                mark_for_rounding(t);
+                mark_for_rounding(t, rounding);
             } else {
-                round_tensor(model, t)?;
+                round_tensor(model, t, rounding)?;
             }
             *count += 1;
         }
@@ -243,35 +303,35 @@ fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize)
                 match attr.name() {
                     "value" => {
                         if let Some(t) = attr.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
-                            round_tensor(model, t)?;
+                            round_tensor(model, t, rounding)?;
                             *count += 1;
                         }
                     }
                     "value_float" => {
-                        attr.f = attr.f.map(fp16::round_f32);
+                        attr.f = attr.f.map(|v| rounding.round(v));
                         *count += 1;
                     }
                     "value_floats" => {
-                        attr.floats.iter_mut().for_each(|v| *v = fp16::round_f32(*v));
+                        attr.floats.iter_mut().for_each(|v| *v = rounding.round(*v));
                         *count += 1;
                     }
                     _ => {}
                 }
             }
             for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                round_graph_weights(model, g, count)?;
+                round_graph_weights(model, g, count, rounding)?;
             }
         }
     }
     Ok(())
 }
 
-/// Rounds a float32 tensor's values through FP16 and stores them inline as raw data.
-fn round_tensor(model: &Model, t: &mut TensorProto) -> Result<(), ModelError> {
+/// Rounds a float32 tensor's values and stores them inline as raw data.
+fn round_tensor(model: &Model, t: &mut TensorProto, rounding: Rounding) -> Result<(), ModelError> {
     let values = float_weight_values(model, t)?;
     let mut raw = Vec::with_capacity(values.len() * 4);
     for v in values {
-        raw.extend_from_slice(&fp16::round_f32(v).to_le_bytes());
+        raw.extend_from_slice(&rounding.round(v).to_le_bytes());
     }
     t.raw_data = Some(Bytes::from(raw));
     t.float_data.clear();

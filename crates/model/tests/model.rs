@@ -4,7 +4,7 @@ use std::fs;
 use bytes::Bytes;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
-use layerwise_model::{emulate_fp16, expose, fp16, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
+use layerwise_model::{emulate, expose, fp16, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
 use prost::Message;
 
 /// x -> Mul(w) -> a -> Relu -> b (output), with a Constant feeding an Add.
@@ -126,7 +126,7 @@ fn emulation_rounds_weights_and_wraps_float_outputs_in_cast_pairs() {
     let index = GraphIndex::build(model.graph()).unwrap();
     let (exposed, _) = expose(&model.proto, &index, &Selection::All).unwrap();
     let float: HashSet<String> = ["a", "a2", "b", "c"].iter().map(|s| s.to_string()).collect();
-    let emu = emulate_fp16(&model, &exposed, &float, &HashSet::new()).unwrap();
+    let emu = emulate(&model, &exposed, &float, &HashSet::new(), layerwise_model::Rounding::Fp16).unwrap();
     let g = emu.proto.graph.as_ref().unwrap();
     let w = values(&model, &g.initializer[0]);
     assert_eq!(w[0], 1.0, "1.0001 rounds to 1.0");

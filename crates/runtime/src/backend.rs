@@ -34,6 +34,7 @@ pub struct RunOutput {
 pub enum Precision {
     Fp32,
     Fp16,
+    Bf16,
 }
 
 /// A way to run a model. ONNX Runtime execution providers and native TensorRT implement this
@@ -100,8 +101,9 @@ pub enum BackendSpec {
     /// in float32, the reference. Also `ort:cuda[,tf32=on|off][,device=N]`, `ort:trt[,fp16][,device=N]`
     /// and `ort:nvrtx[,device=N]`: the GPU execution providers (ONNX Runtime's GPU build).
     OrtCpu(OrtOptions),
-    /// `sim:fp16[,threads=N]`: FP16 storage emulated on ONNX Runtime's CPU provider.
-    SimFp16(OrtOptions),
+    /// `sim:fp16|bf16|tf32[,threads=N]`: FP16 or BF16 storage, or TF32 tensor cores, emulated on
+    /// ONNX Runtime's CPU provider.
+    Sim(layerwise_model::Rounding, OrtOptions),
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
     /// `trt[,tf32=on|off][,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
@@ -109,7 +111,7 @@ pub enum BackendSpec {
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16[,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -122,13 +124,16 @@ impl BackendSpec {
         }
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or_default();
-        let (default_level, make, ep): (OptLevel, fn(OrtOptions) -> BackendSpec, ExecutionProvider) = match head {
-            "ort:cpu" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::Cpu),
-            "ort:cuda" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::Cuda { device: 0, tf32: true }),
-            "ort:trt" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::TensorRt { device: 0, fp16: false }),
-            "ort:nvrtx" => (OptLevel::All, BackendSpec::OrtCpu, ExecutionProvider::NvRtx { device: 0 }),
-            // Optimizations would be free to fold the rounding Cast pairs away.
-            "sim:fp16" => (OptLevel::Disable, BackendSpec::SimFp16, ExecutionProvider::Cpu),
+        let sim = |rounding: layerwise_model::Rounding| move |o: OrtOptions| BackendSpec::Sim(rounding, o);
+        let (default_level, make, ep): (OptLevel, Box<dyn Fn(OrtOptions) -> BackendSpec>, ExecutionProvider) = match head {
+            "ort:cpu" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cpu),
+            "ort:cuda" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cuda { device: 0, tf32: true }),
+            "ort:trt" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::TensorRt { device: 0, fp16: false }),
+            "ort:nvrtx" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::NvRtx { device: 0 }),
+            // Optimizations would be free to fold the rounding Cast pairs (and splits) away.
+            "sim:fp16" => (OptLevel::Disable, Box::new(sim(layerwise_model::Rounding::Fp16)), ExecutionProvider::Cpu),
+            "sim:bf16" => (OptLevel::Disable, Box::new(sim(layerwise_model::Rounding::Bf16)), ExecutionProvider::Cpu),
+            "sim:tf32" => (OptLevel::Disable, Box::new(sim(layerwise_model::Rounding::Tf32)), ExecutionProvider::Cpu),
             "trt" => {
                 let (mut tf32, mut opt_level, mut workspace_mib) = (true, None, None);
                 for part in parts {
@@ -173,7 +178,7 @@ impl BackendSpec {
                         ExecutionProvider::Cpu => return Err(bad(format!("option 'device' is for GPU backends, not {head}"))),
                     }
                 }
-                "opt" if head != "sim:fp16" => {
+                "opt" if !head.starts_with("sim:") => {
                     options.opt_level = match value {
                         "disable" => OptLevel::Disable,
                         "basic" => OptLevel::Basic,
@@ -203,8 +208,8 @@ pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
         }
     }
     Ok(match parsed {
-        BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, false)),
-        BackendSpec::SimFp16(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, true)),
+        BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, None)),
+        BackendSpec::Sim(rounding, options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, Some(rounding))),
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),
         #[cfg(feature = "tensorrt")]
         BackendSpec::Trt { tf32, opt_level, workspace_mib } => {

@@ -1,9 +1,9 @@
-//! ONNX Runtime backends: `ort:cpu` (the float32 reference) and `sim:fp16` (FP16 emulation).
+//! ONNX Runtime backends: `ort:cpu` (the float32 reference) and `sim:fp16|bf16|tf32` (emulations).
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use layerwise_model::{emulate_fp16, expose};
+use layerwise_model::{emulate, expose, Rounding};
 use ort::logging::LogLevel;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -15,7 +15,8 @@ use crate::{ortlib, DType, RuntimeError, Tensor, TensorData};
 pub struct OrtBackend {
     spec: String,
     options: OrtOptions,
-    emulate_fp16: bool,
+    /// The precision emulated (`sim:...`), or none (ONNX Runtime as it is).
+    emulate: Option<Rounding>,
     /// Nodes the emulation keeps in FP32.
     keep_fp32: Vec<String>,
     /// The float32 tensors of each model emulated so far, by model hash: asking ONNX Runtime costs
@@ -27,10 +28,10 @@ pub struct OrtBackend {
 }
 
 impl OrtBackend {
-    pub fn new(spec: &str, options: OrtOptions, emulate_fp16: bool) -> OrtBackend {
+    pub fn new(spec: &str, options: OrtOptions, emulate: Option<Rounding>) -> OrtBackend {
         static BACKENDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OrtBackend { spec: spec.to_string(), options, emulate_fp16, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
+        OrtBackend { spec: spec.to_string(), options, emulate, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -92,21 +93,22 @@ impl Backend for OrtBackend {
     }
 
     fn precision(&self) -> Precision {
-        match (self.emulate_fp16, self.options.ep) {
-            (true, _) | (false, ExecutionProvider::TensorRt { fp16: true, .. }) => Precision::Fp16,
+        match (self.emulate, self.options.ep) {
+            (Some(Rounding::Fp16), _) | (None, ExecutionProvider::TensorRt { fp16: true, .. }) => Precision::Fp16,
+            (Some(Rounding::Bf16), _) => Precision::Bf16,
             _ => Precision::Fp32,
         }
     }
 
     fn tf32(&self) -> bool {
-        matches!(self.options.ep, ExecutionProvider::Cuda { tf32: true, .. })
+        self.emulate == Some(Rounding::Tf32) || matches!(self.options.ep, ExecutionProvider::Cuda { tf32: true, .. })
     }
 
     fn keep_fp32(&mut self, nodes: &[String]) -> bool {
-        if self.emulate_fp16 {
+        if self.emulate.is_some() {
             self.keep_fp32 = nodes.to_vec();
         }
-        self.emulate_fp16
+        self.emulate.is_some()
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
@@ -126,7 +128,7 @@ impl OrtBackend {
         let mut output = RunOutput::default();
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
         let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
-        let proto = if self.emulate_fp16 {
+        let proto = if let Some(rounding) = self.emulate {
             // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.
             if !self.float_cache.contains_key(&request.model.sha256) {
                 let float = float32_tensors(request.model, request.index)?;
@@ -138,13 +140,21 @@ impl OrtBackend {
                 let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
                 keep.insert(node.proto_index);
             }
-            let emulated = emulate_fp16(request.model, &exposed, float, &keep)?;
-            output.notes.push(format!(
-                "FP16 emulation: {} tensors rounded through Cast pairs, {} weights rounded, {} nodes kept in FP32",
-                emulated.rounded_tensors,
-                emulated.rounded_weights,
-                keep.len()
-            ));
+            let emulated = emulate(request.model, &exposed, float, &keep, rounding)?;
+            output.notes.push(match rounding {
+                Rounding::Tf32 => format!(
+                    "TF32 emulation: {} Conv/MatMul/Gemm inputs rounded to TF32 by a Veltkamp split, {} nodes kept in float32",
+                    emulated.rounded_tensors,
+                    keep.len()
+                ),
+                _ => format!(
+                    "{} emulation: {} tensors rounded through Cast pairs, {} weights rounded, {} nodes kept in FP32",
+                    rounding.name().to_uppercase(),
+                    emulated.rounded_tensors,
+                    emulated.rounded_weights,
+                    keep.len()
+                ),
+            });
             emulated.proto
         } else {
             exposed
@@ -239,7 +249,7 @@ pub fn tensor_types(
             }
         }
     }
-    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, false);
+    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, None);
     let session = backend.session_for(model, &exposed, OptLevel::Disable);
     // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.
     crate::backend_log::take(&backend.log_id);
