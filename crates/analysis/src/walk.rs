@@ -601,14 +601,19 @@ fn classify(
         }
         let tf32_op = candidate.tf32 && TF32_OPS.contains(&op);
         if tf32_op {
-            // A few roundings of TF32 inputs (10-bit mantissa) account for a relative error of about 4u.
+            // From exact inputs the op's own TF32 rounding is the only rounding there is (float32
+            // reordering is ~1e-7): it is the whole error, however the op's conditioning amplifies
+            // it. From inexact inputs, a few roundings account for about 4u.
+            let (explains, how) = if input_error == 0.0 {
+                (1.0, format!("its inputs are exact, so rounding them to TF32 (one rounding {FP16_UNIT_ROUNDOFF:.1e}) is the whole error, amplified to {out_rel:.2e} by the op's conditioning"))
+            } else {
+                (share(4.0 * FP16_UNIT_ROUNDOFF), format!("relative L2 {input_error:.2e} -> {out_rel:.2e}"))
+            };
             found.push(Mechanism {
                 kind: CauseKind::Tf32,
                 weight: None,
-                explains: Some(share(4.0 * FP16_UNIT_ROUNDOFF)),
-                detail: format!(
-                    "float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs, one rounding {FP16_UNIT_ROUNDOFF:.1e}): relative L2 {input_error:.2e} -> {out_rel:.2e}; not measured separately: run the candidate with tf32=off to confirm"
-                ),
+                explains: Some(explains),
+                detail: format!("float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs): {how}; run the candidate with tf32=off to confirm"),
             });
         }
         if fp16 && m.ref_fp16_subnormal_share > 0.1 {
@@ -634,7 +639,7 @@ fn classify(
                 explains: Some(share(u * 4.0)),
                 detail: format!("{op} introduces a relative L2 error of {out_rel:.2e} from exact inputs (one rounding is {u:.1e})"),
             });
-        } else if out_rel.is_finite() {
+        } else if out_rel.is_finite() && input_error > 0.0 {
             let sensitive = SENSITIVE_OPS.contains(&op);
             found.push(Mechanism {
                 kind: CauseKind::Amplification,

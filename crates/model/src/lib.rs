@@ -10,6 +10,7 @@ pub mod onnx;
 pub mod builder;
 pub mod convert;
 mod error;
+pub mod engine_style;
 pub mod extract;
 pub mod fp16;
 pub mod inline;

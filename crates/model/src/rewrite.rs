@@ -106,6 +106,18 @@ pub fn emulate(
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
     let mut rounded_weights = 0;
     round_graph_weights(model, graph, &mut rounded_weights, rounding)?;
+    // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to
+    // BF16's 8 significant bits in float32 arithmetic.
+    let opset = proto.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(0);
+    let split = storage == DataType::Bfloat16 && opset < 13;
+    if split {
+        graph.initializer.push(TensorProto {
+            name: Some(BF16_SPLITTER_NAME.into()),
+            data_type: Some(DataType::Float as i32),
+            raw_data: Some(Bytes::from(crate::rounding::BF16_SPLITTER.to_le_bytes().to_vec())),
+            ..Default::default()
+        });
+    }
 
     let float_inputs: Vec<String> = graph
         .input
@@ -123,7 +135,7 @@ pub fn emulate(
                 rename_reads(node, input, &rounded);
             }
         }
-        nodes.extend(cast_pair(input, &rounded, storage));
+        nodes.extend(rounding_nodes(input, &rounded, storage, split));
         rounded_tensors += 1;
     }
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
@@ -133,7 +145,7 @@ pub fn emulate(
                 continue;
             }
             let raw = format!("{out_name}{RAW_SUFFIX}");
-            pairs.extend(cast_pair(&raw, out_name, storage));
+            pairs.extend(rounding_nodes(&raw, out_name, storage, split));
             *out_name = raw;
             rounded_tensors += 1;
         }
@@ -258,6 +270,29 @@ fn rename_reads(node: &mut NodeProto, from: &str, to: &str) {
             }
         }
     }
+}
+
+const BF16_SPLITTER_NAME: &str = "__lw_bf16_splitter";
+
+/// The nodes that round `from` into `to`: a Cast pair, or with `split` (BF16 before opset 13) a
+/// Veltkamp split `c = from * 65537; to = c - (c - from)`.
+fn rounding_nodes(from: &str, to: &str, storage: DataType, split: bool) -> Vec<NodeProto> {
+    if !split {
+        return cast_pair(from, to, storage).to_vec();
+    }
+    let op = |t: &str, name: String, ins: [&str; 2], out: &str| NodeProto {
+        op_type: Some(t.into()),
+        name: Some(name),
+        input: ins.iter().map(|s| s.to_string()).collect(),
+        output: vec![out.to_string()],
+        ..Default::default()
+    };
+    let (c, d) = (format!("{to}__lw_bf16_c"), format!("{to}__lw_bf16_d"));
+    vec![
+        op("Mul", format!("{to}/lw_bf16_scale"), [from, BF16_SPLITTER_NAME], &c),
+        op("Sub", format!("{to}/lw_bf16_low"), [&c, from], &d),
+        op("Sub", format!("{to}/lw_bf16_high"), [&c, &d], to),
+    ]
 }
 
 /// `from -> Cast(FLOAT16|BFLOAT16) -> Cast(FLOAT) -> to`, with names that say what they are.

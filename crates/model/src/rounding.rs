@@ -72,6 +72,10 @@ pub fn round_tf32(x: f32) -> f32 {
 /// `c = x * (2^13 + 1)`, `c - (c - x)` is `x` rounded to 11 bits, in float32 arithmetic alone.
 pub const TF32_SPLITTER: f32 = 8193.0;
 
+/// The Veltkamp constant that splits a float32 into its leading 8 significant bits (BF16):
+/// `2^16 + 1`. Exact for |x| below about 5.2e33, beyond which `x * 65537` overflows.
+pub const BF16_SPLITTER: f32 = 65537.0;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,10 +94,13 @@ mod tests {
             .filter(|x| x.is_normal() && x.abs() < 1e30 && x.abs() > 1e-30)
             .collect();
         values.extend([1.0 + 2f32.powi(-11), 1.0 + 3.0 * 2f32.powi(-11), -(1.0 + 2f32.powi(-11)), 1.5, 0.1, 3.0e5]);
-        for x in values {
+        for &x in &values {
             let c = x * TF32_SPLITTER;
             let split = c - (c - x);
             assert_eq!(split.to_bits(), round_tf32(x).to_bits(), "x = {x:e}");
+            let c = x * BF16_SPLITTER;
+            let split = c - (c - x);
+            assert_eq!(split.to_bits(), Rounding::Bf16.round(x).to_bits(), "bf16, x = {x:e}");
         }
     }
 }

@@ -101,9 +101,10 @@ pub enum BackendSpec {
     /// in float32, the reference. Also `ort:cuda[,tf32=on|off][,device=N]`, `ort:trt[,fp16][,device=N]`
     /// and `ort:nvrtx[,device=N]`: the GPU execution providers (ONNX Runtime's GPU build).
     OrtCpu(OrtOptions),
-    /// `sim:fp16|bf16|tf32[,threads=N]`: FP16 or BF16 storage, or TF32 tensor cores, emulated on
-    /// ONNX Runtime's CPU provider.
-    Sim(layerwise_model::Rounding, OrtOptions),
+    /// `sim:fp16|bf16|tf32[,engine=trt][,threads=N]`: FP16 or BF16 storage, or TF32 tensor
+    /// cores, emulated on ONNX Runtime's CPU provider; `engine=trt` (FP16, BF16): as a weakly typed
+    /// TensorRT engine stores values (BatchNorm folded, rounding at fused-layer boundaries only).
+    Sim { rounding: layerwise_model::Rounding, trt_style: bool, options: OrtOptions },
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
     /// `trt[,tf32=on|off][,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
@@ -111,7 +112,7 @@ pub enum BackendSpec {
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -124,7 +125,7 @@ impl BackendSpec {
         }
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or_default();
-        let sim = |rounding: layerwise_model::Rounding| move |o: OrtOptions| BackendSpec::Sim(rounding, o);
+        let sim = |rounding: layerwise_model::Rounding| move |options: OrtOptions| BackendSpec::Sim { rounding, trt_style: false, options };
         let (default_level, make, ep): (OptLevel, Box<dyn Fn(OrtOptions) -> BackendSpec>, ExecutionProvider) = match head {
             "ort:cpu" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cpu),
             "ort:cuda" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cuda { device: 0, tf32: true }),
@@ -151,6 +152,7 @@ impl BackendSpec {
             _ => return Err(bad(format!("'{head}' is not a backend"))),
         };
         let mut options = OrtOptions { opt_level: default_level, threads: None, ep };
+        let mut trt_style = false;
         for part in parts {
             if part == "fp16" {
                 match &mut options.ep {
@@ -161,6 +163,13 @@ impl BackendSpec {
             }
             let (key, value) = part.split_once('=').ok_or_else(|| bad(format!("option '{part}' is not KEY=VALUE")))?;
             match key {
+                "engine" if head == "sim:fp16" || head == "sim:bf16" => {
+                    trt_style = match value {
+                        "trt" => true,
+                        "typed" => false,
+                        _ => return Err(bad(format!("engine must be trt or typed, not '{value}'"))),
+                    }
+                }
                 "tf32" => match &mut options.ep {
                     ExecutionProvider::Cuda { tf32, .. } => {
                         *tf32 = match value {
@@ -195,7 +204,10 @@ impl BackendSpec {
                 _ => return Err(bad(format!("unknown option '{key}' for {head}"))),
             }
         }
-        Ok(make(options))
+        Ok(match make(options) {
+            BackendSpec::Sim { rounding, options, .. } => BackendSpec::Sim { rounding, trt_style, options },
+            other => other,
+        })
     }
 }
 
@@ -209,7 +221,11 @@ pub fn create_backend(spec: &str) -> Result<Box<dyn Backend>, RuntimeError> {
     }
     Ok(match parsed {
         BackendSpec::OrtCpu(options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, None)),
-        BackendSpec::Sim(rounding, options) => Box::new(crate::ort_backend::OrtBackend::new(spec, options, Some(rounding))),
+        BackendSpec::Sim { rounding, trt_style, options } => {
+            let mut backend = crate::ort_backend::OrtBackend::new(spec, options, Some(rounding));
+            backend.trt_style = trt_style;
+            Box::new(backend)
+        }
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, &path)?),
         #[cfg(feature = "tensorrt")]
         BackendSpec::Trt { tf32, opt_level, workspace_mib } => {

@@ -17,6 +17,9 @@ pub struct OrtBackend {
     options: OrtOptions,
     /// The precision emulated (`sim:...`), or none (ONNX Runtime as it is).
     emulate: Option<Rounding>,
+    /// Emulate a weakly typed TensorRT engine's storage (BatchNorm folded, rounding at fused-layer
+    /// boundaries only) instead of a strongly typed model's.
+    pub trt_style: bool,
     /// Nodes the emulation keeps in FP32.
     keep_fp32: Vec<String>,
     /// The float32 tensors of each model emulated so far, by model hash: asking ONNX Runtime costs
@@ -31,7 +34,7 @@ impl OrtBackend {
     pub fn new(spec: &str, options: OrtOptions, emulate: Option<Rounding>) -> OrtBackend {
         static BACKENDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OrtBackend { spec: spec.to_string(), options, emulate, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
+        OrtBackend { spec: spec.to_string(), options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -140,7 +143,16 @@ impl OrtBackend {
                 let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
                 keep.insert(node.proto_index);
             }
-            let emulated = emulate(request.model, &exposed, float, &keep, rounding)?;
+            let emulated = if self.trt_style {
+                let (proto, keep, summary) = engine_style(request, &exposed, float, &keep)?;
+                output.notes.push(summary.note);
+                for t in summary.folded_away {
+                    output.unavailable.push((t, "folded with the BatchNorm after it, as a TensorRT engine computes it (engine=trt)".into()));
+                }
+                emulate(request.model, &proto, &summary.rounded, &keep, rounding)?
+            } else {
+                emulate(request.model, &exposed, float, &keep, rounding)?
+            };
             output.notes.push(match rounding {
                 Rounding::Tf32 => format!(
                     "TF32 emulation: {} Conv/MatMul/Gemm inputs rounded to TF32 by a Veltkamp split, {} nodes kept in float32",
@@ -187,6 +199,7 @@ impl OrtBackend {
         // every tensor are not all alive at once.
         for name in names {
             match results.remove(&name) {
+                None if output.unavailable.iter().any(|(n, _)| *n == name) => {}
                 None => output.unavailable.push((name, "ONNX Runtime returned no value".into())),
                 Some(value) => match from_ort_value(&value) {
                     Ok(t) => {
@@ -198,6 +211,47 @@ impl OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// What the TensorRT-style rewrite did.
+struct EngineStyle {
+    /// Float tensors that leave a fused layer: the only ones rounded.
+    rounded: HashSet<String>,
+    /// Conv outputs that no longer exist once their BatchNorm is folded in.
+    folded_away: Vec<String>,
+    note: String,
+}
+
+/// The exposed model as a weakly typed TensorRT engine stores it: BatchNorms folded into their
+/// Convs in float32, and only the float tensors at fused-layer boundaries left to round. Returns
+/// the folded model, the keep list's positions in it, and what was done.
+fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProto, float: &HashSet<String>, keep: &HashSet<usize>) -> Result<(layerwise_model::onnx::ModelProto, HashSet<usize>, EngineStyle), RuntimeError> {
+    use layerwise_model::engine_style::{fold_batch_norms, fused_layers, layer_boundaries, resolve_folded};
+    let outputs: HashSet<String> = request.index.outputs.iter().cloned().collect();
+    let exposed_index = layerwise_model::GraphIndex::build(exposed.graph.as_ref().expect("graph"))?;
+    let (proto, folded) = fold_batch_norms(request.model, exposed, &exposed_index, &outputs)?;
+    let folded_index = layerwise_model::GraphIndex::build(proto.graph.as_ref().expect("graph"))?;
+    let layers = fused_layers(&folded_index, &outputs);
+    let boundaries = layer_boundaries(&folded_index, &outputs, &layers);
+    let rounded: HashSet<String> = float.iter().filter(|t| boundaries.contains(*t)).cloned().collect();
+    // Positions shift down past each removed BatchNorm; a kept BatchNorm means its Conv.
+    let removed: Vec<usize> = folded.iter().filter_map(|f| request.index.node(&f.batch_norm)).map(|n| n.proto_index).collect();
+    let mut shifted = HashSet::new();
+    for &i in keep {
+        let Some(info) = request.index.nodes.iter().find(|n| n.proto_index == i) else { continue };
+        let Some(target) = request.index.node(resolve_folded(&info.name, &folded)) else { continue };
+        shifted.insert(target.proto_index - removed.iter().filter(|&&r| r < target.proto_index).count());
+    }
+    let folded_away: Vec<String> = folded.iter().filter_map(|f| request.index.node(&f.conv)).map(|n| n.outputs[0].clone()).collect();
+    let layer_count = layers.values().collect::<HashSet<_>>().len();
+    let note = format!(
+        "TensorRT-style storage (engine=trt, rule set): {} BatchNorms folded into their Convs in float32, {} fused layers, {} tensors rounded at layer boundaries (of {} float tensors)",
+        folded.len(),
+        layer_count,
+        rounded.len(),
+        float.len()
+    );
+    Ok((proto, shifted, EngineStyle { rounded, folded_away, note }))
 }
 
 /// The float32 tensors a main-graph node computes, as ONNX Runtime types them: every tensor is

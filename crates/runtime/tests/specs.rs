@@ -22,7 +22,7 @@ fn gpu_specs_parse_with_their_options() {
         BackendSpec::OrtCpu(o) => assert_eq!((o.opt_level, o.threads), (OptLevel::Basic, Some(2))),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(BackendSpec::parse("sim:fp16").unwrap(), BackendSpec::Sim(layerwise_model::Rounding::Fp16, o) if o.opt_level == OptLevel::Disable));
+    assert!(matches!(BackendSpec::parse("sim:fp16").unwrap(), BackendSpec::Sim { rounding: layerwise_model::Rounding::Fp16, trt_style: false, options: o } if o.opt_level == OptLevel::Disable));
 }
 
 #[test]
