@@ -175,6 +175,12 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let graph = model.graph();
     let target = options.target;
     let low = Precision::Low(target);
+    if target == Target::Bf16 && model.opset() < 13 {
+        return Err(ModelError::InvalidGraph(format!(
+            "a BF16 model needs opset 13 or later (Cast and most ops take bfloat16 from there); this model is opset {}: convert it with onnx's version converter first, or use --cand sim:bf16, which emulates BF16 at any opset",
+            model.opset()
+        )));
+    }
     for name in &options.keep_nodes {
         if index.node(name).is_none() && body_of(index, name).is_none() {
             return Err(ModelError::UnknownNode(name.clone()));

@@ -243,9 +243,9 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
         shifted.insert(target.proto_index - removed.iter().filter(|&&r| r < target.proto_index).count());
     }
     let folded_away: Vec<String> = folded.iter().filter_map(|f| request.index.node(&f.conv)).map(|n| n.outputs[0].clone()).collect();
-    let layer_count = layers.values().collect::<HashSet<_>>().len();
+    let layer_count = folded_index.nodes.iter().filter(|n| !n.outputs.iter().all(|o| folded_index.is_constant_like(o))).map(|n| &layers[&n.name]).collect::<HashSet<_>>().len();
     let note = format!(
-        "TensorRT-style storage (engine=trt, rule set): {} BatchNorms folded into their Convs in float32, {} fused layers, {} tensors rounded at layer boundaries (of {} float tensors)",
+        "TensorRT-style storage (engine=trt, rule set): {} BatchNorms folded into their Convs in float32, {} fused layers (constants aside), {} tensors rounded at layer boundaries (of {} float tensors)",
         folded.len(),
         layer_count,
         rounded.len(),
