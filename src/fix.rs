@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
-use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::write_atomic;
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
@@ -416,7 +416,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let (conversion, problems) = if flattened.is_some() {
             let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
             let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
-            let conversion = convert_fp16(&original, &original_index, &float, &options)?;
+            let conversion = crate::keep::convert_checked(&original, &original_index, &float, &options)?;
             let problems = check_float_types(&conversion.proto, &float);
             (conversion, problems)
         } else {

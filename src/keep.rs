@@ -12,6 +12,35 @@ use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, Conve
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{float32_tensors, Backend, RunOutput, RunRequest, Tensor};
 
+/// Converts `model`, then has ONNX Runtime type the result: a node whose FP16/BF16 inputs it
+/// refuses (an op without that type at the model's opset: Conv takes bfloat16 only from opset
+/// 22) is kept in FP32, with ONNX Runtime's words as the reason, and the conversion redone.
+pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion> {
+    let mut options = options.clone();
+    loop {
+        let conversion = convert_fp16(model, index, float, &options)?;
+        let converted = model.derived(conversion.proto.clone(), "converted.onnx");
+        let converted_index = GraphIndex::build(converted.graph())?;
+        let Err(e) = layerwise_runtime::tensor_types(&converted, &converted_index, &[]) else { return Ok(conversion) };
+        let message = e.to_string();
+        // "... Type 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (name) is invalid."
+        let refused = message.rfind(") is invalid").and_then(|end| {
+            let start = message[..end].rfind("in node (")? + "in node (".len();
+            let op_start = message[..start].rfind("of operator (")? + "of operator (".len();
+            let op_end = message[op_start..].find(')')? + op_start;
+            Some((message[op_start..op_end].to_string(), message[start..end].to_string()))
+        });
+        match refused {
+            Some((op, node)) if index.node(&node).is_some() && !options.refused.contains_key(&node) => {
+                let why = format!("ONNX Runtime refuses {op} with {} inputs at opset {}", options.target.name().to_uppercase(), model.opset());
+                options.refused.insert(node, why);
+            }
+            // Not a type refusal layerwise can act on: the model is what the rules give.
+            _ => return Ok(conversion),
+        }
+    }
+}
+
 pub struct KeepRunner<'a> {
     model: &'a Model,
     index: &'a GraphIndex,
@@ -43,11 +72,11 @@ impl<'a> KeepRunner<'a> {
         Ok(self.float.as_ref().expect("just set"))
     }
 
-    /// The model converted to FP16 with `keep` in FP32.
+    /// The model converted to FP16 (BF16) with `keep` in FP32.
     pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
         let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
         let (model, index) = (self.model, self.index);
-        Ok(convert_fp16(model, index, self.float()?, &options)?)
+        convert_checked(model, index, self.float()?, &options)
     }
 
     /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own

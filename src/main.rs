@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use layerwise::demo::{demo_model, PLANTED_NODE};
 use layerwise::fix::{fix, FixOptions};
 use layerwise::pipeline::{bisect, bisect_model, BisectOptions, Marking};
-use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
+use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::GraphIndex;
 use layerwise_report::Outputs;
 use layerwise_runtime::float32_tensors;
@@ -407,8 +407,9 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
         keep_io_types: !args.fp16_io,
         keep_overflowing_weight_consumers: !args.allow_weight_overflow,
         target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
+        refused: Default::default(),
     };
-    let conversion = convert_fp16(&model, &index, &float, &options)?;
+    let conversion = layerwise::keep::convert_checked(&model, &index, &float, &options)?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));

@@ -56,6 +56,8 @@ pub struct ConvertOptions {
     pub keep_overflowing_weight_consumers: bool,
     /// FP16 (the default) or BF16.
     pub target: Target,
+    /// Nodes to keep in FP32 because a runtime refused them in the target type, with why.
+    pub refused: BTreeMap<String, String>,
 }
 
 impl Default for ConvertOptions {
@@ -66,6 +68,7 @@ impl Default for ConvertOptions {
             keep_io_types: true,
             keep_overflowing_weight_consumers: true,
             target: Target::Fp16,
+            refused: BTreeMap::new(),
         }
     }
 }
@@ -218,6 +221,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         }
         let reason = if options.keep_nodes.contains(&info.name) {
             Some("--keep-fp32".to_string())
+        } else if let Some(why) = options.refused.get(&info.name) {
+            Some(why.clone())
         } else if options.keep_ops.contains(&info.op_type) {
             Some(format!("--keep-fp32-op {}", info.op_type))
         } else if let Some(why) = fp32_only.get(info.op_type.as_str()) {
