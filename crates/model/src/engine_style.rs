@@ -4,7 +4,7 @@
 //! the next; inside a layer (a Conv or MatMul with the pointwise ops that follow it, a chain of
 //! pointwise ops) they stay float32.
 //!
-//! The layers come from a documented rule set (docs/fp16-emulation.md), not from a build: what a
+//! The layers come from a documented rule set (docs/emulation.md), not from a build: what a
 //! given TensorRT version fuses can differ.
 
 use std::collections::{HashMap, HashSet};

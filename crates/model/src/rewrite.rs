@@ -59,7 +59,7 @@ pub fn expose(proto: &ModelProto, index: &GraphIndex, selection: &Selection) -> 
     Ok((out, exposed))
 }
 
-/// An emulation rewrite of a model (see docs/fp16-emulation.md).
+/// An emulation rewrite of a model (see docs/emulation.md).
 #[derive(Debug, Clone)]
 pub struct Emulation {
     pub proto: ModelProto,
