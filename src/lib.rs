@@ -5,4 +5,5 @@
 pub mod demo;
 pub mod fix;
 pub mod keep;
+pub mod merge;
 pub mod pipeline;

@@ -47,6 +47,9 @@ enum Command {
     TrtLayers(TrtLayersArgs),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
+    /// Combine the partial reports of `bisect --inputs DIR --shard I/N` (every shard) into the
+    /// report one run over all samples writes.
+    Merge(MergeArgs),
 }
 
 #[derive(Args)]
@@ -163,6 +166,11 @@ struct BisectArgs {
     /// Identity and Q/DQ pairs) or `name` (names only).
     #[arg(long = "match", default_value = "auto", value_parser = ["auto", "name"])]
     match_mode: String,
+    /// Process only share I of N (0 <= I < N) of the samples of --inputs DIR (sample k goes to
+    /// shard k mod N) and write a partial report for `layerwise merge`, e.g. from a Slurm array
+    /// or a Kubernetes indexed Job.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    shard: Option<(usize, usize)>,
     /// Write the first divergent layer (with upstream nodes if it alone does not show the error)
     /// as a standalone model with its inputs and both sides' outputs, in ONNX's backend-test
     /// layout, into this new or empty folder.
@@ -216,6 +224,18 @@ impl FormatArgs {
     fn outputs(self, json: Option<PathBuf>) -> Outputs {
         Outputs { json, html: self.html, markdown: self.markdown, csv: self.csv, model_explorer: self.model_explorer }
     }
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// The partial JSON reports, one per shard, in any order.
+    #[arg(required = true)]
+    partials: Vec<PathBuf>,
+    /// Write the merged JSON report here.
+    #[arg(long)]
+    json: PathBuf,
+    #[command(flatten)]
+    formats: FormatArgs,
 }
 
 #[derive(Args)]
@@ -360,6 +380,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
         keep_control_flow: args.keep_control_flow,
         match_structure: args.match_mode == "auto",
         repro: args.repro,
+        shard: args.shard,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);
@@ -449,6 +470,31 @@ fn run_fix(args: FixArgs) -> Result<ExitCode> {
     let outcome = fix(&options)?;
     print!("{}", outcome.text);
     Ok(if outcome.report.status == "fixed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `I/N` with 0 <= I < N.
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("'{s}' is not I/N (e.g. 0/4)"))?;
+    let (i, n): (usize, usize) = (i.trim().parse().map_err(|_| format!("'{i}' is not a shard index"))?, n.trim().parse().map_err(|_| format!("'{n}' is not a shard count"))?);
+    if n == 0 || i >= n {
+        return Err(format!("shard {i}/{n}: the index must be 0 to {}", n.saturating_sub(1)));
+    }
+    Ok((i, n))
+}
+
+fn run_merge(args: MergeArgs) -> Result<ExitCode> {
+    let outputs = args.formats.outputs(Some(args.json));
+    for (what, path) in outputs.paths() {
+        layerwise::pipeline::check_writable_target(path, what)?;
+    }
+    let merged = layerwise::merge::merge(&args.partials)?;
+    outputs.write(&merged, None)?;
+    println!("{}", merged["verdict"]["summary"].as_str().unwrap_or_default());
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    let status: Status = serde_json::from_value(merged["verdict"]["status"].clone()).context("the merged report has no verdict status")?;
+    Ok(exit_for(status))
 }
 
 fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
@@ -563,6 +609,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "tensorrt")]
         Command::TrtLayers(args) => run_trt_layers(args),
         Command::Demo(args) => run_demo(args),
+        Command::Merge(args) => run_merge(args),
     };
     match result {
         Ok(code) => code,

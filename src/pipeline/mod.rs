@@ -8,8 +8,8 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use layerwise_analysis::search::Measured;
 use layerwise_analysis::{
-    compare_all, pattern_of, search_first_divergent, Arithmetic, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
-    Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, SampleStats, Samples, Status, Tolerance, Verdict, WalkRule,
+    aggregate_samples, chosen_sample, compare_all, pattern_of, search_first_divergent, Arithmetic, SampleData, Shard, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
+    Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, Status, Tolerance, Verdict, WalkRule,
 };
 use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
@@ -32,7 +32,7 @@ use conclusions::conclude;
 use counterfactual::counterfactual;
 use noise_floor::{noise_floor, FloorTarget};
 use isolate::isolate;
-use samples::aggregate;
+use samples::sample_data;
 use search::search;
 
 /// Everything `layerwise bisect` takes.
@@ -71,6 +71,9 @@ pub struct BisectOptions {
     pub keep_control_flow: bool,
     /// Write the first divergent layer as a standalone model with its data into this folder.
     pub repro: Option<PathBuf>,
+    /// `(I, N)`: process only samples `k` with `k % N == I` of `--inputs DIR` and write a partial
+    /// report for `layerwise merge`.
+    pub shard: Option<(usize, usize)>,
     /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
     /// (`--match auto`); false: by name only.
     pub match_structure: bool,
@@ -112,6 +115,7 @@ impl BisectOptions {
             keep_control_flow: false,
             match_structure: true,
             repro: None,
+            shard: None,
         }
     }
 }
@@ -518,8 +522,23 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     let mut reference = create_backend(&options.reference).context("--ref")?;
     let candidate = create_backend(&options.candidate).context("--cand")?;
     let decls = declared_inputs(original, &index);
-    let samples = samples(&options.inputs)?;
-    if samples.len() > 1 && options.mark == Marking::Search {
+    let all_samples = samples(&options.inputs)?;
+    // Decisions that depend on how many samples there are follow the whole set, so that a shard
+    // reports exactly what a single run over every sample does.
+    let total_samples = all_samples.len();
+    let samples: Vec<(String, InputOptions)> = match options.shard {
+        None => all_samples,
+        Some((i, n)) => {
+            if options.inputs.npz.as_ref().is_none_or(|d| !d.is_dir()) {
+                bail!("--shard splits the samples of --inputs DIR; give a folder of .npz files");
+            }
+            if n > total_samples {
+                bail!("--shard {i}/{n}: the folder holds {total_samples} samples, so some shards would be empty; use at most {total_samples} shards");
+            }
+            all_samples.into_iter().enumerate().filter(|(k, _)| k % n == i).map(|(_, s)| s).collect()
+        }
+    };
+    if total_samples > 1 && options.mark == Marking::Search {
         bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
     }
     let mut extras = Extras::default();
@@ -612,7 +631,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
         let (compared, verdict) = match options.mark {
             Marking::All => {
-                let compared = job.compare_sample(&feeds, &mut steps, samples.len() == 1)?;
+                let compared = job.compare_sample(&feeds, &mut steps, total_samples == 1)?;
                 if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
                     bail!(
                         "no model output could be compared: {}",
@@ -637,9 +656,12 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     let worst_of = |c: &Compared| -> f64 {
         job.index.outputs.iter().filter_map(|o| c.comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max)
     };
-    let chosen = (0..per_sample.len()).max_by(|&a, &b| worst_of(&per_sample[a].2).total_cmp(&worst_of(&per_sample[b].2)).then(b.cmp(&a))).expect("one sample");
-    if per_sample.len() > 1 {
-        extras.samples = Some(aggregate(&per_sample.iter().map(|(n, _, c, v)| (n.as_str(), &c.comparison, v)).collect::<Vec<_>>(), chosen, &job.order));
+    let data: Vec<SampleData> = per_sample.iter().map(|(name, _, c, v)| sample_data(name, &c.comparison, v, worst_of(c), &job.order)).collect();
+    let chosen = chosen_sample(&data).expect("one sample");
+    match options.shard {
+        Some((index, count)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data }),
+        None if total_samples > 1 => extras.samples = Some(aggregate_samples(&data, chosen, &job.order)),
+        None => {}
     }
     let (sample_name, inputs, compared, verdict) = per_sample.swap_remove(chosen);
     drop(per_sample);

@@ -28,6 +28,8 @@ pub struct Extras {
     pub matching: Option<TensorMatching>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub repro: Option<Repro>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
 }
 
 /// `--repro DIR`: the first divergent layer as a standalone model with its data.
@@ -214,13 +216,68 @@ pub struct Samples {
     pub tensors: Vec<SampleStats>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SampleRun {
     pub sample: String,
     pub status: crate::Status,
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
     pub worst_output_error: f64,
     pub first_divergent: Option<String>,
+}
+
+/// One sample's results, all that aggregating over samples needs: each tensor's error level
+/// (`null` where it was not compared) and whether it failed, in the job's tensor order.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct SampleData {
+    pub run: SampleRun,
+    /// The worst error level over the model's outputs: the sample with the largest carries the
+    /// verdict.
+    #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
+    pub selection_error: f64,
+    #[serde(serialize_with = "crate::num::vec_option_finite_or_string", deserialize_with = "crate::num::vec_option_finite_or_string_de")]
+    pub errors: Vec<Option<f64>>,
+    pub failing: Vec<bool>,
+}
+
+/// `bisect --inputs DIR --shard I/N`: this run's share of the samples, for `layerwise merge`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Shard {
+    pub index: usize,
+    pub count: usize,
+    /// Samples in the folder, all shards together.
+    pub total_samples: usize,
+    /// The tensors `SampleData::errors` follow.
+    pub order: Vec<String>,
+    pub samples: Vec<SampleData>,
+}
+
+/// The sample that carries the verdict: the largest selection error, the earliest on ties.
+pub fn chosen_sample(samples: &[SampleData]) -> Option<usize> {
+    (0..samples.len()).max_by(|&a, &b| samples[a].selection_error.total_cmp(&samples[b].selection_error).then(b.cmp(&a)))
+}
+
+/// Per-tensor worst and mean error over samples (in their order); the verdict's sample is `chosen`.
+pub fn aggregate_samples(samples: &[SampleData], chosen: usize, order: &[String]) -> Samples {
+    let mut tensors = Vec::new();
+    for (k, t) in order.iter().enumerate() {
+        let mut sum = 0.0;
+        let mut count = 0usize;
+        let mut worst: Option<(f64, &str)> = None;
+        let mut failing = 0;
+        for s in samples {
+            let Some(e) = s.errors.get(k).copied().flatten() else { continue };
+            sum += e;
+            count += 1;
+            failing += s.failing.get(k).copied().unwrap_or(false) as usize;
+            if worst.is_none_or(|(w, _)| e > w) {
+                worst = Some((e, s.run.sample.as_str()));
+            }
+        }
+        if let Some((worst_error, worst_sample)) = worst {
+            tensors.push(SampleStats { tensor: t.clone(), mean_error: sum / count as f64, worst_error, worst_sample: worst_sample.to_string(), failing_samples: failing });
+        }
+    }
+    Samples { count: samples.len(), runs: samples.iter().map(|s| s.run.clone()).collect(), worst_sample: samples[chosen].run.sample.clone(), tensors }
 }
 
 #[derive(Debug, Clone, Serialize)]

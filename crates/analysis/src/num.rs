@@ -1,6 +1,6 @@
 //! JSON has no inf or NaN: reports write non-finite numbers as the strings "inf", "-inf", "nan".
 
-use serde::Serializer;
+use serde::{Deserialize, Deserializer, Serializer};
 
 pub fn finite_or_string<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     if v.is_finite() {
@@ -20,4 +20,51 @@ pub fn option_finite_or_string<S: Serializer>(v: &Option<f64>, s: S) -> Result<S
         Some(v) => finite_or_string(v, s),
         None => s.serialize_none(),
     }
+}
+
+/// A number as the reports write it: a JSON number, or "inf", "-inf", "nan".
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumberOrString {
+    Number(f64),
+    Text(String),
+}
+
+fn parse(v: NumberOrString) -> Result<f64, String> {
+    match v {
+        NumberOrString::Number(x) => Ok(x),
+        NumberOrString::Text(t) => match t.as_str() {
+            "inf" => Ok(f64::INFINITY),
+            "-inf" => Ok(f64::NEG_INFINITY),
+            "nan" => Ok(f64::NAN),
+            other => Err(format!("'{other}' is not a number")),
+        },
+    }
+}
+
+/// The inverse of [`finite_or_string`].
+pub fn finite_or_string_de<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    parse(NumberOrString::deserialize(d)?).map_err(serde::de::Error::custom)
+}
+
+/// A list of [`option_finite_or_string`] values.
+pub fn vec_option_finite_or_string<S: Serializer>(v: &[Option<f64>], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    struct One<'a>(&'a Option<f64>);
+    impl serde::Serialize for One<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            option_finite_or_string(self.0, s)
+        }
+    }
+    let mut seq = s.serialize_seq(Some(v.len()))?;
+    for x in v {
+        seq.serialize_element(&One(x))?;
+    }
+    seq.end()
+}
+
+/// The inverse of [`vec_option_finite_or_string`].
+pub fn vec_option_finite_or_string_de<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Option<f64>>, D::Error> {
+    let raw: Vec<Option<NumberOrString>> = Vec::deserialize(d)?;
+    raw.into_iter().map(|v| v.map(parse).transpose().map_err(serde::de::Error::custom)).collect()
 }

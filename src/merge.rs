@@ -1,0 +1,75 @@
+//! `layerwise merge`: the partial reports of `bisect --inputs DIR --shard I/N` combined into the
+//! report one run over every sample writes.
+//!
+//! Each sample's analysis depends on that sample alone, and a shard makes every decision that
+//! depends on the number of samples from the whole set. So the shard holding the sample with the
+//! worst output error already wrote the verdict's part of the report; what needs all shards is the
+//! per-tensor aggregation over samples, recomputed here from each sample's numbers in the single
+//! run's order (the same summation, so the same bits).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use layerwise_analysis::{aggregate_samples, chosen_sample, SampleData, Shard};
+use serde_json::Value;
+
+/// The merged report, as JSON (what `bisect --json` would have written, `run_info` aside).
+pub fn merge(partials: &[PathBuf]) -> Result<Value> {
+    if partials.is_empty() {
+        bail!("give the partial reports of every shard");
+    }
+    let mut reports: Vec<(PathBuf, Value, Shard)> = Vec::new();
+    for path in partials {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let report: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+        if report["schema"] != layerwise_report::SCHEMA {
+            bail!("{} is not a layerwise report (schema {} expected, found {})", path.display(), layerwise_report::SCHEMA, report["schema"]);
+        }
+        let shard: Shard = serde_json::from_value(report["shard"].clone())
+            .with_context(|| format!("{} is not a partial report: it was not written with bisect --shard", path.display()))?;
+        reports.push((path.clone(), report, shard));
+    }
+    // All shards of one job: the same split, model, backends, tolerances and tensors.
+    let (first_path, first, first_shard) = (&reports[0].0, &reports[0].1, &reports[0].2);
+    let same = |v: &Value, key: &str| v[key] == first[key];
+    for (path, report, shard) in &reports[1..] {
+        for key in ["model", "tolerances"] {
+            if !same(report, key) {
+                bail!("{} and {} come from different jobs: their '{key}' differ", first_path.display(), path.display());
+            }
+        }
+        if report["ref"]["spec"] != first["ref"]["spec"] || report["cand"]["spec"] != first["cand"]["spec"] {
+            bail!("{} and {} come from different jobs: their backends differ", first_path.display(), path.display());
+        }
+        if shard.count != first_shard.count || shard.total_samples != first_shard.total_samples || shard.order != first_shard.order {
+            bail!("{} and {} come from different splits or models (shard count, sample count or tensors differ)", first_path.display(), path.display());
+        }
+    }
+    let count = first_shard.count;
+    let mut seen = vec![false; count];
+    for (path, _, shard) in &reports {
+        if shard.index >= count || std::mem::replace(&mut seen[shard.index], true) {
+            bail!("{}: shard {}/{count} is given twice or does not exist", path.display(), shard.index);
+        }
+    }
+    if let Some(missing) = seen.iter().position(|s| !s) {
+        bail!("shard {missing}/{count} is missing: merge needs the partial report of every shard");
+    }
+    // Every sample once, in the order one run takes them (file names, sorted).
+    let mut samples: Vec<(SampleData, usize)> = reports.iter().enumerate().flat_map(|(r, (_, _, s))| s.samples.iter().cloned().map(move |d| (d, r))).collect();
+    samples.sort_by(|a, b| a.0.run.sample.cmp(&b.0.run.sample));
+    if samples.len() != first_shard.total_samples || samples.windows(2).any(|w| w[0].0.run.sample == w[1].0.run.sample) {
+        bail!("the shards hold {} samples, not the {} of the folder, once each", samples.len(), first_shard.total_samples);
+    }
+    let data: Vec<SampleData> = samples.iter().map(|(d, _)| d.clone()).collect();
+    let chosen = chosen_sample(&data).expect("at least one sample");
+    let mut merged = reports[samples[chosen].1].1.clone();
+    let object = merged.as_object_mut().expect("a report is an object");
+    object.remove("shard");
+    if data.len() > 1 {
+        object.insert("samples".into(), serde_json::to_value(aggregate_samples(&data, chosen, &first_shard.order))?);
+    } else {
+        object.remove("samples");
+    }
+    Ok(merged)
+}
