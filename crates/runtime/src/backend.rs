@@ -72,7 +72,7 @@ pub enum OptLevel {
 pub enum ExecutionProvider {
     Cpu,
     /// CUDA; `tf32` lets float32 Conv/MatMul use TF32 tensor cores (ONNX Runtime's default: on).
-    Cuda { device: u32, tf32: bool },
+    Cuda { device: u32, tf32: bool, conv_search: ConvSearch },
     /// ONNX Runtime's TensorRT execution provider.
     TensorRt { device: u32, fp16: bool },
     /// ONNX Runtime's TensorRT-RTX (NV) execution provider.
@@ -82,6 +82,30 @@ pub enum ExecutionProvider {
 impl ExecutionProvider {
     pub fn needs_gpu(self) -> bool {
         !matches!(self, ExecutionProvider::Cpu)
+    }
+}
+
+/// How cuDNN picks each convolution's algorithm (ONNX Runtime's `cudnn_conv_algo_search`). The
+/// choice can change the numbers (another algorithm sums in another order, or uses Winograd
+/// transforms), so the report says which one ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvSearch {
+    /// Benchmark every algorithm on the first run of each session (ONNX Runtime's default, what
+    /// a deployment gets): seconds per session on a large model.
+    Exhaustive,
+    /// cuDNN's heuristics pick without benchmarking: sessions start at once.
+    Heuristic,
+    /// cuDNN's default algorithm.
+    Default,
+}
+
+impl ConvSearch {
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvSearch::Exhaustive => "exhaustive",
+            ConvSearch::Heuristic => "heuristic",
+            ConvSearch::Default => "default",
+        }
     }
 }
 
@@ -112,7 +136,7 @@ pub enum BackendSpec {
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,conv_search=exhaustive|heuristic|default][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -128,7 +152,7 @@ impl BackendSpec {
         let sim = |rounding: layerwise_model::Rounding| move |options: OrtOptions| BackendSpec::Sim { rounding, trt_style: false, options };
         let (default_level, make, ep): (OptLevel, Box<dyn Fn(OrtOptions) -> BackendSpec>, ExecutionProvider) = match head {
             "ort:cpu" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cpu),
-            "ort:cuda" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cuda { device: 0, tf32: true }),
+            "ort:cuda" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::Cuda { device: 0, tf32: true, conv_search: ConvSearch::Exhaustive }),
             "ort:trt" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::TensorRt { device: 0, fp16: false }),
             "ort:nvrtx" => (OptLevel::All, Box::new(BackendSpec::OrtCpu), ExecutionProvider::NvRtx { device: 0 }),
             // Optimizations would be free to fold the rounding Cast pairs (and splits) away.
@@ -163,6 +187,17 @@ impl BackendSpec {
             }
             let (key, value) = part.split_once('=').ok_or_else(|| bad(format!("option '{part}' is not KEY=VALUE")))?;
             match key {
+                "conv_search" => match &mut options.ep {
+                    ExecutionProvider::Cuda { conv_search, .. } => {
+                        *conv_search = match value {
+                            "exhaustive" => ConvSearch::Exhaustive,
+                            "heuristic" => ConvSearch::Heuristic,
+                            "default" => ConvSearch::Default,
+                            _ => return Err(bad(format!("conv_search must be exhaustive, heuristic or default, not '{value}'"))),
+                        }
+                    }
+                    _ => return Err(bad(format!("option 'conv_search' is for ort:cuda, not {head}"))),
+                },
                 "engine" if head == "sim:fp16" || head == "sim:bf16" => {
                     trt_style = match value {
                         "trt" => true,

@@ -20,6 +20,6 @@ mod cuda;
 #[cfg(feature = "tensorrt")]
 pub mod trt;
 
-pub use backend::{create_backend, Backend, BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
+pub use backend::{create_backend, Backend, BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
 pub use error::RuntimeError;
 pub use tensor::{shape_string, DType, Tensor, TensorData};

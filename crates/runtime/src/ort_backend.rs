@@ -72,7 +72,14 @@ impl OrtBackend {
         // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
         let provider = match self.options.ep {
             ExecutionProvider::Cpu => None,
-            ExecutionProvider::Cuda { device, tf32 } => Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).build()),
+            ExecutionProvider::Cuda { device, tf32, conv_search } => {
+                let search = match conv_search {
+                    crate::backend::ConvSearch::Exhaustive => ort::ep::cuda::ConvAlgorithmSearch::Exhaustive,
+                    crate::backend::ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
+                    crate::backend::ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
+                };
+                Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
+            }
             ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device as i32).with_fp16(fp16).build()),
             ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device).build()),
         };
@@ -130,6 +137,9 @@ impl OrtBackend {
         let (_, lib) = ortlib::environment()?;
         let mut output = RunOutput::default();
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
+        if let ExecutionProvider::Cuda { tf32, conv_search, .. } = self.options.ep {
+            output.notes.push(format!("CUDA: TF32 {}, cuDNN convolution algorithm search {}", if tf32 { "on" } else { "off" }, conv_search.name()));
+        }
         let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
         let proto = if let Some(rounding) = self.emulate {
             // Which tensors are float32 is ONNX Runtime's own answer about the exposed model.

@@ -14,8 +14,13 @@ fn err(spec: &str) -> String {
 #[test]
 fn gpu_specs_parse_with_their_options() {
     assert_eq!(ep("ort:cpu"), ExecutionProvider::Cpu);
-    assert_eq!(ep("ort:cuda"), ExecutionProvider::Cuda { device: 0, tf32: true }, "TF32 on, as ONNX Runtime defaults");
-    assert_eq!(ep("ort:cuda,tf32=off,device=1"), ExecutionProvider::Cuda { device: 1, tf32: false });
+    assert_eq!(ep("ort:cuda"), ExecutionProvider::Cuda { device: 0, tf32: true, conv_search: layerwise_runtime::ConvSearch::Exhaustive }, "TF32 on, as ONNX Runtime defaults");
+    assert_eq!(ep("ort:cuda,tf32=off,device=1"), ExecutionProvider::Cuda { device: 1, tf32: false, conv_search: layerwise_runtime::ConvSearch::Exhaustive });
+    assert_eq!(ep("ort:cuda,conv_search=heuristic"), ExecutionProvider::Cuda { device: 0, tf32: true, conv_search: layerwise_runtime::ConvSearch::Heuristic });
+    assert!(err("ort:cuda,conv_search=fast").contains("exhaustive, heuristic or default"));
+    assert!(err("ort:cpu,conv_search=heuristic").contains("is for ort:cuda"));
+    assert!(matches!(BackendSpec::parse("sim:bf16,engine=trt").unwrap(), BackendSpec::Sim { rounding: layerwise_model::Rounding::Bf16, trt_style: true, .. }));
+    assert!(err("sim:tf32,engine=trt").contains("unknown option"));
     assert_eq!(ep("ort:trt,fp16"), ExecutionProvider::TensorRt { device: 0, fp16: true });
     assert_eq!(ep("ort:nvrtx,device=2"), ExecutionProvider::NvRtx { device: 2 });
     match BackendSpec::parse("ort:cuda,opt=basic,threads=2").unwrap() {
