@@ -1,7 +1,8 @@
 //! layerwise: find where a model's accuracy breaks between a float32 reference and a candidate
-//! backend or precision. The binary (`src/main.rs`) is a thin command-line layer over
+//! backend or precision. The binary (`src/main.rs`) runs [`cli`], a thin command-line layer over
 //! [`pipeline::bisect`]; the work happens in the `layerwise-*` crates.
 
+pub mod cli;
 pub mod demo;
 pub mod fix;
 pub mod keep;

@@ -288,6 +288,13 @@ fn sample_feeds(decls: &[layerwise_runtime::inputs::InputDecl], samples: &[(Stri
 
 /// The samples to run: one (the usual inputs), or every `.npz` file of an `--inputs DIR`.
 fn samples(options: &InputOptions) -> Result<Vec<(String, InputOptions)>> {
+    if !options.given_samples.is_empty() {
+        return Ok(options
+            .given_samples
+            .iter()
+            .map(|(name, values)| (name.clone(), InputOptions { given: values.clone(), given_samples: Vec::new(), ..options.clone() }))
+            .collect());
+    }
     match &options.npz {
         Some(dir) if dir.is_dir() => {
             let mut files: Vec<PathBuf> = std::fs::read_dir(dir)

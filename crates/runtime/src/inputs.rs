@@ -75,6 +75,11 @@ pub struct InputOptions {
     pub ranges: Vec<(String, f64, f64)>,
     /// `--seed`
     pub seed: u64,
+    /// Values given in memory (the Python API), by input name.
+    pub given: Vec<(String, Tensor)>,
+    /// Samples given in memory (the Python API's iterable of dicts), each named, one run each as
+    /// the files of `--inputs DIR` are.
+    pub given_samples: Vec<(String, Vec<(String, Tensor)>)>,
 }
 
 /// A prepared input value and where it came from.
@@ -125,6 +130,12 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     }
     for (name, path) in &options.npy {
         from_files.insert(name.clone(), (read_npy_file(path)?, format!("npy:{}", path.display())));
+    }
+    for (name, tensor) in &options.given {
+        if !known(name) {
+            return Err(RuntimeError::Input(format!("the model has no input '{name}' (its inputs: {})", names())));
+        }
+        from_files.insert(name.clone(), (tensor.clone(), "given".to_string()));
     }
 
     let mut prepared = Vec::with_capacity(decls.len());

@@ -1,0 +1,636 @@
+//! The command line: argument parsing and the commands, for the `layerwise` binary and for the
+//! Python package's `layerwise` command (which runs the same code).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use crate::demo::{demo_model, PLANTED_NODE};
+use crate::fix::{fix, FixOptions};
+use crate::pipeline::{bisect, bisect_model, BisectOptions, Marking};
+use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
+use layerwise_model::GraphIndex;
+use layerwise_report::Outputs;
+use layerwise_runtime::float32_tensors;
+use layerwise_analysis::Status;
+use layerwise_model::{Model, Selection};
+use layerwise_runtime::inputs::InputOptions;
+
+/// Find the layer where a model's accuracy breaks between a float32 reference (ONNX Runtime) and a
+/// candidate backend or precision.
+///
+/// Exit codes: 0 all outputs within tolerance, 1 diverged, 2 usage, input or run error.
+#[derive(Parser)]
+#[command(name = "layerwise", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Show what ONNX Runtime and TensorRT log as it happens. Without it their lines stay off the
+    /// terminal; ONNX Runtime's are kept in the report's backend notes.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare every tensor of the reference and candidate runs and walk back from the worst output
+    /// to the first divergent layer.
+    Bisect(Box<BisectArgs>),
+    /// Convert a float32 model to FP16, keeping chosen nodes and unsafe ops in FP32.
+    Convert(ConvertArgs),
+    /// Find a small set of nodes to keep in FP32 so every output is within tolerance, verify it,
+    /// and write the fixed FP16 model.
+    Fix(Box<FixArgs>),
+    /// Render a saved JSON report as HTML, Markdown, CSV or Model Explorer node data.
+    Report(ReportCmdArgs),
+    /// Build a TensorRT engine (no GPU needed) with every tensor marked as an output and show
+    /// which ONNX nodes each engine layer computes (cargo feature `tensorrt`).
+    #[cfg(feature = "tensorrt")]
+    TrtLayers(TrtLayersArgs),
+    /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
+    Demo(DemoArgs),
+    /// Combine the partial reports of `bisect --inputs DIR --shard I/N` (every shard) into the
+    /// report one run over all samples writes.
+    Merge(MergeArgs),
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// The float32 ONNX model (never modified).
+    model: PathBuf,
+    /// Target: `fp16` or `bf16` (a strongly typed FP16 or BF16 model), or `fp16-emulated`,
+    /// `bf16-emulated`, `tf32-emulated`: the float32 model that `--cand sim:fp16|bf16|tf32` runs,
+    /// for other tools such as Polygraphy.
+    #[arg(long, default_value = "fp16", value_parser = ["fp16", "bf16", "fp16-emulated", "bf16-emulated", "tf32-emulated"])]
+    to: String,
+    /// Nodes to keep in FP32 (names as layerwise reports them), comma-separated.
+    #[arg(long = "keep-fp32", value_delimiter = ',', value_name = "NODES")]
+    keep_fp32: Vec<String>,
+    /// Op types to keep in FP32, comma-separated (e.g. LayerNormalization,Softmax).
+    #[arg(long = "keep-fp32-op", value_delimiter = ',', value_name = "OPS")]
+    keep_fp32_op: Vec<String>,
+    /// Keep float graph inputs and outputs FP32, with Casts inside the model (the default).
+    #[arg(long, conflicts_with = "fp16_io")]
+    keep_io_types: bool,
+    /// Make float graph inputs and outputs FP16 too.
+    #[arg(long)]
+    fp16_io: bool,
+    /// Also convert nodes that read weights beyond the FP16 range (they become inf).
+    #[arg(long)]
+    allow_weight_overflow: bool,
+    /// The converted model.
+    #[arg(short, long)]
+    output: PathBuf,
+}
+
+#[derive(Args)]
+struct FixArgs {
+    /// The float32 ONNX model (never modified).
+    model: PathBuf,
+    #[arg(long = "ref", default_value = "ort:cpu")]
+    reference: String,
+    /// Candidate: sim:fp16 (keeps nodes in the emulation), or a backend that runs the model
+    /// converted with the keep list each round (e.g. ort:cpu, for ONNX Runtime's FP16 kernels).
+    #[arg(long = "cand", default_value = "sim:fp16")]
+    candidate: String,
+    #[command(flatten)]
+    inputs: InputArgs,
+    #[command(flatten)]
+    tolerances: ToleranceArgs,
+    /// The fixed FP16 model; the keep list goes beside it as OUT.keep-fp32.json.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// The fix report (schema layerwise.fix/1).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Most patterns to add before giving up.
+    #[arg(long, default_value_t = 12)]
+    max_rounds: usize,
+}
+
+#[derive(Args)]
+struct BisectArgs {
+    /// The ONNX model (never modified).
+    model: PathBuf,
+    /// Reference backend spec.
+    #[arg(long = "ref", default_value = "ort:cpu")]
+    reference: String,
+    /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16, ort:cuda[,tf32=on|off],
+    /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH.
+    #[arg(long = "cand", default_value = "sim:fp16")]
+    candidate: String,
+    /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
+    /// matched by name and FP16 tensors compared as float32.
+    #[arg(long, value_name = "MODEL")]
+    cand_model: Option<PathBuf>,
+    #[command(flatten)]
+    inputs: InputArgs,
+    #[command(flatten)]
+    tolerances: ToleranceArgs,
+    #[command(flatten)]
+    reports: ReportArgs,
+    /// Save every tensor of both runs as .npy files under DIR/ref and DIR/cand (and the inputs as
+    /// DIR/inputs.npz), for later comparison with --cand npz:DIR/cand.
+    #[arg(long, value_name = "DIR")]
+    save_tensors: Option<PathBuf>,
+    /// Compare only these tensors (comma-separated), besides the model outputs. Default: all.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    tensors: Option<Vec<String>>,
+    /// How many of the worst tensors to list.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
+    /// How the candidate marks tensors as outputs: `all` in one run, or `search`: the model's
+    /// outputs plus a few tensors per run, bisecting the blame path (about log2(N) runs; for
+    /// compilers whose fusions marking would change, e.g. --cand trt).
+    #[arg(long, default_value = "all", value_parser = ["all", "search"])]
+    mark: String,
+    /// Most memory for exposed tensors of both runs at once, e.g. 512M or 4G; beyond it the
+    /// tensors are compared in groups over several runs. Default: half the available memory.
+    #[arg(long, value_name = "SIZE", value_parser = crate::pipeline::parse_size)]
+    max_memory: Option<u64>,
+    /// Do not run blame-chain nodes alone to tell introduced from propagated error.
+    #[arg(long)]
+    no_isolate: bool,
+    /// Do not re-run the candidate with each break kept at reference precision.
+    #[arg(long)]
+    no_counterfactual: bool,
+    /// Do not measure the noise floor (the reference re-run with its weights perturbed
+    /// by one rounding of the candidate's arithmetic).
+    #[arg(long)]
+    no_noise_floor: bool,
+    /// Leave If/Loop nodes as they are. By default each is replaced by what the reference ran (the
+    /// branch taken, the iterations made), so the tensors inside are compared as
+    /// `Node/then/tensor`, `Node/iter3/tensor`.
+    #[arg(long)]
+    keep_control_flow: bool,
+    /// How a --cand-model's tensors are paired with the reference's: `auto` (names first, then
+    /// structure: op types, topology, attributes and weight shapes, looking through Casts,
+    /// Identity and Q/DQ pairs) or `name` (names only).
+    #[arg(long = "match", default_value = "auto", value_parser = ["auto", "name"])]
+    match_mode: String,
+    /// Process only share I of N (0 <= I < N) of the samples of --inputs DIR (sample k goes to
+    /// shard k mod N) and write a partial report for `layerwise merge`, e.g. from a Slurm array
+    /// or a Kubernetes indexed Job.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    shard: Option<(usize, usize)>,
+    /// Write the first divergent layer (with upstream nodes if it alone does not show the error)
+    /// as a standalone model with its inputs and both sides' outputs, in ONNX's backend-test
+    /// layout, into this new or empty folder.
+    #[arg(long, value_name = "DIR")]
+    repro: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct ToleranceArgs {
+    /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
+    /// Default: 1e-4 for FP16 candidates, 1e-5 for float32 ones.
+    #[arg(long)]
+    atol: Option<f64>,
+    /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
+    #[arg(long)]
+    rtol: Option<f64>,
+    /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
+    /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
+    #[arg(long)]
+    range_tol: Option<f64>,
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// Write the JSON report (schema layerwise.report/1) here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    formats: FormatArgs,
+}
+
+/// The report formats rendered from the JSON report (by `bisect`, or later by `report`).
+#[derive(Args)]
+struct FormatArgs {
+    /// Write a self-contained HTML report (plots, the first divergent layer's neighbourhood, a
+    /// sortable table of every tensor).
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// Write a Markdown summary for a pull request or issue.
+    #[arg(long)]
+    markdown: Option<PathBuf>,
+    /// Write one CSV row per tensor with every metric.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Write per-node error as Model Explorer node data (JSON).
+    #[arg(long)]
+    model_explorer: Option<PathBuf>,
+}
+
+impl FormatArgs {
+    fn outputs(self, json: Option<PathBuf>) -> Outputs {
+        Outputs { json, html: self.html, markdown: self.markdown, csv: self.csv, model_explorer: self.model_explorer }
+    }
+}
+
+#[derive(Args)]
+struct MergeArgs {
+    /// The partial JSON reports, one per shard, in any order.
+    #[arg(required = true)]
+    partials: Vec<PathBuf>,
+    /// Write the merged JSON report here.
+    #[arg(long)]
+    json: PathBuf,
+    #[command(flatten)]
+    formats: FormatArgs,
+}
+
+#[derive(Args)]
+struct ReportCmdArgs {
+    /// A JSON report written by `bisect --json`.
+    report: PathBuf,
+    /// A fix report (`fix --json`) to include in the Markdown summary.
+    #[arg(long)]
+    fix: Option<PathBuf>,
+    #[command(flatten)]
+    formats: FormatArgs,
+}
+
+#[cfg(feature = "tensorrt")]
+#[derive(Args)]
+struct TrtLayersArgs {
+    model: PathBuf,
+    /// Mark only these tensors (comma-separated) besides the outputs. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    tensors: Option<Vec<String>>,
+    /// Builder optimization level (0-5).
+    #[arg(long)]
+    opt: Option<i32>,
+    /// Input shapes (dynamic dimensions need one), as for bisect.
+    #[command(flatten)]
+    inputs: InputArgs,
+}
+
+#[cfg(feature = "tensorrt")]
+fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
+    use layerwise_runtime::trt::{build_engine, TrtOptions};
+    let model = Model::load(&args.model)?;
+    let index = GraphIndex::build(model.graph())?;
+    let selection = args.tensors.map(Selection::Names).unwrap_or(Selection::All);
+    let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &args.inputs.options())?;
+    let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
+    let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, ..TrtOptions::default() })?;
+    println!(
+        "{}: engine of {} bytes, {} layers, {} tensors marked as outputs{} ({})",
+        args.model.display(),
+        built.size,
+        built.layers.len(),
+        built.marked.len(),
+        if built.not_exposable.is_empty() { String::new() } else { format!(", {} not exposable", built.not_exposable.len()) },
+        if built.from_cache { "from the cache".to_string() } else { format!("built in {:.2} s", built.build_seconds) }
+    );
+    for layer in &built.layers {
+        println!("  {}\n    <- {}", layer.name, layer.onnx_nodes.join(", "));
+    }
+    for t in &built.not_exposable {
+        println!("  not exposable: {t}");
+    }
+    println!("engine: {}", built.path.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args)]
+struct InputArgs {
+    /// Model inputs from an .npz file (keys are input names), or a folder of .npz files, one
+    /// sample each: every sample is run and the metrics aggregated (bisect).
+    #[arg(long = "inputs", value_name = "FILE.npz|DIR")]
+    npz: Option<PathBuf>,
+    /// One input from an .npy file; repeatable.
+    #[arg(long = "input", value_name = "NAME=FILE.npy", value_parser = parse_named_path)]
+    npy: Vec<(String, PathBuf)>,
+    /// Shape of an input with dynamic dimensions, e.g. x:1x3x48x320; repeatable.
+    #[arg(long = "input-shape", value_name = "NAME:SHAPE", value_parser = parse_shape)]
+    shapes: Vec<(String, Vec<usize>)>,
+    /// Range of random values for an input, e.g. x:-1,1 (default 0,1); repeatable.
+    #[arg(long = "val-range", value_name = "NAME:LO,HI", value_parser = parse_range)]
+    ranges: Vec<(String, f64, f64)>,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Folder for the demo model and its report.
+    #[arg(long, default_value = "layerwise-demo")]
+    out_dir: PathBuf,
+}
+
+fn parse_named_path(s: &str) -> Result<(String, PathBuf), String> {
+    let (name, path) = s.split_once('=').ok_or("expected NAME=FILE.npy")?;
+    if name.is_empty() || path.is_empty() {
+        return Err("expected NAME=FILE.npy".into());
+    }
+    Ok((name.to_string(), PathBuf::from(path)))
+}
+
+fn parse_shape(s: &str) -> Result<(String, Vec<usize>), String> {
+    let (name, shape) = s.rsplit_once(':').ok_or("expected NAME:D0xD1x..., e.g. x:1x3x224x224")?;
+    let dims: Result<Vec<usize>, _> = shape.split('x').map(|d| d.trim().parse::<usize>()).collect();
+    match dims {
+        Ok(d) if !name.is_empty() && !d.is_empty() => Ok((name.to_string(), d)),
+        _ => Err(format!("'{shape}' is not a shape like 1x3x224x224")),
+    }
+}
+
+fn parse_range(s: &str) -> Result<(String, f64, f64), String> {
+    let (name, range) = s.rsplit_once(':').ok_or("expected NAME:LO,HI")?;
+    let (lo, hi) = range.split_once(',').ok_or("expected NAME:LO,HI")?;
+    let lo: f64 = lo.trim().parse().map_err(|_| format!("'{lo}' is not a number"))?;
+    let hi: f64 = hi.trim().parse().map_err(|_| format!("'{hi}' is not a number"))?;
+    Ok((name.to_string(), lo, hi))
+}
+
+impl InputArgs {
+    fn options(self) -> InputOptions {
+        InputOptions { npz: self.npz, npy: self.npy, shapes: self.shapes, ranges: self.ranges, seed: self.seed, ..Default::default() }
+    }
+}
+
+fn exit_for(status: Status) -> ExitCode {
+    match status {
+        Status::Pass => ExitCode::SUCCESS,
+        Status::Diverged => ExitCode::from(1),
+    }
+}
+
+fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
+    let options = BisectOptions {
+        model: args.model,
+        reference: args.reference,
+        candidate: args.candidate,
+        cand_model: args.cand_model,
+        inputs: args.inputs.options(),
+        atol: args.tolerances.atol,
+        rtol: args.tolerances.rtol,
+        range_tol: args.tolerances.range_tol,
+        outputs: args.reports.formats.outputs(args.reports.json),
+        save_tensors: args.save_tensors,
+        selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
+        top: args.top,
+        progress: true,
+        mark: if args.mark == "search" { Marking::Search } else { Marking::All },
+        max_memory: args.max_memory,
+        isolate: !args.no_isolate,
+        counterfactual: !args.no_counterfactual,
+        noise_floor: !args.no_noise_floor,
+        keep_control_flow: args.keep_control_flow,
+        match_structure: args.match_mode == "auto",
+        repro: args.repro,
+        shard: args.shard,
+    };
+    let outcome = bisect(&options)?;
+    print!("{}", outcome.text);
+    for (what, path) in options.outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    if let Some(repro) = &outcome.report.extras.repro {
+        match &repro.folder {
+            Some(folder) if repro.reproduces => println!("repro: {folder} ({} node(s); the candidate's error shows there too)", repro.nodes.len()),
+            Some(folder) => println!("repro: {folder} ({} node(s); the error does not show on its own there, see its README)", repro.nodes.len()),
+            None => println!("repro: not written: {}", repro.note),
+        }
+    }
+    Ok(exit_for(outcome.report.verdict.status))
+}
+
+fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
+    if args.output == args.model {
+        bail!("-o {} would overwrite the input model; choose another path", args.output.display());
+    }
+    let model = Model::load(&args.model)?;
+    let index = GraphIndex::build(model.graph())?;
+    if let Some(rounding) = args.to.strip_suffix("-emulated").and_then(layerwise_model::Rounding::from_name) {
+        let computed = float32_tensors(&model, &index)?;
+        let keep: std::collections::HashSet<usize> = args
+            .keep_fp32
+            .iter()
+            .map(|n| index.node(n).map(|i| i.proto_index).with_context(|| format!("--keep-fp32: no node '{n}'")))
+            .collect::<Result<_>>()?;
+        let emulated = layerwise_model::emulate(&model, &model.proto, &computed, &keep, rounding)?;
+        model.save_standalone(&emulated.proto, &args.output)?;
+        println!(
+            "{}: {} tensors rounded, {} weights rounded -> {}",
+            args.model.display(),
+            emulated.rounded_tensors,
+            emulated.rounded_weights,
+            args.output.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
+    let options = ConvertOptions {
+        keep_nodes: args.keep_fp32.into_iter().collect(),
+        keep_ops: args.keep_fp32_op.into_iter().collect(),
+        keep_io_types: !args.fp16_io,
+        keep_overflowing_weight_consumers: !args.allow_weight_overflow,
+        target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
+        refused: Default::default(),
+    };
+    let conversion = crate::keep::convert_checked(&model, &index, &float, &options)?;
+    let problems = check_float_types(&conversion.proto, &float);
+    if !problems.is_empty() {
+        bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));
+    }
+    model.save_standalone(&conversion.proto, &args.output)?;
+    println!(
+        "{}: {} nodes {}, {} FP32, {} Casts inserted -> {}",
+        args.model.display(),
+        conversion.fp16_nodes,
+        args.to.to_uppercase(),
+        conversion.fp32_nodes.len(),
+        conversion.casts_inserted,
+        args.output.display()
+    );
+    for (node, why) in &conversion.fp32_nodes {
+        println!("  FP32 {node}: {why}");
+    }
+    for (w, readers) in &conversion.overflowing_weights {
+        println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_fix(args: FixArgs) -> Result<ExitCode> {
+    let options = FixOptions {
+        bisect: BisectOptions {
+            inputs: args.inputs.options(),
+            atol: args.tolerances.atol,
+            rtol: args.tolerances.rtol,
+            range_tol: args.tolerances.range_tol,
+            outputs: Outputs { json: args.json, ..Outputs::default() },
+            ..BisectOptions::new(&args.model, &args.reference, &args.candidate)
+        },
+        output: args.output,
+        max_rounds: args.max_rounds,
+    };
+    let outcome = fix(&options)?;
+    print!("{}", outcome.text);
+    Ok(if outcome.report.status == "fixed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// `I/N` with 0 <= I < N.
+fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let (i, n) = s.split_once('/').ok_or_else(|| format!("'{s}' is not I/N (e.g. 0/4)"))?;
+    let (i, n): (usize, usize) = (i.trim().parse().map_err(|_| format!("'{i}' is not a shard index"))?, n.trim().parse().map_err(|_| format!("'{n}' is not a shard count"))?);
+    if n == 0 || i >= n {
+        return Err(format!("shard {i}/{n}: the index must be 0 to {}", n.saturating_sub(1)));
+    }
+    Ok((i, n))
+}
+
+fn run_merge(args: MergeArgs) -> Result<ExitCode> {
+    let outputs = args.formats.outputs(Some(args.json));
+    for (what, path) in outputs.paths() {
+        crate::pipeline::check_writable_target(path, what)?;
+    }
+    let merged = crate::merge::merge(&args.partials)?;
+    outputs.write(&merged, None)?;
+    println!("{}", merged["verdict"]["summary"].as_str().unwrap_or_default());
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    let status: Status = serde_json::from_value(merged["verdict"]["status"].clone()).context("the merged report has no verdict status")?;
+    Ok(exit_for(status))
+}
+
+fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
+    let read = |path: &PathBuf| -> Result<serde_json::Value> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+    };
+    let report = read(&args.report)?;
+    if report["schema"] != layerwise_report::SCHEMA {
+        bail!("{} is not a layerwise report (schema {} expected, found {})", args.report.display(), layerwise_report::SCHEMA, report["schema"]);
+    }
+    let fix = args.fix.as_ref().map(read).transpose()?;
+    if let Some(f) = &fix {
+        if f["schema"] != "layerwise.fix/1" {
+            bail!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1)");
+        }
+    }
+    let outputs = args.formats.outputs(None);
+    if outputs.paths().is_empty() {
+        bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
+    }
+    for (what, path) in outputs.paths() {
+        crate::pipeline::check_writable_target(path, what)?;
+    }
+    outputs.write(&report, fix.as_ref())?;
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+    std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
+    let proto = demo_model();
+    let model_path = args.out_dir.join("demo.onnx");
+    std::fs::write(&model_path, prost_encode(&proto)).with_context(|| format!("cannot write {}", model_path.display()))?;
+    let model = Model::load(&model_path)?;
+    let json = args.out_dir.join("report.json");
+    let outputs = Outputs {
+        json: Some(json.clone()),
+        html: Some(args.out_dir.join("report.html")),
+        markdown: None,
+        csv: Some(args.out_dir.join("tensors.csv")),
+        model_explorer: Some(args.out_dir.join("model-explorer.json")),
+    };
+    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") };
+    println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
+    println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
+    let outcome = bisect_model(&model, &options)?;
+    print!("{}", outcome.text);
+    println!("\nModel:       {}", model_path.display());
+    for (what, path) in outputs.paths() {
+        println!("{what}: {}", path.display());
+    }
+    println!("Try it yourself: layerwise bisect {} --cand sim:fp16", model_path.display());
+    match &outcome.report.verdict.first_divergent {
+        Some(fd) if fd.node == PLANTED_NODE => {}
+        other => bail!(
+            "the demo expected the break at '{PLANTED_NODE}' but found {}",
+            other.as_ref().map(|f| f.node.clone()).unwrap_or_else(|| "none".into())
+        ),
+    }
+
+    println!("\nNow the fix: the smallest set of nodes to keep in FP32, verified by re-running the candidate.\n");
+    let fixed_path = args.out_dir.join("demo_fp16_fixed.onnx");
+    let fix_options = FixOptions {
+        bisect: BisectOptions {
+            outputs: Outputs { json: Some(args.out_dir.join("fix.json")), ..Outputs::default() },
+            ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16")
+        },
+        output: Some(fixed_path.clone()),
+        max_rounds: 12,
+    };
+    let fixed = fix(&fix_options)?;
+    print!("{}", fixed.text);
+    println!("Fix report:  {}", args.out_dir.join("fix.json").display());
+    if fixed.report.status != "fixed" {
+        bail!("the demo's fix did not verify");
+    }
+    // The pull-request summary, with the fix.
+    let markdown = args.out_dir.join("summary.md");
+    Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
+        .write(&serde_json::to_value(&outcome.report)?, Some(&serde_json::to_value(&fixed.report)?))?;
+    println!("Markdown summary: {}", markdown.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
+    use prost::Message;
+    proto.encode_to_vec()
+}
+
+/// Runs the command line `args` (the program name first) and returns the exit code. Clap's own
+/// messages (`--help`, usage errors) are printed as the binary prints them.
+pub fn main_with_args<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+        }
+    };
+    layerwise_runtime::backend_log::set_echo(cli.verbose);
+    // Ctrl-C (and SIGTERM, SIGHUP) would end the process without running destructors: remove the
+    // temporary files and folders first. Reports and models are renamed into place when complete,
+    // so an interrupted run leaves the previous file or none, never a partial one.
+    let _ = ctrlc::set_handler(|| {
+        layerwise_model::scratch::remove_all();
+        eprintln!("layerwise: interrupted; temporary files removed, no partial output written");
+        // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
+        // destructors under them aborts the process (cpuinfo's "called before initialized").
+        // SAFETY: `_exit` ends the process at once; nothing runs after it.
+        unsafe { libc::_exit(130) }
+    });
+    let result = match cli.command {
+        Command::Bisect(args) => run_bisect(*args),
+        Command::Convert(args) => run_convert(args),
+        Command::Fix(args) => run_fix(*args),
+        Command::Report(args) => run_report(args),
+        #[cfg(feature = "tensorrt")]
+        Command::TrtLayers(args) => run_trt_layers(args),
+        Command::Demo(args) => run_demo(args),
+        Command::Merge(args) => run_merge(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
