@@ -2,7 +2,6 @@
 //! Python package's `layerwise` command (which runs the same code).
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -268,7 +267,7 @@ struct TrtLayersArgs {
 }
 
 #[cfg(feature = "tensorrt")]
-fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
+fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
     use layerwise_runtime::trt::{build_engine, TrtOptions};
     let model = Model::load(&args.model)?;
     let index = GraphIndex::build(model.graph())?;
@@ -292,7 +291,7 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<ExitCode> {
         println!("  not exposable: {t}");
     }
     println!("engine: {}", built.path.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 #[derive(Args)]
@@ -353,14 +352,14 @@ impl InputArgs {
     }
 }
 
-fn exit_for(status: Status) -> ExitCode {
+fn exit_for(status: Status) -> u8 {
     match status {
-        Status::Pass => ExitCode::SUCCESS,
-        Status::Diverged => ExitCode::from(1),
+        Status::Pass => 0,
+        Status::Diverged => 1,
     }
 }
 
-fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
+fn run_bisect(args: BisectArgs) -> Result<u8> {
     let options = BisectOptions {
         model: args.model,
         reference: args.reference,
@@ -400,7 +399,7 @@ fn run_bisect(args: BisectArgs) -> Result<ExitCode> {
     Ok(exit_for(outcome.report.verdict.status))
 }
 
-fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
+fn run_convert(args: ConvertArgs) -> Result<u8> {
     if args.output == args.model {
         bail!("-o {} would overwrite the input model; choose another path", args.output.display());
     }
@@ -422,7 +421,7 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
             emulated.rounded_weights,
             args.output.display()
         );
-        return Ok(ExitCode::SUCCESS);
+        return Ok(0);
     }
     let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
     let options = ConvertOptions {
@@ -454,10 +453,10 @@ fn run_convert(args: ConvertArgs) -> Result<ExitCode> {
     for (w, readers) in &conversion.overflowing_weights {
         println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-fn run_fix(args: FixArgs) -> Result<ExitCode> {
+fn run_fix(args: FixArgs) -> Result<u8> {
     let options = FixOptions {
         bisect: BisectOptions {
             inputs: args.inputs.options(),
@@ -472,7 +471,7 @@ fn run_fix(args: FixArgs) -> Result<ExitCode> {
     };
     let outcome = fix(&options)?;
     print!("{}", outcome.text);
-    Ok(if outcome.report.status == "fixed" { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if outcome.report.status == "fixed" { 0 } else { 1 })
 }
 
 /// `I/N` with 0 <= I < N.
@@ -485,7 +484,7 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     Ok((i, n))
 }
 
-fn run_merge(args: MergeArgs) -> Result<ExitCode> {
+fn run_merge(args: MergeArgs) -> Result<u8> {
     let outputs = args.formats.outputs(Some(args.json));
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
@@ -500,7 +499,7 @@ fn run_merge(args: MergeArgs) -> Result<ExitCode> {
     Ok(exit_for(status))
 }
 
-fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
+fn run_report(args: ReportCmdArgs) -> Result<u8> {
     let read = |path: &PathBuf| -> Result<serde_json::Value> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
@@ -526,10 +525,10 @@ fn run_report(args: ReportCmdArgs) -> Result<ExitCode> {
     for (what, path) in outputs.paths() {
         println!("{what}: {}", path.display());
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
-fn run_demo(args: DemoArgs) -> Result<ExitCode> {
+fn run_demo(args: DemoArgs) -> Result<u8> {
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
     let proto = demo_model();
     let model_path = args.out_dir.join("demo.onnx");
@@ -582,7 +581,7 @@ fn run_demo(args: DemoArgs) -> Result<ExitCode> {
     Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
         .write(&serde_json::to_value(&outcome.report)?, Some(&serde_json::to_value(&fixed.report)?))?;
     println!("Markdown summary: {}", markdown.display());
-    Ok(ExitCode::SUCCESS)
+    Ok(0)
 }
 
 fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
@@ -590,9 +589,11 @@ fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
     proto.encode_to_vec()
 }
 
-/// Runs the command line `args` (the program name first) and returns the exit code. Clap's own
-/// messages (`--help`, usage errors) are printed as the binary prints them.
-pub fn main_with_args<I, T>(args: I) -> ExitCode
+/// Runs the command line `args` (the program name first) and returns the exit status: 0 within
+/// tolerance (or fixed), 1 diverged, 2 usage, input or run error. Clap's own messages (`--help`,
+/// usage errors) and errors are printed as the binary prints them; Ctrl-C removes temporary files
+/// and ends the process.
+pub fn main_with_args<I, T>(args: I) -> u8
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
@@ -601,10 +602,9 @@ where
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(e.exit_code().clamp(0, 255) as u8);
+            return e.exit_code().clamp(0, 255) as u8;
         }
     };
-    layerwise_runtime::backend_log::set_echo(cli.verbose);
     // Ctrl-C (and SIGTERM, SIGHUP) would end the process without running destructors: remove the
     // temporary files and folders first. Reports and models are renamed into place when complete,
     // so an interrupted run leaves the previous file or none, never a partial one.
@@ -616,7 +616,28 @@ where
         // SAFETY: `_exit` ends the process at once; nothing runs after it.
         unsafe { libc::_exit(130) }
     });
-    let result = match cli.command {
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    }
+}
+
+/// Runs a command line inside a host process (the Python API): the exit status, or the error the
+/// command line would print (its exit status is 2), with no signal handler installed.
+pub fn run_in_process<I, T>(args: I) -> Result<u8>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    run(Cli::try_parse_from(args)?)
+}
+
+fn run(cli: Cli) -> Result<u8> {
+    layerwise_runtime::backend_log::set_echo(cli.verbose);
+    match cli.command {
         Command::Bisect(args) => run_bisect(*args),
         Command::Convert(args) => run_convert(args),
         Command::Fix(args) => run_fix(*args),
@@ -625,12 +646,5 @@ where
         Command::TrtLayers(args) => run_trt_layers(args),
         Command::Demo(args) => run_demo(args),
         Command::Merge(args) => run_merge(args),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(2)
-        }
     }
 }

@@ -35,6 +35,10 @@ use isolate::isolate;
 use samples::sample_data;
 use search::search;
 
+/// Set from another thread (the Python API on Ctrl-C) to stop a running job at its next step;
+/// the step in progress finishes first, and temporary files go with their owners.
+pub static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Everything `layerwise bisect` takes.
 #[derive(Debug, Clone)]
 pub struct BisectOptions {
@@ -142,6 +146,9 @@ impl Steps {
     }
 
     fn run<T>(&mut self, label: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if CANCEL.load(std::sync::atomic::Ordering::Relaxed) {
+            bail!("interrupted before '{label}'");
+        }
         self.bar.set_message(label.to_string());
         let t = Instant::now();
         let r = f();

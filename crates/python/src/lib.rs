@@ -1,0 +1,198 @@
+//! `layerwise._native`: the Rust side of the Python package. The Python side (python/layerwise)
+//! turns keyword arguments and numpy arrays into what these functions take, and their JSON back
+//! into typed objects; the work is the same code the command line runs.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use layerwise::fix::{fix as run_fix, FixOptions};
+use layerwise::pipeline::{bisect as run_bisect, BisectOptions, Marking, CANCEL};
+use layerwise_model::Selection;
+use layerwise_runtime::{DType, Tensor};
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
+use pyo3::prelude::*;
+use serde::Deserialize;
+
+create_exception!(_native, LayerwiseError, PyException, "A layerwise run failed: what exits 2 on the command line.");
+
+/// One array as Python hands it over: name, numpy dtype string (`<f4`), shape, raw bytes.
+type RawArray = (String, String, Vec<usize>, Vec<u8>);
+
+fn tensor(dtype: &str, shape: Vec<usize>, bytes: &[u8]) -> PyResult<Tensor> {
+    let dtype = match dtype.trim_start_matches(['<', '=', '|']) {
+        "f4" => DType::F32,
+        "f2" => DType::F16,
+        "f8" => DType::F64,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
+        "u1" => DType::U8,
+        "u2" => DType::U16,
+        "u4" => DType::U32,
+        "u8" => DType::U64,
+        "b1" => DType::Bool,
+        other => return Err(LayerwiseError::new_err(format!("input error: numpy dtype '{other}' is not one layerwise takes (float32, float16, float64, integers, bool)"))),
+    };
+    Tensor::from_le_bytes(dtype, shape.clone(), bytes)
+        .ok_or_else(|| LayerwiseError::new_err(format!("input error: {} bytes do not fill shape {shape:?}", bytes.len())))
+}
+
+fn arrays(raw: Vec<RawArray>) -> PyResult<Vec<(String, Tensor)>> {
+    raw.into_iter().map(|(name, dtype, shape, bytes)| Ok((name, tensor(&dtype, shape, &bytes)?))).collect()
+}
+
+/// The options both `bisect` and `fix` take, by their command-line names.
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct Options {
+    #[serde(rename = "ref")]
+    reference: Option<String>,
+    cand: Option<String>,
+    cand_model: Option<PathBuf>,
+    atol: Option<f64>,
+    rtol: Option<f64>,
+    range_tol: Option<f64>,
+    seed: Option<u64>,
+    input_shapes: Vec<(String, Vec<usize>)>,
+    val_ranges: Vec<(String, f64, f64)>,
+    tensors: Option<Vec<String>>,
+    mark: Option<String>,
+    max_memory: Option<u64>,
+    isolate: Option<bool>,
+    counterfactual: Option<bool>,
+    noise_floor: Option<bool>,
+    keep_control_flow: Option<bool>,
+    #[serde(rename = "match")]
+    match_mode: Option<String>,
+    progress: Option<bool>,
+    json: Option<PathBuf>,
+    html: Option<PathBuf>,
+    markdown: Option<PathBuf>,
+    repro: Option<PathBuf>,
+    output: Option<PathBuf>,
+    max_rounds: Option<usize>,
+}
+
+fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, samples: Vec<(String, Vec<(String, Tensor)>)>) -> PyResult<BisectOptions> {
+    let mut b = BisectOptions::new(model, o.reference.as_deref().unwrap_or("ort:cpu"), o.cand.as_deref().unwrap_or("sim:fp16"));
+    b.cand_model = o.cand_model.clone();
+    b.atol = o.atol;
+    b.rtol = o.rtol;
+    b.range_tol = o.range_tol;
+    b.inputs.seed = o.seed.unwrap_or(0);
+    b.inputs.shapes = o.input_shapes.clone();
+    b.inputs.ranges = o.val_ranges.clone();
+    b.inputs.given = inputs;
+    b.inputs.given_samples = samples;
+    b.selection = o.tensors.clone().map(Selection::Names).unwrap_or(Selection::All);
+    b.mark = match o.mark.as_deref() {
+        None | Some("all") => Marking::All,
+        Some("search") => Marking::Search,
+        Some(other) => return Err(LayerwiseError::new_err(format!("mark must be 'all' or 'search', not '{other}'"))),
+    };
+    b.max_memory = o.max_memory;
+    b.isolate = o.isolate.unwrap_or(true);
+    b.counterfactual = o.counterfactual.unwrap_or(true);
+    b.noise_floor = o.noise_floor.unwrap_or(true);
+    b.keep_control_flow = o.keep_control_flow.unwrap_or(false);
+    b.match_structure = match o.match_mode.as_deref() {
+        None | Some("auto") => true,
+        Some("name") => false,
+        Some(other) => return Err(LayerwiseError::new_err(format!("match must be 'auto' or 'name', not '{other}'"))),
+    };
+    b.progress = o.progress.unwrap_or(true);
+    b.outputs.json = o.json.clone();
+    b.outputs.html = o.html.clone();
+    b.outputs.markdown = o.markdown.clone();
+    b.repro = o.repro.clone();
+    Ok(b)
+}
+
+/// Runs `job` with the GIL released, checking for Ctrl-C meanwhile: on one, the job is asked to
+/// stop at its next step, and KeyboardInterrupt is raised once it has.
+fn interruptible<T: Send>(py: Python<'_>, job: impl FnOnce() -> anyhow::Result<T> + Send) -> PyResult<T> {
+    CANCEL.store(false, Ordering::Relaxed);
+    let result = std::thread::scope(|scope| {
+        let handle = scope.spawn(job);
+        let mut interrupted = false;
+        while !handle.is_finished() {
+            py.detach(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+            if !interrupted && py.check_signals().is_err() {
+                interrupted = true;
+                CANCEL.store(true, Ordering::Relaxed);
+            }
+        }
+        let out = handle.join();
+        (out, interrupted)
+    });
+    CANCEL.store(false, Ordering::Relaxed);
+    match result {
+        (_, true) => Err(PyKeyboardInterrupt::new_err("layerwise: interrupted; temporary files removed, no partial output written")),
+        (Ok(Ok(v)), false) => Ok(v),
+        (Ok(Err(e)), false) => Err(LayerwiseError::new_err(format!("{e:#}"))),
+        (Err(_), false) => Err(LayerwiseError::new_err("internal error: the run panicked")),
+    }
+}
+
+/// `layerwise bisect`: returns the JSON report, exactly as `--json` writes it.
+#[pyfunction]
+#[pyo3(signature = (model, options_json, inputs, samples))]
+fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
+    let o: Options = serde_json::from_str(options_json).map_err(|e| LayerwiseError::new_err(format!("bad option: {e}")))?;
+    let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
+    let options = bisect_options(model, &o, arrays(inputs)?, samples)?;
+    interruptible(py, move || {
+        let outcome = run_bisect(&options)?;
+        // The bytes `--json` writes.
+        Ok(serde_json::to_string_pretty(&serde_json::to_value(&outcome.report)?)?)
+    })
+}
+
+/// `layerwise fix`: returns the fix report (schema layerwise.fix/1) as JSON.
+#[pyfunction]
+#[pyo3(signature = (model, options_json, inputs))]
+fn fix(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>) -> PyResult<String> {
+    let o: Options = serde_json::from_str(options_json).map_err(|e| LayerwiseError::new_err(format!("bad option: {e}")))?;
+    let mut bisect = bisect_options(model, &o, arrays(inputs)?, Vec::new())?;
+    bisect.outputs = layerwise_report::Outputs { json: o.json.clone(), ..Default::default() };
+    let options = FixOptions { bisect, output: o.output.clone(), max_rounds: o.max_rounds.unwrap_or(12) };
+    interruptible(py, move || {
+        let outcome = run_fix(&options)?;
+        Ok(serde_json::to_string(&outcome.report)?)
+    })
+}
+
+/// Runs a command line (the program name first) as the `layerwise` command does; returns its
+/// exit status.
+#[pyfunction]
+fn main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| layerwise::cli::main_with_args(argv))
+}
+
+/// Runs a command line (the program name first) in this process, without a signal handler:
+/// returns its exit status, or raises LayerwiseError with the message the command would print.
+#[pyfunction]
+fn run_command(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
+    interruptible(py, move || layerwise::cli::run_in_process(argv))
+}
+
+/// The HTML report of a JSON report.
+#[pyfunction]
+fn render_html(report_json: &str) -> PyResult<String> {
+    let value: serde_json::Value = serde_json::from_str(report_json).map_err(|e| LayerwiseError::new_err(format!("not a JSON report: {e}")))?;
+    Ok(layerwise_report::render_html(&value))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(bisect, m)?)?;
+    m.add_function(wrap_pyfunction!(fix, m)?)?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
+    m.add_function(wrap_pyfunction!(run_command, m)?)?;
+    m.add_function(wrap_pyfunction!(render_html, m)?)?;
+    m.add("LayerwiseError", m.py().get_type::<LayerwiseError>())?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

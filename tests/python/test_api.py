@@ -1,0 +1,107 @@
+"""The Python API on generated models: every field the docs use, samples from an iterator, the
+CLI's messages as exceptions, the HTML, and numbers identical to the command line's.
+
+Run after installing the package (`pip install .`): `python -m pytest tests/python`.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import layerwise
+
+
+def cli() -> str:
+    path = shutil.which("layerwise")
+    assert path, "the package installs the `layerwise` command"
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """layerwise's demo model: a decomposed LayerNorm whose x^2 overflows FP16 for inputs in [0,1]."""
+    folder = tmp_path_factory.mktemp("demo")
+    subprocess.run([cli(), "demo", "--out-dir", str(folder)], check=True, capture_output=True)
+    return folder / "demo.onnx"
+
+
+def loud(seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).random((1, 8, 64)) * scale).astype(np.float32)
+
+
+def test_bisect_returns_typed_results(demo):
+    r = layerwise.bisect(demo, inputs={"x": loud()}, cand="sim:fp16", progress=False)
+    assert r.status == "diverged"
+    assert r.first_divergent is not None
+    assert r.first_divergent.node == "encoder/ln/Pow"
+    assert r.first_divergent.cause.kind == "value_overflow"
+    assert math.isinf(r.tensors["ln_squared"].rel_l2_err)
+    assert r.tensors["ln_squared"].op_type == "Pow"
+    assert r.tensors["ln_squared"].pass_ is False
+    d = r.to_dict()
+    assert d["schema"] == "layerwise.report/1"
+    assert d["verdict"]["first_divergent"]["node"] == "encoder/ln/Pow"
+    assert r.noise_floor.ill_conditioned is False
+    quiet = layerwise.bisect(demo, inputs={"x": loud(scale=0.01)}, progress=False)
+    assert quiet.status == "pass" and quiet.first_divergent is None
+
+
+def test_the_numbers_match_the_command_line(demo, tmp_path):
+    x = loud(seed=3)
+    np.save(tmp_path / "x.npy", x)
+    done = subprocess.run([cli(), "bisect", str(demo), "--input", f"x={tmp_path / 'x.npy'}", "--json", str(tmp_path / "cli.json")], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    from_cli = json.loads((tmp_path / "cli.json").read_text())
+    from_api = layerwise.bisect(demo, inputs={"x": x}, progress=False).to_dict()
+    for d in (from_cli, from_api):
+        d.pop("run_info")
+        for i in d["inputs"]:
+            i.pop("source")  # npy:PATH on the command line, "given" from Python
+    assert from_api == from_cli
+
+
+def test_samples_from_an_iterator_are_aggregated(demo):
+    def loader():
+        for seed, scale in [(1, 0.01), (2, 1.0), (3, 0.02)]:
+            yield {"x": loud(seed, scale)}
+
+    r = layerwise.bisect(demo, inputs=loader(), progress=False)
+    assert r.samples.count == 3
+    assert r.samples.worst_sample == "sample_000001"
+    assert [run.status for run in r.samples.runs] == ["pass", "diverged", "pass"]
+    assert r.first_divergent.node == "encoder/ln/Pow"
+
+
+def test_bad_input_raises_the_command_lines_message(demo, tmp_path):
+    with pytest.raises(layerwise.InputError) as raised:
+        layerwise.bisect(demo, inputs={"nope": loud()}, progress=False)
+    message = str(raised.value)
+    assert "the model has no input 'nope' (its inputs: x)" in message
+    np.save(tmp_path / "nope.npy", loud())
+    done = subprocess.run([cli(), "bisect", str(demo), "--input", f"nope={tmp_path / 'nope.npy'}"], capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "the model has no input 'nope' (its inputs: x)" in done.stderr
+    with pytest.raises(layerwise.LayerwiseError, match="model file not found"):
+        layerwise.bisect(tmp_path / "missing.onnx", progress=False)
+
+
+def test_the_html_report_renders_inline_with_its_charts(demo):
+    html = layerwise.bisect(demo, inputs={"x": loud()}, progress=False)._repr_html_()
+    assert html.lstrip().lower().startswith("<!doctype html")
+    assert "<svg" in html and "encoder/ln/Pow" in html
+
+
+def test_fix_and_convert(demo, tmp_path):
+    fixed = layerwise.fix(demo, inputs={"x": loud()}, output=tmp_path / "fixed.onnx", progress=False)
+    assert fixed.status == "fixed"
+    assert "encoder/ln/Pow" in fixed.keep_fp32
+    assert (tmp_path / "fixed.onnx").is_file()
+    layerwise.convert(demo, tmp_path / "demo_fp16.onnx", to="fp16")
+    assert (tmp_path / "demo_fp16.onnx").is_file()
+    with pytest.raises(layerwise.LayerwiseError, match="would overwrite the input model"):
+        layerwise.convert(demo, demo)
