@@ -38,8 +38,8 @@ fn all_formats_from_one_run_and_from_the_saved_report() {
     assert_eq!(md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| #")).count(), 10, "top-10 table:\n{md}");
 
     let me: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("me.json")).unwrap()).unwrap();
-    assert_eq!(me["results"].as_object().unwrap().len(), tensors);
-    assert_eq!(me["results"]["exp"]["value"], 1e30, "inf errors are 1e30 in node data");
+    assert_eq!(me["results"].as_object().unwrap().len(), tensors, "one entry per node (one output each)");
+    assert_eq!(me["results"]["head/Exp"]["value"], 1e30, "keyed by node (Model Explorer's ids), inf errors are 1e30");
     assert_eq!(me["thresholds"].as_array().unwrap().len(), 4);
 
     // The same files from the saved JSON.

@@ -555,7 +555,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     if total_samples > 1 && options.mark == Marking::Search {
         bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
     }
-    let mut extras = Extras::default();
+    let mut extras = Extras { explorer_ids: layerwise_model::explorer_ids::explorer_ids(&original.proto), ..Default::default() };
     // Control flow as the reference ran it: bodies become ordinary, comparable graph.
     let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);
     let mut flattened = None;

@@ -30,6 +30,10 @@ pub struct Extras {
     pub repro: Option<Repro>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+    /// Model Explorer's node id for each node whose layerwise name differs from it (unnamed and
+    /// duplicate names, nodes inside If branches); `--model-explorer` keys its data by these.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub explorer_ids: std::collections::BTreeMap<String, String>,
 }
 
 /// `--repro DIR`: the first divergent layer as a standalone model with its data.

@@ -11,6 +11,7 @@ pub mod builder;
 pub mod convert;
 mod error;
 pub mod engine_style;
+pub mod explorer_ids;
 pub mod extract;
 pub mod fp16;
 pub mod inline;

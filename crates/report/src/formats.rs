@@ -108,11 +108,21 @@ pub fn render_csv(report: &Value) -> Vec<u8> {
 /// output tensor name, each `{value}`, plus colour `thresholds`). The value is the relative L2
 /// error of the node's output; inf/NaN errors become 1e30 (JSON has no inf).
 pub fn render_model_explorer(report: &Value) -> Value {
+    // Keyed by the node ids Model Explorer's ONNX adapter gives (node names, with its own names for
+    // unnamed and duplicate nodes and If branches), each node's worst output error.
     let mut results = serde_json::Map::new();
     for t in report["tensors"].as_array().into_iter().flatten() {
+        let node = s(&t["node"]);
+        if node.is_empty() {
+            continue;
+        }
+        let id = report["explorer_ids"][node].as_str().unwrap_or(node).to_string();
         let e = error_of(t);
         let value = if e.is_finite() { e } else { 1e30 };
-        results.insert(s(&t["name"]).to_string(), json!({ "value": value }));
+        let previous = results.get(&id).and_then(|v| v["value"].as_f64()).unwrap_or(f64::NEG_INFINITY);
+        if value > previous {
+            results.insert(id, json!({ "value": value }));
+        }
     }
     json!({
         "results": results,
