@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +18,9 @@ import layerwise
 
 
 def cli() -> str:
-    path = shutil.which("layerwise")
+    # The command the wheel installed, beside this Python (a venv need not be on PATH).
+    beside = os.path.join(os.path.dirname(sys.executable), "layerwise")
+    path = beside if os.path.exists(beside) else shutil.which("layerwise")
     assert path, "the package installs the `layerwise` command"
     return path
 

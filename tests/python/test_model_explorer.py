@@ -4,8 +4,10 @@ branches. Needs `pip install model-explorer-onnx==0.4.2 ai-edge-model-explorer==
 installs them in the test environment)."""
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -46,7 +48,8 @@ def adapter_ids(path):
 def test_node_data_is_keyed_by_the_adapters_node_ids(tmp_path):
     path = tmp_path / "awkward.onnx"
     model_with_awkward_names(path)
-    layerwise = shutil.which("layerwise")
+    beside = os.path.join(os.path.dirname(sys.executable), "layerwise")
+    layerwise = beside if os.path.exists(beside) else shutil.which("layerwise")
     done = subprocess.run([layerwise, "bisect", str(path), "--model-explorer", str(tmp_path / "me.json"), "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
     assert done.returncode in (0, 1), done.stderr
     results = json.loads((tmp_path / "me.json").read_text())["results"]
