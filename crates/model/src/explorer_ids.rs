@@ -60,6 +60,13 @@ fn walk(graph: &GraphProto, inside: Option<(&str, &str)>, counter: &mut HashMap<
         if our_full != their_full {
             ids.insert(our_full.clone(), their_full.clone());
         }
+        // Inlined, an If hands its branch's outputs on through Identity nodes `If/outputK`; the
+        // adapter merges them in one `IF_phi` node.
+        if node.op_type() == "If" {
+            for k in 0..node.output.len() {
+                ids.insert(format!("{our_full}/output{k}"), format!("{their_full}_phi"));
+            }
+        }
         for attr in &node.attribute {
             let Some(body) = attr.g.as_ref() else { continue };
             let short = match (node.op_type(), attr.name()) {
@@ -119,5 +126,6 @@ mod tests {
         // counter (node_2, then node_3), under the If's name and the attribute.
         assert_eq!(ids.get("gate/then/Identity#0").map(String::as_str), Some("gate/then_branch/node"));
         assert_eq!(ids.get("gate/else/Identity#0").map(String::as_str), Some("gate/else_branch/node"));
+        assert_eq!(ids.get("gate/output0").map(String::as_str), Some("gate_phi"), "the branch's output hand-over is the adapter's Phi");
     }
 }
