@@ -103,6 +103,9 @@ pub struct FixOutcome {
     pub text: String,
 }
 
+/// A candidate run's comparison and verdict.
+type Judged = (Comparison, Verdict);
+
 struct Search<'a> {
     index: &'a GraphIndex,
     feeds: Vec<(String, Tensor)>,
@@ -165,7 +168,7 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
 /// The smallest contiguous region (topological order) whose nodes, kept in FP32 beside `keep`,
 /// bring every output within tolerance: the start found by bisection, then the end, then chunks of
 /// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
-fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, (Comparison, Verdict))>> {
+fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, Judged)>> {
     let nodes = keepable(index, &search.reference, keep);
     let trial = |search: &mut Search, region: &[String], stage: &'static str, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
         let all: Vec<String> = keep.iter().chain(region).cloned().collect();

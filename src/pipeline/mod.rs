@@ -342,8 +342,11 @@ struct Job<'a> {
     budget: u64,
     /// The group plan per set of input shapes: samples usually share their shapes, and planning
     /// builds an ONNX Runtime session.
-    plans: HashMap<Vec<Vec<usize>>, (Vec<Vec<String>>, Option<MemoryPlan>)>,
+    plans: HashMap<Vec<Vec<usize>>, Plan>,
 }
+
+/// The groups of tensors compared together, and the memory plan that made them.
+type Plan = (Vec<Vec<String>>, Option<MemoryPlan>);
 
 /// The result of comparing one sample, all tensors.
 struct Compared {
@@ -360,7 +363,7 @@ struct Compared {
 impl Job<'_> {
     fn run_reference(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection };
-        Ok(self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))?)
+        self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))
     }
 
     fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
@@ -383,7 +386,7 @@ impl Job<'_> {
             }
             None => self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: feeds, selection }),
         };
-        Ok(out.with_context(|| format!("candidate {}", self.options.candidate))?)
+        out.with_context(|| format!("candidate {}", self.options.candidate))
     }
 
     /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget, planned
