@@ -374,6 +374,7 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
         progress: true,
+        progress_lines: false,
         mark: if args.mark == "search" { Marking::Search } else { Marking::All },
         max_memory: args.max_memory,
         isolate: !args.no_isolate,

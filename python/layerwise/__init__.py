@@ -97,8 +97,16 @@ def _split_inputs(inputs: Inputs) -> Tuple[list, list]:
     return [], samples
 
 
+def _progress_lines() -> bool:
+    """One line per step where standard error is no terminal (a notebook), the spinner otherwise."""
+    try:
+        return not sys.stderr.isatty()
+    except Exception:
+        return True
+
+
 def _options(**kwargs: Any) -> str:
-    out = {}
+    out = {"progress_lines": _progress_lines()}
     for key, value in kwargs.items():
         if value is None:
             continue

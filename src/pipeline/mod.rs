@@ -60,6 +60,8 @@ pub struct BisectOptions {
     pub top: usize,
     /// Show progress spinners on stderr.
     pub progress: bool,
+    /// Show progress as one line per step instead (where stderr is no terminal: a notebook).
+    pub progress_lines: bool,
     /// How candidate runs mark tensors: all at once, or a few per run (search).
     pub mark: Marking,
     /// Most bytes of exposed tensors held at once (both sides); `None`: half the available memory.
@@ -111,6 +113,7 @@ impl BisectOptions {
             selection: Selection::All,
             top: 10,
             progress: false,
+            progress_lines: false,
             mark: Marking::All,
             max_memory: None,
             isolate: true,
@@ -132,17 +135,19 @@ pub struct BisectOutcome {
 
 struct Steps {
     bar: ProgressBar,
+    /// One line per step on stderr (no spinner).
+    lines: bool,
     started: Instant,
     durations: Vec<(String, f64)>,
 }
 
 impl Steps {
-    fn new(show: bool) -> Steps {
+    fn new(show: bool, lines: bool) -> Steps {
         let bar = ProgressBar::new_spinner();
-        bar.set_draw_target(if show { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
+        bar.set_draw_target(if show && !lines { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
         bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("template"));
         bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        Steps { bar, started: Instant::now(), durations: Vec::new() }
+        Steps { bar, lines: show && lines, started: Instant::now(), durations: Vec::new() }
     }
 
     fn run<T>(&mut self, label: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -150,6 +155,9 @@ impl Steps {
             bail!("interrupted before '{label}'");
         }
         self.bar.set_message(label.to_string());
+        if self.lines {
+            eprintln!("layerwise: {label} ({:.1} s)", self.started.elapsed().as_secs_f64());
+        }
         let t = Instant::now();
         let r = f();
         self.durations.push((label.to_string(), t.elapsed().as_secs_f64()));
@@ -209,7 +217,7 @@ fn check_outputs(options: &BisectOptions) -> Result<()> {
 }
 
 pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
-    let mut steps = Steps::new(options.progress);
+    let mut steps = Steps::new(options.progress, options.progress_lines);
     check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
     run_bisect(&model, options, steps)
@@ -218,7 +226,7 @@ pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
 /// The bisect job on an already loaded model (the demo builds its model in memory).
 pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
     check_outputs(options)?;
-    run_bisect(model, options, Steps::new(options.progress))
+    run_bisect(model, options, Steps::new(options.progress, options.progress_lines))
 }
 
 /// Half the memory the system reports available, or 4 GiB where it cannot tell.

@@ -67,6 +67,7 @@ struct Options {
     #[serde(rename = "match")]
     match_mode: Option<String>,
     progress: Option<bool>,
+    progress_lines: Option<bool>,
     json: Option<PathBuf>,
     html: Option<PathBuf>,
     markdown: Option<PathBuf>,
@@ -103,6 +104,7 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
         Some(other) => return Err(LayerwiseError::new_err(format!("match must be 'auto' or 'name', not '{other}'"))),
     };
     b.progress = o.progress.unwrap_or(true);
+    b.progress_lines = o.progress_lines.unwrap_or(false);
     b.outputs.json = o.json.clone();
     b.outputs.html = o.html.clone();
     b.outputs.markdown = o.markdown.clone();
