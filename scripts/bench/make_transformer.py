@@ -4,6 +4,9 @@ Erf, sequence 512; about 110M parameters (440 MB, one file). Even layers use the
 op, odd layers the decomposed form (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add).
 
 usage: python3 scripts/bench/make_transformer.py OUT.onnx [LAYERS]
+       python3 scripts/bench/make_transformer.py --decoder OUT.onnx
+The decoder variant is about 1.07B parameters (hidden 2048, 16 heads, FFN 8192, 20 layers, vocabulary
+32000, sequence 128, a causal mask), stored as external data beside OUT (OUT.data, 4.3 GB).
 """
 import sys
 
@@ -11,9 +14,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-out = sys.argv[1]
-layers = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-H, HEADS, FF, SEQ, VOCAB = 768, 12, 3072, 512, 30522
+decoder = sys.argv[1] == "--decoder"
+args = sys.argv[2:] if decoder else sys.argv[1:]
+out = args[0]
+if decoder:
+    layers = 20
+    H, HEADS, FF, SEQ, VOCAB = 2048, 16, 8192, 128, 32000
+else:
+    layers = int(args[1]) if len(args) > 1 else 12
+    H, HEADS, FF, SEQ, VOCAB = 768, 12, 3072, 512, 30522
 rng = np.random.default_rng(0)
 inits, nodes = [], []
 
@@ -62,6 +71,7 @@ x = layer_norm(pos, "embeddings/ln", decomposed=False)
 heads_shape = const("shape/heads", np.array([1, SEQ, HEADS, H // HEADS], np.int64))
 merged_shape = const("shape/merged", np.array([1, SEQ, H], np.int64))
 scale = const("attention/scale", np.array(1.0 / np.sqrt(H // HEADS), np.float32))
+causal = const("attention/causal_mask", np.triu(np.full((1, 1, SEQ, SEQ), -1e4, np.float32), k=1)) if decoder else None
 for i in range(layers):
     p = f"layer{i}"
     q, k, v = (dense(x, f"{p}/attention/{n}", H, H) for n in ("query", "key", "value"))
@@ -69,6 +79,8 @@ for i in range(layers):
     kh = node("Transpose", [node("Reshape", [k, heads_shape], f"{p}/attention/k_heads")], f"{p}/attention/k_t", perm=[0, 2, 3, 1])
     vh = node("Transpose", [node("Reshape", [v, heads_shape], f"{p}/attention/v_heads")], f"{p}/attention/v_t", perm=[0, 2, 1, 3])
     scores = node("Mul", [node("MatMul", [qh, kh], f"{p}/attention/scores"), scale], f"{p}/attention/scaled")
+    if decoder:
+        scores = node("Add", [scores, causal], f"{p}/attention/causal")
     probs = node("Softmax", [scores], f"{p}/attention/Softmax", axis=-1)
     context = node("MatMul", [probs, vh], f"{p}/attention/context")
     merged = node("Reshape", [node("Transpose", [context], f"{p}/attention/c_t", perm=[0, 2, 1, 3]), merged_shape], f"{p}/attention/merge")
@@ -83,12 +95,16 @@ for i in range(layers):
 nodes.append(helper.make_node("Identity", [x], ["last_hidden_state"], name="output"))
 graph = helper.make_graph(
     nodes,
-    "bert-base-sized",
+    "decoder-1b" if decoder else "bert-base-sized",
     [helper.make_tensor_value_info(ids, TensorProto.INT64, [1, SEQ])],
     [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, [1, SEQ, H])],
     inits,
 )
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-onnx.save(model, out)
+if decoder:
+    import os
+    onnx.save(model, out, save_as_external_data=True, all_tensors_to_one_file=True, location=os.path.basename(out) + ".data", size_threshold=1024)
+else:
+    onnx.save(model, out)
 params = sum(int(np.prod(t.dims)) for t in inits)
 print(f"{out}: {len(nodes)} nodes, {params / 1e6:.1f}M parameters")
