@@ -240,3 +240,22 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     let kept: Vec<&str> = fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
     assert!(kept.contains(&"steps/body/square"), "{kept:?}");
 }
+
+#[test]
+fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_it_does_not_cover() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&network_in_an_if(true), &dir.path().join("vad.onnx"));
+    std::fs::create_dir(dir.path().join("samples")).unwrap();
+    for (i, rate) in [16000i64, 8000].into_iter().enumerate() {
+        let x = Tensor::new(vec![1, 64], TensorData::F32((0..64).map(|k| 0.5 + k as f32 / 128.0).collect()));
+        let sr = Tensor::new(vec![], TensorData::I64(vec![rate]));
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "vad.onnx", "--inputs", "samples", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["control_flow"]["kept"][0][0], "by_rate", "{t}");
+    let conclusions = r["verdict"]["conclusions"].to_string();
+    assert!(conclusions.contains("this verdict does not cover what happens inside it"), "{conclusions}");
+    assert!(t.contains("does not cover what happens inside"), "{t}");
+}

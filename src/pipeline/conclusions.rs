@@ -19,6 +19,15 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             out.push(format!("{failing} intermediate tensors are out of tolerance, but their error does not reach the outputs with these inputs"));
         }
     }
+    // A body left as it is was neither compared nor, under an emulation, rounded: what the verdict
+    // says does not cover it.
+    if let Some(cf) = &extras.control_flow {
+        for (node, why) in &cf.kept {
+            out.push(format!(
+                "'{node}' was left as it is ({why}): the tensors inside its body were not compared (and an emulation, sim:..., does not round them), so this verdict does not cover what happens inside it"
+            ));
+        }
+    }
     if let Some(floor) = &extras.noise_floor {
         if floor.ill_conditioned {
             verdict.summary = format!(
