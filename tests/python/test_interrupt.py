@@ -1,0 +1,40 @@
+"""Ctrl-C during a long run from Python stops it at its next step, raises KeyboardInterrupt and
+leaves no temporary files behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+GENERATOR = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "make_transformer.py"
+
+
+def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
+    model = tmp_path / "encoder.onnx"
+    subprocess.run([sys.executable, str(GENERATOR), str(model), "2"], check=True, capture_output=True)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    code = (
+        "import sys, layerwise\n"
+        "try:\n"
+        f"    layerwise.bisect({str(model)!r}, progress=False)\n"
+        "except KeyboardInterrupt as e:\n"
+        "    print('INTERRUPTED:', e)\n"
+        "    sys.exit(3)\n"
+        "print('FINISHED')\n"
+    )
+    env = dict(os.environ, TMPDIR=str(scratch))
+    started = time.monotonic()
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(2.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 3, (p.returncode, out, err)
+    assert "interrupted" in out, out
+    # ONNX Runtime's own `.ses` session file is ONNX Runtime's (docs/reliability.md); layerwise's
+    # scratch folders must be gone.
+    left = [f for f in scratch.iterdir() if f.name != ".ses"]
+    assert not left, f"temporary files left: {left}"
+    assert time.monotonic() - started < 300
