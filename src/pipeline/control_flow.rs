@@ -102,6 +102,8 @@ fn deciding_tensors(n: &NodeInfo) -> Vec<String> {
             let carried = n.inputs.len().saturating_sub(2);
             out.extend(n.outputs.iter().skip(carried).filter(|t| !t.is_empty()).cloned());
         }
+        // A Scan runs once per slice of its scan inputs: their length is known from the run.
+        "Scan" => out.extend(n.inputs.iter().filter(|t| !t.is_empty()).cloned()),
         _ => {}
     }
     out
@@ -169,6 +171,25 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
             let trips = scalar_i64(&t).ok_or("its trip count is not one integer")?;
             usize::try_from(trips).map(Taken::Iterations).map_err(|_| format!("its trip count is {trips}"))
         }
-        other => Err(format!("{other} bodies are not unrolled yet: their tensors are not compared")),
+        "Scan" => {
+            let graph_node = model.graph().node.get(n.proto_index).ok_or("it is not in the model")?;
+            let int = |name: &str| graph_node.attribute.iter().find(|a| a.name() == name);
+            let scan_inputs = int("num_scan_inputs").and_then(|a| a.i).unwrap_or(0) as usize;
+            if model.opset() < 9 {
+                return Err("a Scan before opset 9 (with a batch axis) is not unrolled".into());
+            }
+            let states = n.inputs.len().checked_sub(scan_inputs).ok_or("it has fewer inputs than num_scan_inputs")?;
+            let axes = int("scan_input_axes").map(|a| a.ints.clone()).unwrap_or_default();
+            let out_axes = int("scan_output_axes").map(|a| a.ints.clone()).unwrap_or_default();
+            if axes.iter().chain(&out_axes).any(|&a| a < 0) {
+                return Err("it uses negative scan axes, which the unrolling does not resolve".into());
+            }
+            let first = n.inputs.get(states).ok_or("it has no scan input")?;
+            let t = value(first, model, values).ok_or_else(|| format!("its scan input '{first}' has no value in the reference run"))?;
+            let axis = axes.first().copied().unwrap_or(0);
+            let axis = usize::try_from(if axis < 0 { axis + t.shape.len() as i64 } else { axis }).map_err(|_| "its scan axis is out of range".to_string())?;
+            t.shape.get(axis).map(|&k| Taken::Iterations(k)).ok_or_else(|| "its scan axis is out of range".to_string())
+        }
+        other => Err(format!("{other} bodies are not unrolled: their tensors are not compared")),
     }
 }

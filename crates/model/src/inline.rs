@@ -83,6 +83,16 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                     true
                 }
             }
+            ("Scan", Some(Taken::Iterations(n))) if opset >= 9 => {
+                let body = subgraph(&node, "body").ok_or_else(|| bad(&name, "has no body".into()))?;
+                if body.node.len().saturating_mul(*n) > MOST_UNROLLED_NODES || *n == 0 {
+                    false
+                } else {
+                    let added = unroll_scan(&node, &name, body, *n, opset, &mut taken_names, &mut nodes, &mut initializers, &mut value_info)?;
+                    report.push(Inlined { node: name, op_type: "Scan".into(), taken: format!("{n} iterations"), nodes: added });
+                    true
+                }
+            }
             _ => false,
         };
         if !replaced {
@@ -277,6 +287,116 @@ fn unroll_loop(
             ..Default::default()
         });
         added += parts.len() + 1;
+    }
+    Ok(added)
+}
+
+fn ints_attr(node: &NodeProto, name: &str) -> Vec<i64> {
+    node.attribute.iter().find(|a| a.name() == name).map(|a| a.ints.clone()).unwrap_or_default()
+}
+
+fn int_attr(name: &str, v: i64) -> AttributeProto {
+    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() }
+}
+
+/// Scan (opset 9 and later) with N state values and M scan inputs: `n` copies of the body, iteration
+/// i reading slice i of each scan input along its axis (from the end when its direction is 1)
+/// with a Gather, the state chained through; each scan output's slices stacked along its axis
+/// (in reverse order when its direction is 1).
+#[allow(clippy::too_many_arguments)]
+fn unroll_scan(
+    node: &NodeProto,
+    name: &str,
+    body: &GraphProto,
+    n: usize,
+    opset: i64,
+    used: &mut HashSet<String>,
+    nodes: &mut Vec<NodeProto>,
+    initializers: &mut Vec<TensorProto>,
+    value_info: &mut Vec<ValueInfoProto>,
+) -> Result<usize, ModelError> {
+    let scan_inputs = node.attribute.iter().find(|a| a.name() == "num_scan_inputs").and_then(|a| a.i).unwrap_or(0) as usize;
+    let states = node.input.len().checked_sub(scan_inputs).ok_or_else(|| bad(name, "has fewer inputs than num_scan_inputs".into()))?;
+    let scan_outputs = node.output.len().saturating_sub(states);
+    if body.input.len() != states + scan_inputs || body.output.len() != states + scan_outputs {
+        return Err(bad(name, format!("has a body with {} inputs and {} outputs for {states} states, {scan_inputs} scan inputs", body.input.len(), body.output.len())));
+    }
+    let (in_axes, in_dirs) = (ints_attr(node, "scan_input_axes"), ints_attr(node, "scan_input_directions"));
+    let (out_axes, out_dirs) = (ints_attr(node, "scan_output_axes"), ints_attr(node, "scan_output_directions"));
+    if in_axes.iter().chain(&out_axes).any(|&a| a < 0) {
+        return Err(bad(name, "uses negative scan axes, which the unrolling does not resolve".into()));
+    }
+    let mut scope = Scope::new(name.to_string(), used);
+    let mut state: Vec<String> = node.input[..states].to_vec();
+    let mut parts: Vec<Vec<String>> = vec![Vec::new(); scan_outputs];
+    let mut added = 0;
+    for i in 0..n {
+        let mut iteration = Scope::new(format!("{name}/iter{i}"), scope.used);
+        let mut bind = HashMap::new();
+        for (formal, actual) in body.input[..states].iter().zip(&state) {
+            bind.insert(formal.name().to_string(), actual.clone());
+        }
+        for j in 0..scan_inputs {
+            let reverse = in_dirs.get(j).copied().unwrap_or(0) == 1;
+            let index = iteration.fresh(&format!("index{j}"));
+            initializers.push(i64_tensor(&index, &[], &[if reverse { (n - 1 - i) as i64 } else { i as i64 }]));
+            let slice = iteration.fresh(&format!("slice{j}"));
+            nodes.push(NodeProto {
+                op_type: Some("Gather".into()),
+                name: Some(format!("{name}/iter{i}/slice{j}")),
+                input: vec![node.input[states + j].clone(), index],
+                output: vec![slice.clone()],
+                attribute: vec![int_attr("axis", in_axes.get(j).copied().unwrap_or(0))],
+                ..Default::default()
+            });
+            added += 1;
+            bind.insert(body.input[states + j].name().to_string(), slice);
+        }
+        let outputs = iteration.inline(body, &bind, nodes, initializers, value_info);
+        added += iteration.added;
+        state = outputs[..states].to_vec();
+        for (part, out) in parts.iter_mut().zip(&outputs[states..]) {
+            part.push(out.clone());
+        }
+    }
+    for (k, (value, outer)) in state.iter().zip(&node.output).enumerate() {
+        if !outer.is_empty() {
+            nodes.push(identity(&format!("{name}/final{k}"), value, outer));
+            added += 1;
+        }
+    }
+    for (j, slices) in parts.iter().enumerate() {
+        let Some(outer) = node.output.get(states + j).filter(|o| !o.is_empty()) else { continue };
+        let axis = out_axes.get(j).copied().unwrap_or(0);
+        let mut ordered = slices.clone();
+        if out_dirs.get(j).copied().unwrap_or(0) == 1 {
+            ordered.reverse();
+        }
+        let axes = scope.fresh(&format!("axes{j}"));
+        if opset >= 13 {
+            initializers.push(i64_tensor(&axes, &[1], &[axis]));
+        }
+        let mut stacked = Vec::new();
+        for (i, part) in ordered.iter().enumerate() {
+            let t = scope.fresh(&format!("scan{j}_part{i}"));
+            let mut u = NodeProto { op_type: Some("Unsqueeze".into()), name: Some(format!("{name}/scan{j}/unsqueeze{i}")), input: vec![part.clone()], output: vec![t.clone()], ..Default::default() };
+            if opset >= 13 {
+                u.input.push(axes.clone());
+            } else {
+                u.attribute.push(AttributeProto { name: Some("axes".into()), r#type: Some(AttributeType::Ints as i32), ints: vec![axis], ..Default::default() });
+            }
+            nodes.push(u);
+            stacked.push(t);
+        }
+        nodes.push(NodeProto {
+            op_type: Some("Concat".into()),
+            name: Some(format!("{name}/scan{j}")),
+            input: stacked,
+            output: vec![outer.clone()],
+            attribute: vec![int_attr("axis", axis)],
+            ..Default::default()
+        });
+        added += ordered.len() + 1;
     }
     Ok(added)
 }
