@@ -9,8 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use bytes::Bytes;
 
+use crate::builder::f32_tensor;
 use crate::onnx::{tensor_proto::DataType, GraphProto, ModelProto, TensorProto};
 use crate::weights::float_weight_values;
 use crate::{GraphIndex, Model, ModelError};
@@ -99,16 +99,6 @@ pub fn fold_batch_norms(model: &Model, proto: &ModelProto, index: &GraphIndex, o
     graph.initializer.extend(new_weights);
     graph.output.retain(|o| !gone.contains(o.name()));
     Ok((out, folded))
-}
-
-fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
-    TensorProto {
-        name: Some(name.into()),
-        dims: dims.to_vec(),
-        data_type: Some(DataType::Float as i32),
-        raw_data: Some(Bytes::from(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
-        ..Default::default()
-    }
 }
 
 /// The fused layers of a graph by the rule set: a node joins the layer of the node producing its

@@ -21,29 +21,11 @@ pub fn explorer_ids(model: &ModelProto) -> BTreeMap<String, String> {
     ids
 }
 
-/// Unique names the way layerwise's graph index gives them (`OpType#i`, `name#i`).
-fn layerwise_names(graph: &GraphProto) -> Vec<String> {
-    let mut count: HashMap<&str, usize> = HashMap::new();
-    for n in &graph.node {
-        *count.entry(n.name()).or_default() += 1;
-    }
-    graph
-        .node
-        .iter()
-        .enumerate()
-        .map(|(i, n)| match n.name() {
-            "" => format!("{}#{i}", n.op_type()),
-            name if count[name] > 1 => format!("{name}#{i}"),
-            name => name.to_string(),
-        })
-        .collect()
-}
-
 /// `inside`: for a branch of an If, (layerwise's prefix `If/then`, the adapter's prefix
 /// `If/then_branch`).
 fn walk(graph: &GraphProto, inside: Option<(&str, &str)>, counter: &mut HashMap<String, usize>, ids: &mut BTreeMap<String, String>) {
     let mut used: HashSet<String> = HashSet::new();
-    let ours = layerwise_names(graph);
+    let ours = crate::graph::node_names(&graph.node);
     for (node, our) in graph.node.iter().zip(&ours) {
         let base = if node.name().is_empty() { "node".to_string() } else { node.name().to_string() };
         let mut fixed = base.clone();

@@ -230,7 +230,7 @@ impl GraphIndex {
 
 /// Names for every node: its own if non-empty and unique, otherwise `OpType#i` (or `name#i` for a
 /// duplicated name), where `i` is the node's position in the file.
-fn node_names(nodes: &[NodeProto]) -> Vec<String> {
+pub(crate) fn node_names(nodes: &[NodeProto]) -> Vec<String> {
     let mut count: HashMap<&str, usize> = HashMap::new();
     for n in nodes {
         *count.entry(n.name()).or_default() += 1;

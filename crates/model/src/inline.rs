@@ -8,8 +8,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::builder::i64_tensor;
-use crate::onnx::{attribute_proto::AttributeType, AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
+use crate::builder::{attr, i64_tensor};
+use crate::onnx::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use crate::{DataType, GraphIndex, ModelError};
 
 /// What a run did at one control-flow node (by layerwise's node name).
@@ -40,7 +40,7 @@ pub const MOST_UNROLLED_NODES: usize = 200_000;
 /// control flow: call again with what the next run says about it.
 pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashMap<String, Taken>) -> Result<(ModelProto, Vec<Inlined>), ModelError> {
     let mut out = proto.clone();
-    let opset = proto.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(0);
+    let opset = crate::model::default_opset(proto);
     let graph = out.graph.as_mut().expect("model has a graph");
     let names: HashMap<usize, &str> = index.nodes.iter().map(|n| (n.proto_index, n.name.as_str())).collect();
     let mut taken_names: HashSet<String> = graph.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
@@ -247,56 +247,62 @@ fn unroll_loop(
             part.push(out.clone());
         }
     }
-    for (k, (value, outer)) in values.iter().zip(&node.output).enumerate() {
+    added += hand_over(name, &values, &node.output, nodes);
+    for (j, parts) in scan_parts.iter().enumerate() {
+        if let Some(outer) = node.output.get(carried + j).filter(|o| !o.is_empty()) {
+            added += stack(&mut scope, name, j, parts, 0, opset, outer, nodes, initializers);
+        }
+    }
+    Ok(added)
+}
+
+/// The final loop-carried values (or scan states) handed to the node's outputs through Identity
+/// nodes `Node/finalK`; returns the nodes added.
+fn hand_over(name: &str, values: &[String], outputs: &[String], nodes: &mut Vec<NodeProto>) -> usize {
+    let mut added = 0;
+    for (k, (value, outer)) in values.iter().zip(outputs).enumerate() {
         if !outer.is_empty() {
             nodes.push(identity(&format!("{name}/final{k}"), value, outer));
             added += 1;
         }
     }
-    // Each scan output: every iteration's value with a new leading axis, concatenated.
-    let axes = scope.fresh("axes0");
-    if opset >= 13 && scans > 0 {
-        initializers.push(i64_tensor(&axes, &[1], &[0]));
+    added
+}
+
+/// Scan output `j`: each iteration's value given a new axis `axis` (Unsqueeze) and concatenated
+/// along it into `outer`; returns the nodes added.
+#[allow(clippy::too_many_arguments)]
+fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, opset: i64, outer: &str, nodes: &mut Vec<NodeProto>, initializers: &mut Vec<TensorProto>) -> usize {
+    // Unsqueeze takes its axes as an input from opset 13, as an attribute before.
+    let axes = scope.fresh(&format!("axes{j}"));
+    if opset >= 13 {
+        initializers.push(i64_tensor(&axes, &[1], &[axis]));
     }
-    for (j, parts) in scan_parts.iter().enumerate() {
-        let Some(outer) = node.output.get(carried + j).filter(|o| !o.is_empty()) else { continue };
-        let mut stacked = Vec::new();
-        for (i, part) in parts.iter().enumerate() {
-            let t = scope.fresh(&format!("scan{j}_iter{i}"));
-            let mut u = NodeProto {
-                op_type: Some("Unsqueeze".into()),
-                name: Some(format!("{name}/scan{j}/unsqueeze{i}")),
-                input: vec![part.clone()],
-                output: vec![t.clone()],
-                ..Default::default()
-            };
-            if opset >= 13 {
-                u.input.push(axes.clone());
-            } else {
-                u.attribute.push(AttributeProto { name: Some("axes".into()), r#type: Some(AttributeType::Ints as i32), ints: vec![0], ..Default::default() });
-            }
-            nodes.push(u);
-            stacked.push(t);
+    let mut stacked = Vec::new();
+    for (i, part) in parts.iter().enumerate() {
+        let t = scope.fresh(&format!("scan{j}_part{i}"));
+        let mut u = NodeProto { op_type: Some("Unsqueeze".into()), name: Some(format!("{name}/scan{j}/unsqueeze{i}")), input: vec![part.clone()], output: vec![t.clone()], ..Default::default() };
+        if opset >= 13 {
+            u.input.push(axes.clone());
+        } else {
+            u.attribute.push(attr::ints("axes", &[axis]));
         }
-        nodes.push(NodeProto {
-            op_type: Some("Concat".into()),
-            name: Some(format!("{name}/scan{j}")),
-            input: stacked,
-            output: vec![outer.clone()],
-            attribute: vec![AttributeProto { name: Some("axis".into()), r#type: Some(AttributeType::Int as i32), i: Some(0), ..Default::default() }],
-            ..Default::default()
-        });
-        added += parts.len() + 1;
+        nodes.push(u);
+        stacked.push(t);
     }
-    Ok(added)
+    nodes.push(NodeProto {
+        op_type: Some("Concat".into()),
+        name: Some(format!("{name}/scan{j}")),
+        input: stacked,
+        output: vec![outer.to_string()],
+        attribute: vec![attr::int("axis", axis)],
+        ..Default::default()
+    });
+    parts.len() + 1
 }
 
 fn ints_attr(node: &NodeProto, name: &str) -> Vec<i64> {
     node.attribute.iter().find(|a| a.name() == name).map(|a| a.ints.clone()).unwrap_or_default()
-}
-
-fn int_attr(name: &str, v: i64) -> AttributeProto {
-    AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() }
 }
 
 /// Scan (opset 9 and later) with N state values and M scan inputs: `n` copies of the body, iteration
@@ -346,7 +352,7 @@ fn unroll_scan(
                 name: Some(format!("{name}/iter{i}/slice{j}")),
                 input: vec![node.input[states + j].clone(), index],
                 output: vec![slice.clone()],
-                attribute: vec![int_attr("axis", in_axes.get(j).copied().unwrap_or(0))],
+                attribute: vec![attr::int("axis", in_axes.get(j).copied().unwrap_or(0))],
                 ..Default::default()
             });
             added += 1;
@@ -359,44 +365,14 @@ fn unroll_scan(
             part.push(out.clone());
         }
     }
-    for (k, (value, outer)) in state.iter().zip(&node.output).enumerate() {
-        if !outer.is_empty() {
-            nodes.push(identity(&format!("{name}/final{k}"), value, outer));
-            added += 1;
-        }
-    }
+    added += hand_over(name, &state, &node.output, nodes);
     for (j, slices) in parts.iter().enumerate() {
         let Some(outer) = node.output.get(states + j).filter(|o| !o.is_empty()) else { continue };
-        let axis = out_axes.get(j).copied().unwrap_or(0);
         let mut ordered = slices.clone();
         if out_dirs.get(j).copied().unwrap_or(0) == 1 {
             ordered.reverse();
         }
-        let axes = scope.fresh(&format!("axes{j}"));
-        if opset >= 13 {
-            initializers.push(i64_tensor(&axes, &[1], &[axis]));
-        }
-        let mut stacked = Vec::new();
-        for (i, part) in ordered.iter().enumerate() {
-            let t = scope.fresh(&format!("scan{j}_part{i}"));
-            let mut u = NodeProto { op_type: Some("Unsqueeze".into()), name: Some(format!("{name}/scan{j}/unsqueeze{i}")), input: vec![part.clone()], output: vec![t.clone()], ..Default::default() };
-            if opset >= 13 {
-                u.input.push(axes.clone());
-            } else {
-                u.attribute.push(AttributeProto { name: Some("axes".into()), r#type: Some(AttributeType::Ints as i32), ints: vec![axis], ..Default::default() });
-            }
-            nodes.push(u);
-            stacked.push(t);
-        }
-        nodes.push(NodeProto {
-            op_type: Some("Concat".into()),
-            name: Some(format!("{name}/scan{j}")),
-            input: stacked,
-            output: vec![outer.clone()],
-            attribute: vec![int_attr("axis", axis)],
-            ..Default::default()
-        });
-        added += ordered.len() + 1;
+        added += stack(&mut scope, name, j, &ordered, out_axes.get(j).copied().unwrap_or(0), opset, outer, nodes, initializers);
     }
     Ok(added)
 }

@@ -89,12 +89,7 @@ impl Model {
 
     /// Opset version of the default ONNX domain.
     pub fn opset(&self) -> i64 {
-        self.proto
-            .opset_import
-            .iter()
-            .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
-            .map(|o| o.version())
-            .unwrap_or(0)
+        default_opset(&self.proto)
     }
 
     fn check_is_model(&self) -> Result<(), ModelError> {
@@ -330,6 +325,11 @@ impl Model {
         }
         Ok(len)
     }
+}
+
+/// Opset version of a model's default ONNX domain (0 when it imports none).
+pub(crate) fn default_opset(proto: &ModelProto) -> i64 {
+    proto.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(0)
 }
 
 /// Whether a tensor's values live in an external file.

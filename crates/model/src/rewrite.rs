@@ -2,6 +2,7 @@ use std::collections::HashSet;
 
 use bytes::Bytes;
 
+use crate::builder::f32_tensor;
 use crate::rounding::{Rounding, TF32_OPS};
 use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
@@ -108,15 +109,9 @@ pub fn emulate(
     round_graph_weights(model, graph, &mut rounded_weights, rounding)?;
     // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to
     // BF16's 8 significant bits in float32 arithmetic.
-    let opset = proto.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(0);
-    let split = storage == DataType::Bfloat16 && opset < 13;
+    let split = storage == DataType::Bfloat16 && crate::model::default_opset(proto) < 13;
     if split {
-        graph.initializer.push(TensorProto {
-            name: Some(BF16_SPLITTER_NAME.into()),
-            data_type: Some(DataType::Float as i32),
-            raw_data: Some(Bytes::from(crate::rounding::BF16_SPLITTER.to_le_bytes().to_vec())),
-            ..Default::default()
-        });
+        graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
     }
 
     let float_inputs: Vec<String> = graph
@@ -164,7 +159,6 @@ pub fn emulate(
 pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp32: &HashSet<usize>) -> Result<Emulation, ModelError> {
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
-    let splitter = "__lw_tf32_splitter".to_string();
     let mut float_weights: HashSet<String> = graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()).collect();
     float_weights.extend(graph.input.iter().filter(|v| is_float_value(v)).map(|v| v.name().to_string()));
     let is_float = |t: &str| float_tensors.contains(t) || float_weights.contains(t);
@@ -179,18 +173,9 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
                 let Some(input) = node.input.get(slot).cloned().filter(|t| !t.is_empty() && is_float(t)) else { continue };
                 let rounded = split.entry(input.clone()).or_insert_with(|| {
                     rounded_tensors += 1;
-                    let (c, d, r) = (format!("{input}__lw_tf32_c"), format!("{input}__lw_tf32_d"), format!("{input}__lw_tf32"));
-                    let op = |t: &str, name: String, ins: [&str; 2], out: &str| NodeProto {
-                        op_type: Some(t.into()),
-                        name: Some(name),
-                        input: ins.iter().map(|s| s.to_string()).collect(),
-                        output: vec![out.to_string()],
-                        ..Default::default()
-                    };
-                    nodes.push(op("Mul", format!("{input}/lw_tf32_scale"), [&input, &splitter], &c));
-                    nodes.push(op("Sub", format!("{input}/lw_tf32_low"), [&c, &input], &d));
-                    nodes.push(op("Sub", format!("{input}/lw_tf32_high"), [&c, &d], &r));
-                    r
+                    let rounded = format!("{input}__lw_tf32");
+                    nodes.extend(veltkamp_split(&input, &rounded, TF32_SPLITTER_NAME, &input, "tf32"));
+                    rounded
                 });
                 node.input[slot] = rounded.clone();
             }
@@ -199,12 +184,7 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
     }
     graph.node = nodes;
     if rounded_tensors > 0 {
-        graph.initializer.push(TensorProto {
-            name: Some(splitter),
-            data_type: Some(DataType::Float as i32),
-            raw_data: Some(Bytes::from(crate::rounding::TF32_SPLITTER.to_le_bytes().to_vec())),
-            ..Default::default()
-        });
+        graph.initializer.push(f32_tensor(TF32_SPLITTER_NAME, &[], &[crate::rounding::TF32_SPLITTER]));
     }
     Ok(Emulation { proto: out, rounded_tensors, rounded_weights: 0 })
 }
@@ -273,13 +253,22 @@ fn rename_reads(node: &mut NodeProto, from: &str, to: &str) {
 }
 
 const BF16_SPLITTER_NAME: &str = "__lw_bf16_splitter";
+const TF32_SPLITTER_NAME: &str = "__lw_tf32_splitter";
 
 /// The nodes that round `from` into `to`: a Cast pair, or with `split` (BF16 before opset 13) a
-/// Veltkamp split `c = from * 65537; to = c - (c - from)`.
+/// Veltkamp split.
 fn rounding_nodes(from: &str, to: &str, storage: DataType, split: bool) -> Vec<NodeProto> {
-    if !split {
-        return cast_pair(from, to, storage).to_vec();
+    if split {
+        veltkamp_split(from, to, BF16_SPLITTER_NAME, to, "bf16").to_vec()
+    } else {
+        cast_pair(from, to, storage).to_vec()
     }
+}
+
+/// `c = from * splitter; to = c - (c - from)`: `from` rounded to the leading bits the splitter
+/// (`2^s + 1`) keeps, in float32 arithmetic alone. Helper tensors and nodes are named after
+/// `base` and `tag` (`{base}__lw_{tag}_c`, `{base}/lw_{tag}_scale`).
+fn veltkamp_split(from: &str, to: &str, splitter: &str, base: &str, tag: &str) -> [NodeProto; 3] {
     let op = |t: &str, name: String, ins: [&str; 2], out: &str| NodeProto {
         op_type: Some(t.into()),
         name: Some(name),
@@ -287,11 +276,11 @@ fn rounding_nodes(from: &str, to: &str, storage: DataType, split: bool) -> Vec<N
         output: vec![out.to_string()],
         ..Default::default()
     };
-    let (c, d) = (format!("{to}__lw_bf16_c"), format!("{to}__lw_bf16_d"));
-    vec![
-        op("Mul", format!("{to}/lw_bf16_scale"), [from, BF16_SPLITTER_NAME], &c),
-        op("Sub", format!("{to}/lw_bf16_low"), [&c, from], &d),
-        op("Sub", format!("{to}/lw_bf16_high"), [&c, &d], to),
+    let (c, d) = (format!("{base}__lw_{tag}_c"), format!("{base}__lw_{tag}_d"));
+    [
+        op("Mul", format!("{base}/lw_{tag}_scale"), [from, splitter], &c),
+        op("Sub", format!("{base}/lw_{tag}_low"), [&c, from], &d),
+        op("Sub", format!("{base}/lw_{tag}_high"), [&c, &d], to),
     ]
 }
 
