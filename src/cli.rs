@@ -433,7 +433,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
         refused: Default::default(),
     };
-    let conversion = crate::keep::convert_checked(&model, &index, &float, &options)?;
+    let (conversion, _) = crate::keep::convert_checked(&model, &index, &float, &options)?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));

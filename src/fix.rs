@@ -419,7 +419,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let (conversion, problems) = if flattened.is_some() {
             let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
             let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
-            let conversion = crate::keep::convert_checked(&original, &original_index, &float, &options)?;
+            let (conversion, _) = crate::keep::convert_checked(&original, &original_index, &float, &options)?;
             let problems = check_float_types(&conversion.proto, &float);
             (conversion, problems)
         } else {

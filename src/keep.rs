@@ -5,7 +5,7 @@
 //! converted to FP16 with the keep list in FP32 (the converter's keep list), saved to a
 //! temporary file and loaded like a user's model.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use anyhow::Result;
 use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, ConvertOptions};
@@ -14,14 +14,16 @@ use layerwise_runtime::{float32_tensors, Backend, RunOutput, RunRequest, Tensor}
 
 /// Converts `model`, then has ONNX Runtime type the result: a node whose FP16/BF16 inputs it
 /// refuses (an op without that type at the model's opset: Conv takes bfloat16 only from opset
-/// 22) is kept in FP32, with ONNX Runtime's words as the reason, and the conversion redone.
-pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion> {
+/// 22) is kept in FP32, with ONNX Runtime's words as the reason (`options.refused`), and the
+/// conversion redone. Returns the conversion and every refusal, which do not depend on the keep
+/// list (a converted node reads the target type whatever its neighbours are).
+pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<(Conversion, BTreeMap<String, String>)> {
     let mut options = options.clone();
     loop {
         let conversion = convert_fp16(model, index, float, &options)?;
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
         let converted_index = GraphIndex::build(converted.graph())?;
-        let Err(e) = layerwise_runtime::tensor_types(&converted, &converted_index, &[]) else { return Ok(conversion) };
+        let Err(e) = layerwise_runtime::tensor_types(&converted, &converted_index, &[]) else { return Ok((conversion, options.refused)) };
         let message = e.to_string();
         // "... Type 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (name) is invalid."
         let refused = message.rfind(") is invalid").and_then(|end| {
@@ -36,7 +38,7 @@ pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String
                 options.refused.insert(node, why);
             }
             // Not a type refusal layerwise can act on: the model is what the rules give.
-            _ => return Ok(conversion),
+            _ => return Ok((conversion, options.refused)),
         }
     }
 }
@@ -48,6 +50,8 @@ pub struct KeepRunner<'a> {
     emulated: bool,
     /// What a converted model is converted to: BF16 for a BF16 candidate, FP16 otherwise.
     target: layerwise_model::convert::Target,
+    /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
+    refused: Option<BTreeMap<String, String>>,
     float: Option<HashSet<String>>,
 }
 
@@ -56,7 +60,7 @@ impl<'a> KeepRunner<'a> {
     pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
         let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
-        KeepRunner { model, index, emulated, target, float: None }
+        KeepRunner { model, index, emulated, target, refused: None, float: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -72,11 +76,18 @@ impl<'a> KeepRunner<'a> {
         Ok(self.float.as_ref().expect("just set"))
     }
 
-    /// The model converted to FP16 (BF16) with `keep` in FP32.
+    /// The model converted to FP16 (BF16) with `keep` in FP32. What ONNX Runtime refuses in the
+    /// target type is found once, on the model converted with nothing kept (so every node is
+    /// checked), and reused by every conversion.
     pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
-        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
-        let (model, index) = (self.model, self.index);
-        convert_checked(model, index, self.float()?, &options)
+        let (model, index, target) = (self.model, self.index, self.target);
+        if self.refused.is_none() {
+            let everything = ConvertOptions { target, ..Default::default() };
+            self.refused = Some(convert_checked(model, index, self.float()?, &everything)?.1);
+        }
+        let refused = self.refused.clone().expect("just found");
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
+        Ok(convert_fp16(model, index, self.float()?, &options)?)
     }
 
     /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own

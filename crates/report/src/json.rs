@@ -209,12 +209,9 @@ pub fn build_report(ctx: ReportContext) -> Report {
     let first_divergent_detail = detail(&ctx);
     let mut not_compared: Vec<NotCompared> =
         ctx.comparison.not_compared.iter().map(|(t, r)| NotCompared { tensor: t.clone(), reason: r.clone() }).collect();
-    // The backend's own reason (fused away, folded, not a tensor type) says more than "missing".
     for (t, r) in &ctx.unavailable {
-        match not_compared.iter_mut().find(|n| &n.tensor == t) {
-            Some(n) if n.reason.starts_with("missing from") => n.reason = r.clone(),
-            Some(_) => {}
-            None => not_compared.push(NotCompared { tensor: t.clone(), reason: r.clone() }),
+        if !not_compared.iter().any(|n| &n.tensor == t) {
+            not_compared.push(NotCompared { tensor: t.clone(), reason: r.clone() });
         }
     }
     for (t, owner) in ctx.index.subgraph_tensors() {
