@@ -5,26 +5,11 @@
 
 mod common;
 
-use common::{layerwise, save, text};
+use common::{json, layerwise, node, save, saved_tensor, text};
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, tensor_type, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use layerwise_model::DataType;
 use layerwise_runtime::{Tensor, TensorData};
-use serde_json::Value;
-
-fn json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str]) -> NodeProto {
-    NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
 
 fn value(name: &str, elem: DataType, dims: Option<&[Dim]>) -> ValueInfoProto {
     ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, dims)), ..Default::default() }
@@ -39,20 +24,20 @@ fn body_chain(prefix: &str, from: &str, steps: usize, planted: bool, out: &str) 
     for i in 0..steps {
         let (w, t) = (format!("{prefix}w{i}"), format!("{prefix}t{i}"));
         weights.push(f32_tensor(&w, &[1], &[1.01]));
-        nodes.push(node("Mul", &format!("{prefix}mul{i}"), &[&current, &w], &[&t]));
+        nodes.push(node("Mul", &format!("{prefix}mul{i}"), &[&current, &w], &[&t], vec![]));
         current = t;
         if planted && i == steps / 2 {
             weights.push(f32_tensor(&format!("{prefix}k"), &[1], &[300.0]));
             let k = format!("{prefix}k");
             let names: Vec<String> = ["scaled", "sq", "down", "back"].iter().map(|s| format!("{prefix}{s}")).collect();
-            nodes.push(node("Mul", &format!("{prefix}scale"), &[&current, &k], &[&names[0]]));
-            nodes.push(node("Mul", &format!("{prefix}square"), &[&names[0], &names[0]], &[&names[1]]));
-            nodes.push(node("Div", &format!("{prefix}down"), &[&names[1], &k], &[&names[2]]));
-            nodes.push(node("Div", &format!("{prefix}back"), &[&names[2], &k], &[&names[3]]));
+            nodes.push(node("Mul", &format!("{prefix}scale"), &[&current, &k], &[&names[0]], vec![]));
+            nodes.push(node("Mul", &format!("{prefix}square"), &[&names[0], &names[0]], &[&names[1]], vec![]));
+            nodes.push(node("Div", &format!("{prefix}down"), &[&names[1], &k], &[&names[2]], vec![]));
+            nodes.push(node("Div", &format!("{prefix}back"), &[&names[2], &k], &[&names[3]], vec![]));
             current = names[3].clone();
         }
     }
-    nodes.push(node("Identity", &format!("{prefix}out"), &[&current], &[out]));
+    nodes.push(node("Identity", &format!("{prefix}out"), &[&current], &[out], vec![]));
     (nodes, weights)
 }
 
@@ -83,13 +68,13 @@ fn planted_loop() -> ModelProto {
     b.initializer(i64_tensor("trips", &[], &[6]));
     b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
     let nodes = vec![
-        node("Mul", "grow", &["v_in", "k_grow"], &["v1"]),
-        node("Mul", "scale", &["v1", "k_scale"], &["s"]),
-        node("Mul", "square", &["s", "s"], &["sq"]),
-        node("Div", "unscale", &["sq", "k_unscale"], &["v2"]),
-        node("Sqrt", "root", &["v2"], &["v_out"]),
-        node("Identity", "keep_going", &["cond_in"], &["cond_out"]),
-        node("Identity", "record", &["v_out"], &["trace_v"]),
+        node("Mul", "grow", &["v_in", "k_grow"], &["v1"], vec![]),
+        node("Mul", "scale", &["v1", "k_scale"], &["s"], vec![]),
+        node("Mul", "square", &["s", "s"], &["sq"], vec![]),
+        node("Div", "unscale", &["sq", "k_unscale"], &["v2"], vec![]),
+        node("Sqrt", "root", &["v2"], &["v_out"], vec![]),
+        node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![]),
+        node("Identity", "record", &["v_out"], &["trace_v"], vec![]),
     ];
     let body = GraphProto {
         name: Some("body".into()),
@@ -178,11 +163,7 @@ fn an_overflow_inside_a_loop_body_is_named_with_its_iteration() {
     assert_eq!(keep.status.code(), Some(0), "{}", text(&keep));
     let unrolled = layerwise(&["bisect", "loop.onnx", "--cand", "ort:cpu", "--save-tensors", "unrolled"], dir.path());
     assert_eq!(unrolled.status.code(), Some(0), "{}", text(&unrolled));
-    let saved = |run: &str, tensor: &str| {
-        let folder = dir.path().join(run).join("ref");
-        let file = std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().ends_with(&format!("_{tensor}.npy")));
-        layerwise_runtime::npy::read_npy_file(&file.unwrap_or_else(|| panic!("{tensor} saved in {}", folder.display()))).unwrap()
-    };
+    let saved = |run: &str, tensor: &str| saved_tensor(&dir.path().join(run).join("ref"), tensor);
     for output in ["v_final", "trace"] {
         let (a, b) = (saved("kept", output), saved("unrolled", output));
         assert_eq!(a.shape, if output == "trace" { vec![6, 1, 64] } else { vec![1, 64] });
@@ -268,7 +249,7 @@ fn planted_scan() -> ModelProto {
     b.initializer(f32_tensor("s0", &[4], &[0.0; 4]));
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Add", "accumulate", &["s_in", "row"], &["t"]), node("Mul", "grow", &["t", "three"], &["s_out"]), node("Identity", "emit", &["s_out"], &["y_row"])],
+        node: vec![node("Add", "accumulate", &["s_in", "row"], &["t"], vec![]), node("Mul", "grow", &["t", "three"], &["s_out"], vec![]), node("Identity", "emit", &["s_out"], &["y_row"], vec![])],
         initializer: vec![f32_tensor("three", &[1], &[3.0])],
         input: vec![value("s_in", DataType::Float, Some(&[Dim::from(4)])), value("row", DataType::Float, Some(&[Dim::from(4)]))],
         output: vec![value("s_out", DataType::Float, Some(&[Dim::from(4)])), value("y_row", DataType::Float, Some(&[Dim::from(4)]))],
@@ -301,10 +282,7 @@ fn a_scan_is_unrolled_into_its_steps_and_computes_what_the_scan_does() {
     };
     run(&["--keep-control-flow"], "kept");
     run(&[], "unrolled");
-    let saved = |folder: &str, tensor: &str| {
-        let path = std::fs::read_dir(dir.path().join(folder).join("ref")).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().ends_with(&format!("_{tensor}.npy"))).unwrap();
-        layerwise_runtime::npy::read_npy_file(&path).unwrap()
-    };
+    let saved = |folder: &str, tensor: &str| saved_tensor(&dir.path().join(folder).join("ref"), tensor);
     for output in ["s_final", "ys"] {
         assert_eq!(saved("kept", output), saved("unrolled", output), "{output}: the unrolled scan computes what the Scan computes");
     }

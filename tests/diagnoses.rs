@@ -4,15 +4,10 @@
 
 mod common;
 
-use common::{layerwise, save, text};
+use common::{json, layerwise, node, save, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto};
 use layerwise_model::DataType;
-use serde_json::Value;
-
-fn json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
 
 /// x[1,64] -> Mul(w1) -> Add(b1) -> Relu -> Mul(w2) -> Tanh -> y. `prefix` renames every
 /// intermediate tensor and node (another exporter's names); `w2_scale` scales the last weight (the
@@ -67,18 +62,6 @@ fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
     let fd = &json(&dir.path().join("auto.json"))["verdict"]["first_divergent"];
     assert_eq!(fd["node"], "mul2", "{fd}");
     assert_eq!(fd["input_error"].as_f64(), Some(0.0), "measured, not assumed: {fd}");
-}
-
-/// A node, in a body or the main graph.
-fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<layerwise_model::onnx::AttributeProto>) -> layerwise_model::onnx::NodeProto {
-    layerwise_model::onnx::NodeProto {
-        op_type: Some(op.into()),
-        name: Some(name.into()),
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    }
 }
 
 fn body(name: &str, nodes: Vec<layerwise_model::onnx::NodeProto>, output: &str, elem: DataType) -> GraphProto {

@@ -4,16 +4,11 @@
 
 mod common;
 
-use common::{layerwise, save, text};
+use common::{json, layerwise, save, saved_tensor, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::{DataType, Rounding};
 use layerwise_runtime::{Tensor, TensorData};
-use serde_json::Value;
-
-fn json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
 
 fn write_input(dir: &std::path::Path, file: &str, shape: Vec<usize>, values: Vec<f32>) {
     layerwise_runtime::npy::write_npy_file(&dir.join(file), &Tensor::new(shape, TensorData::F32(values))).unwrap();
@@ -46,8 +41,7 @@ fn sim_tf32_rounds_what_a_tf32_tensor_core_reads_and_names_the_matmul() {
     assert!(r["cand"]["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("TF32 emulation: 2 Conv/MatMul/Gemm inputs")), "{}", r["cand"]["notes"]);
     // The product is the float32 product of the TF32-rounded inputs (w = ±1 is exact in TF32).
     let x = layerwise_runtime::npy::read_npz(&dir.path().join("saved/inputs.npz")).unwrap().into_iter().find(|(n, _)| n == "x").unwrap().1;
-    let y_file = std::fs::read_dir(dir.path().join("saved/cand")).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().ends_with("_y.npy")).unwrap();
-    let y = layerwise_runtime::npy::read_npy_file(&y_file).unwrap().to_f32()[0] as f64;
+    let y = saved_tensor(&dir.path().join("saved/cand"), "y").to_f32()[0] as f64;
     let expected: f64 = x.to_f32().iter().enumerate().map(|(i, &v)| if i % 2 == 0 { 1.0 } else { -1.0 } * layerwise_model::rounding::round_tf32(v) as f64).sum();
     assert!((y - expected).abs() <= 1e-6 * 4096.0, "TF32 product {y} against {expected}");
     // This output is the small difference of long sums: perturbing the weights by one rounding
@@ -128,8 +122,7 @@ fn bf16_rounding_in_the_emulated_model_is_round_to_nearest_even() {
         write_input(dir.path(), "x.npy", vec![8], values.clone());
         let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--input", "x=x.npy", "--save-tensors", "s"], dir.path());
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
-        let saved = std::fs::read_dir(dir.path().join("s/cand")).unwrap().map(|e| e.unwrap().path()).find(|p| p.to_string_lossy().ends_with("_y.npy")).unwrap();
-        let got = layerwise_runtime::npy::read_npy_file(&saved).unwrap();
+        let got = saved_tensor(&dir.path().join("s/cand"), "y");
         let expected: Vec<f32> = values.iter().map(|&v| Rounding::Bf16.round(v)).collect();
         assert_eq!(got.to_f32().to_vec(), expected, "opset {opset}");
     }

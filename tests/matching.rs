@@ -6,13 +6,9 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 
-use common::{layerwise, planted, save, text, Ending};
+use common::{json, layerwise, planted, save, text, Ending};
 use layerwise_model::onnx::{ModelProto, NodeProto};
 use serde_json::Value;
-
-fn json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
 
 /// Every intermediate tensor and every node renamed, as another exporter would name them; graph
 /// inputs, outputs and weights keep their names.

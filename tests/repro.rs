@@ -3,13 +3,8 @@
 
 mod common;
 
-use common::{assert_refused, layerwise, planted, save, text, Ending};
+use common::{assert_refused, json, layerwise, planted, save, saved_tensor, text, Ending};
 use layerwise_runtime::Tensor;
-use serde_json::Value;
-
-fn json(path: &std::path::Path) -> Value {
-    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
 
 fn pb(path: &std::path::Path) -> Tensor {
     use prost::Message;
@@ -45,9 +40,7 @@ fn the_repro_shows_the_error_on_the_candidate_and_matches_on_the_reference() {
     let out = layerwise(&["bisect", "model.onnx", "--cand", "ort:cpu", "--inputs", "inputs.npz", "--save-tensors", "saved"], &repro);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let expected = pb(&repro.join("test_data_set_0/output_0.pb"));
-    let saved: Vec<_> = std::fs::read_dir(repro.join("saved/ref")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_string_lossy().ends_with("_exp.npy")).collect();
-    assert_eq!(saved.len(), 1, "{saved:?}");
-    assert_eq!(layerwise_runtime::npy::read_npy_file(&saved[0]).unwrap(), expected);
+    assert_eq!(saved_tensor(&repro.join("saved/ref"), "exp"), expected);
     // The candidate's recorded output holds the overflow.
     assert!(pb(&repro.join("candidate_outputs/output_0.pb")).to_f32().iter().any(|v| v.is_infinite()));
 }

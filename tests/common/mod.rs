@@ -170,3 +170,33 @@ pub fn assert_refused(out: &std::process::Output, args: &[&str], message: &str) 
 pub fn text(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
+
+/// A JSON file written by layerwise (a report, node data).
+pub fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
+}
+
+/// A node for a graph or a body; `name` may be empty.
+pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<layerwise_model::onnx::AttributeProto>) -> layerwise_model::onnx::NodeProto {
+    layerwise_model::onnx::NodeProto {
+        op_type: Some(op.into()),
+        name: if name.is_empty() { None } else { Some(name.into()) },
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
+/// The tensor `--save-tensors` wrote for `tensor` in `folder` (a `ref` or `cand` folder; files are
+/// named `NNNNN_<tensor>.npy`, and exactly one must match).
+pub fn saved_tensor(folder: &std::path::Path, tensor: &str) -> layerwise_runtime::Tensor {
+    let suffix = format!("_{tensor}.npy");
+    let matches: Vec<std::path::PathBuf> = std::fs::read_dir(folder)
+        .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().ends_with(&suffix)))
+        .collect();
+    assert_eq!(matches.len(), 1, "one saved '{tensor}' in {}: {matches:?}", folder.display());
+    layerwise_runtime::npy::read_npy_file(&matches[0]).unwrap()
+}
