@@ -5,22 +5,7 @@
 # Expects in .gpu/run/ (carried): `layerwise` (this tree), `layerwise-before` (the tree before the
 # diagnoses work, commit dc3af35), and the models det.onnx, rec.onnx, cls.onnx (rapidocr-onnxruntime
 # 1.4.4) and yolov8n.onnx (nudenet 3.4.2's 320n.onnx).
-set -u
-ROOT=$PWD
-R=$ROOT/.gpu/run
-export LAYERWISE_ORT_LIB=/tmp/ortgpu/libonnxruntime.so.1.31.1
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" /tmp/gpu-work && cd /tmp/gpu-work
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-# Every run: the command, its last lines, how many raw ONNX Runtime log lines reached stderr.
-run() {
-    local tag=$1; shift
-    echo; echo "\$ $(basename "$1") ${*:2}"
-    /usr/bin/time -f "wall %e s, peak RSS %M KB" "$@" > "$OUT/$tag.out" 2> "$OUT/$tag.err"
-    local rc=$?
-    tail -n 25 "$OUT/$tag.out"; grep -v "^\[" "$OUT/$tag.err" | tail -n 3
-    echo "exit $rc; raw ONNX Runtime lines on stderr: $(grep -c 'onnxruntime:' "$OUT/$tag.err")"
-}
+source "$(dirname "$0")/setup.sh"
 shape() {
     case $1 in
         det) echo "--input-shape x:1x3x640x640 --val-range x:-1,1" ;;

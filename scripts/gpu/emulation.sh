@@ -4,26 +4,14 @@
 # Runs on the lent GPU machine in the repository root after ONNX Runtime's GPU build is unpacked
 # in /tmp/ortgpu and LD_LIBRARY_PATH is set (docs/gpu.md). Expects in .gpu/run/ (carried):
 # `layerwise` and yolov8n.onnx (nudenet 3.4.2's 320n.onnx).
-set -u
-ROOT=$PWD
-R=$ROOT/.gpu/run
-export LAYERWISE_ORT_LIB=/tmp/ortgpu/libonnxruntime.so.1.31.1
-OUT=${OUT:-/tmp/gpu-out}
-mkdir -p "$OUT" /tmp/gpu-work && cd /tmp/gpu-work
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+source "$(dirname "$0")/setup.sh"
 python3 "$ROOT/scripts/gpu/tf32_rounding.py" > "$OUT/tf32_rounding.json" 2>&1; cat "$OUT/tf32_rounding.json"
 "$R/layerwise" demo --out-dir demo > /dev/null
-run() {
-    local tag=$1; shift
-    echo; echo "\$ layerwise $*"
-    /usr/bin/time -f "wall %e s, peak RSS %M KB" "$R/layerwise" "$@" > "$OUT/$tag.out" 2> "$OUT/$tag.err"
-    echo "exit $?"; grep -E "^VERDICT|First|cause" "$OUT/$tag.out" | head -4; grep -v "^\[" "$OUT/$tag.err" | tail -n 2
-}
 for m in yolov8n demo; do
     src=$R/$m.onnx; [ $m = demo ] && src=demo/demo.onnx
     shape=""; [ $m = yolov8n ] && shape="--input-shape images:1x3x320x320"
     "$R/layerwise" convert "$src" --to bf16 -o ${m}_bf16.onnx > "$OUT/${m}_bf16_convert.out" 2>&1; cat "$OUT/${m}_bf16_convert.out" | head -3
-    run "${m}_cuda_bf16" bisect "$src" $shape --cand ort:cuda --cand-model ${m}_bf16.onnx --json "$OUT/${m}_cuda_bf16.json"
+    run "${m}_cuda_bf16" "$R/layerwise" bisect "$src" $shape --cand ort:cuda --cand-model ${m}_bf16.onnx --json "$OUT/${m}_cuda_bf16.json"
     "$R/layerwise" convert "$src" --to fp16 -o ${m}_fp16.onnx > /dev/null 2>&1
-    run "${m}_cuda_fp16" bisect "$src" $shape --cand ort:cuda --cand-model ${m}_fp16.onnx --json "$OUT/${m}_cuda_fp16.json"
+    run "${m}_cuda_fp16" "$R/layerwise" bisect "$src" $shape --cand ort:cuda --cand-model ${m}_fp16.onnx --json "$OUT/${m}_cuda_fp16.json"
 done

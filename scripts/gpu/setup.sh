@@ -1,0 +1,26 @@
+# Sourced by the GPU scripts (diagnoses.sh, emulation.sh, speed.sh): run on the lent GPU machine in
+# the repository root, after ONNX Runtime's GPU build is unpacked in /tmp/ortgpu and
+# LD_LIBRARY_PATH is set (docs/gpu.md). Binaries and models are carried in .gpu/run/; outputs go
+# to $OUT; work happens in /tmp/gpu-work.
+set -u
+ROOT=$PWD
+R=$ROOT/.gpu/run
+export LAYERWISE_ORT_LIB=/tmp/ortgpu/libonnxruntime.so.1.31.1
+OUT=${OUT:-/tmp/gpu-out}
+mkdir -p "$OUT" /tmp/gpu-work && cd /tmp/gpu-work
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+# run TAG BINARY ARGS...: the command, its exit status and /usr/bin/time line, the verdict lines,
+# how many raw ONNX Runtime log lines reached stderr, and the step times of $OUT/TAG.json when the
+# command wrote that report. Output in $OUT/TAG.out and $OUT/TAG.err.
+run() {
+    local tag=$1; shift
+    echo; echo "\$ $(basename "$1") ${*:2}"
+    /usr/bin/time -f "wall %e s, peak RSS %M KB" "$@" > "$OUT/$tag.out" 2> "$OUT/$tag.err"
+    local rc=$?
+    echo "exit $rc; $(tail -n 1 "$OUT/$tag.err"); raw ONNX Runtime lines on stderr: $(grep -c 'onnxruntime:' "$OUT/$tag.err")"
+    grep -E "^VERDICT|^First|  cause|sensitive" "$OUT/$tag.out" | head -4
+    if [ -f "$OUT/$tag.json" ]; then
+        python3 -c "import json; r=json.load(open('$OUT/$tag.json')); print(' '.join(f'{k}={v:.2f}' for k, v in r.get('run_info', {}).get('durations_s', [])))"
+    fi
+}
