@@ -387,3 +387,34 @@ fn onnx_runtime_logs_stay_off_the_terminal_and_in_the_report_unless_verbose() {
     assert!(!raw_log(&stderr), "no raw ONNX Runtime lines: {stderr}");
     assert_eq!(stderr.matches("cannot be reshaped").count(), 1, "said once: {stderr}");
 }
+
+/// x -> Mul(20) -> Exp (overflows FP16 from x near 1) -> 100 Mul/Add steps (200 nodes) -> y: the
+/// blame chain is longer than the nodes run alone, and the first divergent layer sits at its far
+/// end.
+#[test]
+fn a_long_chain_runs_the_nodes_nearest_the_break_alone_and_says_which_it_did_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("long", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("twenty", &[1], &[20.0]));
+    b.node("Mul", "head/scale", &["x", "twenty"], &["scaled"], vec![]);
+    b.node("Exp", "head/Exp", &["scaled"], &["grown"], vec![]);
+    let last = common::drift_chain(&mut b, "tail", "grown", 100);
+    b.node("Identity", "out", &[&last], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("long.onnx"));
+    let out = layerwise(&["bisect", "long.onnx", "--json", "r.json", "--markdown", "r.md"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["verdict"]["first_divergent"]["node"], "head/Exp", "{t}");
+    assert!(r["verdict"]["chain"].as_array().unwrap().len() > 128);
+    // The break itself is run alone (it was cut off before, the chain being run from the output).
+    assert_eq!(r["isolation"]["introducing"], "head/Exp", "{t}");
+    let skipped = r["isolation"]["skipped"].to_string();
+    assert!(skipped.contains("chain nodes nearest the output"), "{skipped}");
+    let md = std::fs::read_to_string(dir.path().join("r.md")).unwrap();
+    for doc in [t.as_str(), md.as_str()] {
+        assert!(doc.contains("not run alone, so whether they introduce error is unknown"), "{doc}");
+    }
+}

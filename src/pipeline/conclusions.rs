@@ -59,6 +59,11 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                 }
             }
         }
+        // What was not run alone is not known to propagate or introduce.
+        let not_run: Vec<String> = iso.skipped.iter().filter(|(n, _)| n != "*").map(|(n, why)| format!("{n} ({why})")).collect();
+        if !iso.nodes.is_empty() && !not_run.is_empty() {
+            out.push(format!("not run alone, so whether they introduce error is unknown: {}", not_run.join("; ")));
+        }
     }
     if let Some(cf) = &extras.counterfactual {
         out.push(cf.conclusion.clone());

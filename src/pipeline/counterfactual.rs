@@ -68,10 +68,10 @@ pub(super) fn counterfactual(
             if b.fixes { " and brings every output within tolerance" } else { "" }
         ),
         // Every keep still leaves inf/NaN: each break overflows on its own, which is no drift.
-        Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) => format!(
-            "keeping any one of the {} checked breaks at reference precision still leaves inf/NaN in '{worst}': more than one node overflows on its own, so they must be kept together (`fix` does that)",
-            checks.len()
-        ),
+        Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) => {
+            let kept = if checks.len() == 1 { format!("keeping the checked break ({}) at reference precision", checks[0].node) } else { format!("keeping any one of the {} checked breaks at reference precision", checks.len()) };
+            format!("{kept} still leaves inf/NaN in '{worst}': more than one node overflows on its own, so they must be kept together (`fix` does that)")
+        }
         _ => {
             // Growth at each chain step, the chain's last node (its input is off the chain) included.
             let steps = verdict.chain.windows(2).map(|w| (&w[0].node, &w[0].op_type, w[0].error, w[1].error));

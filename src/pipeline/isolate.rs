@@ -10,7 +10,13 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     let mut skipped = Vec::new();
     let mut groups: Vec<Vec<String>> = Vec::new();
     let mut steps_by_node = Vec::new();
-    for step in verdict.chain.iter().take(ISOLATE_MAX) {
+    // A long chain: the nodes nearest the first divergent layer (the chain's end) are the ones
+    // that matter; those nearest the output are left, and the report says so.
+    let beyond = verdict.chain.len().saturating_sub(ISOLATE_MAX);
+    if beyond > 0 {
+        skipped.push((format!("{beyond} chain nodes nearest the output"), format!("at most {ISOLATE_MAX} chain nodes are run alone, those nearest the first divergent layer")));
+    }
+    for step in verdict.chain.iter().skip(beyond) {
         let Some(node) = job.index.node(&step.node) else { continue };
         if node.has_subgraphs {
             skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));
