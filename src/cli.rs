@@ -146,8 +146,15 @@ struct BisectArgs {
     mark: String,
     /// Most memory for exposed tensors of both runs at once, e.g. 512M or 4G; beyond it the
     /// tensors are compared in groups over several runs. Default: half the available memory.
+    /// (A paired comparison, the default where both sides run on ONNX Runtime, holds no tensors.)
     #[arg(long, value_name = "SIZE", value_parser = crate::pipeline::parse_size)]
     max_memory: Option<u64>,
+    /// Run the reference and the candidate as separate sessions and compare the tensors they
+    /// return. By default, where both run on ONNX Runtime with the same provider (ort:cpu and
+    /// sim:*), they run paired as one session that reduces each pair of tensors to its metrics
+    /// as it is computed, so memory does not grow with the number of tensors.
+    #[arg(long)]
+    separate_runs: bool,
     /// Do not run blame-chain nodes alone to tell introduced from propagated error.
     #[arg(long)]
     no_isolate: bool,
@@ -384,6 +391,7 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         match_structure: args.match_mode == "auto",
         repro: args.repro,
         shard: args.shard,
+        separate_runs: args.separate_runs,
     };
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);

@@ -130,8 +130,9 @@ fn a_memory_budget_splits_runs_and_gives_the_same_results() {
     let m = model(planted_layernorm(), "ln");
     let whole = bisect_model(&m, &options(Marking::All)).unwrap().report;
     assert_eq!(whole.extras.memory.as_ref().map(|m| m.groups), Some(1), "the default budget holds this model at once");
-    // Each of the ~55 tensors is 1 KiB; 16 KiB for both sides makes several groups.
-    let split = bisect_model(&m, &BisectOptions { max_memory: Some(16 << 10), ..options(Marking::All) }).unwrap().report;
+    // Each of the ~55 tensors is 1 KiB; 16 KiB for both sides makes several groups (separate runs:
+    // a paired comparison holds no tensors to split).
+    let split = bisect_model(&m, &BisectOptions { max_memory: Some(16 << 10), separate_runs: true, ..options(Marking::All) }).unwrap().report;
     let plan = split.extras.memory.as_ref().expect("memory section");
     assert!(plan.groups >= 4, "{plan:?}");
     assert!(plan.largest_group_bytes <= 8 << 10, "{plan:?}");

@@ -284,7 +284,7 @@ fn the_memory_plan_uses_real_shapes_and_never_splits_what_fits() {
     save(&data_dependent_dims(), &dir.path().join("m.onnx"));
     // Real tensors: three [~256, ~256] float32 (~0.8 MiB) and small ones; the largest-dimension
     // guess for the unknown N would plan 3 x 512 x 512 x 4 bytes = 3 MiB.
-    let out = layerwise(&["bisect", "m.onnx", "--input-shape", "x:1x512", "--max-memory", "4M", "--json", "r.json"], dir.path());
+    let out = layerwise(&["bisect", "m.onnx", "--input-shape", "x:1x512", "--max-memory", "4M", "--separate-runs", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert!(out.status.code() == Some(0) || out.status.code() == Some(1), "{t}");
     let r = json(&dir.path().join("r.json"));

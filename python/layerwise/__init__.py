@@ -263,6 +263,7 @@ def bisect(
     tensors: Optional[Sequence[str]] = None,
     mark: str = "all",
     max_memory: Optional[int] = None,
+    separate_runs: bool = False,
     isolate: bool = True,
     counterfactual: bool = True,
     noise_floor: bool = True,
@@ -284,7 +285,7 @@ def bisect(
     options = _options(
         ref=ref, cand=cand, cand_model=cand_model, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, tensors=tensors, mark=mark, max_memory=max_memory,
-        isolate=isolate, counterfactual=counterfactual, noise_floor=noise_floor, keep_control_flow=keep_control_flow,
+        separate_runs=separate_runs, isolate=isolate, counterfactual=counterfactual, noise_floor=noise_floor, keep_control_flow=keep_control_flow,
         match=match, progress=progress, json=json, html=html, markdown=markdown, repro=repro,
     )
     return Report(_native.bisect(os.fspath(model), options, single, samples))

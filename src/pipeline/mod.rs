@@ -25,6 +25,7 @@ pub mod repro;
 mod counterfactual;
 mod isolate;
 pub mod noise_floor;
+mod paired;
 mod samples;
 mod search;
 
@@ -80,6 +81,9 @@ pub struct BisectOptions {
     /// `(I, N)`: process only samples `k` with `k % N == I` of `--inputs DIR` and write a partial
     /// report for `layerwise merge`.
     pub shard: Option<(usize, usize)>,
+    /// Run the reference and the candidate as separate sessions and compare the tensors they return,
+    /// even where both could run paired in one session (which holds only per-tensor statistics).
+    pub separate_runs: bool,
     /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
     /// (`--match auto`); false: by name only.
     pub match_structure: bool,
@@ -123,6 +127,7 @@ impl BisectOptions {
             match_structure: true,
             repro: None,
             shard: None,
+            separate_runs: false,
         }
     }
 }
@@ -351,6 +356,10 @@ struct Job<'a> {
     /// The group plan per set of input shapes: samples usually share their shapes, and planning
     /// builds an ONNX Runtime session.
     plans: HashMap<Vec<Vec<usize>>, Plan>,
+    /// Set once a paired session failed: later samples go straight to separate runs.
+    pairing_failed: bool,
+    /// Why the tensors were compared after separate runs although pairing was tried.
+    pairing_note: Option<String>,
 }
 
 /// The groups of tensors compared together, and the memory plan that made them.
@@ -447,7 +456,7 @@ impl Job<'_> {
         }
         largest = largest.max(bytes) + outputs;
         let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
-        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string() };
+        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string(), comparison: paired::SEPARATE.to_string() };
         Ok((groups, Some(plan)))
     }
 
@@ -485,6 +494,9 @@ impl Job<'_> {
 
     /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
     fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
+        if let Some(compared) = self.compare_paired(feeds, steps)? {
+            return Ok(compared);
+        }
         let shapes: Vec<Vec<usize>> = feeds.iter().map(|(_, t)| t.shape.clone()).collect();
         if !self.plans.contains_key(&shapes) {
             let plan = steps.run("planning memory", || self.plan(feeds))?;
@@ -533,6 +545,7 @@ impl Job<'_> {
             not_compared.extend(comparison.not_compared);
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
+                result.notes.0.extend(self.pairing_note.clone());
                 result.engine_layers = cand_out.engine_layers.clone();
             }
             result.unavailable.extend(ref_out.unavailable.iter().cloned());
@@ -642,7 +655,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new() };
+    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_failed: false, pairing_note: None };
     let weights = if precision == Precision::Fp16 {
         steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
     } else {

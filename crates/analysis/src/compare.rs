@@ -3,10 +3,15 @@
 use std::collections::HashMap;
 
 use layerwise_model::GraphIndex;
-use layerwise_runtime::Tensor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use layerwise_runtime::paired::{Operand, PairReducer};
+use layerwise_runtime::{shape_string, DType, Tensor};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::histogram::{histogram, Histogram};
 use crate::metrics::{compute, Metrics, Tolerance};
 
 /// The comparison of one tensor present in both runs.
@@ -64,6 +69,32 @@ impl Comparison {
     }
 }
 
+/// The record of `name` from both sides' shapes and types; `metrics` runs only when the shapes match.
+fn record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DType), (cand_shape, cand_dtype): (&[usize], DType), metrics: impl FnOnce() -> Metrics) -> TensorRecord {
+    let node = index.producer(name);
+    let mut record = TensorRecord {
+        name: name.to_string(),
+        node: node.map(|n| n.name.clone()).unwrap_or_default(),
+        op_type: node.map(|n| n.op_type.clone()).unwrap_or_default(),
+        topo_index: node.map(|n| n.topo_index).unwrap_or(0),
+        shape: ref_shape.to_vec(),
+        ref_dtype: ref_dtype.name().to_string(),
+        cand_dtype: cand_dtype.name().to_string(),
+        is_output: index.outputs.iter().any(|o| o == name),
+        constant_like: index.is_constant_like(name),
+        mismatch: None,
+        metrics: Metrics::default(),
+        pass: false,
+    };
+    if ref_shape != cand_shape {
+        record.mismatch = Some(format!("shape {} in the reference, {} in the candidate", shape_string(ref_shape), shape_string(cand_shape)));
+        return record;
+    }
+    record.metrics = metrics();
+    record.pass = record.metrics.passes();
+    record
+}
+
 /// Compares the tensors both runs returned, in the order of `order` (topological), in parallel.
 pub fn compare_all(
     index: &GraphIndex,
@@ -84,30 +115,95 @@ pub fn compare_all(
     let records: Vec<TensorRecord> = both
         .par_iter()
         .map(|(name, r, c)| {
-            let node = index.producer(name);
-            let mut record = TensorRecord {
-                name: name.to_string(),
-                node: node.map(|n| n.name.clone()).unwrap_or_default(),
-                op_type: node.map(|n| n.op_type.clone()).unwrap_or_default(),
-                topo_index: node.map(|n| n.topo_index).unwrap_or(0),
-                shape: r.shape.clone(),
-                ref_dtype: r.dtype().name().to_string(),
-                cand_dtype: c.dtype().name().to_string(),
-                is_output: index.outputs.iter().any(|o| o == *name),
-                constant_like: index.is_constant_like(name),
-                mismatch: None,
-                metrics: Metrics::default(),
-                pass: false,
-            };
-            if r.shape != c.shape {
-                record.mismatch = Some(format!("shape {} in the reference, {} in the candidate", r.shape_string(), c.shape_string()));
-                return record;
-            }
-            record.metrics = compute(&r.to_f32(), &c.to_f32(), tol);
-            record.pass = record.metrics.passes();
-            record
+            let (ref_side, cand_side) = ((r.shape.as_slice(), r.dtype()), (c.shape.as_slice(), c.dtype()));
+            record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol))
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
     Comparison { records, not_compared, position }
+}
+
+/// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
+/// metrics and, for a tensor out of tolerance, its histogram. The tensors themselves are not kept,
+/// so memory does not grow with the number compared. The metrics are [`compute`]'s, the same
+/// kernel as [`compare_all`].
+pub struct PairedComparison {
+    tol: Tolerance,
+    reduced: Mutex<HashMap<String, Reduced>>,
+    /// The tensors in the order they arrived: the session's execution order.
+    arrival: Mutex<Vec<String>>,
+    reference_bytes: AtomicU64,
+}
+
+enum Reduced {
+    Compared { record_inputs: ((Vec<usize>, DType), (Vec<usize>, DType)), metrics: Option<Metrics>, histogram: Option<Histogram> },
+    Unavailable(String),
+}
+
+/// Bins of the histograms kept for tensors out of tolerance.
+pub const HISTOGRAM_BINS: usize = 40;
+
+impl PairedComparison {
+    pub fn new(tol: Tolerance) -> PairedComparison {
+        PairedComparison { tol, reduced: Mutex::new(HashMap::new()), arrival: Mutex::new(Vec::new()), reference_bytes: AtomicU64::new(0) }
+    }
+
+    /// Bytes of the reference tensors reduced so far: what two separate runs would have held per side.
+    pub fn reference_bytes(&self) -> u64 {
+        self.reference_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The tensors reduced so far, in the order the session computed them.
+    pub fn arrival(&self) -> Vec<String> {
+        self.arrival.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The comparison in the order of `order` (topological), with the histograms of the tensors
+    /// out of tolerance. `unavailable`: tensors one side could not give, with the reason.
+    pub fn finish(self, index: &GraphIndex, order: &[String], unavailable: &[(String, String)]) -> (Comparison, HashMap<String, Histogram>) {
+        let mut reduced = self.reduced.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut records = Vec::new();
+        let mut not_compared = Vec::new();
+        let mut histograms = HashMap::new();
+        for name in order {
+            match reduced.remove(name) {
+                Some(Reduced::Compared { record_inputs: (r, c), metrics, histogram }) => {
+                    let metrics = metrics.unwrap_or_default();
+                    records.push(record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
+                    if let Some(h) = histogram {
+                        histograms.insert(name.clone(), h);
+                    }
+                }
+                Some(Reduced::Unavailable(why)) => not_compared.push((name.clone(), why)),
+                None => {
+                    let why = unavailable.iter().find(|(n, _)| n == name).map_or("missing from the paired run".to_string(), |(_, w)| w.clone());
+                    not_compared.push((name.clone(), why));
+                }
+            }
+        }
+        let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
+        (Comparison { records, not_compared, position }, histograms)
+    }
+}
+
+impl PairReducer for PairedComparison {
+    fn reduce(&self, tensor: &str, reference: Operand<'_>, candidate: Operand<'_>) {
+        let reduced = match (reference.dtype, candidate.dtype) {
+            (Err(why), _) => Reduced::Unavailable(format!("reference: {why}")),
+            (_, Err(why)) => Reduced::Unavailable(format!("candidate: {why}")),
+            (Ok(rt), Ok(ct)) => {
+                self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
+                let (metrics, histogram) = if reference.shape == candidate.shape {
+                    let m = compute(&reference.values, &candidate.values, self.tol);
+                    let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
+                    (Some(m), h)
+                } else {
+                    (None, None)
+                };
+                Reduced::Compared { record_inputs: ((reference.shape, rt), (candidate.shape, ct)), metrics, histogram }
+            }
+        };
+        self.reduced.lock().unwrap_or_else(|p| p.into_inner()).insert(tensor.to_string(), reduced);
+        self.arrival.lock().unwrap_or_else(|p| p.into_inner()).push(tensor.to_string());
+    }
 }

@@ -206,6 +206,11 @@ pub struct MemoryPlan {
     /// Where the tensor sizes came from: shape inference, and a shapes-only reference run for
     /// dimensions that depend on the data.
     pub shapes_from: String,
+    /// `paired`: both sides ran as one ONNX Runtime session that reduced each pair of tensors to
+    /// its metrics where it was computed, so only the live tensors were ever held and
+    /// `estimated_bytes` is the measured size of one side's tensors; `separate`: each side's run
+    /// returned its tensors, compared afterwards.
+    pub comparison: String,
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.

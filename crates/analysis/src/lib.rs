@@ -11,7 +11,7 @@ pub mod search;
 mod walk;
 
 pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
-pub use compare::{compare_all, Comparison, TensorRecord};
+pub use compare::{compare_all, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS};
 pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance};
 pub use patterns::{pattern_of, Pattern};

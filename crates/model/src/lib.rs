@@ -16,6 +16,7 @@ pub mod extract;
 pub mod fp16;
 pub mod inline;
 pub mod matching;
+pub mod pair;
 pub mod perturb;
 pub mod rounding;
 pub mod scratch;

@@ -67,6 +67,13 @@ impl Model {
         Ok(model)
     }
 
+    /// Decodes an `.onnx` file written by a runtime (an optimized model), without the checks and
+    /// hash of [`Model::load`]: weights stay slices of the one buffer read.
+    pub fn read_proto(path: &Path) -> Result<ModelProto, ModelError> {
+        let data = fs::read(path).map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+        ModelProto::decode(Bytes::from(data)).map_err(|source| ModelError::Decode { path: path.to_path_buf(), source })
+    }
+
     /// Wraps a model built in memory (tests, the demo). It must not reference external data.
     pub fn from_proto(proto: ModelProto, label: &str) -> Result<Model, ModelError> {
         let sha256 = hex(&Sha256::digest(proto.encode_to_vec()));
@@ -148,6 +155,14 @@ impl Model {
     /// Absolute path of an external data file referenced by this model.
     pub(crate) fn external_file(&self, location: &str) -> Option<PathBuf> {
         self.base_dir.as_ref().map(|b| b.join(location))
+    }
+
+    /// Like [`Model::runtime_bytes`], with every weight of 1 KiB and more written to
+    /// `scratch/model.onnx.data` (the folder returned) instead of the bytes. Taking `proto` lets each
+    /// weight's memory go as soon as it is written, so a large rewrite is never held twice.
+    pub fn runtime_bytes_weights_apart(&self, mut proto: ModelProto, scratch: &Path) -> Result<(Vec<u8>, PathBuf), ModelError> {
+        self.relocate_weights(&mut proto, &scratch.join("model.onnx.data"), "model.onnx.data", true)?;
+        Ok((proto.encode_to_vec(), scratch.to_path_buf()))
     }
 
     /// The bytes a runtime should load for `proto` (a rewrite of this model), and the folder its

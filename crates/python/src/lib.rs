@@ -60,6 +60,7 @@ struct Options {
     tensors: Option<Vec<String>>,
     mark: Option<String>,
     max_memory: Option<u64>,
+    separate_runs: Option<bool>,
     isolate: Option<bool>,
     counterfactual: Option<bool>,
     noise_floor: Option<bool>,
@@ -94,6 +95,7 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
         Some(other) => return Err(LayerwiseError::new_err(format!("mark must be 'all' or 'search', not '{other}'"))),
     };
     b.max_memory = o.max_memory;
+    b.separate_runs = o.separate_runs.unwrap_or(false);
     b.isolate = o.isolate.unwrap_or(true);
     b.counterfactual = o.counterfactual.unwrap_or(true);
     b.noise_floor = o.noise_floor.unwrap_or(true);

@@ -56,6 +56,17 @@ pub trait Backend {
     fn tf32(&self) -> bool {
         false
     }
+    /// The ONNX Runtime options this backend runs with, if it runs on ONNX Runtime.
+    fn ort_options(&self) -> Option<&OrtOptions> {
+        None
+    }
+    /// What this backend would give ONNX Runtime for `request`, so that it can run paired with
+    /// another in one session (see [`crate::paired`]); `None` for backends that do not run ONNX
+    /// models on ONNX Runtime.
+    fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<crate::paired::OnnxProgram, RuntimeError>> {
+        let _ = request;
+        None
+    }
 }
 
 /// ONNX Runtime graph optimization level.

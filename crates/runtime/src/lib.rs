@@ -13,6 +13,7 @@ pub mod npy;
 mod ort_backend;
 pub use ort_backend::{float32_tensors, tensor_types, InferredType};
 pub mod ortlib;
+pub mod paired;
 pub mod saved;
 mod tensor;
 #[cfg(feature = "tensorrt")]

@@ -51,50 +51,149 @@ impl OrtBackend {
     }
 
     fn session(&self, bytes: &[u8], external_folder: Option<&Path>, level: OptLevel) -> Result<Session, RuntimeError> {
-        let (env, _) = ortlib::environment()?;
-        let level = match level {
-            OptLevel::Disable => GraphOptimizationLevel::Disable,
-            OptLevel::Basic => GraphOptimizationLevel::Level1,
-            OptLevel::Extended => GraphOptimizationLevel::Level2,
-            OptLevel::All => GraphOptimizationLevel::All,
-        };
-        let mut builder = Session::builder(env)
-            .map_err(|e| self.err(e))?
-            .with_log_level(LogLevel::Warning)
-            .map_err(|e| self.err(e))?
-            .with_log_id(&self.log_id)
-            .map_err(|e| self.err(e))?
-            .with_optimization_level(level)
-            .map_err(|e| self.err(e))?;
-        if let Some(n) = self.options.threads {
-            builder = builder.with_intra_threads(n).map_err(|e| self.err(e))?;
-        }
-        // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
-        let provider = match self.options.ep {
-            ExecutionProvider::Cpu => None,
-            ExecutionProvider::Cuda { device, tf32, conv_search } => {
-                let search = match conv_search {
-                    crate::backend::ConvSearch::Exhaustive => ort::ep::cuda::ConvAlgorithmSearch::Exhaustive,
-                    crate::backend::ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
-                    crate::backend::ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
-                };
-                Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
-            }
-            ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device as i32).with_fp16(fp16).build()),
-            ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device).build()),
-        };
-        if let Some(provider) = provider {
-            builder = builder
-                .with_execution_providers([provider.error_on_failure()])
-                .map_err(|e| self.err(format!("cannot use the execution provider: {e}")))?;
-        }
-        if let Some(folder) = external_folder {
-            builder = builder
-                .with_config_entry("session.model_external_initializers_file_folder_path", folder.to_string_lossy())
-                .map_err(|e| self.err(e))?;
-        }
-        builder.commit_from_memory(bytes).map_err(|e| self.err(format!("cannot create a session: {e}")))
+        build_session(&self.spec, &self.options, &self.log_id, ModelSource::Memory { bytes, external_folder }, level, SessionExtras::default())
     }
+
+    /// `proto` after ONNX Runtime's optimizations at this backend's level, as ONNX Runtime saves
+    /// it: run with optimizations disabled, it computes what `proto` computes at that level, bit
+    /// for bit (the optimizer's rewrites, fusions and layouts are in the graph). Graph outputs
+    /// keep their names.
+    fn optimized(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+        let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
+        let path = scratch.path().join("optimized.onnx");
+        let extras = SessionExtras { optimized_path: Some(&path), operators: None };
+        let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
+        drop(build_session(&self.spec, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
+        drop(source);
+        release_freed_memory();
+        Ok(layerwise_model::Model::read_proto(&path)?)
+    }
+}
+
+/// Hands the heap memory freed by a dropped session back to the operating system. A session's
+/// build frees tens of MiB (the parsed model, graph rewrites) that the C allocator would otherwise
+/// keep, and the next session's peak then comes on top of it.
+pub(crate) fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the heap to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Where a session reads its model from.
+pub(crate) enum ModelSource<'a> {
+    /// Bytes in memory; external data resolves against `external_folder`.
+    Memory { bytes: &'a [u8], external_folder: Option<&'a Path> },
+    /// A file without external data.
+    File(&'a Path),
+}
+
+/// A model's bytes, kept in a scratch file when they need no external-data folder (ONNX Runtime
+/// then reads the file itself and our copy is gone before its own is made), in memory otherwise.
+pub(crate) enum OwnedSource {
+    Memory(Vec<u8>, Option<std::path::PathBuf>),
+    File(std::path::PathBuf),
+}
+
+impl OwnedSource {
+    pub(crate) fn as_source(&self) -> ModelSource<'_> {
+        match self {
+            OwnedSource::Memory(bytes, folder) => ModelSource::Memory { bytes, external_folder: folder.as_deref() },
+            OwnedSource::File(path) => ModelSource::File(path),
+        }
+    }
+}
+
+pub(crate) fn scratch_source(bytes: Vec<u8>, external_folder: Option<&Path>, scratch: &Path) -> Result<OwnedSource, RuntimeError> {
+    if let Some(folder) = external_folder {
+        return Ok(OwnedSource::Memory(bytes, Some(folder.to_path_buf())));
+    }
+    let path = scratch.join("session.onnx");
+    std::fs::write(&path, &bytes).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+    Ok(OwnedSource::File(path))
+}
+
+/// What a session is built with beyond the backend's options.
+#[derive(Default)]
+pub(crate) struct SessionExtras<'a> {
+    /// Where ONNX Runtime saves the model after its optimizations.
+    pub optimized_path: Option<&'a Path>,
+    /// Custom operators the model uses.
+    pub operators: Option<ort::operator::OperatorDomain>,
+}
+
+/// A session for the model in `bytes`, with `options`' provider and threads at `level`. ONNX
+/// Runtime's log lines go under `log_id`, so they land in that backend's run notes.
+pub(crate) fn build_session(
+    spec: &str,
+    options: &OrtOptions,
+    log_id: &str,
+    source: ModelSource,
+    level: OptLevel,
+    extras: SessionExtras,
+) -> Result<Session, RuntimeError> {
+    let err = |why: String| RuntimeError::Ort { backend: spec.to_string(), why };
+    let (env, _) = ortlib::environment()?;
+    let level = match level {
+        OptLevel::Disable => GraphOptimizationLevel::Disable,
+        OptLevel::Basic => GraphOptimizationLevel::Level1,
+        OptLevel::Extended => GraphOptimizationLevel::Level2,
+        OptLevel::All => GraphOptimizationLevel::All,
+    };
+    let mut builder = Session::builder(env)
+        .map_err(|e| err(e.to_string()))?
+        .with_log_level(LogLevel::Warning)
+        .map_err(|e| err(e.to_string()))?
+        .with_log_id(log_id)
+        .map_err(|e| err(e.to_string()))?
+        .with_optimization_level(level)
+        .map_err(|e| err(e.to_string()))?;
+    if let Some(n) = options.threads {
+        builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
+    }
+    // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
+    let provider = match options.ep {
+        ExecutionProvider::Cpu => None,
+        ExecutionProvider::Cuda { device, tf32, conv_search } => {
+            let search = match conv_search {
+                crate::backend::ConvSearch::Exhaustive => ort::ep::cuda::ConvAlgorithmSearch::Exhaustive,
+                crate::backend::ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
+                crate::backend::ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
+            };
+            Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
+        }
+        ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device as i32).with_fp16(fp16).build()),
+        ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device).build()),
+    };
+    if let Some(provider) = provider {
+        builder = builder
+            .with_execution_providers([provider.error_on_failure()])
+            .map_err(|e| err(format!("cannot use the execution provider: {e}")))?;
+    }
+    if let ModelSource::Memory { external_folder: Some(folder), .. } = source {
+        builder = builder
+            .with_config_entry("session.model_external_initializers_file_folder_path", folder.to_string_lossy())
+            .map_err(|e| err(e.to_string()))?;
+    }
+    if let Some(path) = extras.optimized_path {
+        // A session built only to save its optimized model never runs: packing weights for the
+        // kernels would only copy them.
+        builder = builder
+            .with_optimized_model_path(path)
+            .and_then(|b| b.with_config_entry("session.disable_prepacking", "1"))
+            .map_err(|e| err(e.to_string()))?;
+    }
+    if let Some(domain) = extras.operators {
+        builder = builder.with_operators(domain).map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+    }
+    match source {
+        ModelSource::Memory { bytes, .. } => builder.commit_from_memory(bytes),
+        ModelSource::File(path) => builder.commit_from_file(path),
+    }
+    .map_err(|e| err(format!("cannot create a session: {e}")))
 }
 
 impl Backend for OrtBackend {
@@ -121,6 +220,35 @@ impl Backend for OrtBackend {
         self.emulate.is_some()
     }
 
+    fn ort_options(&self) -> Option<&OrtOptions> {
+        Some(&self.options)
+    }
+
+    fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<crate::paired::OnnxProgram, RuntimeError>> {
+        let mut output = RunOutput::default();
+        let result = self.program(request, &mut output).and_then(|(proto, _)| {
+            if self.options.opt_level == OptLevel::Disable {
+                Ok(proto)
+            } else {
+                self.optimized(request.model, &proto)
+            }
+        });
+        // Lines about optimizing are this backend's, as they would be for a run, except the
+        // warning that saving an optimized model (layerwise's doing, used on this machine only) gives.
+        let logged: Vec<_> = crate::backend_log::take(&self.log_id).into_iter().filter(|l| !l.message.starts_with("Serializing optimized model")).collect();
+        Some(result.map(|proto| {
+            output.notes.extend(logged.iter().map(|l| l.note()));
+            crate::paired::OnnxProgram {
+                spec: self.spec.clone(),
+                proto,
+                options: self.options.clone(),
+                notes: output.notes,
+                unavailable: output.unavailable,
+                log_id: self.log_id.clone(),
+            }
+        }))
+    }
+
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let result = self.run_session(request);
         // What ONNX Runtime logged during this run: kept in the notes of a run that worked; on
@@ -133,9 +261,11 @@ impl Backend for OrtBackend {
 }
 
 impl OrtBackend {
-    fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+    /// The model this backend gives ONNX Runtime for `request` (the requested tensors exposed, the
+    /// emulation's rounding added), and the names of the tensors asked for. What the rewrite did
+    /// goes into `output`'s notes and unavailable tensors.
+    fn program(&mut self, request: &RunRequest, output: &mut RunOutput) -> Result<(layerwise_model::onnx::ModelProto, Vec<String>), RuntimeError> {
         let (_, lib) = ortlib::environment()?;
-        let mut output = RunOutput::default();
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
         if let ExecutionProvider::Cuda { tf32, conv_search, .. } = self.options.ep {
             output.notes.push(format!("CUDA: TF32 {}, cuDNN convolution algorithm search {}", if tf32 { "on" } else { "off" }, conv_search.name()));
@@ -181,29 +311,17 @@ impl OrtBackend {
         } else {
             exposed
         };
-        let mut session = self.session_for(request.model, &proto, self.options.opt_level)?;
+        Ok((proto, names))
+    }
 
-        let mut feeds: Vec<(String, DynValue)> = Vec::new();
-        for input in session.inputs() {
-            let name = input.name();
-            let tensor = request
-                .inputs
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, t)| t)
-                .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
-            // A converted model may declare FP16 inputs: feed the same values, converted.
-            let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
-            let converted;
-            let tensor = match (&tensor.data, wants_f16) {
-                (TensorData::F32(v), true) => {
-                    converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
-                    &converted
-                }
-                _ => tensor,
-            };
-            feeds.push((name.to_string(), to_ort_value(tensor).map_err(|e| self.err(format!("input '{name}': {e}")))?));
-        }
+    fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+        let mut output = RunOutput::default();
+        let (proto, names) = self.program(request, &mut output)?;
+        let mut session = self.session_for(request.model, &proto, self.options.opt_level)?;
+        let feeds = session_feeds(&session, request.inputs).map_err(|e| match e {
+            RuntimeError::Ort { why, .. } => self.err(why),
+            other => other,
+        })?;
         let mut results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         // Take each value out and drop it once copied, so ONNX Runtime's buffer and our copy of
         // every tensor are not all alive at once.
@@ -221,6 +339,32 @@ impl OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:
+/// they get the same values, converted.
+pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)]) -> Result<Vec<(String, DynValue)>, RuntimeError> {
+    let mut feeds: Vec<(String, DynValue)> = Vec::new();
+    for input in session.inputs() {
+        let name = input.name();
+        let tensor = inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+        let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
+        let converted;
+        let tensor = match (&tensor.data, wants_f16) {
+            (TensorData::F32(v), true) => {
+                converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+                &converted
+            }
+            _ => tensor,
+        };
+        let value = to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: String::new(), why: format!("input '{name}': {e}") })?;
+        feeds.push((name.to_string(), value));
+    }
+    Ok(feeds)
 }
 
 /// What the TensorRT-style rewrite did.
@@ -407,7 +551,7 @@ fn to_ort_value(t: &Tensor) -> ort::Result<DynValue> {
 }
 
 /// Copies an ONNX Runtime output to a host tensor; non-tensor values are reported, not failed.
-fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
+pub(crate) fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
     let ty = match value.dtype() {
         ValueType::Tensor { ty, .. } => *ty,
         ValueType::Sequence(_) => return Err("a sequence, not a tensor".into()),

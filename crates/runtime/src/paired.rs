@@ -1,0 +1,182 @@
+//! Running a reference and a candidate as one ONNX Runtime session that reduces each pair of
+//! tensors where it is computed, so that only the reductions' results leave the session.
+//!
+//! Two separate runs that return every tensor hold all of them at once (both runs' copies, for the
+//! comparison). Here ONNX Runtime computes both programs in one graph (`layerwise_model::pair`);
+//! a custom operator receives each reference tensor with its candidate twin as soon as both
+//! exist, hands them to a [`PairReducer`], and ONNX Runtime frees them once nothing else reads
+//! them. Memory then follows the model's live tensors, not the number of tensors compared.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use layerwise_model::onnx::ModelProto;
+use layerwise_model::pair::{paired_graph, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
+use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput};
+use ort::value::{TensorElementType, ValueType};
+
+use crate::backend::{OptLevel, OrtOptions};
+use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
+use crate::{DType, RuntimeError, Tensor};
+
+/// What an ONNX Runtime backend runs for one request, ready to be paired with another.
+#[derive(Debug, Clone)]
+pub struct OnnxProgram {
+    /// The backend's spec (`ort:cpu`, `sim:fp16`).
+    pub spec: String,
+    /// The model as ONNX Runtime runs it, with its graph optimizations already applied (as ONNX
+    /// Runtime saves them): run with optimizations disabled, it computes bit for bit what the
+    /// backend computes. The requested tensors are graph outputs under their own names.
+    pub proto: ModelProto,
+    pub options: OrtOptions,
+    /// What the backend would note about the run (library, emulation).
+    pub notes: Vec<String>,
+    /// Tensors asked for that this program does not compute, with the reason.
+    pub unavailable: Vec<(String, String)>,
+    /// The backend's log id: ONNX Runtime's lines about this program land in its notes.
+    pub log_id: String,
+}
+
+/// One side of a pair, as the reducer sees it.
+pub struct Operand<'a> {
+    pub shape: Vec<usize>,
+    /// The element type, or why the value is not a tensor of numbers (then `values` is empty).
+    pub dtype: Result<DType, String>,
+    /// The values widened to float32 (borrowed from ONNX Runtime when they are float32 already).
+    pub values: Cow<'a, [f32]>,
+}
+
+/// Receives every pair of tensors of a paired run, inside ONNX Runtime's executor (one at a time,
+/// in the order the session computes them). Keeps what it needs; the tensors are freed after.
+pub trait PairReducer: Send + Sync {
+    fn reduce(&self, tensor: &str, reference: Operand<'_>, candidate: Operand<'_>);
+}
+
+/// The outcome of a paired run besides what the reducer kept.
+#[derive(Debug, Default)]
+pub struct PairedRun {
+    /// Tensors the reducer received, in the order asked.
+    pub paired: Vec<String>,
+    /// Tensors asked for that one side does not have, with the reason.
+    pub unavailable: Vec<(String, String)>,
+    pub ref_notes: Vec<String>,
+    pub cand_notes: Vec<String>,
+    /// Nodes in the paired graph (both programs and the reductions).
+    pub nodes: usize,
+}
+
+/// Runs `reference` and `candidate` as one session on `inputs`, handing each tensor of `tensors`
+/// that both compute to `reducer`. Both programs must use the same execution provider and threads
+/// (the session is one); the session runs with optimizations disabled since each program carries
+/// its own already.
+pub fn run_paired(
+    model: &layerwise_model::Model,
+    reference: OnnxProgram,
+    candidate: OnnxProgram,
+    tensors: &[String],
+    inputs: &[(String, Tensor)],
+    reducer: Arc<dyn PairReducer>,
+) -> Result<PairedRun, RuntimeError> {
+    let err = |why: String| RuntimeError::Ort { backend: format!("{} with {}", reference.spec, candidate.spec), why };
+    if reference.options.ep != candidate.options.ep || reference.options.threads != candidate.options.threads {
+        return Err(err("the two sides run on different execution providers or thread counts".into()));
+    }
+    let external = |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
+    if external(&reference.proto) || external(&candidate.proto) {
+        return Err(err("the model keeps its weights as external data, which the paired graph does not carry".into()));
+    }
+    let graph = paired_graph(&reference.proto, &candidate.proto, tensors)?;
+    let mut run = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, ..Default::default() };
+    for (t, side) in graph.missing {
+        let why = match side {
+            Side::Reference => reference.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the reference run".into(), |(_, w)| w.clone()),
+            Side::Candidate => candidate.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the candidate run".into(), |(_, w)| w.clone()),
+        };
+        run.unavailable.push((t, why));
+    }
+    run.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
+    let reference_log = reference.log_id.clone();
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    // The programs' weights are shared with the paired graph: with the programs gone, each weight's
+    // memory goes as it is written out, and ONNX Runtime maps the file instead of parsing copies.
+    drop((reference.proto, candidate.proto));
+    let (bytes, folder) = model.runtime_bytes_weights_apart(graph.proto, scratch.path())?;
+    let domain = OperatorDomain::new(PAIR_DOMAIN)
+        .and_then(|d| d.add(ReducePair { reducer }))
+        .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+    let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
+    let extras = SessionExtras { optimized_path: None, operators: Some(domain) };
+    let spec = format!("{} with {}", reference.spec, candidate.spec);
+    crate::ort_backend::release_freed_memory();
+    let session = build_session(&spec, &options, &reference_log, ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) }, OptLevel::Disable, extras);
+    drop(bytes);
+    let mut session = session?;
+    let feeds = session_feeds(&session, inputs)?;
+    let outputs = session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
+    drop(outputs);
+    drop(session);
+    // The session's lines go to the side they are about: candidate names carry the prefix.
+    for mut line in crate::backend_log::take(&reference_log) {
+        let notes = if line.message.contains(CANDIDATE_PREFIX) {
+            line.message = line.message.replace(CANDIDATE_PREFIX, "");
+            &mut run.cand_notes
+        } else {
+            &mut run.ref_notes
+        };
+        let note = line.note();
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
+    Ok(run)
+}
+
+/// The reduction node: two tensors of any type in, a scalar out (the graph needs an output to
+/// run the node); the work is the reducer's.
+struct ReducePair {
+    reducer: Arc<dyn PairReducer>,
+}
+
+impl Operator for ReducePair {
+    type Kernel<'attr> = BoxedKernel<'attr>;
+
+    fn name(&self) -> &str {
+        PAIR_OP
+    }
+
+    fn inputs(&self) -> impl IntoIterator<Item = OperatorInput> {
+        // Variadic without a type: the two sides may be any element type, and differ.
+        [OperatorInput::variadic(2)]
+    }
+
+    fn outputs(&self) -> impl IntoIterator<Item = OperatorOutput> {
+        [OperatorOutput::required(TensorElementType::Float32)]
+    }
+
+    fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
+        let tensor: String = kctx.get(PAIR_TENSOR_ATTR).ok_or_else(|| ort::Error::new(format!("{PAIR_OP} needs its '{PAIR_TENSOR_ATTR}' attribute")))?;
+        let reducer = self.reducer.clone();
+        Ok(Box::new(move |ctx: &ComputeContext| {
+            let reference = ctx.input(0)?.ok_or_else(|| ort::Error::new("no reference input"))?;
+            let candidate = ctx.input(1)?.ok_or_else(|| ort::Error::new("no candidate input"))?;
+            reducer.reduce(&tensor, operand(&reference), operand(&candidate));
+            let mut out = ctx.output(0, Vec::<i64>::new())?.ok_or_else(|| ort::Error::new("no output"))?;
+            let (_, data) = out.try_extract_tensor_mut::<f32>()?;
+            data.fill(0.0);
+            Ok(())
+        }))
+    }
+}
+
+fn operand<'a>(value: &'a ort::value::DynValue) -> Operand<'a> {
+    let shape_of = |s: &[i64]| s.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>();
+    if let ValueType::Tensor { ty: TensorElementType::Float32, .. } = value.dtype() {
+        if let Ok((shape, data)) = value.try_extract_tensor::<f32>() {
+            return Operand { shape: shape_of(shape), dtype: Ok(DType::F32), values: Cow::Borrowed(data) };
+        }
+    }
+    match from_ort_value(value) {
+        Ok(t) => Operand { shape: t.shape.clone(), dtype: Ok(t.dtype()), values: Cow::Owned(t.to_f32().into_owned()) },
+        Err(why) => Operand { shape: Vec::new(), dtype: Err(why), values: Cow::Borrowed(&[]) },
+    }
+}

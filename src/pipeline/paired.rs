@@ -1,0 +1,82 @@
+//! Comparing every tensor in one ONNX Runtime session: both sides computed side by side, each pair
+//! reduced to its metrics where it is computed (layerwise_runtime::paired), nothing else returned.
+
+use std::sync::Arc;
+
+use anyhow::Result;
+use layerwise_analysis::{MemoryPlan, PairedComparison};
+use layerwise_runtime::paired::run_paired;
+use layerwise_runtime::{RunRequest, Tensor};
+
+use super::{Compared, Job, Steps};
+
+/// How a job compared its tensors, for the report's `memory.comparison`.
+pub const PAIRED: &str = "paired";
+pub const SEPARATE: &str = "separate";
+
+impl Job<'_> {
+    /// Compares one sample with both sides in one session, when both run on ONNX Runtime with the
+    /// same provider and nothing needs the tensors themselves (`--save-tensors`, a separate
+    /// candidate model whose names differ). `None` where that does not apply or pairing failed
+    /// (the reason goes to `self.pairing_note`); the caller then runs the sides separately.
+    pub(super) fn compare_paired(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps) -> Result<Option<Compared>> {
+        if self.options.separate_runs || self.options.save_tensors.is_some() || self.cand_model.is_some() || self.pairing_failed {
+            return Ok(None);
+        }
+        // One session has one provider and one thread count.
+        match (self.reference.ort_options(), self.candidate.ort_options()) {
+            (Some(r), Some(c)) if r.ep == c.ep && r.threads == c.threads => {}
+            _ => return Ok(None),
+        }
+        if self.model.graph().initializer.iter().any(layerwise_model::is_external) {
+            self.pairing_note = Some("compared after separate runs: the model keeps its weights as external data, which the paired session does not carry".into());
+            return Ok(None);
+        }
+        let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
+        let comparison = Arc::new(PairedComparison::new(self.tolerance));
+        let reducer = comparison.clone();
+        let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
+        let (reference, candidate, order) = (&mut self.reference, &mut self.candidate, &self.order);
+        let run = steps.run(&label, || {
+            let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&request)) else { return Ok(None) };
+            Ok(Some(run_paired(request.model, r?, c?, order, feeds, reducer)?))
+        });
+        let run = match run {
+            Ok(Some(run)) => run,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                // A graph the pairing cannot take (external data, disagreeing opsets, providers
+                // that differ) is compared the usual way, and the report says why.
+                self.pairing_failed = true;
+                self.pairing_note = Some(format!("compared after separate runs, since the paired session could not run: {e:#}"));
+                return Ok(None);
+            }
+        };
+        let comparison = Arc::try_unwrap(comparison).unwrap_or_else(|_| unreachable!("the session that held the reducer is gone"));
+        let bytes = comparison.reference_bytes();
+        let (comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
+        let memory = MemoryPlan {
+            budget_bytes: self.options.max_memory,
+            estimated_bytes: bytes,
+            groups: 1,
+            largest_group_bytes: 0,
+            shapes_from: "the paired run".to_string(),
+            comparison: PAIRED.to_string(),
+        };
+        let mut ref_notes = run.ref_notes;
+        ref_notes.push(format!(
+            "compared in one ONNX Runtime session with the candidate ({} nodes): each of {} tensor pairs reduced to its metrics where computed, no tensor returned",
+            run.nodes,
+            run.paired.len()
+        ));
+        Ok(Some(Compared {
+            comparison,
+            tensors: None,
+            histograms,
+            notes: (ref_notes, run.cand_notes),
+            unavailable: run.unavailable,
+            engine_layers: Vec::new(),
+            memory: Some(memory),
+        }))
+    }
+}
