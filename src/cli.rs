@@ -180,6 +180,11 @@ struct BisectArgs {
     /// or a Kubernetes indexed Job.
     #[arg(long, value_name = "I/N", value_parser = parse_shard)]
     shard: Option<(usize, usize)>,
+    /// Spread the samples of --inputs DIR over these GPUs (e.g. 0,1): one shard per GPU, run at
+    /// the same time in this process, merged into the report one run over every sample writes.
+    /// The GPU backends (ort:cuda, ort:trt, ort:nvrtx) run on each shard's GPU.
+    #[arg(long, value_name = "GPU,...", value_delimiter = ',')]
+    devices: Option<Vec<u32>>,
     /// Write the first divergent layer (with upstream nodes if it alone does not show the error)
     /// as a standalone model with its inputs and both sides' outputs, in ONNX's backend-test
     /// layout, into this new or empty folder.
@@ -392,7 +397,21 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         repro: args.repro,
         shard: args.shard,
         separate_runs: args.separate_runs,
+        device: None,
     };
+    if let Some(devices) = &args.devices {
+        for (what, path) in options.outputs.paths() {
+            crate::pipeline::check_writable_target(path, what)?;
+        }
+        let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
+        options.outputs.write(&merged, None)?;
+        println!("{}", merged["verdict"]["summary"].as_str().unwrap_or_default());
+        for (what, path) in options.outputs.paths() {
+            println!("{what}: {}", path.display());
+        }
+        let status: Status = serde_json::from_value(merged["verdict"]["status"].clone()).context("the merged report has no verdict status")?;
+        return Ok(exit_for(status));
+    }
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);
     for (what, path) in options.outputs.paths() {

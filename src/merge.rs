@@ -18,16 +18,25 @@ pub fn merge(partials: &[PathBuf]) -> Result<Value> {
     if partials.is_empty() {
         bail!("give the partial reports of every shard");
     }
-    let mut reports: Vec<(PathBuf, Value, Shard)> = Vec::new();
+    let mut reports = Vec::new();
     for path in partials {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let report: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+        reports.push((path.clone(), report));
+    }
+    merge_reports(reports)
+}
+
+/// [`merge`] on reports in memory, each with the name errors call it by.
+pub fn merge_reports(partials: Vec<(PathBuf, Value)>) -> Result<Value> {
+    let mut reports: Vec<(PathBuf, Value, Shard)> = Vec::new();
+    for (path, report) in partials {
         if report["schema"] != layerwise_report::SCHEMA {
             bail!("{} is not a layerwise report (schema {} expected, found {})", path.display(), layerwise_report::SCHEMA, report["schema"]);
         }
         let shard: Shard = serde_json::from_value(report["shard"].clone())
             .with_context(|| format!("{} is not a partial report: it was not written with bisect --shard", path.display()))?;
-        reports.push((path.clone(), report, shard));
+        reports.push((path, report, shard));
     }
     // All shards of one job: the same split, model, backends, tolerances and tensors.
     let (first_path, first, first_shard) = (&reports[0].0, &reports[0].1, &reports[0].2);

@@ -182,6 +182,12 @@ fn malformed_inputs_each_get_their_own_error() {
     write_npz(&c.path("samples/a.npz"), &[("x", &x)]).unwrap();
     write_npz(&c.path("samples/b.npz"), &[("x", &x)]).unwrap();
     c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--mark", "search"], "--mark search runs one sample");
+    // --devices: GPUs for the samples of a folder.
+    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,1"], "neither --ref ort:cpu nor --cand sim:fp16 runs on one");
+    c.case(&["bisect", &good, "--cand", "ort:cuda", "--devices", "0,1"], "give a folder of .npz files");
+    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda", "--devices", "0", "--shard", "0/2"], "--devices and --shard do not combine");
+    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda,device=1", "--devices", "0,1"], "names its own device");
+    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,x"], "invalid value 'x'");
 
     // Options.
     c.case(&["bisect", &good, "--tensors", "x"], "tensor 'x' is a graph input or initializer");

@@ -2,7 +2,8 @@
 # End-to-end benchmark against Polygraphy on the same ORT-only job (docs/performance.md):
 #   Polygraphy: run --onnxrt --onnx-outputs mark all on the float32 model with --save-outputs,
 #               then on the FP16-emulated model with --load-outputs (compares every tensor);
-#   layerwise:  bisect --ref ort:cpu --cand sim:fp16 (also walks back, isolates and checks).
+#   layerwise:  bisect --ref ort:cpu --cand sim:fp16 (also walks back, isolates and checks), with
+#               its defaults (a paired comparison) and with --separate-runs.
 # Wall time and peak RSS (/usr/bin/time), several runs, medians.
 #
 # Usage: scripts/bench/polygraphy.sh RUNS MODEL SHAPE_NAME SHAPE [MODEL SHAPE_NAME SHAPE ...]
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     emu="$work/$(basename "$model" .onnx).emulated.onnx"
     "$lw" convert "$model" --to fp16-emulated -o "$emu" >/dev/null
     pg_shape="$name:[${shape//x/,}]"
-    declare -a pw=() pr=() lw_w=() lw_r=()
+    declare -a pw=() pr=() lw_w=() lw_r=() sep_w=() sep_r=()
     for i in $(seq "$runs"); do
         read -r w1 r1 < <(measure "$venv/bin/polygraphy" run "$model" --onnxrt --onnx-outputs mark all --input-shapes "$pg_shape" --save-outputs "$work/ref.json")
         read -r w2 r2 < <(measure "$venv/bin/polygraphy" run "$emu" --onnxrt --onnx-outputs mark all --input-shapes "$pg_shape" --load-outputs "$work/ref.json" --rtol 1e-2 --atol 1e-4)
@@ -44,7 +45,10 @@ while [ $# -gt 0 ]; do
         rm -f "$work/ref.json"
         read -r w3 r3 < <(measure "$lw" bisect "$model" --cand sim:fp16 --input-shape "$name:$shape" --json "$work/report.json")
         lw_w+=("$w3"); lw_r+=("$r3")
+        read -r w4 r4 < <(measure "$lw" bisect "$model" --cand sim:fp16 --input-shape "$name:$shape" --separate-runs --json "$work/report.json")
+        sep_w+=("$w4"); sep_r+=("$r4")
     done
     printf "%-28s %-12s %10s %12s\n" "$(basename "$model")" polygraphy "$(printf '%s\n' "${pw[@]}" | median)" "$(printf '%s\n' "${pr[@]}" | median)"
     printf "%-28s %-12s %10s %12s\n" "$(basename "$model")" layerwise "$(printf '%s\n' "${lw_w[@]}" | median)" "$(printf '%s\n' "${lw_r[@]}" | median)"
+    printf "%-28s %-12s %10s %12s\n" "$(basename "$model")" "lw separate" "$(printf '%s\n' "${sep_w[@]}" | median)" "$(printf '%s\n' "${sep_r[@]}" | median)"
 done

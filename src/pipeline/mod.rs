@@ -23,6 +23,7 @@ mod conclusions;
 pub(crate) mod control_flow;
 pub mod repro;
 mod counterfactual;
+pub mod devices;
 mod isolate;
 pub mod noise_floor;
 mod paired;
@@ -84,6 +85,9 @@ pub struct BisectOptions {
     /// Run the reference and the candidate as separate sessions and compare the tensors they return,
     /// even where both could run paired in one session (which holds only per-tensor statistics).
     pub separate_runs: bool,
+    /// The GPU that the GPU backends of `reference` and `candidate` run on (overrides nothing:
+    /// a spec that names its own `device=` is refused); set per shard by `--devices`.
+    pub device: Option<u32>,
     /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
     /// (`--match auto`); false: by name only.
     pub match_structure: bool,
@@ -128,6 +132,7 @@ impl BisectOptions {
             repro: None,
             shard: None,
             separate_runs: false,
+            device: None,
         }
     }
 }
@@ -307,7 +312,7 @@ fn sample_feeds(decls: &[layerwise_runtime::inputs::InputDecl], samples: &[(Stri
 }
 
 /// The samples to run: one (the usual inputs), or every `.npz` file of an `--inputs DIR`.
-fn samples(options: &InputOptions) -> Result<Vec<(String, InputOptions)>> {
+pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOptions)>> {
     if !options.given_samples.is_empty() {
         return Ok(options
             .given_samples
@@ -563,8 +568,8 @@ impl Job<'_> {
 
 fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
-    let mut reference = create_backend(&options.reference).context("--ref")?;
-    let candidate = create_backend(&options.candidate).context("--cand")?;
+    let mut reference = create_backend(&devices::spec_on_device(&options.reference, options.device)?).context("--ref")?;
+    let candidate = create_backend(&devices::spec_on_device(&options.candidate, options.device)?).context("--cand")?;
     let decls = declared_inputs(original, &index);
     let all_samples = samples(&options.inputs)?;
     // Decisions that depend on how many samples there are follow the whole set, so that a shard

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# --devices on the lent GPU machine (docs/gpu.md, issue 15): the samples of a folder spread over
+# GPUs, one shard per GPU at once, against one run over every sample. With one GPU the check runs
+# two shards on GPU 0 at once (--devices 0,0): the concurrency and the merge, not two GPUs.
+# Expects .gpu/run/{layerwise,rec.onnx}; ONNX Runtime's GPU build unpacked (docs/gpu.md).
+source "$(dirname "$0")/setup.sh"
+"$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
+python3 - <<'PY'
+import numpy as np, os
+os.makedirs("samples", exist_ok=True)
+rng = np.random.default_rng(0)
+for i in range(8):
+    np.savez(f"samples/s{i}.npz", x=(rng.random((1, 3, 48, 320)) * 255).astype(np.float32))
+PY
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+[ "$GPUS" = "0" ] && GPUS=0,0
+REC="$R/rec.onnx --inputs samples --cand ort:cuda --cand-model rec_fp16.onnx"
+run single "$R/layerwise" bisect $REC --json "$OUT/single.json"
+run devices "$R/layerwise" bisect $REC --devices "$GPUS" --json "$OUT/devices.json"
+python3 - "$OUT/single.json" "$OUT/devices.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for r in (a, b):
+    r.pop("run_info", None)
+note = [n for n in b["cand"]["notes"] if "--devices" in n]
+b["cand"]["notes"] = [n for n in b["cand"]["notes"] if "--devices" not in n]
+print("devices note:", note)
+print("merged report identical to the single run (run_info and that note aside):", a == b)
+if a != b:
+    print("differing keys:", [k for k in a if a[k] != b.get(k)])
+PY

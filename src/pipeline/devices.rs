@@ -1,0 +1,96 @@
+//! `--devices 0,1`: the samples of `--inputs DIR` spread over GPUs within one machine, one shard
+//! per GPU run at the same time, combined as `layerwise merge` combines shards.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use layerwise_runtime::BackendSpec;
+use serde_json::Value;
+
+use super::{bisect, samples, BisectOptions, Marking};
+
+/// `spec` with its GPU set to `device`; CPU specs (and any spec when `device` is `None`) as they
+/// are. A GPU spec that names its own device is refused rather than silently moved.
+pub fn spec_on_device(spec: &str, device: Option<u32>) -> Result<String> {
+    let Some(device) = device else { return Ok(spec.to_string()) };
+    match BackendSpec::parse(spec)? {
+        BackendSpec::OrtCpu(o) if o.ep.needs_gpu() => {
+            if spec.split(',').any(|p| p.starts_with("device=")) {
+                bail!("'{spec}' names its own device; with --devices, leave device= out of the specs");
+            }
+            Ok(format!("{spec},device={device}"))
+        }
+        BackendSpec::Trt { .. } => bail!("native TensorRT ('{spec}') takes no device; run one process per GPU with CUDA_VISIBLE_DEVICES and --shard"),
+        _ => Ok(spec.to_string()),
+    }
+}
+
+/// Runs the samples of `options.inputs` (a folder) over `devices`: shard `j` of `N` (samples
+/// `k` with `k % N == j`) on `devices[j]`, all shards at once, then merges them. The merged
+/// report is what one run over every sample writes (`run_info` aside); its candidate notes say
+/// which GPU ran which shard. Returns the report as JSON.
+pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Value> {
+    if devices.is_empty() {
+        bail!("--devices needs at least one GPU index");
+    }
+    if options.shard.is_some() {
+        bail!("--devices and --shard do not combine: --devices already splits the samples into one shard per GPU");
+    }
+    if options.mark != Marking::All {
+        bail!("--devices spreads the samples of --inputs DIR, and --mark search runs one sample; use --mark all");
+    }
+    if options.inputs.npz.as_ref().is_none_or(|d| !d.is_dir()) {
+        bail!("--devices spreads the samples of --inputs DIR over GPUs; give a folder of .npz files");
+    }
+    let gpu = |spec: &str| BackendSpec::parse(spec).map(|s| matches!(s, BackendSpec::OrtCpu(o) if o.ep.needs_gpu())).unwrap_or(false);
+    if !gpu(&options.reference) && !gpu(&options.candidate) {
+        bail!("--devices spreads samples over GPUs, but neither --ref {} nor --cand {} runs on one", options.reference, options.candidate);
+    }
+    for spec in [&options.reference, &options.candidate] {
+        spec_on_device(spec, Some(devices[0]))?;
+    }
+    let total = samples(&options.inputs)?.len();
+    let count = devices.len().min(total);
+    let shards: Vec<BisectOptions> = (0..count)
+        .map(|j| BisectOptions {
+            shard: Some((j, count)),
+            device: Some(devices[j]),
+            outputs: Default::default(),
+            progress: false,
+            progress_lines: false,
+            repro: None,
+            ..options.clone()
+        })
+        .collect();
+    let results: Vec<Result<Value>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = shards.iter().map(|o| scope.spawn(move || bisect(o).and_then(|out| Ok(serde_json::to_value(&out.report)?)))).collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a shard's thread panicked")))).collect()
+    });
+    let mut partials = Vec::new();
+    for (j, r) in results.into_iter().enumerate() {
+        let report = r.with_context(|| format!("shard {j} of {count} on GPU {}", devices[j]))?;
+        partials.push((PathBuf::from(format!("shard {j} on GPU {}", devices[j])), report));
+    }
+    let mut merged = crate::merge::merge_reports(partials)?;
+    let spread = (0..count).map(|j| format!("shard {j} on GPU {}", devices[j])).collect::<Vec<_>>().join(", ");
+    if let Some(notes) = merged["cand"]["notes"].as_array_mut() {
+        notes.push(Value::String(format!("{total} samples spread over {count} GPUs with --devices: {spread}")));
+    }
+    Ok(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spec_on_device;
+
+    #[test]
+    fn only_gpu_specs_move_to_the_shard_gpu() {
+        assert_eq!(spec_on_device("ort:cuda,tf32=off", Some(1)).unwrap(), "ort:cuda,tf32=off,device=1");
+        assert_eq!(spec_on_device("ort:trt,fp16", Some(2)).unwrap(), "ort:trt,fp16,device=2");
+        assert_eq!(spec_on_device("ort:cpu", Some(1)).unwrap(), "ort:cpu");
+        assert_eq!(spec_on_device("sim:fp16", Some(1)).unwrap(), "sim:fp16");
+        assert_eq!(spec_on_device("ort:cuda,device=3", None).unwrap(), "ort:cuda,device=3");
+        assert!(spec_on_device("ort:cuda,device=3", Some(1)).unwrap_err().to_string().contains("names its own device"));
+        assert!(spec_on_device("trt", Some(1)).unwrap_err().to_string().contains("takes no device"));
+    }
+}
