@@ -25,6 +25,9 @@ pub struct OrtBackend {
     /// The float32 tensors of each model emulated so far, by model hash: asking ONNX Runtime costs
     /// a session build, and `fix` and the counterfactual checks run the same model many times.
     float_cache: HashMap<String, HashSet<String>>,
+    /// The last session of a GPU provider and what it runs (model, selection, keep list), kept
+    /// for the next run of the same program.
+    gpu_session: Option<(String, Session)>,
     /// The log id of this backend's sessions, so that what ONNX Runtime logs lands in this
     /// backend's run notes.
     log_id: String,
@@ -34,7 +37,7 @@ impl OrtBackend {
     pub fn new(spec: &str, options: OrtOptions, emulate: Option<Rounding>) -> OrtBackend {
         static BACKENDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OrtBackend { spec: spec.to_string(), options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), log_id: format!("{spec}#{n}") }
+        OrtBackend { spec: spec.to_string(), options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, log_id: format!("{spec}#{n}") }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -317,7 +320,14 @@ impl OrtBackend {
     fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let mut output = RunOutput::default();
         let (proto, names) = self.program(request, &mut output)?;
-        let mut session = self.session_for(request.model, &proto, self.options.opt_level)?;
+        // On a GPU a session costs seconds (cuDNN's algorithm search among them): the same program
+        // asked again (the next sample, the same tensors) runs in the session it ran in.
+        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style));
+        let mut session = match (self.gpu_session.take(), &key) {
+            (Some((cached, session)), Some(key)) if cached == *key => session,
+            _ => self.session_for(request.model, &proto, self.options.opt_level)?,
+        };
+        drop(proto);
         let feeds = session_feeds(&session, request.inputs).map_err(|e| match e {
             RuntimeError::Ort { why, .. } => self.err(why),
             other => other,
@@ -336,6 +346,10 @@ impl OrtBackend {
                     Err(why) => output.unavailable.push((name, why)),
                 },
             }
+        }
+        drop(results);
+        if let Some(key) = key {
+            self.gpu_session = Some((key, session));
         }
         Ok(output)
     }
