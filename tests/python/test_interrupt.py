@@ -28,11 +28,12 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     env = dict(os.environ, TMPDIR=str(scratch))
     started = time.monotonic()
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    # Progress comes one line per step (stderr is a pipe): interrupt once the candidate runs.
+    # Progress comes one line per step (stderr is a pipe): interrupt once the candidate runs
+    # (with the reference, paired in one session, by default).
     seen = []
     for line in p.stderr:
         seen.append(line)
-        if "running candidate" in line:
+        if "running candidate" in line or "paired" in line:
             p.send_signal(signal.SIGINT)
             break
     out, err = p.communicate(timeout=300)
