@@ -89,3 +89,30 @@ fn a_model_with_external_weights_is_compared_after_separate_runs_and_says_so() {
     assert!(notes.contains("compared after separate runs: the model keeps its weights as external data"), "{notes}");
     assert_eq!(r["verdict"]["status"], "diverged");
 }
+
+#[test]
+fn a_sample_set_runs_in_one_paired_session_and_reports_what_separate_runs_report() {
+    // Five samples share one paired session (built for the first); each must still get its own
+    // metrics: the aggregated sample section and the chosen sample's records equal the separate
+    // runs'.
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..5 {
+        let x = layerwise_runtime::Tensor::f32(vec![1, 256], (0..256).map(|k| ((k * 7 + i * 13) % 97) as f32 / 97.0 * (1.0 + i as f32)).collect());
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("s{i}.npz")), &[("x", &x)]).unwrap();
+    }
+    let m = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted").unwrap();
+    let run = |separate_runs: bool| {
+        let mut options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") };
+        options.inputs.npz = Some(dir.path().to_path_buf());
+        serde_json::to_value(bisect_model(&m, &options).unwrap().report).unwrap()
+    };
+    let (paired, separate) = (run(false), run(true));
+    assert_eq!(paired["memory"]["comparison"], "paired");
+    assert_eq!(paired["samples"]["count"], 5);
+    assert_eq!(paired["samples"], separate["samples"]);
+    assert_eq!(paired["tensors"], separate["tensors"]);
+    assert_eq!(paired["verdict"], separate["verdict"]);
+    // The samples differ, so a session that handed every run the first sample's numbers fails.
+    let errors: Vec<&serde_json::Value> = paired["samples"]["runs"].as_array().unwrap().iter().map(|r| &r["worst_output_error"]).collect();
+    assert!(errors.windows(2).any(|w| w[0] != w[1]), "{errors:?}");
+}

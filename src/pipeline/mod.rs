@@ -365,6 +365,8 @@ struct Job<'a> {
     pairing_failed: bool,
     /// Why the tensors were compared after separate runs although pairing was tried.
     pairing_note: Option<String>,
+    /// The paired session of the samples so far, by input shapes (dropped after the samples).
+    paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
 }
 
 /// The groups of tensors compared together, and the memory plan that made them.
@@ -660,7 +662,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_failed: false, pairing_note: None };
+    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_failed: false, pairing_note: None, paired_session: None };
     let weights = if precision == Precision::Fp16 {
         steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
     } else {
@@ -701,6 +703,8 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
         per_sample.push((name.clone(), inputs, compared, verdict));
     }
+    // What follows runs other programs: the paired session's memory goes now.
+    job.paired_session = None;
 
     let worst_of = |c: &Compared| -> f64 {
         job.index.outputs.iter().filter_map(|o| c.comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max)

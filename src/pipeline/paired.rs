@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use layerwise_analysis::{MemoryPlan, PairedComparison};
-use layerwise_runtime::paired::run_paired;
+use layerwise_runtime::paired::PairedSession;
 use layerwise_runtime::{RunRequest, Tensor};
 
 use super::{Compared, Job, Steps};
@@ -36,15 +36,25 @@ impl Job<'_> {
         let comparison = Arc::new(PairedComparison::new(self.tolerance));
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
-        let (reference, candidate, order) = (&mut self.reference, &mut self.candidate, &self.order);
+        // Samples of the same shapes run in the session the first one built.
+        let shapes: Vec<Vec<usize>> = feeds.iter().map(|(_, t)| t.shape.clone()).collect();
+        if self.paired_session.as_ref().is_some_and(|(s, _)| *s != shapes) {
+            self.paired_session = None;
+        }
+        let (reference, candidate, order, cache) = (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
         let run = steps.run(&label, || {
-            let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&request)) else { return Ok(None) };
-            Ok(Some(run_paired(request.model, r?, c?, order, feeds, reducer)?))
+            if cache.is_none() {
+                let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&request)) else { return Ok(None) };
+                *cache = Some((shapes, PairedSession::build(request.model, r?, c?, order)?));
+            }
+            let (_, session) = cache.as_mut().expect("built just above");
+            Ok(Some(session.run(feeds, reducer)?))
         });
         let run = match run {
             Ok(Some(run)) => run,
             Ok(None) => return Ok(None),
             Err(e) => {
+                self.paired_session = None;
                 // A graph the pairing cannot take (external data, disagreeing opsets, providers
                 // that differ) is compared the usual way, and the report says why.
                 self.pairing_failed = true;
@@ -52,7 +62,6 @@ impl Job<'_> {
                 return Ok(None);
             }
         };
-        let comparison = Arc::try_unwrap(comparison).unwrap_or_else(|_| unreachable!("the session that held the reducer is gone"));
         let bytes = comparison.reference_bytes();
         let (comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
         let memory = MemoryPlan {

@@ -160,8 +160,9 @@ impl PairedComparison {
 
     /// The comparison in the order of `order` (topological), with the histograms of the tensors
     /// out of tolerance. `unavailable`: tensors one side could not give, with the reason.
-    pub fn finish(self, index: &GraphIndex, order: &[String], unavailable: &[(String, String)]) -> (Comparison, HashMap<String, Histogram>) {
-        let mut reduced = self.reduced.into_inner().unwrap_or_else(|p| p.into_inner());
+    /// Takes what was reduced so far, leaving the reducer empty.
+    pub fn finish(&self, index: &GraphIndex, order: &[String], unavailable: &[(String, String)]) -> (Comparison, HashMap<String, Histogram>) {
+        let mut reduced = std::mem::take(&mut *self.reduced.lock().unwrap_or_else(|p| p.into_inner()));
         let mut records = Vec::new();
         let mut not_compared = Vec::new();
         let mut histograms = HashMap::new();

@@ -8,11 +8,12 @@
 //! them. Memory then follows the model's live tensors, not the number of tensors compared.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::pair::{paired_graph, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
 use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput};
+use ort::session::Session;
 use ort::value::{TensorElementType, ValueType};
 
 use crate::backend::{OptLevel, OrtOptions};
@@ -66,9 +67,7 @@ pub struct PairedRun {
 }
 
 /// Runs `reference` and `candidate` as one session on `inputs`, handing each tensor of `tensors`
-/// that both compute to `reducer`. Both programs must use the same execution provider and threads
-/// (the session is one); the session runs with optimizations disabled since each program carries
-/// its own already.
+/// that both compute to `reducer`: [`PairedSession::build`], then one [`PairedSession::run`].
 pub fn run_paired(
     model: &layerwise_model::Model,
     reference: OnnxProgram,
@@ -77,64 +76,104 @@ pub fn run_paired(
     inputs: &[(String, Tensor)],
     reducer: Arc<dyn PairReducer>,
 ) -> Result<PairedRun, RuntimeError> {
-    let err = |why: String| RuntimeError::Ort { backend: format!("{} with {}", reference.spec, candidate.spec), why };
-    if reference.options.ep != candidate.options.ep || reference.options.threads != candidate.options.threads {
-        return Err(err("the two sides run on different execution providers or thread counts".into()));
-    }
-    let external = |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
-    if external(&reference.proto) || external(&candidate.proto) {
-        return Err(err("the model keeps its weights as external data, which the paired graph does not carry".into()));
-    }
-    let graph = paired_graph(&reference.proto, &candidate.proto, tensors)?;
-    let mut run = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, ..Default::default() };
-    for (t, side) in graph.missing {
-        let why = match side {
-            Side::Reference => reference.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the reference run".into(), |(_, w)| w.clone()),
-            Side::Candidate => candidate.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the candidate run".into(), |(_, w)| w.clone()),
-        };
-        run.unavailable.push((t, why));
-    }
-    run.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
-    let reference_log = reference.log_id.clone();
-    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
-    // The programs' weights are shared with the paired graph: with the programs gone, each weight's
-    // memory goes as it is written out, and ONNX Runtime maps the file instead of parsing copies.
-    drop((reference.proto, candidate.proto));
-    let (bytes, folder) = model.runtime_bytes_weights_apart(graph.proto, scratch.path())?;
-    let domain = OperatorDomain::new(PAIR_DOMAIN)
-        .and_then(|d| d.add(ReducePair { reducer }))
-        .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-    let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
-    let extras = SessionExtras { optimized_path: None, operators: Some(domain) };
-    let spec = format!("{} with {}", reference.spec, candidate.spec);
-    crate::ort_backend::release_freed_memory();
-    let session = build_session(&spec, &options, &reference_log, ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) }, OptLevel::Disable, extras);
-    drop(bytes);
-    let mut session = session?;
-    let feeds = session_feeds(&session, inputs)?;
-    let outputs = session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
-    drop(outputs);
-    drop(session);
-    // The session's lines go to the side they are about: candidate names carry the prefix.
-    for mut line in crate::backend_log::take(&reference_log) {
-        let notes = if line.message.contains(CANDIDATE_PREFIX) {
-            line.message = line.message.replace(CANDIDATE_PREFIX, "");
-            &mut run.cand_notes
-        } else {
-            &mut run.ref_notes
-        };
-        let note = line.note();
-        if !notes.contains(&note) {
-            notes.push(note);
+    PairedSession::build(model, reference, candidate, tensors)?.run(inputs, reducer)
+}
+
+/// The reducer the next run hands its pairs to (a session outlives one run's reducer).
+type ReducerSlot = Arc<Mutex<Option<Arc<dyn PairReducer>>>>;
+
+/// A paired session, built once and run for as many samples as share its programs.
+pub struct PairedSession {
+    session: Session,
+    reducer: ReducerSlot,
+    label: String,
+    log_id: String,
+    /// What every run reports besides the log lines of that run.
+    template: PairedRun,
+    /// Holds the weights file the session maps.
+    _scratch: layerwise_model::scratch::ScratchDir,
+}
+
+impl PairedSession {
+    /// Builds the session: both programs must use the same execution provider and threads (the
+    /// session is one); it runs with optimizations disabled, since each program carries its own.
+    pub fn build(model: &layerwise_model::Model, reference: OnnxProgram, candidate: OnnxProgram, tensors: &[String]) -> Result<PairedSession, RuntimeError> {
+        let label = format!("{} with {}", reference.spec, candidate.spec);
+        let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
+        if reference.options.ep != candidate.options.ep || reference.options.threads != candidate.options.threads {
+            return Err(err("the two sides run on different execution providers or thread counts".into()));
         }
+        let external = |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
+        if external(&reference.proto) || external(&candidate.proto) {
+            return Err(err("the model keeps its weights as external data, which the paired graph does not carry".into()));
+        }
+        let graph = paired_graph(&reference.proto, &candidate.proto, tensors)?;
+        let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, ..Default::default() };
+        for (t, side) in graph.missing {
+            let why = match side {
+                Side::Reference => reference.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the reference run".into(), |(_, w)| w.clone()),
+                Side::Candidate => candidate.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the candidate run".into(), |(_, w)| w.clone()),
+            };
+            template.unavailable.push((t, why));
+        }
+        template.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+        // The programs' weights are shared with the paired graph: with the programs gone, each
+        // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
+        // parsing copies.
+        drop((reference.proto, candidate.proto));
+        let (bytes, folder) = model.runtime_bytes_weights_apart(graph.proto, scratch.path())?;
+        let reducer: ReducerSlot = Arc::new(Mutex::new(None));
+        let domain = OperatorDomain::new(PAIR_DOMAIN)
+            .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
+            .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+        let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
+        let extras = SessionExtras { optimized_path: None, operators: Some(domain) };
+        crate::ort_backend::release_freed_memory();
+        let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
+        let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
+        Ok(PairedSession { session, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
     }
-    Ok(run)
+
+    /// Runs the session on `inputs`, handing each pair to `reducer`.
+    pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
+        let err = |why: String| RuntimeError::Ort { backend: self.label.clone(), why };
+        *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = Some(reducer);
+        let feeds = session_feeds(&self.session, inputs)?;
+        let result = self.session.run(feeds).map(drop).map_err(|e| err(format!("run failed: {e}")));
+        *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        result?;
+        let mut run = PairedRun {
+            paired: self.template.paired.clone(),
+            unavailable: self.template.unavailable.clone(),
+            ref_notes: self.template.ref_notes.clone(),
+            cand_notes: self.template.cand_notes.clone(),
+            nodes: self.template.nodes,
+        };
+        // The session's lines go to the side they are about: candidate names carry the prefix.
+        for mut line in crate::backend_log::take(&self.log_id) {
+            let notes = if line.message.contains(CANDIDATE_PREFIX) {
+                line.message = line.message.replace(CANDIDATE_PREFIX, "");
+                &mut run.cand_notes
+            } else {
+                &mut run.ref_notes
+            };
+            let note = line.note();
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+        // Lines of the build come with the first run only; later runs keep them too.
+        self.template.ref_notes.clone_from(&run.ref_notes);
+        self.template.cand_notes.clone_from(&run.cand_notes);
+        Ok(run)
+    }
 }
 
 /// The reduction node: two tensors of any type in, a scalar out (the graph needs an output to
 /// run the node); the work is the reducer's.
 struct ReducePair {
-    reducer: Arc<dyn PairReducer>,
+    reducer: ReducerSlot,
 }
 
 impl Operator for ReducePair {
@@ -155,10 +194,11 @@ impl Operator for ReducePair {
 
     fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
         let tensor: String = kctx.get(PAIR_TENSOR_ATTR).ok_or_else(|| ort::Error::new(format!("{PAIR_OP} needs its '{PAIR_TENSOR_ATTR}' attribute")))?;
-        let reducer = self.reducer.clone();
+        let slot = self.reducer.clone();
         Ok(Box::new(move |ctx: &ComputeContext| {
             let reference = ctx.input(0)?.ok_or_else(|| ort::Error::new("no reference input"))?;
             let candidate = ctx.input(1)?.ok_or_else(|| ort::Error::new("no candidate input"))?;
+            let reducer = slot.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| ort::Error::new("no reducer for this run"))?;
             reducer.reduce(&tensor, operand(&reference), operand(&candidate));
             let mut out = ctx.output(0, Vec::<i64>::new())?.ok_or_else(|| ort::Error::new("no output"))?;
             let (_, data) = out.try_extract_tensor_mut::<f32>()?;
