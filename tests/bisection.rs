@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{batchnorm_overflow, planted, planted_layernorm, Ending};
+use common::{breaking_models, planted, planted_layernorm, Ending};
 use layerwise::demo::demo_model;
 use layerwise::pipeline::{bisect_model, BisectOptions, Marking};
 use layerwise_analysis::{run_bound, Status};
@@ -21,14 +21,7 @@ fn options(mark: Marking) -> BisectOptions {
 
 #[test]
 fn search_marking_finds_the_same_first_divergent_layer_in_few_runs() {
-    let cases = [
-        ("demo", demo_model()),
-        ("planted exp", planted(Ending::ExpOverflow)),
-        ("planted softmax", planted(Ending::SoftmaxAmplification)),
-        ("planted layernorm", planted_layernorm()),
-        ("bn overflow", batchnorm_overflow()),
-    ];
-    for (label, proto) in cases {
+    for (label, proto) in breaking_models() {
         let m = model(proto, label);
         let all = bisect_model(&m, &options(Marking::All)).unwrap().report;
         let search = bisect_model(&m, &options(Marking::Search)).unwrap().report;

@@ -5,7 +5,8 @@
 
 mod common;
 
-use common::{json, layerwise, node, save, saved_tensor, text};
+use common::{json, layerwise, save, saved_tensor, text};
+use layerwise_model::builder::node;
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, tensor_type, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};
 use layerwise_model::DataType;

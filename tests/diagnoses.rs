@@ -4,7 +4,8 @@
 
 mod common;
 
-use common::{json, layerwise, node, save, text};
+use common::{json, layerwise, save, text};
+use layerwise_model::builder::node;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto};
 use layerwise_model::DataType;

@@ -5,8 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{batchnorm_overflow, planted, planted_layernorm, save, Ending};
-use layerwise::demo::demo_model;
+use common::{breaking_models, planted, save, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{PairedComparison, Tolerance};
 use layerwise_model::{GraphIndex, Model, Selection};
@@ -23,14 +22,7 @@ fn report(model: &Model, separate_runs: bool) -> serde_json::Value {
 fn the_paired_comparison_reports_what_separate_runs_report() {
     // The Conv+BatchNorm+Relu model is one ONNX Runtime fuses at its default level: a reference
     // branch run without the reference's own optimizations would differ in the last bits.
-    let cases = [
-        ("demo", demo_model()),
-        ("planted exp", planted(Ending::ExpOverflow)),
-        ("planted softmax", planted(Ending::SoftmaxAmplification)),
-        ("planted layernorm", planted_layernorm()),
-        ("bn overflow", batchnorm_overflow()),
-    ];
-    for (label, proto) in cases {
+    for (label, proto) in breaking_models() {
         let m = Model::from_proto(proto, label).unwrap();
         let paired = report(&m, false);
         let separate = report(&m, true);

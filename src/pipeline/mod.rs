@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use layerwise_analysis::search::Measured;
 use layerwise_analysis::{
-    aggregate_samples, chosen_sample, compare_all, pattern_of, search_first_divergent, Arithmetic, SampleData, Shard, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram,
+    aggregate_samples, chosen_sample, compare_all, pattern_of, search_first_divergent, Arithmetic, SampleData, Shard, verdict_from_chain, walk_back, Candidate, Comparison, Counterfactual, Extras, Histogram, HISTOGRAM_BINS,
     Isolation, KeepCheck, LocalError, MemoryPlan, SampleRun, Status, Tolerance, Verdict, WalkRule,
 };
 use layerwise_model::extract::{extract_groups, TensorType};
@@ -361,9 +361,8 @@ struct Job<'a> {
     /// The group plan per set of input shapes: samples usually share their shapes, and planning
     /// builds an ONNX Runtime session.
     plans: HashMap<Vec<Vec<usize>>, Plan>,
-    /// Set once a paired session failed: later samples go straight to separate runs.
-    pairing_failed: bool,
-    /// Why the tensors were compared after separate runs although pairing was tried.
+    /// Why the tensors were compared after separate runs although pairing was tried; once set,
+    /// later samples go straight to separate runs.
     pairing_note: Option<String>,
     /// The paired session of the samples so far, by input shapes (dropped after the samples).
     paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
@@ -544,7 +543,7 @@ impl Job<'_> {
             if split {
                 for record in comparison.records.iter().filter(|r| !r.pass && r.mismatch.is_none()) {
                     if let (Some(r), Some(c)) = (ref_out.tensors.get(&record.name), cand_out.tensors.get(&record.name)) {
-                        histograms.insert(record.name.clone(), layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), 40));
+                        histograms.insert(record.name.clone(), layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), HISTOGRAM_BINS));
                     }
                 }
             }
@@ -662,7 +661,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_failed: false, pairing_note: None, paired_session: None };
+    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_note: None, paired_session: None };
     let weights = if precision == Precision::Fp16 {
         steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
     } else {
@@ -780,7 +779,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
             return Some(h.clone());
         }
         let (r, c) = compared.tensors.as_ref().map(|(r, c)| (r.get(&fd.tensor), c.get(&fd.tensor)))?;
-        Some(layerwise_analysis::histogram(&r?.to_f32(), &c?.to_f32(), 40))
+        Some(layerwise_analysis::histogram(&r?.to_f32(), &c?.to_f32(), HISTOGRAM_BINS))
     });
     let mut cand_notes = compared.notes.1.clone();
     if !sample_name.is_empty() {

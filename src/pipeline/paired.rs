@@ -20,7 +20,7 @@ impl Job<'_> {
     /// candidate model whose names differ). `None` where that does not apply or pairing failed
     /// (the reason goes to `self.pairing_note`); the caller then runs the sides separately.
     pub(super) fn compare_paired(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps) -> Result<Option<Compared>> {
-        if self.options.separate_runs || self.options.save_tensors.is_some() || self.cand_model.is_some() || self.pairing_failed {
+        if self.options.separate_runs || self.options.save_tensors.is_some() || self.cand_model.is_some() || self.pairing_note.is_some() {
             return Ok(None);
         }
         // One session has one provider and one thread count.
@@ -55,9 +55,8 @@ impl Job<'_> {
             Ok(None) => return Ok(None),
             Err(e) => {
                 self.paired_session = None;
-                // A graph the pairing cannot take (external data, disagreeing opsets, providers
-                // that differ) is compared the usual way, and the report says why.
-                self.pairing_failed = true;
+                // A graph the pairing cannot take (disagreeing opsets, subgraphs) is compared the
+                // usual way, and the report says why.
                 self.pairing_note = Some(format!("compared after separate runs, since the paired session could not run: {e:#}"));
                 return Ok(None);
             }

@@ -176,16 +176,17 @@ pub fn json(path: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))).unwrap()
 }
 
-/// A node for a graph or a body; `name` may be empty.
-pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<layerwise_model::onnx::AttributeProto>) -> layerwise_model::onnx::NodeProto {
-    layerwise_model::onnx::NodeProto {
-        op_type: Some(op.into()),
-        name: if name.is_empty() { None } else { Some(name.into()) },
-        input: inputs.iter().map(|s| s.to_string()).collect(),
-        output: outputs.iter().map(|s| s.to_string()).collect(),
-        attribute: attrs,
-        ..Default::default()
-    }
+/// The models every layer of the walk is tested on that break under `sim:fp16`, with labels:
+/// the demo, the planted Exp overflow, Softmax amplification and LayerNorm overflow, and a
+/// Conv+BatchNorm whose variance overflows (a pattern ONNX Runtime fuses at its default level).
+pub fn breaking_models() -> Vec<(&'static str, ModelProto)> {
+    vec![
+        ("demo", layerwise::demo::demo_model()),
+        ("planted exp", planted(Ending::ExpOverflow)),
+        ("planted softmax", planted(Ending::SoftmaxAmplification)),
+        ("planted layernorm", planted_layernorm()),
+        ("bn overflow", batchnorm_overflow()),
+    ]
 }
 
 /// The tensor `--save-tensors` wrote for `tensor` in `folder` (a `ref` or `cand` folder; files are

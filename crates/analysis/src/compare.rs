@@ -140,7 +140,7 @@ enum Reduced {
     Unavailable(String),
 }
 
-/// Bins of the histograms kept for tensors out of tolerance.
+/// Bins of the histograms reports show for tensors out of tolerance.
 pub const HISTOGRAM_BINS: usize = 40;
 
 impl PairedComparison {

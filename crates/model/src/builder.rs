@@ -54,6 +54,18 @@ pub fn tensor_type(elem: DataType, dims: Option<&[Dim]>) -> TypeProto {
     }
 }
 
+/// A node for a graph or a subgraph body; `name` may be empty (layerwise then names it `OpType#i`).
+pub fn node(op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> NodeProto {
+    NodeProto {
+        op_type: Some(op.into()),
+        name: if name.is_empty() { None } else { Some(name.into()) },
+        input: inputs.iter().map(|s| s.to_string()).collect(),
+        output: outputs.iter().map(|s| s.to_string()).collect(),
+        attribute: attrs,
+        ..Default::default()
+    }
+}
+
 /// A float32 tensor with inline raw data.
 pub fn f32_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
     assert_eq!(dims.iter().product::<i64>() as usize, values.len(), "shape of '{name}' does not match its data");
@@ -125,14 +137,7 @@ impl ModelBuilder {
 
     /// Adds a node; `name` may be empty (layerwise then names it `OpType#i`).
     pub fn node(&mut self, op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> &mut Self {
-        self.graph.node.push(NodeProto {
-            op_type: Some(op.into()),
-            name: if name.is_empty() { None } else { Some(name.into()) },
-            input: inputs.iter().map(|s| s.to_string()).collect(),
-            output: outputs.iter().map(|s| s.to_string()).collect(),
-            attribute: attrs,
-            ..Default::default()
-        });
+        self.graph.node.push(node(op, name, inputs, outputs, attrs));
         self
     }
 

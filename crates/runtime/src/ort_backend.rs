@@ -328,10 +328,7 @@ impl OrtBackend {
             _ => self.session_for(request.model, &proto, self.options.opt_level)?,
         };
         drop(proto);
-        let feeds = session_feeds(&session, request.inputs).map_err(|e| match e {
-            RuntimeError::Ort { why, .. } => self.err(why),
-            other => other,
-        })?;
+        let feeds = session_feeds(&session, request.inputs, &self.spec)?;
         let mut results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         // Take each value out and drop it once copied, so ONNX Runtime's buffer and our copy of
         // every tensor are not all alive at once.
@@ -356,8 +353,8 @@ impl OrtBackend {
 }
 
 /// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:
-/// they get the same values, converted.
-pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)]) -> Result<Vec<(String, DynValue)>, RuntimeError> {
+/// they get the same values, converted. `spec` names the backend in errors.
+pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)], spec: &str) -> Result<Vec<(String, DynValue)>, RuntimeError> {
     let mut feeds: Vec<(String, DynValue)> = Vec::new();
     for input in session.inputs() {
         let name = input.name();
@@ -375,7 +372,7 @@ pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)]) -> R
             }
             _ => tensor,
         };
-        let value = to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: String::new(), why: format!("input '{name}': {e}") })?;
+        let value = to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })?;
         feeds.push((name.to_string(), value));
     }
     Ok(feeds)

@@ -54,7 +54,7 @@ pub trait PairReducer: Send + Sync {
 }
 
 /// The outcome of a paired run besides what the reducer kept.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct PairedRun {
     /// Tensors the reducer received, in the order asked.
     pub paired: Vec<String>,
@@ -139,17 +139,11 @@ impl PairedSession {
     pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
         let err = |why: String| RuntimeError::Ort { backend: self.label.clone(), why };
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = Some(reducer);
-        let feeds = session_feeds(&self.session, inputs)?;
+        let feeds = session_feeds(&self.session, inputs, &self.label)?;
         let result = self.session.run(feeds).map(drop).map_err(|e| err(format!("run failed: {e}")));
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = None;
         result?;
-        let mut run = PairedRun {
-            paired: self.template.paired.clone(),
-            unavailable: self.template.unavailable.clone(),
-            ref_notes: self.template.ref_notes.clone(),
-            cand_notes: self.template.cand_notes.clone(),
-            nodes: self.template.nodes,
-        };
+        let mut run = self.template.clone();
         // The session's lines go to the side they are about: candidate names carry the prefix.
         for mut line in crate::backend_log::take(&self.log_id) {
             let notes = if line.message.contains(CANDIDATE_PREFIX) {
