@@ -64,8 +64,7 @@ pub struct ModelCheck {
     pub structural_problems: Vec<String>,
     pub outputs: Vec<OutputChange>,
     pub pass: bool,
-    /// Why the written model could not be run here (ONNX Runtime's CPU provider has few BF16
-    /// kernels); `null` when it ran.
+    /// Why the fixed model could not be evaluated; `null` when it was.
     pub not_run: Option<String>,
 }
 
@@ -93,7 +92,8 @@ pub struct FixReport {
     pub fixed_model: Option<String>,
     /// Nodes FP32 in the fixed model: the keep list plus ops that always stay FP32.
     pub fixed_model_fp32_nodes: Vec<(String, String)>,
-    /// The written model run for real on ONNX Runtime's CPU FP16 kernels against the reference.
+    /// The fixed model (the file written with -o, or a scratch copy) evaluated in its own types
+    /// (layerwise_runtime::typed) against the reference: FIXED needs it to pass.
     pub fixed_model_check: Option<ModelCheck>,
     pub run_info: layerwise_report::RunInfo,
 }
@@ -125,6 +125,15 @@ impl Search<'_> {
         self.runs += 1;
         let out = self.keeper.run(self.candidate.as_mut(), keep, &self.feeds, &Selection::All)?;
         Ok(self.judge(&out))
+    }
+
+    /// The model outputs of `out` (a run of the written file, whose intermediate tensors have other
+    /// names) against the reference: whether every output is within tolerance.
+    fn judge_outputs(&self, out: &RunOutput) -> (Comparison, bool) {
+        let outputs: Vec<String> = self.index.outputs.clone();
+        let comparison = compare_all(self.index, &outputs, &self.reference, &out.tensors, self.tolerance);
+        let pass = outputs.iter().all(|o| comparison.get(o).is_some_and(|r| r.pass));
+        (comparison, pass)
     }
 
     fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
@@ -411,11 +420,17 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     let fixed = last.1.status == Status::Pass;
     let outputs = output_changes(index, &first, &last.0);
+    let converter_fp32: Vec<(String, String)> = search.keeper.converter_fp32().to_vec();
 
     let mut fixed_model = None;
     let mut fixed_model_fp32_nodes = Vec::new();
     let mut fixed_model_check = None;
-    if let (true, Some(path)) = (fixed, &options.output) {
+    let mut fixed = fixed;
+    let mut check_failure = None;
+    if fixed {
+        // The file `fix` writes (or would write, without -o: a scratch copy), checked in its own
+        // types by the typed evaluation, which shares no code with the emulation that chose the
+        // keep list. FIXED stands only on that check.
         let (conversion, problems) = if flattened.is_some() {
             let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
             let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
@@ -427,33 +442,59 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             let problems = check_float_types(&conversion.proto, search.keeper.float()?);
             (conversion, problems)
         };
-        original.save_standalone(&conversion.proto, path)?;
-        let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep, &inlined, low_flag) });
-        write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;
-        fixed_model = Some(path.display().to_string());
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
+        let path = match &options.output {
+            Some(path) => path.clone(),
+            None => scratch.path().join("fixed.onnx"),
+        };
+        original.save_standalone(&conversion.proto, &path)?;
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
-        // The written file, run for real with ONNX Runtime's FP16 CPU kernels.
-        let written = Model::load(path)?;
+        let written = Model::load(&path)?;
         let wi = GraphIndex::build(written.graph())?;
-        let mut cpu = create_backend("ort:cpu")?;
-        let backend = format!("ort:cpu on {}", path.display());
-        fixed_model_check = Some(match cpu.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::All }) {
+        let mut typed = layerwise_runtime::typed::TypedBackend::new("ort:cpu,typed", None);
+        let backend = format!("typed evaluation of {}", if options.output.is_some() { path.display().to_string() } else { "the fixed model (not written: no -o)".into() });
+        let check = match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::Names(Vec::new()) }) {
             Ok(out) => {
-                let (comparison, verdict) = search.judge(&out);
-                ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass: verdict.status == Status::Pass, not_run: None }
+                let (comparison, verdict) = search.judge_outputs(&out);
+                ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass: verdict, not_run: None }
             }
-            // A BF16 model may use ops ONNX Runtime's CPU provider has no BF16 kernel for: the
-            // fix stands on the emulation, and the report says the file was not run.
-            Err(e) if low == Precision::Bf16 => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e.to_string()) },
-            Err(e) => return Err(e.into()),
-        });
+            Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e.to_string()) },
+        };
+        if !check.pass {
+            fixed = false;
+            let worst = check.outputs.iter().filter(|o| !o.after_pass).map(|o| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2))).collect::<Vec<_>>();
+            check_failure = Some(match &check.not_run {
+                Some(why) => format!("the emulation passes with this keep list, but the written model could not be checked in its own types: {why}"),
+                None => format!(
+                    "the emulation passes with this keep list, but the written model, evaluated in its own types, fails: {}",
+                    if worst.is_empty() { "its outputs are out of tolerance".to_string() } else { worst.join(", ") }
+                ),
+            });
+            // A model that does not hold is not written.
+            if let Some(out) = &options.output {
+                let _ = std::fs::remove_file(out);
+            }
+        } else if let Some(path) = &options.output {
+            let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep, &inlined, low_flag) });
+            write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;
+            fixed_model = Some(path.display().to_string());
+        }
+        fixed_model_check = Some(check);
+    }
+    if let Some(why) = check_failure {
+        stuck = Some(why);
     }
 
+    let by_converter = if converter_fp32.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} more FP32 in the written model by the converter's own rules: {})", converter_fp32.len(), converter_fp32.iter().map(|(n, why)| format!("{n}: {why}")).collect::<Vec<_>>().join("; "))
+    };
     let summary = if fixed && keep.is_empty() {
-        "all outputs are already within tolerance in FP16; nothing to keep in FP32".to_string()
+        format!("all outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance; found in {} candidate runs",
+            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
             keep.len(),
             index.nodes.len(),
             patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; "),

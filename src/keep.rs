@@ -48,6 +48,11 @@ pub struct KeepRunner<'a> {
     index: &'a GraphIndex,
     /// The candidate emulates FP16 and keeps nodes itself.
     emulated: bool,
+    /// The candidate emulates a stored precision (FP16, BF16), so a keep list means the file
+    /// `convert` writes with it: the converter's own FP32 nodes are kept too.
+    storage: bool,
+    /// The nodes the converter keeps in FP32 by itself (nothing asked), found once.
+    converter_fp32: Option<Vec<(String, String)>>,
     /// What a converted model is converted to: BF16 for a BF16 candidate, FP16 otherwise.
     target: layerwise_model::convert::Target,
     /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
@@ -60,7 +65,8 @@ impl<'a> KeepRunner<'a> {
     pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
         let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
-        KeepRunner { model, index, emulated, target, refused: None, float: None }
+        let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
+        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, float: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -90,11 +96,39 @@ impl<'a> KeepRunner<'a> {
         Ok(convert_fp16(model, index, self.float()?, &options)?)
     }
 
+    /// The nodes the converter keeps in FP32 whatever the keep list is (ops that stay FP32,
+    /// readers of weights beyond FP16's range, what ONNX Runtime refuses in the target type), with
+    /// the reason. Empty where the model cannot be converted (BF16 before opset 13).
+    pub fn converter_fp32(&mut self) -> &[(String, String)] {
+        if self.converter_fp32.is_none() {
+            let index = self.index;
+            let found = self.convert(&[]).map(|c| c.fp32_nodes.into_iter().filter(|(n, _)| index.node(n).is_some()).collect()).unwrap_or_default();
+            self.converter_fp32 = Some(found);
+        }
+        self.converter_fp32.as_deref().expect("just set")
+    }
+
+    /// What an emulating candidate keeps for `keep`: the nodes FP32 in the file `convert` writes
+    /// with that keep list (the list and the converter's own FP32 nodes), so that the emulation
+    /// computes what the written model computes.
+    pub fn as_written(&mut self, keep: &[String]) -> Vec<String> {
+        let mut all = keep.to_vec();
+        if self.storage {
+            for (n, _) in self.converter_fp32() {
+                if !all.contains(n) {
+                    all.push(n.clone());
+                }
+            }
+        }
+        all
+    }
+
     /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own
     /// keep list is reset afterwards.
     pub fn run(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         if self.emulated {
-            candidate.keep_fp32(keep);
+            let as_written = self.as_written(keep);
+            candidate.keep_fp32(&as_written);
             let out = candidate.run(&RunRequest { model: self.model, index: self.index, inputs, selection });
             candidate.keep_fp32(&[]);
             return Ok(out?);

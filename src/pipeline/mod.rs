@@ -290,6 +290,15 @@ fn under_reference_names(mut tensors: HashMap<String, Tensor>, cand_names: &Hash
 
 /// The precision a converted candidate model computes in: BF16 when its weights are bfloat16 and
 /// none is float16, FP16 otherwise (whatever its backend's own precision).
+/// For a candidate model with FP16/BF16 tensors on `ort:cpu` (typed, the default): the threads to
+/// evaluate it with, one node at a time in its own types.
+pub(crate) fn typed_candidate(spec: &str, cand_model: &Model) -> Option<Option<usize>> {
+    match layerwise_runtime::BackendSpec::parse(spec).ok()? {
+        layerwise_runtime::BackendSpec::OrtCpu(o) if o.ep == layerwise_runtime::ExecutionProvider::Cpu && o.typed && layerwise_runtime::typed::has_reduced_precision(cand_model) => Some(o.threads),
+        _ => None,
+    }
+}
+
 fn converted_precision(model: &Model) -> Precision {
     let types: Vec<i32> = model.graph().initializer.iter().map(|t| t.data_type()).collect();
     let has = |d: layerwise_model::DataType| types.contains(&(d as i32));
@@ -570,7 +579,7 @@ impl Job<'_> {
 fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
     let mut reference = create_backend(&devices::spec_on_device(&options.reference, options.device)?).context("--ref")?;
-    let candidate = create_backend(&devices::spec_on_device(&options.candidate, options.device)?).context("--cand")?;
+    let mut candidate = create_backend(&devices::spec_on_device(&options.candidate, options.device)?).context("--cand")?;
     let decls = declared_inputs(original, &index);
     let all_samples = samples(&options.inputs)?;
     // Decisions that depend on how many samples there are follow the whole set, so that a shard
@@ -646,6 +655,13 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
             cand_names.insert(p.reference, p.candidate);
         }
         extras.matching = Some(summary);
+    }
+    // ONNX Runtime's CPU provider computes an FP16 model in float32: such a candidate runs one
+    // node at a time in its own types instead (layerwise_runtime::typed), unless `typed=off`.
+    if let Some((cm, _)) = &cand_model {
+        if let Some(threads) = typed_candidate(&options.candidate, cm) {
+            candidate = Box::new(layerwise_runtime::typed::TypedBackend::new(&options.candidate, threads));
+        }
     }
     let precision = match &cand_model {
         Some((cm, _)) => converted_precision(cm),

@@ -90,7 +90,9 @@ const KEEP_SUFFIX: &str = "__lw_keep32";
 ///
 /// `keep_fp32` lists nodes (by position in `proto`) kept in FP32, as a converted model with FP32
 /// islands has them: their outputs are not rounded, and they read unrounded copies of the weights
-/// and graph inputs (their other inputs come from rounded nodes).
+/// and graph inputs (their other inputs come from rounded nodes). Where a kept node's output is
+/// read by a node that is not kept, that reader gets the value rounded (the Cast at the island's
+/// edge in the converted model), so a float32 value beyond FP16's range becomes inf there.
 pub fn emulate(
     model: &Model,
     proto: &ModelProto,
@@ -133,9 +135,26 @@ pub fn emulate(
         nodes.extend(rounding_nodes(input, &rounded, storage, split));
         rounded_tensors += 1;
     }
+    // Island edges, as the converted model has them: a float32 value that a kept node computes
+    // and a reduced-precision node reads is cast to the reduced type on the way (and overflows
+    // there), so that reader gets a rounded copy. Shape, Size and Cast read it as it is (the
+    // converter inserts no Cast in front of them).
+    let edges = island_edges(graph, float_tensors, &keep_fp32);
+    for (i, node) in graph.node.iter_mut().enumerate() {
+        if !keep_fp32.contains(&i) && !EDGE_FREE_READERS.contains(&node.op_type()) {
+            for t in &edges {
+                rename_reads(node, t, &format!("{t}{EDGE_SUFFIX}"));
+            }
+        }
+    }
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
         let mut pairs = Vec::new();
         for out_name in node.output.iter_mut() {
+            if keep_fp32.contains(&i) && edges.contains(out_name.as_str()) {
+                pairs.extend(rounding_nodes(out_name, &format!("{out_name}{EDGE_SUFFIX}"), storage, split));
+                rounded_tensors += 1;
+                continue;
+            }
             if out_name.is_empty() || !float_tensors.contains(out_name.as_str()) || keep_fp32.contains(&i) {
                 continue;
             }
@@ -187,6 +206,48 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
         graph.initializer.push(f32_tensor(TF32_SPLITTER_NAME, &[], &[crate::rounding::TF32_SPLITTER]));
     }
     Ok(Emulation { proto: out, rounded_tensors, rounded_weights: 0 })
+}
+
+/// Suffix of the reduced-precision copy of a kept node's output that non-kept nodes read.
+const EDGE_SUFFIX: &str = "__lw_edge";
+/// Ops that read a float tensor of any type without arithmetic: no Cast at an island edge.
+const EDGE_FREE_READERS: &[&str] = &["Shape", "Size", "Cast"];
+
+/// The float outputs of kept nodes that a node outside the keep list reads (directly or from a
+/// body it owns): the island edges where the converted model casts down.
+fn island_edges(graph: &GraphProto, float_tensors: &HashSet<String>, keep_fp32: &HashSet<usize>) -> HashSet<String> {
+    if keep_fp32.is_empty() {
+        return HashSet::new();
+    }
+    let kept_outputs: HashSet<&str> = keep_fp32
+        .iter()
+        .filter_map(|&i| graph.node.get(i))
+        .flat_map(|n| n.output.iter())
+        .filter(|o| !o.is_empty() && float_tensors.contains(o.as_str()))
+        .map(String::as_str)
+        .collect();
+    let mut edges = HashSet::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        if keep_fp32.contains(&i) || EDGE_FREE_READERS.contains(&node.op_type()) {
+            continue;
+        }
+        let mut reads = HashSet::new();
+        collect_reads(node, &mut reads);
+        edges.extend(reads.into_iter().filter(|r| kept_outputs.contains(r.as_str())));
+    }
+    edges
+}
+
+/// Every tensor name a node reads, its bodies' reads included.
+fn collect_reads(node: &NodeProto, reads: &mut HashSet<String>) {
+    reads.extend(node.input.iter().filter(|i| !i.is_empty()).cloned());
+    for attr in &node.attribute {
+        for g in attr.g.iter().chain(attr.graphs.iter()) {
+            for n in &g.node {
+                collect_reads(n, reads);
+            }
+        }
+    }
 }
 
 /// Kept nodes read unrounded copies (`<name>__lw_keep32`) of the float weights they use; the

@@ -127,13 +127,18 @@ pub struct OrtOptions {
     /// Intra-op threads; `None` lets ONNX Runtime choose.
     pub threads: Option<usize>,
     pub ep: ExecutionProvider,
+    /// `ort:cpu` only: run a model with FP16/BF16 tensors one node at a time in its own types
+    /// (`crate::typed`), since ONNX Runtime's CPU provider computes such models in float32
+    /// (default on; `typed=off` runs the model whole).
+    pub typed: bool,
 }
 
 /// A parsed backend spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BackendSpec {
-    /// `ort:cpu[,opt=disable|basic|extended|all][,threads=N]`: ONNX Runtime's CPU execution provider
-    /// in float32, the reference. Also `ort:cuda[,tf32=on|off][,device=N]`, `ort:trt[,fp16][,device=N]`
+    /// `ort:cpu[,opt=disable|basic|extended|all][,threads=N][,typed=on|off]`: ONNX Runtime's CPU
+    /// execution provider in float32, the reference (a model with FP16/BF16 tensors is evaluated
+    /// one node at a time in its own types unless `typed=off`, see `crate::typed`). Also `ort:cuda[,tf32=on|off][,device=N]`, `ort:trt[,fp16][,device=N]`
     /// and `ort:nvrtx[,device=N]`: the GPU execution providers (ONNX Runtime's GPU build).
     OrtCpu(OrtOptions),
     /// `sim:fp16|bf16|tf32[,engine=trt][,threads=N]`: FP16 or BF16 storage, or TF32 tensor
@@ -147,7 +152,7 @@ pub enum BackendSpec {
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N], ort:cuda[,tf32=on|off][,conv_search=exhaustive|heuristic|default][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,conv_search=exhaustive|heuristic|default][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -186,7 +191,7 @@ impl BackendSpec {
             }
             _ => return Err(bad(format!("'{head}' is not a backend"))),
         };
-        let mut options = OrtOptions { opt_level: default_level, threads: None, ep };
+        let mut options = OrtOptions { opt_level: default_level, threads: None, ep, typed: true };
         let mut trt_style = false;
         for part in parts {
             if part == "fp16" {
@@ -240,6 +245,13 @@ impl BackendSpec {
                         "extended" => OptLevel::Extended,
                         "all" => OptLevel::All,
                         _ => return Err(bad(format!("opt must be disable, basic, extended or all, not '{value}'"))),
+                    }
+                }
+                "typed" if head == "ort:cpu" => {
+                    options.typed = match value {
+                        "on" => true,
+                        "off" => false,
+                        _ => return Err(bad(format!("typed must be on or off, not '{value}'"))),
                     }
                 }
                 "threads" => {

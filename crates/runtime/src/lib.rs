@@ -16,6 +16,7 @@ pub mod ortlib;
 pub mod paired;
 pub mod saved;
 mod tensor;
+pub mod typed;
 #[cfg(feature = "tensorrt")]
 mod cuda;
 #[cfg(feature = "tensorrt")]

@@ -468,7 +468,7 @@ pub fn tensor_types(
             }
         }
     }
-    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu }, None);
+    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true }, None);
     let session = backend.session_for(model, &exposed, OptLevel::Disable);
     // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.
     crate::backend_log::take(&backend.log_id);

@@ -1,0 +1,219 @@
+//! The typed evaluation: a model run one node at a time, each node a model of its own on ONNX
+//! Runtime's CPU provider, so that every tensor between two nodes holds a value of the type the
+//! file declares for it.
+//!
+//! Why: run whole, ONNX Runtime's CPU provider is no FP16 executor. For the many ops it has no FP16
+//! kernel for, it inserts Casts to float32 around them and then removes the Cast pairs between such
+//! ops, so a chain of FP16 ops computes and stores in float32, and a `Cast(to=FLOAT16)` of 1.9e5
+//! followed by an FP16 Mul does not overflow. Run alone, a node's FP16 output is a graph output of
+//! type FP16: it is rounded (and overflows) as the file says, whatever kernel computed it. Each op
+//! still computes in float32 inside (ONNX Runtime's CPU kernels), which is the arithmetic of the
+//! emulations and of most FP16 engines; docs/fix.md says so.
+//!
+//! This module shares no code with the emulation's rewrites (`layerwise_model::emulate`): it reads
+//! the file as written and builds nothing but one-node models, so it can check what the emulation
+//! claims about that file.
+
+use std::collections::{HashMap, HashSet};
+
+use layerwise_model::onnx::{tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto};
+use layerwise_model::{Model, Selection};
+
+use crate::backend::{Backend, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
+use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
+use crate::{RuntimeError, Tensor};
+
+/// `ort:cpu` on a model with FP16 or BF16 tensors, evaluated one node at a time in the model's
+/// own types (see the module documentation).
+pub struct TypedBackend {
+    spec: String,
+    options: OrtOptions,
+    log_id: String,
+}
+
+impl TypedBackend {
+    pub fn new(spec: &str, threads: Option<usize>) -> TypedBackend {
+        TypedBackend {
+            spec: spec.to_string(),
+            options: OrtOptions { opt_level: OptLevel::Disable, threads, ep: ExecutionProvider::Cpu, typed: true },
+            log_id: format!("{spec}#typed"),
+        }
+    }
+}
+
+/// The note every typed run carries, so that every report format says what ran.
+pub const TYPED_NOTE: &str = "typed evaluation: ONNX Runtime's CPU provider does not compute FP16 or BF16 as a GPU does (it runs ops without such kernels in float32 and removes the Cast pairs between them), so this model was run one node at a time, every tensor between nodes stored in the type the file declares (docs/fix.md)";
+
+impl Backend for TypedBackend {
+    fn spec(&self) -> &str {
+        &self.spec
+    }
+
+    fn precision(&self) -> Precision {
+        Precision::Fp32
+    }
+
+    fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+        let result = evaluate_typed(&self.spec, &self.options, &self.log_id, request);
+        let logged = crate::backend_log::take(&self.log_id);
+        let mut output = result?;
+        output.notes.extend(logged.iter().map(|l| l.note()));
+        Ok(output)
+    }
+}
+
+/// Whether a model stores any value in FP16 or BF16 (an initializer, a declared type, a Cast to
+/// either), in its main graph or its bodies: the models the typed evaluation is for.
+pub fn has_reduced_precision(model: &Model) -> bool {
+    fn graph_has(g: &GraphProto) -> bool {
+        let low = |t: i32| t == 10 || t == 16;
+        let value_low = |v: &ValueInfoProto| matches!(v.r#type.as_ref().and_then(|t| t.value.as_ref()), Some(type_proto::Value::TensorType(t)) if low(t.elem_type()));
+        g.initializer.iter().any(|t| low(t.data_type()))
+            || g.input.iter().chain(&g.output).chain(&g.value_info).any(value_low)
+            || g.node.iter().any(|n| {
+                n.attribute.iter().any(|a| {
+                    (n.op_type() == "Cast" && a.name() == "to" && a.i.is_some_and(|i| low(i as i32)))
+                        || a.t.as_ref().is_some_and(|t| low(t.data_type()))
+                        || a.g.iter().chain(&a.graphs).any(graph_has)
+                })
+            })
+    }
+    graph_has(model.graph())
+}
+
+/// Runs `request.model` one node at a time (see the module documentation) and returns the
+/// selected tensors in the types the model gives them.
+pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+    let err = |why: String| RuntimeError::Ort { backend: spec.to_string(), why };
+    let model = request.model;
+    let index = request.index;
+    let graph = model.graph();
+    let wanted: HashSet<&str> = match request.selection {
+        Selection::All => index.computed_tensors().collect(),
+        Selection::Names(names) => names.iter().map(String::as_str).chain(index.outputs.iter().map(String::as_str)).collect(),
+    };
+    let mut output = RunOutput { notes: vec![TYPED_NOTE.to_string()], ..Default::default() };
+    // How many nodes still read each tensor: a value is dropped after its last reader unless wanted.
+    let mut readers_left: HashMap<&str, usize> = HashMap::new();
+    for node in &index.nodes {
+        for t in node.all_inputs() {
+            *readers_left.entry(t.as_str()).or_default() += 1;
+        }
+    }
+    let initializers: HashMap<&str, &layerwise_model::onnx::TensorProto> = graph.initializer.iter().map(|t| (t.name(), t)).collect();
+    let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
+    let mut values: HashMap<String, Tensor> = HashMap::new();
+    for name in &index.inputs {
+        let (_, t) = request
+            .inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+        values.insert(name.clone(), as_declared(t, declared.get(name.as_str()).copied()));
+    }
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    let mut unavailable: HashMap<String, String> = HashMap::new();
+    for info in &index.nodes {
+        let node = &graph.node[info.proto_index];
+        let mut sub = GraphProto { name: Some(format!("typed-{}", info.name)), node: vec![node.clone()], ..Default::default() };
+        let mut feeds: Vec<(String, Tensor)> = Vec::new();
+        let mut missing = None;
+        for t in info.all_inputs() {
+            if sub.input.iter().any(|v| v.name() == t) || sub.initializer.iter().any(|i| i.name() == t) {
+                continue;
+            }
+            if let Some(init) = initializers.get(t.as_str()) {
+                sub.initializer.push((*init).clone());
+            } else if let Some(value) = values.get(t) {
+                sub.input.push(value_info(t, value));
+                feeds.push((t.clone(), value.clone()));
+            } else {
+                missing = Some(unavailable.get(t).cloned().unwrap_or_else(|| format!("its input '{t}' has no value")));
+                break;
+            }
+        }
+        let outputs: Vec<&String> = node.output.iter().filter(|o| !o.is_empty()).collect();
+        if let Some(why) = missing {
+            for o in &outputs {
+                unavailable.insert(o.to_string(), format!("not evaluated: node '{}' was not run ({why})", info.name));
+            }
+            continue;
+        }
+        sub.output = outputs.iter().map(|o| ValueInfoProto { name: Some(o.to_string()), ..Default::default() }).collect();
+        let proto = ModelProto {
+            ir_version: model.proto.ir_version,
+            opset_import: model.proto.opset_import.clone(),
+            functions: model.proto.functions.clone(),
+            producer_name: Some("layerwise-typed".into()),
+            graph: Some(sub),
+            ..Default::default()
+        };
+        let (bytes, folder) = model.runtime_bytes(&proto, scratch.path())?;
+        let node_err = |why: String| err(format!("node '{}' ({}) run alone in its own types: {why}", info.name, info.op_type));
+        let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())
+            .map_err(|e| node_err(e.to_string()))?;
+        let session_inputs = session_feeds(&session, &feeds, spec)?;
+        let mut results = session.run(session_inputs).map_err(|e| node_err(format!("run failed: {e}")))?;
+        for o in &outputs {
+            match results.remove(o.as_str()).map(|v| from_ort_value(&v)) {
+                Some(Ok(t)) => {
+                    values.insert(o.to_string(), t);
+                }
+                Some(Err(why)) => {
+                    unavailable.insert(o.to_string(), why);
+                }
+                None => {
+                    unavailable.insert(o.to_string(), "ONNX Runtime returned no value".into());
+                }
+            }
+        }
+        drop(results);
+        drop(session);
+        for t in info.all_inputs() {
+            let left = readers_left.get_mut(t.as_str()).expect("counted above");
+            *left -= 1;
+            if *left == 0 && !wanted.contains(t.as_str()) {
+                values.remove(t);
+            }
+        }
+    }
+    for name in index.computed_tensors().filter(|t| wanted.contains(t)) {
+        match values.remove(name) {
+            Some(t) => {
+                output.tensors.insert(name.to_string(), t);
+            }
+            None => output.unavailable.push((name.to_string(), unavailable.remove(name).unwrap_or_else(|| "not computed".into()))),
+        }
+    }
+    Ok(output)
+}
+
+/// A graph input's value in its declared element type (a float32 sample fed to an FP16 input is
+/// rounded, as a caller converting it would).
+fn as_declared(t: &Tensor, declared: Option<&ValueInfoProto>) -> Tensor {
+    let elem = declared.and_then(|v| match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(tt)) => Some(tt.elem_type()),
+        _ => None,
+    });
+    match (&t.data, elem) {
+        (crate::TensorData::F32(v), Some(10)) => Tensor::new(t.shape.clone(), crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect())),
+        (crate::TensorData::F32(v), Some(16)) => Tensor::new(t.shape.clone(), crate::TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect())),
+        _ => t.clone(),
+    }
+}
+
+/// The exact type and shape of a value, as a graph input of a one-node model.
+fn value_info(name: &str, t: &Tensor) -> ValueInfoProto {
+    let shape = TensorShapeProto {
+        dim: t
+            .shape
+            .iter()
+            .map(|&d| tensor_shape_proto::Dimension { value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)), ..Default::default() })
+            .collect(),
+    };
+    let ty = TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(t.dtype().onnx()), shape: Some(shape) })),
+        ..Default::default()
+    };
+    ValueInfoProto { name: Some(name.to_string()), r#type: Some(ty), ..Default::default() }
+}
