@@ -367,7 +367,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
         let mut added = false;
         for (node, because) in culprits {
-            let pattern = pattern_of(index, &node);
+            // An island holds every reader of a value FP16 cannot hold (its edge would overflow).
+            let mut pattern = pattern_of(index, &node);
+            if low == Precision::Fp16 {
+                pattern = layerwise_analysis::close_over_fp16_range(index, pattern, &|t| last.0.get(t).map(|r| r.metrics.ref_max_abs));
+                // A constant FP16 flushes to 0 (an epsilon) is kept float32 by keeping its readers.
+                if let Some(fd) = last.1.first_divergent.as_ref().filter(|fd| fd.node == node && fd.cause.best.kind == layerwise_analysis::CauseKind::Underflow) {
+                    for &c in fd.cause.best.weight.as_deref().map(|w| index.consumers(w)).unwrap_or(&[]) {
+                        let reader = &index.nodes[c].name;
+                        if !pattern.nodes.contains(reader) {
+                            pattern.nodes.insert(0, reader.clone());
+                        }
+                    }
+                }
+            }
             let new: Vec<String> = pattern.nodes.iter().filter(|n| !keep.contains(n)).cloned().collect();
             if new.is_empty() {
                 continue;

@@ -159,151 +159,156 @@ def seq_sum(x, d, axis=-1):
     return acc
 
 
-# ---- reductions: values 30 +- 1, so sums reach 30*N while means stay 30 -------------------------
-for n in (1024, 2048, 4096, 65536, 343440):
-    x = (30 + rng.uniform(-1, 1, (1, n))).astype(np.float32)
-    axes = oh.make_tensor("axes", TP.INT64, [1], [1])
-    probe(f"ReduceSum n={n}", "ReduceSum", [("x", [1, n])], ["y"], {"keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"), (axes,),
-          step=lambda rf, d: seq_sum(rf["x"], d)[..., None])
-    probe(f"ReduceMean n={n}", "ReduceMean", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"),
-          step=lambda rf, d, n=n: round_to(seq_sum(rf["x"], d) / n, d)[..., None])
-    probe(f"ReduceL2 n={n}", "ReduceL2", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"))
-    probe(f"ReduceSumSquare n={n}", "ReduceSumSquare", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x / 30}, ("fp16", "bf16"))
-    probe(f"ReduceLogSumExp n={n}", "ReduceLogSumExp", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x / 30}, ("fp16", "bf16"))
-# precision rather than range: ones plus small noise, a sum in D loses the low bits
-for n in (4096, 65536):
-    x = (1 + rng.uniform(0, 1e-2, (4, n))).astype(np.float32)
-    probe(f"ReduceMean ones n={n}", "ReduceMean", [("x", [4, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"),
-          step=lambda rf, d, n=n: round_to(seq_sum(rf["x"], d) / n, d)[..., None])
-# over several axes, as RivaGAN's ReduceMean does
-x = (27 + rng.uniform(-1, 1, (1, 4, 270, 318))).astype(np.float32)
-probe("ReduceMean 4x270x318 axes=1,2,3", "ReduceMean", [("x", [1, 4, 270, 318])], ["y"], {"axes": [1, 2, 3], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"))
+def main():
+    # ---- reductions: values 30 +- 1, so sums reach 30*N while means stay 30 -------------------------
+    for n in (1024, 2048, 4096, 65536, 343440):
+        x = (30 + rng.uniform(-1, 1, (1, n))).astype(np.float32)
+        axes = oh.make_tensor("axes", TP.INT64, [1], [1])
+        probe(f"ReduceSum n={n}", "ReduceSum", [("x", [1, n])], ["y"], {"keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"), (axes,),
+              step=lambda rf, d: seq_sum(rf["x"], d)[..., None])
+        probe(f"ReduceMean n={n}", "ReduceMean", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"),
+              step=lambda rf, d, n=n: round_to(seq_sum(rf["x"], d) / n, d)[..., None])
+        probe(f"ReduceL2 n={n}", "ReduceL2", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"))
+        probe(f"ReduceSumSquare n={n}", "ReduceSumSquare", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x / 30}, ("fp16", "bf16"))
+        probe(f"ReduceLogSumExp n={n}", "ReduceLogSumExp", [("x", [1, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x / 30}, ("fp16", "bf16"))
+    # precision rather than range: ones plus small noise, a sum in D loses the low bits
+    for n in (4096, 65536):
+        x = (1 + rng.uniform(0, 1e-2, (4, n))).astype(np.float32)
+        probe(f"ReduceMean ones n={n}", "ReduceMean", [("x", [4, n])], ["y"], {"axes": [1], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"),
+              step=lambda rf, d, n=n: round_to(seq_sum(rf["x"], d) / n, d)[..., None])
+    # over several axes, as RivaGAN's ReduceMean does
+    x = (27 + rng.uniform(-1, 1, (1, 4, 270, 318))).astype(np.float32)
+    probe("ReduceMean 4x270x318 axes=1,2,3", "ReduceMean", [("x", [1, 4, 270, 318])], ["y"], {"axes": [1, 2, 3], "keepdims": 1}, 17, {"x": x}, ("fp16", "bf16"))
 
-# ---- pools ---------------------------------------------------------------------------------------
-for hw in (64, 256, 586):
-    x = (30 + rng.uniform(-1, 1, (1, 8, hw, hw))).astype(np.float32)
-    probe(f"GlobalAveragePool {hw}x{hw}", "GlobalAveragePool", [("x", [1, 8, hw, hw])], ["y"], {}, 17, {"x": x}, ("fp16", "bf16"))
-x = (30 + rng.uniform(-1, 1, (1, 4, 128, 128))).astype(np.float32)
-probe("AveragePool k=64", "AveragePool", [("x", [1, 4, 128, 128])], ["y"], {"kernel_shape": [64, 64], "strides": [64, 64]}, 17, {"x": x}, ("fp16", "bf16"))
+    # ---- pools ---------------------------------------------------------------------------------------
+    for hw in (64, 256, 586):
+        x = (30 + rng.uniform(-1, 1, (1, 8, hw, hw))).astype(np.float32)
+        probe(f"GlobalAveragePool {hw}x{hw}", "GlobalAveragePool", [("x", [1, 8, hw, hw])], ["y"], {}, 17, {"x": x}, ("fp16", "bf16"))
+    x = (30 + rng.uniform(-1, 1, (1, 4, 128, 128))).astype(np.float32)
+    probe("AveragePool k=64", "AveragePool", [("x", [1, 4, 128, 128])], ["y"], {"kernel_shape": [64, 64], "strides": [64, 64]}, 17, {"x": x}, ("fp16", "bf16"))
 
-# ---- softmax: n equal logits, the sum of exp(0) reaches n -----------------------------------------
-for n in (4096, 100000):
-    x = rng.uniform(-0.5, 0.5, (2, n)).astype(np.float32)
-    probe(f"Softmax n={n}", "Softmax", [("x", [2, n])], ["y"], {"axis": -1}, 17, {"x": x}, ("fp16", "bf16"))
-    probe(f"LogSoftmax n={n}", "LogSoftmax", [("x", [2, n])], ["y"], {"axis": -1}, 17, {"x": x}, ("fp16", "bf16"))
+    # ---- softmax: n equal logits, the sum of exp(0) reaches n -----------------------------------------
+    for n in (4096, 100000):
+        x = rng.uniform(-0.5, 0.5, (2, n)).astype(np.float32)
+        probe(f"Softmax n={n}", "Softmax", [("x", [2, n])], ["y"], {"axis": -1}, 17, {"x": x}, ("fp16", "bf16"))
+        probe(f"LogSoftmax n={n}", "LogSoftmax", [("x", [2, n])], ["y"], {"axis": -1}, 17, {"x": x}, ("fp16", "bf16"))
 
-# ---- normalizations: |x| ~ 300, x^2 ~ 9e4 beyond 65504 ---------------------------------------------
-for c in (768, 4096):
-    x = (300 * rng.choice([-1, 1], (4, c)) + rng.uniform(-5, 5, (4, c))).astype(np.float32)
-    g = np.ones(c, np.float32); b = np.zeros(c, np.float32)
-    probe(f"LayerNormalization c={c}", "LayerNormalization", [("x", [4, c]), ("g", [c]), ("b", [c])], ["y"], {"axis": -1}, 17,
-          {"x": x, "g": g, "b": b}, ("fp16", "bf16"))
-    x2 = (rng.uniform(280, 320, (4, c))).astype(np.float32)
-    probe(f"LayerNormalization mean300 c={c}", "LayerNormalization", [("x", [4, c]), ("g", [c]), ("b", [c])], ["y"], {"axis": -1}, 17,
-          {"x": x2, "g": g, "b": b}, ("fp16", "bf16"))
-x = (300 * rng.choice([-1, 1], (1, 8, 64, 64)) + rng.uniform(-5, 5, (1, 8, 64, 64))).astype(np.float32)
-probe("InstanceNormalization 64x64", "InstanceNormalization", [("x", [1, 8, 64, 64]), ("s", [8]), ("b", [8])], ["y"], {}, 17,
-      {"x": x, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}, ("fp16", "bf16"))
-probe("GroupNormalization g=2 64x64", "GroupNormalization", [("x", [1, 8, 64, 64]), ("s", [8]), ("b", [8])], ["y"], {"num_groups": 2}, 21,
-      {"x": x, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}, ("fp16", "bf16"))
-xb = rng.uniform(-1, 1, (1, 8, 16, 16)).astype(np.float32)
-probe("BatchNormalization var=1e3", "BatchNormalization", [("x", [1, 8, 16, 16]), ("s", [8]), ("b", [8]), ("m", [8]), ("v", [8])], ["y"], {}, 15,
-      {"x": xb, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32), "m": np.zeros(8, np.float32), "v": np.full(8, 1e3, np.float32)}, ("fp16", "bf16"))
+    # ---- normalizations: |x| ~ 300, x^2 ~ 9e4 beyond 65504 ---------------------------------------------
+    for c in (768, 4096):
+        x = (300 * rng.choice([-1, 1], (4, c)) + rng.uniform(-5, 5, (4, c))).astype(np.float32)
+        g = np.ones(c, np.float32); b = np.zeros(c, np.float32)
+        probe(f"LayerNormalization c={c}", "LayerNormalization", [("x", [4, c]), ("g", [c]), ("b", [c])], ["y"], {"axis": -1}, 17,
+              {"x": x, "g": g, "b": b}, ("fp16", "bf16"))
+        x2 = (rng.uniform(280, 320, (4, c))).astype(np.float32)
+        probe(f"LayerNormalization mean300 c={c}", "LayerNormalization", [("x", [4, c]), ("g", [c]), ("b", [c])], ["y"], {"axis": -1}, 17,
+              {"x": x2, "g": g, "b": b}, ("fp16", "bf16"))
+    x = (300 * rng.choice([-1, 1], (1, 8, 64, 64)) + rng.uniform(-5, 5, (1, 8, 64, 64))).astype(np.float32)
+    probe("InstanceNormalization 64x64", "InstanceNormalization", [("x", [1, 8, 64, 64]), ("s", [8]), ("b", [8])], ["y"], {}, 17,
+          {"x": x, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}, ("fp16", "bf16"))
+    probe("GroupNormalization g=2 64x64", "GroupNormalization", [("x", [1, 8, 64, 64]), ("s", [8]), ("b", [8])], ["y"], {"num_groups": 2}, 21,
+          {"x": x, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32)}, ("fp16", "bf16"))
+    xb = rng.uniform(-1, 1, (1, 8, 16, 16)).astype(np.float32)
+    probe("BatchNormalization var=1e3", "BatchNormalization", [("x", [1, 8, 16, 16]), ("s", [8]), ("b", [8]), ("m", [8]), ("v", [8])], ["y"], {}, 15,
+          {"x": xb, "s": np.ones(8, np.float32), "b": np.zeros(8, np.float32), "m": np.zeros(8, np.float32), "v": np.full(8, 1e3, np.float32)}, ("fp16", "bf16"))
 
-# ---- products: K positive products first, then K negative ones: a running sum peaks at K*9e4 ------
-for k in (256, 4096):
-    a = np.concatenate([np.full((8, k // 2), 300.0), np.full((8, k // 2), 300.0)], 1).astype(np.float32)
-    b = np.concatenate([np.full((k // 2, 8), 1.0), np.full((k // 2, 8), -1.0)], 0).astype(np.float32) + rng.uniform(0, 1e-3, (k, 8)).astype(np.float32)
-    probe(f"MatMul cancel k={k}", "MatMul", [("a", [8, k]), ("b", [k, 8])], ["y"], {}, 17, {"a": a, "b": b})
-    probe(f"Gemm cancel k={k}", "Gemm", [("a", [8, k]), ("b", [k, 8])], ["y"], {}, 17, {"a": a, "b": b})
-    a1 = (1 + rng.uniform(0, 1e-2, (64, k))).astype(np.float32)
-    probe(f"MatMul ones k={k}", "MatMul", [("a", [64, k]), ("b", [k, 64])], ["y"], {}, 17, {"a": a1, "b": np.ones((k, 64), np.float32)})
-for k in (64, 1024):
-    a = rng.normal(0, 1, (256, k)).astype(np.float32); b = rng.normal(0, 1 / np.sqrt(k), (k, 256)).astype(np.float32)
-    probe(f"MatMul normal k={k}", "MatMul", [("a", [256, k]), ("b", [k, 256])], ["y"], {}, 17, {"a": a, "b": b})
-for cin in (3, 64, 512):
-    x = rng.uniform(0, 10, (1, cin, 32, 32)).astype(np.float32)
-    w = rng.normal(0, 1, (32, cin, 3, 3)).astype(np.float32)
-    probe(f"Conv cin={cin}", "Conv", [("x", [1, cin, 32, 32]), ("w", [32, cin, 3, 3])], ["y"], {"pads": [1, 1, 1, 1]}, 17, {"x": x, "w": w})
-x = np.full((1, 512, 16, 16), 30.0, np.float32); w = np.concatenate([np.full((8, 256, 3, 3), 10.0), np.full((8, 256, 3, 3), -10.0)], 1).astype(np.float32)
-probe("Conv cancel cin=512", "Conv", [("x", [1, 512, 16, 16]), ("w", [8, 512, 3, 3])], ["y"], {"pads": [1, 1, 1, 1]}, 17, {"x": x, "w": w})
-x = rng.uniform(0, 10, (1, 256, 16, 16)).astype(np.float32); w = rng.normal(0, 1, (256, 16, 4, 4)).astype(np.float32)
-probe("ConvTranspose cin=256", "ConvTranspose", [("x", [1, 256, 16, 16]), ("w", [256, 16, 4, 4])], ["y"], {"strides": [2, 2]}, 17, {"x": x, "w": w})
-a = rng.normal(0, 1, (4, 64, 512)).astype(np.float32); b = rng.normal(0, 1, (4, 512, 64)).astype(np.float32)
-probe("Einsum bij,bjk->bik", "Einsum", [("a", [4, 64, 512]), ("b", [4, 512, 64])], ["y"], {"equation": "bij,bjk->bik"}, 17, {"a": a, "b": b})
-a = (30 + rng.uniform(-1, 1, (8, 8192))).astype(np.float32)
-probe("Einsum ij->i (sum)", "Einsum", [("a", [8, 8192])], ["y"], {"equation": "ij->i"}, 17, {"a": a}, ("fp16", "bf16", "tf32"))
+    # ---- products: K positive products first, then K negative ones: a running sum peaks at K*9e4 ------
+    for k in (256, 4096):
+        a = np.concatenate([np.full((8, k // 2), 300.0), np.full((8, k // 2), 300.0)], 1).astype(np.float32)
+        b = np.concatenate([np.full((k // 2, 8), 1.0), np.full((k // 2, 8), -1.0)], 0).astype(np.float32) + rng.uniform(0, 1e-3, (k, 8)).astype(np.float32)
+        probe(f"MatMul cancel k={k}", "MatMul", [("a", [8, k]), ("b", [k, 8])], ["y"], {}, 17, {"a": a, "b": b})
+        probe(f"Gemm cancel k={k}", "Gemm", [("a", [8, k]), ("b", [k, 8])], ["y"], {}, 17, {"a": a, "b": b})
+        a1 = (1 + rng.uniform(0, 1e-2, (64, k))).astype(np.float32)
+        probe(f"MatMul ones k={k}", "MatMul", [("a", [64, k]), ("b", [k, 64])], ["y"], {}, 17, {"a": a1, "b": np.ones((k, 64), np.float32)})
+    for k in (64, 1024):
+        a = rng.normal(0, 1, (256, k)).astype(np.float32); b = rng.normal(0, 1 / np.sqrt(k), (k, 256)).astype(np.float32)
+        probe(f"MatMul normal k={k}", "MatMul", [("a", [256, k]), ("b", [k, 256])], ["y"], {}, 17, {"a": a, "b": b})
+    for cin in (3, 64, 512):
+        x = rng.uniform(0, 10, (1, cin, 32, 32)).astype(np.float32)
+        w = rng.normal(0, 1, (32, cin, 3, 3)).astype(np.float32)
+        probe(f"Conv cin={cin}", "Conv", [("x", [1, cin, 32, 32]), ("w", [32, cin, 3, 3])], ["y"], {"pads": [1, 1, 1, 1]}, 17, {"x": x, "w": w})
+    x = np.full((1, 512, 16, 16), 30.0, np.float32); w = np.concatenate([np.full((8, 256, 3, 3), 10.0), np.full((8, 256, 3, 3), -10.0)], 1).astype(np.float32)
+    probe("Conv cancel cin=512", "Conv", [("x", [1, 512, 16, 16]), ("w", [8, 512, 3, 3])], ["y"], {"pads": [1, 1, 1, 1]}, 17, {"x": x, "w": w})
+    x = rng.uniform(0, 10, (1, 256, 16, 16)).astype(np.float32); w = rng.normal(0, 1, (256, 16, 4, 4)).astype(np.float32)
+    probe("ConvTranspose cin=256", "ConvTranspose", [("x", [1, 256, 16, 16]), ("w", [256, 16, 4, 4])], ["y"], {"strides": [2, 2]}, 17, {"x": x, "w": w})
+    a = rng.normal(0, 1, (4, 64, 512)).astype(np.float32); b = rng.normal(0, 1, (4, 512, 64)).astype(np.float32)
+    probe("Einsum bij,bjk->bik", "Einsum", [("a", [4, 64, 512]), ("b", [4, 512, 64])], ["y"], {"equation": "bij,bjk->bik"}, 17, {"a": a, "b": b})
+    a = (30 + rng.uniform(-1, 1, (8, 8192))).astype(np.float32)
+    probe("Einsum ij->i (sum)", "Einsum", [("a", [8, 8192])], ["y"], {"equation": "ij->i"}, 17, {"a": a}, ("fp16", "bf16", "tf32"))
 
-def cumsum_step(x, d):
-    acc = np.zeros(x.shape[0], np.float32); out = np.zeros_like(x)
-    for i in range(x.shape[1]):
-        acc = round_to(acc + x[:, i], d); out[:, i] = acc
-    return out
-
-
-# ---- CumSum: ones, a running sum in D stalls at 2048 (fp16) / 256 (bf16) -----------------------------
-ax = oh.make_tensor("axis", TP.INT64, [], [1])
-for n in (4096, 65536):
-    x = (1 + rng.uniform(0, 1e-3, (2, n))).astype(np.float32)
-    probe(f"CumSum n={n}", "CumSum", [("x", [2, n])], ["y"], {}, 17, {"x": x}, ("fp16", "bf16"), (ax,),
-          step=lambda rf, d: cumsum_step(rf["x"], d))
+    def cumsum_step(x, d):
+        acc = np.zeros(x.shape[0], np.float32); out = np.zeros_like(x)
+        for i in range(x.shape[1]):
+            acc = round_to(acc + x[:, i], d); out[:, i] = acc
+        return out
 
 
-# ---- recurrent ops: numpy recurrences with the state kept in float32 or rounded each step --------------
-sig = lambda v: 1 / (1 + np.exp(-v))
+    # ---- CumSum: ones, a running sum in D stalls at 2048 (fp16) / 256 (bf16) -----------------------------
+    ax = oh.make_tensor("axis", TP.INT64, [], [1])
+    for n in (4096, 65536):
+        x = (1 + rng.uniform(0, 1e-3, (2, n))).astype(np.float32)
+        probe(f"CumSum n={n}", "CumSum", [("x", [2, n])], ["y"], {}, 17, {"x": x}, ("fp16", "bf16"), (ax,),
+              step=lambda rf, d: cumsum_step(rf["x"], d))
 
 
-def lstm_np(x, w, r, b, d, round_state):
-    seq, batch, _ = x.shape; h = np.zeros((batch, r.shape[-1]), np.float32); c = h.copy(); hs = []
-    W, R, B = w[0], r[0], b[0]; H = R.shape[1]
-    for t in range(seq):
-        g = x[t] @ W.T + h @ R.T + B[:4 * H] + B[4 * H:]
-        i, o, f, cc = np.split(g, 4, axis=1)
-        c = sig(f) * c + sig(i) * np.tanh(cc); h = sig(o) * np.tanh(c)
-        if round_state:
-            c = round_to(c, d); h = round_to(h, d)
-        hs.append(h)
-    return round_to(np.stack(hs)[:, None], d)
+    # ---- recurrent ops: numpy recurrences with the state kept in float32 or rounded each step --------------
+    sig = lambda v: 1 / (1 + np.exp(-v))
 
 
-def gru_np(x, w, r, b, d, round_state):
-    seq, batch, _ = x.shape; H = r.shape[-1]; h = np.zeros((batch, H), np.float32); hs = []
-    W, R, B = w[0], r[0], b[0]
-    for t in range(seq):
-        xw = x[t] @ W.T + B[:3 * H]; Wz, Wr, Wh = np.split(xw, 3, 1)
-        Rz, Rr, Rh = np.split(R, 3, 0); Bz, Br, Bh = np.split(B[3 * H:], 3)
-        z = sig(Wz + h @ Rz.T + Bz); rr = sig(Wr + h @ Rr.T + Br)
-        hh = np.tanh(Wh + (rr * h) @ Rh.T + Bh)  # linear_before_reset = 0
-        h = (1 - z) * hh + z * h
-        if round_state:
-            h = round_to(h, d)
-        hs.append(h)
-    return round_to(np.stack(hs)[:, None], d)
+    def lstm_np(x, w, r, b, d, round_state):
+        seq, batch, _ = x.shape; h = np.zeros((batch, r.shape[-1]), np.float32); c = h.copy(); hs = []
+        W, R, B = w[0], r[0], b[0]; H = R.shape[1]
+        for t in range(seq):
+            g = x[t] @ W.T + h @ R.T + B[:4 * H] + B[4 * H:]
+            i, o, f, cc = np.split(g, 4, axis=1)
+            c = sig(f) * c + sig(i) * np.tanh(cc); h = sig(o) * np.tanh(c)
+            if round_state:
+                c = round_to(c, d); h = round_to(h, d)
+            hs.append(h)
+        return round_to(np.stack(hs)[:, None], d)
 
 
-for seq, H in ((64, 128), (1000, 64)):
-    I = 32
-    x = rng.normal(0, 1, (seq, 1, I)).astype(np.float32)
-    w = rng.normal(0, 1 / np.sqrt(I), (1, 4 * H, I)).astype(np.float32)
-    r = rng.normal(0, 1 / np.sqrt(H), (1, 4 * H, H)).astype(np.float32)
-    b = rng.normal(0, 0.1, (1, 8 * H)).astype(np.float32)
-    b[0, 2 * H:3 * H] += 1.0  # forget gate biased open: long memory, the cell state carries rounding
-    probe(f"LSTM seq={seq} H={H}", "LSTM", [("x", [seq, 1, I]), ("w", [1, 4 * H, I]), ("r", [1, 4 * H, H]), ("b", [1, 8 * H])], ["y"],
-          {"hidden_size": H}, 14, {"x": x, "w": w, "r": r, "b": b},
-          step=lambda rf, d: lstm_np(rf["x"], rf["w"], rf["r"], rf["b"], d, True))
-    wg = rng.normal(0, 1 / np.sqrt(I), (1, 3 * H, I)).astype(np.float32)
-    rg = rng.normal(0, 1 / np.sqrt(H), (1, 3 * H, H)).astype(np.float32)
-    bg = rng.normal(0, 0.1, (1, 6 * H)).astype(np.float32)
-    probe(f"GRU seq={seq} H={H}", "GRU", [("x", [seq, 1, I]), ("w", [1, 3 * H, I]), ("r", [1, 3 * H, H]), ("b", [1, 6 * H])], ["y"],
-          {"hidden_size": H}, 14, {"x": x, "w": wg, "r": rg, "b": bg},
-          step=lambda rf, d: gru_np(rf["x"], rf["w"], rf["r"], rf["b"], d, True))
-    wr = rng.normal(0, 1 / np.sqrt(I), (1, H, I)).astype(np.float32)
-    rr_ = rng.normal(0, 0.9 / np.sqrt(H), (1, H, H)).astype(np.float32)
-    br = np.zeros((1, 2 * H), np.float32)
-    probe(f"RNN seq={seq} H={H}", "RNN", [("x", [seq, 1, I]), ("w", [1, H, I]), ("r", [1, H, H]), ("b", [1, 2 * H])], ["y"],
-          {"hidden_size": H}, 14, {"x": x, "w": wr, "r": rr_, "b": br})
+    def gru_np(x, w, r, b, d, round_state):
+        seq, batch, _ = x.shape; H = r.shape[-1]; h = np.zeros((batch, H), np.float32); hs = []
+        W, R, B = w[0], r[0], b[0]
+        for t in range(seq):
+            xw = x[t] @ W.T + B[:3 * H]; Wz, Wr, Wh = np.split(xw, 3, 1)
+            Rz, Rr, Rh = np.split(R, 3, 0); Bz, Br, Bh = np.split(B[3 * H:], 3)
+            z = sig(Wz + h @ Rz.T + Bz); rr = sig(Wr + h @ Rr.T + Br)
+            hh = np.tanh(Wh + (rr * h) @ Rh.T + Bh)  # linear_before_reset = 0
+            h = (1 - z) * hh + z * h
+            if round_state:
+                h = round_to(h, d)
+            hs.append(h)
+        return round_to(np.stack(hs)[:, None], d)
 
-with open(os.path.join(OUT, "probes.json"), "w") as f:
-    json.dump({"onnxruntime": ort.__version__, "device": os.popen("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader").read().strip(),
-               "probes": RESULTS}, f, indent=1)
-print("wrote", len(RESULTS), "probe results")
+
+    for seq, H in ((64, 128), (1000, 64)):
+        I = 32
+        x = rng.normal(0, 1, (seq, 1, I)).astype(np.float32)
+        w = rng.normal(0, 1 / np.sqrt(I), (1, 4 * H, I)).astype(np.float32)
+        r = rng.normal(0, 1 / np.sqrt(H), (1, 4 * H, H)).astype(np.float32)
+        b = rng.normal(0, 0.1, (1, 8 * H)).astype(np.float32)
+        b[0, 2 * H:3 * H] += 1.0  # forget gate biased open: long memory, the cell state carries rounding
+        probe(f"LSTM seq={seq} H={H}", "LSTM", [("x", [seq, 1, I]), ("w", [1, 4 * H, I]), ("r", [1, 4 * H, H]), ("b", [1, 8 * H])], ["y"],
+              {"hidden_size": H}, 14, {"x": x, "w": w, "r": r, "b": b},
+              step=lambda rf, d: lstm_np(rf["x"], rf["w"], rf["r"], rf["b"], d, True))
+        wg = rng.normal(0, 1 / np.sqrt(I), (1, 3 * H, I)).astype(np.float32)
+        rg = rng.normal(0, 1 / np.sqrt(H), (1, 3 * H, H)).astype(np.float32)
+        bg = rng.normal(0, 0.1, (1, 6 * H)).astype(np.float32)
+        probe(f"GRU seq={seq} H={H}", "GRU", [("x", [seq, 1, I]), ("w", [1, 3 * H, I]), ("r", [1, 3 * H, H]), ("b", [1, 6 * H])], ["y"],
+              {"hidden_size": H}, 14, {"x": x, "w": wg, "r": rg, "b": bg},
+              step=lambda rf, d: gru_np(rf["x"], rf["w"], rf["r"], rf["b"], d, True))
+        wr = rng.normal(0, 1 / np.sqrt(I), (1, H, I)).astype(np.float32)
+        rr_ = rng.normal(0, 0.9 / np.sqrt(H), (1, H, H)).astype(np.float32)
+        br = np.zeros((1, 2 * H), np.float32)
+        probe(f"RNN seq={seq} H={H}", "RNN", [("x", [seq, 1, I]), ("w", [1, H, I]), ("r", [1, H, H]), ("b", [1, 2 * H])], ["y"],
+              {"hidden_size": H}, 14, {"x": x, "w": wr, "r": rr_, "b": br})
+
+    with open(os.path.join(OUT, "probes.json"), "w") as f:
+        json.dump({"onnxruntime": ort.__version__, "device": os.popen("nvidia-smi --query-gpu=name,driver_version --format=csv,noheader").read().strip(),
+                   "probes": RESULTS}, f, indent=1)
+    print("wrote", len(RESULTS), "probe results")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Hardware truth for real models (issues "fixes that hold on the GPU" and "emulation that
-# accumulates as the GPU does"): each model of .gpu/run/models.txt (lines: NAME FILE ARGS...) is
+# accumulates as the GPU does"): each model of .gpu/run/models.txt (lines: NAME FILE ARGS..., where @R in ARGS stands for .gpu/run) is
 # converted by layerwise to FP16 (and BF16 at opset >= 13), and each converted file, plus each file
 # under .gpu/run/fixed/NAME*.onnx (written by `layerwise fix` on the CPU), runs on ONNX Runtime's CUDA
 # provider against the float32 CPU reference; TF32 runs the original model with tf32 on. All JSON
@@ -11,7 +11,7 @@ R=$PWD/.gpu/run
 W=/tmp/real-work; mkdir -p $W/out; cd $W
 while read -r name file args; do
     [ -z "$name" ] && continue
-    m=$R/$file
+    m=$R/$file; args=${args//@R/$R}
     echo "== $name"
     "$R/layerwise" convert "$m" --to fp16 -o ${name}_fp16.onnx > out/${name}_convert_fp16.txt 2>&1
     "$R/layerwise" bisect "$m" $args --cand ort:cuda --cand-model ${name}_fp16.onnx --json out/${name}_cuda_fp16.json > out/${name}_cuda_fp16.txt 2>&1; echo "fp16 exit $?"; grep -m1 VERDICT out/${name}_cuda_fp16.txt

@@ -38,7 +38,10 @@ pub(super) fn counterfactual(
     let mut tried: Vec<Vec<String>> = Vec::new();
     let outputs = Selection::Names(Vec::new());
     for (node, reason) in candidates {
-        let pattern = pattern_of(&job.index, &node);
+        let mut pattern = pattern_of(&job.index, &node);
+        if job.precision == Precision::Fp16 {
+            pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
+        }
         if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
             continue;
         }
@@ -67,10 +70,16 @@ pub(super) fn counterfactual(
             100.0 * b.explained,
             if b.fixes { " and brings every output within tolerance" } else { "" }
         ),
-        // Every keep still leaves inf/NaN: each break overflows on its own, which is no drift.
+        // Every keep still leaves inf/NaN: they have more than one source, which is no drift.
         Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) => {
             let kept = if checks.len() == 1 { format!("keeping the checked break ({}) at reference precision", checks[0].node) } else { format!("keeping any one of the {} checked breaks at reference precision", checks.len()) };
-            format!("{kept} still leaves inf/NaN in '{worst}': more than one node overflows on its own, so they must be kept together (`fix` does that)")
+            let origins: Vec<&str> = verdict.non_finite.iter().filter(|n| n.origin).map(|n| n.node.as_str()).collect();
+            let sources = match origins.len() {
+                0 => "inf/NaN reach it from more than one source".to_string(),
+                1 => format!("inf/NaN are also born elsewhere than the checked break (first at {})", origins[0]),
+                n => format!("inf/NaN are born at {n} nodes on their own ({})", origins.join(", ")),
+            };
+            format!("{kept} still leaves inf/NaN in '{worst}': {sources}, so they must be kept together (`fix` does that)")
         }
         _ => {
             // Growth at each chain step, the chain's last node (its input is off the chain) included.

@@ -144,3 +144,36 @@ fn decomposed_softmax(index: &GraphIndex, exp: usize) -> Option<Vec<usize>> {
     }
     Some(nodes)
 }
+
+/// Ops that read a float tensor of any type as it is: a converted model casts nothing in front
+/// of them, so they need not join an island to read an FP32 value.
+const TYPE_AGNOSTIC_READERS: &[&str] = &["Shape", "Size", "Cast"];
+
+/// `pattern` grown so that every value FP16 cannot hold stays inside the island: while a kept
+/// node's float output reaches beyond FP16's range in the reference (`ref_max_abs`, by tensor),
+/// its readers join (a converted model would cast that value to FP16 on the way out, where it
+/// becomes inf). The pattern's kind gains `+range` when it grew.
+pub fn close_over_fp16_range(index: &GraphIndex, pattern: Pattern, ref_max_abs: &dyn Fn(&str) -> Option<f64>) -> Pattern {
+    let limit = layerwise_model::fp16::FP16_MAX as f64;
+    let mut members: HashSet<usize> = pattern.nodes.iter().filter_map(|n| index.node(n)).map(|n| n.topo_index).collect();
+    let mut queue: VecDeque<usize> = members.iter().copied().collect();
+    let before = members.len();
+    while let Some(i) = queue.pop_front() {
+        for out in &index.nodes[i].outputs {
+            if !ref_max_abs(out).is_some_and(|m| m > limit) {
+                continue;
+            }
+            for &c in index.consumers(out) {
+                if !TYPE_AGNOSTIC_READERS.contains(&index.nodes[c].op_type.as_str()) && members.insert(c) {
+                    queue.push_back(c);
+                }
+            }
+        }
+    }
+    if members.len() == before {
+        return pattern;
+    }
+    let mut nodes: Vec<usize> = members.into_iter().collect();
+    nodes.sort_unstable();
+    Pattern { kind: if pattern.kind == "node" { "node+range" } else { pattern.kind }, nodes: nodes.into_iter().map(|i| index.nodes[i].name.clone()).collect() }
+}

@@ -54,6 +54,14 @@ pub enum CauseKind {
     ValueOverflow,
     /// A weight the node reads is out of FP16 range (inf after conversion).
     WeightOverflow,
+    /// A constant or weight below half FP16's smallest subnormal (2^-25) becomes exactly 0 and
+    /// reaches an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a negative
+    /// Pow), typically as the epsilon of `x^2 + eps`.
+    Underflow,
+    /// A reduction whose kernel stores its running sum in FP16 (ReduceMean, ReduceLogSumExp on
+    /// ONNX Runtime's CUDA provider, measured): the sum leaves FP16's range though the result
+    /// does not.
+    AccumulatorOverflow,
     /// The node turns finite inputs into inf/NaN without its reference exceeding the FP16 range.
     NonFiniteProduced,
     /// The node amplifies small input error (Softmax, Div, Exp, Pow, normalisations, ...).
@@ -129,7 +137,7 @@ pub struct Candidate {
 }
 
 /// Ops whose float32 arithmetic TF32 replaces.
-const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention"];
+const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
 
 /// One mechanism that may account for a node's output error, with how much of it it explains.
 #[derive(Debug, Clone, Serialize)]
@@ -489,6 +497,34 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
     verdict.summary = summarize(verdict, rule);
 }
 
+/// For an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a Pow with a
+/// negative exponent): a constant that FP16 flushes to 0 and that reaches the input at risk
+/// through at most three Add/Sub/Max/Clip/Abs/Identity/Cast/Mul steps (as the epsilon of
+/// `x^2 + eps`). Returns the constant, its value and the node it reaches through.
+fn underflowing_constant<'a>(index: &GraphIndex, weight_ranges: &'a [WeightRange], node: &layerwise_model::NodeInfo) -> Option<(&'a String, f32, String)> {
+    let at_risk = match node.op_type.as_str() {
+        "Log" | "Reciprocal" => node.inputs.first(),
+        "Div" => node.inputs.get(1),
+        "Pow" => node.inputs.first(),
+        _ => None,
+    }?;
+    const PASSING: &[&str] = &["Add", "Sub", "Max", "Clip", "Abs", "Identity", "Cast", "Mul", "Sqrt"];
+    let mut frontier = vec![(at_risk.clone(), 0usize)];
+    while let Some((tensor, depth)) = frontier.pop() {
+        if let Some(w) = weight_ranges.iter().find(|w| w.name == tensor && w.underflow_count > 0) {
+            let via = index.consumers(&tensor).iter().map(|&c| &index.nodes[c]).find(|c| PASSING.contains(&c.op_type.as_str()) || c.name == node.name).map(|c| format!("{} '{}'", c.op_type, c.name)).unwrap_or_default();
+            return Some((&w.name, w.underflow_max, via));
+        }
+        if depth >= 3 {
+            continue;
+        }
+        if let Some(p) = index.producer(&tensor).filter(|p| PASSING.contains(&p.op_type.as_str())) {
+            frontier.extend(p.inputs.iter().filter(|i| !i.is_empty()).map(|i| (i.clone(), depth + 1)));
+        }
+    }
+    None
+}
+
 /// Ops whose relative output error is (at most) the absolute error of their input where their
 /// output is small: exp(x + d) = exp(x) * e^d.
 const SATURATING_OPS: &[&str] = &["Sigmoid", "Exp", "Softplus", "Tanh", "HardSigmoid", "Elu", "Selu"];
@@ -536,6 +572,37 @@ fn classify(
                 found.push(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail });
                 break;
             }
+        }
+    }
+    if m.nonfinite_mismatch > 0 && fp16 {
+        if let Some((weight, value, via)) = underflowing_constant(index, weight_ranges, node) {
+            found.push(Mechanism {
+                kind: CauseKind::Underflow,
+                weight: Some(weight.clone()),
+                explains: Some(1.0),
+                detail: format!(
+                    "constant '{weight}' ({value:.3e}) is below half FP16's smallest subnormal (2^-25 = 2.98e-8) and becomes exactly 0 in FP16; it reaches this {op} through {via}, so where the rest is 0 the {op} sees 0 and gives {} inf/NaN values",
+                    m.nonfinite_mismatch
+                ),
+            });
+        }
+    }
+    if m.nonfinite_mismatch > 0 && fp16 && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 {
+        // The sum over N elements the kernel stores in FP16: about N times the mean.
+        let numel = |shape: &[usize]| shape.iter().product::<usize>().max(1);
+        let reduced = input.map(|i| numel(&i.shape) / numel(&output.shape)).unwrap_or(0);
+        let sum = if op == "ReduceMean" { m.ref_max_abs * reduced as f64 } else { (reduced as f64).min(f64::MAX) };
+        if sum > FP16_MAX as f64 {
+            found.push(Mechanism {
+                kind: CauseKind::AccumulatorOverflow,
+                weight: None,
+                explains: Some(1.0),
+                detail: format!(
+                    "{op} over {reduced} elements: its {} reaches up to about {sum:.2e} while the result stays at most {:.3e}; ONNX Runtime's CUDA kernel stores that sum in FP16 (measured on an H100, docs/emulation.md), so it overflows to inf here; keep this node in FP32",
+                    if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" },
+                    m.ref_max_abs
+                ),
+            });
         }
     }
     if m.nonfinite_mismatch > 0 {

@@ -3,7 +3,7 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::builder::f32_tensor;
-use crate::rounding::{Rounding, TF32_OPS};
+use crate::rounding::{tf32_slots, Rounding};
 use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
     TensorProto, ValueInfoProto,
@@ -111,7 +111,8 @@ pub fn emulate(
     round_graph_weights(model, graph, &mut rounded_weights, rounding)?;
     // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to
     // BF16's 8 significant bits in float32 arithmetic.
-    let split = storage == DataType::Bfloat16 && crate::model::default_opset(proto) < 13;
+    let opset = crate::model::default_opset(proto);
+    let split = storage == DataType::Bfloat16 && opset < 13;
     if split {
         graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
     }
@@ -163,7 +164,14 @@ pub fn emulate(
             *out_name = raw;
             rounded_tensors += 1;
         }
-        nodes.push(node);
+        if storage == DataType::Float16 && !keep_fp32.contains(&i) && opset >= 10 && FP16_SUM_OPS.contains(&node.op_type()) {
+            let (guarded, guard, axes) = fp16_sum_guard(node, opset);
+            nodes.push(guarded);
+            nodes.extend(guard);
+            graph.initializer.extend(axes);
+        } else {
+            nodes.push(node);
+        }
         nodes.extend(pairs);
     }
     graph.node = nodes;
@@ -171,7 +179,7 @@ pub fn emulate(
 }
 
 /// Emulates TF32 tensor cores on an FP32 runtime: each float32 input that Conv, ConvTranspose,
-/// MatMul or Gemm multiplies (activations and weights, see [`TF32_OPS`]) is rounded to TF32's
+/// MatMul or Gemm multiplies (activations and weights, see [`crate::rounding::TF32_OPS`]) is rounded to TF32's
 /// 11 significant bits by a Veltkamp split in float32 (`c = x * 8193; x' = c - (c - x)`, exactly
 /// round-to-nearest-even, see [`crate::rounding::round_tf32`]); the op then accumulates in float32
 /// and every stored tensor stays float32. Nodes in `keep_fp32` read their inputs unrounded.
@@ -186,7 +194,7 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
     let mut nodes = Vec::with_capacity(graph.node.len() * 2);
     let mut rounded_tensors = 0;
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
-        let slots = TF32_OPS.iter().find(|(op, _)| *op == node.op_type()).map(|(_, s)| *s).unwrap_or(&[]);
+        let slots = tf32_slots(&node);
         if !keep_fp32.contains(&i) {
             for &slot in slots {
                 let Some(input) = node.input.get(slot).cloned().filter(|t| !t.is_empty() && is_float(t)) else { continue };
@@ -206,6 +214,75 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
         graph.initializer.push(f32_tensor(TF32_SPLITTER_NAME, &[], &[crate::rounding::TF32_SPLITTER]));
     }
     Ok(Emulation { proto: out, rounded_tensors, rounded_weights: 0 })
+}
+
+/// Reductions whose FP16 kernel on ONNX Runtime's CUDA provider stores its sum in FP16, measured
+/// on an H100 (docs/emulation.md, per-op table): ReduceMean's sum (it overflows when the sum
+/// passes 65504 though the mean is small) and ReduceLogSumExp's sum of exp(x - max). ReduceSum,
+/// ReduceL2, ReduceSumSquare, the pools, Softmax and the normalizations accumulate in float32.
+const FP16_SUM_OPS: &[&str] = &["ReduceMean", "ReduceLogSumExp"];
+
+/// `node` (a ReduceMean or ReduceLogSumExp whose output is `node.output[0]`) with that output
+/// renamed, and nodes that recreate it as the kernel gives it: where the sum the kernel stores in
+/// FP16 is beyond FP16's range, ±inf; elsewhere the node's own value. Also any axes initializer
+/// the sum needs. `opset` decides whether axes are an attribute or an input.
+fn fp16_sum_guard(mut node: NodeProto, opset: i64) -> (NodeProto, Vec<NodeProto>, Vec<TensorProto>) {
+    let out = node.output[0].clone();
+    let value = format!("{out}__lw_value");
+    node.output[0] = value.clone();
+    let op = |t: &str, suffix: &str, inputs: Vec<String>, output: &str, attribute: Vec<AttributeProto>| NodeProto {
+        op_type: Some(t.into()),
+        name: Some(format!("{}/lw_sum_{suffix}", node.name())),
+        input: inputs,
+        output: vec![output.to_string()],
+        attribute,
+        ..Default::default()
+    };
+    let int = |name: &str, v: i64| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() };
+    let attr_axes: Option<Vec<i64>> = node.attribute.iter().find(|a| a.name() == "axes").map(|a| a.ints.clone());
+    let keepdims = node.attribute.iter().find(|a| a.name() == "keepdims").and_then(|a| a.i).unwrap_or(1);
+    let noop = node.attribute.iter().find(|a| a.name() == "noop_with_empty_axes").and_then(|a| a.i);
+    let data = node.input[0].clone();
+    let mut inits = Vec::new();
+    // A reduction over the node's axes, keeping dims as asked: ReduceSum takes axes as an input
+    // from opset 13 (ReduceMax from 18), an attribute before.
+    let mut reduce = |kind: &str, suffix: &str, input: &str, output: &str, keep: i64| {
+        let input_axes_from = if kind == "ReduceSum" { 13 } else { 18 };
+        let mut inputs = vec![input.to_string()];
+        let mut attrs = vec![int("keepdims", keep)];
+        if let Some(v) = noop {
+            attrs.push(int("noop_with_empty_axes", v));
+        }
+        if opset >= input_axes_from {
+            if let Some(axes_input) = node.input.get(1).filter(|a| !a.is_empty()) {
+                inputs.push(axes_input.clone());
+            } else if let Some(axes) = &attr_axes {
+                let name = format!("{out}__lw_{suffix}_axes");
+                inits.push(crate::builder::i64_tensor(&name, &[axes.len() as i64], axes));
+                inputs.push(name);
+            }
+        } else if let Some(axes) = &attr_axes {
+            attrs.push(AttributeProto { name: Some("axes".into()), r#type: Some(AttributeType::Ints as i32), ints: axes.clone(), ..Default::default() });
+        }
+        op(kind, suffix, inputs, output, attrs)
+    };
+    let sum = format!("{out}__lw_sum");
+    let mut guard = Vec::new();
+    if node.op_type() == "ReduceLogSumExp" {
+        let (max, shifted, exp) = (format!("{out}__lw_max"), format!("{out}__lw_shifted"), format!("{out}__lw_exp"));
+        guard.push(reduce("ReduceMax", "max", &data, &max, 1));
+        guard.push(op("Sub", "shift", vec![data.clone(), max], &shifted, vec![]));
+        guard.push(op("Exp", "exp", vec![shifted], &exp, vec![]));
+        guard.push(reduce("ReduceSum", "sum", &exp, &sum, keepdims));
+    } else {
+        guard.push(reduce("ReduceSum", "sum", &data, &sum, keepdims));
+    }
+    let stored = format!("{out}__lw_sum_fp16");
+    guard.extend(cast_pair(&sum, &stored, DataType::Float16));
+    let overflow = format!("{out}__lw_sum_overflows");
+    guard.push(op("IsInf", "overflows", vec![stored.clone()], &overflow, vec![]));
+    guard.push(op("Where", "select", vec![overflow, stored, value], &out, vec![]));
+    (node, guard, inits)
 }
 
 /// Suffix of the reduced-precision copy of a kept node's output that non-kept nodes read.

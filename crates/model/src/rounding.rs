@@ -9,13 +9,28 @@ pub enum Rounding {
     Fp16,
     /// bfloat16: 8 significant bits, float32's exponent range. Every stored tensor and weight.
     Bf16,
-    /// TensorFloat-32: 11 significant bits, float32's range, only the multiplied inputs of
-    /// Conv/ConvTranspose/MatMul/Gemm; accumulation and every stored tensor stay float32.
+    /// TensorFloat-32: 11 significant bits, float32's range, only the multiplied inputs of the ops
+    /// in [`TF32_OPS`]; accumulation and every stored tensor stay float32.
     Tf32,
 }
 
-/// Ops whose multiplied inputs a TF32 tensor core reads in TF32, with those inputs' slots.
-pub const TF32_OPS: &[(&str, &[usize])] = &[("Conv", &[0, 1]), ("ConvTranspose", &[0, 1]), ("MatMul", &[0, 1]), ("Gemm", &[0, 1])];
+/// Ops whose multiplied inputs a TF32 tensor core reads in TF32 on ONNX Runtime's CUDA provider,
+/// with those inputs' slots, as measured on an H100 (docs/emulation.md, per-op table): Conv,
+/// MatMul, Gemm, a two-operand Einsum, and the recurrent ops cuDNN runs (LSTM, RNN, and GRU with
+/// `linear_before_reset=1`: the CUDA provider runs the other GRU on the CPU). ConvTranspose showed
+/// no TF32 effect there and is not rounded.
+pub const TF32_OPS: &[(&str, &[usize])] =
+    &[("Conv", &[0, 1]), ("MatMul", &[0, 1]), ("Gemm", &[0, 1]), ("Einsum", &[0, 1]), ("LSTM", &[0, 1, 2]), ("RNN", &[0, 1, 2]), ("GRU", &[0, 1, 2])];
+
+/// The input slots of `node` that TF32 tensor cores read (see [`TF32_OPS`]).
+pub fn tf32_slots(node: &crate::onnx::NodeProto) -> &'static [usize] {
+    let int_attr = |name: &str| node.attribute.iter().find(|a| a.name() == name).and_then(|a| a.i).unwrap_or(0);
+    match node.op_type() {
+        "Einsum" if node.input.len() < 2 => &[],
+        "GRU" if int_attr("linear_before_reset") == 0 => &[],
+        op => TF32_OPS.iter().find(|(o, _)| *o == op).map(|(_, s)| *s).unwrap_or(&[]),
+    }
+}
 
 impl Rounding {
     pub fn name(self) -> &'static str {

@@ -63,6 +63,11 @@ pub struct WeightRange {
     pub overflow_count: usize,
     /// How many non-zero values fall in FP16's subnormal range (lose precision) or flush to zero.
     pub subnormal_count: usize,
+    /// How many non-zero values are below half FP16's smallest subnormal (2^-25, about 3e-8):
+    /// they become exactly 0 in FP16.
+    pub underflow_count: usize,
+    /// The largest magnitude among those (0 when none).
+    pub underflow_max: f32,
 }
 
 /// Scans every float32 initializer and Constant of the main graph and returns those with values
@@ -87,7 +92,7 @@ pub fn scan_fp16_weight_range(model: &Model) -> Result<Vec<WeightRange>, ModelEr
         if t.data_type() != DataType::Float as i32 {
             continue;
         }
-        let mut w = WeightRange { name, kind, numel: 0, max_abs: 0.0, overflow_count: 0, subnormal_count: 0 };
+        let mut w = WeightRange { name, kind, numel: 0, max_abs: 0.0, overflow_count: 0, subnormal_count: 0, underflow_count: 0, underflow_max: 0.0 };
         for_each_float_chunk(model, t, &mut |values| {
             w.numel += values.len();
             for &v in values {
@@ -96,6 +101,10 @@ pub fn scan_fp16_weight_range(model: &Model) -> Result<Vec<WeightRange>, ModelEr
                     w.overflow_count += 1;
                 } else if v != 0.0 && v.abs() < fp16::FP16_MIN_NORMAL {
                     w.subnormal_count += 1;
+                    if fp16::round_f32(v) == 0.0 {
+                        w.underflow_count += 1;
+                        w.underflow_max = w.underflow_max.max(v.abs());
+                    }
                 }
             }
         })?;

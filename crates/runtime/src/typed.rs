@@ -113,6 +113,7 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
     }
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
     let mut unavailable: HashMap<String, String> = HashMap::new();
+    let mut widened_nodes: Vec<String> = Vec::new();
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
         let mut sub = GraphProto { name: Some(format!("typed-{}", info.name)), node: vec![node.clone()], ..Default::default() };
@@ -148,15 +149,28 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             graph: Some(sub),
             ..Default::default()
         };
-        let (bytes, folder) = model.runtime_bytes(&proto, scratch.path())?;
         let node_err = |why: String| err(format!("node '{}' ({}) run alone in its own types: {why}", info.name, info.op_type));
-        let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())
-            .map_err(|e| node_err(e.to_string()))?;
-        let session_inputs = session_feeds(&session, &feeds, spec)?;
-        let mut results = session.run(session_inputs).map_err(|e| node_err(format!("run failed: {e}")))?;
+        let (mut results, widened) = match run_node(spec, options, log_id, model, &proto, &feeds, scratch.path()) {
+            Ok(r) => (r, None),
+            // ONNX Runtime's CPU provider has no kernel for many ops in BF16 (and some in FP16):
+            // the op runs in float32 on its reduced-precision values, and its outputs are stored
+            // back in that type, which is what the file's types ask of it.
+            Err(first) => match widen(&proto, &feeds) {
+                Some((wide, wide_feeds, low)) => {
+                    let r = run_node(spec, options, log_id, model, &wide, &wide_feeds, scratch.path()).map_err(|e| node_err(format!("{first}; in float32 too: {e}")))?;
+                    widened_nodes.push(info.name.clone());
+                    (r, Some(low))
+                }
+                None => return Err(node_err(first.to_string())),
+            },
+        };
         for o in &outputs {
-            match results.remove(o.as_str()).map(|v| from_ort_value(&v)) {
+            match results.remove(o.as_str()) {
                 Some(Ok(t)) => {
+                    let t = match widened {
+                        Some(low) if t.dtype() == crate::DType::F32 => narrow(&t, low),
+                        _ => t,
+                    };
                     values.insert(o.to_string(), t);
                 }
                 Some(Err(why)) => {
@@ -167,8 +181,6 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
                 }
             }
         }
-        drop(results);
-        drop(session);
         for t in info.all_inputs() {
             let left = readers_left.get_mut(t.as_str()).expect("counted above");
             *left -= 1;
@@ -176,6 +188,13 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
                 values.remove(t);
             }
         }
+    }
+    if !widened_nodes.is_empty() {
+        output.notes.push(format!(
+            "{} nodes have no ONNX Runtime CPU kernel in their reduced-precision type; each computed in float32 on its stored values, its outputs stored back in that type: {}",
+            widened_nodes.len(),
+            widened_nodes.join(", ")
+        ));
     }
     for name in index.computed_tensors().filter(|t| wanted.contains(t)) {
         match values.remove(name) {
@@ -186,6 +205,74 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
         }
     }
     Ok(output)
+}
+
+/// One one-node model run: its outputs by name, each a host tensor or why it is not one.
+fn run_node(
+    spec: &str,
+    options: &OrtOptions,
+    log_id: &str,
+    model: &Model,
+    proto: &ModelProto,
+    feeds: &[(String, Tensor)],
+    scratch: &std::path::Path,
+) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
+    let (bytes, folder) = model.runtime_bytes(proto, scratch)?;
+    let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())?;
+    let session_inputs = session_feeds(&session, feeds, spec)?;
+    let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).collect();
+    let mut results = session.run(session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
+    Ok(names.into_iter().filter_map(|n| results.remove(n.as_str()).map(|v| (n, from_ort_value(&v)))).collect())
+}
+
+/// The one-node model with its FP16/BF16 inputs and initializers made float32 (values converted
+/// exactly), its feeds likewise, and the reduced type they had; `None` when it has none.
+fn widen(proto: &ModelProto, feeds: &[(String, Tensor)]) -> Option<(ModelProto, Vec<(String, Tensor)>, crate::DType)> {
+    let mut low = None;
+    let wide_feeds: Vec<(String, Tensor)> = feeds
+        .iter()
+        .map(|(n, t)| {
+            if matches!(t.dtype(), crate::DType::F16 | crate::DType::BF16) {
+                low = Some(t.dtype());
+                (n.clone(), Tensor::new(t.shape.clone(), crate::TensorData::F32(t.to_f32().into_owned())))
+            } else {
+                (n.clone(), t.clone())
+            }
+        })
+        .collect();
+    let mut wide = proto.clone();
+    let graph = wide.graph.as_mut()?;
+    for v in graph.input.iter_mut() {
+        if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
+            if matches!(t.elem_type(), 10 | 16) {
+                t.elem_type = Some(1);
+            }
+        }
+    }
+    for t in graph.initializer.iter_mut().filter(|t| matches!(t.data_type(), 10 | 16)) {
+        let raw = t.raw_data.as_deref()?;
+        let values: Vec<f32> = raw
+            .chunks_exact(2)
+            .map(|b| {
+                let bits = u16::from_le_bytes([b[0], b[1]]);
+                if t.data_type() == 10 { half::f16::from_bits(bits).to_f32() } else { half::bf16::from_bits(bits).to_f32() }
+            })
+            .collect();
+        low = Some(if t.data_type() == 10 { crate::DType::F16 } else { crate::DType::BF16 });
+        t.raw_data = Some(values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>().into());
+        t.data_type = Some(1);
+    }
+    low.map(|l| (wide, wide_feeds, l))
+}
+
+/// A float32 output of a widened node stored back in the reduced type.
+fn narrow(t: &Tensor, low: crate::DType) -> Tensor {
+    let v = t.to_f32();
+    let data = match low {
+        crate::DType::BF16 => crate::TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()),
+        _ => crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+    };
+    Tensor::new(t.shape.clone(), data)
 }
 
 /// A graph input's value in its declared element type (a float32 sample fed to an FP16 input is
