@@ -210,7 +210,7 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate/then/net/square", "by_rate/then/net/down"]), "{t}");
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
-    assert!(fix["trtexec_flags"].as_str().unwrap().contains("'net/square:fp32'"), "TensorRT names the layer by the node's own name: {t}");
+    assert!(fix["trtexec_flags"].as_str().unwrap().contains("'net/square:fp32,net/down:fp32'"), "TensorRT names the layer by the node's own name: {t}");
     let fixed = layerwise_model::Model::load(&dir.path().join("vad_fixed.onnx")).unwrap();
     assert!(fixed.graph().node.iter().any(|n| n.op_type() == "If"), "the fixed model keeps its If");
 

@@ -587,23 +587,28 @@ fn classify(
             });
         }
     }
-    if m.nonfinite_mismatch > 0 && fp16 && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 {
-        // The sum over N elements the kernel stores in FP16: about N times the mean.
+    let input_finite = input.is_none_or(|i| i.metrics.cand_inf + i.metrics.cand_nan == 0);
+    if m.nonfinite_mismatch > 0 && fp16 && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 && input_finite {
+        // The emulation stores the sum in FP16 as the kernel does: a result of inf from finite
+        // inputs and an in-range reference is that sum overflowing. Its size, where the input's
+        // shape is known: about N times the mean.
         let numel = |shape: &[usize]| shape.iter().product::<usize>().max(1);
-        let reduced = input.map(|i| numel(&i.shape) / numel(&output.shape)).unwrap_or(0);
-        let sum = if op == "ReduceMean" { m.ref_max_abs * reduced as f64 } else { (reduced as f64).min(f64::MAX) };
-        if sum > FP16_MAX as f64 {
-            found.push(Mechanism {
-                kind: CauseKind::AccumulatorOverflow,
-                weight: None,
-                explains: Some(1.0),
-                detail: format!(
-                    "{op} over {reduced} elements: its {} reaches up to about {sum:.2e} while the result stays at most {:.3e}; ONNX Runtime's CUDA kernel stores that sum in FP16 (measured on an H100, docs/emulation.md), so it overflows to inf here; keep this node in FP32",
-                    if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" },
-                    m.ref_max_abs
-                ),
-            });
-        }
+        let reduced = input.map(|i| numel(&i.shape) / numel(&output.shape)).filter(|&n| n > 1);
+        let what = if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" };
+        let size = match reduced {
+            Some(n) if op == "ReduceMean" => format!(" over {n} elements: its sum reaches up to about {:.2e}", m.ref_max_abs * n as f64),
+            Some(n) => format!(" over {n} elements: its {what} passes 65504"),
+            None => format!(": its {what} passes 65504"),
+        };
+        found.push(Mechanism {
+            kind: CauseKind::AccumulatorOverflow,
+            weight: None,
+            explains: Some(1.0),
+            detail: format!(
+                "{op}{size} while the result stays at most {:.3e}; ONNX Runtime's CUDA kernel stores that sum in FP16 (measured on an H100, docs/emulation.md), so it overflows to inf here; keep this node in FP32",
+                m.ref_max_abs
+            ),
+        });
     }
     if m.nonfinite_mismatch > 0 {
         if fp16 && (m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64) {

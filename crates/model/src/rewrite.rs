@@ -149,6 +149,7 @@ pub fn emulate(
         }
     }
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
+        let float_reduction = node.output.first().is_some_and(|o| float_tensors.contains(o.as_str())) && FP16_SUM_OPS.contains(&node.op_type());
         let mut pairs = Vec::new();
         for out_name in node.output.iter_mut() {
             if keep_fp32.contains(&i) && edges.contains(out_name.as_str()) {
@@ -164,10 +165,9 @@ pub fn emulate(
             *out_name = raw;
             rounded_tensors += 1;
         }
-        if storage == DataType::Float16 && !keep_fp32.contains(&i) && opset >= 10 && FP16_SUM_OPS.contains(&node.op_type()) {
-            let (guarded, guard, axes) = fp16_sum_guard(node, opset);
-            nodes.push(guarded);
-            nodes.extend(guard);
+        if storage == DataType::Float16 && !keep_fp32.contains(&i) && float_reduction {
+            let (emulated, axes) = fp16_sum_emulation(&node, opset);
+            nodes.extend(emulated);
             graph.initializer.extend(axes);
         } else {
             nodes.push(node);
@@ -217,22 +217,22 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
 }
 
 /// Reductions whose FP16 kernel on ONNX Runtime's CUDA provider stores its sum in FP16, measured
-/// on an H100 (docs/emulation.md, per-op table): ReduceMean's sum (it overflows when the sum
-/// passes 65504 though the mean is small) and ReduceLogSumExp's sum of exp(x - max). ReduceSum,
+/// on an H100 (docs/emulation.md, per-op table): ReduceMean rounds its float32 sum to FP16 and
+/// then divides (bit for bit on the probes; it overflows when the sum passes 65504 though the mean
+/// is small), ReduceLogSumExp likewise stores the sum of exp(x - max) in FP16. ReduceSum,
 /// ReduceL2, ReduceSumSquare, the pools, Softmax and the normalizations accumulate in float32.
 const FP16_SUM_OPS: &[&str] = &["ReduceMean", "ReduceLogSumExp"];
 
-/// `node` (a ReduceMean or ReduceLogSumExp whose output is `node.output[0]`) with that output
-/// renamed, and nodes that recreate it as the kernel gives it: where the sum the kernel stores in
-/// FP16 is beyond FP16's range, ±inf; elsewhere the node's own value. Also any axes initializer
-/// the sum needs. `opset` decides whether axes are an attribute or an input.
-fn fp16_sum_guard(mut node: NodeProto, opset: i64) -> (NodeProto, Vec<NodeProto>, Vec<TensorProto>) {
+/// Nodes that compute what `node` (a ReduceMean or ReduceLogSumExp, output `node.output[0]`)
+/// computes on ONNX Runtime's CUDA provider in FP16: the float32 sum is stored in FP16 (rounded,
+/// ±inf beyond 65504) before the division by the element count (ReduceMean) or the Log (plus the
+/// maximum, ReduceLogSumExp). Also the axes initializers they need; `opset` decides whether
+/// axes are an attribute or an input.
+fn fp16_sum_emulation(node: &NodeProto, opset: i64) -> (Vec<NodeProto>, Vec<TensorProto>) {
     let out = node.output[0].clone();
-    let value = format!("{out}__lw_value");
-    node.output[0] = value.clone();
     let op = |t: &str, suffix: &str, inputs: Vec<String>, output: &str, attribute: Vec<AttributeProto>| NodeProto {
         op_type: Some(t.into()),
-        name: Some(format!("{}/lw_sum_{suffix}", node.name())),
+        name: Some(format!("{out}/lw_sum_{suffix}")),
         input: inputs,
         output: vec![output.to_string()],
         attribute,
@@ -244,8 +244,8 @@ fn fp16_sum_guard(mut node: NodeProto, opset: i64) -> (NodeProto, Vec<NodeProto>
     let noop = node.attribute.iter().find(|a| a.name() == "noop_with_empty_axes").and_then(|a| a.i);
     let data = node.input[0].clone();
     let mut inits = Vec::new();
-    // A reduction over the node's axes, keeping dims as asked: ReduceSum takes axes as an input
-    // from opset 13 (ReduceMax from 18), an attribute before.
+    // A reduction over the node's axes: ReduceSum takes axes as an input from opset 13
+    // (ReduceMax from 18), an attribute before.
     let mut reduce = |kind: &str, suffix: &str, input: &str, output: &str, keep: i64| {
         let input_axes_from = if kind == "ReduceSum" { 13 } else { 18 };
         let mut inputs = vec![input.to_string()];
@@ -266,23 +266,35 @@ fn fp16_sum_guard(mut node: NodeProto, opset: i64) -> (NodeProto, Vec<NodeProto>
         }
         op(kind, suffix, inputs, output, attrs)
     };
-    let sum = format!("{out}__lw_sum");
-    let mut guard = Vec::new();
+    let (sum, stored) = (format!("{out}__lw_sum"), format!("{out}__lw_sum_fp16"));
+    let mut nodes = Vec::new();
     if node.op_type() == "ReduceLogSumExp" {
-        let (max, shifted, exp) = (format!("{out}__lw_max"), format!("{out}__lw_shifted"), format!("{out}__lw_exp"));
-        guard.push(reduce("ReduceMax", "max", &data, &max, 1));
-        guard.push(op("Sub", "shift", vec![data.clone(), max], &shifted, vec![]));
-        guard.push(op("Exp", "exp", vec![shifted], &exp, vec![]));
-        guard.push(reduce("ReduceSum", "sum", &exp, &sum, keepdims));
+        let (max, shifted, exp, top, log) = (format!("{out}__lw_max"), format!("{out}__lw_shifted"), format!("{out}__lw_exp"), format!("{out}__lw_top"), format!("{out}__lw_log"));
+        nodes.push(reduce("ReduceMax", "max", &data, &max, 1));
+        nodes.push(op("Sub", "shift", vec![data.clone(), max], &shifted, vec![]));
+        nodes.push(op("Exp", "exp", vec![shifted], &exp, vec![]));
+        nodes.push(reduce("ReduceSum", "sum", &exp, &sum, keepdims));
+        nodes.extend(cast_pair(&sum, &stored, DataType::Float16));
+        nodes.push(reduce("ReduceMax", "top", &data, &top, keepdims));
+        nodes.push(op("Log", "log", vec![stored], &log, vec![]));
+        nodes.push(op("Add", "add", vec![top, log], &out, vec![]));
     } else {
-        guard.push(reduce("ReduceSum", "sum", &data, &sum, keepdims));
+        // The element count: the input's size over the output's.
+        let (n_in, n_out, count, count_f, value) =
+            (format!("{out}__lw_n_in"), format!("{out}__lw_n_out"), format!("{out}__lw_count"), format!("{out}__lw_count_f"), format!("{out}__lw_value"));
+        let mut mean = node.clone();
+        mean.output[0] = value.clone();
+        mean.name = Some(format!("{out}/lw_sum_shape"));
+        nodes.push(mean);
+        nodes.push(reduce("ReduceSum", "sum", &data, &sum, keepdims));
+        nodes.extend(cast_pair(&sum, &stored, DataType::Float16));
+        nodes.push(op("Size", "n_in", vec![data], &n_in, vec![]));
+        nodes.push(op("Size", "n_out", vec![value], &n_out, vec![]));
+        nodes.push(op("Div", "count", vec![n_in, n_out], &count, vec![]));
+        nodes.push(op("Cast", "count_f", vec![count], &count_f, vec![int("to", DataType::Float as i64)]));
+        nodes.push(op("Div", "mean", vec![stored, count_f], &out, vec![]));
     }
-    let stored = format!("{out}__lw_sum_fp16");
-    guard.extend(cast_pair(&sum, &stored, DataType::Float16));
-    let overflow = format!("{out}__lw_sum_overflows");
-    guard.push(op("IsInf", "overflows", vec![stored.clone()], &overflow, vec![]));
-    guard.push(op("Where", "select", vec![overflow, stored, value], &out, vec![]));
-    (node, guard, inits)
+    (nodes, inits)
 }
 
 /// Suffix of the reduced-precision copy of a kept node's output that non-kept nodes read.
