@@ -1,6 +1,6 @@
 """The emulation-versus-hardware tables of docs/gpu.md, from layerwise JSON reports.
 
-usage: python3 scripts/emulation_table.py HW_DIR SIM_DIR
+usage: python3 scripts/emulation_table.py HW_DIR SIM_DIR [MODEL ...]
 HW_DIR holds the GPU's reports (MODEL_cuda_tf32.json, MODEL_cuda_fp16.json, MODEL_cuda_bf16.json),
 SIM_DIR the CPU emulations' on the same seeded inputs (MODEL_sim_tf32.json, MODEL_sim_fp16.json,
 MODEL_sim_fp16_trt.json, MODEL_sim_bf16.json). Prints Markdown.
@@ -64,7 +64,7 @@ def op_ratios(hw, sim, ops):
     return f"{statistics.median(rs):.2f} ({len(rs)})" if rs else "—"
 
 
-models = ["rec", "det", "cls", "yolov8n", "demo"]
+models = sys.argv[3:] or ["rec", "det", "cls", "yolov8n", "demo"]
 print("| model | TF32 on H100: output, verdict | sim:tf32: output, verdict | ratio | per Conv/MatMul median ratio (n) |")
 print("| --- | --- | --- | --- | --- |")
 for m in models:
@@ -73,13 +73,13 @@ for m in models:
         continue
     print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(sim))}, {verdict(sim)} | {ratio(output_error(hw), output_error(sim))} | {op_ratios(hw, sim, {'Conv', 'MatMul', 'Gemm'})} |")
 print()
-print("| model | CUDA FP16 model: output, verdict | sim:fp16: output, verdict | sim:fp16,engine=trt: output, verdict |")
-print("| --- | --- | --- | --- |")
+print("| model | CUDA FP16 model: output, verdict | sim:fp16: output, verdict | ratio | sim:fp16,engine=trt: output, verdict |")
+print("| --- | --- | --- | --- | --- |")
 for m in models:
     hw, typed, trt = load(hw_dir, f"{m}_cuda_fp16.json"), load(sim_dir, f"{m}_sim_fp16.json"), load(sim_dir, f"{m}_sim_fp16_trt.json")
     if hw is None:
         continue
-    print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(typed))}, {verdict(typed)} | {fmt(output_error(trt))}, {verdict(trt)} |")
+    print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(typed))}, {verdict(typed)} | {ratio(output_error(hw), output_error(typed))} | {fmt(output_error(trt))}, {verdict(trt)} |")
 print()
 print("| model | CUDA BF16 model: output, verdict | sim:bf16: output, verdict | ratio |")
 print("| --- | --- | --- | --- |")

@@ -9,6 +9,49 @@ fn n(v: f64) -> String {
     layerwise_report::format_number(v)
 }
 
+/// What an emulation does not reproduce of ONNX Runtime's CUDA kernels, for the ops of this model
+/// (measured on the H100, docs/emulation.md's per-op table): one sentence each, with the numbers
+/// of this run.
+pub(super) fn emulation_limits(candidate: &str, model: &Model, index: &GraphIndex, comparison: &Comparison) -> Vec<String> {
+    let Ok(layerwise_runtime::BackendSpec::Sim { rounding, .. }) = layerwise_runtime::BackendSpec::parse(candidate) else { return Vec::new() };
+    let mut out = Vec::new();
+    let numel = |t: &str| comparison.get(t).map(|r| r.shape.iter().product::<usize>().max(1));
+    for node in &index.nodes {
+        let Some(output) = node.outputs.first().and_then(|o| comparison.get(o)).filter(|r| r.ref_dtype == "float32") else { continue };
+        match (rounding, node.op_type.as_str()) {
+            (layerwise_model::Rounding::Fp16, "CumSum") => out.push(format!(
+                "CumSum '{}': ONNX Runtime's CUDA kernel keeps an FP16 CumSum's running sum in FP16, one element after another (measured on the H100), which this emulation does not reproduce; its running sum reaches {} here, where FP16's spacing is {}, so the GPU's error at this node can be larger than shown (`convert` and `fix` keep CumSum in FP32)",
+                node.name,
+                n(output.metrics.ref_max_abs),
+                n(layerwise_analysis::Arithmetic::Fp16.spacing(output.metrics.ref_max_abs).unwrap_or(0.0))
+            )),
+            // A GRU without linear_before_reset has no cuDNN form: the CUDA provider runs it on the CPU.
+            (layerwise_model::Rounding::Fp16, "GRU")
+                if !model.graph().node[node.proto_index].attribute.iter().any(|a| a.name() == "linear_before_reset" && a.i == Some(1)) => {}
+            (layerwise_model::Rounding::Fp16, "LSTM" | "RNN" | "GRU") => out.push(format!(
+                "{} '{}': cuDNN's FP16 recurrent kernels erred 2.3-3x more than this emulation on the H100 (docs/emulation.md); its emulated output error here is rel L2 {}, so expect up to about {} on a GPU",
+                node.op_type,
+                node.name,
+                n(output.error_level()),
+                n(3.0 * output.error_level())
+            )),
+            (layerwise_model::Rounding::Bf16, "ReduceSum" | "ReduceMean") => {
+                let reduced = node.inputs.first().and_then(|i| numel(i)).zip(numel(&output.name)).map(|(a, b)| a / b);
+                if reduced.is_some_and(|r| r > 4096) {
+                    out.push(format!(
+                        "{} '{}' reduces {} elements: beyond 4,096, ONNX Runtime's CUDA kernel kept partial sums in BF16 on the H100 (errors 2.5e-2 to 5e-2 where one rounding gives 1e-3), which this emulation does not reproduce",
+                        node.op_type,
+                        node.name,
+                        reduced.unwrap_or(0)
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Fills `verdict.conclusions` (after `first`, notes gathered while running) and, when the output
 /// is ill-conditioned, restates the summary.
 pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comparison, first: Vec<String>) {

@@ -788,6 +788,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     if let Some(dir) = &options.repro {
         extras.repro = Some(steps.run("writing the repro", || repro::write_repro(&mut job, &feeds, &verdict, dir))?);
     }
+    conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclude(&mut verdict, &extras, &compared.comparison, conclusions);
 
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
