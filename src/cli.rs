@@ -52,6 +52,18 @@ enum Command {
     /// Combine the partial reports of `bisect --inputs DIR --shard I/N` (every shard) into the
     /// report one run over all samples writes.
     Merge(MergeArgs),
+    /// (internal) Load a model with ONNX Runtime's default options and run it once, in this
+    /// process: `convert` and `fix` run it as a child process to survive a crash.
+    #[command(hide = true)]
+    CheckLoad(CheckLoadArgs),
+}
+
+#[derive(Args)]
+struct CheckLoadArgs {
+    model: PathBuf,
+    /// Input values (npz); without them the session is only created.
+    #[arg(long)]
+    inputs: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -460,7 +472,12 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
         refused: Default::default(),
     };
-    let (conversion, _) = crate::keep::convert_checked(&model, &index, &float, &options)?;
+    // Written to a scratch file first and checked in a child process: an FP16 model can crash
+    // ONNX Runtime, and the output appears only once it is known to load.
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-convert-")?;
+    let staged = scratch.path().join("converted.onnx");
+    let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&model, &index, &float, o)?.0);
+    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, None, &mut convert)?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));
@@ -477,6 +494,10 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     );
     for (node, why) in &conversion.fp32_nodes {
         println!("  FP32 {node}: {why}");
+    }
+    match load.status {
+        "loads" => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {d}")).unwrap_or_default()),
+        _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, load.detail.unwrap_or_default()),
     }
     for (w, readers) in &conversion.overflowing_weights {
         println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
@@ -674,5 +695,6 @@ fn run(cli: Cli) -> Result<u8> {
         Command::TrtLayers(args) => run_trt_layers(args),
         Command::Demo(args) => run_demo(args),
         Command::Merge(args) => run_merge(args),
+        Command::CheckLoad(args) => crate::load_check::run_check_load(&args.model, args.inputs.as_deref()),
     }
 }

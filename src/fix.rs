@@ -92,6 +92,10 @@ pub struct FixReport {
     pub fixed_model: Option<String>,
     /// Nodes FP32 in the fixed model: the keep list plus ops that always stay FP32.
     pub fixed_model_fp32_nodes: Vec<(String, String)>,
+    /// The fixed model loaded and run with ONNX Runtime's defaults in a child process (an FP16
+    /// model can crash ONNX Runtime): `loads`, `error` or `crashed`, and the op types kept in FP32
+    /// because of a crash.
+    pub fixed_model_load: Option<crate::load_check::LoadCheck>,
     /// The fixed model (the file written with -o, or a scratch copy) evaluated in its own types
     /// (layerwise_runtime::typed) against the reference: FIXED needs it to pass.
     pub fixed_model_check: Option<ModelCheck>,
@@ -438,24 +442,23 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut fixed_model = None;
     let mut fixed_model_fp32_nodes = Vec::new();
     let mut fixed_model_check = None;
+    let mut load_check: Option<crate::load_check::LoadCheck> = None;
     let mut fixed = fixed;
     let mut check_failure = None;
     if fixed {
         // The file `fix` writes (or would write, without -o: a scratch copy), checked in its own
         // types by the typed evaluation, which shares no code with the emulation that chose the
         // keep list. FIXED stands only on that check.
-        let (conversion, problems) = if flattened.is_some() {
-            let float = float_tensor_set(&original, &float32_tensors(&original, &original_index)?);
-            let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
-            let (conversion, _) = crate::keep::convert_checked(&original, &original_index, &float, &options)?;
-            let problems = check_float_types(&conversion.proto, &float);
-            (conversion, problems)
-        } else {
-            let conversion = search.keeper.convert(&keep)?;
-            let problems = check_float_types(&conversion.proto, search.keeper.float()?);
-            (conversion, problems)
-        };
+        let float = if flattened.is_some() { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
+        let options_for_keep = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
+        // The file is checked in a child process with ONNX Runtime's defaults first (an FP16 model
+        // can crash ONNX Runtime); op types that crash it are kept in FP32.
+        let staged = scratch.path().join("staged.onnx");
+        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&original, &original_index, &float, o)?.0);
+        let (conversion, load) = crate::load_check::convert_that_loads(&original, &options_for_keep, &staged, Some(&search.feeds), &mut convert)?;
+        let problems = check_float_types(&conversion.proto, &float);
+        load_check = Some(load);
         let path = match &options.output {
             Some(path) => path.clone(),
             None => scratch.path().join("fixed.onnx"),
@@ -473,7 +476,14 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             }
             Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e.to_string()) },
         };
-        if !check.pass {
+        let crashed = load_check.as_ref().filter(|l| l.status == "crashed").and_then(|l| l.detail.clone());
+        if let Some(how) = crashed {
+            fixed = false;
+            check_failure = Some(format!("the fixed model does not load: {how}"));
+            if let Some(out) = &options.output {
+                let _ = std::fs::remove_file(out);
+            }
+        } else if !check.pass {
             fixed = false;
             let worst = check.outputs.iter().filter(|o| !o.after_pass).map(|o| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2))).collect::<Vec<_>>();
             check_failure = Some(match &check.not_run {
@@ -534,6 +544,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model,
         fixed_model_fp32_nodes,
         fixed_model_check,
+        fixed_model_load: load_check,
         run_info: layerwise_report::RunInfo::now(vec![("total".into(), started.elapsed().as_secs_f64())]),
     };
     if let Some(json) = &b.outputs.json {
@@ -572,6 +583,10 @@ fn render(r: &FixReport) -> String {
     }
     if let Some(path) = &r.fixed_model {
         let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
+    }
+    if let Some(load) = &r.fixed_model_load {
+        let kept = if load.kept_ops.is_empty() { String::new() } else { format!(" ({} kept in FP32 for that)", load.kept_ops.join(", ")) };
+        let _ = writeln!(out, "  load: ONNX Runtime's default session in a child process -> {}{kept}{}", load.status, load.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default());
     }
     if let Some(check) = r.fixed_model_check.as_ref().filter(|c| c.not_run.is_some()) {
         let _ = writeln!(out, "  check: {} not run: {}", check.backend, check.not_run.as_deref().unwrap_or_default());

@@ -6,5 +6,6 @@ pub mod cli;
 pub mod demo;
 pub mod fix;
 pub mod keep;
+pub mod load_check;
 pub mod merge;
 pub mod pipeline;

@@ -8,3 +8,7 @@ def main() -> None:
     from . import _native
 
     sys.exit(_native.main(["layerwise", *sys.argv[1:]]))
+
+
+if __name__ == "__main__":
+    main()

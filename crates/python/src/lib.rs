@@ -191,6 +191,10 @@ fn render_html(report_json: &str) -> PyResult<String> {
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // `convert` and `fix` check a written model in a child process running layerwise's own
+    // command line: from Python that is this interpreter with the package's `_cli` module.
+    let executable: String = m.py().import("sys")?.getattr("executable")?.extract()?;
+    layerwise::load_check::set_self_command(vec![executable.into(), "-m".into(), "layerwise._cli".into()]);
     m.add_function(wrap_pyfunction!(bisect, m)?)?;
     m.add_function(wrap_pyfunction!(fix, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;

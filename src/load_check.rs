@@ -1,0 +1,175 @@
+//! Does a converted model load and run with ONNX Runtime's defaults? Checked in a child process,
+//! because an FP16 model can crash ONNX Runtime outright (a segmentation fault creating the
+//! session was seen on a bidirectional-GRU text model), which no error handling in this process
+//! could survive. Where the child crashes, the op types responsible are found by converting again
+//! with each kept in FP32, and kept.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result};
+use layerwise_model::convert::{Conversion, ConvertOptions};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::{create_backend, RunRequest, Tensor};
+use serde::Serialize;
+
+/// The command line that runs this program's own commands: the Python extension sets its
+/// interpreter with `-m layerwise._cli`; otherwise the running executable.
+static SELF_COMMAND: OnceLock<Vec<OsString>> = OnceLock::new();
+
+/// Sets the command that runs `layerwise`'s command line (the Python extension calls this).
+pub fn set_self_command(command: Vec<OsString>) {
+    let _ = SELF_COMMAND.set(command);
+}
+
+fn self_command() -> Result<Vec<OsString>> {
+    if let Some(c) = SELF_COMMAND.get() {
+        return Ok(c.clone());
+    }
+    Ok(vec![std::env::current_exe().context("cannot find the layerwise executable to check the model in a child process")?.into_os_string()])
+}
+
+/// What the child process found.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LoadCheck {
+    /// `loads` (a default session was created and run), `error` (ONNX Runtime refused it with a
+    /// message) or `crashed` (the process died).
+    pub status: &'static str,
+    pub detail: Option<String>,
+    /// Op types kept in FP32 because the model crashed ONNX Runtime without that.
+    pub kept_ops: Vec<String>,
+}
+
+/// Runs `layerwise check-load MODEL [--inputs NPZ]` in a child process.
+pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Result<LoadCheck> {
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-load-")?;
+    let mut command = self_command()?;
+    let program = command.remove(0);
+    let mut child = std::process::Command::new(program);
+    child.args(command).arg("check-load").arg(model);
+    if let Some(inputs) = inputs {
+        let path = scratch.path().join("inputs.npz");
+        let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        layerwise_runtime::npy::write_npz(&path, &refs)?;
+        child.arg("--inputs").arg(path);
+    }
+    let out = child.output().context("cannot start a child process to check the model")?;
+    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    Ok(match out.status.code() {
+        Some(0) => LoadCheck { status: "loads", detail: None, kept_ops: Vec::new() },
+        Some(2) => LoadCheck { status: "error", detail: Some(stderr.trim_start_matches("error: ").to_string()), kept_ops: Vec::new() },
+        _ => {
+            #[cfg(unix)]
+            let how = {
+                use std::os::unix::process::ExitStatusExt;
+                match out.status.signal() {
+                    Some(s) => format!("ONNX Runtime crashed the process (signal {s}) loading or running the model with its default options"),
+                    None => format!("the checking process ended with {}", out.status),
+                }
+            };
+            #[cfg(not(unix))]
+            let how = format!("the checking process ended with {}", out.status);
+            LoadCheck { status: "crashed", detail: Some(how), kept_ops: Vec::new() }
+        }
+    })
+}
+
+/// The child's side: a default ONNX Runtime session for `model`, run once on `inputs` (or, without
+/// them, created only). Exit 0 when it works; an error (exit 2) when ONNX Runtime refuses it.
+pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
+    let model = Model::load(model_path)?;
+    let index = GraphIndex::build(model.graph())?;
+    // Test hook, for tests/load_check.rs only: behave as ONNX Runtime did on the GRU text model, a
+    // crash, for a node of this op type that reads an FP16 weight.
+    if let Ok(op) = std::env::var("LAYERWISE_TEST_CRASH_OP") {
+        let fp16_weights: std::collections::HashSet<&str> = model.graph().initializer.iter().filter(|t| t.data_type() == 10).map(|t| t.name()).collect();
+        if model.graph().node.iter().any(|n| n.op_type() == op && n.input.iter().any(|i| fp16_weights.contains(i.as_str()))) {
+            std::process::abort();
+        }
+    }
+    match inputs {
+        Some(path) => {
+            let feeds = layerwise_runtime::npy::read_npz(path)?;
+            let mut cpu = create_backend("ort:cpu,typed=off")?;
+            cpu.run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::Names(Vec::new()) })?;
+        }
+        None => {
+            layerwise_runtime::tensor_types(&model, &index, &[])?;
+        }
+    }
+    Ok(0)
+}
+
+/// Converts with `options`, writes the result to `path`, and checks it in a child process; where
+/// the child crashes, finds the op types whose FP16 nodes crash ONNX Runtime (each tried kept in
+/// FP32 alone, then together), keeps them, and writes that conversion instead. `convert` is the
+/// conversion to use for a set of options.
+pub fn convert_that_loads(
+    model: &Model,
+    options: &ConvertOptions,
+    path: &Path,
+    inputs: Option<&[(String, Tensor)]>,
+    convert: &mut dyn FnMut(&ConvertOptions) -> Result<Conversion>,
+) -> Result<(Conversion, LoadCheck)> {
+    let conversion = convert(options)?;
+    model.save_standalone(&conversion.proto, path)?;
+    let check = check_in_child(path, inputs)?;
+    if check.status != "crashed" {
+        return Ok((conversion, check));
+    }
+    // Op types computed in the target type, recurrent ops first (the crash seen was a GRU).
+    let kept_fp32: std::collections::HashSet<&str> = conversion.fp32_nodes.iter().map(|(n, _)| n.as_str()).collect();
+    let index = GraphIndex::build(model.graph())?;
+    let mut ops: Vec<String> = Vec::new();
+    for n in index.nodes.iter().filter(|n| !kept_fp32.contains(n.name.as_str()) && !matches!(n.op_type.as_str(), "Constant" | "Cast" | "Shape" | "Size")) {
+        if !ops.contains(&n.op_type) && !options.keep_ops.contains(&n.op_type) {
+            ops.push(n.op_type.clone());
+        }
+    }
+    ops.sort_by_key(|op| !matches!(op.as_str(), "LSTM" | "GRU" | "RNN"));
+    let attempt = |keep: &[String], convert: &mut dyn FnMut(&ConvertOptions) -> Result<Conversion>| -> Result<(Conversion, LoadCheck)> {
+        let mut o = options.clone();
+        o.keep_ops.extend(keep.iter().cloned());
+        let c = convert(&o)?;
+        model.save_standalone(&c.proto, path)?;
+        Ok((c, check_in_child(path, inputs)?))
+    };
+    let crash_note = check.detail.clone().unwrap_or_default();
+    for op in &ops {
+        let (c, result) = attempt(std::slice::from_ref(op), convert)?;
+        if result.status != "crashed" {
+            return Ok((c, LoadCheck { detail: Some(format!("{crash_note}; with every {op} kept in FP32 it {}", outcome(&result))), kept_ops: vec![op.clone()], ..result }));
+        }
+    }
+    // No single op type: keep them cumulatively until it loads, then drop those not needed.
+    let mut keep: Vec<String> = Vec::new();
+    for op in &ops {
+        keep.push(op.clone());
+        let (_, result) = attempt(&keep, convert)?;
+        if result.status != "crashed" {
+            let mut i = 0;
+            while i + 1 < keep.len() {
+                let without: Vec<String> = keep.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| o.clone()).collect();
+                if attempt(&without, convert)?.1.status != "crashed" {
+                    keep = without;
+                } else {
+                    i += 1;
+                }
+            }
+            let (c, result) = attempt(&keep, convert)?;
+            return Ok((c, LoadCheck { detail: Some(format!("{crash_note}; with {} kept in FP32 it {}", keep.join(", "), outcome(&result))), kept_ops: keep, ..result }));
+        }
+    }
+    // Even all-FP32 ops crash: leave the first conversion and say so.
+    let (c, _) = attempt(&[], convert)?;
+    Ok((c, LoadCheck { detail: Some(format!("{crash_note}, whichever op types are kept in FP32")), ..check }))
+}
+
+fn outcome(check: &LoadCheck) -> &'static str {
+    if check.status == "loads" {
+        "loads and runs"
+    } else {
+        "loads but ONNX Runtime refuses it"
+    }
+}

@@ -1,0 +1,73 @@
+//! A converted model that ONNX Runtime can load: `convert` and `fix` load and run the written
+//! model with ONNX Runtime's defaults in a child process, and keep in FP32 the op types whose FP16
+//! nodes crash it. The crash is played by the child's test hook (`LAYERWISE_TEST_CRASH_OP`: the
+//! child aborts on an FP16 node of that op type), standing in for ONNX Runtime's segmentation
+//! fault on a bidirectional-GRU text model, which no small model here reproduces.
+
+mod common;
+
+use common::{json, save, text};
+use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::ModelProto;
+use layerwise_model::{DataType, Model};
+
+/// x[T=6,1,4] -> GRU(hidden 8) -> y -> Tanh -> out.
+fn gru_model() -> ModelProto {
+    let mut b = ModelBuilder::new("gru", 14);
+    b.input("x", DataType::Float, &[Dim::from(6), Dim::from(1), Dim::from(4)]);
+    let det = |n: usize, k: f32| (0..n).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * k).collect::<Vec<f32>>();
+    b.initializer(f32_tensor("W", &[1, 24, 4], &det(96, 0.8)));
+    b.initializer(f32_tensor("R", &[1, 24, 8], &det(192, 0.6)));
+    b.node("GRU", "gru", &["x", "W", "R"], &["y"], vec![attr::int("hidden_size", 8)]);
+    b.node("Tanh", "act", &["y"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+fn run(args: &[&str], dir: &std::path::Path, crash_op: Option<&str>) -> std::process::Output {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"));
+    c.args(args).current_dir(dir);
+    match crash_op {
+        Some(op) => c.env("LAYERWISE_TEST_CRASH_OP", op),
+        None => c.env_remove("LAYERWISE_TEST_CRASH_OP"),
+    };
+    c.output().unwrap()
+}
+
+fn gru_is_fp32(path: &std::path::Path) -> bool {
+    let m = Model::load(path).unwrap();
+    let gru = m.graph().node.iter().find(|n| n.op_type() == "GRU").unwrap();
+    let fp16: Vec<&str> = m.graph().initializer.iter().filter(|t| t.data_type() == DataType::Float16 as i32).map(|t| t.name()).collect();
+    !gru.input.iter().any(|i| fp16.contains(&i.as_str()))
+}
+
+#[test]
+fn convert_keeps_in_fp32_the_op_type_that_crashes_onnx_runtime_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&gru_model(), &dir.path().join("m.onnx"));
+    // No crash: the GRU is converted, and the output says the model loads.
+    let out = run(&["convert", "m.onnx", "-o", "plain.onnx"], dir.path(), None);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("loads it with its default options"), "{}", text(&out));
+    assert!(!gru_is_fp32(&dir.path().join("plain.onnx")));
+    // A crash on FP16 GRUs: the GRU is kept in FP32, and the output says why.
+    let out = run(&["convert", "m.onnx", "-o", "c.onnx"], dir.path(), Some("GRU"));
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("crashed the process") && t.contains("with every GRU kept in FP32 it loads and runs"), "{t}");
+    assert!(gru_is_fp32(&dir.path().join("c.onnx")), "{t}");
+}
+
+#[test]
+fn fix_reports_the_load_check_of_the_model_it_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&gru_model(), &dir.path().join("m.onnx"));
+    let out = run(&["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path(), Some("GRU"));
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["fixed_model_load"]["status"], "loads", "{t}");
+    assert_eq!(fix["fixed_model_load"]["kept_ops"], serde_json::json!(["GRU"]), "{t}");
+    assert!(gru_is_fp32(&dir.path().join("fixed.onnx")), "{t}");
+    assert!(t.contains("GRU kept in FP32 for that"), "{t}");
+}
