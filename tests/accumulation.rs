@@ -38,6 +38,13 @@ fn fp16_reduce_mean_is_the_h100s_bit_for_bit_on_recorded_inputs() {
         let emulated = saved_tensor(&dir.path().join("saved/cand"), "y").to_f32().into_owned();
         let h100 = get(&format!("h100_fp16_{n}")).to_f32().into_owned();
         assert_eq!(emulated.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n = {n}: emulated {emulated:?}, H100 {h100:?}");
+        // The typed evaluation of the converted file computes the kernel's value too.
+        let c = layerwise(&["convert", "m.onnx", "--to", "fp16", "-o", "m16.onnx"], dir.path());
+        assert_eq!(c.status.code(), Some(0), "{}", text(&c));
+        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "ort:cpu", "--cand-model", "m16.onnx", "--save-tensors", "typed"], dir.path());
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+        let typed = saved_tensor(&dir.path().join("typed/cand"), "y").to_f32().into_owned();
+        assert_eq!(typed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n = {n}: typed {typed:?}, H100 {h100:?}");
         // What rounding only the mean (the previous emulation) gives, row by row.
         let xs = x.to_f32();
         for (row, want) in h100.iter().enumerate() {

@@ -164,6 +164,24 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
                 None => return Err(node_err(first.to_string())),
             },
         };
+        // ONNX Runtime's CUDA kernel stores an FP16 ReduceMean's float32 sum in FP16 before it
+        // divides (measured on an H100, docs/emulation.md): a sum beyond 65504 is inf there
+        // though the mean is small. The file's own types say FP16; so does its value here.
+        if info.op_type == "ReduceMean" && widened.is_none() {
+            if let Some(Ok(mean)) = results.get(node.output[0].as_str()).filter(|r| matches!(r, Ok(t) if t.dtype() == crate::DType::F16)) {
+                let sum_model = reduce_sum_of(&proto, model.opset());
+                let sums = run_node(spec, options, log_id, model, &sum_model, &feeds, scratch.path()).map_err(|e| node_err(format!("its sum: {e}")))?;
+                let data_len = feeds.iter().find(|(n, _)| *n == node.input[0]).map(|(_, t)| t.len()).or_else(|| {
+                    initializers.get(node.input[0].as_str()).map(|t| t.dims.iter().product::<i64>().max(1) as usize)
+                });
+                if let (Some(Ok(sum)), Some(data_len)) = (sums.get(node.output[0].as_str()), data_len) {
+                    let count = (data_len / mean.len().max(1)).max(1) as f32;
+                    let stored: Vec<half::f16> = sum.to_f32().iter().map(|&s| half::f16::from_f32(half::f16::from_f32(s).to_f32() / count)).collect();
+                    let value = Tensor::new(mean.shape.clone(), crate::TensorData::F16(stored));
+                    results.insert(node.output[0].clone(), Ok(value));
+                }
+            }
+        }
         for o in &outputs {
             match results.remove(o.as_str()) {
                 Some(Ok(t)) => {
@@ -205,6 +223,27 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
         }
     }
     Ok(output)
+}
+
+/// The one-node model `proto` (a ReduceMean) as a ReduceSum over the same axes, keeping the same
+/// dimensions: axes move from the attribute to an input at opset 13 and later (ReduceMean keeps
+/// them as an attribute until opset 18).
+fn reduce_sum_of(proto: &ModelProto, opset: i64) -> ModelProto {
+    let mut out = proto.clone();
+    let graph = out.graph.as_mut().expect("graph");
+    let node = &mut graph.node[0];
+    node.op_type = Some("ReduceSum".into());
+    if let Some(pos) = node.attribute.iter().position(|a| a.name() == "axes") {
+        if opset >= 13 {
+            let axes = node.attribute.remove(pos).ints;
+            let name = format!("{}__typed_sum_axes", node.output[0]);
+            graph.initializer.push(layerwise_model::builder::i64_tensor(&name, &[axes.len() as i64], &axes));
+            let node = &mut graph.node[0];
+            node.input.truncate(1);
+            node.input.push(name);
+        }
+    }
+    out
 }
 
 /// One one-node model run: its outputs by name, each a host tensor or why it is not one.
