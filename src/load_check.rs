@@ -23,18 +23,29 @@ pub fn set_self_command(command: Vec<OsString>) {
     let _ = SELF_COMMAND.set(command);
 }
 
-fn self_command() -> Result<Vec<OsString>> {
+/// The command that runs layerwise's command line: the one set by the Python extension; else this
+/// executable when it is layerwise; else a `layerwise` beside it or one folder up (a test binary
+/// under `target/*/deps`), or on the PATH.
+fn self_command() -> Option<Vec<OsString>> {
     if let Some(c) = SELF_COMMAND.get() {
-        return Ok(c.clone());
+        return Some(c.clone());
     }
-    Ok(vec![std::env::current_exe().context("cannot find the layerwise executable to check the model in a child process")?.into_os_string()])
+    let exe = std::env::current_exe().ok()?;
+    let is_layerwise = |p: &Path| p.file_stem().is_some_and(|s| s == "layerwise") && p.is_file();
+    if is_layerwise(&exe) {
+        return Some(vec![exe.into_os_string()]);
+    }
+    let near = exe.parent().into_iter().flat_map(|d| [d.join("layerwise"), d.join("../layerwise")]);
+    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).map(|d| d.join("layerwise")).collect::<Vec<_>>());
+    near.chain(on_path).find(|p| is_layerwise(p)).map(|p| vec![p.into_os_string()])
 }
 
 /// What the child process found.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct LoadCheck {
     /// `loads` (a default session was created and run), `error` (ONNX Runtime refused it with a
-    /// message) or `crashed` (the process died).
+    /// message), `crashed` (the process died) or `not_checked` (no layerwise executable to run the
+    /// child with).
     pub status: &'static str,
     pub detail: Option<String>,
     /// Op types kept in FP32 because the model crashed ONNX Runtime without that.
@@ -44,7 +55,9 @@ pub struct LoadCheck {
 /// Runs `layerwise check-load MODEL [--inputs NPZ]` in a child process.
 pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Result<LoadCheck> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-load-")?;
-    let mut command = self_command()?;
+    let Some(mut command) = self_command() else {
+        return Ok(LoadCheck { status: "not_checked", detail: Some("no layerwise executable was found to load the model in a child process".into()), kept_ops: Vec::new() });
+    };
     let program = command.remove(0);
     let mut child = std::process::Command::new(program);
     child.args(command).arg("check-load").arg(model);

@@ -329,7 +329,10 @@ impl OrtBackend {
         };
         drop(proto);
         let feeds = session_feeds(&session, request.inputs, &self.spec)?;
-        let mut results = session.run(feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        let (mut results, optional) = run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        for name in optional {
+            output.unavailable.push((name, "an optional value (it may hold none): not compared".into()));
+        }
         // Take each value out and drop it once copied, so ONNX Runtime's buffer and our copy of
         // every tensor are not all alive at once.
         for name in names {
@@ -350,6 +353,35 @@ impl OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// Runs `session` on `feeds` and returns its outputs by name, leaving out the outputs of optional
+/// type (named in the second list): ONNX Runtime returns an optional that holds no value as a null
+/// value, which the `ort` crate wraps as if it held one and crashes on (ONNX's `test_if_opt`).
+pub(crate) fn run_without_optionals(session: &mut Session, feeds: Vec<(String, DynValue)>) -> ort::Result<(HashMap<String, DynValue>, Vec<String>)> {
+    let optional: Vec<String> = session.outputs().iter().filter(|o| matches!(o.dtype(), ValueType::Optional(_))).map(|o| o.name().to_string()).collect();
+    let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).filter(|n| !optional.contains(n)).collect();
+    let mut values = HashMap::new();
+    if names.is_empty() {
+        // Nothing left to ask for: ONNX Runtime refuses a run that requests no output.
+    } else if optional.is_empty() {
+        let mut results = session.run(feeds)?;
+        for n in names {
+            if let Some(v) = results.remove(n.as_str()) {
+                values.insert(n, v);
+            }
+        }
+    } else {
+        let selector = optional.iter().fold(ort::session::OutputSelector::default(), |s, n| s.without(n.clone()));
+        let options = ort::session::RunOptions::new()?.with_outputs(selector);
+        let mut results = session.run_with_options(feeds, &options)?;
+        for n in names {
+            if let Some(v) = results.remove(n.as_str()) {
+                values.insert(n, v);
+            }
+        }
+    }
+    Ok((values, optional))
 }
 
 /// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:

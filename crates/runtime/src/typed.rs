@@ -259,9 +259,10 @@ fn run_node(
     let (bytes, folder) = model.runtime_bytes(proto, scratch)?;
     let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())?;
     let session_inputs = session_feeds(&session, feeds, spec)?;
-    let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).collect();
-    let mut results = session.run(session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
-    Ok(names.into_iter().filter_map(|n| results.remove(n.as_str()).map(|v| (n, from_ort_value(&v)))).collect())
+    let (results, optional) = crate::ort_backend::run_without_optionals(&mut session, session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
+    let mut out: HashMap<String, Result<Tensor, String>> = results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
+    out.extend(optional.into_iter().map(|n| (n, Err("an optional value (it may hold none): not compared".to_string()))));
+    Ok(out)
 }
 
 /// The one-node model with its FP16/BF16 inputs and initializers made float32 (values converted
