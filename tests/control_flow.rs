@@ -64,9 +64,13 @@ fn network_in_an_if(planted: bool) -> ModelProto {
 /// square passes 65504 from the 4th iteration on (inputs in [0,1)). Outputs the final v and every
 /// iteration's v stacked.
 fn planted_loop() -> ModelProto {
+    loop_of(6)
+}
+
+fn loop_of(trips: i64) -> ModelProto {
     let mut b = ModelBuilder::new("loop", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
-    b.initializer(i64_tensor("trips", &[], &[6]));
+    b.initializer(i64_tensor("trips", &[], &[trips]));
     b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
     let nodes = vec![
         node("Mul", "grow", &["v_in", "k_grow"], &["v1"], vec![]),
@@ -142,6 +146,19 @@ fn a_network_inside_an_if_is_compared_for_more_than_nine_tenths_of_its_tensors()
     let on_path = 2 + then_branch.node.iter().map(|n| n.output.len()).sum::<usize>();
     let compared = r["tensors"].as_array().unwrap().len();
     assert!(compared * 10 > on_path * 9, "{compared} compared of {on_path} computed on the path taken");
+}
+
+#[test]
+fn a_loop_that_runs_no_iteration_is_left_as_it_is_and_the_rest_compared() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&loop_of(0), &dir.path().join("loop.onnx"));
+    let out = layerwise(&["bisect", "loop.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "the run goes on: {t}");
+    let r = json(&dir.path().join("r.json"));
+    let kept = r["control_flow"]["kept"].to_string();
+    assert!(kept.contains("steps") && kept.contains("ran no iteration"), "{kept}");
+    assert!(r["verdict"]["conclusions"].to_string().contains("left as it is"), "{}", r["verdict"]);
 }
 
 #[test]

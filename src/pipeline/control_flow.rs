@@ -150,7 +150,13 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
             // The length of any scan output is the number of iterations made.
             if let Some(scan) = n.outputs.iter().skip(carried).find(|t| !t.is_empty()) {
                 let t = values.get(scan).ok_or_else(|| format!("its scan output '{scan}' has no value in the reference run"))?;
-                return t.shape.first().map(|&k| Taken::Iterations(k)).ok_or_else(|| format!("its scan output '{scan}' is a scalar"));
+                return match t.shape.first() {
+                    // No iteration: its scan outputs have no shape to unroll into. Left as it is, the
+                    // rest of the model is still compared.
+                    Some(0) => Err("it ran no iteration, so its scan outputs have no shape to unroll into".into()),
+                    Some(&k) => Ok(Taken::Iterations(k)),
+                    None => Err(format!("its scan output '{scan}' is a scalar")),
+                };
             }
             let initial = match n.inputs.get(1).filter(|c| !c.is_empty()) {
                 Some(c) => {
@@ -188,7 +194,11 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
             let t = value(first, model, values).ok_or_else(|| format!("its scan input '{first}' has no value in the reference run"))?;
             let axis = axes.first().copied().unwrap_or(0);
             let axis = usize::try_from(if axis < 0 { axis + t.shape.len() as i64 } else { axis }).map_err(|_| "its scan axis is out of range".to_string())?;
-            t.shape.get(axis).map(|&k| Taken::Iterations(k)).ok_or_else(|| "its scan axis is out of range".to_string())
+            match t.shape.get(axis) {
+                Some(0) => Err("its scan axis is empty (no step to unroll)".into()),
+                Some(&k) => Ok(Taken::Iterations(k)),
+                None => Err("its scan axis is out of range".to_string()),
+            }
         }
         other => Err(format!("{other} bodies are not unrolled: their tensors are not compared")),
     }
