@@ -165,7 +165,13 @@ pub fn emulate(
             *out_name = raw;
             rounded_tensors += 1;
         }
-        if storage == DataType::Float16 && !keep_fp32.contains(&i) && float_reduction {
+        let cumsum_axis = (storage == DataType::Float16 && !keep_fp32.contains(&i) && node.op_type() == "CumSum" && opset >= 11)
+            .then(|| node.input.get(1).and_then(|a| constant_int(graph, a)))
+            .flatten()
+            .filter(|_| node.output.first().is_some_and(|o| o.ends_with(RAW_SUFFIX)));
+        if let Some(axis) = cumsum_axis {
+            nodes.extend(fp16_cumsum_emulation(&node, axis));
+        } else if storage == DataType::Float16 && !keep_fp32.contains(&i) && float_reduction {
             let (emulated, axes) = fp16_sum_emulation(&node, opset);
             nodes.extend(emulated);
             graph.initializer.extend(axes);
@@ -295,6 +301,85 @@ fn fp16_sum_emulation(node: &NodeProto, opset: i64) -> (Vec<NodeProto>, Vec<Tens
         nodes.push(op("Div", "mean", vec![stored, count_f], &out, vec![]));
     }
     (nodes, inits)
+}
+
+/// The value of a scalar (or one-element) integer initializer or Constant of `graph`.
+fn constant_int(graph: &GraphProto, name: &str) -> Option<i64> {
+    let from_tensor = |t: &TensorProto| -> Option<i64> {
+        match t.data_type() {
+            x if x == DataType::Int64 as i32 => t.int64_data.first().copied().or_else(|| t.raw_data.as_ref().filter(|r| r.len() == 8).map(|r| i64::from_le_bytes(r[..8].try_into().unwrap()))),
+            x if x == DataType::Int32 as i32 => t.int32_data.first().map(|&v| v as i64).or_else(|| t.raw_data.as_ref().filter(|r| r.len() == 4).map(|r| i32::from_le_bytes(r[..4].try_into().unwrap()) as i64)),
+            _ => None,
+        }
+    };
+    graph.initializer.iter().find(|t| t.name() == name).and_then(from_tensor).or_else(|| {
+        graph.node.iter().find(|n| n.op_type() == "Constant" && n.output.first().is_some_and(|o| o == name))?.attribute.iter().find(|a| a.name() == "value")?.t.as_ref().and_then(from_tensor)
+    })
+}
+
+/// Nodes that compute what `node` (a CumSum over the constant `axis`, output `node.output[0]`)
+/// computes on ONNX Runtime's CUDA provider in FP16, bit for bit on the H100's probes: a running
+/// sum kept in FP16, one element after another along the axis. A Scan carries the sum (rounded
+/// through a Cast pair each step) from zeros shaped like one slice; `exclusive` emits the sum
+/// before each element, `reverse` runs the other way.
+fn fp16_cumsum_emulation(node: &NodeProto, axis: i64) -> Vec<NodeProto> {
+    let out = node.output[0].clone();
+    let data = node.input[0].clone();
+    let attr_int = |name: &str| node.attribute.iter().find(|a| a.name() == name).and_then(|a| a.i).unwrap_or(0);
+    let (exclusive, reverse) = (attr_int("exclusive") != 0, attr_int("reverse") != 0);
+    let int = |name: &str, v: i64| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() };
+    let ints = |name: &str, v: Vec<i64>| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v, ..Default::default() };
+    let plain = |t: &str, name: String, inputs: Vec<String>, output: &str, attribute: Vec<AttributeProto>| NodeProto {
+        op_type: Some(t.into()),
+        name: Some(name),
+        input: inputs,
+        output: vec![output.to_string()],
+        attribute,
+        ..Default::default()
+    };
+    // Zeros shaped like one slice along the axis: the Scan's first state.
+    let (index, slice, shape, zeros) = (format!("{out}__lw_cs_index"), format!("{out}__lw_cs_slice"), format!("{out}__lw_cs_shape"), format!("{out}__lw_cs_zeros"));
+    let mut nodes = vec![
+        plain("Constant", format!("{out}/lw_cs_index"), vec![], &index, vec![AttributeProto {
+            name: Some("value".into()),
+            r#type: Some(AttributeType::Tensor as i32),
+            t: Some(crate::builder::i64_tensor("", &[], &[0])),
+            ..Default::default()
+        }]),
+        plain("Gather", format!("{out}/lw_cs_slice"), vec![data.clone(), index], &slice, vec![int("axis", axis)]),
+        plain("Shape", format!("{out}/lw_cs_shape"), vec![slice], &shape, vec![]),
+        plain("ConstantOfShape", format!("{out}/lw_cs_zeros"), vec![shape], &zeros, vec![]),
+    ];
+    // The body: (sum_in, x_i) -> (sum_out, emitted), sum_out = FP16(sum_in + x_i).
+    let (sum_in, x_i, added, sum_out, emitted) = ("lw_cs_sum_in", "lw_cs_x", "lw_cs_added", "lw_cs_sum_out", "lw_cs_emitted");
+    let mut body_nodes = vec![plain("Add", "lw_cs_add".into(), vec![sum_in.into(), x_i.into()], added, vec![])];
+    body_nodes.extend(cast_pair(added, sum_out, DataType::Float16));
+    body_nodes.push(plain("Identity", "lw_cs_emit".into(), vec![if exclusive { sum_in } else { sum_out }.into()], emitted, vec![]));
+    let value = |n: &str| ValueInfoProto { name: Some(n.into()), r#type: Some(crate::builder::tensor_type(DataType::Float, None)), ..Default::default() };
+    let body = GraphProto {
+        name: Some("lw_cumsum_fp16".into()),
+        node: body_nodes,
+        input: vec![value(sum_in), value(x_i)],
+        output: vec![value(sum_out), value(emitted)],
+        ..Default::default()
+    };
+    let direction = if reverse { 1 } else { 0 };
+    nodes.push(NodeProto {
+        op_type: Some("Scan".into()),
+        name: Some(format!("{out}/lw_cs_scan")),
+        input: vec![zeros, data],
+        output: vec![format!("{out}__lw_cs_final"), out.clone()],
+        attribute: vec![
+            int("num_scan_inputs", 1),
+            ints("scan_input_axes", vec![axis]),
+            ints("scan_output_axes", vec![axis]),
+            ints("scan_input_directions", vec![direction]),
+            ints("scan_output_directions", vec![direction]),
+            AttributeProto { name: Some("body".into()), r#type: Some(AttributeType::Graph as i32), g: Some(body), ..Default::default() },
+        ],
+        ..Default::default()
+    });
+    nodes
 }
 
 /// Suffix of the reduced-precision copy of a kept node's output that non-kept nodes read.
