@@ -467,7 +467,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let written = Model::load(&path)?;
         let wi = GraphIndex::build(written.graph())?;
-        let mut typed = layerwise_runtime::typed::TypedBackend::new("ort:cpu,typed", None);
+        let mut typed = layerwise_runtime::typed::TypedBackend::new("ort:cpu,typed=on", None);
         let backend = format!("typed evaluation of {}", if options.output.is_some() { path.display().to_string() } else { "the fixed model (not written: no -o)".into() });
         let check = match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::Names(Vec::new()) }) {
             Ok(out) => {

@@ -60,11 +60,10 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Every tensor of the emulated model (the reference's names) after one run.
-fn run_emulation(model: &Model, proto: ModelProto) -> HashMap<String, Tensor> {
+fn run_emulation(proto: ModelProto) -> HashMap<String, Tensor> {
     let emulated = Model::from_proto(proto, "emulated").unwrap();
     let index = GraphIndex::build(emulated.graph()).unwrap();
     let mut cpu = create_backend("ort:cpu,opt=disable").unwrap();
-    let _ = model;
     cpu.run(&RunRequest { model: &emulated, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors
 }
 
@@ -102,20 +101,20 @@ fn a_kept_reduce_sum_whose_fp32_output_overflows_at_the_island_edge_is_no_fix() 
         if out.iter().any(|v| !v.is_finite()) { f64::INFINITY } else { rel_l2(&out, &want) }
     };
     // Nothing kept: the sum overflows FP16.
-    assert!(err(&run_emulation(&model, emulated_with(&model, &[]))) > 0.5);
+    assert!(err(&run_emulation(emulated_with(&model, &[]))) > 0.5);
     // Keeping the ReduceSum alone: its float32 sum (7.7e4) is cast to FP16 for the Mul by 1/N,
     // in the written model and now in the emulation.
-    let only_sum = run_emulation(&model, emulated_with(&model, &["sum_sq"]));
+    let only_sum = run_emulation(emulated_with(&model, &["sum_sq"]));
     assert!(only_sum["s"].to_f32().iter().all(|v| v.is_finite() && *v > 65504.0), "the kept sum itself stays float32");
     assert!(err(&only_sum) > 0.5, "keep {{ReduceSum}} must fail in the emulation: rel L2 {}", err(&only_sum));
     assert!(err(&typed_run_of_written(&model, &["sum_sq"])) > 0.5, "and in the written model's own types");
     // Keeping the ReduceSum and its consumer: the edge carries about 300.
-    let with_mul = run_emulation(&model, emulated_with(&model, &["sum_sq", "mean_sq"]));
+    let with_mul = run_emulation(emulated_with(&model, &["sum_sq", "mean_sq"]));
     assert!(err(&with_mul) < 1e-2, "keep {{ReduceSum, Mul}} passes: rel L2 {}", err(&with_mul));
 
     // Every tensor of the emulation equals the written model's, as the typed evaluation gives it.
     for keep in [&["sum_sq"][..], &["sum_sq", "mean_sq"][..], &[][..]] {
-        let emulated = run_emulation(&model, emulated_with(&model, keep));
+        let emulated = run_emulation(emulated_with(&model, keep));
         let typed = typed_run_of_written(&model, keep);
         let index = GraphIndex::build(model.graph()).unwrap();
         for name in index.computed_tensors() {
@@ -143,7 +142,7 @@ fn without_the_edge_rule_the_emulation_passes_a_keep_list_the_typed_check_reject
         }
     }
     assert_eq!(reverted_reads, 1, "one edge (the ReduceSum's output read by the Mul)");
-    let old = as_f32(&run_emulation(&model, reverted)["out"]);
+    let old = as_f32(&run_emulation(reverted)["out"]);
     assert!(rel_l2(&old, &want) < 1e-2, "the old emulation passed {{ReduceSum}}: rel L2 {}", rel_l2(&old, &want));
     let written = as_f32(&typed_run_of_written(&model, &["sum_sq"])["out"]);
     assert!(written.iter().any(|v| !v.is_finite()) || rel_l2(&written, &want) > 0.5, "the typed check of the written model fails it");
