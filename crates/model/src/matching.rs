@@ -74,12 +74,13 @@ impl View<'_> {
             let node = &self.index.nodes[p];
             let input = if node.op_type == "DequantizeLinear" {
                 // Through the QuantizeLinear to its float input.
-                let q = self.index.producer(&node.inputs[0]).expect("checked by transparent()");
-                q.inputs[0].clone()
+                node.inputs.first().and_then(|q| self.index.producer(q)).and_then(|q| q.inputs.first())
             } else {
-                node.inputs[0].clone()
+                node.inputs.first()
             };
-            t = input;
+            // A transparent node without a data input (a malformed file) ends the walk.
+            let Some(input) = input.filter(|i| !i.is_empty()) else { break };
+            t = input.clone();
         }
         t
     }

@@ -98,7 +98,12 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     let mut paired = Vec::new();
     let mut missing = Vec::new();
     let mut outputs = Vec::new();
+    let mut asked: HashSet<&str> = HashSet::new();
     for t in tensors {
+        // A tensor asked twice is reduced once.
+        if !asked.insert(t.as_str()) {
+            continue;
+        }
         if !in_ref.contains(t) {
             missing.push((t.clone(), Side::Reference));
             continue;
