@@ -213,6 +213,9 @@ fn unroll_loop(
         return Err(bad(name, format!("has a body with {} inputs and {} outputs for {carried} loop-carried values", body.input.len(), body.output.len())));
     }
     let scans = body.output.len() - 1 - carried;
+    if node.output.len() > carried + scans {
+        return Err(bad(name, format!("has {} outputs for {carried} loop-carried values and {scans} scan outputs", node.output.len())));
+    }
     if n == 0 && scans > 0 {
         return Err(bad(name, "ran no iteration, so its scan outputs have no shape to unroll into".into()));
     }
@@ -331,6 +334,9 @@ fn unroll_scan(
     let (out_axes, out_dirs) = (ints_attr(node, "scan_output_axes"), ints_attr(node, "scan_output_directions"));
     if in_axes.iter().chain(&out_axes).any(|&a| a < 0) {
         return Err(bad(name, "uses negative scan axes, which the unrolling does not resolve".into()));
+    }
+    if n == 0 && scan_outputs > 0 {
+        return Err(bad(name, "ran no step, so its scan outputs have no shape to unroll into".into()));
     }
     let mut scope = Scope::new(name.to_string(), used);
     let mut state: Vec<String> = node.input[..states].to_vec();

@@ -215,7 +215,8 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
             used.insert(t.to_string());
             continue;
         }
-        match r2c.get(r.source(t).as_str()) {
+        // Only a tensor the candidate computes can be asked of its run (a graph input cannot).
+        match r2c.get(r.source(t).as_str()).filter(|(cs, _)| cand_index.producer_index(cs).is_some()) {
             Some((cs, by)) => {
                 matching.pairs.push(TensorPair { reference: t.to_string(), candidate: cs.to_string(), by: *by });
                 used.insert(cs.to_string());

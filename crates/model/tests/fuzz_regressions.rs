@@ -42,3 +42,60 @@ fn a_tensor_asked_twice_is_paired_once() {
     GraphIndex::build(paired.proto.graph.as_ref().unwrap()).expect("the paired graph indexes");
     assert_eq!(paired.paired, ["h", "y"]);
 }
+
+#[test]
+fn a_reference_tensor_whose_source_is_a_candidate_input_is_left_unmatched() {
+    // fuzz/regressions/matching-reference-tensor-whose-source-is-a-candidate-input: the reference
+    // computes y = Identity(x), the candidate reads x directly; y was paired with the candidate's
+    // graph input x, which no candidate run can return (exit 2 asking for it).
+    let mut b = ModelBuilder::new("ref", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.node("Identity", "copy", &["x"], &["y"], vec![]);
+    b.node("Relu", "relu", &["y"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let reference = b.build();
+    let mut b = ModelBuilder::new("cand", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.node("Relu", "relu", &["x"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let candidate = b.build();
+    let (rg, cg) = (reference.graph.as_ref().unwrap(), candidate.graph.as_ref().unwrap());
+    let (ri, ci) = (GraphIndex::build(rg).unwrap(), GraphIndex::build(cg).unwrap());
+    let m = match_tensors(rg, &ri, cg, &ci, true);
+    assert!(m.pairs.iter().all(|p| ci.producer_index(&p.candidate).is_some()), "{:?}", m.pairs);
+    assert!(m.unmatched_reference.contains(&"y".to_string()), "{:?}", m);
+}
+
+#[test]
+fn a_loop_with_more_outputs_than_its_body_makes_is_not_unrolled() {
+    // fuzz/regressions/inline-loop-with-more-outputs-than-its-body: a Loop whose node lists more
+    // outputs than its body's loop-carried values and scan outputs was unrolled without them,
+    // leaving a graph output nothing produced.
+    use layerwise_model::builder::{attr, i64_tensor, node};
+    use layerwise_model::inline::{inline_control_flow, Taken};
+    use layerwise_model::onnx::{GraphProto, TensorProto, ValueInfoProto};
+    let value = |n: &str, t: DataType| ValueInfoProto { name: Some(n.into()), r#type: Some(layerwise_model::builder::tensor_type(t, None)), ..Default::default() };
+    let mut b = ModelBuilder::new("loop", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.initializer(i64_tensor("trips", &[], &[2]));
+    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    let body = GraphProto {
+        name: Some("body".into()),
+        node: vec![node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![]), node("Identity", "emit", &["x"], &["e"], vec![])],
+        input: vec![value("i", DataType::Int64), value("cond_in", DataType::Bool)],
+        output: vec![value("cond_out", DataType::Bool), value("e", DataType::Float)],
+        ..Default::default()
+    };
+    b.node("Loop", "steps", &["trips", "go"], &["stacked", "extra"], vec![attr::graph("body", body)]);
+    b.output("stacked", DataType::Float);
+    b.output("extra", DataType::Float);
+    let proto = b.build();
+    let index = GraphIndex::build(proto.graph.as_ref().unwrap()).unwrap();
+    let taken = [("steps".to_string(), Taken::Iterations(2))].into_iter().collect();
+    match inline_control_flow(&proto, &index, &taken) {
+        Ok((inlined, _)) => {
+            GraphIndex::build(inlined.graph.as_ref().unwrap()).expect("what is inlined indexes");
+        }
+        Err(e) => assert!(e.to_string().contains("outputs"), "{e}"),
+    }
+}
