@@ -331,7 +331,7 @@ impl OrtBackend {
         let feeds = session_feeds(&session, request.inputs, &self.spec)?;
         let (mut results, optional) = run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         for name in optional {
-            output.unavailable.push((name, "an optional value (it may hold none): not compared".into()));
+            output.unavailable.push((name, "an optional value, not a tensor (it may hold none): not compared".into()));
         }
         // Take each value out and drop it once copied, so ONNX Runtime's buffer and our copy of
         // every tensor are not all alive at once.

@@ -261,7 +261,7 @@ fn run_node(
     let session_inputs = session_feeds(&session, feeds, spec)?;
     let (results, optional) = crate::ort_backend::run_without_optionals(&mut session, session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
     let mut out: HashMap<String, Result<Tensor, String>> = results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
-    out.extend(optional.into_iter().map(|n| (n, Err("an optional value (it may hold none): not compared".to_string()))));
+    out.extend(optional.into_iter().map(|n| (n, Err("an optional value, not a tensor (it may hold none): not compared".to_string()))));
     Ok(out)
 }
 
