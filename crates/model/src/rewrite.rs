@@ -443,7 +443,7 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
     }
     graph.initializer.extend(new_inits);
     let mut new_constants = Vec::new();
-    for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.output.first().is_some_and(|o| kept_reads.contains(o))) {
+    for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.input.is_empty() && n.output.first().is_some_and(|o| kept_reads.contains(o))) {
         let mut c = n.clone();
         c.output = vec![copy_name(&n.output[0])];
         c.name = Some(format!("{}/lw_keep32", n.name()));

@@ -99,3 +99,4 @@ fn a_loop_with_more_outputs_than_its_body_makes_is_not_unrolled() {
         Err(e) => assert!(e.to_string().contains("outputs"), "{e}"),
     }
 }
+
