@@ -4,7 +4,7 @@ usage: python3 scripts/emulation_table.py HW_DIR SIM_DIR [MODEL ...]
 HW_DIR holds the GPU's reports (MODEL_cuda_tf32.json, MODEL_cuda_fp16.json, MODEL_cuda_bf16.json),
 SIM_DIR the CPU emulations' on the same seeded inputs (MODEL_sim_tf32.json, MODEL_sim_fp16.json,
 MODEL_sim_fp16_trt.json, MODEL_sim_bf16.json) and the typed evaluation of the converted file the
-GPU ran (MODEL_typed_fp16.json: `bisect MODEL --cand ort:cpu --cand-model MODEL_fp16.onnx`).
+GPU ran (MODEL_typed_fp16.json, MODEL_typed_bf16.json: `bisect MODEL --cand ort:cpu --cand-model MODEL_fp16.onnx`).
 Prints Markdown.
 """
 import json
@@ -83,10 +83,10 @@ for m in models:
         continue
     print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(sim))}, {verdict(sim)} | {ratio(output_error(hw), output_error(sim))} | {fmt(output_error(typed))}, {verdict(typed)} | {ratio(output_error(hw), output_error(typed))} |")
 print()
-print("| model | CUDA BF16 model: output, verdict | sim:bf16: output, verdict | ratio |")
-print("| --- | --- | --- | --- |")
+print("| model | CUDA BF16 model: output, verdict | sim:bf16: output, verdict | ratio | typed evaluation of that file: output, verdict | ratio |")
+print("| --- | --- | --- | --- | --- | --- |")
 for m in models:
-    hw, sim = load(hw_dir, f"{m}_cuda_bf16.json"), load(sim_dir, f"{m}_sim_bf16.json")
+    hw, sim, typed = load(hw_dir, f"{m}_cuda_bf16.json"), load(sim_dir, f"{m}_sim_bf16.json"), load(sim_dir, f"{m}_typed_bf16.json")
     if hw is None:
         continue
-    print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(sim))}, {verdict(sim)} | {ratio(output_error(hw), output_error(sim))} |")
+    print(f"| {m} | {fmt(output_error(hw))}, {verdict(hw)} | {fmt(output_error(sim))}, {verdict(sim)} | {ratio(output_error(hw), output_error(sim))} | {fmt(output_error(typed))}, {verdict(typed)} | {ratio(output_error(hw), output_error(typed))} |")

@@ -171,3 +171,46 @@ fn fp16_cumsum_keeps_its_running_sum_in_fp16_as_the_h100_does() {
         }
     }
 }
+
+/// BF16 Sigmoid and FP16/BF16 Softplus round after every step of their formula on the H100
+/// (docs/emulation.md). Every finite input with |x| <= 40 was recorded there
+/// (tests/data/h100_unary_stepwise.npz, from scripts/gpu/elementwise_probe.py): both the
+/// emulation and the typed evaluation of the converted file give the H100's value bit for bit,
+/// where the float32 op rounded once differs on hundreds of them.
+#[test]
+fn stepwise_unary_kernels_are_the_h100s_bit_for_bit() {
+    let data = read_npz(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/h100_unary_stepwise.npz"))).unwrap();
+    let get = |name: &str| data.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} in the recorded data")).1.clone();
+    for (op, tag) in [("Sigmoid", "bf16"), ("Softplus", "bf16"), ("Softplus", "fp16")] {
+        let x = get(&format!("{op}_{tag}_x"));
+        let h100: Vec<u32> = get(&format!("{op}_{tag}_h100")).to_f32().iter().map(|v| v.to_bits()).collect();
+        let n = x.len();
+        // BF16 Softplus exists in ONNX (and has a CUDA kernel) from opset 22.
+        let mut b = ModelBuilder::new("unary", if op == "Softplus" && tag == "bf16" { 22 } else { 17 });
+        b.input("x", DataType::Float, &[Dim::from(n as i64)]);
+        b.node(op, "op", &["x"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        let dir = tempfile::tempdir().unwrap();
+        save(&b.build(), &dir.path().join("m.onnx"));
+        write_npy_file(&dir.path().join("x.npy"), &x).unwrap();
+        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", &format!("sim:{tag}"), "--save-tensors", "emulated", "--no-noise-floor"], dir.path());
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+        let emulated: Vec<u32> = saved_tensor(&dir.path().join("emulated/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
+        let c = layerwise(&["convert", "m.onnx", "--to", tag, "-o", "low.onnx"], dir.path());
+        assert_eq!(c.status.code(), Some(0), "{}", text(&c));
+        assert!(!text(&c).contains("FP32 op:"), "{op} is converted: {}", text(&c));
+        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "ort:cpu", "--cand-model", "low.onnx", "--save-tensors", "typed", "--no-noise-floor"], dir.path());
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+        let typed: Vec<u32> = saved_tensor(&dir.path().join("typed/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
+        let xs = x.to_f32();
+        let round = |v: f32| if tag == "bf16" { half::bf16::from_f32(v).to_f32() } else { f16(v) };
+        let once = |v: f32| round(if op == "Sigmoid" { 1.0 / (1.0 + (-v).exp()) } else { (1.0 + v.exp()).ln() });
+        let mut differs_once = 0;
+        for i in 0..n {
+            assert_eq!(emulated[i], h100[i], "{op} {tag}, x = {}: emulated {}, H100 {}", xs[i], f32::from_bits(emulated[i]), f32::from_bits(h100[i]));
+            assert_eq!(typed[i], h100[i], "{op} {tag}, x = {}: typed {}, H100 {}", xs[i], f32::from_bits(typed[i]), f32::from_bits(h100[i]));
+            differs_once += usize::from(once(xs[i]).to_bits() != h100[i]);
+        }
+        assert!(differs_once > 100, "{op} {tag}: the recorded values tell stepwise rounding from rounding once ({differs_once} differ)");
+    }
+}

@@ -121,7 +121,7 @@ fn sweep_one(test_dir: &Path) -> Vec<Run> {
 }
 
 #[test]
-#[ignore = "opt-in: about 6,600 layerwise processes over ONNX's node tests; .ci/run runs it with --include-ignored"]
+#[ignore = "opt-in: about 6,600 layerwise processes over ONNX's node tests; .ci/run runs it (release build) with --include-ignored"]
 fn every_node_test_through_every_command_exits_0_1_or_2() {
     let root = node_tests();
     let filter = std::env::var("LAYERWISE_SWEEP_FILTER").unwrap_or_default();

@@ -76,6 +76,9 @@ pub enum CauseKind {
     /// Softmax/LogSoftmax on large logits: it depends on the absolute differences of its inputs,
     /// and a small relative error of a large logit is a large absolute one.
     LargeLogits,
+    /// A kernel that rounds inside its formula (ONNX Runtime's CUDA BF16 Sigmoid, FP16/BF16
+    /// Softplus, measured): small outputs keep only an absolute precision.
+    KernelRounding,
 }
 
 /// The arithmetic the candidate computes in: which causes can apply to it.
@@ -670,6 +673,28 @@ fn classify(
                     ),
                 });
             }
+        }
+        let stepwise = match candidate.arithmetic {
+            Arithmetic::Bf16 => op == "Sigmoid" || op == "Softplus",
+            Arithmetic::Fp16 => op == "Softplus",
+            Arithmetic::Fp32 => false,
+        };
+        if stepwise && m.ref_max_abs > 0.0 {
+            // The small branch (x <= 0) ends in 1 - 1/(1 + e^x) or ln(1 + e^x) with 1 + e^x
+            // rounded near 1: an absolute error of up to half the spacing there.
+            let absolute = candidate.arithmetic.spacing(1.0).unwrap_or(0.0) / 2.0;
+            let formula = if op == "Sigmoid" { "1 - 1/(1 + exp(x))" } else { "ln(1 + exp(x))" };
+            let arithmetic = candidate.arithmetic.name();
+            found.push(Mechanism {
+                kind: CauseKind::KernelRounding,
+                weight: None,
+                explains: Some(share((absolute / m.ref_max_abs).min(1.0))),
+                detail: format!(
+                    "ONNX Runtime's CUDA kernel computes a {arithmetic} {op} as {formula} for x <= 0, rounding every step to {arithmetic} (measured bit for bit on an H100, docs/emulation.md): each output can be off by up to {absolute:.1e} absolute, and this tensor's outputs are at most {:.3e}, so up to {:.1e} relative; measured relative L2 {out_rel:.2e}; keep this node in FP32",
+                    m.ref_max_abs,
+                    (absolute / m.ref_max_abs).min(1.0)
+                ),
+            });
         }
         let tf32_op = candidate.tf32 && TF32_OPS.contains(&op);
         if tf32_op {

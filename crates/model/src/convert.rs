@@ -231,6 +231,12 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
         } else if info.has_subgraphs && !matches!(info.op_type.as_str(), "If" | "Loop") {
             Some(format!("{} bodies are not converted", info.op_type))
+        } else if target == Target::Bf16
+            && !info.has_subgraphs
+            && !ANY_TYPE_READERS.contains(&info.op_type.as_str())
+            && !crate::cuda_bf16::has_cuda_bf16_kernel(&info.op_type, model.opset())
+        {
+            Some(format!("{} has no BF16 kernel in ONNX Runtime's CUDA provider at opset {} (measured, onnxruntime-gpu 1.31.1)", info.op_type, model.opset()))
         } else {
             info.inputs
                 .iter()

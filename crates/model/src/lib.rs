@@ -9,6 +9,7 @@ pub mod onnx;
 
 pub mod builder;
 pub mod convert;
+pub mod cuda_bf16;
 mod error;
 pub mod engine_style;
 pub mod explorer_ids;

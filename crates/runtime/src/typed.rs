@@ -182,6 +182,14 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
                 }
             }
         }
+        // ONNX Runtime's CUDA kernels for BF16 Sigmoid and FP16/BF16 Softplus round after every
+        // step of their formula (measured on an H100 over every finite input, docs/emulation.md);
+        // the file's types ask for those kernels, so their values are computed that way here.
+        if let Some(x) = feeds.iter().find(|(n, _)| *n == node.input[0]).map(|(_, t)| t) {
+            if let Some(value) = stepwise_kernel(&info.op_type, x, x.dtype()) {
+                results.insert(node.output[0].clone(), Ok(value));
+            }
+        }
         for o in &outputs {
             match results.remove(o.as_str()) {
                 Some(Ok(t)) => {
@@ -223,6 +231,42 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
         }
     }
     Ok(output)
+}
+
+/// What ONNX Runtime's CUDA kernel computes for a BF16 Sigmoid or an FP16/BF16 Softplus on `x`
+/// (stored in `low`): `x > 0 ? 1/(1 + exp(-x)) : 1 - 1/(1 + exp(x))` and
+/// `x > 0 ? x + ln(1 + exp(-x)) : ln(1 + exp(x))` in float32, every step rounded to `low`
+/// (measured bit for bit on the H100, scripts/gpu/elementwise_probe.py). `None` for other ops
+/// and types, whose kernels round once.
+fn stepwise_kernel(op: &str, x: &Tensor, low: crate::DType) -> Option<Tensor> {
+    let round: fn(f32) -> f32 = match low {
+        crate::DType::BF16 => |v| half::bf16::from_f32(v).to_f32(),
+        crate::DType::F16 => |v| half::f16::from_f32(v).to_f32(),
+        _ => return None,
+    };
+    let f: Box<dyn Fn(f32) -> f32> = match (op, low) {
+        ("Sigmoid", crate::DType::BF16) => Box::new(move |v: f32| {
+            if v > 0.0 {
+                round(1.0 / round(1.0 + round((-v).exp())))
+            } else {
+                round(1.0 - round(1.0 / round(1.0 + round(v.exp()))))
+            }
+        }),
+        ("Softplus", _) => Box::new(move |v: f32| {
+            if v > 0.0 {
+                round(v + round(round(1.0 + round((-v).exp())).ln()))
+            } else {
+                round(round(1.0 + round(v.exp())).ln())
+            }
+        }),
+        _ => return None,
+    };
+    let values: Vec<f32> = x.to_f32().iter().map(|&v| f(v)).collect();
+    let data = match low {
+        crate::DType::BF16 => crate::TensorData::BF16(values.iter().map(|&v| half::bf16::from_f32(v)).collect()),
+        _ => crate::TensorData::F16(values.iter().map(|&v| half::f16::from_f32(v)).collect()),
+    };
+    Some(Tensor::new(x.shape.clone(), data))
 }
 
 /// The one-node model `proto` (a ReduceMean) as a ReduceSum over the same axes, keeping the same

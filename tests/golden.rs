@@ -1,0 +1,101 @@
+//! Golden files (issue "one typed report, one parsed spec"): every format `bisect` writes (JSON,
+//! terminal, HTML, Markdown, CSV, Model Explorer) and `fix`'s JSON and terminal output, on the
+//! demo and on the models the tests build, byte for byte as committed under tests/golden/, with
+//! `run_info` and wall-clock times left out. A redesign must keep them; a change of behaviour on
+//! purpose updates them: `LAYERWISE_BLESS=1 cargo test --test golden` rewrites the files, and the
+//! diff is reviewed like code.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{layerwise, text};
+use layerwise_model::onnx::ModelProto;
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn models() -> Vec<(&'static str, ModelProto)> {
+    let mut all: Vec<(&'static str, ModelProto)> = common::breaking_models()
+        .into_iter()
+        .map(|(label, m)| (match label {
+            "demo" => "demo",
+            "planted exp" => "planted_exp",
+            "planted softmax" => "planted_softmax",
+            "planted layernorm" => "planted_layernorm",
+            "bn overflow" => "bn_overflow",
+            other => panic!("name a golden folder for '{other}'"),
+        }, m))
+        .collect();
+    all.push(("healthy", common::planted(common::Ending::Healthy)));
+    all.push(("convertible", common::convertible()));
+    all
+}
+
+/// Wall-clock times ("1.23 s", "45 ms", "0.8s") replaced by `<time>`: they are the only part of
+/// a run's output that is not fixed by its inputs and seed.
+fn without_times(text: &str) -> String {
+    let re = regex_lite::Regex::new(r"\b\d+(\.\d+)?\s?(ms|s|µs)\b").unwrap();
+    re.replace_all(text, "<time>").into_owned()
+}
+
+/// A JSON document with `run_info` (versions, timings, host) removed, pretty-printed.
+fn json_without_run_info(path: &Path) -> String {
+    let mut v = common::json(path);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("run_info");
+    }
+    serde_json::to_string_pretty(&v).unwrap() + "\n"
+}
+
+/// The HTML report embeds its JSON: `run_info` in it is replaced by the same placeholder.
+fn html_without_run_info(html: &str) -> String {
+    let re = regex_lite::Regex::new(r#""run_info":\{[^{}]*(\{[^{}]*\}[^{}]*)*\}"#).unwrap();
+    without_times(&re.replace_all(html, r#""run_info":"<run_info>""#))
+}
+
+/// Compares `actual` with the golden file `name` of `model`, or writes it when blessing.
+fn check(model: &str, name: &str, actual: &str, failures: &mut Vec<String>) {
+    let path = golden_dir().join(model).join(name);
+    if std::env::var_os("LAYERWISE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test golden)", path.display()));
+    if expected != actual {
+        let line = expected.lines().zip(actual.lines()).position(|(a, b)| a != b).unwrap_or(expected.lines().count().min(actual.lines().count()));
+        failures.push(format!(
+            "{}: differs from line {}:\n  golden: {:?}\n  now:    {:?}",
+            path.display(),
+            line + 1,
+            expected.lines().nth(line).unwrap_or("<end>"),
+            actual.lines().nth(line).unwrap_or("<end>")
+        ));
+    }
+}
+
+#[test]
+fn bisect_and_fix_outputs_match_the_golden_files() {
+    let mut failures = Vec::new();
+    for (name, proto) in models() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        common::save(&proto, &d.join("m.onnx"));
+        let bisect = layerwise(&["bisect", "m.onnx", "--json", "r.json", "--html", "r.html", "--markdown", "r.md", "--csv", "r.csv", "--model-explorer", "me.json"], d);
+        assert!(matches!(bisect.status.code(), Some(0 | 1)), "{name}: {}", text(&bisect));
+        check(name, "bisect.txt", &format!("exit {:?}\n{}", bisect.status.code(), without_times(&text(&bisect))), &mut failures);
+        check(name, "bisect.json", &json_without_run_info(&d.join("r.json")), &mut failures);
+        check(name, "bisect.html", &html_without_run_info(&std::fs::read_to_string(d.join("r.html")).unwrap()), &mut failures);
+        check(name, "bisect.md", &without_times(&std::fs::read_to_string(d.join("r.md")).unwrap()), &mut failures);
+        check(name, "bisect.csv", &std::fs::read_to_string(d.join("r.csv")).unwrap(), &mut failures);
+        check(name, "model-explorer.json", &std::fs::read_to_string(d.join("me.json")).unwrap(), &mut failures);
+
+        let fix = layerwise(&["fix", "m.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
+        assert!(matches!(fix.status.code(), Some(0 | 1)), "{name}: {}", text(&fix));
+        check(name, "fix.txt", &format!("exit {:?}\n{}", fix.status.code(), without_times(&text(&fix))), &mut failures);
+        check(name, "fix.json", &json_without_run_info(&d.join("fix.json")), &mut failures);
+    }
+    assert!(failures.is_empty(), "{} golden files differ:\n{}", failures.len(), failures.join("\n"));
+}
