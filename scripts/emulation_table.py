@@ -48,7 +48,8 @@ def fmt(x):
 
 
 def ratio(a, b):
-    if a is None or b is None or b == 0 or a != a or b != b:
+    # Both at float32's noise (a saturated output): no ratio means anything.
+    if a is None or b is None or b == 0 or a != a or b != b or max(a, b) < 1e-12:
         return "—"
     return f"{a / b:.2f}"
 

@@ -311,7 +311,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
     let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
-    let (tolerance, rule) = tolerance_and_rule(low, b)?;
+    let (tolerance, rule, _) = tolerance_and_rule(low, false, b)?;
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
     let reference_out = reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?;
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();

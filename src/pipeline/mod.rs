@@ -182,12 +182,16 @@ impl Steps {
     }
 }
 
-/// Tolerances and walk thresholds for a candidate precision, with the user's overrides.
-pub fn tolerance_and_rule(precision: Precision, options: &BisectOptions) -> Result<(Tolerance, WalkRule)> {
-    let (defaults, rule) = match precision {
-        Precision::Fp16 => (Tolerance::FP16, WalkRule::FP16),
-        Precision::Bf16 => (Tolerance::BF16, WalkRule::BF16),
-        Precision::Fp32 => (Tolerance::FP32, WalkRule::FP32),
+/// Tolerances and walk thresholds for a candidate precision, with the user's overrides, and the
+/// precision the defaults are for. A float32 candidate that multiplies on TF32 tensor cores
+/// (`sim:tf32`, `ort:cuda` with TF32 on) keeps FP16's 10-bit mantissa there, so it gets FP16's
+/// defaults; `tf32=off` keeps float32's.
+pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<(Tolerance, WalkRule, &'static str)> {
+    let (defaults, rule, defaults_for) = match precision {
+        Precision::Fp16 => (Tolerance::FP16, WalkRule::FP16, "FP16"),
+        Precision::Bf16 => (Tolerance::BF16, WalkRule::BF16, "BF16"),
+        Precision::Fp32 if tf32 => (Tolerance::FP16, WalkRule::FP16, "TF32"),
+        Precision::Fp32 => (Tolerance::FP32, WalkRule::FP32, "float32"),
     };
     let tolerance = Tolerance {
         atol: options.atol.unwrap_or(defaults.atol),
@@ -197,7 +201,7 @@ pub fn tolerance_and_rule(precision: Precision, options: &BisectOptions) -> Resu
     if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
         bail!("--atol, --rtol and --range-tol must be non-negative numbers");
     }
-    Ok((tolerance, rule))
+    Ok((tolerance, rule, defaults_for))
 }
 
 /// Checks up front that a report can be written there, so a bad path fails before any work.
@@ -300,7 +304,15 @@ pub(crate) fn typed_candidate(spec: &str, cand_model: &Model) -> Option<Option<u
 }
 
 fn converted_precision(model: &Model) -> Precision {
-    let types: Vec<i32> = model.graph().initializer.iter().map(|t| t.data_type()).collect();
+    // Every type the file declares: weights, tensors, and the targets of its Casts (a BF16 model
+    // whose weights all stay FP32, e.g. with its Convs kept, still computes in BF16).
+    let g = model.graph();
+    let value_types = g.input.iter().chain(&g.output).chain(&g.value_info).filter_map(|v| match v.r#type.as_ref()?.value.as_ref()? {
+        layerwise_model::onnx::type_proto::Value::TensorType(t) => t.elem_type,
+        _ => None,
+    });
+    let cast_targets = g.node.iter().filter(|n| n.op_type() == "Cast").flat_map(|n| n.attribute.iter().filter(|a| a.name() == "to").filter_map(|a| a.i.map(|i| i as i32)));
+    let types: Vec<i32> = g.initializer.iter().map(|t| t.data_type()).chain(value_types).chain(cast_targets).collect();
     let has = |d: layerwise_model::DataType| types.contains(&(d as i32));
     if has(layerwise_model::DataType::Bfloat16) && !has(layerwise_model::DataType::Float16) {
         Precision::Bf16
@@ -364,6 +376,8 @@ struct Job<'a> {
     candidate: Box<dyn Backend>,
     precision: Precision,
     tolerance: Tolerance,
+    /// The precision the default tolerances are for (`TF32`, `FP16`, ...).
+    tolerance_defaults: &'static str,
     rule: WalkRule,
     order: Vec<String>,
     budget: u64,
@@ -667,7 +681,8 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         Some((cm, _)) => converted_precision(cm),
         None => candidate.precision(),
     };
-    let (tolerance, rule) = tolerance_and_rule(precision, options)?;
+    let tf32 = candidate.tf32();
+    let (tolerance, rule, tolerance_defaults) = tolerance_and_rule(precision, tf32, options)?;
     let order: Vec<String> = match &options.selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),
         Selection::Names(names) => {
@@ -677,7 +692,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         }
     };
     let budget = options.max_memory.unwrap_or_else(default_memory_budget);
-    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, rule, order, budget, plans: HashMap::new(), pairing_note: None, paired_session: None };
+    let mut job = Job { options, model, index, cand_model, cand_names, reference, candidate, precision, tolerance, tolerance_defaults, rule, order, budget, plans: HashMap::new(), pairing_note: None, paired_session: None };
     let weights = if precision == Precision::Fp16 {
         steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(model).map_err(Into::into))?
     } else {
@@ -811,6 +826,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         ref_notes: compared.notes.0.clone(),
         cand_notes,
         tolerance: job.tolerance,
+        tolerance_defaults: job.tolerance_defaults,
         rule: job.rule,
         inputs: &inputs,
         comparison: &compared.comparison,

@@ -15,6 +15,8 @@ pub struct ReportContext<'a> {
     pub ref_notes: Vec<String>,
     pub cand_notes: Vec<String>,
     pub tolerance: Tolerance,
+    /// The precision whose default tolerances apply where none was given (`TF32`, `FP16`, ...).
+    pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
     pub inputs: &'a [PreparedInput],
     pub comparison: &'a Comparison,
@@ -129,6 +131,9 @@ pub struct Tolerances {
     pub rtol: f64,
     #[serde(serialize_with = "finite_or_string")]
     pub range_tol: f64,
+    /// The precision whose defaults apply where no tolerance was given: `FP16`, `BF16`, `TF32`
+    /// (FP16's defaults: the same 10-bit mantissa) or `float32`.
+    pub defaults_for: &'static str,
     pub rule: &'static str,
     pub walk: WalkRule,
 }
@@ -245,6 +250,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             atol: ctx.tolerance.atol,
             rtol: ctx.tolerance.rtol,
             range_tol: ctx.tolerance.range_tol,
+            defaults_for: ctx.tolerance_defaults,
             rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs",
             walk: ctx.rule,
         },

@@ -18,10 +18,11 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let _ = writeln!(out, "candidate  {}", report.cand.spec);
     let _ = writeln!(
         out,
-        "tolerance  |cand - ref| <= {} + {} * |ref| + {} * max|ref|    compared {} tensors ({} not compared)",
+        "tolerance  |cand - ref| <= {} + {} * |ref| + {} * max|ref| ({})    compared {} tensors ({} not compared)",
         report.tolerances.atol,
         report.tolerances.rtol,
         report.tolerances.range_tol,
+        tolerance_origin(&report.tolerances),
         report.tensors.len(),
         report.not_compared.len()
     );
@@ -165,4 +166,19 @@ pub fn render_verdict_text(report: &Report) -> String {
         let _ = writeln!(out, "  - {c}");
     }
     out
+}
+
+/// "TF32 defaults" where the tolerances are that precision's defaults, "as given" otherwise.
+fn tolerance_origin(t: &crate::json::Tolerances) -> String {
+    use layerwise_analysis::Tolerance;
+    let defaults = match t.defaults_for {
+        "FP16" | "TF32" => Tolerance::FP16,
+        "BF16" => Tolerance::BF16,
+        _ => Tolerance::FP32,
+    };
+    if (t.atol, t.rtol, t.range_tol) == (defaults.atol, defaults.rtol, defaults.range_tol) {
+        format!("{} defaults", t.defaults_for)
+    } else {
+        format!("as given; {} defaults are {} + {} * |ref| + {} * max|ref|", t.defaults_for, defaults.atol, defaults.rtol, defaults.range_tol)
+    }
 }
