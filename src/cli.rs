@@ -207,14 +207,17 @@ struct BisectArgs {
 #[derive(Args)]
 struct ToleranceArgs {
     /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
-    /// Default: 1e-4 for FP16 candidates, 1e-5 for float32 ones.
+    /// Default: 1e-4 for FP16 and TF32 candidates (sim:tf32, ort:cuda with TF32 on), 8e-4 for BF16,
+    /// 1e-5 for float32 ones.
     #[arg(long)]
     atol: Option<f64>,
-    /// Relative tolerance. Default: 1e-2 for FP16 candidates, 1e-3 for float32 ones.
+    /// Relative tolerance. Default: 1e-2 for FP16 and TF32 candidates, 8e-2 for BF16, 1e-3 for
+    /// float32 ones.
     #[arg(long)]
     rtol: Option<f64>,
     /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
-    /// allowance. Default: 1e-2 for FP16 candidates, 1e-4 for float32 ones; 0 gives numpy's allclose.
+    /// allowance. Default: 1e-2 for FP16 and TF32 candidates, 8e-2 for BF16, 1e-4 for float32
+    /// ones; 0 gives numpy's allclose.
     #[arg(long)]
     range_tol: Option<f64>,
 }

@@ -191,3 +191,51 @@ fn fix_with_sim_bf16_writes_a_bf16_model_with_the_keep_list() {
     let check = &fix["fixed_model_check"];
     assert!(check["pass"] == true || check["not_run"].as_str().is_some_and(|w| w.contains("Sub")), "{check}");
 }
+
+/// TF32 keeps FP16's 10-bit mantissa: a candidate that multiplies on TF32 tensor cores is judged
+/// by FP16's default tolerances, and the header says whose defaults apply. A small healthy MatMul
+/// (K = 256, N(0,1)-like weights) errs about 3e-4 under TF32: beyond float32's rtol (1e-3 with
+/// range 1e-4 fails on small elements), within FP16's.
+#[test]
+fn tf32_candidates_get_fp16_tolerances_and_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = 256;
+    let mut b = ModelBuilder::new("healthy-matmul", 17);
+    b.input("x", DataType::Float, &[Dim::from(8), Dim::from(k)]);
+    let w: Vec<f32> = (0..k * 16).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1).collect();
+    b.initializer(f32_tensor("w", &[k, 16], &w));
+    b.node("MatMul", "mm", &["x", "w"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let tf32 = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--json", "tf32.json"], dir.path());
+    assert_eq!(tf32.status.code(), Some(0), "{}", text(&tf32));
+    assert!(text(&tf32).contains("(TF32 defaults)"), "{}", text(&tf32));
+    let r = json(&dir.path().join("tf32.json"));
+    assert_eq!(r["tolerances"]["defaults_for"], "TF32");
+    assert_eq!(r["tolerances"]["rtol"], 1e-2);
+    // The same errors under float32's tolerances (given by hand) fail: the default matters.
+    let strict = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--atol", "1e-5", "--rtol", "1e-3", "--range-tol", "1e-4", "--no-noise-floor"], dir.path());
+    assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
+    assert!(text(&strict).contains("as given; TF32 defaults are 0.0001 + 0.01"), "{}", text(&strict));
+    // A float32 candidate without tensor cores keeps float32's.
+    let cpu = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--json", "cpu.json"], dir.path());
+    assert_eq!(cpu.status.code(), Some(0), "{}", text(&cpu));
+    assert_eq!(json(&dir.path().join("cpu.json"))["tolerances"]["defaults_for"], "float32");
+}
+
+/// A BF16 file whose weights all stay float32 (here it has none) computes in BF16 all the same:
+/// its declared types decide its precision, so BF16's tolerances apply.
+#[test]
+fn a_bf16_cand_model_without_bf16_weights_is_judged_as_bf16() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("sigmoid", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.node("Sigmoid", "act", &["x"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let c = layerwise(&["convert", "m.onnx", "--to", "bf16", "-o", "low.onnx"], dir.path());
+    assert_eq!(c.status.code(), Some(0), "{}", text(&c));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "low.onnx", "--json", "r.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    assert_eq!(json(&dir.path().join("r.json"))["tolerances"]["defaults_for"], "BF16", "{}", text(&out));
+}
