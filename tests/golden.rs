@@ -87,6 +87,11 @@ fn bisect_and_fix_outputs_match_the_golden_files() {
         assert!(matches!(bisect.status.code(), Some(0 | 1)), "{name}: {}", text(&bisect));
         check(name, "bisect.txt", &format!("exit {:?}\n{}", bisect.status.code(), without_times(&text(&bisect))), &mut failures);
         check(name, "bisect.json", &json_without_run_info(&d.join("r.json")), &mut failures);
+        // The typed report is the document model: the JSON reads back into it and writes out
+        // unchanged, field for field.
+        let written = common::json(&d.join("r.json"));
+        let typed: layerwise_report::Report = serde_json::from_value(written.clone()).unwrap_or_else(|e| panic!("{name}: the JSON report does not read back into Report: {e}"));
+        assert_eq!(serde_json::to_value(&typed).unwrap(), written, "{name}: Report round trip");
         check(name, "bisect.html", &html_without_run_info(&std::fs::read_to_string(d.join("r.html")).unwrap()), &mut failures);
         check(name, "bisect.md", &without_times(&std::fs::read_to_string(d.join("r.md")).unwrap()), &mut failures);
         check(name, "bisect.csv", &std::fs::read_to_string(d.join("r.csv")).unwrap(), &mut failures);

@@ -52,8 +52,8 @@ pub(super) fn counterfactual(
         let explained = KeepCheck::explained_share(before, after_error);
         checks.push(KeepCheck {
             node,
-            reason,
-            pattern: pattern.kind,
+            reason: reason.to_string(),
+            pattern: pattern.kind.to_string(),
             kept: pattern.nodes,
             output_error_after: after_error,
             explained,

@@ -106,7 +106,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             tensor: step.tensor.clone(),
             local_error,
             in_model_error: step.error,
-            role: if introduces { "introduces" } else { "propagates" },
+            role: if introduces { "introduces" } else { "propagates" }.to_string(),
             note,
         });
     }

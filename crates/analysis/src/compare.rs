@@ -9,13 +9,13 @@ use std::sync::Mutex;
 use layerwise_runtime::paired::{Operand, PairReducer};
 use layerwise_runtime::{shape_string, DType, Tensor};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::histogram::{histogram, Histogram};
 use crate::metrics::{compute, Metrics, Tolerance};
 
 /// The comparison of one tensor present in both runs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TensorRecord {
     pub name: String,
     /// Name of the producing node.

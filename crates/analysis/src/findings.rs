@@ -2,42 +2,42 @@
 //! introduce error and which only pass it on, what keeping each break at reference precision does
 //! to the outputs, memory splitting, and many-sample aggregation. All optional parts of a report.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::search::SearchResult;
 
 /// The optional sections of a report, filled by the pipeline.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Extras {
     /// `--mark search`: the candidate runs made and what each marked.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub search: Option<SearchResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub isolation: Option<Isolation>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub counterfactual: Option<Counterfactual>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryPlan>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub samples: Option<Samples>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise_floor: Option<NoiseFloor>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_flow: Option<ControlFlow>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matching: Option<TensorMatching>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repro: Option<Repro>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
     /// Model Explorer's node id for each node whose layerwise name differs from it (unnamed and
     /// duplicate names, nodes inside If branches); `--model-explorer` keys its data by these.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub explorer_ids: std::collections::BTreeMap<String, String>,
 }
 
 /// `--repro DIR`: the first divergent layer as a standalone model with its data.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Repro {
     /// Where it was written; `null` when none was (`note` says why).
     pub folder: Option<String>,
@@ -47,13 +47,13 @@ pub struct Repro {
     /// The candidate's output of the node is out of tolerance in the repro too.
     pub reproduces: bool,
     /// Relative L2 error of that output in the repro.
-    #[serde(serialize_with = "crate::num::option_finite_or_string")]
+    #[serde(default, with = "crate::num::option_finite")]
     pub candidate_error: Option<f64>,
     pub note: String,
 }
 
 /// How the candidate model's tensors were paired with the reference's (`--cand-model`).
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TensorMatching {
     /// `name` (names only) or `auto` (names first, structure for the rest).
     pub mode: String,
@@ -69,14 +69,14 @@ pub struct TensorMatching {
 
 /// If/Loop nodes replaced by what the reference ran (the branch taken, the iterations made), so
 /// their bodies' tensors are compared as `Node/then/tensor`, `Node/iter3/tensor`.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ControlFlow {
     pub inlined: Vec<InlinedNode>,
     /// Control-flow nodes left as they are, with why: their bodies' tensors are not compared.
     pub kept: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InlinedNode {
     pub node: String,
     pub op_type: String,
@@ -90,22 +90,22 @@ pub struct InlinedNode {
 /// candidate's arithmetic: the float32 reference re-run with its weights each
 /// multiplied by `1 + relative * r` (`r` uniform in [-1, 1), seeded). When the candidate's error is
 /// within a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NoiseFloor {
     /// What was perturbed, in words.
     pub perturbation: String,
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub relative: f64,
     pub seeds: Vec<u64>,
     pub output: String,
     /// The output's relative L2 error under the perturbation, the largest over the seeds.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub output_error: f64,
     /// The candidate's relative L2 error on the same output.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub candidate_error: f64,
     /// candidate_error / output_error.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub ratio: f64,
     /// The candidate's error is within `ILL_CONDITIONED_FACTOR` of the noise floor.
     pub ill_conditioned: bool,
@@ -116,7 +116,7 @@ pub const ILL_CONDITIONED_FACTOR: f64 = 3.0;
 
 /// Local error of the blame chain's nodes: each node run alone on the candidate with the
 /// reference's values as its inputs.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Isolation {
     pub nodes: Vec<LocalError>,
     /// The chain node that introduces the most error by itself (largest local error, earliest on
@@ -126,52 +126,52 @@ pub struct Isolation {
     pub skipped: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LocalError {
     pub node: String,
     pub op_type: String,
     pub tensor: String,
     /// Relative L2 error of the node run alone on exact inputs.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub local_error: f64,
     /// Relative L2 error of the same tensor inside the full candidate run.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub in_model_error: f64,
     /// `introduces` (large local error) or `propagates` (small local error: the error comes
     /// from its inputs).
-    pub role: &'static str,
+    pub role: String,
     /// Why the local error does not count, where it does not.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 
 /// Each break re-run with its node (or the recognised pattern around it) kept at reference
 /// precision, and what that does to the worst output's error.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Counterfactual {
     /// The output whose error is measured.
     pub output: String,
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub output_error: f64,
     pub checks: Vec<KeepCheck>,
     /// One paragraph for people: which break explains the output error, or that none does.
     pub conclusion: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct KeepCheck {
     /// The break checked (a node name).
     pub node: String,
     /// Why it was checked: `first_divergent`, `break`, `non_finite_origin`, `introducing`.
-    pub reason: &'static str,
+    pub reason: String,
     /// The pattern kept at reference precision, and its nodes.
-    pub pattern: &'static str,
+    pub pattern: String,
     pub kept: Vec<String>,
     /// The worst output's error with the pattern kept.
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub output_error_after: f64,
     /// Share of the output error that disappears (1 = all of it, 0 = none).
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub explained: f64,
     /// Every output within tolerance with this pattern kept.
     pub fixes: bool,
@@ -192,11 +192,11 @@ impl KeepCheck {
 }
 
 /// The memory plan of the exposed tensors, and how they were split to stay within `--max-memory`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MemoryPlan {
     /// The budget, when it decided something: a split, or a `--max-memory` the user gave (the
     /// default depends on the machine's free memory, which a report does not depend on).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub budget_bytes: Option<u64>,
     /// Estimated bytes of every exposed tensor of one run.
     pub estimated_bytes: u64,
@@ -214,7 +214,7 @@ pub struct MemoryPlan {
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Samples {
     pub count: usize,
     /// Per sample: its file, its worst output error and the first divergent node it leads to.
@@ -289,12 +289,12 @@ pub fn aggregate_samples(samples: &[SampleData], chosen: usize, order: &[String]
     Samples { count: samples.len(), runs: samples.iter().map(|s| s.run.clone()).collect(), worst_sample: samples[chosen].run.sample.clone(), tensors }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SampleStats {
     pub tensor: String,
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub mean_error: f64,
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub worst_error: f64,
     pub worst_sample: String,
     /// Samples in which the tensor is out of tolerance.

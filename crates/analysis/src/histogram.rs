@@ -1,8 +1,8 @@
 //! Value histograms of a reference and a candidate tensor on shared bins, for reports.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Histogram {
     /// Bin edges (`bins + 1` values) spanning the finite values of both tensors.
     pub edges: Vec<f64>,

@@ -68,3 +68,21 @@ pub fn vec_option_finite_or_string_de<'de, D: Deserializer<'de>>(d: D) -> Result
     let raw: Vec<Option<NumberOrString>> = Vec::deserialize(d)?;
     raw.into_iter().map(|v| v.map(parse).transpose().map_err(serde::de::Error::custom)).collect()
 }
+
+/// `#[serde(with = "crate::num::finite")]`: an f64 written by [`finite_or_string`] and read back.
+pub mod finite {
+    pub use super::finite_or_string as serialize;
+    pub use super::finite_or_string_de as deserialize;
+}
+
+/// `#[serde(default, with = "crate::num::option_finite")]`: an `Option<f64>` written by
+/// [`option_finite_or_string`] and read back (`null` is `None`).
+pub mod option_finite {
+    pub use super::option_finite_or_string as serialize;
+
+    pub fn deserialize<'de, D: super::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        use serde::Deserialize;
+        let raw: Option<super::NumberOrString> = Option::deserialize(d)?;
+        raw.map(super::parse).transpose().map_err(serde::de::Error::custom)
+    }
+}

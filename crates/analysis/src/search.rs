@@ -13,26 +13,26 @@
 use std::collections::{HashMap, HashSet};
 
 use layerwise_model::GraphIndex;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::compare::TensorRecord;
 use crate::walk::WalkRule;
 
 /// One candidate run of the search.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SearchRun {
     /// Tensors marked besides the model's outputs.
     pub marked: Vec<String>,
     /// `outputs` (the first run), `bisect` (a probe on the blame path) or `inputs` (the other
     /// inputs of the node the bisection settled on).
-    pub purpose: &'static str,
+    pub purpose: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SearchResult {
     pub runs: Vec<SearchRun>,
     /// The divergence threshold used on the path (relative L2).
-    #[serde(serialize_with = "crate::num::finite_or_string")]
+    #[serde(with = "crate::num::finite")]
     pub threshold: f64,
     /// The measured chain, worst output first, ending at the first divergent node's output.
     pub chain: Vec<String>,
@@ -61,7 +61,7 @@ pub fn search_first_divergent<E>(
     let mut unavailable: Vec<(String, String)> = Vec::new();
     let mut run = |marked: Vec<String>, purpose: &'static str, known: &mut HashMap<String, TensorRecord>, unavailable: &mut Vec<(String, String)>| -> Result<(), E> {
         let (records, missing) = measure(&marked)?;
-        runs.push(SearchRun { marked, purpose });
+        runs.push(SearchRun { marked, purpose: purpose.to_string() });
         for r in records {
             known.insert(r.name.clone(), r);
         }

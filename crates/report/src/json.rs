@@ -1,8 +1,7 @@
-use layerwise_analysis::num::finite_or_string;
 use layerwise_analysis::{Comparison, Extras, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
 use layerwise_model::{GraphIndex, Model, WeightRange};
 use layerwise_runtime::inputs::PreparedInput;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub const SCHEMA: &str = "layerwise.report/1";
 
@@ -33,7 +32,7 @@ pub struct ReportContext<'a> {
     pub run_info: RunInfo,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunInfo {
     pub generated_at_unix_s: u64,
     pub durations_s: Vec<(String, f64)>,
@@ -55,10 +54,10 @@ fn peak_memory_mib() -> Option<f64> {
     Some((kib / 1024.0 * 10.0).round() / 10.0)
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    pub schema: &'static str,
-    pub layerwise_version: &'static str,
+    pub schema: String,
+    pub layerwise_version: String,
     pub model: ModelInfo,
     #[serde(rename = "ref")]
     pub reference: BackendInfo,
@@ -78,7 +77,7 @@ pub struct Report {
     pub run_info: RunInfo,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Detail {
     pub inputs: Vec<Neighbour>,
     pub consumers: Vec<Neighbour>,
@@ -88,7 +87,7 @@ pub struct Detail {
     pub engine_layer: Option<EngineLayerInfo>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EngineLayerInfo {
     pub name: String,
     /// How many ONNX nodes the layer computes (fused together).
@@ -96,7 +95,7 @@ pub struct EngineLayerInfo {
 }
 
 /// A tensor next to the first divergent node: one of its inputs, or a consumer's output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Neighbour {
     pub tensor: String,
     /// The node producing `tensor` (empty for graph inputs and weights).
@@ -104,11 +103,11 @@ pub struct Neighbour {
     pub op_type: String,
     pub weight: bool,
     /// Relative L2 error; `null` when the tensor was not compared (a graph input is exact: 0).
-    #[serde(serialize_with = "layerwise_analysis::num::option_finite_or_string")]
+    #[serde(default, with = "layerwise_analysis::num::option_finite")]
     pub error: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModelInfo {
     pub path: String,
     pub sha256: String,
@@ -117,28 +116,28 @@ pub struct ModelInfo {
     pub node_count: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BackendInfo {
     pub spec: String,
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Tolerances {
-    #[serde(serialize_with = "finite_or_string")]
+    #[serde(with = "layerwise_analysis::num::finite")]
     pub atol: f64,
-    #[serde(serialize_with = "finite_or_string")]
+    #[serde(with = "layerwise_analysis::num::finite")]
     pub rtol: f64,
-    #[serde(serialize_with = "finite_or_string")]
+    #[serde(with = "layerwise_analysis::num::finite")]
     pub range_tol: f64,
     /// The precision whose defaults apply where no tolerance was given: `FP16`, `BF16`, `TF32`
     /// (FP16's defaults: the same 10-bit mantissa) or `float32`.
-    pub defaults_for: &'static str,
-    pub rule: &'static str,
+    pub defaults_for: String,
+    pub rule: String,
     pub walk: WalkRule,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct InputInfo {
     pub name: String,
     pub shape: Vec<usize>,
@@ -148,30 +147,30 @@ pub struct InputInfo {
     pub inf: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NotCompared {
     pub tensor: String,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WeightInfo {
     pub name: String,
-    pub kind: &'static str,
+    pub kind: String,
     pub numel: usize,
     pub max_abs: f32,
     pub overflow_count: usize,
     pub subnormal_count: usize,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OutputInfo {
     pub name: String,
     pub compared: bool,
     pub pass: bool,
-    #[serde(serialize_with = "finite_or_string")]
+    #[serde(with = "layerwise_analysis::num::finite")]
     pub rel_l2_err: f64,
-    #[serde(serialize_with = "finite_or_string")]
+    #[serde(with = "layerwise_analysis::num::finite")]
     pub max_abs_err: f64,
 }
 
@@ -235,8 +234,8 @@ pub fn build_report(ctx: ReportContext) -> Report {
         })
         .collect();
     Report {
-        schema: SCHEMA,
-        layerwise_version: env!("CARGO_PKG_VERSION"),
+        schema: SCHEMA.to_string(),
+        layerwise_version: env!("CARGO_PKG_VERSION").to_string(),
         model: ModelInfo {
             path: ctx.model.path.display().to_string(),
             sha256: ctx.model.sha256.clone(),
@@ -250,8 +249,8 @@ pub fn build_report(ctx: ReportContext) -> Report {
             atol: ctx.tolerance.atol,
             rtol: ctx.tolerance.rtol,
             range_tol: ctx.tolerance.range_tol,
-            defaults_for: ctx.tolerance_defaults,
-            rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs",
+            defaults_for: ctx.tolerance_defaults.to_string(),
+            rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs".to_string(),
             walk: ctx.rule,
         },
         inputs: ctx
@@ -269,7 +268,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             .iter()
             .map(|w| WeightInfo {
                 name: w.name.clone(),
-                kind: w.kind,
+                kind: w.kind.to_string(),
                 numel: w.numel,
                 max_abs: w.max_abs,
                 overflow_count: w.overflow_count,

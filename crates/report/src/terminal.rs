@@ -171,7 +171,7 @@ pub fn render_verdict_text(report: &Report) -> String {
 /// "TF32 defaults" where the tolerances are that precision's defaults, "as given" otherwise.
 fn tolerance_origin(t: &crate::json::Tolerances) -> String {
     use layerwise_analysis::Tolerance;
-    let defaults = match t.defaults_for {
+    let defaults = match t.defaults_for.as_str() {
         "FP16" | "TF32" => Tolerance::FP16,
         "BF16" => Tolerance::BF16,
         _ => Tolerance::FP32,
