@@ -418,14 +418,13 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         for (what, path) in options.outputs.paths() {
             crate::pipeline::check_writable_target(path, what)?;
         }
-        let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
+        let merged = typed_report(crate::pipeline::devices::bisect_on_devices(&options, devices)?, "the merged report")?;
         options.outputs.write(&merged, None)?;
-        println!("{}", merged["verdict"]["summary"].as_str().unwrap_or_default());
+        println!("{}", merged.verdict.summary);
         for (what, path) in options.outputs.paths() {
             println!("{what}: {}", path.display());
         }
-        let status: Status = serde_json::from_value(merged["verdict"]["status"].clone()).context("the merged report has no verdict status")?;
-        return Ok(exit_for(status));
+        return Ok(exit_for(merged.verdict.status));
     }
     let outcome = bisect(&options)?;
     print!("{}", outcome.text);
@@ -541,14 +540,18 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
     }
-    let merged = crate::merge::merge(&args.partials)?;
+    let merged = typed_report(crate::merge::merge(&args.partials)?, "the merged report")?;
     outputs.write(&merged, None)?;
-    println!("{}", merged["verdict"]["summary"].as_str().unwrap_or_default());
+    println!("{}", merged.verdict.summary);
     for (what, path) in outputs.paths() {
         println!("{what}: {}", path.display());
     }
-    let status: Status = serde_json::from_value(merged["verdict"]["status"].clone()).context("the merged report has no verdict status")?;
-    Ok(exit_for(status))
+    Ok(exit_for(merged.verdict.status))
+}
+
+/// A `layerwise.report/1` document read into the typed report, where JSON enters.
+fn typed_report(document: serde_json::Value, what: &str) -> Result<layerwise_report::Report> {
+    serde_json::from_value(document).with_context(|| format!("{what} does not read as a layerwise.report/1 document"))
 }
 
 fn run_report(args: ReportCmdArgs) -> Result<u8> {
@@ -573,6 +576,7 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
     }
+    let report = typed_report(report, &args.report.display().to_string())?;
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {
         println!("{what}: {}", path.display());
@@ -631,7 +635,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     // The pull-request summary, with the fix.
     let markdown = args.out_dir.join("summary.md");
     Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
-        .write(&serde_json::to_value(&outcome.report)?, Some(&serde_json::to_value(&fixed.report)?))?;
+        .write(&outcome.report, Some(&serde_json::to_value(&fixed.report)?))?;
     println!("Markdown summary: {}", markdown.display());
     Ok(0)
 }

@@ -838,7 +838,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         extras,
         run_info: layerwise_report::RunInfo::now(durations),
     });
-    options.outputs.write(&serde_json::to_value(&report)?, None)?;
+    options.outputs.write(&report, None)?;
     let text = render_terminal(&report, options.top);
     Ok(BisectOutcome { report, text })
 }

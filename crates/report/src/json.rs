@@ -158,7 +158,7 @@ pub struct WeightInfo {
     pub name: String,
     pub kind: String,
     pub numel: usize,
-    pub max_abs: f32,
+    pub max_abs: f64,
     pub overflow_count: usize,
     pub subnormal_count: usize,
 }
@@ -270,7 +270,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
                 name: w.name.clone(),
                 kind: w.kind.to_string(),
                 numel: w.numel,
-                max_abs: w.max_abs,
+                max_abs: w.max_abs as f64,
                 overflow_count: w.overflow_count,
                 subnormal_count: w.subnormal_count,
             })

@@ -33,16 +33,14 @@ impl Outputs {
             .collect()
     }
 
-    /// Writes every requested format of a report document (the JSON value of a [`Report`]), each
-    /// atomically. `fix` (a `layerwise.fix/1` document) adds the fix to the Markdown summary.
-    pub fn write(&self, report: &serde_json::Value, fix: Option<&serde_json::Value>) -> Result<(), ReportError> {
+    /// Writes every requested format of a report, each atomically. `fix` (a `layerwise.fix/1`
+    /// document) adds the fix to the Markdown summary.
+    pub fn write(&self, report: &Report, fix: Option<&serde_json::Value>) -> Result<(), ReportError> {
         if let Some(p) = &self.json {
-            let mut bytes = serde_json::to_vec_pretty(report).expect("json");
-            bytes.push(b'\n');
-            write_atomic(p, &bytes)?;
+            write_atomic(p, &to_json(report))?;
         }
         if let Some(p) = &self.html {
-            write_atomic(p, render_html(report).as_bytes())?;
+            write_atomic(p, render_html(&serde_json::to_value(report).expect("reports serialize")).as_bytes())?;
         }
         if let Some(p) = &self.markdown {
             write_atomic(p, render_markdown(report, fix).as_bytes())?;
