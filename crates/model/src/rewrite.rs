@@ -508,7 +508,8 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
         return 0;
     }
     let copy_name = |n: &str| format!("{n}{KEEP_SUFFIX}");
-    let kept_reads: HashSet<String> = keep_fp32.iter().filter_map(|&i| graph.node.get(i)).flat_map(|n| n.input.iter().cloned()).collect();
+    // An empty name is an absent optional input, not a tensor: no copy of it.
+    let kept_reads: HashSet<String> = keep_fp32.iter().filter_map(|&i| graph.node.get(i)).flat_map(|n| n.input.iter().filter(|t| !t.is_empty()).cloned()).collect();
     let mut copies: HashSet<String> = HashSet::new();
     let mut new_inits = Vec::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32 && kept_reads.contains(t.name())) {

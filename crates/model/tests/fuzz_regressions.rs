@@ -100,3 +100,38 @@ fn a_loop_with_more_outputs_than_its_body_makes_is_not_unrolled() {
     }
 }
 
+
+#[test]
+fn kept_nodes_with_absent_optional_inputs_copy_no_weight() {
+    // fuzz/regressions/keep_convert-constants-with-empty-outputs: a kept node with an absent
+    // optional input (name "") and two Constants whose output is "" (a malformed file): the
+    // emulation copied both for the kept node, as two nodes writing '__lw_keep32'.
+    use prost::Message;
+    let mut b = ModelBuilder::new("clip", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.initializer(f32_tensor("hi", &[], &[6.0]));
+    b.node("Clip", "clip", &["x", "", "hi"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let mut proto = b.build();
+    let g = proto.graph.as_mut().unwrap();
+    for name in ["c1", "c2"] {
+        let value = layerwise_model::onnx::AttributeProto {
+            name: Some("value".into()),
+            r#type: Some(layerwise_model::onnx::attribute_proto::AttributeType::Tensor as i32),
+            t: Some(f32_tensor("", &[], &[0.0])),
+            ..Default::default()
+        };
+        let mut c = layerwise_model::builder::node("Constant", name, &[], &[""], vec![]);
+        c.attribute.push(value);
+        g.node.insert(0, c);
+    }
+    let model = layerwise_model::Model::from_bytes(proto.encode_to_vec(), std::path::Path::new("/nonexistent/m.onnx")).unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let clip = index.node("clip").unwrap().proto_index;
+    let float: std::collections::HashSet<String> = ["x", "y", "hi"].iter().map(|s| s.to_string()).collect();
+    let keep: std::collections::HashSet<usize> = [clip].into_iter().collect();
+    for rounding in [layerwise_model::Rounding::Fp16, layerwise_model::Rounding::Bf16] {
+        let emulated = layerwise_model::emulate(&model, &model.proto, &float, &keep, rounding).unwrap();
+        GraphIndex::build(emulated.proto.graph.as_ref().unwrap()).expect("the emulated graph indexes");
+    }
+}
