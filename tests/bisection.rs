@@ -53,7 +53,7 @@ fn isolation_separates_the_introducing_node_from_those_that_propagate() {
     let report = bisect_model(&m, &options(Marking::All)).unwrap().report;
     let iso = report.extras.isolation.as_ref().expect("isolation section");
     assert_eq!(iso.introducing.as_deref(), Some("encoder/ln/Pow"));
-    let role = |n: &str| iso.nodes.iter().find(|l| l.node == n).map(|l| l.role).unwrap_or("missing");
+    let role = |n: &str| iso.nodes.iter().find(|l| l.node == n).map(|l| l.role.as_str()).unwrap_or("missing");
     assert_eq!(role("encoder/ln/Pow"), "introduces");
     for n in ["head/MatMul", "head/Add", "encoder/ln/Div", "encoder/ln/Sqrt"] {
         assert_eq!(role(n), "propagates", "{n}");
