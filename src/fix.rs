@@ -335,7 +335,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
     let mut stuck = None;
-    // An output as sensitive to one FP16 rounding of every weight as to the candidate has no small fix.
+    // An output as sensitive to one rounding of every weight as to the candidate has no small fix.
     let mut noise_floor = None;
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
@@ -343,10 +343,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
-                    "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; perturbing every weight by one FP16 rounding moves it by rel L2 {}, the candidate by {} ({:.1}x)",
+                    "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; perturbing every weight by one {} rounding moves it by rel L2 {}, the candidate by {} ({})",
+                    if low == Precision::Bf16 { "BF16" } else { "FP16" },
                     num(floor.output_error),
                     num(floor.candidate_error),
-                    floor.ratio
+                    if floor.ratio < 1.0 { format!("1/{:.0} of it", 1.0 / floor.ratio) } else { format!("{:.1}x", floor.ratio) }
                 ));
             }
             noise_floor = Some(floor);

@@ -62,3 +62,15 @@ fn all_formats_from_one_run_and_from_the_saved_report() {
     assert_eq!(nothing.status.code(), Some(2));
     assert!(!d.join("x.html").exists());
 }
+
+/// Without `alone` values (`--no-isolate`) the blame chain's heading ends cleanly: it printed
+/// "...first divergent layer);:" before.
+#[test]
+fn the_blame_chain_heading_without_isolation_has_no_stray_punctuation() {
+    let dir = tempfile::tempdir().unwrap();
+    common::save(&common::planted(common::Ending::ExpOverflow), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--no-isolate"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("\nBlame chain (worst output back to the first divergent layer):\n"), "{}", text(&out));
+    assert!(!text(&out).contains(");:"), "{}", text(&out));
+}

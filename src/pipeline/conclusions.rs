@@ -67,10 +67,19 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
     }
     if let Some(floor) = &extras.noise_floor {
         if floor.ill_conditioned {
-            verdict.summary = format!(
-                "output '{}' is as sensitive to perturbing every weight by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
-                floor.output, n(floor.relative), n(floor.output_error), n(floor.candidate_error), floor.ratio
-            );
+            // Below the floor the candidate errs less than one rounding of the weights moves the
+            // output: say so, not "as sensitive", and never print the ratio as 0.0x.
+            verdict.summary = if floor.ratio < 1.0 {
+                format!(
+                    "output '{}': the candidate's error (rel L2 {}) is well within what one rounding of every weight (relative {}) causes (noise floor rel L2 {}; the candidate is 1/{:.0} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    floor.output, n(floor.candidate_error), n(floor.relative), n(floor.output_error), 1.0 / floor.ratio
+                )
+            } else {
+                format!(
+                    "output '{}' is as sensitive to perturbing every weight by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    floor.output, n(floor.relative), n(floor.output_error), n(floor.candidate_error), floor.ratio
+                )
+            };
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
         } else {
             out.push(format!(

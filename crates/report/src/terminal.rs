@@ -77,8 +77,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let e = &report.extras;
     if !v.chain.is_empty() {
         let isolated = |node: &str| e.isolation.as_ref().and_then(|iso| iso.nodes.iter().find(|n| n.node == node));
-        let header = if e.isolation.is_some() { " 'alone' = the node run by itself on the reference's inputs" } else { "" };
-        let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer);{header}:");
+        let header = if e.isolation.is_some() { "; 'alone' = the node run by itself on the reference's inputs" } else { "" };
+        let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer){header}:");
         for (i, s) in v.chain.iter().enumerate() {
             let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
             let local = isolated(&s.node).map(|l| format!("  alone {:>9} {}", num(l.local_error), l.role)).unwrap_or_default();
