@@ -187,12 +187,13 @@ impl Steps {
 /// (`sim:tf32`, `ort:cuda` with TF32 on) keeps FP16's 10-bit mantissa there, so it gets FP16's
 /// defaults; `tf32=off` keeps float32's.
 pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<(Tolerance, WalkRule, &'static str)> {
-    let (defaults, rule, defaults_for) = match precision {
-        Precision::Fp16 => (Tolerance::FP16, WalkRule::FP16, "FP16"),
-        Precision::Bf16 => (Tolerance::BF16, WalkRule::BF16, "BF16"),
-        Precision::Fp32 if tf32 => (Tolerance::FP16, WalkRule::FP16, "TF32"),
-        Precision::Fp32 => (Tolerance::FP32, WalkRule::FP32, "float32"),
+    let (rule, defaults_for) = match precision {
+        Precision::Fp16 => (WalkRule::FP16, "FP16"),
+        Precision::Bf16 => (WalkRule::BF16, "BF16"),
+        Precision::Fp32 if tf32 => (WalkRule::FP16, "TF32"),
+        Precision::Fp32 => (WalkRule::FP32, "float32"),
     };
+    let defaults = Tolerance::defaults_for(defaults_for);
     let tolerance = Tolerance {
         atol: options.atol.unwrap_or(defaults.atol),
         rtol: options.rtol.unwrap_or(defaults.rtol),

@@ -35,6 +35,16 @@ impl Tolerance {
     pub const FP32: Tolerance = Tolerance { atol: 1e-5, rtol: 1e-3, range_tol: 1e-4 };
     /// Defaults for BF16 candidates: FP16's, scaled by BF16's 8x coarser rounding.
     pub const BF16: Tolerance = Tolerance { atol: 8e-4, rtol: 8e-2, range_tol: 8e-2 };
+
+    /// The defaults for a precision by the name reports give it (`FP16`, `BF16`, `TF32`,
+    /// `float32`): TF32 keeps FP16's 10-bit mantissa, so it gets FP16's.
+    pub fn defaults_for(precision: &str) -> Tolerance {
+        match precision {
+            "FP16" | "TF32" => Tolerance::FP16,
+            "BF16" => Tolerance::BF16,
+            _ => Tolerance::FP32,
+        }
+    }
 }
 
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.

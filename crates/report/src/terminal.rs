@@ -170,12 +170,7 @@ pub fn render_verdict_text(report: &Report) -> String {
 
 /// "TF32 defaults" where the tolerances are that precision's defaults, "as given" otherwise.
 fn tolerance_origin(t: &crate::json::Tolerances) -> String {
-    use layerwise_analysis::Tolerance;
-    let defaults = match t.defaults_for.as_str() {
-        "FP16" | "TF32" => Tolerance::FP16,
-        "BF16" => Tolerance::BF16,
-        _ => Tolerance::FP32,
-    };
+    let defaults = layerwise_analysis::Tolerance::defaults_for(&t.defaults_for);
     if (t.atol, t.rtol, t.range_tol) == (defaults.atol, defaults.rtol, defaults.range_tol) {
         format!("{} defaults", t.defaults_for)
     } else {
