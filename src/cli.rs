@@ -418,7 +418,7 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         for (what, path) in options.outputs.paths() {
             crate::pipeline::check_writable_target(path, what)?;
         }
-        let merged = typed_report(crate::pipeline::devices::bisect_on_devices(&options, devices)?, "the merged report")?;
+        let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
         options.outputs.write(&merged, None)?;
         println!("{}", merged.verdict.summary);
         for (what, path) in options.outputs.paths() {
@@ -498,7 +498,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         println!("  FP32 {node}: {why}");
     }
     match load.status {
-        "loads" => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {d}")).unwrap_or_default()),
+        layerwise_report::LoadStatus::Loads => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {d}")).unwrap_or_default()),
         _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, load.detail.unwrap_or_default()),
     }
     for (w, readers) in &conversion.overflowing_weights {
@@ -522,7 +522,7 @@ fn run_fix(args: FixArgs) -> Result<u8> {
     };
     let outcome = fix(&options)?;
     print!("{}", outcome.text);
-    Ok(if outcome.report.status == "fixed" { 0 } else { 1 })
+    Ok(if outcome.report.status == layerwise_report::FixStatus::Fixed { 0 } else { 1 })
 }
 
 /// `I/N` with 0 <= I < N.
@@ -540,7 +540,7 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
     }
-    let merged = typed_report(crate::merge::merge(&args.partials)?, "the merged report")?;
+    let merged = crate::merge::merge(&args.partials)?;
     outputs.write(&merged, None)?;
     println!("{}", merged.verdict.summary);
     for (what, path) in outputs.paths() {
@@ -549,26 +549,15 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     Ok(exit_for(merged.verdict.status))
 }
 
-/// A `layerwise.report/1` document read into the typed report, where JSON enters.
-fn typed_report(document: serde_json::Value, what: &str) -> Result<layerwise_report::Report> {
-    serde_json::from_value(document).with_context(|| format!("{what} does not read as a layerwise.report/1 document"))
-}
-
 fn run_report(args: ReportCmdArgs) -> Result<u8> {
-    let read = |path: &PathBuf| -> Result<serde_json::Value> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
+    let report = layerwise_report::read_report(&args.report)?;
+    let fix = match &args.fix {
+        Some(path) => Some(layerwise_report::read_fix_report(path).map_err(|e| match e {
+            layerwise_report::ReadError::Schema { .. } => anyhow::anyhow!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1): {e}"),
+            e => e.into(),
+        })?),
+        None => None,
     };
-    let report = read(&args.report)?;
-    if report["schema"] != layerwise_report::SCHEMA {
-        bail!("{} is not a layerwise report (schema {} expected, found {})", args.report.display(), layerwise_report::SCHEMA, report["schema"]);
-    }
-    let fix = args.fix.as_ref().map(read).transpose()?;
-    if let Some(f) = &fix {
-        if f["schema"] != "layerwise.fix/1" {
-            bail!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1)");
-        }
-    }
     let outputs = args.formats.outputs(None);
     if outputs.paths().is_empty() {
         bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
@@ -576,7 +565,6 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
     }
-    let report = typed_report(report, &args.report.display().to_string())?;
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {
         println!("{what}: {}", path.display());
@@ -629,13 +617,13 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     let fixed = fix(&fix_options)?;
     print!("{}", fixed.text);
     println!("Fix report:  {}", args.out_dir.join("fix.json").display());
-    if fixed.report.status != "fixed" {
+    if fixed.report.status != layerwise_report::FixStatus::Fixed {
         bail!("the demo's fix did not verify");
     }
     // The pull-request summary, with the fix.
     let markdown = args.out_dir.join("summary.md");
     Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
-        .write(&outcome.report, Some(&serde_json::to_value(&fixed.report)?))?;
+        .write(&outcome.report, Some(&fixed.report))?;
     println!("Markdown summary: {}", markdown.display());
     Ok(0)
 }

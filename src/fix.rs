@@ -8,10 +8,9 @@ use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
-use layerwise_report::write_atomic;
+use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
 use layerwise_runtime::{create_backend, float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
-use serde::Serialize;
 
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
@@ -26,80 +25,6 @@ pub struct FixOptions {
     pub output: Option<PathBuf>,
     /// Most rounds of adding a pattern before giving up.
     pub max_rounds: usize,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct KeptPattern {
-    pub kind: &'static str,
-    pub nodes: Vec<String>,
-    /// The break that made the search keep it.
-    pub because: String,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct Round {
-    /// `diagnose` (nothing kept), `pattern` (the breaks' patterns), `region` (a contiguous run of
-    /// nodes in topological order), `prune` (parts of the region dropped again).
-    pub stage: &'static str,
-    pub keep_fp32: usize,
-    pub status: Status,
-    pub worst_output: Option<String>,
-    pub first_divergent: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct OutputChange {
-    pub name: String,
-    #[serde(serialize_with = "layerwise_analysis::num::finite_or_string")]
-    pub before_rel_l2: f64,
-    pub before_pass: bool,
-    #[serde(serialize_with = "layerwise_analysis::num::finite_or_string")]
-    pub after_rel_l2: f64,
-    pub after_pass: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ModelCheck {
-    pub backend: String,
-    pub structural_problems: Vec<String>,
-    pub outputs: Vec<OutputChange>,
-    pub pass: bool,
-    /// Why the fixed model could not be evaluated; `null` when it was.
-    pub not_run: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FixReport {
-    pub schema: &'static str,
-    pub model: String,
-    pub reference: String,
-    pub candidate: String,
-    /// `fixed` or `not_fixed`.
-    pub status: &'static str,
-    pub summary: String,
-    pub node_count: usize,
-    pub keep_fp32: Vec<String>,
-    pub patterns: Vec<KeptPattern>,
-    pub rounds: Vec<Round>,
-    /// Candidate runs the search made (the first, diagnosing run included).
-    pub candidate_runs: usize,
-    /// How sensitive the worst output is to one FP16 rounding of every weight (see bisect).
-    pub noise_floor: Option<layerwise_analysis::NoiseFloor>,
-    /// Error of every model output before (all FP16) and after (with the keep list).
-    pub outputs: Vec<OutputChange>,
-    /// The same fix for weakly typed TensorRT 10 (layer names = ONNX node names).
-    pub trtexec_flags: String,
-    pub fixed_model: Option<String>,
-    /// Nodes FP32 in the fixed model: the keep list plus ops that always stay FP32.
-    pub fixed_model_fp32_nodes: Vec<(String, String)>,
-    /// The fixed model loaded and run with ONNX Runtime's defaults in a child process (an FP16
-    /// model can crash ONNX Runtime): `loads`, `error` or `crashed`, and the op types kept in FP32
-    /// because of a crash.
-    pub fixed_model_load: Option<crate::load_check::LoadCheck>,
-    /// The fixed model (the file written with -o, or a scratch copy) evaluated in its own types
-    /// (layerwise_runtime::typed) against the reference: FIXED needs it to pass.
-    pub fixed_model_check: Option<ModelCheck>,
-    pub run_info: layerwise_report::RunInfo,
 }
 
 pub struct FixOutcome {
@@ -183,14 +108,14 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
 /// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
 fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, Judged)>> {
     let nodes = keepable(index, &search.reference, keep);
-    let trial = |search: &mut Search, region: &[String], stage: &'static str, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
+    let trial = |search: &mut Search, region: &[String], stage: FixStage, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
         let all: Vec<String> = keep.iter().chain(region).cloned().collect();
         let outcome = search.run(&all)?;
         let pass = outcome.1.status == Status::Pass;
         rounds.push(Round { stage, keep_fp32: all.len(), status: outcome.1.status, worst_output: outcome.1.worst_output.clone(), first_divergent: outcome.1.first_divergent.as_ref().map(|f| f.node.clone()) });
         Ok((pass, outcome))
     };
-    let (pass, mut best) = trial(search, &nodes, "region", rounds)?;
+    let (pass, mut best) = trial(search, &nodes, FixStage::Region, rounds)?;
     if !pass {
         return Ok(None);
     }
@@ -198,7 +123,7 @@ fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], round
     let (mut ok, mut bad) = (0, nodes.len());
     while bad - ok > 1 {
         let mid = (ok + bad) / 2;
-        let (pass, outcome) = trial(search, &nodes[mid..], "region", rounds)?;
+        let (pass, outcome) = trial(search, &nodes[mid..], FixStage::Region, rounds)?;
         if pass {
             ok = mid;
             best = outcome;
@@ -211,7 +136,7 @@ fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], round
     let (mut ok, mut bad) = (nodes.len(), lo);
     while ok - bad > 1 {
         let mid = (ok + bad) / 2;
-        let (pass, outcome) = trial(search, &nodes[lo..mid], "region", rounds)?;
+        let (pass, outcome) = trial(search, &nodes[lo..mid], FixStage::Region, rounds)?;
         if pass {
             ok = mid;
             best = outcome;
@@ -226,7 +151,7 @@ fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], round
     while start < region.len() && region.len() > 1 {
         let end = (start + chunk).min(region.len());
         let without: Vec<String> = region[..start].iter().chain(&region[end..]).cloned().collect();
-        let (pass, outcome) = trial(search, &without, "prune", rounds)?;
+        let (pass, outcome) = trial(search, &without, FixStage::Prune, rounds)?;
         if pass {
             region = without;
             best = outcome;
@@ -330,7 +255,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     };
 
     let (first, first_verdict) = search.run(&[])?;
-    let mut rounds = vec![Round { stage: "diagnose", keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
+    let mut rounds = vec![Round { stage: FixStage::Diagnose, keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
@@ -391,7 +316,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 continue;
             }
             keep.extend(new);
-            patterns.push(KeptPattern { kind: pattern.kind, nodes: pattern.nodes, because });
+            patterns.push(KeptPattern { kind: pattern.kind.to_string(), nodes: pattern.nodes, because });
             added = true;
         }
         if !added {
@@ -399,7 +324,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             break;
         }
         last = search.run(&keep)?;
-        rounds.push(Round { stage: "pattern", keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        rounds.push(Round { stage: FixStage::Pattern, keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
     }
     // The targeted keeps did not do it: a contiguous region in topological order, shrunk from both
     // ends, then pruned.
@@ -407,7 +332,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         match region_search(&mut search, index, &keep, &mut rounds)? {
             Some((region, outcome)) => {
                 stuck = None;
-                patterns.push(KeptPattern { kind: "region", nodes: region.clone(), because: "keeping the recognised patterns did not fix the outputs; the smallest contiguous region that does, pruned".into() });
+                patterns.push(KeptPattern { kind: "region".into(), nodes: region.clone(), because: "keeping the recognised patterns did not fix the outputs; the smallest contiguous region that does, pruned".into() });
                 keep.extend(region);
                 last = outcome;
             }
@@ -426,7 +351,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         while i < patterns.len() && patterns.len() > 1 {
             let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
             let trial = search.run(&without)?;
-            rounds.push(Round { stage: "prune", keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+            rounds.push(Round { stage: FixStage::Prune, keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
             if trial.1.status == Status::Pass {
                 keep = without;
                 patterns.remove(i);
@@ -443,7 +368,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut fixed_model = None;
     let mut fixed_model_fp32_nodes = Vec::new();
     let mut fixed_model_check = None;
-    let mut load_check: Option<crate::load_check::LoadCheck> = None;
+    let mut load_check: Option<LoadCheck> = None;
     let mut fixed = fixed;
     let mut check_failure = None;
     if fixed {
@@ -477,7 +402,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             }
             Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e.to_string()) },
         };
-        let crashed = load_check.as_ref().filter(|l| l.status == "crashed").and_then(|l| l.detail.clone());
+        let crashed = load_check.as_ref().filter(|l| l.status == LoadStatus::Crashed).and_then(|l| l.detail.clone());
         if let Some(how) = crashed {
             fixed = false;
             check_failure = Some(format!("the fixed model does not load: {how}"));
@@ -528,11 +453,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("no fix found after {} candidate runs: {}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
     };
     let report = FixReport {
-        schema: "layerwise.fix/1",
+        schema: FIX_SCHEMA.to_string(),
         model: b.model.display().to_string(),
         reference: b.reference.clone(),
         candidate: b.candidate.clone(),
-        status: if fixed { "fixed" } else { "not_fixed" },
+        status: if fixed { FixStatus::Fixed } else { FixStatus::NotFixed },
         summary,
         node_count: index.nodes.len(),
         trtexec_flags: trtexec_flags(&keep, &inlined, low_flag),
@@ -553,54 +478,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         bytes.push(b'\n');
         write_atomic(json, &bytes)?;
     }
-    let text = render(&report);
+    let text = render_fix_terminal(&report, if low == Precision::Bf16 { "BF16" } else { "FP16" });
     Ok(FixOutcome { report, text })
 }
 
 fn num(v: f64) -> String {
     layerwise_report::format_number(v)
-}
-
-fn render(r: &FixReport) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(out, "FIX: {} - {}", if r.status == "fixed" { "FIXED" } else { "NOT FIXED" }, r.summary);
-    for p in &r.patterns {
-        let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, p.nodes.join(", "), p.because);
-    }
-    let stages: Vec<String> = ["diagnose", "pattern", "region", "prune"]
-        .iter()
-        .map(|st| (st, r.rounds.iter().filter(|x| x.stage == *st).count()))
-        .filter(|(_, n)| *n > 0)
-        .map(|(st, n)| format!("{st} {n}"))
-        .collect();
-    let _ = writeln!(out, "  rounds: {}", stages.join(", "));
-    let _ = writeln!(out, "  outputs (relative L2, {} -> with keep list):", if r.candidate.starts_with("sim:bf16") { "BF16" } else { "FP16" });
-    for o in &r.outputs {
-        let _ = writeln!(out, "    {:<30} {:>9} -> {:>9}  {}", o.name, num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "FAIL" });
-    }
-    if !r.trtexec_flags.is_empty() {
-        let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
-    }
-    if let Some(path) = &r.fixed_model {
-        let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
-    }
-    if let Some(load) = &r.fixed_model_load {
-        let kept = if load.kept_ops.is_empty() { String::new() } else { format!(" ({} kept in FP32 for that)", load.kept_ops.join(", ")) };
-        let _ = writeln!(out, "  load: ONNX Runtime's default session in a child process -> {}{kept}{}", load.status, load.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default());
-    }
-    if let Some(check) = r.fixed_model_check.as_ref().filter(|c| c.not_run.is_some()) {
-        let _ = writeln!(out, "  check: {} not run: {}", check.backend, check.not_run.as_deref().unwrap_or_default());
-    } else if let Some(check) = &r.fixed_model_check {
-        let worst = check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max);
-        let _ = writeln!(
-            out,
-            "  check: {} -> {} (worst output relative L2 {}){}",
-            check.backend,
-            if check.pass { "pass" } else { "FAIL" },
-            num(worst),
-            if check.structural_problems.is_empty() { String::new() } else { format!("; type problems: {}", check.structural_problems.join("; ")) }
-        );
-    }
-    out
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 use layerwise_model::convert::{Conversion, ConvertOptions};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{create_backend, RunRequest, Tensor};
-use serde::Serialize;
+use layerwise_report::{LoadCheck, LoadStatus};
 
 /// The command line that runs this program's own commands: the Python extension sets its
 /// interpreter with `-m layerwise._cli`; otherwise the running executable.
@@ -40,23 +40,11 @@ fn self_command() -> Option<Vec<OsString>> {
     near.chain(on_path).find(|p| is_layerwise(p)).map(|p| vec![p.into_os_string()])
 }
 
-/// What the child process found.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct LoadCheck {
-    /// `loads` (a default session was created and run), `error` (ONNX Runtime refused it with a
-    /// message), `crashed` (the process died) or `not_checked` (no layerwise executable to run the
-    /// child with).
-    pub status: &'static str,
-    pub detail: Option<String>,
-    /// Op types kept in FP32 because the model crashed ONNX Runtime without that.
-    pub kept_ops: Vec<String>,
-}
-
 /// Runs `layerwise check-load MODEL [--inputs NPZ]` in a child process.
 pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Result<LoadCheck> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-load-")?;
     let Some(mut command) = self_command() else {
-        return Ok(LoadCheck { status: "not_checked", detail: Some("no layerwise executable was found to load the model in a child process".into()), kept_ops: Vec::new() });
+        return Ok(LoadCheck { status: LoadStatus::NotChecked, detail: Some("no layerwise executable was found to load the model in a child process".into()), kept_ops: Vec::new() });
     };
     let program = command.remove(0);
     let mut child = std::process::Command::new(program);
@@ -70,8 +58,8 @@ pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Resu
     let out = child.output().context("cannot start a child process to check the model")?;
     let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
     Ok(match out.status.code() {
-        Some(0) => LoadCheck { status: "loads", detail: None, kept_ops: Vec::new() },
-        Some(2) => LoadCheck { status: "error", detail: Some(stderr.trim_start_matches("error: ").to_string()), kept_ops: Vec::new() },
+        Some(0) => LoadCheck { status: LoadStatus::Loads, detail: None, kept_ops: Vec::new() },
+        Some(2) => LoadCheck { status: LoadStatus::Error, detail: Some(stderr.trim_start_matches("error: ").to_string()), kept_ops: Vec::new() },
         _ => {
             #[cfg(unix)]
             let how = {
@@ -83,7 +71,7 @@ pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Resu
             };
             #[cfg(not(unix))]
             let how = format!("the checking process ended with {}", out.status);
-            LoadCheck { status: "crashed", detail: Some(how), kept_ops: Vec::new() }
+            LoadCheck { status: LoadStatus::Crashed, detail: Some(how), kept_ops: Vec::new() }
         }
     })
 }
@@ -128,7 +116,7 @@ pub fn convert_that_loads(
     let conversion = convert(options)?;
     model.save_standalone(&conversion.proto, path)?;
     let check = check_in_child(path, inputs)?;
-    if check.status != "crashed" {
+    if check.status != LoadStatus::Crashed {
         return Ok((conversion, check));
     }
     // Op types computed in the target type, recurrent ops first (the crash seen was a GRU).
@@ -151,7 +139,7 @@ pub fn convert_that_loads(
     let crash_note = check.detail.clone().unwrap_or_default();
     for op in &ops {
         let (c, result) = attempt(std::slice::from_ref(op), convert)?;
-        if result.status != "crashed" {
+        if result.status != LoadStatus::Crashed {
             return Ok((c, LoadCheck { detail: Some(format!("{crash_note}; with every {op} kept in FP32 it {}", outcome(&result))), kept_ops: vec![op.clone()], ..result }));
         }
     }
@@ -160,11 +148,11 @@ pub fn convert_that_loads(
     for op in &ops {
         keep.push(op.clone());
         let (_, result) = attempt(&keep, convert)?;
-        if result.status != "crashed" {
+        if result.status != LoadStatus::Crashed {
             let mut i = 0;
             while i + 1 < keep.len() {
                 let without: Vec<String> = keep.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| o.clone()).collect();
-                if attempt(&without, convert)?.1.status != "crashed" {
+                if attempt(&without, convert)?.1.status != LoadStatus::Crashed {
                     keep = without;
                 } else {
                     i += 1;
@@ -180,7 +168,7 @@ pub fn convert_that_loads(
 }
 
 fn outcome(check: &LoadCheck) -> &'static str {
-    if check.status == "loads" {
+    if check.status == LoadStatus::Loads {
         "loads and runs"
     } else {
         "loads but ONNX Runtime refuses it"

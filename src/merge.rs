@@ -11,43 +11,37 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{aggregate_samples, chosen_sample, SampleData, Shard};
-use serde_json::Value;
+use layerwise_report::{read_report, Report};
 
-/// The merged report, as JSON (what `bisect --json` would have written, `run_info` aside).
-pub fn merge(partials: &[PathBuf]) -> Result<Value> {
+/// The merged report (what `bisect --json` would have written, `run_info` aside).
+pub fn merge(partials: &[PathBuf]) -> Result<Report> {
     if partials.is_empty() {
         bail!("give the partial reports of every shard");
     }
     let mut reports = Vec::new();
     for path in partials {
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let report: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-        reports.push((path.clone(), report));
+        reports.push((path.clone(), read_report(path)?));
     }
     merge_reports(reports)
 }
 
 /// [`merge`] on reports in memory, each with the name errors call it by.
-pub fn merge_reports(partials: Vec<(PathBuf, Value)>) -> Result<Value> {
-    let mut reports: Vec<(PathBuf, Value, Shard)> = Vec::new();
-    for (path, report) in partials {
-        if report["schema"] != layerwise_report::SCHEMA {
-            bail!("{} is not a layerwise report (schema {} expected, found {})", path.display(), layerwise_report::SCHEMA, report["schema"]);
-        }
-        let shard: Shard = serde_json::from_value(report["shard"].clone())
-            .with_context(|| format!("{} is not a partial report: it was not written with bisect --shard", path.display()))?;
+pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
+    let mut reports: Vec<(PathBuf, Report, Shard)> = Vec::new();
+    for (path, mut report) in partials {
+        let shard = report.extras.shard.take().with_context(|| format!("{} is not a partial report: it was not written with bisect --shard", path.display()))?;
         reports.push((path, report, shard));
     }
     // All shards of one job: the same split, model, backends, tolerances and tensors.
     let (first_path, first, first_shard) = (&reports[0].0, &reports[0].1, &reports[0].2);
-    let same = |v: &Value, key: &str| v[key] == first[key];
     for (path, report, shard) in &reports[1..] {
-        for key in ["model", "tolerances"] {
-            if !same(report, key) {
-                bail!("{} and {} come from different jobs: their '{key}' differ", first_path.display(), path.display());
-            }
+        if report.model != first.model {
+            bail!("{} and {} come from different jobs: their 'model' differ", first_path.display(), path.display());
         }
-        if report["ref"]["spec"] != first["ref"]["spec"] || report["cand"]["spec"] != first["cand"]["spec"] {
+        if report.tolerances != first.tolerances {
+            bail!("{} and {} come from different jobs: their 'tolerances' differ", first_path.display(), path.display());
+        }
+        if report.reference.spec != first.reference.spec || report.cand.spec != first.cand.spec {
             bail!("{} and {} come from different jobs: their backends differ", first_path.display(), path.display());
         }
         if shard.count != first_shard.count || shard.total_samples != first_shard.total_samples || shard.order != first_shard.order {
@@ -72,13 +66,8 @@ pub fn merge_reports(partials: Vec<(PathBuf, Value)>) -> Result<Value> {
     }
     let data: Vec<SampleData> = samples.iter().map(|(d, _)| d.clone()).collect();
     let chosen = chosen_sample(&data).expect("at least one sample");
-    let mut merged = reports[samples[chosen].1].1.clone();
-    let object = merged.as_object_mut().expect("a report is an object");
-    object.remove("shard");
-    if data.len() > 1 {
-        object.insert("samples".into(), serde_json::to_value(aggregate_samples(&data, chosen, &first_shard.order))?);
-    } else {
-        object.remove("samples");
-    }
+    let order = first_shard.order.clone();
+    let mut merged = reports.swap_remove(samples[chosen].1).1;
+    merged.extras.samples = if data.len() > 1 { Some(aggregate_samples(&data, chosen, &order)) } else { None };
     Ok(merged)
 }

@@ -12,6 +12,7 @@ use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set
 use layerwise_model::onnx::{type_proto, ModelProto};
 use layerwise_model::{DataType, GraphIndex, Model};
 use layerwise_runtime::float32_tensors;
+use layerwise_report::{FixStage, FixStatus};
 
 fn convert(proto: ModelProto, options: ConvertOptions) -> (Model, layerwise_model::convert::Conversion, HashSet<String>) {
     let model = Model::from_proto(proto, "test").unwrap();
@@ -130,7 +131,7 @@ fn fix_keeps_the_layernorm_pattern_and_verifies() {
     save(&planted_layernorm(), &path);
     let outcome = fix(&fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"))).unwrap();
     let r = &outcome.report;
-    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert_eq!(r.patterns.len(), 1, "{}", outcome.text);
     assert_eq!(r.patterns[0].kind, "decomposed_layernorm");
     let expected = ["ln/mean", "ln/sub", "ln/pow", "ln/var", "ln/add_eps", "ln/sqrt", "ln/div", "ln/gamma", "ln/beta"];
@@ -170,7 +171,7 @@ fn fix_on_converted_models_uses_the_converter() {
     options.bisect.inputs.ranges = vec![("x".into(), 0.0, 255.0)];
     let outcome = fix(&options).unwrap();
     let r = &outcome.report;
-    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert_eq!(r.rounds[0].first_divergent.as_deref(), Some("scale"), "{}", outcome.text);
     assert_eq!(r.keep_fp32.first().map(String::as_str), Some("scale"), "{}", outcome.text);
     assert!(r.outputs.iter().all(|o| !o.before_pass && o.after_pass), "{}", outcome.text);
@@ -187,7 +188,7 @@ fn fix_keeps_conv_batchnorm_whose_weight_overflows() {
     let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
     options.bisect.inputs.ranges = vec![("x".into(), -1.0, 1.0)];
     let outcome = fix(&options).unwrap();
-    assert_eq!(outcome.report.status, "fixed", "{}", outcome.text);
+    assert_eq!(outcome.report.status, FixStatus::Fixed, "{}", outcome.text);
     assert!(outcome.report.keep_fp32.is_empty(), "{}", outcome.text);
     assert!(outcome.report.summary.contains("bn: reads weight 'bn_var'"), "{}", outcome.text);
     assert!(outcome.report.fixed_model_fp32_nodes.iter().any(|(n, _)| n == "bn"), "{:?}", outcome.report.fixed_model_fp32_nodes);
@@ -250,10 +251,10 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     options.bisect.range_tol = Some(0.0);
     let outcome = fix(&options).unwrap();
     let r = &outcome.report;
-    assert_eq!(r.status, "fixed", "{}", outcome.text);
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     let region = r.patterns.iter().find(|p| p.kind == "region").unwrap_or_else(|| panic!("a region: {}", outcome.text));
     assert!(!region.nodes.is_empty() && region.nodes.len() < r.node_count, "{}", outcome.text);
-    assert!(r.rounds.iter().any(|x| x.stage == "region") && r.rounds.iter().any(|x| x.stage == "prune"), "{:?}", r.rounds);
+    assert!(r.rounds.iter().any(|x| x.stage == FixStage::Region) && r.rounds.iter().any(|x| x.stage == FixStage::Prune), "{:?}", r.rounds);
     // Bisection from both ends and an eighths prune: far fewer runs than one per node.
     assert!(r.candidate_runs <= 2 + 2 * 7 + 8 + 4, "{} runs", r.candidate_runs);
     assert!(outcome.text.contains("rounds: diagnose 1"), "{}", outcome.text);

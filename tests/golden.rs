@@ -101,6 +101,9 @@ fn bisect_and_fix_outputs_match_the_golden_files() {
         assert!(matches!(fix.status.code(), Some(0 | 1)), "{name}: {}", text(&fix));
         check(name, "fix.txt", &format!("exit {:?}\n{}", fix.status.code(), without_times(&text(&fix))), &mut failures);
         check(name, "fix.json", &json_without_run_info(&d.join("fix.json")), &mut failures);
+        let written = common::json(&d.join("fix.json"));
+        let typed = layerwise_report::read_fix_report(&d.join("fix.json")).unwrap_or_else(|e| panic!("{name}: the fix report does not read back into FixReport: {e}"));
+        assert_eq!(serde_json::to_value(&typed).unwrap(), written, "{name}: FixReport round trip");
     }
     assert!(failures.is_empty(), "{} golden files differ:\n{}", failures.len(), failures.join("\n"));
 }

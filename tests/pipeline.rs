@@ -149,6 +149,6 @@ fn reports_name_the_engine_layer_that_contains_the_first_divergent_node() {
     assert_eq!(layer.name, "{ForeignNode[head/scale...merge/Mul]}");
     assert_eq!(layer.onnx_nodes, 3);
     assert!(outcome.text.contains("inside TensorRT layer {ForeignNode[head/scale...merge/Mul]} (3 ONNX nodes fused)"), "{}", outcome.text);
-    let html = layerwise_report::render_html(&serde_json::to_value(&outcome.report).unwrap());
+    let html = layerwise_report::render_html(&outcome.report);
     assert!(html.contains(r#"<p id="engine-layer">Inside TensorRT layer <code>{ForeignNode[head/scale...merge/Mul]}</code>"#));
 }

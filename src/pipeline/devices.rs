@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_runtime::BackendSpec;
-use serde_json::Value;
+use layerwise_report::Report;
 
 use super::{bisect, samples, BisectOptions, Marking};
 
@@ -28,8 +28,8 @@ pub fn spec_on_device(spec: &str, device: Option<u32>) -> Result<String> {
 /// Runs the samples of `options.inputs` (a folder) over `devices`: shard `j` of `N` (samples
 /// `k` with `k % N == j`) on `devices[j]`, all shards at once, then merges them. The merged
 /// report is what one run over every sample writes (`run_info` aside); its candidate notes say
-/// which GPU ran which shard. Returns the report as JSON.
-pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Value> {
+/// which GPU ran which shard.
+pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Report> {
     if devices.is_empty() {
         bail!("--devices needs at least one GPU index");
     }
@@ -62,8 +62,8 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Val
             ..options.clone()
         })
         .collect();
-    let results: Vec<Result<Value>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = shards.iter().map(|o| scope.spawn(move || bisect(o).and_then(|out| Ok(serde_json::to_value(&out.report)?)))).collect();
+    let results: Vec<Result<Report>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = shards.iter().map(|o| scope.spawn(move || bisect(o).map(|out| out.report))).collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a shard's thread panicked")))).collect()
     });
     let mut partials = Vec::new();
@@ -73,9 +73,7 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Val
     }
     let mut merged = crate::merge::merge_reports(partials)?;
     let spread = (0..count).map(|j| format!("shard {j} on GPU {}", devices[j])).collect::<Vec<_>>().join(", ");
-    if let Some(notes) = merged["cand"]["notes"].as_array_mut() {
-        notes.push(Value::String(format!("{total} samples spread over {count} GPUs with --devices: {spread}")));
-    }
+    merged.cand.notes.push(format!("{total} samples spread over {count} GPUs with --devices: {spread}"));
     Ok(merged)
 }
 

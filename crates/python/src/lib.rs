@@ -185,8 +185,8 @@ fn run_command(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
 /// The HTML report of a JSON report.
 #[pyfunction]
 fn render_html(report_json: &str) -> PyResult<String> {
-    let value: serde_json::Value = serde_json::from_str(report_json).map_err(|e| LayerwiseError::new_err(format!("not a JSON report: {e}")))?;
-    Ok(layerwise_report::render_html(&value))
+    let report = layerwise_report::parse_report(report_json, "the report").map_err(|e| LayerwiseError::new_err(e.to_string()))?;
+    Ok(layerwise_report::render_html(&report))
 }
 
 #[pymodule]

@@ -6,6 +6,8 @@ use std::fmt::Write;
 use layerwise_analysis::{Status, TensorRecord};
 use serde_json::{json, Value};
 
+use crate::fix_report::{FixReport, FixStatus};
+
 use crate::html::fmt;
 use crate::Report;
 
@@ -39,7 +41,7 @@ fn md(text: &str) -> String {
 
 /// A short summary for a pull request or issue: verdict, first divergent layer, chain, the ten
 /// worst tensors, and the fix if one is given (a `layerwise.fix/1` document).
-pub fn render_markdown(report: &Report, fix: Option<&Value>) -> String {
+pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
     let v = &report.verdict;
     let mut m = String::new();
     let status = if v.status == Status::Pass { "✅ PASS" } else { "❌ DIVERGED" };
@@ -80,12 +82,12 @@ pub fn render_markdown(report: &Report, fix: Option<&Value>) -> String {
         m.push('\n');
     }
     if let Some(fix) = fix {
-        let text = |v: &Value| v.as_str().unwrap_or("").to_string();
-        let _ = writeln!(m, "**Fix ({}):** {}  ", text(&fix["status"]), md(&text(&fix["summary"])));
-        if let Some(keep) = fix["keep_fp32"].as_array().filter(|k| !k.is_empty()) {
-            let names: Vec<String> = keep.iter().map(|k| format!("`{}`", md(&text(k)))).collect();
+        let status = if fix.status == FixStatus::Fixed { "fixed" } else { "not_fixed" };
+        let _ = writeln!(m, "**Fix ({status}):** {}  ", md(&fix.summary));
+        if !fix.keep_fp32.is_empty() {
+            let names: Vec<String> = fix.keep_fp32.iter().map(|k| format!("`{}`", md(k))).collect();
             let _ = writeln!(m, "Keep in FP32: {}  ", names.join(", "));
-            let _ = writeln!(m, "TensorRT 10: `trtexec --onnx=MODEL {}`", text(&fix["trtexec_flags"]));
+            let _ = writeln!(m, "TensorRT 10: `trtexec --onnx=MODEL {}`", fix.trtexec_flags);
         }
         m.push('\n');
     }
@@ -145,7 +147,7 @@ pub fn render_csv(report: &Report) -> Vec<u8> {
 pub fn render_model_explorer(report: &Report) -> Value {
     // Keyed by the node ids Model Explorer's ONNX adapter gives (node names, with its own names for
     // unnamed and duplicate nodes and If branches), each node's worst output error.
-    let mut results = serde_json::Map::new();
+    let mut results: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
     for t in &report.tensors {
         if t.node.is_empty() {
             continue;
@@ -153,11 +155,12 @@ pub fn render_model_explorer(report: &Report) -> Value {
         let id = report.extras.explorer_ids.get(&t.node).cloned().unwrap_or_else(|| t.node.clone());
         let e = error_of(t);
         let value = if e.is_finite() { e } else { 1e30 };
-        let previous = results.get(&id).and_then(|v| v["value"].as_f64()).unwrap_or(f64::NEG_INFINITY);
+        let previous = results.get(&id).copied().unwrap_or(f64::NEG_INFINITY);
         if value > previous {
-            results.insert(id, json!({ "value": value }));
+            results.insert(id, value);
         }
     }
+    let results: serde_json::Map<String, Value> = results.into_iter().map(|(id, value)| (id, json!({ "value": value }))).collect();
     json!({
         "results": results,
         "thresholds": [

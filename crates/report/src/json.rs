@@ -107,7 +107,7 @@ pub struct Neighbour {
     pub error: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     pub path: String,
     pub sha256: String,
@@ -122,7 +122,7 @@ pub struct BackendInfo {
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tolerances {
     #[serde(with = "layerwise_analysis::num::finite")]
     pub atol: f64,

@@ -1,9 +1,11 @@
 //! Reports: the versioned JSON document (`layerwise.report/1`, see docs/report-format.md) and the
 //! terminal summary. Files are written atomically: a report is either complete or absent.
 
+mod fix_report;
 mod formats;
 mod html;
 mod json;
+mod read;
 mod svg;
 mod terminal;
 
@@ -11,8 +13,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub use json::{build_report, Report, ReportContext, RunInfo, SCHEMA};
+pub use fix_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
 pub use formats::{render_csv, render_markdown, render_model_explorer};
 pub use html::render_html;
+pub use read::{parse_fix_report, parse_report, read_fix_report, read_report, ReadError};
 pub use terminal::render_terminal;
 
 /// Where to write the report formats of one run (each optional).
@@ -33,14 +37,14 @@ impl Outputs {
             .collect()
     }
 
-    /// Writes every requested format of a report, each atomically. `fix` (a `layerwise.fix/1`
-    /// document) adds the fix to the Markdown summary.
-    pub fn write(&self, report: &Report, fix: Option<&serde_json::Value>) -> Result<(), ReportError> {
+    /// Writes every requested format of a report, each atomically. `fix` adds the fix to the
+    /// Markdown summary.
+    pub fn write(&self, report: &Report, fix: Option<&FixReport>) -> Result<(), ReportError> {
         if let Some(p) = &self.json {
             write_atomic(p, &to_json(report))?;
         }
         if let Some(p) = &self.html {
-            write_atomic(p, render_html(&serde_json::to_value(report).expect("reports serialize")).as_bytes())?;
+            write_atomic(p, render_html(report).as_bytes())?;
         }
         if let Some(p) = &self.markdown {
             write_atomic(p, render_markdown(report, fix).as_bytes())?;

@@ -1,0 +1,191 @@
+//! The `layerwise fix` report (`layerwise.fix/1`, see docs/fix.md): typed like [`crate::Report`],
+//! read back by the Markdown summary, the Python package and the golden tests.
+
+use std::fmt::{self, Write};
+
+use layerwise_analysis::{NoiseFloor, Status};
+use serde::{Deserialize, Serialize};
+
+use crate::{format_number, RunInfo};
+
+pub const FIX_SCHEMA: &str = "layerwise.fix/1";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FixStatus {
+    Fixed,
+    NotFixed,
+}
+
+/// A step of the keep-list search.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FixStage {
+    /// Nothing kept: the candidate as it is.
+    Diagnose,
+    /// The breaks' recognised patterns kept.
+    Pattern,
+    /// A contiguous run of nodes in topological order kept.
+    Region,
+    /// Parts of the region dropped again.
+    Prune,
+}
+
+impl FixStage {
+    pub const ALL: [FixStage; 4] = [FixStage::Diagnose, FixStage::Pattern, FixStage::Region, FixStage::Prune];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FixStage::Diagnose => "diagnose",
+            FixStage::Pattern => "pattern",
+            FixStage::Region => "region",
+            FixStage::Prune => "prune",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct KeptPattern {
+    pub kind: String,
+    pub nodes: Vec<String>,
+    /// The break that made the search keep it.
+    pub because: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Round {
+    pub stage: FixStage,
+    pub keep_fp32: usize,
+    pub status: Status,
+    pub worst_output: Option<String>,
+    pub first_divergent: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OutputChange {
+    pub name: String,
+    #[serde(with = "layerwise_analysis::num::finite")]
+    pub before_rel_l2: f64,
+    pub before_pass: bool,
+    #[serde(with = "layerwise_analysis::num::finite")]
+    pub after_rel_l2: f64,
+    pub after_pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelCheck {
+    pub backend: String,
+    pub structural_problems: Vec<String>,
+    pub outputs: Vec<OutputChange>,
+    pub pass: bool,
+    /// Why the fixed model could not be evaluated; `null` when it was.
+    pub not_run: Option<String>,
+}
+
+/// How a written model fared in ONNX Runtime's default session in a child process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadStatus {
+    /// A default session was created and run.
+    Loads,
+    /// ONNX Runtime refused it with a message.
+    Error,
+    /// The process died.
+    Crashed,
+    /// No layerwise executable to run the child with.
+    NotChecked,
+}
+
+impl fmt::Display for LoadStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LoadStatus::Loads => "loads",
+            LoadStatus::Error => "error",
+            LoadStatus::Crashed => "crashed",
+            LoadStatus::NotChecked => "not_checked",
+        })
+    }
+}
+
+/// What the child process found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadCheck {
+    pub status: LoadStatus,
+    pub detail: Option<String>,
+    /// Op types kept in FP32 because the model crashed ONNX Runtime without that.
+    pub kept_ops: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FixReport {
+    pub schema: String,
+    pub model: String,
+    pub reference: String,
+    pub candidate: String,
+    pub status: FixStatus,
+    pub summary: String,
+    pub node_count: usize,
+    pub keep_fp32: Vec<String>,
+    pub patterns: Vec<KeptPattern>,
+    pub rounds: Vec<Round>,
+    /// Candidate runs the search made (the first, diagnosing run included).
+    pub candidate_runs: usize,
+    /// How sensitive the worst output is to one rounding of every value the candidate rounds
+    /// (see bisect).
+    pub noise_floor: Option<NoiseFloor>,
+    /// Error of every model output before (nothing kept) and after (with the keep list).
+    pub outputs: Vec<OutputChange>,
+    /// The same fix for weakly typed TensorRT 10 (layer names = ONNX node names).
+    pub trtexec_flags: String,
+    pub fixed_model: Option<String>,
+    /// Nodes FP32 in the fixed model: the keep list plus ops that always stay FP32.
+    pub fixed_model_fp32_nodes: Vec<(String, String)>,
+    /// The fixed model loaded and run with ONNX Runtime's defaults in a child process (an FP16
+    /// model can crash ONNX Runtime), and the op types kept in FP32 because of a crash.
+    pub fixed_model_load: Option<LoadCheck>,
+    /// The fixed model (the file written with -o, or a scratch copy) evaluated in its own types
+    /// against the reference: FIXED needs it to pass.
+    pub fixed_model_check: Option<ModelCheck>,
+    pub run_info: RunInfo,
+}
+
+/// The terminal summary of a fix. `precision` names the candidate's reduced precision (`FP16`,
+/// `BF16`) in the outputs' column heading.
+pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
+    let num = format_number;
+    let mut out = String::new();
+    let _ = writeln!(out, "FIX: {} - {}", if r.status == FixStatus::Fixed { "FIXED" } else { "NOT FIXED" }, r.summary);
+    for p in &r.patterns {
+        let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, p.nodes.join(", "), p.because);
+    }
+    let stages: Vec<String> = FixStage::ALL.iter().map(|st| (st.name(), r.rounds.iter().filter(|x| x.stage == *st).count())).filter(|(_, n)| *n > 0).map(|(st, n)| format!("{st} {n}")).collect();
+    let _ = writeln!(out, "  rounds: {}", stages.join(", "));
+    let _ = writeln!(out, "  outputs (relative L2, {precision} -> with keep list):");
+    for o in &r.outputs {
+        let _ = writeln!(out, "    {:<30} {:>9} -> {:>9}  {}", o.name, num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "FAIL" });
+    }
+    if !r.trtexec_flags.is_empty() {
+        let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
+    }
+    if let Some(path) = &r.fixed_model {
+        let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
+    }
+    if let Some(load) = &r.fixed_model_load {
+        let kept = if load.kept_ops.is_empty() { String::new() } else { format!(" ({} kept in FP32 for that)", load.kept_ops.join(", ")) };
+        let _ = writeln!(out, "  load: ONNX Runtime's default session in a child process -> {}{kept}{}", load.status, load.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default());
+    }
+    if let Some(check) = r.fixed_model_check.as_ref().filter(|c| c.not_run.is_some()) {
+        let _ = writeln!(out, "  check: {} not run: {}", check.backend, check.not_run.as_deref().unwrap_or_default());
+    } else if let Some(check) = &r.fixed_model_check {
+        let worst = check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max);
+        let _ = writeln!(
+            out,
+            "  check: {} -> {} (worst output relative L2 {}){}",
+            check.backend,
+            if check.pass { "pass" } else { "FAIL" },
+            num(worst),
+            if check.structural_problems.is_empty() { String::new() } else { format!("; type problems: {}", check.structural_problems.join("; ")) }
+        );
+    }
+    out
+}
