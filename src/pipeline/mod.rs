@@ -13,7 +13,7 @@ use layerwise_analysis::{
 };
 use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection};
-use layerwise_report::{build_report, render_terminal, Outputs, Report, ReportContext};
+use layerwise_report::{build_report, render_terminal, InputInfo, Outputs, Report, ReportContext};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions, PreparedInput};
 use layerwise_runtime::{create_backend, saved, tensor_types, Backend, Precision, RunOutput, RunRequest, Tensor, TensorData};
 
@@ -829,7 +829,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         tolerance: job.tolerance,
         tolerance_defaults: job.tolerance_defaults,
         rule: job.rule,
-        inputs: &inputs,
+        inputs: inputs.iter().map(|i| InputInfo::of(&i.name, &i.tensor, &i.source)).collect(),
         comparison: &compared.comparison,
         verdict: &verdict,
         weights: &weights,

@@ -6,8 +6,8 @@ use layerwise_model::GraphIndex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use layerwise_runtime::paired::{Operand, PairReducer};
-use layerwise_runtime::{shape_string, DType, Tensor};
+use layerwise_model::pair::{Operand, PairReducer};
+use layerwise_model::{shape_string, DType, Tensor};
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 

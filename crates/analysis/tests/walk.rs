@@ -3,7 +3,7 @@ use std::collections::HashMap;
 use layerwise_analysis::{compare_all, walk_back, Arithmetic, Candidate, CauseKind, Status, Tolerance, WalkRule};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::{DataType, GraphIndex};
-use layerwise_runtime::Tensor;
+use layerwise_model::Tensor;
 
 /// x -> MatMul(w) -> h -> Relu -> y, with the candidate's h off by ~1e-3 relative (TF32-like).
 fn run(candidate: Candidate) -> layerwise_analysis::Verdict {

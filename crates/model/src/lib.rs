@@ -21,12 +21,14 @@ pub mod pair;
 pub mod perturb;
 pub mod rounding;
 pub mod scratch;
+pub mod tensor;
 mod graph;
 mod model;
 mod rewrite;
 mod weights;
 
 pub use error::ModelError;
+pub use tensor::{shape_string, DType, Tensor, TensorData};
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, Model};
 pub use rewrite::{emulate, emulate_tf32, expose, Emulation, Selection};

@@ -215,3 +215,18 @@ mod tests {
         assert!(e.contains("subgraph"), "{e}");
     }
 }
+
+/// One side of a pair, as the reducer sees it.
+pub struct Operand<'a> {
+    pub shape: Vec<usize>,
+    /// The element type, or why the value is not a tensor of numbers (then `values` is empty).
+    pub dtype: Result<crate::DType, String>,
+    /// The values widened to float32 (borrowed from ONNX Runtime when they are float32 already).
+    pub values: std::borrow::Cow<'a, [f32]>,
+}
+
+/// Receives every pair of tensors of a paired run, inside ONNX Runtime's executor (one at a time,
+/// in the order the session computes them). Keeps what it needs; the tensors are freed after.
+pub trait PairReducer: Send + Sync {
+    fn reduce(&self, tensor: &str, reference: Operand<'_>, candidate: Operand<'_>);
+}

@@ -1,6 +1,5 @@
 use layerwise_analysis::{Comparison, Extras, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
-use layerwise_model::{GraphIndex, Model, WeightRange};
-use layerwise_runtime::inputs::PreparedInput;
+use layerwise_model::{GraphIndex, Model, Tensor, WeightRange};
 use serde::{Deserialize, Serialize};
 
 pub const SCHEMA: &str = "layerwise.report/1";
@@ -17,7 +16,7 @@ pub struct ReportContext<'a> {
     /// The precision whose default tolerances apply where none was given (`TF32`, `FP16`, ...).
     pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
-    pub inputs: &'a [PreparedInput],
+    pub inputs: Vec<InputInfo>,
     pub comparison: &'a Comparison,
     pub verdict: &'a Verdict,
     pub weights: &'a [WeightRange],
@@ -147,6 +146,14 @@ pub struct InputInfo {
     pub inf: usize,
 }
 
+impl InputInfo {
+    /// What the report says of an input fed to the model: `source` says where it came from.
+    pub fn of(name: &str, tensor: &Tensor, source: &str) -> InputInfo {
+        let (nan, inf) = tensor.non_finite_counts();
+        InputInfo { name: name.to_string(), shape: tensor.shape.clone(), dtype: tensor.dtype().name().to_string(), source: source.to_string(), nan, inf }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NotCompared {
     pub tensor: String,
@@ -253,14 +260,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs".to_string(),
             walk: ctx.rule,
         },
-        inputs: ctx
-            .inputs
-            .iter()
-            .map(|i| {
-                let (nan, inf) = i.tensor.non_finite_counts();
-                InputInfo { name: i.name.clone(), shape: i.tensor.shape.clone(), dtype: i.tensor.dtype().name().to_string(), source: i.source.clone(), nan, inf }
-            })
-            .collect(),
+        inputs: ctx.inputs,
         tensors: ctx.comparison.records.clone(),
         not_compared,
         weights_out_of_fp16_range: ctx

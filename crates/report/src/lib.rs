@@ -12,7 +12,7 @@ mod terminal;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-pub use json::{build_report, Report, ReportContext, RunInfo, SCHEMA};
+pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
 pub use fix_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
 pub use formats::{render_csv, render_markdown, render_model_explorer};
 pub use html::render_html;

@@ -310,30 +310,4 @@ pub fn random_tensor(rng: &mut ChaCha8Rng, dtype: DType, shape: Vec<usize>, lo: 
     Tensor::new(shape, data)
 }
 
-/// Bytes of a tensor of `shape` with `elem` bytes per element; `None` when that overflows.
-pub fn tensor_bytes(shape: &[usize], elem: usize) -> Option<u64> {
-    shape.iter().try_fold(elem as u64, |acc, &d| acc.checked_mul(d as u64))
-}
-
-/// Memory the system reports available (MemAvailable), if it can tell.
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
-}
-
-/// Refuses a tensor that could not be held in memory: its size overflows, or exceeds the memory
-/// available (or 64 GiB where that is unknown).
-pub fn check_fits(bytes: Option<u64>, shape: &[usize]) -> Result<(), String> {
-    let limit = available_memory().unwrap_or(64 << 30);
-    match bytes {
-        None => Err(format!("shape {} is too large to hold (its size overflows)", shape_string(shape))),
-        Some(b) if b > limit => Err(format!(
-            "shape {} needs {:.1} GiB, more than the {:.1} GiB of memory available",
-            shape_string(shape),
-            b as f64 / (1u64 << 30) as f64,
-            limit as f64 / (1u64 << 30) as f64
-        )),
-        Some(_) => Ok(()),
-    }
-}
+pub use layerwise_model::tensor::{available_memory, check_fits, tensor_bytes};

@@ -15,7 +15,6 @@ pub use ort_backend::{float32_tensors, tensor_types, InferredType};
 pub mod ortlib;
 pub mod paired;
 pub mod saved;
-mod tensor;
 pub mod typed;
 #[cfg(feature = "tensorrt")]
 mod cuda;
@@ -24,4 +23,4 @@ pub mod trt;
 
 pub use backend::{create_backend, Backend, BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
 pub use error::RuntimeError;
-pub use tensor::{shape_string, DType, Tensor, TensorData};
+pub use layerwise_model::tensor::{shape_string, DType, Tensor, TensorData};

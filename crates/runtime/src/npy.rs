@@ -28,8 +28,8 @@ fn tensor_from_npy<R: Read>(npy: NpyFile<R>, path: &Path) -> Result<Tensor, Runt
         return Err(bad(path, "structured (record) arrays are not tensors"));
     };
     // An absurd shape in a header must be an error, not an allocation that fails.
-    let bytes = crate::inputs::tensor_bytes(&shape, ts.size_field() as usize);
-    crate::inputs::check_fits(bytes, &shape).map_err(|why| bad(path, why))?;
+    let bytes = layerwise_model::tensor::tensor_bytes(&shape, ts.size_field() as usize);
+    layerwise_model::tensor::check_fits(bytes, &shape).map_err(|why| bad(path, why))?;
     let dtype = match (ts.type_char(), ts.size_field()) {
         (TypeChar::Float, 4) => DType::F32,
         (TypeChar::Float, 2) => DType::F16,

@@ -38,20 +38,7 @@ pub struct OnnxProgram {
     pub log_id: String,
 }
 
-/// One side of a pair, as the reducer sees it.
-pub struct Operand<'a> {
-    pub shape: Vec<usize>,
-    /// The element type, or why the value is not a tensor of numbers (then `values` is empty).
-    pub dtype: Result<DType, String>,
-    /// The values widened to float32 (borrowed from ONNX Runtime when they are float32 already).
-    pub values: Cow<'a, [f32]>,
-}
-
-/// Receives every pair of tensors of a paired run, inside ONNX Runtime's executor (one at a time,
-/// in the order the session computes them). Keeps what it needs; the tensors are freed after.
-pub trait PairReducer: Send + Sync {
-    fn reduce(&self, tensor: &str, reference: Operand<'_>, candidate: Operand<'_>);
-}
+pub use layerwise_model::pair::{Operand, PairReducer};
 
 /// The outcome of a paired run besides what the reducer kept.
 #[derive(Debug, Default, Clone)]

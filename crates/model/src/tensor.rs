@@ -1,3 +1,5 @@
+//! Dense host tensors: what backends return, inputs are made of, and the analysis compares.
+
 use std::borrow::Cow;
 
 use half::{bf16, f16};
@@ -46,23 +48,22 @@ pub struct Tensor {
 }
 
 /// Applies `$body` to the vector inside any [`TensorData`] variant.
-#[macro_export]
 macro_rules! with_data {
     ($data:expr, $v:ident => $body:expr) => {
         match $data {
-            $crate::TensorData::F32($v) => $body,
-            $crate::TensorData::F16($v) => $body,
-            $crate::TensorData::BF16($v) => $body,
-            $crate::TensorData::F64($v) => $body,
-            $crate::TensorData::I8($v) => $body,
-            $crate::TensorData::I16($v) => $body,
-            $crate::TensorData::I32($v) => $body,
-            $crate::TensorData::I64($v) => $body,
-            $crate::TensorData::U8($v) => $body,
-            $crate::TensorData::U16($v) => $body,
-            $crate::TensorData::U32($v) => $body,
-            $crate::TensorData::U64($v) => $body,
-            $crate::TensorData::Bool($v) => $body,
+            crate::tensor::TensorData::F32($v) => $body,
+            crate::tensor::TensorData::F16($v) => $body,
+            crate::tensor::TensorData::BF16($v) => $body,
+            crate::tensor::TensorData::F64($v) => $body,
+            crate::tensor::TensorData::I8($v) => $body,
+            crate::tensor::TensorData::I16($v) => $body,
+            crate::tensor::TensorData::I32($v) => $body,
+            crate::tensor::TensorData::I64($v) => $body,
+            crate::tensor::TensorData::U8($v) => $body,
+            crate::tensor::TensorData::U16($v) => $body,
+            crate::tensor::TensorData::U32($v) => $body,
+            crate::tensor::TensorData::U64($v) => $body,
+            crate::tensor::TensorData::Bool($v) => $body,
         }
     };
 }
@@ -194,10 +195,10 @@ impl Tensor {
     /// The values of an ONNX `TensorProto` held in the proto itself (`raw_data` or the typed
     /// fields), as ONNX's test data and Polygraphy's `.pb` files store them. Element types layerwise
     /// does not carry (strings, FP8, INT4, complex) and external data are errors.
-    pub fn from_proto(t: &layerwise_model::onnx::TensorProto) -> Result<Tensor, String> {
+    pub fn from_proto(t: &crate::onnx::TensorProto) -> Result<Tensor, String> {
         let dtype = DType::from_onnx(t.data_type())
-            .ok_or_else(|| format!("element type {} is not one layerwise carries", layerwise_model::data_type_name(t.data_type())))?;
-        if layerwise_model::is_external(t) {
+            .ok_or_else(|| format!("element type {} is not one layerwise carries", crate::data_type_name(t.data_type())))?;
+        if crate::is_external(t) {
             return Err("its values are in an external file".into());
         }
         let shape: Vec<usize> = t
@@ -234,8 +235,8 @@ impl Tensor {
 
     /// The tensor as an ONNX `TensorProto` named `name`, values in `raw_data` (ONNX's test-data
     /// `.pb` layout).
-    pub fn to_proto(&self, name: &str) -> layerwise_model::onnx::TensorProto {
-        layerwise_model::onnx::TensorProto {
+    pub fn to_proto(&self, name: &str) -> crate::onnx::TensorProto {
+        crate::onnx::TensorProto {
             name: Some(name.to_string()),
             dims: self.shape.iter().map(|&d| d as i64).collect(),
             data_type: Some(self.dtype().onnx()),
@@ -353,10 +354,38 @@ pub fn shape_string(shape: &[usize]) -> String {
     }
 }
 
+/// Bytes a tensor of `shape` with `elem`-byte elements takes; `None` when that overflows.
+pub fn tensor_bytes(shape: &[usize], elem: usize) -> Option<u64> {
+    shape.iter().try_fold(elem as u64, |acc, &d| acc.checked_mul(d as u64))
+}
+
+/// Memory the system reports available (MemAvailable), if it can tell.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
+}
+
+/// Refuses a tensor that could not be held in memory: its size overflows, or exceeds the memory
+/// available (or 64 GiB where that is unknown).
+pub fn check_fits(bytes: Option<u64>, shape: &[usize]) -> Result<(), String> {
+    let limit = available_memory().unwrap_or(64 << 30);
+    match bytes {
+        None => Err(format!("shape {} is too large to hold (its size overflows)", shape_string(shape))),
+        Some(b) if b > limit => Err(format!(
+            "shape {} needs {:.1} GiB, more than the {:.1} GiB of memory available",
+            shape_string(shape),
+            b as f64 / (1u64 << 30) as f64,
+            limit as f64 / (1u64 << 30) as f64
+        )),
+        Some(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use layerwise_model::onnx::TensorProto;
+    use crate::onnx::TensorProto;
 
     fn proto(data_type: i32, dims: &[i64]) -> TensorProto {
         TensorProto { data_type: Some(data_type), dims: dims.to_vec(), ..Default::default() }
