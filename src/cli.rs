@@ -15,6 +15,7 @@ use layerwise_runtime::float32_tensors;
 use layerwise_analysis::Status;
 use layerwise_model::{Model, Selection};
 use layerwise_runtime::inputs::InputOptions;
+use layerwise_runtime::BackendSpec;
 
 /// Find the layer where a model's accuracy breaks between a float32 reference (ONNX Runtime) and a
 /// candidate backend or precision.
@@ -100,11 +101,11 @@ struct FixArgs {
     /// The float32 ONNX model (never modified).
     model: PathBuf,
     #[arg(long = "ref", default_value = "ort:cpu")]
-    reference: String,
+    reference: BackendSpec,
     /// Candidate: sim:fp16 (keeps nodes in the emulation), or a backend that runs the model
     /// converted with the keep list each round (e.g. ort:cpu, for ONNX Runtime's FP16 kernels).
     #[arg(long = "cand", default_value = "sim:fp16")]
-    candidate: String,
+    candidate: BackendSpec,
     #[command(flatten)]
     inputs: InputArgs,
     #[command(flatten)]
@@ -126,11 +127,11 @@ struct BisectArgs {
     model: PathBuf,
     /// Reference backend spec.
     #[arg(long = "ref", default_value = "ort:cpu")]
-    reference: String,
+    reference: BackendSpec,
     /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16, ort:cuda[,tf32=on|off],
     /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH.
     #[arg(long = "cand", default_value = "sim:fp16")]
-    candidate: String,
+    candidate: BackendSpec,
     /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
     /// matched by name and FP16 tensors compared as float32.
     #[arg(long, value_name = "MODEL")]
@@ -515,7 +516,7 @@ fn run_fix(args: FixArgs) -> Result<u8> {
             rtol: args.tolerances.rtol,
             range_tol: args.tolerances.range_tol,
             outputs: Outputs { json: args.json, ..Outputs::default() },
-            ..BisectOptions::new(&args.model, &args.reference, &args.candidate)
+            ..BisectOptions::new(&args.model, args.reference, args.candidate)
         },
         output: args.output,
         max_rounds: args.max_rounds,
@@ -586,7 +587,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         csv: Some(args.out_dir.join("tensors.csv")),
         model_explorer: Some(args.out_dir.join("model-explorer.json")),
     };
-    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16") };
+    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
     println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
@@ -609,7 +610,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     let fix_options = FixOptions {
         bisect: BisectOptions {
             outputs: Outputs { json: Some(args.out_dir.join("fix.json")), ..Outputs::default() },
-            ..BisectOptions::new(&model_path, "ort:cpu", "sim:fp16")
+            ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16))
         },
         output: Some(fixed_path.clone()),
         max_rounds: 12,

@@ -9,13 +9,13 @@ use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candida
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
-use layerwise_runtime::inputs::{declared_inputs, prepare_inputs};
-use layerwise_runtime::{create_backend, float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
+use layerwise_runtime::inputs::prepare_inputs;
+use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
-use crate::pipeline::{check_writable_target, tolerance_and_rule, BisectOptions};
-use layerwise_model::fp16::FP16_UNIT_ROUNDOFF;
+use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
+use crate::pipeline::{check_writable_target, BisectOptions, Steps};
 
 /// Everything `layerwise fix` takes.
 #[derive(Debug, Clone)]
@@ -46,13 +46,17 @@ struct Search<'a> {
     rule: WalkRule,
     weights: Vec<WeightRange>,
     runs: usize,
+    /// Progress on stderr: one step per candidate run.
+    steps: Steps,
 }
 
 impl Search<'_> {
     /// One candidate run with `keep` in FP32: emulated directly, or on a converted model.
     fn run(&mut self, keep: &[String]) -> Result<(Comparison, Verdict)> {
         self.runs += 1;
-        let out = self.keeper.run(self.candidate.as_mut(), keep, &self.feeds, &Selection::All)?;
+        let label = format!("candidate run {} (keeping {} node{} in FP32)", self.runs, keep.len(), if keep.len() == 1 { "" } else { "s" });
+        let Search { steps, keeper, candidate, feeds, .. } = self;
+        let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
         Ok(self.judge(&out))
     }
 
@@ -211,34 +215,30 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             bail!("-o {} would overwrite the input model; choose another path", out.display());
         }
     }
-    let started = std::time::Instant::now();
-    let original = Model::load(&b.model)?;
+    let mut steps = Steps::new(b.progress, b.progress_lines);
+    let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
-    let mut reference = create_backend(&b.reference).context("--ref")?;
-    let mut candidate = create_backend(&b.candidate).context("--cand")?;
-    let inputs = prepare_inputs(&declared_inputs(&original, &original_index), &b.inputs)?;
-    let feeds: Vec<(String, Tensor)> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
-    // The search runs on the control flow as the reference ran it (bodies inlined, so nodes inside
-    // can be kept); the fixed model is the original with the keep list resolved into its bodies.
-    let flattened = if original_index.nodes.iter().any(|n| n.has_subgraphs) && !b.keep_control_flow {
-        crate::pipeline::control_flow::flatten_control_flow(&original, reference.as_mut(), std::slice::from_ref(&feeds))?
-    } else {
-        None
-    };
-    let inlined: Vec<String> = flattened.as_ref().map(|(_, cf)| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
-    let flattened = flattened.map(|(m, _)| m);
-    let flat_index = flattened.as_ref().map(|m| GraphIndex::build(m.graph())).transpose()?;
-    let (model, index) = match (&flattened, &flat_index) {
-        (Some(m), Some(i)) => (m, i),
-        _ => (&original, &original_index),
-    };
+    // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
+    // (bodies inlined, so nodes inside can be kept); the fixed model is the original with the keep
+    // list resolved into its bodies.
+    let setup = set_up(&original, b, &mut steps)?;
+    if setup.cand_model.is_some() {
+        bail!("fix converts the model itself with each keep list; --cand-model is for bisect");
+    }
+    let Some((_, sample)) = setup.samples.first() else { bail!("no inputs to run") };
+    let feeds = feeds_of(&prepare_inputs(&setup.decls, sample)?);
+    let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
+    let flattened = setup.control_flow.is_some();
+    let Setup { model, index, mut reference, mut candidate, .. } = setup;
+    let (model, index): (&Model, &GraphIndex) = (&model, &index);
     let keeper = KeepRunner::new(model, index, candidate.as_mut());
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
     let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
-    let (tolerance, rule, _) = tolerance_and_rule(low, false, b)?;
+    let judging = Judging::new(low, false, b)?;
+    let (tolerance, rule) = (judging.tolerance, judging.rule);
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
-    let reference_out = reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?;
+    let reference_out = steps.run("running the reference", || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     let weights = scan_fp16_weight_range(model)?;
     let mut search = Search {
@@ -252,6 +252,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         rule,
         weights,
         runs: 0,
+        steps,
     };
 
     let (first, first_verdict) = search.run(&[])?;
@@ -264,7 +265,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut noise_floor = None;
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: if low == Precision::Bf16 { 1.0 / 256.0 } else { FP16_UNIT_ROUNDOFF }, seed: b.inputs.seed };
+            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: judging.candidate.arithmetic.unit_roundoff(judging.candidate.tf32), seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
@@ -375,7 +376,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // The file `fix` writes (or would write, without -o: a scratch copy), checked in its own
         // types by the typed evaluation, which shares no code with the emulation that chose the
         // keep list. FIXED stands only on that check.
-        let float = if flattened.is_some() { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
+        let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
         let options_for_keep = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
         // The file is checked in a child process with ONNX Runtime's defaults first (an FP16 model
@@ -393,7 +394,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let written = Model::load(&path)?;
         let wi = GraphIndex::build(written.graph())?;
-        let mut typed = layerwise_runtime::typed::TypedBackend::new("ort:cpu,typed=on", None);
+        let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
         let backend = format!("typed evaluation of {}", if options.output.is_some() { path.display().to_string() } else { "the fixed model (not written: no -o)".into() });
         let check = match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::Names(Vec::new()) }) {
             Ok(out) => {
@@ -455,8 +456,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let report = FixReport {
         schema: FIX_SCHEMA.to_string(),
         model: b.model.display().to_string(),
-        reference: b.reference.clone(),
-        candidate: b.candidate.clone(),
+        reference: b.reference.to_string(),
+        candidate: b.candidate.to_string(),
         status: if fixed { FixStatus::Fixed } else { FixStatus::NotFixed },
         summary,
         node_count: index.nodes.len(),
@@ -471,7 +472,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model_fp32_nodes,
         fixed_model_check,
         fixed_model_load: load_check,
-        run_info: layerwise_report::RunInfo::now(vec![("total".into(), started.elapsed().as_secs_f64())]),
+        run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
     if let Some(json) = &b.outputs.json {
         let mut bytes = serde_json::to_vec_pretty(&report)?;

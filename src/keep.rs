@@ -140,7 +140,7 @@ impl<'a> KeepRunner<'a> {
         let cm = Model::load(&path)?;
         let ci = GraphIndex::build(cm.graph())?;
         // ONNX Runtime's CPU provider computes an FP16 model in float32: run it in its own types.
-        if let Some(threads) = crate::pipeline::typed_candidate(candidate.spec(), &cm) {
+        if let Some(threads) = crate::pipeline::setup::typed_candidate(candidate.spec(), &cm) {
             let mut typed = layerwise_runtime::typed::TypedBackend::new(candidate.spec(), threads);
             return Ok(typed.run(&RunRequest { model: &cm, index: &ci, inputs, selection })?);
         }

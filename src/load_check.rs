@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result};
 use layerwise_model::convert::{Conversion, ConvertOptions};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_runtime::{create_backend, RunRequest, Tensor};
+use layerwise_runtime::{create_backend, BackendSpec, OrtOptions, RunRequest, Tensor};
 use layerwise_report::{LoadCheck, LoadStatus};
 
 /// The command line that runs this program's own commands: the Python extension sets its
@@ -92,7 +92,7 @@ pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
     match inputs {
         Some(path) => {
             let feeds = layerwise_runtime::npy::read_npz(path)?;
-            let mut cpu = create_backend("ort:cpu,typed=off")?;
+            let mut cpu = create_backend(&BackendSpec::Ort(OrtOptions { typed: false, ..OrtOptions::cpu() }))?;
             cpu.run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::Names(Vec::new()) })?;
         }
         None => {

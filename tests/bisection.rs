@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{breaking_models, planted, planted_layernorm, Ending};
+use common::{breaking_models, planted, planted_layernorm, spec, Ending};
 use layerwise::demo::demo_model;
 use layerwise::pipeline::{bisect_model, BisectOptions, Marking};
 use layerwise_analysis::{run_bound, Status};
@@ -16,7 +16,7 @@ fn model(proto: ModelProto, label: &str) -> Model {
 }
 
 fn options(mark: Marking) -> BisectOptions {
-    BisectOptions { mark, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") }
+    BisectOptions { mark, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) }
 }
 
 #[test]

@@ -4,7 +4,7 @@ mod common;
 
 use std::collections::HashSet;
 
-use common::{batchnorm_overflow, convertible, planted_layernorm, save};
+use common::{batchnorm_overflow, convertible, planted_layernorm, save, spec};
 use layerwise::fix::{fix, FixOptions};
 use layerwise::pipeline::{bisect, BisectOptions};
 use layerwise_analysis::Status;
@@ -111,7 +111,7 @@ fn converted_model_runs_in_onnx_runtime_and_compares_by_name() {
     let converted = dir.path().join("model_fp16.onnx");
     save(&model.proto, &original);
     model.save_standalone(&conversion.proto, &converted).unwrap();
-    let options = BisectOptions { cand_model: Some(converted), ..BisectOptions::new(&original, "ort:cpu", "ort:cpu") };
+    let options = BisectOptions { cand_model: Some(converted), ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
     let outcome = bisect(&options).unwrap();
     assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
     let a = outcome.report.tensors.iter().find(|t| t.name == "a").unwrap();
@@ -121,7 +121,7 @@ fn converted_model_runs_in_onnx_runtime_and_compares_by_name() {
 }
 
 fn fix_options(model: &std::path::Path, cand: &str, output: std::path::PathBuf) -> FixOptions {
-    FixOptions { bisect: BisectOptions::new(model, "ort:cpu", cand), output: Some(output), max_rounds: 12 }
+    FixOptions { bisect: BisectOptions::new(model, spec("ort:cpu"), spec(cand)), output: Some(output), max_rounds: 12 }
 }
 
 #[test]
@@ -228,7 +228,7 @@ fn conversion_retargets_casts_constant_of_shape_and_value_info() {
     let (orig, conv) = (dir.path().join("m.onnx"), dir.path().join("m16.onnx"));
     save(&model.proto, &orig);
     model.save_standalone(&conversion.proto, &conv).unwrap();
-    let outcome = bisect(&BisectOptions { cand_model: Some(conv), ..BisectOptions::new(&orig, "ort:cpu", "ort:cpu") }).unwrap();
+    let outcome = bisect(&BisectOptions { cand_model: Some(conv), ..BisectOptions::new(&orig, spec("ort:cpu"), spec("ort:cpu")) }).unwrap();
     assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::collections::{HashMap, HashSet};
 
-use common::{json, layerwise, save};
+use common::{json, layerwise, save, spec};
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
 use layerwise_model::convert::{convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::onnx::ModelProto;
@@ -63,7 +63,7 @@ fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
 fn run_emulation(proto: ModelProto) -> HashMap<String, Tensor> {
     let emulated = Model::from_proto(proto, "emulated").unwrap();
     let index = GraphIndex::build(emulated.graph()).unwrap();
-    let mut cpu = create_backend("ort:cpu,opt=disable").unwrap();
+    let mut cpu = create_backend(&spec("ort:cpu,opt=disable")).unwrap();
     cpu.run(&RunRequest { model: &emulated, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors
 }
 
@@ -82,13 +82,13 @@ fn typed_run_of_written(model: &Model, keep: &[&str]) -> HashMap<String, Tensor>
     let conversion = convert_fp16(model, &index, &float, &options).unwrap();
     let written = Model::from_proto(conversion.proto, "written").unwrap();
     let wi = GraphIndex::build(written.graph()).unwrap();
-    let mut typed = TypedBackend::new("ort:cpu", None);
+    let mut typed = TypedBackend::new(&spec("ort:cpu"), None);
     typed.run(&RunRequest { model: &written, index: &wi, inputs: &input(), selection: &Selection::All }).unwrap().tensors
 }
 
 fn reference(model: &Model) -> Vec<f32> {
     let index = GraphIndex::build(model.graph()).unwrap();
-    let mut cpu = create_backend("ort:cpu").unwrap();
+    let mut cpu = create_backend(&spec("ort:cpu")).unwrap();
     as_f32(&cpu.run(&RunRequest { model, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors["out"])
 }
 

@@ -105,7 +105,7 @@ const BUG_PANIC: &str = "BUG: panic";
 
 /// One intra-op thread: the tests themselves run in parallel.
 fn ort(spec: &str) -> Box<dyn Backend> {
-    create_backend(&format!("{spec},threads=1")).unwrap()
+    create_backend(&layerwise_runtime::BackendSpec::parse(&format!("{spec},threads=1")).unwrap()).unwrap()
 }
 
 fn is_tensor(v: &layerwise_model::onnx::ValueInfoProto) -> bool {

@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{breaking_models, planted, save, Ending};
+use common::{breaking_models, planted, save, spec, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{PairedComparison, Tolerance};
 use layerwise_model::{GraphIndex, Model, Selection};
@@ -14,7 +14,7 @@ use layerwise_runtime::paired::run_paired;
 use layerwise_runtime::{create_backend, RunRequest};
 
 fn report(model: &Model, separate_runs: bool) -> serde_json::Value {
-    let options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") };
+    let options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) };
     serde_json::to_value(bisect_model(model, &options).unwrap().report).unwrap()
 }
 
@@ -52,8 +52,8 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let inputs = prepare_inputs(&declared_inputs(&m, &index), &InputOptions::default()).unwrap();
     let feeds: Vec<_> = inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect();
     let request = RunRequest { model: &m, index: &index, inputs: &feeds, selection: &Selection::All };
-    let reference = create_backend("ort:cpu").unwrap().onnx_program(&request).unwrap().unwrap();
-    let candidate = create_backend("sim:fp16").unwrap().onnx_program(&request).unwrap().unwrap();
+    let reference = create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap();
+    let candidate = create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap();
     let comparison = Arc::new(PairedComparison::new(Tolerance::FP16));
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
@@ -94,7 +94,7 @@ fn a_sample_set_runs_in_one_paired_session_and_reports_what_separate_runs_report
     }
     let m = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted").unwrap();
     let run = |separate_runs: bool| {
-        let mut options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") };
+        let mut options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) };
         options.inputs.npz = Some(dir.path().to_path_buf());
         serde_json::to_value(bisect_model(&m, &options).unwrap().report).unwrap()
     };

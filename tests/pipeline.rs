@@ -5,19 +5,19 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{planted, rounding_probe, Ending};
+use common::{planted, rounding_probe, spec, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{CauseKind, Status};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{create_backend, RunRequest, Tensor, TensorData};
 
 fn options(json: Option<std::path::PathBuf>) -> BisectOptions {
-    BisectOptions { outputs: layerwise_report::Outputs { json, ..Default::default() }, ..BisectOptions::new("in-memory", "ort:cpu", "sim:fp16") }
+    BisectOptions { outputs: layerwise_report::Outputs { json, ..Default::default() }, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) }
 }
 
 fn run(backend: &str, model: &Model, inputs: &[(String, Tensor)]) -> HashMap<String, Tensor> {
     let index = GraphIndex::build(model.graph()).unwrap();
-    let mut b = create_backend(backend).unwrap();
+    let mut b = create_backend(&spec(backend)).unwrap();
     let out = b.run(&RunRequest { model, index: &index, inputs, selection: &Selection::All }).unwrap();
     out.tensors
 }
@@ -98,7 +98,7 @@ fn saved_tensors_compare_like_a_live_run() {
     save.save_tensors = Some(dir.path().to_path_buf());
     let live = bisect_model(&model, &save).unwrap();
     let mut replay = options(None);
-    replay.candidate = format!("npz:{}", dir.path().join("cand").display());
+    replay.candidate = spec(&format!("npz:{}", dir.path().join("cand").display()));
     replay.inputs.npz = Some(dir.path().join("inputs.npz"));
     let saved = bisect_model(&model, &replay).unwrap();
     let node = |o: &layerwise::pipeline::BisectOutcome| o.report.verdict.first_divergent.as_ref().map(|f| f.node.clone());
@@ -142,7 +142,7 @@ fn reports_name_the_engine_layer_that_contains_the_first_divergent_node() {
     ]);
     std::fs::write(&manifest_path, serde_json::to_vec(&manifest).unwrap()).unwrap();
     let mut replay = options(None);
-    replay.candidate = format!("npz:{}", dir.path().join("cand").display());
+    replay.candidate = spec(&format!("npz:{}", dir.path().join("cand").display()));
     replay.inputs.npz = Some(dir.path().join("inputs.npz"));
     let outcome = bisect_model(&model, &replay).unwrap();
     let layer = outcome.report.first_divergent_detail.as_ref().unwrap().engine_layer.as_ref().expect("the engine layer");

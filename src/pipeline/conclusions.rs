@@ -3,7 +3,9 @@
 
 use layerwise_analysis::{Extras, ILL_CONDITIONED_FACTOR};
 
-use super::*;
+use layerwise_analysis::{Comparison, Status, Verdict};
+use layerwise_model::{GraphIndex, Model};
+use layerwise_runtime::BackendSpec;
 
 fn n(v: f64) -> String {
     layerwise_report::format_number(v)
@@ -12,8 +14,8 @@ fn n(v: f64) -> String {
 /// What an emulation does not reproduce of ONNX Runtime's CUDA kernels, for the ops of this model
 /// (measured on the H100, docs/emulation.md's per-op table): one sentence each, with the numbers
 /// of this run.
-pub(super) fn emulation_limits(candidate: &str, model: &Model, index: &GraphIndex, comparison: &Comparison) -> Vec<String> {
-    let Ok(layerwise_runtime::BackendSpec::Sim { rounding, .. }) = layerwise_runtime::BackendSpec::parse(candidate) else { return Vec::new() };
+pub(super) fn emulation_limits(candidate: &BackendSpec, model: &Model, index: &GraphIndex, comparison: &Comparison) -> Vec<String> {
+    let Some(rounding) = candidate.emulated_rounding() else { return Vec::new() };
     let mut out = Vec::new();
     let numel = |t: &str| comparison.get(t).map(|r| r.shape.iter().product::<usize>().max(1));
     for node in &index.nodes {

@@ -1,6 +1,12 @@
 //! Does fixing it help: the candidate re-run with each break kept at reference precision.
 
-use super::*;
+use anyhow::Result;
+use layerwise_analysis::{compare_all, pattern_of, Comparison, Counterfactual, Isolation, KeepCheck, Verdict};
+use layerwise_model::Selection;
+use layerwise_runtime::{Precision, RunOutput, Tensor};
+
+use super::compare::Job;
+use crate::keep::KeepRunner;
 
 /// Most breaks checked by re-running the candidate.
 const COUNTERFACTUAL_MAX: usize = 6;
@@ -39,7 +45,7 @@ pub(super) fn counterfactual(
     let outputs = Selection::Names(Vec::new());
     for (node, reason) in candidates {
         let mut pattern = pattern_of(&job.index, &node);
-        if job.precision == Precision::Fp16 {
+        if job.judging.precision == Precision::Fp16 {
             pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
         }
         if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
@@ -47,7 +53,7 @@ pub(super) fn counterfactual(
         }
         tried.push(pattern.nodes.clone());
         let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
-        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.tolerance);
+        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.judging.tolerance);
         let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(before, after_error);
         checks.push(KeepCheck {

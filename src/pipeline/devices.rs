@@ -4,26 +4,11 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_runtime::BackendSpec;
 use layerwise_report::Report;
 
-use super::{bisect, samples, BisectOptions, Marking};
-
-/// `spec` with its GPU set to `device`; CPU specs (and any spec when `device` is `None`) as they
-/// are. A GPU spec that names its own device is refused rather than silently moved.
-pub fn spec_on_device(spec: &str, device: Option<u32>) -> Result<String> {
-    let Some(device) = device else { return Ok(spec.to_string()) };
-    match BackendSpec::parse(spec)? {
-        BackendSpec::OrtCpu(o) if o.ep.needs_gpu() => {
-            if spec.split(',').any(|p| p.starts_with("device=")) {
-                bail!("'{spec}' names its own device; with --devices, leave device= out of the specs");
-            }
-            Ok(format!("{spec},device={device}"))
-        }
-        BackendSpec::Trt { .. } => bail!("native TensorRT ('{spec}') takes no device; run one process per GPU with CUDA_VISIBLE_DEVICES and --shard"),
-        _ => Ok(spec.to_string()),
-    }
-}
+use super::options::{BisectOptions, Marking};
+use super::setup::samples;
+use super::bisect;
 
 /// Runs the samples of `options.inputs` (a folder) over `devices`: shard `j` of `N` (samples
 /// `k` with `k % N == j`) on `devices[j]`, all shards at once, then merges them. The merged
@@ -42,12 +27,11 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Rep
     if options.inputs.npz.as_ref().is_none_or(|d| !d.is_dir()) {
         bail!("--devices spreads the samples of --inputs DIR over GPUs; give a folder of .npz files");
     }
-    let gpu = |spec: &str| BackendSpec::parse(spec).map(|s| matches!(s, BackendSpec::OrtCpu(o) if o.ep.needs_gpu())).unwrap_or(false);
-    if !gpu(&options.reference) && !gpu(&options.candidate) {
+    if !options.reference.ort_gpu() && !options.candidate.ort_gpu() {
         bail!("--devices spreads samples over GPUs, but neither --ref {} nor --cand {} runs on one", options.reference, options.candidate);
     }
     for spec in [&options.reference, &options.candidate] {
-        spec_on_device(spec, Some(devices[0]))?;
+        spec.on_device(devices[0])?;
     }
     let total = samples(&options.inputs)?.len();
     let count = devices.len().min(total);
@@ -75,20 +59,4 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Rep
     let spread = (0..count).map(|j| format!("shard {j} on GPU {}", devices[j])).collect::<Vec<_>>().join(", ");
     merged.cand.notes.push(format!("{total} samples spread over {count} GPUs with --devices: {spread}"));
     Ok(merged)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::spec_on_device;
-
-    #[test]
-    fn only_gpu_specs_move_to_the_shard_gpu() {
-        assert_eq!(spec_on_device("ort:cuda,tf32=off", Some(1)).unwrap(), "ort:cuda,tf32=off,device=1");
-        assert_eq!(spec_on_device("ort:trt,fp16", Some(2)).unwrap(), "ort:trt,fp16,device=2");
-        assert_eq!(spec_on_device("ort:cpu", Some(1)).unwrap(), "ort:cpu");
-        assert_eq!(spec_on_device("sim:fp16", Some(1)).unwrap(), "sim:fp16");
-        assert_eq!(spec_on_device("ort:cuda,device=3", None).unwrap(), "ort:cuda,device=3");
-        assert!(spec_on_device("ort:cuda,device=3", Some(1)).unwrap_err().to_string().contains("names its own device"));
-        assert!(spec_on_device("trt", Some(1)).unwrap_err().to_string().contains("takes no device"));
-    }
 }

@@ -1,6 +1,14 @@
 //! Introduced or propagated: each blame-chain node run alone on the reference's values.
 
-use super::*;
+use std::collections::HashMap;
+
+use anyhow::Result;
+use layerwise_analysis::{Isolation, LocalError, Verdict};
+use layerwise_model::extract::{extract_groups, TensorType};
+use layerwise_model::{GraphIndex, Selection};
+use layerwise_runtime::{tensor_types, Precision, RunRequest, Tensor};
+
+use super::compare::{Compared, Job};
 
 /// Most chain nodes run alone.
 const ISOLATE_MAX: usize = 128;
@@ -87,11 +95,11 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
             continue;
         }
-        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance).error_level();
+        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerance).error_level();
         // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
         // the node sees that overflow, but in the model it comes from upstream.
         let node = job.index.node(&step.node).expect("chain node");
-        let overflowing_input = (job.precision == Precision::Fp16)
+        let overflowing_input = (job.judging.precision == Precision::Fp16)
             .then(|| {
                 node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
                     value(t).is_some_and(|v| v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
@@ -99,7 +107,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             })
             .flatten();
         let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
-        let introduces = local_error >= job.rule.min_break && note.is_none();
+        let introduces = local_error >= job.judging.rule.min_break && note.is_none();
         nodes.push(LocalError {
             node: step.node.clone(),
             op_type: step.op_type.clone(),

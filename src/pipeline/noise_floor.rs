@@ -5,7 +5,12 @@
 use layerwise_analysis::{NoiseFloor, ILL_CONDITIONED_FACTOR};
 use layerwise_model::perturb::perturb_weights;
 
-use super::*;
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use layerwise_analysis::Tolerance;
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::{Backend, RunRequest, Tensor};
 
 /// Perturbation runs, each with its own seed; the floor is the largest output error among them.
 const SEEDS: usize = 2;

@@ -8,11 +8,8 @@ use layerwise_analysis::{MemoryPlan, PairedComparison};
 use layerwise_runtime::paired::PairedSession;
 use layerwise_runtime::{RunRequest, Tensor};
 
-use super::{Compared, Job, Steps};
-
-/// How a job compared its tensors, for the report's `memory.comparison`.
-pub const PAIRED: &str = "paired";
-pub const SEPARATE: &str = "separate";
+use super::compare::{Compared, Job, PAIRED};
+use super::steps::Steps;
 
 impl Job<'_> {
     /// Compares one sample with both sides in one session, when both run on ONNX Runtime with the
@@ -33,7 +30,7 @@ impl Job<'_> {
             return Ok(None);
         }
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
-        let comparison = Arc::new(PairedComparison::new(self.tolerance));
+        let comparison = Arc::new(PairedComparison::new(self.judging.tolerance));
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
         // Samples of the same shapes run in the session the first one built.

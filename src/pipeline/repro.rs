@@ -7,7 +7,16 @@ use std::io::Write as _;
 
 use layerwise_analysis::Repro;
 
-use super::*;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use layerwise_analysis::Verdict;
+use layerwise_model::extract::{extract_groups, TensorType};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::{tensor_types, RunRequest, Tensor};
+
+use super::compare::Job;
 
 /// Levels of upstream producers tried around the first divergent node, and most nodes in a repro.
 const MOST_LEVELS: usize = 3;
@@ -40,7 +49,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&fd.node).is_none()) {
         return not_written(format!("node '{}' has another name in the candidate model", fd.node));
     }
-    if job.options.candidate.starts_with("npz:") {
+    if job.options.candidate.is_saved() {
         return not_written("a saved candidate cannot run a new model".into());
     }
     // Growing sets: the node, then its upstream producers level by level.
@@ -108,7 +117,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         if r.shape != c.shape {
             continue;
         }
-        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.tolerance);
+        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerance);
         let reproduces = !metrics.passes();
         let done = reproduces || set.len() == largest.len();
         tried = Some((set.clone(), made, cand_made, inputs, ref_out.tensors, cand_out.tensors, metrics.error_level(), reproduces));

@@ -2,7 +2,7 @@
 //! (done by `layerwise_analysis::aggregate_samples`, here and when `layerwise merge` combines
 //! shards).
 
-use super::*;
+use layerwise_analysis::{Comparison, SampleData, SampleRun, Verdict};
 
 /// One sample's results as aggregation needs them, in the job's tensor order.
 pub(super) fn sample_data(name: &str, comparison: &Comparison, verdict: &Verdict, selection_error: f64, order: &[String]) -> SampleData {

@@ -1,20 +1,23 @@
 //! `--mark search`: a few marked tensors per candidate run, bisecting the blame path.
 
-use super::*;
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use layerwise_analysis::search::Measured;
+use layerwise_analysis::{compare_all, search_first_divergent, verdict_from_chain, Comparison, SearchResult, Verdict};
+use layerwise_model::{Selection, WeightRange};
+use layerwise_runtime::Tensor;
+
+use super::compare::{Compared, Job};
+use super::steps::Steps;
 
 /// `--mark search`: the reference marks everything once; the candidate marks a few tensors per run.
-pub(super) fn search(
-    job: &mut Job,
-    feeds: &[(String, Tensor)],
-    weights: &[layerwise_model::WeightRange],
-    cand_info: Candidate,
-    steps: &mut Steps,
-    extras: &mut Extras,
-) -> Result<(Compared, Verdict)> {
+pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[WeightRange], steps: &mut Steps) -> Result<(Compared, Verdict, SearchResult)> {
     let reference = steps.run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
     let mut notes = Vec::new();
     let mut engine_layers = Vec::new();
-    let rule = job.rule;
+    let rule = job.judging.rule;
+    let tolerance = job.judging.tolerance;
     let index = job.index.clone();
     let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
         let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
@@ -27,7 +30,7 @@ pub(super) fn search(
         }
         let mut order: Vec<String> = marked.to_vec();
         order.extend(index.outputs.iter().cloned());
-        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, job.tolerance);
+        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, tolerance);
         let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
         Ok((comparison.records, unavailable))
     })?;
@@ -35,9 +38,8 @@ pub(super) fn search(
     if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
         bail!("no model output could be compared in the candidate's first run");
     }
-    let verdict = verdict_from_chain(&index, &comparison, weights, rule, cand_info, &result.chain, result.node.as_deref());
+    let verdict = verdict_from_chain(&index, &comparison, weights, rule, job.judging.candidate, &result.chain, result.node.as_deref());
     let unavailable = result.unavailable.clone();
-    extras.search = Some(result);
     let compared = Compared {
         comparison,
         tensors: Some((reference.tensors, HashMap::new())),
@@ -47,5 +49,5 @@ pub(super) fn search(
         engine_layers,
         memory: None,
     };
-    Ok((compared, verdict))
+    Ok((compared, verdict, result))
 }

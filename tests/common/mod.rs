@@ -201,3 +201,9 @@ pub fn saved_tensor(folder: &std::path::Path, tensor: &str) -> layerwise_runtime
     assert_eq!(matches.len(), 1, "one saved '{tensor}' in {}: {matches:?}", folder.display());
     layerwise_runtime::npy::read_npy_file(&matches[0]).unwrap()
 }
+
+/// A backend spec written in a test (panics on a typo, which is the test's bug).
+#[allow(dead_code)]
+pub fn spec(text: &str) -> layerwise_runtime::BackendSpec {
+    layerwise_runtime::BackendSpec::parse(text).unwrap_or_else(|e| panic!("{e}"))
+}

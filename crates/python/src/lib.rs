@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use layerwise::fix::{fix as run_fix, FixOptions};
 use layerwise::pipeline::{bisect as run_bisect, BisectOptions, Marking, CANCEL};
 use layerwise_model::Selection;
-use layerwise_runtime::{DType, Tensor};
+use layerwise_runtime::{BackendSpec, DType, Tensor};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyKeyboardInterrupt};
 use pyo3::prelude::*;
@@ -78,7 +78,8 @@ struct Options {
 }
 
 fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, samples: Vec<(String, Vec<(String, Tensor)>)>) -> PyResult<BisectOptions> {
-    let mut b = BisectOptions::new(model, o.reference.as_deref().unwrap_or("ort:cpu"), o.cand.as_deref().unwrap_or("sim:fp16"));
+    let spec = |given: Option<&str>, default: &str, what: &str| BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")));
+    let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, spec(o.cand.as_deref(), "sim:fp16", "cand")?);
     b.cand_model = o.cand_model.clone();
     b.atol = o.atol;
     b.rtol = o.rtol;

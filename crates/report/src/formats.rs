@@ -8,23 +8,7 @@ use serde_json::{json, Value};
 
 use crate::fix_report::{FixReport, FixStatus};
 
-use crate::html::fmt;
-use crate::Report;
-
-/// A tensor record's error level as every format shows it: relative L2, inf when it could not be
-/// compared.
-pub(crate) fn error_of(t: &TensorRecord) -> f64 {
-    if t.mismatch.is_none() {
-        t.metrics.rel_l2_err
-    } else {
-        f64::INFINITY
-    }
-}
-
-/// A first divergent node's input error: a number, or "not compared".
-pub(crate) fn input_error_text(v: Option<f64>) -> String {
-    v.map(fmt).unwrap_or_else(|| "not compared".to_string())
-}
+use crate::{error_of, fmt, input_error_text, Report};
 
 /// A number as the JSON report writes it ("inf", "nan" for non-finite values), for CSV cells.
 fn json_number(v: f64) -> String {

@@ -5,20 +5,9 @@ use std::fmt::Write;
 
 use layerwise_analysis::{FirstDivergent, Status, TensorRecord};
 
-use crate::formats::{error_of, input_error_text};
 use crate::json::{Detail, Neighbour};
 use crate::svg::{esc, histogram, LogChart, Point};
-use crate::{cause_name, shorten, Report};
-
-pub fn fmt(v: f64) -> String {
-    if let Some(s) = crate::special_number(v) {
-        s.into()
-    } else if (1e-3..1e4).contains(&v.abs()) {
-        format!("{v:.4}")
-    } else {
-        format!("{v:.3e}")
-    }
-}
+use crate::{cause_name, error_of, fmt, input_error_text, shorten, Report};
 
 fn severity(error: f64) -> &'static str {
     if error.is_nan() {

@@ -8,8 +8,8 @@ pub const SCHEMA: &str = "layerwise.report/1";
 pub struct ReportContext<'a> {
     pub model: &'a Model,
     pub index: &'a GraphIndex,
-    pub ref_spec: &'a str,
-    pub cand_spec: &'a str,
+    pub ref_spec: String,
+    pub cand_spec: String,
     pub ref_notes: Vec<String>,
     pub cand_notes: Vec<String>,
     pub tolerance: Tolerance,
@@ -250,8 +250,8 @@ pub fn build_report(ctx: ReportContext) -> Report {
             opset: ctx.model.opset(),
             node_count: ctx.index.nodes.len(),
         },
-        reference: BackendInfo { spec: ctx.ref_spec.to_string(), notes: ctx.ref_notes },
-        cand: BackendInfo { spec: ctx.cand_spec.to_string(), notes: ctx.cand_notes },
+        reference: BackendInfo { spec: ctx.ref_spec, notes: ctx.ref_notes },
+        cand: BackendInfo { spec: ctx.cand_spec, notes: ctx.cand_notes },
         tolerances: Tolerances {
             atol: ctx.tolerance.atol,
             rtol: ctx.tolerance.rtol,

@@ -10,6 +10,8 @@ mod svg;
 mod terminal;
 
 use std::io::Write;
+
+use layerwise_analysis::TensorRecord;
 use std::path::{Path, PathBuf};
 
 pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
@@ -139,6 +141,33 @@ pub fn special_number(v: f64) -> Option<&'static str> {
     } else {
         None
     }
+}
+
+/// A number as the HTML and Markdown reports write it: four decimals from 1e-3 to 1e4, else
+/// scientific.
+pub(crate) fn fmt(v: f64) -> String {
+    if let Some(s) = crate::special_number(v) {
+        s.into()
+    } else if (1e-3..1e4).contains(&v.abs()) {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.3e}")
+    }
+}
+
+/// A tensor record's error level as every format shows it: relative L2, inf when it could not be
+/// compared.
+pub(crate) fn error_of(t: &TensorRecord) -> f64 {
+    if t.mismatch.is_none() {
+        t.metrics.rel_l2_err
+    } else {
+        f64::INFINITY
+    }
+}
+
+/// A first divergent node's input error: a number, or "not compared".
+pub(crate) fn input_error_text(v: Option<f64>) -> String {
+    v.map(fmt).unwrap_or_else(|| "not compared".to_string())
 }
 
 /// A number as the terminal summaries write it: two significant decimals, `1.23e-04`.

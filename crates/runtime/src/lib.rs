@@ -6,6 +6,8 @@
 //! which backend produced a tensor.
 
 mod backend;
+mod factory;
+mod spec;
 pub mod backend_log;
 mod error;
 pub mod inputs;
@@ -21,6 +23,8 @@ mod cuda;
 #[cfg(feature = "tensorrt")]
 pub mod trt;
 
-pub use backend::{create_backend, Backend, BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest, KNOWN_SPECS};
+pub use backend::{Backend, OnnxProgram, RunOutput, RunRequest};
+pub use factory::create_backend;
+pub use spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, KNOWN_SPECS};
 pub use error::RuntimeError;
 pub use layerwise_model::tensor::{shape_string, DType, Tensor, TensorData};

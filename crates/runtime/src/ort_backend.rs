@@ -9,11 +9,14 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
-use crate::backend::{Backend, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
+use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
+use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::{ortlib, DType, RuntimeError, Tensor, TensorData};
 
 pub struct OrtBackend {
-    spec: String,
+    spec: BackendSpec,
+    /// The spec's text, for errors and notes.
+    label: String,
     options: OrtOptions,
     /// The precision emulated (`sim:...`), or none (ONNX Runtime as it is).
     emulate: Option<Rounding>,
@@ -34,14 +37,16 @@ pub struct OrtBackend {
 }
 
 impl OrtBackend {
-    pub fn new(spec: &str, options: OrtOptions, emulate: Option<Rounding>) -> OrtBackend {
+    pub fn new(spec: &BackendSpec, options: OrtOptions, emulate: Option<Rounding>) -> OrtBackend {
         static BACKENDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        OrtBackend { spec: spec.to_string(), options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, log_id: format!("{spec}#{n}") }
+        let label = spec.to_string();
+        let log_id = format!("{label}#{n}");
+        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, log_id }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
-        RuntimeError::Ort { backend: self.spec.clone(), why: why.to_string() }
+        RuntimeError::Ort { backend: self.label.clone(), why: why.to_string() }
     }
 
     /// A session for `proto`, a rewrite of `model`, loaded from memory with external data
@@ -54,7 +59,7 @@ impl OrtBackend {
     }
 
     fn session(&self, bytes: &[u8], external_folder: Option<&Path>, level: OptLevel) -> Result<Session, RuntimeError> {
-        build_session(&self.spec, &self.options, &self.log_id, ModelSource::Memory { bytes, external_folder }, level, SessionExtras::default())
+        build_session(&self.label, &self.options, &self.log_id, ModelSource::Memory { bytes, external_folder }, level, SessionExtras::default())
     }
 
     /// `proto` after ONNX Runtime's optimizations at this backend's level, as ONNX Runtime saves
@@ -68,7 +73,7 @@ impl OrtBackend {
         let path = scratch.path().join("optimized.onnx");
         let extras = SessionExtras { optimized_path: Some(&path), operators: None };
         let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
-        drop(build_session(&self.spec, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
+        drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
         drop(source);
         release_freed_memory();
         Ok(layerwise_model::Model::read_proto(&path)?)
@@ -162,14 +167,14 @@ pub(crate) fn build_session(
         ExecutionProvider::Cpu => None,
         ExecutionProvider::Cuda { device, tf32, conv_search } => {
             let search = match conv_search {
-                crate::backend::ConvSearch::Exhaustive => ort::ep::cuda::ConvAlgorithmSearch::Exhaustive,
-                crate::backend::ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
-                crate::backend::ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
+                ConvSearch::Exhaustive => ort::ep::cuda::ConvAlgorithmSearch::Exhaustive,
+                ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
+                ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
             };
-            Some(ort::ep::CUDA::default().with_device_id(device as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
+            Some(ort::ep::CUDA::default().with_device_id(device.unwrap_or(0) as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
         }
-        ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device as i32).with_fp16(fp16).build()),
-        ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device).build()),
+        ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device.unwrap_or(0) as i32).with_fp16(fp16).build()),
+        ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device.unwrap_or(0)).build()),
     };
     if let Some(provider) = provider {
         builder = builder
@@ -200,7 +205,7 @@ pub(crate) fn build_session(
 }
 
 impl Backend for OrtBackend {
-    fn spec(&self) -> &str {
+    fn spec(&self) -> &BackendSpec {
         &self.spec
     }
 
@@ -227,7 +232,7 @@ impl Backend for OrtBackend {
         Some(&self.options)
     }
 
-    fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<crate::paired::OnnxProgram, RuntimeError>> {
+    fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<OnnxProgram, RuntimeError>> {
         let mut output = RunOutput::default();
         let result = self.program(request, &mut output).and_then(|(proto, _)| {
             if self.options.opt_level == OptLevel::Disable {
@@ -241,8 +246,8 @@ impl Backend for OrtBackend {
         let logged: Vec<_> = crate::backend_log::take(&self.log_id).into_iter().filter(|l| !l.message.starts_with("Serializing optimized model")).collect();
         Some(result.map(|proto| {
             output.notes.extend(logged.iter().map(|l| l.note()));
-            crate::paired::OnnxProgram {
-                spec: self.spec.clone(),
+            OnnxProgram {
+                spec: self.label.clone(),
                 proto,
                 options: self.options.clone(),
                 notes: output.notes,
@@ -328,7 +333,7 @@ impl OrtBackend {
             _ => self.session_for(request.model, &proto, self.options.opt_level)?,
         };
         drop(proto);
-        let feeds = session_feeds(&session, request.inputs, &self.spec)?;
+        let feeds = session_feeds(&session, request.inputs, &self.label)?;
         let (mut results, optional) = run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         for name in optional {
             output.unavailable.push((name, "an optional value, not a tensor (it may hold none): not compared".into()));
@@ -500,7 +505,8 @@ pub fn tensor_types(
             }
         }
     }
-    let backend = OrtBackend::new("ort:cpu", OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true }, None);
+    let options = OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true };
+    let backend = OrtBackend::new(&BackendSpec::Ort(options.clone()), options, None);
     let session = backend.session_for(model, &exposed, OptLevel::Disable);
     // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.
     crate::backend_log::take(&backend.log_id);

@@ -16,27 +16,10 @@ use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, Operat
 use ort::session::Session;
 use ort::value::{TensorElementType, ValueType};
 
-use crate::backend::{OptLevel, OrtOptions};
+use crate::backend::OnnxProgram;
+use crate::spec::{OptLevel, OrtOptions};
 use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
 use crate::{DType, RuntimeError, Tensor};
-
-/// What an ONNX Runtime backend runs for one request, ready to be paired with another.
-#[derive(Debug, Clone)]
-pub struct OnnxProgram {
-    /// The backend's spec (`ort:cpu`, `sim:fp16`).
-    pub spec: String,
-    /// The model as ONNX Runtime runs it, with its graph optimizations already applied (as ONNX
-    /// Runtime saves them): run with optimizations disabled, it computes bit for bit what the
-    /// backend computes. The requested tensors are graph outputs under their own names.
-    pub proto: ModelProto,
-    pub options: OrtOptions,
-    /// What the backend would note about the run (library, emulation).
-    pub notes: Vec<String>,
-    /// Tensors asked for that this program does not compute, with the reason.
-    pub unavailable: Vec<(String, String)>,
-    /// The backend's log id: ONNX Runtime's lines about this program land in its notes.
-    pub log_id: String,
-}
 
 pub use layerwise_model::pair::{Operand, PairReducer};
 

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use layerwise_model::Selection;
 use sha2::{Digest, Sha256};
 
-use crate::backend::{Backend, Precision, RunOutput, RunRequest};
+use crate::backend::{Backend, RunOutput, RunRequest};
+use crate::spec::{BackendSpec, ExecutionProvider, Precision};
 use crate::npy::{read_npy_file, read_npz, write_npy, write_npy_file, write_npz};
 use crate::{RuntimeError, Tensor};
 
@@ -38,7 +39,7 @@ fn file_name(position: usize, name: &str) -> String {
 pub fn save_run(
     dir: &Path,
     role: &str,
-    spec: &str,
+    spec: &BackendSpec,
     order: &[String],
     tensors: &HashMap<String, Tensor>,
     engine_layers: &[(String, Vec<String>)],
@@ -56,7 +57,7 @@ pub fn save_run(
     let input_prints: BTreeMap<&str, String> = inputs.iter().map(|(n, t)| (n.as_str(), fingerprint(t))).collect();
     let manifest = serde_json::json!({
         "schema": "layerwise.saved-run/1",
-        "spec": spec,
+        "spec": spec.to_string(),
         "inputs": input_prints,
         "tensors": entries,
         "engine_layers": engine_layers.iter().map(|(n, nodes)| serde_json::json!({ "name": n, "onnx_nodes": nodes })).collect::<Vec<_>>(),
@@ -71,7 +72,8 @@ pub fn save_run(
 
 /// The `npz:PATH` backend.
 pub struct SavedBackend {
-    spec: String,
+    spec: BackendSpec,
+    label: String,
     path: PathBuf,
     tensors: HashMap<String, Tensor>,
     precision: Precision,
@@ -80,13 +82,14 @@ pub struct SavedBackend {
 }
 
 impl SavedBackend {
-    pub fn open(spec: &str, path: &Path) -> Result<SavedBackend, RuntimeError> {
+    pub fn open(spec: &BackendSpec, path: &Path) -> Result<SavedBackend, RuntimeError> {
         let bad = |why: String| RuntimeError::TensorFile { path: path.to_path_buf(), why };
         if !path.exists() {
             return Err(bad("does not exist".into()));
         }
         let mut backend = SavedBackend {
-            spec: spec.to_string(),
+            spec: spec.clone(),
+            label: spec.to_string(),
             path: path.to_path_buf(),
             tensors: HashMap::new(),
             // Saved tensors of unknown origin get the looser (FP16) default tolerances.
@@ -123,7 +126,8 @@ impl SavedBackend {
         let text = fs::read_to_string(&manifest_path).map_err(|e| bad(format!("cannot read manifest: {e}")))?;
         let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("manifest is not JSON: {e}")))?;
         let saved_spec = manifest["spec"].as_str().unwrap_or_default();
-        backend.precision = if saved_spec.starts_with("ort:cpu") { Precision::Fp32 } else { Precision::Fp16 };
+        let float32_cpu = matches!(BackendSpec::parse(saved_spec), Ok(BackendSpec::Ort(o)) if o.ep == ExecutionProvider::Cpu);
+        backend.precision = if float32_cpu { Precision::Fp32 } else { Precision::Fp16 };
         backend.input_prints = manifest["inputs"]
             .as_object()
             .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect());
@@ -145,7 +149,7 @@ impl SavedBackend {
 }
 
 impl Backend for SavedBackend {
-    fn spec(&self) -> &str {
+    fn spec(&self) -> &BackendSpec {
         &self.spec
     }
 
@@ -158,7 +162,7 @@ impl Backend for SavedBackend {
             for (name, tensor) in request.inputs {
                 if prints.get(name).is_some_and(|p| *p != fingerprint(tensor)) {
                     return Err(RuntimeError::Backend {
-                        backend: self.spec.clone(),
+                        backend: self.label.clone(),
                         why: format!(
                             "the saved tensors in {} were computed from a different value of input '{name}'; \
                              compare with the same inputs (--inputs {})",

@@ -15,7 +15,8 @@ use layerwise_model::{expose, GraphIndex, Model, Selection};
 use sha2::{Digest, Sha256};
 use trtx::logger::{LogHandler, Severity};
 
-use crate::backend::{Backend, Precision, RunOutput, RunRequest};
+use crate::backend::{Backend, RunOutput, RunRequest};
+use crate::spec::{BackendSpec, Precision};
 use crate::RuntimeError;
 
 /// The `trt` backend: builds (or reuses) the engine with the requested tensors marked, then runs
@@ -24,18 +25,19 @@ use crate::RuntimeError;
 /// the CUDA runtime and an NVIDIA GPU that the TensorRT flavour supports; without them the run
 /// stops with an error that names what is missing, after building and caching the engine.
 pub struct TrtBackend {
-    spec: String,
+    spec: BackendSpec,
+    label: String,
     options: TrtOptions,
 }
 
 impl TrtBackend {
-    pub fn new(spec: &str, options: TrtOptions) -> TrtBackend {
-        TrtBackend { spec: spec.to_string(), options }
+    pub fn new(spec: &BackendSpec, options: TrtOptions) -> TrtBackend {
+        TrtBackend { spec: spec.clone(), label: spec.to_string(), options }
     }
 }
 
 impl Backend for TrtBackend {
-    fn spec(&self) -> &str {
+    fn spec(&self) -> &BackendSpec {
         &self.spec
     }
 
@@ -51,7 +53,7 @@ impl Backend for TrtBackend {
         let shapes: Vec<(String, Vec<usize>)> = request.inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
         let built = build_engine(request.model, request.index, request.selection, &shapes, &self.options)?;
         let fail = |why: String| RuntimeError::Backend {
-            backend: self.spec.clone(),
+            backend: self.label.clone(),
             why: format!("engine built ({} layers, {}), but it cannot run here: {why}", built.layers.len(), built.path.display()),
         };
         let cuda = crate::cuda::Cuda::load().map_err(|why| fail(format!("{why}; running TensorRT engines needs CUDA and an NVIDIA GPU")))?;

@@ -19,24 +19,28 @@ use std::collections::{HashMap, HashSet};
 use layerwise_model::onnx::{tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto};
 use layerwise_model::{Model, Selection};
 
-use crate::backend::{Backend, ExecutionProvider, OptLevel, OrtOptions, Precision, RunOutput, RunRequest};
+use crate::backend::{Backend, RunOutput, RunRequest};
+use crate::spec::{BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
 use crate::{RuntimeError, Tensor};
 
 /// `ort:cpu` on a model with FP16 or BF16 tensors, evaluated one node at a time in the model's
 /// own types (see the module documentation).
 pub struct TypedBackend {
-    spec: String,
+    spec: BackendSpec,
+    label: String,
     options: OrtOptions,
     log_id: String,
 }
 
 impl TypedBackend {
-    pub fn new(spec: &str, threads: Option<usize>) -> TypedBackend {
+    pub fn new(spec: &BackendSpec, threads: Option<usize>) -> TypedBackend {
+        let label = spec.to_string();
         TypedBackend {
-            spec: spec.to_string(),
+            spec: spec.clone(),
             options: OrtOptions { opt_level: OptLevel::Disable, threads, ep: ExecutionProvider::Cpu, typed: true },
-            log_id: format!("{spec}#typed"),
+            log_id: format!("{label}#typed"),
+            label,
         }
     }
 }
@@ -45,7 +49,7 @@ impl TypedBackend {
 pub const TYPED_NOTE: &str = "typed evaluation: ONNX Runtime's CPU provider does not compute FP16 or BF16 as a GPU does (it runs ops without such kernels in float32 and removes the Cast pairs between them), so this model was run one node at a time, every tensor between nodes stored in the type the file declares (docs/fix.md)";
 
 impl Backend for TypedBackend {
-    fn spec(&self) -> &str {
+    fn spec(&self) -> &BackendSpec {
         &self.spec
     }
 
@@ -54,7 +58,7 @@ impl Backend for TypedBackend {
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
-        let result = evaluate_typed(&self.spec, &self.options, &self.log_id, request);
+        let result = evaluate_typed(&self.label, &self.options, &self.log_id, request);
         let logged = crate::backend_log::take(&self.log_id);
         let mut output = result?;
         output.notes.extend(logged.iter().map(|l| l.note()));

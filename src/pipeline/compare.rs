@@ -1,0 +1,283 @@
+//! Stages 2 and 3: run both sides (paired in one session where they can be, else separately, in
+//! groups that fit the memory budget) and compare every tensor.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Context, Result};
+use layerwise_analysis::{compare_all, Comparison, Histogram, MemoryPlan, HISTOGRAM_BINS};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::{tensor_types, Backend, RunOutput, RunRequest, Tensor, TensorData};
+
+use super::setup::{Judging, Setup};
+use super::options::{default_memory_budget, BisectOptions};
+use super::steps::Steps;
+
+/// How a job compared its tensors, for the report's `memory.comparison`.
+pub const PAIRED: &str = "paired";
+pub const SEPARATE: &str = "separate";
+
+/// What runs both sides and compares them, sample after sample: the plan's model and backends,
+/// and what comparing has learnt so far (memory plans, a paired session, why pairing failed).
+pub(super) struct Job<'a> {
+    pub options: &'a BisectOptions,
+    pub model: &'a Model,
+    pub index: GraphIndex,
+    pub cand_model: Option<(Model, GraphIndex)>,
+    /// Reference tensor -> the candidate model's tensor holding its value (`--cand-model`).
+    pub cand_names: HashMap<String, String>,
+    pub reference: Box<dyn Backend>,
+    pub candidate: Box<dyn Backend>,
+    pub judging: Judging,
+    pub order: Vec<String>,
+    budget: u64,
+    /// The group plan per set of input shapes: samples usually share their shapes, and planning
+    /// builds an ONNX Runtime session.
+    plans: HashMap<Vec<Vec<usize>>, GroupPlan>,
+    /// Why the tensors were compared after separate runs although pairing was tried; once set,
+    /// later samples go straight to separate runs.
+    pub(super) pairing_note: Option<String>,
+    /// The paired session of the samples so far, by input shapes (dropped after the samples).
+    pub(super) paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
+}
+
+/// The groups of tensors compared together, and the memory plan that made them.
+type GroupPlan = (Vec<Vec<String>>, Option<MemoryPlan>);
+
+/// The result of comparing one sample, all tensors.
+pub(super) struct Compared {
+    pub comparison: Comparison,
+    /// Reference and candidate tensors, when they were all held at once (no split).
+    pub tensors: Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>,
+    pub histograms: HashMap<String, Histogram>,
+    pub notes: (Vec<String>, Vec<String>),
+    pub unavailable: Vec<(String, String)>,
+    pub engine_layers: Vec<(String, Vec<String>)>,
+    pub memory: Option<MemoryPlan>,
+}
+
+impl<'a> Job<'a> {
+    /// The job that runs `setup`'s backends on its model (borrowed from the caller).
+    pub(super) fn new(options: &'a BisectOptions, model: &'a Model, setup: Setup<'_>) -> Job<'a> {
+        let budget = options.max_memory.unwrap_or_else(default_memory_budget);
+        Job {
+            options,
+            model,
+            index: setup.index,
+            cand_model: setup.cand_model,
+            cand_names: setup.cand_names,
+            reference: setup.reference,
+            candidate: setup.candidate,
+            judging: setup.judging,
+            order: setup.order,
+            budget,
+            plans: HashMap::new(),
+            pairing_note: None,
+            paired_session: None,
+        }
+    }
+
+    pub(super) fn run_reference(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+        let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection };
+        self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))
+    }
+
+    pub(super) fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+        let out = match &self.cand_model {
+            Some((cm, ci)) => {
+                // Ask for the candidate model's own names, and give the tensors back under the
+                // reference's.
+                let theirs = |n: &String| self.cand_names.get(n).unwrap_or(n).clone();
+                let selection = match selection {
+                    Selection::All => Selection::All,
+                    Selection::Names(names) => {
+                        Selection::Names(names.iter().map(theirs).filter(|n| ci.producer_index(n).is_some()).collect::<std::collections::BTreeSet<_>>().into_iter().collect())
+                    }
+                };
+                let out = self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection });
+                out.map(|mut out| {
+                    out.tensors = under_reference_names(std::mem::take(&mut out.tensors), &self.cand_names);
+                    out
+                })
+            }
+            None => self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: feeds, selection }),
+        };
+        out.with_context(|| format!("candidate {}", self.options.candidate))
+    }
+
+    /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget, planned
+    /// from each tensor's real size: ONNX Runtime's shape inference with the inputs' shapes, and
+    /// where a dimension stays unknown (data-dependent), the shape measured by one reference run
+    /// that returns only shapes.
+    fn plan(&mut self, feeds: &[(String, Tensor)]) -> Result<(Vec<Vec<String>>, Option<MemoryPlan>)> {
+        let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+        let types = tensor_types(self.model, &self.index, &shapes)?;
+        let unknown: Vec<String> = self.order.iter().filter(|t| types.get(*t).is_some_and(|ty| ty.dims.iter().any(Option::is_none))).cloned().collect();
+        let mut measured: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut source = "shape inference";
+        if !unknown.is_empty() {
+            match self.measure_shapes(feeds, &unknown) {
+                Ok(m) => {
+                    measured = m;
+                    source = "shape inference and a shapes-only reference run";
+                }
+                // A reference that cannot run a rewritten model (a saved run): unknown dimensions
+                // count as the largest input dimension, an upper guess.
+                Err(_) => source = "shape inference; unknown dimensions guessed as the largest input dimension",
+            }
+        }
+        let fallback_dim = feeds.iter().flat_map(|(_, t)| t.shape.iter().copied()).max().unwrap_or(1).max(1);
+        let size = |t: &str| -> u64 {
+            types.get(t).map_or(0, |ty| {
+                let elem = ty.dtype.map_or(8, |d| d.size()) as u64;
+                match measured.get(t) {
+                    Some(dims) => dims.iter().map(|&d| d as u64).product::<u64>() * elem,
+                    None => ty.dims.iter().map(|d| d.unwrap_or(fallback_dim) as u64).product::<u64>() * elem,
+                }
+            })
+        };
+        let outputs: u64 = self.index.outputs.iter().map(|o| size(o)).sum();
+        let total: u64 = self.order.iter().map(|t| size(t)).sum();
+        let per_group = (self.budget / 2).saturating_sub(outputs).max(1);
+        // Tensors that fit stay in one group: the loop splits only past `per_group`.
+        let mut groups: Vec<Vec<String>> = vec![Vec::new()];
+        let mut bytes = 0u64;
+        let mut largest = 0u64;
+        for t in &self.order {
+            let s = size(t);
+            if bytes + s > per_group && !groups.last().expect("one group").is_empty() {
+                largest = largest.max(bytes);
+                groups.push(Vec::new());
+                bytes = 0;
+            }
+            bytes += s;
+            groups.last_mut().expect("one group").push(t.clone());
+        }
+        largest = largest.max(bytes) + outputs;
+        let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
+        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string(), comparison: SEPARATE.to_string() };
+        Ok((groups, Some(plan)))
+    }
+
+    /// The shapes of `tensors`, from one reference run of the model with a `Shape` node on each:
+    /// only the shapes come back, so it needs no more memory than a plain run.
+    fn measure_shapes(&mut self, feeds: &[(String, Tensor)], tensors: &[String]) -> Result<HashMap<String, Vec<usize>>> {
+        if self.options.reference.is_saved() {
+            bail!("a saved reference cannot run a rewritten model");
+        }
+        let mut proto = self.model.proto.clone();
+        let graph = proto.graph.as_mut().expect("checked on load");
+        let mut names = Vec::new();
+        for (i, t) in tensors.iter().enumerate() {
+            let shape_name = format!("{t}__lw_shape_{i}");
+            graph.node.push(layerwise_model::onnx::NodeProto {
+                op_type: Some("Shape".into()),
+                name: Some(format!("lw_shape_probe_{i}")),
+                input: vec![t.clone()],
+                output: vec![shape_name.clone()],
+                ..Default::default()
+            });
+            names.push(shape_name);
+        }
+        let probe = self.model.derived(proto, "shape-probe.onnx");
+        let probe_index = GraphIndex::build(probe.graph())?;
+        let out = self.reference.run(&RunRequest { model: &probe, index: &probe_index, inputs: feeds, selection: &Selection::Names(names.clone()) })?;
+        let mut shapes = HashMap::new();
+        for (t, n) in tensors.iter().zip(&names) {
+            if let Some(TensorData::I64(dims)) = out.tensors.get(n).map(|v| &v.data) {
+                shapes.insert(t.clone(), dims.iter().map(|&d| d.max(0) as usize).collect());
+            }
+        }
+        Ok(shapes)
+    }
+
+    /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
+    pub(super) fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
+        if let Some(compared) = self.compare_paired(feeds, steps)? {
+            return Ok(compared);
+        }
+        let shapes: Vec<Vec<usize>> = feeds.iter().map(|(_, t)| t.shape.clone()).collect();
+        if !self.plans.contains_key(&shapes) {
+            let plan = steps.run("planning memory", || self.plan(feeds))?;
+            self.plans.insert(shapes.clone(), plan);
+        }
+        let (groups, memory) = self.plans[&shapes].clone();
+        let mut records = Vec::new();
+        let mut not_compared = Vec::new();
+        let mut histograms = HashMap::new();
+        let mut result = Compared {
+            comparison: Comparison::default(),
+            tensors: None,
+            histograms: HashMap::new(),
+            notes: (Vec::new(), Vec::new()),
+            unavailable: Vec::new(),
+            engine_layers: Vec::new(),
+            memory: memory.clone(),
+        };
+        let split = groups.len() > 1;
+        if split && self.options.save_tensors.is_some() {
+            bail!("--save-tensors keeps every tensor of both runs, but they do not fit --max-memory {} at once; raise --max-memory", self.budget);
+        }
+        // Names compared so far: model outputs come back in every group and count once.
+        let mut attempted: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for (g, group) in groups.iter().enumerate() {
+            let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
+            let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
+            let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
+            let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
+            let order: Vec<String> = group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
+            let mut comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, self.judging.tolerance)))?;
+            // A backend's own reason (fused away, folded, not a tensor type) says more than "missing".
+            for (t, why) in ref_out.unavailable.iter().chain(&cand_out.unavailable) {
+                if let Some(entry) = comparison.not_compared.iter_mut().find(|(n, _)| n == t) {
+                    entry.1 = why.clone();
+                }
+            }
+            if split {
+                for record in comparison.records.iter().filter(|r| !r.pass && r.mismatch.is_none()) {
+                    if let (Some(r), Some(c)) = (ref_out.tensors.get(&record.name), cand_out.tensors.get(&record.name)) {
+                        histograms.insert(record.name.clone(), layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), HISTOGRAM_BINS));
+                    }
+                }
+            }
+            records.extend(comparison.records);
+            not_compared.extend(comparison.not_compared);
+            if g == 0 {
+                result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
+                result.notes.0.extend(self.pairing_note.clone());
+                result.engine_layers = cand_out.engine_layers.clone();
+            }
+            result.unavailable.extend(ref_out.unavailable.iter().cloned());
+            result.unavailable.extend(cand_out.unavailable.iter().cloned());
+            if !split && keep_tensors {
+                result.tensors = Some((ref_out.tensors, cand_out.tensors));
+            }
+            // Both runs' tensors of this group are dropped here, before the next group runs.
+        }
+        result.comparison = Comparison::from_records(records, not_compared, &self.order);
+        result.histograms = histograms;
+        Ok(result)
+    }
+}
+
+/// A candidate model's tensors under the reference names they were paired with (copied when
+/// several reference tensors carry one value, as through a reference Identity). A tensor paired
+/// with nothing is dropped, even if the reference has a tensor of that name: a name alone, on a
+/// node of another op type, is no evidence of the same value.
+fn under_reference_names(mut tensors: HashMap<String, Tensor>, cand_names: &HashMap<String, String>) -> HashMap<String, Tensor> {
+    let mut renamed: HashMap<String, Tensor> = HashMap::with_capacity(tensors.len());
+    let mut uses: HashMap<&str, usize> = HashMap::new();
+    for c in cand_names.values() {
+        *uses.entry(c.as_str()).or_default() += 1;
+    }
+    let mut pairs: Vec<(&String, &String)> = cand_names.iter().collect();
+    pairs.sort();
+    for (r, c) in pairs {
+        let left = uses.get_mut(c.as_str()).expect("counted");
+        *left -= 1;
+        let value = if *left == 0 { tensors.remove(c) } else { tensors.get(c).cloned() };
+        if let Some(v) = value {
+            renamed.insert(r.clone(), v);
+        }
+    }
+    renamed
+}

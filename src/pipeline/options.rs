@@ -1,0 +1,167 @@
+//! What `layerwise bisect` takes and gives back, and the checks made before any work.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use layerwise_model::Selection;
+use layerwise_report::{Outputs, Report};
+use layerwise_runtime::inputs::InputOptions;
+use layerwise_runtime::BackendSpec;
+
+/// Set from another thread (the Python API on Ctrl-C) to stop a running job at its next step;
+/// the step in progress finishes first, and temporary files go with their owners.
+pub static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Everything `layerwise bisect` takes.
+#[derive(Debug, Clone)]
+pub struct BisectOptions {
+    pub model: PathBuf,
+    pub reference: BackendSpec,
+    pub candidate: BackendSpec,
+    /// A different model file for the candidate side (a converted FP16 model); tensors are matched
+    /// by name.
+    pub cand_model: Option<PathBuf>,
+    pub inputs: InputOptions,
+    pub atol: Option<f64>,
+    pub rtol: Option<f64>,
+    pub range_tol: Option<f64>,
+    /// Report files to write (JSON, HTML, Markdown, CSV, Model Explorer node data).
+    pub outputs: Outputs,
+    pub save_tensors: Option<PathBuf>,
+    pub selection: Selection,
+    /// How many worst tensors the terminal summary lists.
+    pub top: usize,
+    /// Show progress spinners on stderr.
+    pub progress: bool,
+    /// Show progress as one line per step instead (where stderr is no terminal: a notebook).
+    pub progress_lines: bool,
+    /// How candidate runs mark tensors: all at once, or a few per run (search).
+    pub mark: Marking,
+    /// Most bytes of exposed tensors held at once (both sides); `None`: half the available memory.
+    pub max_memory: Option<u64>,
+    /// Run each blame-chain node alone on reference inputs (introduced vs propagated error).
+    pub isolate: bool,
+    /// Re-run the candidate with each break kept at reference precision.
+    pub counterfactual: bool,
+    /// Measure the noise floor (the reference re-run with its weights perturbed).
+    pub noise_floor: bool,
+    /// Leave If/Loop nodes as they are instead of replacing them by what the reference ran (their
+    /// bodies' tensors are then not compared).
+    pub keep_control_flow: bool,
+    /// Write the first divergent layer as a standalone model with its data into this folder.
+    pub repro: Option<PathBuf>,
+    /// `(I, N)`: process only samples `k` with `k % N == I` of `--inputs DIR` and write a partial
+    /// report for `layerwise merge`.
+    pub shard: Option<(usize, usize)>,
+    /// Run the reference and the candidate as separate sessions and compare the tensors they return,
+    /// even where both could run paired in one session (which holds only per-tensor statistics).
+    pub separate_runs: bool,
+    /// The GPU that the GPU backends of `reference` and `candidate` run on (overrides nothing:
+    /// a spec that names its own `device=` is refused); set per shard by `--devices`.
+    pub device: Option<u32>,
+    /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
+    /// (`--match auto`); false: by name only.
+    pub match_structure: bool,
+}
+
+/// How the candidate's tensors are marked as outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Marking {
+    /// Every tensor in one run (free for ONNX Runtime and the emulation).
+    All,
+    /// The model's outputs plus a few tensors per run, bisecting the blame path (for compilers
+    /// whose fusions marking would change).
+    Search,
+}
+
+impl BisectOptions {
+    /// Options with every default: all tensors, random inputs with seed 0, default tolerances,
+    /// no files written, no progress display.
+    pub fn new(model: impl Into<PathBuf>, reference: BackendSpec, candidate: BackendSpec) -> BisectOptions {
+        BisectOptions {
+            model: model.into(),
+            reference,
+            candidate,
+            cand_model: None,
+            inputs: InputOptions::default(),
+            atol: None,
+            rtol: None,
+            range_tol: None,
+            outputs: Outputs::default(),
+            save_tensors: None,
+            selection: Selection::All,
+            top: 10,
+            progress: false,
+            progress_lines: false,
+            mark: Marking::All,
+            max_memory: None,
+            isolate: true,
+            counterfactual: true,
+            noise_floor: true,
+            keep_control_flow: false,
+            match_structure: true,
+            repro: None,
+            shard: None,
+            separate_runs: false,
+            device: None,
+        }
+    }
+}
+
+/// The outcome: the report (also written as JSON if asked) and its terminal rendering.
+pub struct BisectOutcome {
+    pub report: Report,
+    pub text: String,
+}
+
+/// Checks up front that a report can be written there, so a bad path fails before any work.
+pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!("cannot write {what} {}: folder '{}' does not exist", path.display(), dir.display());
+    }
+    if path.is_dir() {
+        bail!("cannot write {what} {}: it is a folder", path.display());
+    }
+    Ok(())
+}
+
+pub(super) fn check_outputs(options: &BisectOptions) -> Result<()> {
+    if let Some(dir) = &options.repro {
+        super::repro::check_repro_target(dir)?;
+    }
+    let outputs = &options.outputs;
+    for (what, path) in outputs.paths() {
+        check_writable_target(path, &format!("the {what}"))?;
+    }
+    Ok(())
+}
+
+/// Half the memory the system reports available, or 4 GiB where it cannot tell.
+pub fn default_memory_budget() -> u64 {
+    layerwise_runtime::inputs::available_memory().map(|b| b / 2).unwrap_or(4 << 30)
+}
+
+/// Parses `512M`, `2G`, `1.5GiB`, `100000` (bytes).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num.parse().map_err(|_| format!("'{s}' is not a size (e.g. 512M, 2G)"))?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit '{other}' in '{s}' (K, M, G, T)")),
+    };
+    let bytes = value * scale as f64;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        return Err(format!("size '{s}' must be at least one byte"));
+    }
+    Ok(bytes as u64)
+}

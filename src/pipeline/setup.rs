@@ -1,0 +1,272 @@
+//! Stage 1, the plan: everything a bisect (or a fix) decides before comparing anything. The
+//! backends (on their GPU), the samples, control flow as the reference ran it, the candidate
+//! model and how its tensors pair with the reference's, the precision the candidate computes in,
+//! and the tolerances and walk rule for it.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use layerwise_analysis::{Arithmetic, Candidate, ControlFlow, TensorMatching, Tolerance, WalkRule};
+use layerwise_model::matching::{match_tensors, MatchedBy};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputDecl, InputOptions};
+use layerwise_runtime::typed::TypedBackend;
+use layerwise_runtime::{create_backend, Backend, BackendSpec, Precision, Tensor};
+
+use super::control_flow::flatten_control_flow;
+use super::options::{BisectOptions, Marking};
+use super::steps::Steps;
+
+/// What the candidate is judged by: its arithmetic, the tolerances (and whose defaults they are),
+/// and the walk's thresholds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Judging {
+    pub precision: Precision,
+    pub tolerance: Tolerance,
+    /// The precision the default tolerances are for (`TF32`, `FP16`, ...).
+    pub tolerance_defaults: &'static str,
+    pub rule: WalkRule,
+    pub candidate: Candidate,
+}
+
+impl Judging {
+    /// Judging a candidate that computes in `precision`, with TF32 tensor cores or not.
+    pub(crate) fn new(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<Judging> {
+        let (tolerance, rule, tolerance_defaults) = tolerance_and_rule(precision, tf32, options)?;
+        let arithmetic = match precision {
+            Precision::Fp16 => Arithmetic::Fp16,
+            Precision::Bf16 => Arithmetic::Bf16,
+            Precision::Fp32 => Arithmetic::Fp32,
+        };
+        Ok(Judging { precision, tolerance, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
+    }
+}
+
+/// The plan's outcome.
+pub(crate) struct Setup<'m> {
+    /// The model both sides run: the original, or its control flow as the reference ran it.
+    pub model: Cow<'m, Model>,
+    pub index: GraphIndex,
+    /// A different model for the candidate (`--cand-model`), and reference tensor -> the
+    /// candidate model's tensor holding its value.
+    pub cand_model: Option<(Model, GraphIndex)>,
+    pub cand_names: HashMap<String, String>,
+    pub reference: Box<dyn Backend>,
+    pub candidate: Box<dyn Backend>,
+    pub decls: Vec<InputDecl>,
+    /// This run's samples (a shard's share), and how many the whole set holds.
+    pub samples: Vec<(String, InputOptions)>,
+    pub total_samples: usize,
+    pub judging: Judging,
+    /// The tensors compared, in topological order.
+    pub order: Vec<String>,
+    pub control_flow: Option<ControlFlow>,
+    pub matching: Option<TensorMatching>,
+}
+
+/// Stage 1: the plan of a bisect of `original` with `options`.
+pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &mut Steps) -> Result<Setup<'m>> {
+    let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
+    let on_device = |spec: &BackendSpec| match options.device {
+        Some(device) => spec.on_device(device),
+        None => Ok(spec.clone()),
+    };
+    let mut reference = create_backend(&on_device(&options.reference).context("--ref")?).context("--ref")?;
+    let mut candidate = create_backend(&on_device(&options.candidate).context("--cand")?).context("--cand")?;
+    let decls = declared_inputs(original, &index);
+    let all_samples = samples(&options.inputs)?;
+    // Decisions that depend on how many samples there are follow the whole set, so that a shard
+    // reports exactly what a single run over every sample does.
+    let total_samples = all_samples.len();
+    let samples: Vec<(String, InputOptions)> = match options.shard {
+        None => all_samples,
+        Some((i, n)) => {
+            if options.inputs.npz.as_ref().is_none_or(|d| !d.is_dir()) {
+                bail!("--shard splits the samples of --inputs DIR; give a folder of .npz files");
+            }
+            if n > total_samples {
+                bail!("--shard {i}/{n}: the folder holds {total_samples} samples, so some shards would be empty; use at most {total_samples} shards");
+            }
+            all_samples.into_iter().enumerate().filter(|(k, _)| k % n == i).map(|(_, s)| s).collect()
+        }
+    };
+    if total_samples > 1 && options.mark == Marking::Search {
+        bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
+    }
+    // Control flow as the reference ran it: bodies become ordinary, comparable graph.
+    let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);
+    let mut control_flow = None;
+    let mut flattened = None;
+    if has_control_flow(&index) && !options.keep_control_flow {
+        let all_feeds = sample_feeds(&decls, &samples)?;
+        let result = steps.run("following control flow", || flatten_control_flow(original, reference.as_mut(), &all_feeds))?;
+        if let Some((model, report)) = result {
+            control_flow = Some(report);
+            flattened = Some((GraphIndex::build(model.graph())?, model));
+        }
+    }
+    let (index, model) = match flattened {
+        Some((i, m)) => (i, Cow::Owned(m)),
+        None => (index, Cow::Borrowed(original)),
+    };
+    let cand_model = match &options.cand_model {
+        Some(path) => {
+            let mut cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let mut ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            if has_control_flow(&ci) && !options.keep_control_flow {
+                // The candidate model's own branches, as ONNX Runtime's reference kernels run it.
+                let all_feeds = sample_feeds(&declared_inputs(&cm, &ci), &samples)?;
+                if let Some((flat, _)) = flatten_control_flow(&cm, reference.as_mut(), &all_feeds)? {
+                    ci = GraphIndex::build(flat.graph())?;
+                    cm = flat;
+                }
+            }
+            Some((cm, ci))
+        }
+        None => None,
+    };
+    // The candidate model's tensors paired with the reference's: names first, then structure.
+    let mut cand_names = HashMap::new();
+    let mut matching = None;
+    if let Some((cm, ci)) = &cand_model {
+        let found = match_tensors(model.graph(), &index, cm.graph(), ci, options.match_structure);
+        let mut summary = TensorMatching {
+            mode: if options.match_structure { "auto" } else { "name" }.to_string(),
+            unmatched_reference: found.unmatched_reference,
+            unmatched_candidate: found.unmatched_candidate,
+            ..Default::default()
+        };
+        for p in found.pairs {
+            match p.by {
+                MatchedBy::Name => summary.by_name += 1,
+                MatchedBy::Structure => {
+                    summary.by_structure += 1;
+                    summary.structure_pairs.push((p.reference.clone(), p.candidate.clone()));
+                }
+            }
+            cand_names.insert(p.reference, p.candidate);
+        }
+        matching = Some(summary);
+    }
+    // ONNX Runtime's CPU provider computes an FP16 model in float32: such a candidate runs one
+    // node at a time in its own types instead (layerwise_runtime::typed), unless `typed=off`.
+    if let Some((cm, _)) = &cand_model {
+        if let Some(threads) = typed_candidate(&options.candidate, cm) {
+            candidate = Box::new(TypedBackend::new(&options.candidate, threads));
+        }
+    }
+    // A converted candidate model computes in FP16 whatever its backend's own precision is.
+    let precision = match &cand_model {
+        Some((cm, _)) => converted_precision(cm),
+        None => candidate.precision(),
+    };
+    let judging = Judging::new(precision, candidate.tf32(), options)?;
+    let order: Vec<String> = match &options.selection {
+        Selection::All => index.computed_tensors().map(str::to_string).collect(),
+        Selection::Names(names) => {
+            // Checked here so an unknown name is an error before any run.
+            layerwise_model::expose(&model.proto, &index, &options.selection)?;
+            index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
+        }
+    };
+    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, samples, total_samples, judging, order, control_flow, matching })
+}
+
+/// Every sample's prepared inputs as the runs see them.
+pub(crate) fn feeds_of(inputs: &[layerwise_runtime::inputs::PreparedInput]) -> Vec<(String, Tensor)> {
+    inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect()
+}
+
+/// Tolerances and walk thresholds for a candidate precision, with the user's overrides, and the
+/// precision the defaults are for. A float32 candidate that multiplies on TF32 tensor cores
+/// (`sim:tf32`, `ort:cuda` with TF32 on) keeps FP16's 10-bit mantissa there, so it gets FP16's
+/// defaults; `tf32=off` keeps float32's.
+pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<(Tolerance, WalkRule, &'static str)> {
+    let (rule, defaults_for) = match precision {
+        Precision::Fp16 => (WalkRule::FP16, "FP16"),
+        Precision::Bf16 => (WalkRule::BF16, "BF16"),
+        Precision::Fp32 if tf32 => (WalkRule::FP16, "TF32"),
+        Precision::Fp32 => (WalkRule::FP32, "float32"),
+    };
+    let defaults = Tolerance::defaults_for(defaults_for);
+    let tolerance = Tolerance {
+        atol: options.atol.unwrap_or(defaults.atol),
+        rtol: options.rtol.unwrap_or(defaults.rtol),
+        range_tol: options.range_tol.unwrap_or(defaults.range_tol),
+    };
+    if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
+        bail!("--atol, --rtol and --range-tol must be non-negative numbers");
+    }
+    Ok((tolerance, rule, defaults_for))
+}
+
+/// For a candidate model with FP16/BF16 tensors on `ort:cpu` (typed, the default): the threads to
+/// evaluate it with, one node at a time in its own types.
+pub(crate) fn typed_candidate(spec: &BackendSpec, cand_model: &Model) -> Option<Option<usize>> {
+    spec.typed_cpu_threads().filter(|_| layerwise_runtime::typed::has_reduced_precision(cand_model))
+}
+
+/// The precision a converted candidate model computes in: BF16 when it declares bfloat16 and no
+/// float16, FP16 otherwise (whatever its backend's own precision).
+fn converted_precision(model: &Model) -> Precision {
+    // Every type the file declares: weights, tensors, and the targets of its Casts (a BF16 model
+    // whose weights all stay FP32, e.g. with its Convs kept, still computes in BF16).
+    let g = model.graph();
+    let value_types = g.input.iter().chain(&g.output).chain(&g.value_info).filter_map(|v| match v.r#type.as_ref()?.value.as_ref()? {
+        layerwise_model::onnx::type_proto::Value::TensorType(t) => t.elem_type,
+        _ => None,
+    });
+    let cast_targets = g.node.iter().filter(|n| n.op_type() == "Cast").flat_map(|n| n.attribute.iter().filter(|a| a.name() == "to").filter_map(|a| a.i.map(|i| i as i32)));
+    let types: Vec<i32> = g.initializer.iter().map(|t| t.data_type()).chain(value_types).chain(cast_targets).collect();
+    let has = |d: layerwise_model::DataType| types.contains(&(d as i32));
+    if has(layerwise_model::DataType::Bfloat16) && !has(layerwise_model::DataType::Float16) {
+        Precision::Bf16
+    } else {
+        Precision::Fp16
+    }
+}
+
+/// Every sample's input values, prepared as the runs will see them.
+pub(super) fn sample_feeds(decls: &[InputDecl], samples: &[(String, InputOptions)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+    samples
+        .iter()
+        .map(|(name, options)| {
+            let inputs = prepare_inputs(decls, options).with_context(|| if name.is_empty() { String::new() } else { format!("sample {name}") })?;
+            Ok(inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
+        })
+        .collect()
+}
+
+/// The samples to run: one (the usual inputs), or every `.npz` file of an `--inputs DIR`.
+pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOptions)>> {
+    if !options.given_samples.is_empty() {
+        return Ok(options
+            .given_samples
+            .iter()
+            .map(|(name, values)| (name.clone(), InputOptions { given: values.clone(), given_samples: Vec::new(), ..options.clone() }))
+            .collect());
+    }
+    match &options.npz {
+        Some(dir) if dir.is_dir() => {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+                .with_context(|| format!("--inputs {}", dir.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|e| e == "npz") && p.is_file())
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                bail!("--inputs {}: the folder holds no .npz files (one sample per file)", dir.display());
+            }
+            Ok(files
+                .into_iter()
+                .map(|f| {
+                    let name = f.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                    (name, InputOptions { npz: Some(f), ..options.clone() })
+                })
+                .collect())
+        }
+        _ => Ok(vec![(String::new(), options.clone())]),
+    }
+}
