@@ -47,9 +47,7 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
     taken_names.extend(graph.initializer.iter().map(|t| t.name().to_string()));
     taken_names.extend(graph.input.iter().map(|v| v.name().to_string()));
 
-    let mut nodes = Vec::with_capacity(graph.node.len());
-    let mut initializers = Vec::new();
-    let mut value_info = Vec::new();
+    let mut emitted = Emitted { nodes: Vec::with_capacity(graph.node.len()), ..Default::default() };
     let mut report = Vec::new();
     for (i, node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
         let name = names.get(&i).copied().unwrap_or_default().to_string();
@@ -59,14 +57,14 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                 let body = subgraph(&node, branch).ok_or_else(|| bad(&name, format!("has no {branch}")))?;
                 let short = if *cond { "then" } else { "else" };
                 let mut scope = Scope::new(format!("{name}/{short}"), &mut taken_names);
-                let outputs = scope.inline(body, &HashMap::new(), &mut nodes, &mut initializers, &mut value_info);
+                let outputs = scope.inline(body, &HashMap::new(), &mut emitted);
                 if outputs.len() != node.output.len() {
                     return Err(bad(&name, format!("{branch} has {} outputs for the If's {}", outputs.len(), node.output.len())));
                 }
                 let mut added = scope.added;
                 for (k, (inner, outer)) in outputs.iter().zip(&node.output).enumerate() {
                     if !outer.is_empty() {
-                        nodes.push(identity(&format!("{name}/output{k}"), inner, outer));
+                        emitted.nodes.push(identity(&format!("{name}/output{k}"), inner, outer));
                         added += 1;
                     }
                 }
@@ -78,7 +76,7 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                 if body.node.len().saturating_mul(*n) > MOST_UNROLLED_NODES {
                     false
                 } else {
-                    let added = unroll_loop(&node, &name, body, *n, opset, &mut taken_names, &mut nodes, &mut initializers, &mut value_info)?;
+                    let added = unroll_loop(&node, &name, body, *n, opset, &mut taken_names, &mut emitted)?;
                     report.push(Inlined { node: name, op_type: "Loop".into(), taken: format!("{n} iterations"), nodes: added });
                     true
                 }
@@ -88,7 +86,7 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                 if body.node.len().saturating_mul(*n) > MOST_UNROLLED_NODES || *n == 0 {
                     false
                 } else {
-                    let added = unroll_scan(&node, &name, body, *n, opset, &mut taken_names, &mut nodes, &mut initializers, &mut value_info)?;
+                    let added = unroll_scan(&node, &name, body, *n, opset, &mut taken_names, &mut emitted)?;
                     report.push(Inlined { node: name, op_type: "Scan".into(), taken: format!("{n} iterations"), nodes: added });
                     true
                 }
@@ -96,13 +94,21 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
             _ => false,
         };
         if !replaced {
-            nodes.push(node);
+            emitted.nodes.push(node);
         }
     }
-    graph.node = nodes;
-    graph.initializer.extend(initializers);
-    graph.value_info.extend(value_info);
+    graph.node = emitted.nodes;
+    graph.initializer.extend(emitted.initializers);
+    graph.value_info.extend(emitted.value_info);
     Ok((out, report))
+}
+
+/// What inlining adds to the main graph.
+#[derive(Default)]
+struct Emitted {
+    nodes: Vec<NodeProto>,
+    initializers: Vec<TensorProto>,
+    value_info: Vec<ValueInfoProto>,
 }
 
 fn bad(node: &str, why: String) -> ModelError {
@@ -147,14 +153,12 @@ impl<'a> Scope<'a> {
         &mut self,
         body: &GraphProto,
         bind: &HashMap<String, String>,
-        nodes: &mut Vec<NodeProto>,
-        initializers: &mut Vec<TensorProto>,
-        value_info: &mut Vec<ValueInfoProto>,
+        out: &mut Emitted,
     ) -> Vec<String> {
         let mut rename: HashMap<String, String> = bind.clone();
         for t in &body.initializer {
             let new = self.fresh(t.name());
-            initializers.push(TensorProto { name: Some(new.clone()), ..t.clone() });
+            out.initializers.push(TensorProto { name: Some(new.clone()), ..t.clone() });
             rename.insert(t.name().to_string(), new);
         }
         for n in &body.node {
@@ -182,12 +186,12 @@ impl<'a> Scope<'a> {
                     }
                 }
             }
-            nodes.push(copy);
+            out.nodes.push(copy);
             self.added += 1;
         }
         for v in &body.value_info {
             if let Some(new) = rename.get(v.name()) {
-                value_info.push(ValueInfoProto { name: Some(new.clone()), ..v.clone() });
+                out.value_info.push(ValueInfoProto { name: Some(new.clone()), ..v.clone() });
             }
         }
         body.output.iter().map(|o| rename.get(o.name()).cloned().unwrap_or_else(|| o.name().to_string())).collect()
@@ -204,9 +208,7 @@ fn unroll_loop(
     n: usize,
     opset: i64,
     used: &mut HashSet<String>,
-    nodes: &mut Vec<NodeProto>,
-    initializers: &mut Vec<TensorProto>,
-    value_info: &mut Vec<ValueInfoProto>,
+    out: &mut Emitted,
 ) -> Result<usize, ModelError> {
     let carried = node.input.len().saturating_sub(2);
     if body.input.len() != carried + 2 || body.output.len() < carried + 1 {
@@ -225,7 +227,7 @@ fn unroll_loop(
         Some(c) => c.clone(),
         None => {
             let t = scope.fresh("cond_init");
-            initializers.push(bool_scalar(&t, true));
+            out.initializers.push(bool_scalar(&t, true));
             t
         }
     };
@@ -235,14 +237,14 @@ fn unroll_loop(
     for i in 0..n {
         let mut iteration = Scope::new(format!("{name}/iter{i}"), scope.used);
         let iter_num = iteration.fresh("iter_num");
-        initializers.push(i64_tensor(&iter_num, &[], &[i as i64]));
+        out.initializers.push(i64_tensor(&iter_num, &[], &[i as i64]));
         let mut bind = HashMap::new();
         bind.insert(body.input[0].name().to_string(), iter_num);
         bind.insert(body.input[1].name().to_string(), cond.clone());
         for (formal, actual) in body.input[2..].iter().zip(&values) {
             bind.insert(formal.name().to_string(), actual.clone());
         }
-        let outputs = iteration.inline(body, &bind, nodes, initializers, value_info);
+        let outputs = iteration.inline(body, &bind, out);
         added += iteration.added;
         cond = outputs[0].clone();
         values = outputs[1..=carried].to_vec();
@@ -250,10 +252,10 @@ fn unroll_loop(
             part.push(out.clone());
         }
     }
-    added += hand_over(name, &values, &node.output, nodes);
+    added += hand_over(name, &values, &node.output, &mut out.nodes);
     for (j, parts) in scan_parts.iter().enumerate() {
         if let Some(outer) = node.output.get(carried + j).filter(|o| !o.is_empty()) {
-            added += stack(&mut scope, name, j, parts, 0, opset, outer, nodes, initializers);
+            added += stack(&mut scope, name, j, parts, 0, opset, outer, out);
         }
     }
     Ok(added)
@@ -275,11 +277,11 @@ fn hand_over(name: &str, values: &[String], outputs: &[String], nodes: &mut Vec<
 /// Scan output `j`: each iteration's value given a new axis `axis` (Unsqueeze) and concatenated
 /// along it into `outer`; returns the nodes added.
 #[allow(clippy::too_many_arguments)]
-fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, opset: i64, outer: &str, nodes: &mut Vec<NodeProto>, initializers: &mut Vec<TensorProto>) -> usize {
+fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, opset: i64, outer: &str, out: &mut Emitted) -> usize {
     // Unsqueeze takes its axes as an input from opset 13, as an attribute before.
     let axes = scope.fresh(&format!("axes{j}"));
     if opset >= 13 {
-        initializers.push(i64_tensor(&axes, &[1], &[axis]));
+        out.initializers.push(i64_tensor(&axes, &[1], &[axis]));
     }
     let mut stacked = Vec::new();
     for (i, part) in parts.iter().enumerate() {
@@ -290,10 +292,10 @@ fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, o
         } else {
             u.attribute.push(attr::ints("axes", &[axis]));
         }
-        nodes.push(u);
+        out.nodes.push(u);
         stacked.push(t);
     }
-    nodes.push(NodeProto {
+    out.nodes.push(NodeProto {
         op_type: Some("Concat".into()),
         name: Some(format!("{name}/scan{j}")),
         input: stacked,
@@ -320,9 +322,7 @@ fn unroll_scan(
     n: usize,
     opset: i64,
     used: &mut HashSet<String>,
-    nodes: &mut Vec<NodeProto>,
-    initializers: &mut Vec<TensorProto>,
-    value_info: &mut Vec<ValueInfoProto>,
+    out: &mut Emitted,
 ) -> Result<usize, ModelError> {
     let scan_inputs = node.attribute.iter().find(|a| a.name() == "num_scan_inputs").and_then(|a| a.i).unwrap_or(0) as usize;
     let states = node.input.len().checked_sub(scan_inputs).ok_or_else(|| bad(name, "has fewer inputs than num_scan_inputs".into()))?;
@@ -351,9 +351,9 @@ fn unroll_scan(
         for j in 0..scan_inputs {
             let reverse = in_dirs.get(j).copied().unwrap_or(0) == 1;
             let index = iteration.fresh(&format!("index{j}"));
-            initializers.push(i64_tensor(&index, &[], &[if reverse { (n - 1 - i) as i64 } else { i as i64 }]));
+            out.initializers.push(i64_tensor(&index, &[], &[if reverse { (n - 1 - i) as i64 } else { i as i64 }]));
             let slice = iteration.fresh(&format!("slice{j}"));
-            nodes.push(NodeProto {
+            out.nodes.push(NodeProto {
                 op_type: Some("Gather".into()),
                 name: Some(format!("{name}/iter{i}/slice{j}")),
                 input: vec![node.input[states + j].clone(), index],
@@ -364,21 +364,21 @@ fn unroll_scan(
             added += 1;
             bind.insert(body.input[states + j].name().to_string(), slice);
         }
-        let outputs = iteration.inline(body, &bind, nodes, initializers, value_info);
+        let outputs = iteration.inline(body, &bind, out);
         added += iteration.added;
         state = outputs[..states].to_vec();
         for (part, out) in parts.iter_mut().zip(&outputs[states..]) {
             part.push(out.clone());
         }
     }
-    added += hand_over(name, &state, &node.output, nodes);
+    added += hand_over(name, &state, &node.output, &mut out.nodes);
     for (j, slices) in parts.iter().enumerate() {
         let Some(outer) = node.output.get(states + j).filter(|o| !o.is_empty()) else { continue };
         let mut ordered = slices.clone();
         if out_dirs.get(j).copied().unwrap_or(0) == 1 {
             ordered.reverse();
         }
-        added += stack(&mut scope, name, j, &ordered, out_axes.get(j).copied().unwrap_or(0), opset, outer, nodes, initializers);
+        added += stack(&mut scope, name, j, &ordered, out_axes.get(j).copied().unwrap_or(0), opset, outer, out);
     }
     Ok(added)
 }
@@ -405,7 +405,7 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
         let mut used: HashSet<String> = graph.node.iter().flat_map(|n| n.output.iter().cloned()).collect();
         used.extend(graph.initializer.iter().map(|t| t.name().to_string()));
         used.extend(graph.input.iter().map(|v| v.name().to_string()));
-        let (mut nodes, mut initializers, mut value_info) = (Vec::new(), Vec::new(), Vec::new());
+        let mut emitted = Emitted::default();
         let mut any = false;
         for info in index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop")) {
             if !copied_nodes.insert(info.name.clone()) {
@@ -413,11 +413,11 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
             }
             any = true;
             let node = &graph.node[info.proto_index];
-            let before = nodes.len();
+            let before = emitted.nodes.len();
             if info.op_type == "If" {
                 for (attr, short) in [("then_branch", "then"), ("else_branch", "else")] {
                     if let Some(body) = subgraph(node, attr) {
-                        Scope::new(format!("{}/{short}", info.name), &mut used).inline(body, &HashMap::new(), &mut nodes, &mut initializers, &mut value_info);
+                        Scope::new(format!("{}/{short}", info.name), &mut used).inline(body, &HashMap::new(), &mut emitted);
                     }
                 }
             } else if let Some(body) = subgraph(node, "body") {
@@ -425,7 +425,7 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
                 let mut bind = HashMap::new();
                 if let Some(i) = body.input.first() {
                     let t = scope.fresh("iter_num");
-                    initializers.push(i64_tensor(&t, &[], &[0]));
+                    emitted.initializers.push(i64_tensor(&t, &[], &[0]));
                     bind.insert(i.name().to_string(), t);
                 }
                 if let Some(c) = body.input.get(1) {
@@ -433,7 +433,7 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
                         Some(cond) => cond.clone(),
                         None => {
                             let t = scope.fresh("cond_init");
-                            initializers.push(bool_scalar(&t, true));
+                            emitted.initializers.push(bool_scalar(&t, true));
                             t
                         }
                     };
@@ -442,16 +442,16 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
                 for (formal, actual) in body.input.iter().skip(2).zip(node.input.iter().skip(2)) {
                     bind.insert(formal.name().to_string(), actual.clone());
                 }
-                scope.inline(body, &bind, &mut nodes, &mut initializers, &mut value_info);
+                scope.inline(body, &bind, &mut emitted);
             }
-            tensors.extend(nodes[before..].iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()));
+            tensors.extend(emitted.nodes[before..].iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()));
         }
         if !any {
             break;
         }
-        graph.node.extend(nodes);
-        graph.initializer.extend(initializers);
-        graph.value_info.extend(value_info);
+        graph.node.extend(emitted.nodes);
+        graph.initializer.extend(emitted.initializers);
+        graph.value_info.extend(emitted.value_info);
     }
     Ok((out, tensors))
 }
