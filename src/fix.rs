@@ -235,7 +235,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
     let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
-    let judging = Judging::new(low, false, b)?;
+    // A TF32 candidate (sim:tf32) is judged as TF32: FP16's tolerances, its floor from what the
+    // tensor cores read.
+    let tensor_cores = candidate.precision() == Precision::Fp32 && candidate.tf32();
+    let judging = if tensor_cores { Judging::new(Precision::Fp32, true, b)? } else { Judging::new(low, false, b)? };
     let (tolerance, rule) = (judging.tolerance, judging.rule);
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
     let reference_out = steps.run("running the reference", || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
@@ -265,12 +268,12 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut noise_floor = None;
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), relative: judging.candidate.arithmetic.unit_roundoff(judging.candidate.tf32), seed: b.inputs.seed };
+            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
-                    "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; perturbing every weight by one {} rounding moves it by rel L2 {}, the candidate by {} ({})",
-                    if low == Precision::Bf16 { "BF16" } else { "FP16" },
+                    "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",
+                    floor.rounds,
                     num(floor.output_error),
                     num(floor.candidate_error),
                     if floor.ratio < 1.0 { format!("1/{:.0} of it", 1.0 / floor.ratio) } else { format!("{:.1}x", floor.ratio) }

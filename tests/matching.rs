@@ -124,3 +124,49 @@ fn inserted_casts_and_a_removed_identity_do_not_break_the_matching() {
     let total = reference.graph.as_ref().unwrap().node.len();
     assert!(compared(&r) * 10 >= total * 9, "{} of {total} tensors compared", compared(&r));
 }
+
+/// Issue "verdicts per precision", item 5: a twin that declares fewer inputs (a voice-activity
+/// model's half-precision export takes `input, state`, its opset-15 sibling also `sr`). Each model
+/// gets the inputs it declares, the report notes the input fed to one side only, and an array
+/// neither declares is an error that names both models' inputs.
+#[test]
+fn a_twin_with_other_inputs_gets_the_inputs_it_declares() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let twin = |with_rate: bool| {
+        let mut b = ModelBuilder::new("vad", 17);
+        b.input("input", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+        if with_rate {
+            b.input("sr", DataType::Int64, &[]);
+        }
+        b.initializer(f32_tensor("w", &[8], &[0.5, -0.25, 0.125, 1.0, 2.0, -1.0, 0.75, 0.3]));
+        b.node("Mul", "scale", &["input", "w"], &["y"], vec![]);
+        b.node("Sigmoid", "prob", &["y"], &["p"], vec![]);
+        b.output("p", DataType::Float);
+        b.build()
+    };
+    save(&twin(true), &dir.path().join("ref.onnx"));
+    save(&twin(false), &dir.path().join("twin.onnx"));
+    let write = |file: &str, extra: bool| {
+        let mut arrays = vec![
+            ("input".to_string(), layerwise_runtime::Tensor::f32(vec![1, 8], vec![0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8])),
+            ("sr".to_string(), layerwise_runtime::Tensor::new(vec![], layerwise_runtime::TensorData::I64(vec![16000]))),
+        ];
+        if extra {
+            arrays.push(("bogus".to_string(), layerwise_runtime::Tensor::f32(vec![1], vec![0.0])));
+        }
+        let refs: Vec<(&str, &layerwise_runtime::Tensor)> = arrays.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        layerwise_runtime::npy::write_npz(&dir.path().join(file), &refs).unwrap();
+    };
+    write("in.npz", false);
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let notes = json(&dir.path().join("r.json"))["cand"]["notes"].clone();
+    assert!(notes.as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("input 'sr' is fed to the reference only")), "{notes}");
+    write("bad.npz", true);
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--inputs", "bad.npz"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("holds array 'bogus', which neither model declares (reference inputs: input, sr; candidate model inputs: input)"), "{}", text(&out));
+    assert!(!text(&out).contains("error: :"), "no empty context: {}", text(&out));
+}

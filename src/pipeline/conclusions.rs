@@ -3,7 +3,7 @@
 
 use layerwise_analysis::{Extras, ILL_CONDITIONED_FACTOR};
 
-use layerwise_analysis::{Comparison, Status, Verdict};
+use layerwise_analysis::{Candidate, CauseKind, Comparison, FirstDivergent, Status, Verdict};
 use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::BackendSpec;
 
@@ -48,6 +48,54 @@ pub(super) fn emulation_limits(candidate: &BackendSpec, model: &Model, index: &G
     out
 }
 
+/// Relative L2 error at which a TF32 tensor core's rounding shows: a hundred float32 unit roundoffs
+/// and more, far below one TF32 rounding (4.9e-4).
+const TF32_ENTRY: f64 = 1e-5;
+
+/// For a candidate whose float32 products run on TF32 tensor cores: where TF32-sized error first
+/// enters (the earliest Conv, MatMul, ... whose output errs at least `TF32_ENTRY` while its inputs
+/// err less than a tenth of that), how large the outputs' difference is, and how to confirm it.
+/// Said on a pass too, unless the verdict already names a TF32 cause. `None` where no such node
+/// exists: then nothing measured points at TF32.
+pub(super) fn tf32_entry(candidate: Candidate, model: &Model, index: &GraphIndex, comparison: &Comparison, verdict: &Verdict) -> Option<String> {
+    if !candidate.tf32 || verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == CauseKind::Tf32) {
+        return None;
+    }
+    let error_of = |t: &str| if index.is_graph_input(t) || index.is_constant_like(t) { Some(0.0) } else { comparison.get(t).map(|r| r.error_level()) };
+    let entry = index.nodes.iter().find_map(|node| {
+        let proto = &model.graph().node[node.proto_index];
+        let slots = layerwise_model::rounding::tf32_slots(proto);
+        if slots.is_empty() {
+            return None;
+        }
+        let output = error_of(node.outputs.first()?)?;
+        let input = slots.iter().filter_map(|&s| node.inputs.get(s)).filter(|t| !t.is_empty()).map(|t| error_of(t)).collect::<Option<Vec<f64>>>()?.into_iter().fold(0.0, f64::max);
+        (output.is_finite() && output >= TF32_ENTRY && input < output / 10.0).then(|| (node, input, output))
+    })?;
+    let (node, input, output) = entry;
+    let worst = index.outputs.iter().filter_map(|o| comparison.get(o).map(|r| (o, r.error_level()))).max_by(|a, b| a.1.total_cmp(&b.1));
+    let largest = worst.map(|(o, e)| format!("the largest output difference is rel L2 {} ('{o}')", n(e))).unwrap_or_default();
+    let what = if verdict.status == Status::Pass { "the differences are consistent with TF32 rounding" } else { "TF32 rounding enters the candidate" };
+    Some(format!(
+        "TF32: {what}: float32 {} ran on TF32 tensor cores (10-bit mantissa inputs), and TF32-sized error first enters at '{}' ({}: inputs rel L2 {} -> output {}); {largest}; run the candidate with tf32=off to confirm",
+        node.op_type, node.name, node.op_type, n(input), n(output)
+    ))
+}
+
+/// The mechanism the walk measured at the node it would have named, kept in the verdict when the
+/// output turns out ill-conditioned and no single layer is at fault.
+pub(super) fn mechanism_without_fault(finding: &FirstDivergent) -> String {
+    format!(
+        "measured mechanism: {} at '{}' ({}: inputs rel L2 {} -> output {}): {}. The output is ill-conditioned for these inputs, so no single layer is at fault: this is where the candidate's rounding shows first, not a layer to keep",
+        layerwise_report::cause_name(finding.cause.best.kind),
+        finding.node,
+        finding.op_type,
+        finding.input_error.map(n).unwrap_or_else(|| "not compared".into()),
+        n(finding.output_error),
+        finding.cause.best.detail
+    )
+}
+
 /// Fills `verdict.conclusions` (after `first`, notes gathered while running) and, when the output
 /// is ill-conditioned, restates the summary.
 pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comparison, first: Vec<String>) {
@@ -73,21 +121,25 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             // output: say so, not "as sensitive", and never print the ratio as 0.0x.
             verdict.summary = if floor.ratio < 1.0 {
                 format!(
-                    "output '{}': the candidate's error (rel L2 {}) is well within what one rounding of every weight (relative {}) causes (noise floor rel L2 {}; the candidate is 1/{:.0} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
-                    floor.output, n(floor.candidate_error), n(floor.relative), n(floor.output_error), 1.0 / floor.ratio
+                    "output '{}': the candidate's error (rel L2 {}) is well within what {} causes (noise floor rel L2 {}; the candidate is 1/{:.0} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    floor.output, n(floor.candidate_error), floor.rounds, n(floor.output_error), 1.0 / floor.ratio
                 )
             } else {
                 format!(
-                    "output '{}' is as sensitive to perturbing every weight by one rounding (relative {}) as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
-                    floor.output, n(floor.relative), n(floor.output_error), n(floor.candidate_error), floor.ratio
+                    "output '{}' is as sensitive to {} as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    floor.output, floor.rounds, n(floor.output_error), n(floor.candidate_error), floor.ratio
                 )
             };
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
         } else {
-            out.push(format!(
-                "noise floor: perturbing every weight by one rounding (relative {}) moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
-                n(floor.relative), floor.output, n(floor.output_error), n(floor.candidate_error), n(floor.ratio)
-            ));
+            out.push(if floor.moved_values == 0 {
+                format!("noise floor: the candidate's precision changes no weight ({} rounds none), so the floor is 0 and the candidate's error is not the weights' rounding", floor.rounds)
+            } else {
+                format!(
+                    "noise floor: {} moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
+                    floor.rounds, floor.output, n(floor.output_error), n(floor.candidate_error), n(floor.ratio)
+                )
+            });
         }
     }
     if let Some(iso) = &extras.isolation {

@@ -2,7 +2,7 @@
 //! noise floor, isolate, counterfactual, report. `run_bisect` reads as that list; each stage is a
 //! function of its own file with explicit inputs and outputs.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use layerwise_analysis::{
     aggregate_samples, chosen_sample, walk_back, Extras, Isolation, SampleData, Shard, Status, Verdict, HISTOGRAM_BINS,
 };
@@ -66,10 +66,19 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     };
     let samples = std::mem::take(&mut setup.samples);
     let (decls, total_samples) = (std::mem::take(&mut setup.decls), setup.total_samples);
+    let input_notes = std::mem::take(&mut setup.input_notes);
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
     let mut job = Job::new(options, &flattened, setup);
     let weights = if job.judging.precision == Precision::Fp16 {
-        steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?
+        let mut weights = steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?;
+        if options.candidate.folds_batch_norms() {
+            // A folding engine never stores a folded BatchNorm's parameters: no claim about them.
+            let outputs = job.index.outputs.iter().cloned().collect();
+            let (_, folded) = layerwise_model::engine_style::fold_batch_norms(job.model, &job.model.proto, &job.index, &outputs)?;
+            let unstored = layerwise_model::engine_style::folded_parameters(&job.index, &folded);
+            weights.retain(|w| !unstored.iter().any(|(t, _)| *t == w.name));
+        }
+        weights
     } else {
         Vec::new()
     };
@@ -78,7 +87,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     let mut extras = plan_extras;
     let mut per_sample = Vec::new();
     for (name, sample_options) in &samples {
-        let inputs = prepare_inputs(&decls, sample_options).with_context(|| if name.is_empty() { String::new() } else { format!("sample {name}") })?;
+        let inputs = prepare_inputs(&decls, sample_options).map_err(|e| setup::in_sample(name, e))?;
         let feeds = setup::feeds_of(&inputs);
         let (compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, &mut steps, &mut extras)?;
         per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
@@ -97,7 +106,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     }
 
     // 8. Report.
-    report(original, &job, chosen, verdict, conclusions, &weights, extras, steps)
+    report(original, &job, chosen, verdict, conclusions, input_notes, &weights, extras, steps)
 }
 
 /// Stages 2 to 4 on one sample: both sides run (paired or separately, or a few tensors per
@@ -181,9 +190,8 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {
             (Some(reference), Some(worst), Some(cand_error)) => {
-                let candidate = job.judging.candidate;
-                let relative = candidate.arithmetic.unit_roundoff(candidate.tf32);
-                let target = FloorTarget { output: &worst, candidate_error: cand_error, relative, seed: options.inputs.seed };
+                let exact = setup::weights_kept_float32(job.cand_model.as_ref());
+                let target = FloorTarget { output: &worst, candidate_error: cand_error, perturbation: job.judging.perturbation(), exact: &exact, seed: options.inputs.seed };
                 let floor = steps.run("measuring the noise floor", || noise_floor(job.reference.as_mut(), job.model, &job.index, feeds, &reference.tensors, job.judging.tolerance, target));
                 match floor {
                     Ok(floor) => extras.noise_floor = Some(floor),
@@ -195,8 +203,11 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     }
     let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
     if ill_conditioned {
-        // No layer is at fault: the walk's finding stays among the breaks, not as the culprit.
-        verdict.first_divergent = None;
+        // No layer is at fault: the walk's finding stays among the breaks, not as the culprit,
+        // and its measured mechanism stays in the verdict.
+        if let Some(finding) = verdict.first_divergent.take() {
+            conclusions.push(conclusions::mechanism_without_fault(&finding));
+        }
     }
     if options.isolate && can_run && !ill_conditioned {
         extras.isolation = steps
@@ -221,12 +232,14 @@ fn report(
     chosen: SampleOutcome,
     mut verdict: Verdict,
     mut conclusions: Vec<String>,
+    input_notes: Vec<String>,
     weights: &[WeightRange],
     extras: Extras,
     steps: Steps,
 ) -> Result<BisectOutcome> {
     let options = job.options;
     let SampleOutcome { name: sample_name, inputs, compared, .. } = chosen;
+    conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
@@ -237,6 +250,7 @@ fn report(
         Some(layerwise_analysis::histogram(&r?.to_f32(), &c?.to_f32(), HISTOGRAM_BINS))
     });
     let mut cand_notes = compared.notes.1.clone();
+    cand_notes.extend(input_notes);
     if !sample_name.is_empty() {
         cand_notes.push(format!("verdict from sample {sample_name}, the one with the largest output error"));
     }

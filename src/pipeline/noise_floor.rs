@@ -1,15 +1,14 @@
 //! The noise floor: how much the worst output moves when the float32 reference runs with its
-//! weights perturbed by one rounding of the candidate's arithmetic. A candidate whose error is
-//! within a small factor of it has no culprit layer: the output is ill-conditioned.
+//! weights rounded as the candidate rounds them, each moved by up to its own rounding error. A
+//! candidate whose error is within a small factor of it has no culprit layer: the output is
+//! ill-conditioned. Only what the candidate's precision changes is perturbed (docs/bisect.md).
 
-use layerwise_analysis::{NoiseFloor, ILL_CONDITIONED_FACTOR};
-use layerwise_model::perturb::perturb_weights;
-
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use anyhow::{bail, Result};
-use layerwise_analysis::Tolerance;
-use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_analysis::{NoiseFloor, Tolerance, ILL_CONDITIONED_FACTOR};
+use layerwise_model::perturb::{perturb_weights, Perturbation, Perturbed};
+use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::{Backend, RunRequest, Tensor};
 
 /// Perturbation runs, each with its own seed; the floor is the largest output error among them.
@@ -19,9 +18,40 @@ const SEEDS: usize = 2;
 pub struct FloorTarget<'a> {
     pub output: &'a str,
     pub candidate_error: f64,
-    /// Relative size of the perturbation: the candidate's unit roundoff.
-    pub relative: f64,
+    /// What one rounding of the candidate's precision does to a weight.
+    pub perturbation: Perturbation,
+    /// Reference weights the candidate keeps in float32 (a converted `--cand-model`'s FP32
+    /// weights): not perturbed.
+    pub exact: &'a HashSet<String>,
     pub seed: u64,
+}
+
+/// The words for `perturbation`: the long form for the report, the short one for sentences.
+fn words(perturbation: Perturbation, count: Perturbed) -> (String, String, f64) {
+    let name = |r: Rounding| r.name().to_uppercase();
+    match perturbation {
+        Perturbation::Storage(r) => (
+            format!(
+                "every float32 weight that {} storage rounds (not read as a shape, index or exponent) moved by up to its own {} rounding error, w + r * |round(w) - w| with r uniform in [-1, 1), {SEEDS} seeds ({} values moved; {} exact in {} left as they are); the largest output error counts",
+                name(r), name(r), count.moved, count.exact, name(r)
+            ),
+            format!("one {} rounding of every weight", name(r)),
+            r.unit_roundoff(),
+        ),
+        Perturbation::TensorCores => (
+            format!(
+                "every float32 weight a TF32 tensor core reads (the multiplied inputs of Conv, MatMul, Gemm, Einsum and cuDNN's recurrent ops) moved by up to its own TF32 rounding error, w + r * |tf32(w) - w| with r uniform in [-1, 1), {SEEDS} seeds ({} values moved; {} exact in TF32 left as they are; biases, normalization parameters and other weights, which TF32 does not round, stay exact); the largest output error counts",
+                count.moved, count.exact
+            ),
+            "one TF32 rounding of every weight the tensor cores read".to_string(),
+            Rounding::Tf32.unit_roundoff(),
+        ),
+        Perturbation::Relative(relative) => (
+            format!("every float32 weight not read as a shape or index multiplied by (1 + {relative:.2e} * r), r uniform in [-1, 1), {SEEDS} seeds ({} values): float32 arithmetic rounds every operation by up to that much; the largest output error counts", count.moved),
+            format!("one float32 rounding of every weight (relative {relative:.2e})"),
+            relative,
+        ),
+    }
 }
 
 /// Measures the noise floor of `target.output` on `reference`, whose unperturbed outputs are
@@ -37,11 +67,17 @@ pub fn noise_floor(
 ) -> Result<NoiseFloor> {
     let mut seeds = Vec::new();
     let mut floor: f64 = 0.0;
+    let mut count = Perturbed::default();
     for i in 0..SEEDS as u64 {
         // Seeds of their own, apart from the input generator's.
         let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x6e6f_6973_6500 + i);
         seeds.push(seed);
-        let proto = perturb_weights(model, target.relative, seed)?;
+        let (proto, moved) = perturb_weights(model, target.perturbation, target.exact, seed)?;
+        count = moved;
+        if moved.moved == 0 {
+            // Nothing the candidate rounds: the floor is zero without a run.
+            break;
+        }
         let perturbed = model.derived(proto, "noise-floor.onnx");
         let outputs = Selection::Names(Vec::new());
         let out = reference.run(&RunRequest { model: &perturbed, index, inputs: feeds, selection: &outputs })?;
@@ -52,9 +88,13 @@ pub fn noise_floor(
         floor = floor.max(error);
     }
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
+    let (perturbation, rounds, relative) = words(target.perturbation, count);
     Ok(NoiseFloor {
-        perturbation: format!("every float32 weight not read as a shape or index multiplied by (1 + {:.2e} * r), r uniform in [-1, 1), {SEEDS} seeds; the largest output error counts", target.relative),
-        relative: target.relative,
+        perturbation,
+        rounds,
+        moved_values: count.moved,
+        exact_values: count.exact,
+        relative,
         seeds,
         output: target.output.to_string(),
         output_error: floor,

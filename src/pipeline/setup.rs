@@ -4,16 +4,17 @@
 //! and the tolerances and walk rule for it.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{Arithmetic, Candidate, ControlFlow, TensorMatching, Tolerance, WalkRule};
 use layerwise_model::matching::{match_tensors, MatchedBy};
-use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_model::perturb::Perturbation;
+use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputDecl, InputOptions};
 use layerwise_runtime::typed::TypedBackend;
-use layerwise_runtime::{create_backend, Backend, BackendSpec, Precision, Tensor};
+use layerwise_runtime::{create_backend, Backend, BackendSpec, Precision, RuntimeError, Tensor};
 
 use super::control_flow::flatten_control_flow;
 use super::options::{BisectOptions, Marking};
@@ -42,6 +43,25 @@ impl Judging {
         };
         Ok(Judging { precision, tolerance, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
     }
+
+    /// What one rounding of the candidate's precision does to the weights, for the noise floor:
+    /// FP16 and BF16 round every stored weight, TF32 only what the tensor cores read, float32
+    /// every operation by one unit roundoff.
+    pub(crate) fn perturbation(&self) -> Perturbation {
+        match (self.precision, self.candidate.tf32) {
+            (Precision::Fp16, _) => Perturbation::Storage(Rounding::Fp16),
+            (Precision::Bf16, _) => Perturbation::Storage(Rounding::Bf16),
+            (Precision::Fp32, true) => Perturbation::TensorCores,
+            (Precision::Fp32, false) => Perturbation::Relative(self.candidate.arithmetic.unit_roundoff(false)),
+        }
+    }
+}
+
+/// The reference weights a converted candidate model keeps in float32 (same name, float32 in the
+/// candidate file): its precision does not change them.
+pub(crate) fn weights_kept_float32(cand_model: Option<&(Model, GraphIndex)>) -> HashSet<String> {
+    let Some((cm, _)) = cand_model else { return HashSet::new() };
+    cm.graph().initializer.iter().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32).map(|t| t.name().to_string()).collect()
 }
 
 /// The plan's outcome.
@@ -55,7 +75,10 @@ pub(crate) struct Setup<'m> {
     pub cand_names: HashMap<String, String>,
     pub reference: Box<dyn Backend>,
     pub candidate: Box<dyn Backend>,
+    /// The inputs to prepare: the reference's, and a candidate model's that the reference lacks.
     pub decls: Vec<InputDecl>,
+    /// Inputs fed to one side only, for the report's notes.
+    pub input_notes: Vec<String>,
     /// This run's samples (a shard's share), and how many the whole set holds.
     pub samples: Vec<(String, InputOptions)>,
     pub total_samples: usize,
@@ -75,7 +98,46 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     };
     let mut reference = create_backend(&on_device(&options.reference).context("--ref")?).context("--ref")?;
     let mut candidate = create_backend(&on_device(&options.candidate).context("--cand")?).context("--cand")?;
-    let decls = declared_inputs(original, &index);
+    // A candidate model may declare other inputs than the reference (a twin exported without an
+    // input that its sibling takes): each side gets the inputs it declares, the samples hold the
+    // union, and an input fed to one side only is noted.
+    let loaded_cand = match &options.cand_model {
+        Some(path) => {
+            let cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            Some((cm, ci))
+        }
+        None => None,
+    };
+    let reference_decls = declared_inputs(original, &index);
+    let mut decls = reference_decls.clone();
+    let mut input_notes = Vec::new();
+    let mut candidate_decls = None;
+    if let Some((cm, ci)) = &loaded_cand {
+        let theirs = declared_inputs(cm, ci);
+        for d in &reference_decls {
+            if !theirs.iter().any(|c| c.name == d.name) {
+                input_notes.push(format!("input '{}' is fed to the reference only: the candidate model does not declare it", d.name));
+            }
+        }
+        for c in &theirs {
+            if !reference_decls.iter().any(|d| d.name == c.name) {
+                input_notes.push(format!("input '{}' is fed to the candidate model only: the reference does not declare it", c.name));
+                decls.push(c.clone());
+            }
+        }
+        candidate_decls = Some(theirs);
+    }
+    let names = |d: &[InputDecl]| d.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ");
+    let both_models = |e: anyhow::Error| match (e.downcast_ref::<RuntimeError>(), &candidate_decls) {
+        (Some(RuntimeError::UnknownArray { file, array, .. }), Some(theirs)) => anyhow::anyhow!(
+            "input error: {} holds array '{array}', which neither model declares (reference inputs: {}; candidate model inputs: {})",
+            file.display(),
+            names(&reference_decls),
+            names(theirs)
+        ),
+        _ => e,
+    };
     let all_samples = samples(&options.inputs)?;
     // Decisions that depend on how many samples there are follow the whole set, so that a shard
     // reports exactly what a single run over every sample does.
@@ -100,7 +162,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut control_flow = None;
     let mut flattened = None;
     if has_control_flow(&index) && !options.keep_control_flow {
-        let all_feeds = sample_feeds(&decls, &samples)?;
+        let all_feeds = sample_feeds(&decls, &samples).map_err(both_models)?;
         let result = steps.run("following control flow", || flatten_control_flow(original, reference.as_mut(), &all_feeds))?;
         if let Some((model, report)) = result {
             control_flow = Some(report);
@@ -111,13 +173,11 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((i, m)) => (i, Cow::Owned(m)),
         None => (index, Cow::Borrowed(original)),
     };
-    let cand_model = match &options.cand_model {
-        Some(path) => {
-            let mut cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
-            let mut ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+    let cand_model = match loaded_cand {
+        Some((mut cm, mut ci)) => {
             if has_control_flow(&ci) && !options.keep_control_flow {
                 // The candidate model's own branches, as ONNX Runtime's reference kernels run it.
-                let all_feeds = sample_feeds(&declared_inputs(&cm, &ci), &samples)?;
+                let all_feeds = sample_feeds(&decls, &samples).map_err(both_models)?;
                 if let Some((flat, _)) = flatten_control_flow(&cm, reference.as_mut(), &all_feeds)? {
                     ci = GraphIndex::build(flat.graph())?;
                     cm = flat;
@@ -171,7 +231,12 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
         }
     };
-    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, samples, total_samples, judging, order, control_flow, matching })
+    // Every sample's inputs are checked now, so an array neither model declares is an error that
+    // names both models' inputs before any run.
+    if candidate_decls.is_some() {
+        sample_feeds(&decls, &samples).map_err(both_models)?;
+    }
+    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, input_notes, samples, total_samples, judging, order, control_flow, matching })
 }
 
 /// Every sample's prepared inputs as the runs see them.
@@ -233,7 +298,7 @@ pub(super) fn sample_feeds(decls: &[InputDecl], samples: &[(String, InputOptions
     samples
         .iter()
         .map(|(name, options)| {
-            let inputs = prepare_inputs(decls, options).with_context(|| if name.is_empty() { String::new() } else { format!("sample {name}") })?;
+            let inputs = prepare_inputs(decls, options).map_err(|e| in_sample(name, e))?;
             Ok(inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
         })
         .collect()
@@ -268,5 +333,16 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
                 .collect())
         }
         _ => Ok(vec![(String::new(), options.clone())]),
+    }
+}
+
+/// An input error of sample `name` (of `--inputs DIR`), said with the sample's name; a single
+/// sample has none, and gets no empty prefix.
+pub(crate) fn in_sample(name: &str, e: RuntimeError) -> anyhow::Error {
+    let e = anyhow::Error::from(e);
+    if name.is_empty() {
+        e
+    } else {
+        e.context(format!("sample {name}"))
     }
 }

@@ -86,14 +86,21 @@ pub struct InlinedNode {
     pub nodes: usize,
 }
 
-/// How sensitive the model's worst output is to perturbations as small as one rounding of the
-/// candidate's arithmetic: the float32 reference re-run with its weights each
-/// multiplied by `1 + relative * r` (`r` uniform in [-1, 1), seeded). When the candidate's error is
-/// within a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
+/// How sensitive the model's worst output is to the candidate's own rounding of the weights: the
+/// float32 reference re-run with each weight the candidate's precision changes moved by up to its
+/// own rounding error there (FP16, BF16: every stored weight; TF32: those the tensor cores read;
+/// float32: every weight by one float32 unit roundoff), seeded. When the candidate's error is within
+/// a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NoiseFloor {
     /// What was perturbed, in words.
     pub perturbation: String,
+    /// The same, short, for sentences: "one FP16 rounding of every weight".
+    pub rounds: String,
+    /// Weight values moved, and values left as they were because the candidate's precision does
+    /// not change them (exact in FP16 or BF16, or not read by a tensor core).
+    pub moved_values: usize,
+    pub exact_values: usize,
     #[serde(with = "crate::num::finite")]
     pub relative: f64,
     pub seeds: Vec<u64>,

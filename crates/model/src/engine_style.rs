@@ -32,6 +32,24 @@ pub struct Folded {
     pub conv: String,
 }
 
+/// The weights a folding engine never stores: the parameters of each folded BatchNorm (scale,
+/// bias, mean, variance) and its Conv's original weight and bias, where nothing else reads them,
+/// each with the reason. `index` is the model's, before folding.
+pub fn folded_parameters(index: &GraphIndex, folded: &[Folded]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for f in folded {
+        let (Some(bn), Some(conv)) = (index.node(&f.batch_norm), index.node(&f.conv)) else { continue };
+        let readers = [bn.name.as_str(), conv.name.as_str()];
+        for t in bn.inputs.iter().skip(1).chain(conv.inputs.iter().skip(1)).filter(|t| !t.is_empty()) {
+            let only_here = index.consumers(t).iter().all(|&c| readers.contains(&index.nodes[c].name.as_str()));
+            if only_here && index.is_constant_like(t) && !out.iter().any(|(n, _)| n == t) {
+                out.push((t.clone(), format!("a parameter of BatchNorm '{}', folded in float32 into Conv '{}' as a TensorRT engine does (engine=trt): the engine never stores it", bn.name, conv.name)));
+            }
+        }
+    }
+    out
+}
+
 /// Folds every BatchNormalization that reads a Conv's only use into that Conv, in float32 (f64
 /// arithmetic, stored as float32): `W' = W * s`, `b' = (b - mean) * s + beta`, with
 /// `s = gamma / sqrt(var + eps)` per output channel. The Conv then writes the BatchNorm's output

@@ -1,6 +1,7 @@
-//! Seeded perturbation of a model's weights at a given relative size: the noise floor runs the
-//! float32 reference on such a copy to measure how sensitive the outputs are to perturbations as
-//! small as one rounding of the candidate's arithmetic.
+//! Seeded perturbation of a model's weights by what one rounding of the candidate's precision
+//! does to them: the noise floor runs the float32 reference on such a copy to measure how
+//! sensitive the outputs are to the candidate's own rounding of the weights (docs/bisect.md, "The
+//! noise floor").
 
 use std::collections::HashSet;
 
@@ -9,6 +10,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::onnx::{tensor_proto::DataType, GraphProto, ModelProto, TensorProto};
+use crate::rounding::{tf32_slots, Rounding};
 use crate::weights::for_each_float_chunk;
 use crate::{Model, ModelError};
 
@@ -16,9 +18,14 @@ use crate::{Model, ModelError};
 /// floor is not measured.
 pub const PERTURB_MAX_EXTERNAL_BYTES: u64 = 1 << 30;
 
-/// Ops whose float inputs decide shapes or integer values, not arithmetic: a perturbed Resize scale
-/// changes the output's size, a perturbed float cast to an index changes the index.
-const SHAPE_READERS: &[&str] = &["Cast", "Floor", "Ceil", "Round", "Range", "ConstantOfShape", "Reshape", "Expand", "Tile", "Slice", "Pad"];
+/// Ops whose float inputs decide shapes or integer values, not arithmetic: a perturbed float cast
+/// to an index changes the index, a perturbed Range bound the length.
+const SHAPE_READERS: &[&str] = &["Cast", "Floor", "Ceil", "Round", "Range", "ConstantOfShape"];
+
+/// Ops whose data input (slot 0) is moved, not computed with: their other inputs are shapes,
+/// indices or pads; the data is stored like any tensor, and a TF32 tensor core reading their
+/// output reads the weight's own values.
+const LAYOUT_OPS: &[&str] = &["Reshape", "Expand", "Tile", "Slice", "Pad", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"];
 
 /// Inputs read as exponents: `x ^ 2.0009` is NaN for every negative x, while FP16 rounding leaves
 /// 2.0 (any small integer) exactly as it is. (Silero VAD's STFT magnitude, `Pow(x, 2)`, turned into
@@ -33,6 +40,7 @@ fn shape_weights(graph: &GraphProto) -> HashSet<String> {
     for n in &graph.node {
         for (slot, input) in n.input.iter().enumerate() {
             if SHAPE_READERS.contains(&n.op_type())
+                || (LAYOUT_OPS.contains(&n.op_type()) && slot > 0)
                 || crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot))
                 || EXPONENT_SLOTS.contains(&(n.op_type(), slot))
             {
@@ -43,6 +51,31 @@ fn shape_weights(graph: &GraphProto) -> HashSet<String> {
     skip
 }
 
+/// How the noise floor perturbs a float32 weight.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Perturbation {
+    /// Every weight stored in this format (FP16, BF16) moved by a random amount up to its own
+    /// rounding error there: `w + r * |round(w) - w|`, `r` uniform in [-1, 1). A value exact in
+    /// the format stays as it is; one beyond its range (FP16 above 65504) moves by up to one unit
+    /// roundoff of itself.
+    Storage(Rounding),
+    /// Only the weights TF32 tensor cores read (the multiplied inputs of Conv, MatMul, Gemm, ...,
+    /// directly or through layout ops such as Transpose), each by up to its own TF32 rounding
+    /// error. BatchNorm parameters, biases and every other weight stay exact.
+    TensorCores,
+    /// Every weight multiplied by `1 + relative * r`: float32 arithmetic, whose weights are exact
+    /// but whose every operation rounds by up to this much.
+    Relative(f64),
+}
+
+/// How many float32 weight values a perturbation moved, and how many it left as they were
+/// because the candidate's precision does not change them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Perturbed {
+    pub moved: usize,
+    pub exact: usize,
+}
+
 /// Multiplies `v` by `1 + relative * r` with `r` uniform in [-1, 1).
 pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
     for v in values.iter_mut() {
@@ -51,10 +84,26 @@ pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
     }
 }
 
+/// Moves each value by up to its own rounding error in `rounding` (see [`Perturbation::Storage`]).
+fn perturb_by_rounding(values: &mut [f32], rounding: Rounding, rng: &mut ChaCha8Rng, count: &mut Perturbed) {
+    for v in values.iter_mut() {
+        let rounded = rounding.round(*v);
+        if rounded == *v || !v.is_finite() {
+            count.exact += 1;
+            continue;
+        }
+        let error = if rounded.is_finite() { (rounded as f64 - *v as f64).abs() } else { v.abs() as f64 * rounding.unit_roundoff() };
+        let r: f64 = rng.random_range(-1.0..1.0);
+        *v = (*v as f64 + r * error) as f32;
+        count.moved += 1;
+    }
+}
+
 /// A copy of `model` whose float32 weights (initializers and Constant tensors of the main graph
-/// and of every body, except those read as shapes or indices) are each multiplied by `1 + relative * r`, `r` uniform in [-1, 1), drawn
-/// from a generator seeded with `seed`. External weights are read and stored inline.
-pub fn perturb_weights(model: &Model, relative: f64, seed: u64) -> Result<ModelProto, ModelError> {
+/// and of every body, except those read as shapes, indices or exponents, and those in `exact`)
+/// are perturbed as `perturbation` says, with a generator seeded with `seed`. External weights
+/// are read and stored inline. Also returns how many values moved.
+pub fn perturb_weights(model: &Model, perturbation: Perturbation, exact: &HashSet<String>, seed: u64) -> Result<(ModelProto, Perturbed), ModelError> {
     let external: u64 = model
         .graph()
         .initializer
@@ -71,44 +120,88 @@ pub fn perturb_weights(model: &Model, relative: f64, seed: u64) -> Result<ModelP
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut proto = model.proto.clone();
     let graph = proto.graph.as_mut().ok_or_else(|| ModelError::InvalidGraph("no graph".into()))?;
-    perturb_graph(model, graph, relative, &mut rng)?;
-    Ok(proto)
+    let mut count = Perturbed::default();
+    perturb_graph(model, graph, perturbation, exact, &mut rng, &mut count)?;
+    Ok((proto, count))
 }
 
-fn perturb_graph(model: &Model, graph: &mut GraphProto, relative: f64, rng: &mut ChaCha8Rng) -> Result<(), ModelError> {
+/// Weights of `graph` that a TF32 tensor core reads: at a TF32 slot of a node, directly or through
+/// layout ops (Transpose, Reshape, ...) that move the values without computing with them.
+fn tensor_core_weights(graph: &GraphProto) -> HashSet<String> {
+    let mut read: HashSet<String> = graph.node.iter().flat_map(|n| tf32_slots(n).iter().filter_map(|&s| n.input.get(s).cloned())).collect();
+    // Back through layout ops until nothing changes.
+    loop {
+        let before = read.len();
+        for n in graph.node.iter().filter(|n| LAYOUT_OPS.contains(&n.op_type())) {
+            if n.output.iter().any(|o| read.contains(o)) {
+                if let Some(data) = n.input.first() {
+                    read.insert(data.clone());
+                }
+            }
+        }
+        if read.len() == before {
+            return read;
+        }
+    }
+}
+
+fn perturb_one(model: &Model, t: &mut TensorProto, perturbation: Perturbation, rng: &mut ChaCha8Rng, count: &mut Perturbed) -> Result<(), ModelError> {
+    match perturbation {
+        Perturbation::Storage(rounding) => perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, rounding, rng, count)),
+        Perturbation::TensorCores => perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, Rounding::Tf32, rng, count)),
+        Perturbation::Relative(relative) => perturb_tensor(model, t, rng, |v, rng| {
+            count.moved += v.len();
+            perturb_values(v, relative, rng)
+        }),
+    }
+}
+
+fn perturb_graph(model: &Model, graph: &mut GraphProto, perturbation: Perturbation, exact: &HashSet<String>, rng: &mut ChaCha8Rng, count: &mut Perturbed) -> Result<(), ModelError> {
     let skip = shape_weights(graph);
-    for t in graph.initializer.iter_mut().filter(|t| !skip.contains(t.name())) {
-        perturb_tensor(model, t, relative, rng)?;
+    let only = (perturbation == Perturbation::TensorCores).then(|| tensor_core_weights(graph));
+    let wanted = |name: &str| !skip.contains(name) && !exact.contains(name) && only.as_ref().is_none_or(|o| o.contains(name));
+    for t in graph.initializer.iter_mut().filter(|t| wanted(t.name())) {
+        perturb_one(model, t, perturbation, rng, count)?;
     }
     for node in graph.node.iter_mut() {
-        let constant = node.op_type.as_deref() == Some("Constant") && !node.output.iter().any(|o| skip.contains(o));
+        let constant = node.op_type.as_deref() == Some("Constant") && node.output.iter().all(|o| wanted(o));
         for attr in node.attribute.iter_mut() {
             if constant {
                 if let Some(t) = attr.t.as_mut() {
-                    perturb_tensor(model, t, relative, rng)?;
+                    perturb_one(model, t, perturbation, rng, count)?;
                 }
-                if let Some(f) = attr.f.as_mut() {
-                    let mut v = [*f];
-                    perturb_values(&mut v, relative, rng);
-                    *f = v[0];
+                let mut floats: Vec<f32> = attr.f.iter().copied().chain(attr.floats.iter().copied()).collect();
+                if !floats.is_empty() {
+                    match perturbation {
+                        Perturbation::Storage(rounding) => perturb_by_rounding(&mut floats, rounding, rng, count),
+                        Perturbation::TensorCores => perturb_by_rounding(&mut floats, Rounding::Tf32, rng, count),
+                        Perturbation::Relative(relative) => {
+                            count.moved += floats.len();
+                            perturb_values(&mut floats, relative, rng)
+                        }
+                    }
+                    let mut rest = floats.into_iter();
+                    if let Some(f) = attr.f.as_mut() {
+                        *f = rest.next().expect("counted");
+                    }
+                    attr.floats = rest.collect();
                 }
-                perturb_values(&mut attr.floats, relative, rng);
             }
             for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                perturb_graph(model, g, relative, rng)?;
+                perturb_graph(model, g, perturbation, exact, rng, count)?;
             }
         }
     }
     Ok(())
 }
 
-fn perturb_tensor(model: &Model, t: &mut TensorProto, relative: f64, rng: &mut ChaCha8Rng) -> Result<(), ModelError> {
+fn perturb_tensor(model: &Model, t: &mut TensorProto, rng: &mut ChaCha8Rng, mut perturb: impl FnMut(&mut [f32], &mut ChaCha8Rng)) -> Result<(), ModelError> {
     if t.data_type() != DataType::Float as i32 {
         return Ok(());
     }
     let mut values = Vec::new();
     for_each_float_chunk(model, t, &mut |chunk| values.extend_from_slice(chunk))?;
-    perturb_values(&mut values, relative, rng);
+    perturb(&mut values, rng);
     *t = TensorProto {
         name: t.name.clone(),
         dims: t.dims.clone(),

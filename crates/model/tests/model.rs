@@ -2,6 +2,8 @@ use std::collections::HashSet;
 use std::fs;
 
 use bytes::Bytes;
+use layerwise_model::perturb::{Perturbation, Perturbed};
+use layerwise_model::rounding::Rounding;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
 use layerwise_model::{emulate, expose, fp16, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
@@ -309,8 +311,66 @@ fn perturbing_weights_leaves_exponents_alone() {
     b.node("Mul", "mul", &["sq", "scale"], &["y"], vec![]);
     b.output("y", DataType::Float);
     let model = Model::from_proto(b.build(), "pow.onnx").unwrap();
-    let perturbed = Model::from_proto(layerwise_model::perturb::perturb_weights(&model, 1e-3, 7).unwrap(), "p.onnx").unwrap();
+    let none = std::collections::HashSet::new();
+    let perturbed = Model::from_proto(layerwise_model::perturb::perturb_weights(&model, Perturbation::Relative(1e-3), &none, 7).unwrap().0, "p.onnx").unwrap();
     let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
     assert_eq!(weight("two"), vec![2.0], "the exponent stays exact");
     assert_ne!(weight("scale"), vec![3.0], "other weights are perturbed");
+}
+
+/// The noise floor perturbs only what the candidate's precision changes, each value by at most
+/// its own rounding error there: a value exact in BF16 (1/512, a LayerNorm's 1/N) stays, 0.1
+/// moves by at most |bf16(0.1) - 0.1|; the data a Reshape moves is perturbed, its shape is not.
+#[test]
+fn a_storage_perturbation_moves_each_weight_by_at_most_its_own_rounding_error() {
+    let mut b = ModelBuilder::new("ln", 17);
+    b.input("x", DataType::Float, &[Dim::from(4)]);
+    b.initializer(f32_tensor("inv_n", &[], &[1.0 / 512.0]));
+    b.initializer(f32_tensor("w", &[2, 2], &[0.1, 0.3, -0.7, 1.0]));
+    b.initializer(layerwise_model::builder::i64_tensor("shape", &[1], &[4]));
+    b.node("Mul", "scale", &["x", "inv_n"], &["s"], vec![]);
+    b.node("Reshape", "flat", &["w", "shape"], &["wf"], vec![]);
+    b.node("Add", "add", &["s", "wf"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let model = Model::from_proto(b.build(), "ln.onnx").unwrap();
+    let none = std::collections::HashSet::new();
+    for seed in 0..20 {
+        let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::Storage(Rounding::Bf16), &none, seed).unwrap();
+        let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
+        let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+        assert_eq!(weight("inv_n"), vec![1.0 / 512.0], "exact in BF16: not perturbed");
+        for (moved, original) in weight("w").iter().zip([0.1f32, 0.3, -0.7, 1.0]) {
+            let bound = (Rounding::Bf16.round(original) - original).abs();
+            assert!((moved - original).abs() <= bound * (1.0 + 1e-6), "seed {seed}: {original} moved to {moved}, more than its BF16 rounding error {bound}");
+        }
+        assert_eq!(weight("w")[3], 1.0, "1.0 is exact in BF16");
+        assert_eq!(count, Perturbed { moved: 3, exact: 2 }, "0.1, 0.3, -0.7 move; 1/512 and 1.0 are exact");
+    }
+}
+
+/// Under TF32 only what a tensor core reads is perturbed: a MatMul's weight (here through a
+/// Transpose), not the bias added after it nor a BatchNorm's parameters.
+#[test]
+fn a_tf32_perturbation_moves_only_what_tensor_cores_read() {
+    let mut b = ModelBuilder::new("mm", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(2), Dim::from(1), Dim::from(2)]);
+    b.initializer(f32_tensor("w", &[2, 2], &[0.1, 0.3, -0.7, 0.9]));
+    b.initializer(f32_tensor("bias", &[2], &[0.1, 0.2]));
+    for (name, v) in [("gamma", [0.1f32, 0.3]), ("beta", [0.7, 0.9]), ("mean", [0.3, 0.1]), ("var", [1.3, 0.7])] {
+        b.initializer(f32_tensor(name, &[2], &v));
+    }
+    b.node("BatchNormalization", "bn", &["x", "gamma", "beta", "mean", "var"], &["n"], vec![]);
+    b.node("Transpose", "t", &["w"], &["wt"], vec![]);
+    b.node("MatMul", "mm", &["n", "wt"], &["m"], vec![]);
+    b.node("Add", "add", &["m", "bias"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let model = Model::from_proto(b.build(), "mm.onnx").unwrap();
+    let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::TensorCores, &std::collections::HashSet::new(), 3).unwrap();
+    let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
+    let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+    assert_ne!(weight("w"), vec![0.1, 0.3, -0.7, 0.9], "the MatMul's weight (through a Transpose) moves");
+    for (name, v) in [("bias", vec![0.1f32, 0.2]), ("gamma", vec![0.1, 0.3]), ("beta", vec![0.7, 0.9]), ("mean", vec![0.3, 0.1]), ("var", vec![1.3, 0.7])] {
+        assert_eq!(weight(name), v, "{name}: TF32 does not round it");
+    }
+    assert_eq!(count.moved + count.exact, 4, "only the four values of w are considered");
 }

@@ -15,6 +15,12 @@ pub enum RuntimeError {
     Input(String),
     #[error("unknown backend spec '{spec}': {why}")]
     BadSpec { spec: String, why: String },
+    /// A valid spec that cannot be used where it was given.
+    #[error("backend spec '{spec}': {why}")]
+    SpecRefused { spec: String, why: String },
+    /// An input file holds an array the model does not declare.
+    #[error("input error: {file} holds array '{array}', but the model has no input of that name (its inputs: {})", inputs.join(", "))]
+    UnknownArray { file: PathBuf, array: String, inputs: Vec<String> },
     #[error("ONNX Runtime library not found: {0}")]
     OrtNotFound(String),
     #[error("cannot load ONNX Runtime from {path}: {why}")]

@@ -119,11 +119,7 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
         for (name, tensor) in read_npz(path)? {
             npz_arrays.push(name.clone());
             if !known(&name) {
-                return Err(RuntimeError::Input(format!(
-                    "{} holds array '{name}', but the model has no input of that name (its inputs: {})",
-                    path.display(),
-                    names()
-                )));
+                return Err(RuntimeError::UnknownArray { file: path.clone(), array: name, inputs: decls.iter().map(|d| d.name.clone()).collect() });
             }
             from_files.insert(name, (tensor, format!("npz:{}", path.display())));
         }

@@ -297,6 +297,10 @@ impl OrtBackend {
                 for t in summary.folded_away {
                     output.unavailable.push((t, "folded with the BatchNorm after it, as a TensorRT engine computes it (engine=trt)".into()));
                 }
+                // A parameter computed by a Constant node is a tensor the engine never holds.
+                for (t, why) in summary.folded_parameters.into_iter().filter(|(t, _)| request.index.producer(t).is_some()) {
+                    output.unavailable.push((t, why));
+                }
                 emulate(request.model, &proto, &summary.rounded, &keep, rounding)?
             } else {
                 emulate(request.model, &exposed, float, &keep, rounding)?
@@ -319,6 +323,15 @@ impl OrtBackend {
         } else {
             exposed
         };
+        // What the candidate does not compute (folded away, never stored) is neither returned nor
+        // paired: only the reason is.
+        let mut proto = proto;
+        let gone: HashSet<&str> = output.unavailable.iter().map(|(t, _)| t.as_str()).collect();
+        let names: Vec<String> = names.into_iter().filter(|n| !gone.contains(n.as_str())).collect();
+        if let Some(g) = proto.graph.as_mut() {
+            let outputs: HashSet<&str> = request.index.outputs.iter().map(String::as_str).collect();
+            g.output.retain(|o| outputs.contains(o.name()) || !gone.contains(o.name()));
+        }
         Ok((proto, names))
     }
 
@@ -421,6 +434,8 @@ struct EngineStyle {
     rounded: HashSet<String>,
     /// Conv outputs that no longer exist once their BatchNorm is folded in.
     folded_away: Vec<String>,
+    /// Weights the engine never stores (folded BatchNorm parameters), with the reason.
+    folded_parameters: Vec<(String, String)>,
     note: String,
 }
 
@@ -428,14 +443,15 @@ struct EngineStyle {
 /// Convs in float32, and only the float tensors at fused-layer boundaries left to round. Returns
 /// the folded model, the keep list's positions in it, and what was done.
 fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProto, float: &HashSet<String>, keep: &HashSet<usize>) -> Result<(layerwise_model::onnx::ModelProto, HashSet<usize>, EngineStyle), RuntimeError> {
-    use layerwise_model::engine_style::{fold_batch_norms, fused_layers, layer_boundaries, resolve_folded};
+    use layerwise_model::engine_style::{fold_batch_norms, folded_parameters, fused_layers, layer_boundaries, resolve_folded};
     let outputs: HashSet<String> = request.index.outputs.iter().cloned().collect();
     let exposed_index = layerwise_model::GraphIndex::build(exposed.graph.as_ref().expect("graph"))?;
     let (proto, folded) = fold_batch_norms(request.model, exposed, &exposed_index, &outputs)?;
     let folded_index = layerwise_model::GraphIndex::build(proto.graph.as_ref().expect("graph"))?;
     let layers = fused_layers(&folded_index, &outputs);
     let boundaries = layer_boundaries(&folded_index, &outputs, &layers);
-    let rounded: HashSet<String> = float.iter().filter(|t| boundaries.contains(*t)).cloned().collect();
+    let folded_parameters = folded_parameters(request.index, &folded);
+    let rounded: HashSet<String> = float.iter().filter(|t| boundaries.contains(*t) && !folded_parameters.iter().any(|(p, _)| p == *t)).cloned().collect();
     // Positions shift down past each removed BatchNorm; a kept BatchNorm means its Conv.
     let removed: Vec<usize> = folded.iter().filter_map(|f| request.index.node(&f.batch_norm)).map(|n| n.proto_index).collect();
     let mut shifted = HashSet::new();
@@ -453,7 +469,7 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
         rounded.len(),
         float.len()
     );
-    Ok((proto, shifted, EngineStyle { rounded, folded_away, note }))
+    Ok((proto, shifted, EngineStyle { rounded, folded_away, folded_parameters, note }))
 }
 
 /// The float32 tensors a main-graph node computes, as ONNX Runtime types them: every tensor is

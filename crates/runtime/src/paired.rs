@@ -77,8 +77,18 @@ impl PairedSession {
         if external(&reference.proto) || external(&candidate.proto) {
             return Err(err("the model keeps its weights as external data, which the paired graph does not carry".into()));
         }
-        let graph = paired_graph(&reference.proto, &candidate.proto, tensors)?;
-        let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, ..Default::default() };
+        // What a side says it does not compute (a folding engine's BatchNorm parameters) is not
+        // paired, even where the tensor still exists in its graph.
+        let reason = |t: &str| reference.unavailable.iter().chain(&candidate.unavailable).find(|(n, _)| n == t).map(|(_, why)| why.clone());
+        let (mut declined, mut kept) = (Vec::new(), Vec::new());
+        for t in tensors {
+            match reason(t) {
+                Some(why) => declined.push((t.clone(), why)),
+                None => kept.push(t.clone()),
+            }
+        }
+        let graph = paired_graph(&reference.proto, &candidate.proto, &kept)?;
+        let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, unavailable: declined, ..Default::default() };
         for (t, side) in graph.missing {
             let why = match side {
                 Side::Reference => reference.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the reference run".into(), |(_, w)| w.clone()),

@@ -281,6 +281,12 @@ impl BackendSpec {
         self.emulated_rounding().is_some()
     }
 
+    /// Emulates a weakly typed TensorRT engine (`engine=trt`): BatchNorms folded into their Convs
+    /// in float32, so their parameters are never stored in reduced precision.
+    pub fn folds_batch_norms(&self) -> bool {
+        matches!(self, BackendSpec::Sim { trt_style: true, .. })
+    }
+
     /// The ONNX Runtime execution provider, for backends that run on ONNX Runtime.
     pub fn ort_options(&self) -> Option<&OrtOptions> {
         match self {
@@ -308,7 +314,7 @@ impl BackendSpec {
     /// emulations and saved tensors stay as they are. A GPU spec that names its own device is
     /// refused rather than silently moved, and so is native TensorRT (one process per GPU).
     pub fn on_device(&self, device: u32) -> Result<BackendSpec, RuntimeError> {
-        let refuse = |why: &str| RuntimeError::BadSpec { spec: self.to_string(), why: why.to_string() };
+        let refuse = |why: &str| RuntimeError::SpecRefused { spec: self.to_string(), why: why.to_string() };
         match self {
             BackendSpec::Ort(o) if o.ep.needs_gpu() => {
                 let mut moved = o.clone();
