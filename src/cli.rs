@@ -30,6 +30,10 @@ struct Cli {
     /// terminal; ONNX Runtime's are kept in the report's backend notes.
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// Show no progress on stderr (errors and the results still show). Progress is a spinner on
+    /// a terminal and one line per step elsewhere (a file, a pipe, a notebook).
+    #[arg(short, long, global = true)]
+    quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -387,7 +391,7 @@ fn exit_for(status: Status) -> u8 {
     }
 }
 
-fn run_bisect(args: BisectArgs) -> Result<u8> {
+fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
     let options = BisectOptions {
         model: args.model,
         reference: args.reference,
@@ -401,7 +405,7 @@ fn run_bisect(args: BisectArgs) -> Result<u8> {
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
-        progress: true,
+        progress: !quiet,
         progress_lines: false,
         mark: if args.mark == "search" { Marking::Search } else { Marking::All },
         max_memory: args.max_memory,
@@ -508,7 +512,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn run_fix(args: FixArgs) -> Result<u8> {
+fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let options = FixOptions {
         bisect: BisectOptions {
             inputs: args.inputs.options(),
@@ -516,6 +520,7 @@ fn run_fix(args: FixArgs) -> Result<u8> {
             rtol: args.tolerances.rtol,
             range_tol: args.tolerances.range_tol,
             outputs: Outputs { json: args.json, ..Outputs::default() },
+            progress: !quiet,
             ..BisectOptions::new(&args.model, args.reference, args.candidate)
         },
         output: args.output,
@@ -683,9 +688,9 @@ where
 fn run(cli: Cli) -> Result<u8> {
     layerwise_runtime::backend_log::set_echo(cli.verbose);
     match cli.command {
-        Command::Bisect(args) => run_bisect(*args),
+        Command::Bisect(args) => run_bisect(*args, cli.quiet),
         Command::Convert(args) => run_convert(args),
-        Command::Fix(args) => run_fix(*args),
+        Command::Fix(args) => run_fix(*args, cli.quiet),
         Command::Report(args) => run_report(args),
         #[cfg(feature = "tensorrt")]
         Command::TrtLayers(args) => run_trt_layers(args),

@@ -82,3 +82,24 @@ fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     }
     assert!(!dir.path().join("m.json").exists(), "nothing written on refusal");
 }
+
+/// Issue "a newcomer's day", item 1: where stderr is not a terminal (here a pipe), every long
+/// step shows as a plain line, a sample set says "sample k of N" with the time left, `fix` says
+/// which candidate run it is on, and `--quiet` silences all of it.
+#[test]
+fn progress_shows_as_plain_lines_where_stderr_is_no_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    write_samples(&d.join("samples"));
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples"], d);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("layerwise: sample 1 of 7 (s0.npz)"), "{err}");
+    assert!(err.contains("layerwise: sample 7 of 7 (s6.npz), about"), "an estimate once a sample is done: {err}");
+    assert!(err.lines().any(|l| l.contains("sample 3 of 7 (s2.npz), about") && l.contains(" s left: ")), "steps carry the sample: {err}");
+    let quiet = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--quiet"], d);
+    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("layerwise: "), "{}", String::from_utf8_lossy(&quiet.stderr));
+    let fix = layerwise(&["fix", "demo.onnx"], d);
+    let err = String::from_utf8_lossy(&fix.stderr).to_string();
+    assert!(err.contains("layerwise: candidate run 1 (keeping 0 nodes in FP32)") && err.contains("layerwise: candidate run 2"), "{err}");
+}

@@ -86,12 +86,16 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     // 2-4. Run or pair, compare, walk: every sample; the worst one carries the verdict.
     let mut extras = plan_extras;
     let mut per_sample = Vec::new();
-    for (name, sample_options) in &samples {
+    for (k, (name, sample_options)) in samples.iter().enumerate() {
+        if samples.len() > 1 {
+            steps.count("sample", k + 1, samples.len(), name);
+        }
         let inputs = prepare_inputs(&decls, sample_options).map_err(|e| setup::in_sample(name, e))?;
         let feeds = setup::feeds_of(&inputs);
         let (compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, &mut steps, &mut extras)?;
         per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
     }
+    steps.end_count();
     // What follows runs other programs: the paired session's memory goes now.
     job.paired_session = None;
     let chosen = choose_sample(&job, per_sample, total_samples, options.shard, &mut extras);

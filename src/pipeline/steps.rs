@@ -1,6 +1,8 @@
-//! What a long job shows while it works: a spinner on a terminal, or one line per step, and how
-//! long each step took (the report's `run_info`).
+//! What a long job shows while it works: a spinner on a terminal, or one plain line per step
+//! where stderr is not one (a file, a pipe, a notebook), and how long each step took (the
+//! report's `run_info`). Where the total is known (samples, candidate runs), it says how far it is.
 
+use std::io::IsTerminal;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -14,29 +16,62 @@ pub(crate) struct Steps {
     lines: bool,
     started: Instant,
     durations: Vec<(String, f64)>,
+    /// Where a counted stretch of work (`count`) began, for its estimate.
+    counting_since: Option<Instant>,
+    /// "sample 2 of 7: b.npz", shown before each step's label while counting.
+    position: String,
 }
 
 impl Steps {
+    /// `show`: say what is going on at all; `lines`: as plain lines even on a terminal. Where
+    /// stderr is not a terminal, plain lines are what shows.
     pub(crate) fn new(show: bool, lines: bool) -> Steps {
+        let lines = show && (lines || !std::io::stderr().is_terminal());
         let bar = ProgressBar::new_spinner();
         bar.set_draw_target(if show && !lines { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
         bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("template"));
         bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        Steps { bar, lines: show && lines, started: Instant::now(), durations: Vec::new() }
+        Steps { bar, lines, started: Instant::now(), durations: Vec::new(), counting_since: None, position: String::new() }
     }
 
     pub(crate) fn run<T>(&mut self, label: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         if CANCEL.load(std::sync::atomic::Ordering::Relaxed) {
             bail!("interrupted before '{label}'");
         }
-        self.bar.set_message(label.to_string());
+        let shown = if self.position.is_empty() { label.to_string() } else { format!("{}: {label}", self.position) };
+        self.bar.set_message(shown.clone());
         if self.lines {
-            eprintln!("layerwise: {label} ({:.1} s)", self.started.elapsed().as_secs_f64());
+            eprintln!("layerwise: {shown} ({:.1} s)", self.started.elapsed().as_secs_f64());
         }
         let t = Instant::now();
         let r = f();
         self.durations.push((label.to_string(), t.elapsed().as_secs_f64()));
         r
+    }
+
+    /// Item `k` (from 1) of `total` begins (`what`: "sample", `name`: which one): shown before
+    /// each step's label until the next item, with an estimate of the time left once one item
+    /// has finished.
+    pub(crate) fn count(&mut self, what: &str, k: usize, total: usize, name: &str) {
+        let since = *self.counting_since.get_or_insert_with(Instant::now);
+        let left = if k > 1 {
+            let per_item = since.elapsed().as_secs_f64() / (k - 1) as f64;
+            format!(", about {:.0} s left", per_item * (total + 1 - k) as f64)
+        } else {
+            String::new()
+        };
+        let named = if name.is_empty() { String::new() } else { format!(" ({name})") };
+        self.position = format!("{what} {k} of {total}{named}{left}");
+        if self.lines {
+            eprintln!("layerwise: {} ({:.1} s)", self.position, self.started.elapsed().as_secs_f64());
+        }
+        self.bar.set_message(self.position.clone());
+    }
+
+    /// The counted stretch is over: labels stand alone again.
+    pub(crate) fn end_count(&mut self) {
+        self.position.clear();
+        self.counting_since = None;
     }
 
     pub(crate) fn finish(self) -> Vec<(String, f64)> {

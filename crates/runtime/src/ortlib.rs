@@ -111,10 +111,17 @@ fn from_python() -> Option<OrtLibrary> {
 }
 
 fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
+    // A spinner on a terminal; where stderr is a file or a pipe, a line before and after.
+    let message = format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display());
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+    spinner.set_draw_target(if terminal { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() });
     spinner.enable_steady_tick(Duration::from_millis(120));
-    spinner.set_message(format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display()));
+    spinner.set_message(message.clone());
+    let started = std::time::Instant::now();
+    if !terminal {
+        eprintln!("layerwise: {message}");
+    }
     let result = (|| {
         let download = layerwise_model::scratch::ScratchDir::new("layerwise-pip-").map_err(|e| format!("cannot create a temporary folder: {e}"))?;
         let out = Command::new(python())
@@ -135,6 +142,12 @@ fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
         extract_libs(&wheel, dest)
     })();
     spinner.finish_and_clear();
+    if !terminal {
+        match &result {
+            Ok(path) => eprintln!("layerwise: ONNX Runtime ready in {:.1} s: {}", started.elapsed().as_secs_f64(), path.display()),
+            Err(why) => eprintln!("layerwise: fetching ONNX Runtime failed: {why}"),
+        }
+    }
     result
 }
 
