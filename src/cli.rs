@@ -106,8 +106,9 @@ struct FixArgs {
     model: PathBuf,
     #[arg(long = "ref", default_value = "ort:cpu")]
     reference: BackendSpec,
-    /// Candidate: sim:fp16 (keeps nodes in the emulation), or a backend that runs the model
-    /// converted with the keep list each round (e.g. ort:cpu, for ONNX Runtime's FP16 kernels).
+    /// Candidate: sim:fp16 or sim:bf16 (keeps nodes in the emulation; the fixed model is FP16 or
+    /// BF16), or a backend that runs the model converted with the keep list each round (e.g.
+    /// ort:cpu, evaluated in the converted model's own types).
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: BackendSpec,
     #[command(flatten)]
@@ -132,12 +133,14 @@ struct BisectArgs {
     /// Reference backend spec.
     #[arg(long = "ref", default_value = "ort:cpu")]
     reference: BackendSpec,
-    /// Candidate backend spec: ort:cpu[,opt=LEVEL][,threads=N], sim:fp16, ort:cuda[,tf32=on|off],
-    /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH.
+    /// Candidate backend spec: sim:fp16|bf16|tf32[,engine=trt] (emulated on the CPU),
+    /// ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,device=N],
+    /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH (saved tensors).
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: BackendSpec,
     /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
-    /// matched by name and FP16 tensors compared as float32.
+    /// paired by name, then by structure where names differ (see --match), and FP16/BF16 tensors
+    /// are compared as float32. Each model gets the inputs it declares.
     #[arg(long, value_name = "MODEL")]
     cand_model: Option<PathBuf>,
     #[command(flatten)]

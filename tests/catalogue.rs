@@ -69,7 +69,12 @@ impl Catalogue {
         if args[0] == "bisect" {
             all.extend(["--json", &json]);
         }
-        assert_refused(&layerwise(&all, self.dir.path()), args, message);
+        let out = layerwise(&all, self.dir.path());
+        assert_refused(&out, args, message);
+        // Each cause is said once, and no context is empty ("error: : ...").
+        let said = text(&out);
+        let parts: Vec<&str> = said.trim().split(": ").collect();
+        assert!(parts.windows(2).all(|w| w[0] != w[1]) && !said.contains("error: :"), "{args:?}: a cause repeated or an empty context: {said}");
         assert_eq!(snapshot(self.dir.path()), before, "{args:?} changed, wrote or left files behind");
     }
 }
@@ -105,6 +110,8 @@ fn malformed_inputs_each_get_their_own_error() {
     b.node("Relu", "second", &["a"], &["b"], vec![]);
     b.output("a", DataType::Float);
     let m = c.model("cycle.onnx", &b.build());
+    // A folder where a model file belongs: the cause once, not "Is a directory: Is a directory".
+    c.case(&["bisect", &c.p("")], "cannot read");
     c.case(&["bisect", &m], "invalid graph: the graph has a cycle");
 
     let mut b = base();

@@ -103,3 +103,28 @@ fn progress_shows_as_plain_lines_where_stderr_is_no_terminal() {
     let err = String::from_utf8_lossy(&fix.stderr).to_string();
     assert!(err.contains("layerwise: candidate run 1 (keeping 0 nodes in FP32)") && err.contains("layerwise: candidate run 2"), "{err}");
 }
+
+/// Issue "a newcomer's day", item 4: on a sample set where every output passes, each sample's
+/// worst output error is its largest output error (not 0 for "no failing output").
+#[test]
+fn a_passing_sample_set_reports_each_samples_real_output_error() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    std::fs::create_dir_all(d.join("quiet")).unwrap();
+    for k in 0..3u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k);
+        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], (0..8 * 64).map(|_| rng.random::<f32>() * 0.01).collect());
+        layerwise_runtime::npy::write_npz(&d.join(format!("quiet/q{k}.npz")), &[("x", &x)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "quiet", "--json", "r.json"], d);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let r = json_without_run_info(&d.join("r.json"));
+    let runs = r["samples"]["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    for run in runs {
+        let e = run["worst_output_error"].as_f64().unwrap();
+        assert!(e > 0.0 && e < 1e-2, "a passing sample still has an output error: {run}");
+    }
+}

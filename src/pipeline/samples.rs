@@ -11,7 +11,9 @@ pub(super) fn sample_data(name: &str, comparison: &Comparison, verdict: &Verdict
         run: SampleRun {
             sample: name.to_string(),
             status: verdict.status,
-            worst_output_error: verdict.worst_output.as_ref().and_then(|o| comparison.get(o)).map(|r| r.error_level()).unwrap_or(0.0),
+            // The largest output error, passing or not (a verdict names a worst output only when
+            // one fails).
+            worst_output_error: selection_error,
             first_divergent: verdict.first_divergent.as_ref().map(|f| f.node.clone()),
         },
         selection_error,

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 pub enum ModelError {
     #[error("model file not found: {0}")]
     NotFound(PathBuf),
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("{path} is not an ONNX model: protobuf decoding failed ({source}); the file may be truncated, corrupt or of another format")]
-    Decode { path: PathBuf, source: prost::DecodeError },
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error("{path} is not an ONNX model: protobuf decoding failed ({cause}); the file may be truncated, corrupt or of another format")]
+    Decode { path: PathBuf, cause: prost::DecodeError },
     #[error("{path} decodes as protobuf but is not an ONNX model: {why}")]
     NotAModel { path: PathBuf, why: String },
     #[error("external data of initializer '{tensor}': {why}")]
@@ -25,6 +25,6 @@ pub enum ModelError {
     NotComputed(String),
     #[error("node '{0}' does not exist in the main graph (names as layerwise reports them: the node's own name, or OpType#i for unnamed nodes)")]
     UnknownNode(String),
-    #[error("cannot write {path}: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {cause}")]
+    Write { path: PathBuf, cause: std::io::Error },
 }

@@ -50,7 +50,7 @@ impl Model {
         if !path.exists() {
             return Err(ModelError::NotFound(path.to_path_buf()));
         }
-        let data = fs::read(path).map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
+        let data = fs::read(path).map_err(|cause| ModelError::Read { path: path.to_path_buf(), cause })?;
         Model::from_bytes(data, path)
     }
 
@@ -59,7 +59,7 @@ impl Model {
     pub fn from_bytes(data: Vec<u8>, path: &Path) -> Result<Model, ModelError> {
         let sha256 = hex(&Sha256::digest(&data));
         let proto = ModelProto::decode(Bytes::from(data))
-            .map_err(|source| ModelError::Decode { path: path.to_path_buf(), source })?;
+            .map_err(|cause| ModelError::Decode { path: path.to_path_buf(), cause })?;
         let base_dir = path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
         let model = Model { proto, path: path.to_path_buf(), base_dir, sha256 };
         model.check_is_model()?;
@@ -70,8 +70,8 @@ impl Model {
     /// Decodes an `.onnx` file written by a runtime (an optimized model), without the checks and
     /// hash of [`Model::load`]: weights stay slices of the one buffer read.
     pub fn read_proto(path: &Path) -> Result<ModelProto, ModelError> {
-        let data = fs::read(path).map_err(|source| ModelError::Read { path: path.to_path_buf(), source })?;
-        ModelProto::decode(Bytes::from(data)).map_err(|source| ModelError::Decode { path: path.to_path_buf(), source })
+        let data = fs::read(path).map_err(|cause| ModelError::Read { path: path.to_path_buf(), cause })?;
+        ModelProto::decode(Bytes::from(data)).map_err(|cause| ModelError::Decode { path: path.to_path_buf(), cause })
     }
 
     /// Wraps a model built in memory (tests, the demo). It must not reference external data.
@@ -187,7 +187,7 @@ impl Model {
             return Ok((proto.encode_to_vec(), Some(scratch.to_path_buf())));
         }
         let folder = match (&self.base_dir, external) {
-            (Some(base), true) => Some(fs::canonicalize(base).map_err(|source| ModelError::Read { path: base.clone(), source })?),
+            (Some(base), true) => Some(fs::canonicalize(base).map_err(|cause| ModelError::Read { path: base.clone(), cause })?),
             _ => None,
         };
         Ok((proto.encode_to_vec(), folder))
@@ -214,7 +214,7 @@ impl Model {
     /// Runtime can map them.
     fn relocate_weights(&self, proto: &mut ModelProto, data_path: &Path, location: &str, move_inline: bool) -> Result<(), ModelError> {
         const ALIGN: u64 = 64 << 10;
-        let io = |source| ModelError::Write { path: data_path.to_path_buf(), source };
+        let io = |cause| ModelError::Write { path: data_path.to_path_buf(), cause };
         let mut file = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(data_path).map_err(io)?);
         let mut offset = 0u64;
         for_each_initializer_mut(proto, &mut |t| {
@@ -254,7 +254,7 @@ impl Model {
             _ => PathBuf::from("."),
         };
         let file_name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model.onnx".into());
-        let io = |source| ModelError::Write { path: path.to_path_buf(), source };
+        let io = |cause| ModelError::Write { path: path.to_path_buf(), cause };
         let mut external_bytes = 0u64;
         if let Some(g) = &proto.graph {
             for_each_initializer(g, &mut |t| {

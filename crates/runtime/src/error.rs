@@ -9,8 +9,8 @@ pub enum RuntimeError {
     Model(#[from] ModelError),
     #[error("{path}: {why}")]
     TensorFile { path: PathBuf, why: String },
-    #[error("cannot write {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {cause}")]
+    Io { path: PathBuf, cause: std::io::Error },
     #[error("input error: {0}")]
     Input(String),
     #[error("unknown backend spec '{spec}': {why}")]

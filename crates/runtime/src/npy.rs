@@ -122,7 +122,7 @@ pub fn write_npy<W: Write>(w: W, t: &Tensor) -> io::Result<()> {
 }
 
 pub fn write_npy_file(path: &Path, t: &Tensor) -> Result<(), RuntimeError> {
-    let io = |e: io::Error| RuntimeError::Io { path: path.to_path_buf(), source: e };
+    let io = |e: io::Error| RuntimeError::Io { path: path.to_path_buf(), cause: e };
     let f = File::create(path).map_err(io)?;
     let mut w = BufWriter::new(f);
     write_npy(&mut w, t).map_err(io)?;
@@ -131,7 +131,7 @@ pub fn write_npy_file(path: &Path, t: &Tensor) -> Result<(), RuntimeError> {
 
 /// Writes named tensors as an `.npz` archive (uncompressed, as `np.savez`).
 pub fn write_npz(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<(), RuntimeError> {
-    let io = |e: io::Error| RuntimeError::Io { path: path.to_path_buf(), source: e };
+    let io = |e: io::Error| RuntimeError::Io { path: path.to_path_buf(), cause: e };
     let f = File::create(path).map_err(io)?;
     let mut zip = npyz::zip::ZipWriter::new(BufWriter::new(f));
     for (name, t) in tensors {

@@ -53,7 +53,7 @@ impl OrtBackend {
     /// resolved against the original model's folder (see `Model::runtime_bytes`).
     fn session_for(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, level: OptLevel) -> Result<Session, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
-            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         self.session(&bytes, folder.as_deref(), level)
     }
@@ -68,7 +68,7 @@ impl OrtBackend {
     /// keep their names.
     fn optimized(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
-            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         let path = scratch.path().join("optimized.onnx");
         let extras = SessionExtras { optimized_path: Some(&path), operators: None };
@@ -120,7 +120,7 @@ pub(crate) fn scratch_source(bytes: Vec<u8>, external_folder: Option<&Path>, scr
         return Ok(OwnedSource::Memory(bytes, Some(folder.to_path_buf())));
     }
     let path = scratch.join("session.onnx");
-    std::fs::write(&path, &bytes).map_err(|e| RuntimeError::Io { path: path.clone(), source: e })?;
+    std::fs::write(&path, &bytes).map_err(|e| RuntimeError::Io { path: path.clone(), cause: e })?;
     Ok(OwnedSource::File(path))
 }
 

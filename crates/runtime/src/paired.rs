@@ -97,7 +97,7 @@ impl PairedSession {
             template.unavailable.push((t, why));
         }
         template.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
-        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         // The programs' weights are shared with the paired graph: with the programs gone, each
         // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
         // parsing copies.

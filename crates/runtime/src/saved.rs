@@ -46,7 +46,7 @@ pub fn save_run(
     inputs: &[(String, Tensor)],
 ) -> Result<PathBuf, RuntimeError> {
     let run_dir = dir.join(role);
-    let io = |path: &Path, e: std::io::Error| RuntimeError::Io { path: path.to_path_buf(), source: e };
+    let io = |path: &Path, e: std::io::Error| RuntimeError::Io { path: path.to_path_buf(), cause: e };
     fs::create_dir_all(&run_dir).map_err(|e| io(&run_dir, e))?;
     let mut entries = Vec::new();
     for (i, name) in order.iter().filter(|n| tensors.contains_key(*n)).enumerate() {

@@ -390,7 +390,7 @@ pub fn build_engine(
     }
 
     let started = std::time::Instant::now();
-    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-trt-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-trt-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
     let (bytes, folder) = model.runtime_bytes(&model.proto, scratch.path())?;
     if folder.is_some() {
         return Err(err("models with external data are not supported by the TensorRT backend yet"));
@@ -456,9 +456,9 @@ pub fn build_engine(
     })?;
     let lines: Vec<String> = log.lock().expect("log").iter().map(|(_, m)| m.clone()).collect();
     let layers = layer_map(&lines, index);
-    fs::create_dir_all(&cache).map_err(|e| RuntimeError::Io { path: cache.clone(), source: e })?;
+    fs::create_dir_all(&cache).map_err(|e| RuntimeError::Io { path: cache.clone(), cause: e })?;
     let write = |path: &Path, data: &[u8]| -> Result<(), RuntimeError> {
-        let io = |e| RuntimeError::Io { path: path.to_path_buf(), source: e };
+        let io = |e| RuntimeError::Io { path: path.to_path_buf(), cause: e };
         let mut tmp = tempfile::NamedTempFile::new_in(&cache).map_err(io)?;
         let _tracked = layerwise_model::scratch::track(tmp.path());
         std::io::Write::write_all(&mut tmp, data).map_err(io)?;

@@ -115,7 +115,7 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
         values.insert(name.clone(), as_declared(t, declared.get(name.as_str()).copied()));
     }
-    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), source: e })?;
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
     let mut unavailable: HashMap<String, String> = HashMap::new();
     let mut widened_nodes: Vec<String> = Vec::new();
     for info in &index.nodes {
