@@ -25,6 +25,8 @@ def short(v):
         return v
     if v is None:
         return "-"
+    if v != v or v in (float("inf"), float("-inf")):
+        return str(v)
     return f"{v:.2e}" if v != 0 else "0"
 
 
@@ -59,15 +61,17 @@ def main():
             with tempfile.TemporaryDirectory() as d:
                 report_path = os.path.join(d, "r.json")
                 started = time.time()
-                run = subprocess.run([layerwise, "bisect", path, "--cand", cand, *args, "--json", report_path], capture_output=True, text=True)
+                run = subprocess.run([layerwise, "bisect", path, "--cand", cand, *args, "--json", report_path, "--quiet"], capture_output=True, text=True)
                 seconds = time.time() - started
                 if run.returncode not in (0, 1):
-                    rows.append(f"| {name} | {cand} | exit {run.returncode} | {run.stderr.strip().splitlines()[-1][:120] if run.stderr.strip() else ''} | | | |")
+                    said = [l for l in run.stderr.strip().splitlines() if l.startswith("error")] or run.stderr.strip().splitlines()[-1:]
+                    rows.append(f"| {name} | {cand} | exit {run.returncode} | {said[0][:160] if said else ''} | | | |")
                     records.append({"model": name, "candidate": cand, "exit": run.returncode, "stderr": run.stderr[-2000:]})
                     continue
                 report = json.load(open(report_path))
-            outputs = [o["rel_l2_err"] for o in report["outputs"] if o["compared"]]
-            worst = max((o for o in outputs if isinstance(o, (int, float))), default=None)
+            number = {"inf": float("inf"), "-inf": float("-inf"), "nan": float("nan")}
+            outputs = [number.get(o["rel_l2_err"], o["rel_l2_err"]) for o in report["outputs"] if o["compared"]]
+            worst = max(outputs, default=None)
             floor = report.get("noise_floor")
             floor_text = "-"
             if floor:

@@ -232,3 +232,46 @@ fn fix_exit_codes_and_outputs() {
     let same = layerwise(&["fix", &case.p("ln.onnx"), "-o", &case.p("ln.onnx")], case.dir.path());
     assert_eq!(same.status.code(), Some(2), "{}", text(&same));
 }
+
+/// Issue "a newcomer's day", item 3: a model saved by a newer onnx package (IR version 14) whose
+/// opsets ONNX Runtime supports runs, given to ONNX Runtime as IR version 13, and the report says
+/// so; an opset ONNX Runtime does not support is refused with what the model imports and what ONNX
+/// Runtime supports, not ONNX Runtime's raw message.
+#[test]
+fn a_newer_ir_version_is_lowered_where_every_opset_is_supported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut newer = dynamic_model();
+    newer.ir_version = Some(14);
+    save(&newer, &dir.path().join("ir14.onnx"));
+    let out = layerwise(&["bisect", "ir14.onnx", "--input-shape", "x:1x4", "--input-shape", "ids:1", "--json", "r.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+    assert!(r["cand"]["notes"].to_string().contains("declares IR version 14; ONNX Runtime 1.31.1 reads up to 13"), "{}", r["cand"]["notes"]);
+    assert_eq!(r["model"]["ir_version"], 14, "the report describes the file as it is");
+    let mut future = newer.clone();
+    future.opset_import[0].version = Some(28);
+    save(&future, &dir.path().join("opset28.onnx"));
+    let out = layerwise(&["bisect", "opset28.onnx", "--input-shape", "x:1x4", "--input-shape", "ids:1"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("imports ai.onnx opset 28 (IR version 14); ONNX Runtime 1.31.1, which layerwise runs, supports ai.onnx opsets up to 26"), "{}", text(&out));
+}
+
+/// Issue "a newcomer's day", item 3: inputs full of NaN are said in the verdict, not passed over;
+/// an --input-shape that contradicts the file giving that input is refused, not ignored.
+#[test]
+fn nan_inputs_are_said_and_a_conflicting_input_shape_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
+    let mut values = vec![0.01f32; 8 * 64];
+    for v in values.iter_mut().take(100) {
+        *v = f32::NAN;
+    }
+    let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
+    layerwise_runtime::npy::write_npz(&dir.path().join("nan.npz"), &[("x", &x)]).unwrap();
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    assert!(text(&out).contains("input 'x' (npz:nan.npz) holds 100 NaN and 0 inf values of 512"), "{}", text(&out));
+    let conflict = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--input-shape", "x:1x8x32"], dir.path());
+    assert_eq!(conflict.status.code(), Some(2), "{}", text(&conflict));
+    assert!(text(&conflict).contains("--input-shape x:1x8x32 conflicts with the shape 1x8x64 that npz:nan.npz holds for 'x'"), "{}", text(&conflict));
+}

@@ -4,8 +4,8 @@
 # to $OUT; work happens in /tmp/gpu-work.
 set -u
 ROOT=$PWD
-R=$ROOT/.gpu/run
-export LAYERWISE_ORT_LIB=/tmp/ortgpu/libonnxruntime.so.1.31.1
+R=${R:-$ROOT/.gpu/run}
+export LAYERWISE_ORT_LIB=${LAYERWISE_ORT_LIB:-/tmp/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1}
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/gpu-work && cd /tmp/gpu-work
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

@@ -243,6 +243,19 @@ fn report(
 ) -> Result<BisectOutcome> {
     let options = job.options;
     let SampleOutcome { name: sample_name, inputs, compared, .. } = chosen;
+    // Inputs that are not all finite: NaN compares as NaN on both sides, so the verdict only
+    // speaks of what is finite.
+    for i in &inputs {
+        let (nan, inf) = i.tensor.non_finite_counts();
+        if nan + inf > 0 {
+            conclusions.insert(0, format!(
+                "input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: they reach the tensors computed from them on both sides, where matching inf/NaN are not counted as errors, so this verdict speaks only of the finite values",
+                i.name,
+                i.source,
+                i.tensor.len()
+            ));
+        }
+    }
     conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);

@@ -13,6 +13,7 @@ use layerwise_model::matching::{match_tensors, MatchedBy};
 use layerwise_model::perturb::Perturbation;
 use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputDecl, InputOptions};
+use layerwise_runtime::ortlib::fit_for_onnx_runtime;
 use layerwise_runtime::typed::TypedBackend;
 use layerwise_runtime::{create_backend, Backend, BackendSpec, Precision, RuntimeError, Tensor};
 
@@ -91,6 +92,9 @@ pub(crate) struct Setup<'m> {
 
 /// Stage 1: the plan of a bisect of `original` with `options`.
 pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &mut Steps) -> Result<Setup<'m>> {
+    // A model saved by a newer onnx package: given to ONNX Runtime at the IR version it reads.
+    let (original, ir_note) = fit_for_onnx_runtime(original)?;
+    let mut input_notes: Vec<String> = ir_note.into_iter().collect();
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
     let on_device = |spec: &BackendSpec| match options.device {
         Some(device) => spec.on_device(device),
@@ -103,15 +107,17 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // union, and an input fed to one side only is noted.
     let loaded_cand = match &options.cand_model {
         Some(path) => {
-            let cm = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let loaded = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            let (cm, note) = fit_for_onnx_runtime(&loaded)?;
+            input_notes.extend(note);
+            let cm = cm.into_owned();
             let ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
             Some((cm, ci))
         }
         None => None,
     };
-    let reference_decls = declared_inputs(original, &index);
+    let reference_decls = declared_inputs(&original, &index);
     let mut decls = reference_decls.clone();
-    let mut input_notes = Vec::new();
     let mut candidate_decls = None;
     if let Some((cm, ci)) = &loaded_cand {
         let theirs = declared_inputs(cm, ci);
@@ -163,7 +169,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut flattened = None;
     if has_control_flow(&index) && !options.keep_control_flow {
         let all_feeds = sample_feeds(&decls, &samples).map_err(both_models)?;
-        let result = steps.run("following control flow", || flatten_control_flow(original, reference.as_mut(), &all_feeds))?;
+        let result = steps.run("following control flow", || flatten_control_flow(&original, reference.as_mut(), &all_feeds))?;
         if let Some((model, report)) = result {
             control_flow = Some(report);
             flattened = Some((GraphIndex::build(model.graph())?, model));
@@ -171,7 +177,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     }
     let (index, model) = match flattened {
         Some((i, m)) => (i, Cow::Owned(m)),
-        None => (index, Cow::Borrowed(original)),
+        None => (index, original),
     };
     let cand_model = match loaded_cand {
         Some((mut cm, mut ci)) => {

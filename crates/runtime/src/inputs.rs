@@ -140,6 +140,15 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     for (position, decl) in decls.iter().enumerate() {
         let dtype = decl.dtype.clone().map_err(|why| RuntimeError::Input(format!("input '{}': {why}", decl.name)))?;
         if let Some((tensor, source)) = from_files.remove(&decl.name) {
+            if let Some((_, shape)) = options.shapes.iter().find(|(n, _)| *n == decl.name).filter(|(_, s)| *s != tensor.shape) {
+                return Err(RuntimeError::Input(format!(
+                    "--input-shape {}:{} conflicts with the shape {} that {source} holds for '{}'; leave --input-shape out for inputs given as files",
+                    decl.name,
+                    shape_string(shape),
+                    shape_string(&tensor.shape),
+                    decl.name
+                )));
+            }
             check_file_input(decl, dtype, &tensor, &source, &mut symbols)?;
             prepared.push(PreparedInput { name: decl.name.clone(), tensor, source });
             continue;

@@ -254,3 +254,42 @@ pub fn environment() -> Result<(&'static ort::environment::Environment, &'static
         Err((false, why)) => Err(RuntimeError::OrtLoad { path: PathBuf::from("libonnxruntime"), why: why.clone() }),
     }
 }
+
+/// The newest ONNX IR version ONNX Runtime `ORT_VERSION` reads.
+pub const ORT_MAX_IR_VERSION: i64 = 13;
+/// The newest `ai.onnx` opset ONNX Runtime `ORT_VERSION` supports (measured: 27 is refused as
+/// "under development").
+pub const ORT_MAX_OPSET: i64 = 26;
+
+/// `model` as ONNX Runtime can read it. A model saved by a newer `onnx` package declares an IR
+/// version ONNX Runtime refuses although every opset it imports is supported: it gets the newest
+/// IR version ONNX Runtime reads (lossless: the IR version only says which features the file may
+/// use), and a note says so; the file is unchanged. An opset ONNX Runtime does not support is an
+/// error that says which, and what it supports.
+pub fn fit_for_onnx_runtime(model: &layerwise_model::Model) -> Result<(std::borrow::Cow<'_, layerwise_model::Model>, Option<String>), RuntimeError> {
+    let ir = model.proto.ir_version.unwrap_or(0);
+    let too_new: Vec<String> = model
+        .proto
+        .opset_import
+        .iter()
+        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")) && o.version.unwrap_or(0) > ORT_MAX_OPSET)
+        .map(|o| format!("ai.onnx opset {}", o.version.unwrap_or(0)))
+        .collect();
+    if !too_new.is_empty() {
+        return Err(RuntimeError::Input(format!(
+            "{} imports {} (IR version {ir}); ONNX Runtime {ORT_VERSION}, which layerwise runs, supports ai.onnx opsets up to {ORT_MAX_OPSET} and IR versions up to {ORT_MAX_IR_VERSION}: convert the model to opset {ORT_MAX_OPSET} or lower (onnx.version_converter.convert_version)",
+            model.path.display(),
+            too_new.join(", ")
+        )));
+    }
+    if ir <= ORT_MAX_IR_VERSION {
+        return Ok((std::borrow::Cow::Borrowed(model), None));
+    }
+    let mut lowered = model.clone();
+    lowered.proto.ir_version = Some(ORT_MAX_IR_VERSION);
+    let note = format!(
+        "{} declares IR version {ir}; ONNX Runtime {ORT_VERSION} reads up to {ORT_MAX_IR_VERSION} and supports every opset it imports, so it was given the model as IR version {ORT_MAX_IR_VERSION} (the file is unchanged)",
+        model.path.display()
+    );
+    Ok((std::borrow::Cow::Owned(lowered), Some(note)))
+}
