@@ -6,7 +6,8 @@ mechanism each verdict states: docs/bisect.md's "Verdicts per precision" table.
     python3 scripts/verdicts_per_precision.py LAYERWISE MODELS.txt OUT_PREFIX
 
 MODELS.txt: one model per line, `name path [bisect arguments...]` (`#` starts a comment; `@DIR`
-in an argument is replaced by the folder of MODELS.txt). Writes OUT_PREFIX.json (every report's
+in an argument is replaced by the folder of MODELS.txt, and `MODELS` in a path by the MODELS
+environment variable: where the wheels' models were extracted). Writes OUT_PREFIX.json (every report's
 verdict, noise floor and tolerances) and OUT_PREFIX.md (the table), and prints the table.
 """
 
@@ -54,6 +55,7 @@ def main():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        line = line.replace("MODELS", os.environ.get("MODELS", "MODELS"))
         name, path, *args = line.split()
         path = path if os.path.isabs(path) else os.path.join(base, path)
         args = [a.replace("@DIR", base) for a in args]

@@ -14,7 +14,7 @@ use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunReque
 
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
-use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
+use crate::pipeline::setup::{feeds_of, in_sample, set_up, Judging, Setup};
 use crate::pipeline::{check_writable_target, BisectOptions, Steps};
 
 /// Everything `layerwise fix` takes.
@@ -35,11 +35,21 @@ pub struct FixOutcome {
 /// A candidate run's comparison and verdict.
 type Judged = (Comparison, Verdict);
 
+/// One sample of the set the keep list must hold on: its inputs and the reference's tensors.
+struct Sample {
+    name: String,
+    feeds: Vec<(String, Tensor)>,
+    reference: std::collections::HashMap<String, Tensor>,
+}
+
 struct Search<'a> {
     index: &'a GraphIndex,
-    feeds: Vec<(String, Tensor)>,
+    /// Every sample (one unless `--inputs DIR` or a list of samples is given); a keep list must
+    /// bring every output within tolerance on each.
+    samples: Vec<Sample>,
+    /// The sample the last run judged by: the first with the largest output error.
+    judged: usize,
     order: Vec<String>,
-    reference: std::collections::HashMap<String, Tensor>,
     candidate: Box<dyn Backend>,
     keeper: KeepRunner<'a>,
     tolerance: Tolerance,
@@ -51,26 +61,53 @@ struct Search<'a> {
 }
 
 impl Search<'_> {
-    /// One candidate run with `keep` in FP32: emulated directly, or on a converted model.
+    /// Candidate runs with `keep` in FP32 (emulated directly, or on a converted model), one per
+    /// sample: the verdict of the sample whose outputs err most (the earliest on ties), which
+    /// passes only when every sample does.
     fn run(&mut self, keep: &[String]) -> Result<(Comparison, Verdict)> {
         self.runs += 1;
-        let label = format!("candidate run {} (keeping {} node{} in FP32)", self.runs, keep.len(), if keep.len() == 1 { "" } else { "s" });
-        let Search { steps, keeper, candidate, feeds, .. } = self;
-        let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
-        Ok(self.judge(&out))
+        let nodes = format!("keeping {} node{} in FP32", keep.len(), if keep.len() == 1 { "" } else { "s" });
+        let mut worst: Option<(f64, usize, (Comparison, Verdict))> = None;
+        for k in 0..self.samples.len() {
+            let label = match self.samples.len() {
+                1 => format!("candidate run {} ({nodes})", self.runs),
+                n => format!("candidate run {} ({nodes}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name),
+            };
+            let Search { steps, keeper, candidate, samples, .. } = self;
+            let feeds = &samples[k].feeds;
+            let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
+            let judged = self.judge(k, &out);
+            let error = self.index.outputs.iter().filter_map(|o| judged.0.get(o)).map(|r| r.error_level()).fold(0.0, f64::max);
+            let failing = judged.1.status == Status::Diverged;
+            let better = match &worst {
+                None => true,
+                Some((e, _, (_, v))) => (failing && v.status == Status::Pass) || (failing == (v.status == Status::Diverged) && error > *e),
+            };
+            if better {
+                worst = Some((error, k, judged));
+            }
+        }
+        let (_, k, judged) = worst.expect("at least one sample");
+        self.judged = k;
+        Ok(judged)
+    }
+
+    /// The sample the last run judged by.
+    fn sample(&self) -> &Sample {
+        &self.samples[self.judged]
     }
 
     /// The model outputs of `out` (a run of the written file, whose intermediate tensors have other
     /// names) against the reference: whether every output is within tolerance.
-    fn judge_outputs(&self, out: &RunOutput) -> (Comparison, bool) {
+    fn judge_outputs(&self, k: usize, out: &RunOutput) -> (Comparison, bool) {
         let outputs: Vec<String> = self.index.outputs.clone();
-        let comparison = compare_all(self.index, &outputs, &self.reference, &out.tensors, self.tolerance);
+        let comparison = compare_all(self.index, &outputs, &self.samples[k].reference, &out.tensors, self.tolerance);
         let pass = outputs.iter().all(|o| comparison.get(o).is_some_and(|r| r.pass));
         (comparison, pass)
     }
 
-    fn judge(&self, out: &RunOutput) -> (Comparison, Verdict) {
-        let comparison = compare_all(self.index, &self.order, &self.reference, &out.tensors, self.tolerance);
+    fn judge(&self, k: usize, out: &RunOutput) -> (Comparison, Verdict) {
+        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, self.tolerance);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerance.atol };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
@@ -111,7 +148,7 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
 /// bring every output within tolerance: the start found by bisection, then the end, then chunks of
 /// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
 fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, Judged)>> {
-    let nodes = keepable(index, &search.reference, keep);
+    let nodes = keepable(index, &search.sample().reference, keep);
     let trial = |search: &mut Search, region: &[String], stage: FixStage, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
         let all: Vec<String> = keep.iter().chain(region).cloned().collect();
         let outcome = search.run(&all)?;
@@ -225,8 +262,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if setup.cand_model.is_some() {
         bail!("fix converts the model itself with each keep list; --cand-model is for bisect");
     }
-    let Some((_, sample)) = setup.samples.first() else { bail!("no inputs to run") };
-    let feeds = feeds_of(&prepare_inputs(&setup.decls, sample)?);
+    let mut sets = Vec::new();
+    for (name, sample) in &setup.samples {
+        sets.push((name.clone(), feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| in_sample(name, e))?)));
+    }
+    if sets.is_empty() {
+        bail!("no inputs to run");
+    }
     let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
     let flattened = setup.control_flow.is_some();
     let Setup { model, index, mut reference, mut candidate, .. } = setup;
@@ -241,14 +283,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let judging = if tensor_cores { Judging::new(Precision::Fp32, true, b)? } else { Judging::new(low, false, b)? };
     let (tolerance, rule) = (judging.tolerance, judging.rule);
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
-    let reference_out = steps.run("running the reference", || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+    let mut samples = Vec::new();
+    let total = sets.len();
+    for (k, (name, feeds)) in sets.into_iter().enumerate() {
+        let label = if total == 1 { "running the reference".to_string() } else { format!("running the reference, sample {} of {total} ({name})", k + 1) };
+        let out = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+        samples.push(Sample { name, feeds, reference: out.tensors });
+    }
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
     let weights = scan_fp16_weight_range(model)?;
     let mut search = Search {
         index,
-        feeds,
+        samples,
+        judged: 0,
         order,
-        reference: reference_out.tensors,
         candidate,
         keeper,
         tolerance,
@@ -269,7 +317,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
             let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
-            let floor = noise_floor_of(reference.as_mut(), model, index, &search.feeds, &search.reference, tolerance, target)?;
+            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, tolerance, target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
                     "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",
@@ -386,7 +434,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // can crash ONNX Runtime); op types that crash it are kept in FP32.
         let staged = scratch.path().join("staged.onnx");
         let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&original, &original_index, &float, o)?.0);
-        let (conversion, load) = crate::load_check::convert_that_loads(&original, &options_for_keep, &staged, Some(&search.feeds), &mut convert)?;
+        let (conversion, load) = crate::load_check::convert_that_loads(&original, &options_for_keep, &staged, Some(&search.samples[0].feeds), &mut convert)?;
         let problems = check_float_types(&conversion.proto, &float);
         load_check = Some(load);
         let path = match &options.output {
@@ -399,12 +447,32 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let wi = GraphIndex::build(written.graph())?;
         let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
         let backend = format!("typed evaluation of {}", if options.output.is_some() { path.display().to_string() } else { "the fixed model (not written: no -o)".into() });
-        let check = match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.feeds, selection: &Selection::Names(Vec::new()) }) {
-            Ok(out) => {
-                let (comparison, verdict) = search.judge_outputs(&out);
-                ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass: verdict, not_run: None }
+        // Every sample: the written file must hold on each; the outputs shown are the worst
+        // sample's (the first failing one, else the largest error).
+        let mut checked: Result<Option<(bool, f64, Comparison)>, String> = Ok(None);
+        for k in 0..search.samples.len() {
+            match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.samples[k].feeds, selection: &Selection::Names(Vec::new()) }) {
+                Ok(out) => {
+                    let (comparison, pass) = search.judge_outputs(k, &out);
+                    let error = index.outputs.iter().filter_map(|o| comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max);
+                    let worse = match &checked {
+                        Ok(Some((p, e, _))) => (!pass && *p) || (pass == *p && error > *e),
+                        _ => true,
+                    };
+                    if worse {
+                        checked = Ok(Some((pass, error, comparison)));
+                    }
+                }
+                Err(e) => {
+                    checked = Err(e.to_string());
+                    break;
+                }
             }
-            Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e.to_string()) },
+        }
+        let check = match checked {
+            Ok(Some((pass, _, comparison))) => ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass, not_run: None },
+            Ok(None) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some("no sample to run".into()) },
+            Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e) },
         };
         let crashed = load_check.as_ref().filter(|l| l.status == LoadStatus::Crashed).and_then(|l| l.detail.clone());
         if let Some(how) = crashed {
@@ -447,10 +515,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("all outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
+            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
             keep.len(),
             index.nodes.len(),
             patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; "),
+            if search.samples.len() > 1 { format!(" on every one of the {} samples", search.samples.len()) } else { String::new() },
             search.runs
         )
     } else {
@@ -469,6 +538,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         patterns,
         rounds,
         candidate_runs: search.runs,
+        samples: if search.samples.len() > 1 { search.samples.iter().map(|s| s.name.clone()).collect() } else { Vec::new() },
         noise_floor,
         outputs,
         fixed_model,

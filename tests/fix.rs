@@ -260,3 +260,34 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     assert!(outcome.text.contains("rounds: diagnose 1"), "{}", outcome.text);
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
+
+/// Issue "a newcomer's day", item 2: `fix --inputs DIR` searches and checks the keep list on every
+/// sample, as bisect compares every sample: a quiet sample alone needs nothing kept, the set
+/// with loud samples needs the LayerNorm.
+#[test]
+fn fix_holds_on_every_sample_of_a_folder() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    for (folder, scales) in [("quiet", vec![0.01]), ("mixed", vec![0.01, 1.0, 0.5])] {
+        std::fs::create_dir_all(d.join(folder)).unwrap();
+        for (k, scale) in scales.iter().enumerate() {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k as u64);
+            let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], (0..8 * 64).map(|_| rng.random::<f32>() * scale).collect());
+            layerwise_runtime::npy::write_npz(&d.join(format!("{folder}/s{k}.npz")), &[("x", &x)]).unwrap();
+        }
+    }
+    let run = |folder: &str| {
+        let out = common::layerwise(&["fix", "demo.onnx", "--inputs", folder, "--json", &format!("{folder}.json")], d);
+        assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+        common::json(&d.join(format!("{folder}.json")))
+    };
+    let quiet = run("quiet");
+    assert_eq!(quiet["keep_fp32"].as_array().unwrap().len(), 0, "{}", quiet["summary"]);
+    let mixed = run("mixed");
+    assert!(!mixed["keep_fp32"].as_array().unwrap().is_empty(), "{}", mixed["summary"]);
+    assert!(mixed["summary"].as_str().unwrap().contains("on every one of the 3 samples"), "{}", mixed["summary"]);
+    assert_eq!(mixed["samples"].as_array().unwrap().len(), 3);
+    assert!(mixed["fixed_model_check"]["pass"].as_bool().unwrap());
+}

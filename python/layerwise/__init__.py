@@ -131,10 +131,12 @@ class _Node:
         self._d = d
 
     def __getattr__(self, name: str) -> Any:
-        try:
+        if name in self._d:
             return _wrap(self._d[name])
-        except KeyError:
-            raise AttributeError(name) from None
+        if name in _OPTIONAL_SECTIONS:
+            # A section this run did not produce (samples on one sample, isolation on a pass).
+            return None
+        raise AttributeError(f"a layerwise report has no field '{name}' (see docs/report-format.md)")
 
     def __getitem__(self, name: str) -> Any:
         return _wrap(self._d[name])
@@ -181,6 +183,13 @@ class TensorResult(_Node):
         raise AttributeError(name)
 
 
+# Sections a report holds only when the run produced them (docs/report-format.md).
+_OPTIONAL_SECTIONS = frozenset({
+    "first_divergent_detail", "worst_output", "search", "isolation", "counterfactual", "memory",
+    "samples", "noise_floor", "control_flow", "matching", "repro", "shard", "explorer_ids",
+})
+
+
 class Report:
     """The result of `bisect`: the JSON report (schema layerwise.report/1) as typed objects."""
 
@@ -218,10 +227,12 @@ class Report:
         # not_compared, noise_floor, samples, control_flow, matching, ...
         if name.startswith("_"):
             raise AttributeError(name)
-        try:
+        if name in self._d:
             return _wrap(self._d[name])
-        except KeyError:
-            raise AttributeError(name) from None
+        if name in _OPTIONAL_SECTIONS:
+            # A section this run did not produce (samples on one sample, isolation on a pass).
+            return None
+        raise AttributeError(f"a layerwise report has no field '{name}' (see docs/report-format.md)")
 
     def to_dict(self) -> Dict[str, Any]:
         """The JSON report, identical to what `bisect --json` writes."""
@@ -246,6 +257,9 @@ class FixReport(_Node):
     def __repr__(self) -> str:
         return f"<layerwise.FixReport {self._d.get('status')}: {self._d.get('summary')}>"
 
+    def _repr_html_(self) -> str:
+        return _native.render_fix_html(json.dumps(self._d))
+
 
 def bisect(
     model: Union[str, os.PathLike],
@@ -262,7 +276,7 @@ def bisect(
     val_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
     tensors: Optional[Sequence[str]] = None,
     mark: str = "all",
-    max_memory: Optional[int] = None,
+    max_memory: Optional[Union[int, str]] = None,
     separate_runs: bool = False,
     isolate: bool = True,
     counterfactual: bool = True,
@@ -293,7 +307,7 @@ def bisect(
 
 def fix(
     model: Union[str, os.PathLike],
-    inputs: Optional[Mapping[str, ArrayLike]] = None,
+    inputs: Inputs = None,
     cand: str = "sim:fp16",
     ref: str = "ort:cpu",
     *,
@@ -309,13 +323,15 @@ def fix(
     progress: bool = True,
 ) -> FixReport:
     """`layerwise fix`: the smallest keep-in-FP32 list that brings every output within tolerance,
-    verified, and the fixed model written to `output` when given."""
-    single, _ = _split_inputs(inputs)
+    verified, and the fixed model written to `output` when given. `inputs` is one sample (a
+    mapping of input name to array) or several (an iterable of such mappings): the keep list must
+    hold on every sample."""
+    single, samples = _split_inputs(inputs)
     options = _options(
         ref=ref, cand=cand, output=output, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, max_rounds=max_rounds, json=json, progress=progress,
     )
-    return FixReport(_json_loads(_native.fix(os.fspath(model), options, single)))
+    return FixReport(_json_loads(_native.fix(os.fspath(model), options, single, samples)))
 
 
 def convert(

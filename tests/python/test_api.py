@@ -108,3 +108,29 @@ def test_fix_and_convert(demo, tmp_path):
     assert (tmp_path / "demo_fp16.onnx").is_file()
     with pytest.raises(layerwise.LayerwiseError, match="would overwrite the input model"):
         layerwise.convert(demo, demo)
+
+
+def test_fix_takes_a_sample_set_and_holds_on_every_sample(demo, tmp_path):
+    """Issue "a newcomer's day", item 2: a list of samples is used, not replaced by random inputs;
+    the keep list is searched and checked on every sample."""
+    samples = [{"x": loud(seed=s, scale=sc)} for s, sc in [(0, 0.01), (1, 1.0), (2, 0.5)]]
+    r = layerwise.fix(demo, inputs=samples, cand="sim:fp16", progress=False)
+    assert r.status == "fixed", r.summary
+    assert len(r.samples) == 3
+    assert "on every one of the 3 samples" in r.summary
+    # The quiet sample alone needs nothing kept: the loud ones decided the keep list.
+    quiet = layerwise.fix(demo, inputs=samples[:1], cand="sim:fp16", progress=False)
+    assert quiet.keep_fp32 == [] and r.keep_fp32 != []
+    html = r._repr_html_()
+    assert "FIXED" in html and "text-align:left !important" in html
+
+
+def test_sizes_as_text_and_absent_sections(demo):
+    r = layerwise.bisect(demo, inputs={"x": loud()}, max_memory="2G", progress=False)
+    assert r.status == "diverged"
+    # One sample: no samples section, and saying so is None, not an AttributeError.
+    assert r.samples is None
+    with pytest.raises(AttributeError, match="no field 'nonsense'"):
+        r.nonsense
+    with pytest.raises(layerwise.LayerwiseError, match="max_memory"):
+        layerwise.bisect(demo, inputs={"x": loud()}, max_memory="lots", progress=False)

@@ -43,6 +43,14 @@ fn arrays(raw: Vec<RawArray>) -> PyResult<Vec<(String, Tensor)>> {
     raw.into_iter().map(|(name, dtype, shape, bytes)| Ok((name, tensor(&dtype, shape, &bytes)?))).collect()
 }
 
+/// A memory size: bytes, or text as the command line takes it ("512M", "2G").
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
 /// The options both `bisect` and `fix` take, by their command-line names.
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
@@ -59,7 +67,7 @@ struct Options {
     val_ranges: Vec<(String, f64, f64)>,
     tensors: Option<Vec<String>>,
     mark: Option<String>,
-    max_memory: Option<u64>,
+    max_memory: Option<Size>,
     separate_runs: Option<bool>,
     isolate: Option<bool>,
     counterfactual: Option<bool>,
@@ -95,7 +103,11 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
         Some("search") => Marking::Search,
         Some(other) => return Err(LayerwiseError::new_err(format!("mark must be 'all' or 'search', not '{other}'"))),
     };
-    b.max_memory = o.max_memory;
+    b.max_memory = match &o.max_memory {
+        None => None,
+        Some(Size::Bytes(n)) => Some(*n),
+        Some(Size::Text(t)) => Some(layerwise::pipeline::parse_size(t).map_err(|e| LayerwiseError::new_err(format!("max_memory: {e}")))?),
+    };
     b.separate_runs = o.separate_runs.unwrap_or(false);
     b.isolate = o.isolate.unwrap_or(true);
     b.counterfactual = o.counterfactual.unwrap_or(true);
@@ -155,12 +167,14 @@ fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>
     })
 }
 
-/// `layerwise fix`: returns the fix report (schema layerwise.fix/1) as JSON.
+/// `layerwise fix`: returns the fix report (schema layerwise.fix/1) as JSON. `samples`, when
+/// given, are the set the keep list must hold on.
 #[pyfunction]
-#[pyo3(signature = (model, options_json, inputs))]
-fn fix(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>) -> PyResult<String> {
+#[pyo3(signature = (model, options_json, inputs, samples))]
+fn fix(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
     let o: Options = serde_json::from_str(options_json).map_err(|e| LayerwiseError::new_err(format!("bad option: {e}")))?;
-    let mut bisect = bisect_options(model, &o, arrays(inputs)?, Vec::new())?;
+    let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
+    let mut bisect = bisect_options(model, &o, arrays(inputs)?, samples)?;
     bisect.outputs = layerwise_report::Outputs { json: o.json.clone(), ..Default::default() };
     let options = FixOptions { bisect, output: o.output.clone(), max_rounds: o.max_rounds.unwrap_or(12) };
     interruptible(py, move || {
@@ -190,6 +204,13 @@ fn render_html(report_json: &str) -> PyResult<String> {
     Ok(layerwise_report::render_html(&report))
 }
 
+/// The HTML view of a fix report (for notebooks).
+#[pyfunction]
+fn render_fix_html(fix_json: &str) -> PyResult<String> {
+    let report = layerwise_report::parse_fix_report(fix_json, "the fix report").map_err(|e| LayerwiseError::new_err(e.to_string()))?;
+    Ok(layerwise_report::render_fix_html(&report))
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // `convert` and `fix` check a written model in a child process running layerwise's own
@@ -201,6 +222,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add_function(wrap_pyfunction!(run_command, m)?)?;
     m.add_function(wrap_pyfunction!(render_html, m)?)?;
+    m.add_function(wrap_pyfunction!(render_fix_html, m)?)?;
     m.add("LayerwiseError", m.py().get_type::<LayerwiseError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

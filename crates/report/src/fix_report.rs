@@ -128,8 +128,13 @@ pub struct FixReport {
     pub keep_fp32: Vec<String>,
     pub patterns: Vec<KeptPattern>,
     pub rounds: Vec<Round>,
-    /// Candidate runs the search made (the first, diagnosing run included).
+    /// Candidate runs the search made (the first, diagnosing run included); each runs every
+    /// sample.
     pub candidate_runs: usize,
+    /// The samples the keep list was searched and checked on (`--inputs DIR`, or a list of
+    /// samples from Python); empty for one sample.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<String>,
     /// How sensitive the worst output is to one rounding of every value the candidate rounds
     /// (see bisect).
     pub noise_floor: Option<NoiseFloor>,
@@ -188,4 +193,48 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
         );
     }
     out
+}
+
+/// A fix report as HTML (a notebook's view of it): the status, the keep list with why, each
+/// output before and after, and the check of the written file. Tables are left-aligned against a
+/// notebook's own styles.
+pub fn render_fix_html(r: &FixReport) -> String {
+    use crate::svg::esc;
+    let num = format_number;
+    let fixed = r.status == FixStatus::Fixed;
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        r#"<div class="layerwise-fix"><style>.layerwise-fix table{{border-collapse:collapse;font-size:13px}}.layerwise-fix td,.layerwise-fix th{{text-align:left !important;padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}}.layerwise-fix td.n{{text-align:right !important;font-variant-numeric:tabular-nums}}.layerwise-fix h3{{margin:4px 0;padding:8px;color:#fff;background:{}}}</style><h3>{}</h3><p>{}</p>"#,
+        if fixed { "#2e7d32" } else { "#c62828" },
+        if fixed { "FIXED" } else { "NOT FIXED" },
+        esc(&r.summary)
+    );
+    if !r.patterns.is_empty() {
+        h.push_str("<table><thead><tr><th>keep in FP32</th><th>nodes</th><th>because</th></tr></thead><tbody>");
+        for p in &r.patterns {
+            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&p.kind), esc(&p.nodes.join(", ")), esc(&p.because));
+        }
+        h.push_str("</tbody></table>");
+    }
+    h.push_str("<table><thead><tr><th>output</th><th>relative L2, nothing kept</th><th>with the keep list</th><th></th></tr></thead><tbody>");
+    for o in &r.outputs {
+        let _ = write!(h, r#"<tr><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td></tr>"#, esc(&o.name), num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "<b>FAIL</b>" });
+    }
+    h.push_str("</tbody></table>");
+    if let Some(check) = &r.fixed_model_check {
+        let said = match &check.not_run {
+            Some(why) => format!("not run: {why}"),
+            None => (if check.pass { "pass" } else { "FAIL" }).to_string(),
+        };
+        let _ = write!(h, "<p>Check of the written file: {} → {}</p>", esc(&check.backend), esc(&said));
+    }
+    if let Some(path) = &r.fixed_model {
+        let _ = write!(h, "<p>Fixed model: <code>{}</code> ({} FP32 nodes)</p>", esc(path), r.fixed_model_fp32_nodes.len());
+    }
+    if !r.samples.is_empty() {
+        let _ = write!(h, "<p>Searched and checked on {} samples.</p>", r.samples.len());
+    }
+    h.push_str("</div>");
+    h
 }

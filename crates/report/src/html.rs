@@ -30,9 +30,9 @@ header.verdict{padding:18px 20px;color:#fff}
 header.pass{background:#2e7d32} header.diverged{background:#c62828}
 header h1{margin:0 0 4px;font-size:24px} header p{margin:2px 0}
 h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-table{border-collapse:collapse;font-size:13px} td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:13px} td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:left !important;vertical-align:top}
 th{background:#f3f3f3;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
-td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.n{text-align:right !important;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.fail td:first-child{border-left:3px solid #c62828} tr.chain{background:#e3f2fd} tr.first{background:#ffcdd2}
 .kv td:first-child{color:#666;white-space:nowrap}
 .chart{max-width:100%;height:auto;display:block;margin:6px 0}
