@@ -16,6 +16,7 @@ use layerwise_analysis::Status;
 use layerwise_model::{Model, Selection};
 use layerwise_runtime::inputs::InputOptions;
 use layerwise_runtime::BackendSpec;
+use crate::pipeline::ToleranceField;
 
 /// Find the layer where a model's accuracy breaks between a float32 reference (ONNX Runtime) and a
 /// candidate backend or precision.
@@ -216,18 +217,52 @@ struct BisectArgs {
 struct ToleranceArgs {
     /// Absolute tolerance. An element passes if |cand - ref| <= atol + rtol*|ref| + range_tol*max|ref|.
     /// Default: 1e-4 for FP16 and TF32 candidates (sim:tf32, ort:cuda with TF32 on), 8e-4 for BF16,
-    /// 1e-5 for float32 ones.
-    #[arg(long)]
-    atol: Option<f64>,
+    /// 1e-5 for float32 ones. NAME:VALUE sets one tensor's (an output, usually); repeatable.
+    #[arg(long, value_name = "[NAME:]VALUE", value_parser = parse_tolerance)]
+    atol: Vec<(Option<String>, f64)>,
     /// Relative tolerance. Default: 1e-2 for FP16 and TF32 candidates, 8e-2 for BF16, 1e-3 for
-    /// float32 ones.
-    #[arg(long)]
-    rtol: Option<f64>,
+    /// float32 ones. NAME:VALUE sets one tensor's; repeatable.
+    #[arg(long, value_name = "[NAME:]VALUE", value_parser = parse_tolerance)]
+    rtol: Vec<(Option<String>, f64)>,
     /// Tolerance relative to the tensor's range: adds range_tol * max|ref| to each element's
     /// allowance. Default: 1e-2 for FP16 and TF32 candidates, 8e-2 for BF16, 1e-4 for float32
-    /// ones; 0 gives numpy's allclose.
-    #[arg(long)]
-    range_tol: Option<f64>,
+    /// ones; 0 gives numpy's allclose. NAME:VALUE sets one tensor's; repeatable.
+    #[arg(long, value_name = "[NAME:]VALUE", value_parser = parse_tolerance)]
+    range_tol: Vec<(Option<String>, f64)>,
+}
+
+impl ToleranceArgs {
+    fn field(&self, field: ToleranceField) -> &[(Option<String>, f64)] {
+        match field {
+            ToleranceField::Atol => &self.atol,
+            ToleranceField::Rtol => &self.rtol,
+            ToleranceField::RangeTol => &self.range_tol,
+        }
+    }
+
+    /// The value for every tensor (the last given without a name).
+    fn global(&self, field: ToleranceField) -> Option<f64> {
+        self.field(field).iter().rev().find(|(name, _)| name.is_none()).map(|(_, v)| *v)
+    }
+
+    fn by_tensor(&self) -> Vec<(String, ToleranceField, f64)> {
+        [ToleranceField::Atol, ToleranceField::Rtol, ToleranceField::RangeTol]
+            .into_iter()
+            .flat_map(|f| self.field(f).iter().filter_map(move |(name, v)| name.clone().map(|n| (n, f, *v))))
+            .collect()
+    }
+}
+
+/// `VALUE` (every tensor) or `NAME:VALUE` (one tensor; the name may hold colons, as `logits:0`).
+fn parse_tolerance(s: &str) -> Result<(Option<String>, f64), String> {
+    let number = |v: &str| v.trim().parse::<f64>().ok().filter(|x| *x >= 0.0 && x.is_finite());
+    if let Some(v) = number(s) {
+        return Ok((None, v));
+    }
+    match s.rsplit_once(':') {
+        Some((name, v)) if !name.is_empty() => number(v).map(|v| (Some(name.to_string()), v)).ok_or_else(|| format!("'{v}' is not a non-negative number")),
+        _ => Err(format!("'{s}' is neither a non-negative number nor NAME:VALUE")),
+    }
 }
 
 #[derive(Args)]
@@ -401,9 +436,10 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         candidate: args.candidate,
         cand_model: args.cand_model,
         inputs: args.inputs.options(),
-        atol: args.tolerances.atol,
-        rtol: args.tolerances.rtol,
-        range_tol: args.tolerances.range_tol,
+        atol: args.tolerances.global(ToleranceField::Atol),
+        rtol: args.tolerances.global(ToleranceField::Rtol),
+        range_tol: args.tolerances.global(ToleranceField::RangeTol),
+        tensor_tolerances: args.tolerances.by_tensor(),
         outputs: args.reports.formats.outputs(args.reports.json),
         save_tensors: args.save_tensors,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
@@ -519,9 +555,10 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let options = FixOptions {
         bisect: BisectOptions {
             inputs: args.inputs.options(),
-            atol: args.tolerances.atol,
-            rtol: args.tolerances.rtol,
-            range_tol: args.tolerances.range_tol,
+            atol: args.tolerances.global(ToleranceField::Atol),
+            rtol: args.tolerances.global(ToleranceField::Rtol),
+            range_tol: args.tolerances.global(ToleranceField::RangeTol),
+            tensor_tolerances: args.tolerances.by_tensor(),
             outputs: Outputs { json: args.json, ..Outputs::default() },
             progress: !quiet,
             ..BisectOptions::new(&args.model, args.reference, args.candidate)

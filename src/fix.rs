@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
@@ -52,7 +52,7 @@ struct Search<'a> {
     order: Vec<String>,
     candidate: Box<dyn Backend>,
     keeper: KeepRunner<'a>,
-    tolerance: Tolerance,
+    tolerances: ToleranceSet,
     rule: WalkRule,
     weights: Vec<WeightRange>,
     runs: usize,
@@ -101,15 +101,15 @@ impl Search<'_> {
     /// names) against the reference: whether every output is within tolerance.
     fn judge_outputs(&self, k: usize, out: &RunOutput) -> (Comparison, bool) {
         let outputs: Vec<String> = self.index.outputs.clone();
-        let comparison = compare_all(self.index, &outputs, &self.samples[k].reference, &out.tensors, self.tolerance);
+        let comparison = compare_all(self.index, &outputs, &self.samples[k].reference, &out.tensors, &self.tolerances);
         let pass = outputs.iter().all(|o| comparison.get(o).is_some_and(|r| r.pass));
         (comparison, pass)
     }
 
     fn judge(&self, k: usize, out: &RunOutput) -> (Comparison, Verdict) {
-        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, self.tolerance);
+        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, &self.tolerances);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
-        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerance.atol };
+        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
     }
@@ -281,7 +281,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // tensor cores read.
     let tensor_cores = candidate.precision() == Precision::Fp32 && candidate.tf32();
     let judging = if tensor_cores { Judging::new(Precision::Fp32, true, b)? } else { Judging::new(low, false, b)? };
-    let (tolerance, rule) = (judging.tolerance, judging.rule);
+    let (tolerances, rule) = (judging.tolerances.clone(), judging.rule);
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
     let mut samples = Vec::new();
     let total = sets.len();
@@ -299,7 +299,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         order,
         candidate,
         keeper,
-        tolerance,
+        tolerances,
         rule,
         weights,
         runs: 0,
@@ -317,7 +317,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if first_verdict.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = first_verdict.worst_output.as_deref() {
             let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
-            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, tolerance, target)?;
+            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
                     "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",

@@ -275,3 +275,26 @@ fn nan_inputs_are_said_and_a_conflicting_input_shape_is_refused() {
     assert_eq!(conflict.status.code(), Some(2), "{}", text(&conflict));
     assert!(text(&conflict).contains("--input-shape x:1x8x32 conflicts with the shape 1x8x64 that npz:nan.npz holds for 'x'"), "{}", text(&conflict));
 }
+
+/// Issue "a newcomer's day", beyond the anchor: per-output tolerances, as Polygraphy's
+/// `--atol NAME:VALUE`. The demo's `logits` diverge under FP16; a tolerance given for `logits`
+/// alone passes them while `features` keeps the defaults, and the report says which tensor got
+/// what. A tensor the model does not compute is refused.
+#[test]
+fn a_tolerance_can_be_given_for_one_output() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
+    let strict = layerwise(&["bisect", "demo.onnx", "--no-noise-floor"], dir.path());
+    assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
+    let loose = layerwise(&["bisect", "demo.onnx", "--atol", "logits:1e9", "--rtol", "logits:0", "--json", "r.json"], dir.path());
+    assert_eq!(loose.status.code(), Some(0), "{}", text(&loose));
+    assert!(text(&loose).contains("'logits': |cand - ref| <= 1000000000 + 0 * |ref|"), "{}", text(&loose));
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
+    assert_eq!(r["tolerances"]["by_tensor"][0]["tensor"], "logits");
+    assert_eq!(r["tolerances"]["atol"], 1e-4, "every other tensor keeps the defaults");
+    let unknown = layerwise(&["bisect", "demo.onnx", "--atol", "nope:1e-3"], dir.path());
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
+    assert!(text(&unknown).contains("a tolerance is given for 'nope', which is not a tensor the model computes"), "{}", text(&unknown));
+    let bad = layerwise(&["bisect", "demo.onnx", "--atol", "logits:much"], dir.path());
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
+}

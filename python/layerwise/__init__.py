@@ -118,6 +118,8 @@ def _options(**kwargs: Any) -> str:
             value = os.fspath(value)
         elif key == "tensors":
             value = list(value)
+        elif key in ("atol", "rtol", "range_tol") and isinstance(value, Mapping):
+            value = {str(k): float(v) for k, v in value.items()}
         out[key] = value
     return json.dumps(out)
 
@@ -268,9 +270,9 @@ def bisect(
     ref: str = "ort:cpu",
     *,
     cand_model: Optional[Union[str, os.PathLike]] = None,
-    atol: Optional[float] = None,
-    rtol: Optional[float] = None,
-    range_tol: Optional[float] = None,
+    atol: Optional[Union[float, Mapping[str, float]]] = None,
+    rtol: Optional[Union[float, Mapping[str, float]]] = None,
+    range_tol: Optional[Union[float, Mapping[str, float]]] = None,
     seed: int = 0,
     input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
     val_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,
@@ -312,9 +314,9 @@ def fix(
     ref: str = "ort:cpu",
     *,
     output: Optional[Union[str, os.PathLike]] = None,
-    atol: Optional[float] = None,
-    rtol: Optional[float] = None,
-    range_tol: Optional[float] = None,
+    atol: Optional[Union[float, Mapping[str, float]]] = None,
+    rtol: Optional[Union[float, Mapping[str, float]]] = None,
+    range_tol: Optional[Union[float, Mapping[str, float]]] = None,
     seed: int = 0,
     input_shapes: Optional[Mapping[str, Sequence[int]]] = None,
     val_ranges: Optional[Mapping[str, Tuple[float, float]]] = None,

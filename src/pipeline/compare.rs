@@ -225,7 +225,7 @@ impl<'a> Job<'a> {
             let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
             let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
             let order: Vec<String> = group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
-            let mut comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, self.judging.tolerance)))?;
+            let mut comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances)))?;
             // A backend's own reason (fused away, folded, not a tensor type) says more than "missing".
             for (t, why) in ref_out.unavailable.iter().chain(&cand_out.unavailable) {
                 if let Some(entry) = comparison.not_compared.iter_mut().find(|(n, _)| n == t) {

@@ -53,7 +53,7 @@ pub(super) fn counterfactual(
         }
         tried.push(pattern.nodes.clone());
         let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
-        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, job.judging.tolerance);
+        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
         let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(before, after_error);
         checks.push(KeepCheck {

@@ -29,7 +29,7 @@ mod steps;
 use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
 use options::check_outputs;
-pub use options::{check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, CANCEL};
+pub use options::{check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 
@@ -196,7 +196,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
             (Some(reference), Some(worst), Some(cand_error)) => {
                 let exact = setup::weights_kept_float32(job.cand_model.as_ref());
                 let target = FloorTarget { output: &worst, candidate_error: cand_error, perturbation: job.judging.perturbation(), exact: &exact, seed: options.inputs.seed };
-                let floor = steps.run("measuring the noise floor", || noise_floor(job.reference.as_mut(), job.model, &job.index, feeds, &reference.tensors, job.judging.tolerance, target));
+                let floor = steps.run("measuring the noise floor", || noise_floor(job.reference.as_mut(), job.model, &job.index, feeds, &reference.tensors, job.judging.tolerances.of(&worst), target));
                 match floor {
                     Ok(floor) => extras.noise_floor = Some(floor),
                     Err(e) => conclusions.push(format!("noise floor not measured: {e:#}")),
@@ -279,6 +279,7 @@ fn report(
         ref_notes: compared.notes.0.clone(),
         cand_notes,
         tolerance: job.judging.tolerance,
+        tensor_tolerances: job.judging.tolerances.by_tensor.clone(),
         tolerance_defaults: job.judging.tolerance_defaults,
         rule: job.judging.rule,
         inputs: inputs.iter().map(|i| InputInfo::of(&i.name, &i.tensor, &i.source)).collect(),

@@ -25,6 +25,9 @@ pub struct BisectOptions {
     pub atol: Option<f64>,
     pub rtol: Option<f64>,
     pub range_tol: Option<f64>,
+    /// Tolerances of single tensors (`--atol logits:1e-3`): each field given replaces that
+    /// tensor's, the rest as for every tensor.
+    pub tensor_tolerances: Vec<(String, ToleranceField, f64)>,
     /// Report files to write (JSON, HTML, Markdown, CSV, Model Explorer node data).
     pub outputs: Outputs,
     pub save_tensors: Option<PathBuf>,
@@ -64,6 +67,14 @@ pub struct BisectOptions {
     pub match_structure: bool,
 }
 
+/// Which part of a tolerance a `--atol NAME:VALUE`-style option sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToleranceField {
+    Atol,
+    Rtol,
+    RangeTol,
+}
+
 /// How the candidate's tensors are marked as outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Marking {
@@ -87,6 +98,7 @@ impl BisectOptions {
             atol: None,
             rtol: None,
             range_tol: None,
+            tensor_tolerances: Vec::new(),
             outputs: Outputs::default(),
             save_tensors: None,
             selection: Selection::All,

@@ -30,7 +30,7 @@ impl Job<'_> {
             return Ok(None);
         }
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
-        let comparison = Arc::new(PairedComparison::new(self.judging.tolerance));
+        let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone()));
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
         // Samples of the same shapes run in the session the first one built.

@@ -17,7 +17,7 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
     let mut notes = Vec::new();
     let mut engine_layers = Vec::new();
     let rule = job.judging.rule;
-    let tolerance = job.judging.tolerance;
+    let tolerances = job.judging.tolerances.clone();
     let index = job.index.clone();
     let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
         let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
@@ -30,7 +30,7 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
         }
         let mut order: Vec<String> = marked.to_vec();
         order.extend(index.outputs.iter().cloned());
-        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, tolerance);
+        let comparison = compare_all(&index, &order, &reference.tensors, &out.tensors, &tolerances);
         let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
         Ok((comparison.records, unavailable))
     })?;

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{Arithmetic, Candidate, ControlFlow, TensorMatching, Tolerance, WalkRule};
+use layerwise_analysis::{Arithmetic, Candidate, ControlFlow, TensorMatching, Tolerance, ToleranceSet, WalkRule};
 use layerwise_model::matching::{match_tensors, MatchedBy};
 use layerwise_model::perturb::Perturbation;
 use layerwise_model::{GraphIndex, Model, Rounding, Selection};
@@ -18,15 +18,18 @@ use layerwise_runtime::typed::TypedBackend;
 use layerwise_runtime::{create_backend, Backend, BackendSpec, Precision, RuntimeError, Tensor};
 
 use super::control_flow::flatten_control_flow;
-use super::options::{BisectOptions, Marking};
+use super::options::{BisectOptions, Marking, ToleranceField};
 use super::steps::Steps;
 
 /// What the candidate is judged by: its arithmetic, the tolerances (and whose defaults they are),
 /// and the walk's thresholds.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Judging {
     pub precision: Precision,
+    /// The tolerance of every tensor not given its own.
     pub tolerance: Tolerance,
+    /// Every tensor's, with those given their own (`--atol logits:1e-3`).
+    pub tolerances: ToleranceSet,
     /// The precision the default tolerances are for (`TF32`, `FP16`, ...).
     pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
@@ -42,7 +45,26 @@ impl Judging {
             Precision::Bf16 => Arithmetic::Bf16,
             Precision::Fp32 => Arithmetic::Fp32,
         };
-        Ok(Judging { precision, tolerance, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
+        let mut by_tensor: Vec<(String, Tolerance)> = Vec::new();
+        for (tensor, field, value) in &options.tensor_tolerances {
+            if !(*value >= 0.0 && value.is_finite()) {
+                bail!("the tolerance given for '{tensor}' must be a non-negative number, not {value}");
+            }
+            let entry = match by_tensor.iter_mut().find(|(t, _)| t == tensor) {
+                Some((_, tol)) => tol,
+                None => {
+                    by_tensor.push((tensor.clone(), tolerance));
+                    &mut by_tensor.last_mut().expect("just pushed").1
+                }
+            };
+            match field {
+                ToleranceField::Atol => entry.atol = *value,
+                ToleranceField::Rtol => entry.rtol = *value,
+                ToleranceField::RangeTol => entry.range_tol = *value,
+            }
+        }
+        let tolerances = ToleranceSet { all: tolerance, by_tensor };
+        Ok(Judging { precision, tolerance, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:
@@ -237,6 +259,12 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
         }
     };
+    // A tensor given its own tolerance must be one the model computes.
+    for (tensor, _, _) in &options.tensor_tolerances {
+        if !index.computed_tensors().any(|t| t == tensor) {
+            bail!("a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})", index.outputs.join(", "));
+        }
+    }
     // Every sample's inputs are checked now, so an array neither model declares is an error that
     // names both models' inputs before any run.
     if candidate_decls.is_some() {

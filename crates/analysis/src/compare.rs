@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{histogram, Histogram};
-use crate::metrics::{compute, Metrics, Tolerance};
+use crate::metrics::{compute, Metrics, ToleranceSet};
 
 /// The comparison of one tensor present in both runs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,7 +101,7 @@ pub fn compare_all(
     order: &[String],
     reference: &HashMap<String, Tensor>,
     candidate: &HashMap<String, Tensor>,
-    tol: Tolerance,
+    tol: &ToleranceSet,
 ) -> Comparison {
     let mut not_compared = Vec::new();
     let mut both = Vec::new();
@@ -116,7 +116,7 @@ pub fn compare_all(
         .par_iter()
         .map(|(name, r, c)| {
             let (ref_side, cand_side) = ((r.shape.as_slice(), r.dtype()), (c.shape.as_slice(), c.dtype()));
-            record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol))
+            record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol.of(name)))
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
@@ -128,7 +128,7 @@ pub fn compare_all(
 /// so memory does not grow with the number compared. The metrics are [`compute`]'s, the same
 /// kernel as [`compare_all`].
 pub struct PairedComparison {
-    tol: Tolerance,
+    tol: ToleranceSet,
     reduced: Mutex<HashMap<String, Reduced>>,
     /// The tensors in the order they arrived: the session's execution order.
     arrival: Mutex<Vec<String>>,
@@ -144,7 +144,7 @@ enum Reduced {
 pub const HISTOGRAM_BINS: usize = 40;
 
 impl PairedComparison {
-    pub fn new(tol: Tolerance) -> PairedComparison {
+    pub fn new(tol: ToleranceSet) -> PairedComparison {
         PairedComparison { tol, reduced: Mutex::new(HashMap::new()), arrival: Mutex::new(Vec::new()), reference_bytes: AtomicU64::new(0) }
     }
 
@@ -195,7 +195,7 @@ impl PairReducer for PairedComparison {
             (Ok(rt), Ok(ct)) => {
                 self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
                 let (metrics, histogram) = if reference.shape == candidate.shape {
-                    let m = compute(&reference.values, &candidate.values, self.tol);
+                    let m = compute(&reference.values, &candidate.values, self.tol.of(tensor));
                     let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
                     (Some(m), h)
                 } else {

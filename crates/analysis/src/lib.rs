@@ -13,7 +13,7 @@ mod walk;
 pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
 pub use compare::{compare_all, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS};
 pub use histogram::{histogram, Histogram};
-pub use metrics::{compute, Metrics, Tolerance};
+pub use metrics::{compute, Metrics, Tolerance, ToleranceSet};
 pub use patterns::{close_over_fp16_range, pattern_of, Pattern};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
 pub use walk::{judge_node, verdict_from_chain, walk_back, Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status, Verdict, WalkRule};

@@ -47,6 +47,27 @@ impl Tolerance {
     }
 }
 
+/// The tolerance of every tensor: one for all, and tensors (model outputs, usually) given their
+/// own (`--atol logits:1e-3`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToleranceSet {
+    pub all: Tolerance,
+    pub by_tensor: Vec<(String, Tolerance)>,
+}
+
+impl ToleranceSet {
+    /// The tolerance `tensor` is judged by.
+    pub fn of(&self, tensor: &str) -> Tolerance {
+        self.by_tensor.iter().find(|(t, _)| t == tensor).map_or(self.all, |(_, tol)| *tol)
+    }
+}
+
+impl From<Tolerance> for ToleranceSet {
+    fn from(all: Tolerance) -> ToleranceSet {
+        ToleranceSet { all, by_tensor: Vec::new() }
+    }
+}
+
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Metrics {

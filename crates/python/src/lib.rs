@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use layerwise::fix::{fix as run_fix, FixOptions};
-use layerwise::pipeline::{bisect as run_bisect, BisectOptions, Marking, CANCEL};
+use layerwise::pipeline::{bisect as run_bisect, BisectOptions, Marking, ToleranceField, CANCEL};
 use layerwise_model::Selection;
 use layerwise_runtime::{BackendSpec, DType, Tensor};
 use pyo3::create_exception;
@@ -43,6 +43,14 @@ fn arrays(raw: Vec<RawArray>) -> PyResult<Vec<(String, Tensor)>> {
     raw.into_iter().map(|(name, dtype, shape, bytes)| Ok((name, tensor(&dtype, shape, &bytes)?))).collect()
 }
 
+/// A tolerance: one number for every tensor, or numbers by tensor name ({"logits": 1e-3}).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Tol {
+    All(f64),
+    ByTensor(std::collections::BTreeMap<String, f64>),
+}
+
 /// A memory size: bytes, or text as the command line takes it ("512M", "2G").
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -59,9 +67,9 @@ struct Options {
     reference: Option<String>,
     cand: Option<String>,
     cand_model: Option<PathBuf>,
-    atol: Option<f64>,
-    rtol: Option<f64>,
-    range_tol: Option<f64>,
+    atol: Option<Tol>,
+    rtol: Option<Tol>,
+    range_tol: Option<Tol>,
     seed: Option<u64>,
     input_shapes: Vec<(String, Vec<usize>)>,
     val_ranges: Vec<(String, f64, f64)>,
@@ -89,9 +97,17 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
     let spec = |given: Option<&str>, default: &str, what: &str| BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")));
     let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, spec(o.cand.as_deref(), "sim:fp16", "cand")?);
     b.cand_model = o.cand_model.clone();
-    b.atol = o.atol;
-    b.rtol = o.rtol;
-    b.range_tol = o.range_tol;
+    for (given, field) in [(&o.atol, ToleranceField::Atol), (&o.rtol, ToleranceField::Rtol), (&o.range_tol, ToleranceField::RangeTol)] {
+        match given {
+            None => {}
+            Some(Tol::All(v)) => match field {
+                ToleranceField::Atol => b.atol = Some(*v),
+                ToleranceField::Rtol => b.rtol = Some(*v),
+                ToleranceField::RangeTol => b.range_tol = Some(*v),
+            },
+            Some(Tol::ByTensor(map)) => b.tensor_tolerances.extend(map.iter().map(|(t, v)| (t.clone(), field, *v))),
+        }
+    }
     b.inputs.seed = o.seed.unwrap_or(0);
     b.inputs.shapes = o.input_shapes.clone();
     b.inputs.ranges = o.val_ranges.clone();

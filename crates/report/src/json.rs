@@ -13,6 +13,8 @@ pub struct ReportContext<'a> {
     pub ref_notes: Vec<String>,
     pub cand_notes: Vec<String>,
     pub tolerance: Tolerance,
+    /// Tensors given their own tolerance.
+    pub tensor_tolerances: Vec<(String, Tolerance)>,
     /// The precision whose default tolerances apply where none was given (`TF32`, `FP16`, ...).
     pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
@@ -134,6 +136,21 @@ pub struct Tolerances {
     pub defaults_for: String,
     pub rule: String,
     pub walk: WalkRule,
+    /// Tensors given their own tolerance (`--atol logits:1e-3`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_tensor: Vec<TensorTolerance>,
+}
+
+/// One tensor's own tolerance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorTolerance {
+    pub tensor: String,
+    #[serde(with = "layerwise_analysis::num::finite")]
+    pub atol: f64,
+    #[serde(with = "layerwise_analysis::num::finite")]
+    pub rtol: f64,
+    #[serde(with = "layerwise_analysis::num::finite")]
+    pub range_tol: f64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -257,6 +274,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             rtol: ctx.tolerance.rtol,
             range_tol: ctx.tolerance.range_tol,
             defaults_for: ctx.tolerance_defaults.to_string(),
+            by_tensor: ctx.tensor_tolerances.iter().map(|(t, tol)| TensorTolerance { tensor: t.clone(), atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol }).collect(),
             rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs".to_string(),
             walk: ctx.rule,
         },

@@ -26,6 +26,9 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         report.tensors.len(),
         report.not_compared.len()
     );
+    for t in &report.tolerances.by_tensor {
+        let _ = writeln!(out, "           '{}': |cand - ref| <= {} + {} * |ref| + {} * max|ref| (given for it)", t.tensor, t.atol, t.rtol, t.range_tol);
+    }
     if let Some(m) = &report.extras.matching {
         let _ = writeln!(
             out,
