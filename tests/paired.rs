@@ -54,7 +54,7 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let request = RunRequest { model: &m, index: &index, inputs: &feeds, selection: &Selection::All };
     let reference = create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap();
     let candidate = create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap();
-    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16));
+    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into()));
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
     assert_eq!(comparison.arrival(), order);

@@ -19,7 +19,7 @@ fn run(candidate: Candidate) -> layerwise_analysis::Verdict {
     let reference: HashMap<String, Tensor> = [("h".to_string(), r.clone()), ("y".to_string(), r)].into();
     let cand: HashMap<String, Tensor> = [("h".to_string(), c.clone()), ("y".to_string(), c)].into();
     let order = vec!["h".to_string(), "y".to_string()];
-    let comparison = compare_all(&index, &order, &reference, &cand, Tolerance::FP32);
+    let comparison = compare_all(&index, &order, &reference, &cand, &Tolerance::FP32.into());
     walk_back(&index, &comparison, &[], WalkRule::FP32, candidate)
 }
 
@@ -52,7 +52,7 @@ fn saturated_sigmoid(candidate: Candidate) -> layerwise_analysis::Verdict {
     let cand: HashMap<String, Tensor> = [("x".to_string(), Tensor::f32(vec![64], xc.clone())), ("y".to_string(), Tensor::f32(vec![64], sig(&xc)))].into();
     let order = vec!["x".to_string(), "y".to_string()];
     let tol = Tolerance { atol: 1e-12, rtol: 1e-4, range_tol: 0.0 };
-    let comparison = compare_all(&index, &order, &reference, &cand, tol);
+    let comparison = compare_all(&index, &order, &reference, &cand, &tol.into());
     walk_back(&index, &comparison, &[], WalkRule::FP32, candidate)
 }
 
@@ -97,7 +97,7 @@ fn softmax_on_large_logits_is_blamed_on_absolute_input_error_not_on_subnormals()
     let reference: HashMap<String, Tensor> = [("logits".into(), Tensor::f32(vec![1, 16], lr.clone())), ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lr)))].into();
     let cand: HashMap<String, Tensor> = [("logits".into(), Tensor::f32(vec![1, 16], lc.clone())), ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lc)))].into();
     let order = vec!["logits".to_string(), "probs".to_string()];
-    let comparison = compare_all(&index, &order, &reference, &cand, Tolerance::FP16);
+    let comparison = compare_all(&index, &order, &reference, &cand, &Tolerance::FP16.into());
     assert!(comparison.get("probs").unwrap().metrics.ref_fp16_subnormal_share > 0.1, "the probabilities hold FP16 subnormals");
     let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4 });
     let fd = v.first_divergent.expect("the Softmax breaks");
@@ -123,7 +123,7 @@ fn an_input_that_was_not_compared_is_unknown_and_ends_the_walk() {
     // 'h' is asked for but only the reference has it (another model's names on the candidate side).
     let mut reference_h = reference.clone();
     reference_h.insert("h".into(), Tensor::f32(vec![4], vec![0.0, 0.7, 1.1, 1.4]));
-    let comparison = compare_all(&index, &["h".to_string(), "y".to_string()], &reference_h, &cand, Tolerance::FP16);
+    let comparison = compare_all(&index, &["h".to_string(), "y".to_string()], &reference_h, &cand, &Tolerance::FP16.into());
     let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, ..Default::default() });
     assert!(v.first_divergent.is_none(), "no origin can be named: {:?}", v.first_divergent);
     let end = v.sight_ends.expect("the walk says where it cannot see further");
