@@ -342,7 +342,8 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
     let model = Model::load(&args.model)?;
     let index = GraphIndex::build(model.graph())?;
     let selection = args.tensors.map(Selection::Names).unwrap_or(Selection::All);
-    let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &args.inputs.options())?;
+    let (options, _samples) = args.inputs.options()?;
+    let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &options)?;
     let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
     let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, ..TrtOptions::default() })?;
     println!(
@@ -382,6 +383,11 @@ struct InputArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Samples from a Python file whose function (`load_data`, or FUNC) yields dicts of input
+    /// name to array, as Polygraphy's data loaders do; each is one sample, as the files of
+    /// --inputs DIR are. Needs numpy in that Python (LAYERWISE_PYTHON, default python3).
+    #[arg(long, value_name = "FILE.py[:FUNC]", conflicts_with = "npz")]
+    data_loader_script: Option<String>,
 }
 
 #[derive(Args)]
@@ -417,8 +423,17 @@ fn parse_range(s: &str) -> Result<(String, f64, f64), String> {
 }
 
 impl InputArgs {
-    fn options(self) -> InputOptions {
-        InputOptions { npz: self.npz, npy: self.npy, shapes: self.shapes, ranges: self.ranges, seed: self.seed, ..Default::default() }
+    /// The input options, and the scratch folder of a data loader's samples (kept alive for the
+    /// run).
+    fn options(self) -> Result<(InputOptions, Option<layerwise_model::scratch::ScratchDir>)> {
+        let (npz, guard) = match &self.data_loader_script {
+            Some(spec) => {
+                let (guard, folder) = crate::data_loader::samples_from_script(spec)?;
+                (Some(folder), Some(guard))
+            }
+            None => (self.npz, None),
+        };
+        Ok((InputOptions { npz, npy: self.npy, shapes: self.shapes, ranges: self.ranges, seed: self.seed, ..Default::default() }, guard))
     }
 }
 
@@ -430,12 +445,13 @@ fn exit_for(status: Status) -> u8 {
 }
 
 fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
+    let (inputs, _samples) = args.inputs.options()?;
     let options = BisectOptions {
         model: args.model,
         reference: args.reference,
         candidate: args.candidate,
         cand_model: args.cand_model,
-        inputs: args.inputs.options(),
+        inputs,
         atol: args.tolerances.global(ToleranceField::Atol),
         rtol: args.tolerances.global(ToleranceField::Rtol),
         range_tol: args.tolerances.global(ToleranceField::RangeTol),
@@ -552,9 +568,10 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
 }
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
+    let (inputs, _samples) = args.inputs.options()?;
     let options = FixOptions {
         bisect: BisectOptions {
-            inputs: args.inputs.options(),
+            inputs,
             atol: args.tolerances.global(ToleranceField::Atol),
             rtol: args.tolerances.global(ToleranceField::Rtol),
             range_tol: args.tolerances.global(ToleranceField::RangeTol),

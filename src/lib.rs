@@ -3,6 +3,7 @@
 //! [`pipeline::bisect`]; the work happens in the `layerwise-*` crates.
 
 pub mod cli;
+pub mod data_loader;
 pub mod demo;
 pub mod fix;
 pub mod keep;

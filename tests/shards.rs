@@ -128,3 +128,29 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
         assert!(e > 0.0 && e < 1e-2, "a passing sample still has an output error: {run}");
     }
 }
+
+/// Issue "a newcomer's day", beyond the anchor: a data loader script, as Polygraphy's
+/// `--data-loader-script`: its function yields input dicts, each one sample, for bisect and fix,
+/// without writing npz files; a missing function is a clear error.
+#[test]
+fn a_data_loader_script_gives_the_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    std::fs::write(
+        d.join("loader.py"),
+        "import numpy as np\n\ndef load_data():\n    rng = np.random.default_rng(0)\n    for scale in (0.01, 1.0, 0.5):\n        yield {\"x\": (rng.random((1, 8, 64)) * scale).astype(np.float32)}\n\ndef quiet():\n    yield {\"x\": np.full((1, 8, 64), 0.01, np.float32)}\n",
+    )
+    .unwrap();
+    let out = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--json", "r.json"], d);
+    assert_eq!(out.status.code(), Some(1), "the loud samples diverge: {}", text(&out));
+    let r = json_without_run_info(&d.join("r.json"));
+    assert_eq!(r["samples"]["count"], 3, "{}", r["samples"]);
+    let out = layerwise(&["fix", "demo.onnx", "--data-loader-script", "loader.py:quiet", "--json", "f.json"], d);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let missing = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py:nope"], d);
+    assert_eq!(missing.status.code(), Some(2), "{}", text(&missing));
+    assert!(text(&missing).contains("loader.py defines no function 'nope'"), "{}", text(&missing));
+    let both = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--inputs", "x.npz"], d);
+    assert_eq!(both.status.code(), Some(2), "{}", text(&both));
+}
