@@ -427,21 +427,25 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // The file `fix` writes (or would write, without -o: a scratch copy), checked in its own
         // types by the typed evaluation, which shares no code with the emulation that chose the
         // keep list. FIXED stands only on that check.
+        // The file written: the original with the keep list resolved into its control-flow bodies;
+        // otherwise the model the search ran (its own functions inlined, the IR version ONNX
+        // Runtime reads), whose node names the keep list uses.
+        let (source, source_index): (&Model, &GraphIndex) = if flattened { (&original, &original_index) } else { (model, index) };
         let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
         let options_for_keep = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
         // The file is checked in a child process with ONNX Runtime's defaults first (an FP16 model
         // can crash ONNX Runtime); op types that crash it are kept in FP32.
         let staged = scratch.path().join("staged.onnx");
-        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&original, &original_index, &float, o)?.0);
-        let (conversion, load) = crate::load_check::convert_that_loads(&original, &options_for_keep, &staged, Some(&search.samples[0].feeds), &mut convert)?;
+        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0);
+        let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &staged, Some(&search.samples[0].feeds), &mut convert)?;
         let problems = check_float_types(&conversion.proto, &float);
         load_check = Some(load);
         let path = match &options.output {
             Some(path) => path.clone(),
             None => scratch.path().join("fixed.onnx"),
         };
-        original.save_standalone(&conversion.proto, &path)?;
+        source.save_standalone(&conversion.proto, &path)?;
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let written = Model::load(&path)?;
         let wi = GraphIndex::build(written.graph())?;

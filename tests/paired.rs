@@ -108,3 +108,46 @@ fn a_sample_set_runs_in_one_paired_session_and_reports_what_separate_runs_report
     let errors: Vec<&serde_json::Value> = paired["samples"]["runs"].as_array().unwrap().iter().map(|r| &r["worst_output_error"]).collect();
     assert!(errors.windows(2).any(|w| w[0] != w[1]), "{errors:?}");
 }
+
+/// Issue "paired everywhere": a model with its own ONNX function (PP-OCRv5's recognizer calls a
+/// HardSwish function) pairs in one session, the tensors inside each call are compared under the
+/// caller's name, and fix keeps a node inside a call and writes a file that holds.
+#[test]
+fn a_model_with_local_functions_pairs_and_its_calls_are_opened() {
+    use layerwise_model::builder::{attr, f32_tensor, node, Dim, ModelBuilder};
+    use layerwise_model::onnx::{FunctionProto, OperatorSetIdProto};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    // Square(X) = X * X * 300: overflows FP16 for |X| above about 14.8.
+    let square = FunctionProto {
+        name: Some("LoudSquare".into()),
+        domain: Some("custom".into()),
+        input: vec!["X".into()],
+        output: vec!["Y".into()],
+        node: vec![node("Mul", "sq", &["X", "X"], &["XX"], vec![]), node("Mul", "gain", &["XX", "G"], &["Y"], vec![]), node("Constant", "g", &[], &["G"], vec![attr::tensor("value", f32_tensor("G", &[], &[300.0]))])],
+        opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
+        ..Default::default()
+    };
+    let mut b = ModelBuilder::new("fn", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
+    b.node("Relu", "pre", &["x"], &["r"], vec![]);
+    b.node("LoudSquare", "call", &["r"], &["s"], vec![]);
+    b.node("Sqrt", "post", &["s"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let mut m = b.build();
+    m.graph.as_mut().unwrap().node[1].domain = Some("custom".into());
+    m.functions.push(square);
+    m.opset_import.push(OperatorSetIdProto { domain: Some("custom".into()), version: Some(1) });
+    save(&m, &dir.path().join("fn.onnx"));
+    let out = common::layerwise(&["bisect", "fn.onnx", "--val-range", "x:10,20", "--json", "r.json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
+    let r = common::json(&dir.path().join("r.json"));
+    assert_eq!(r["memory"]["comparison"], "paired", "{}", common::text(&out));
+    assert!(r["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "call/XX"), "the call's inner tensors are compared");
+    assert!(r["verdict"]["first_divergent"]["node"].as_str().unwrap().starts_with("call/"), "{}", common::text(&out));
+    let fix = common::layerwise(&["fix", "fn.onnx", "--val-range", "x:10,20", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    assert_eq!(fix.status.code(), Some(0), "{}", common::text(&fix));
+    let f = common::json(&dir.path().join("f.json"));
+    assert!(f["keep_fp32"].as_array().unwrap().iter().any(|k| k.as_str().unwrap().starts_with("call/")), "{}", f["keep_fp32"]);
+    assert_eq!(f["fixed_model_check"]["pass"], true, "{}", f["fixed_model_check"]);
+}

@@ -117,6 +117,15 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // A model saved by a newer onnx package: given to ONNX Runtime at the IR version it reads.
     let (original, ir_note) = fit_for_onnx_runtime(original)?;
     let mut input_notes: Vec<String> = ir_note.into_iter().collect();
+    // Model-local functions inlined: the tensors inside each call are compared, and both sides
+    // of a paired run see one plain graph.
+    let original = match layerwise_model::functions::inline_functions(&original.proto)? {
+        (_, 0) => original,
+        (proto, calls) => {
+            input_notes.push(format!("{calls} calls of the model's own ONNX functions inlined: their nodes and tensors are named after the calling node (CALL/NAME) and compared"));
+            Cow::Owned(Model { proto, ..original.into_owned() })
+        }
+    };
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
     let on_device = |spec: &BackendSpec| match options.device {
         Some(device) => spec.on_device(device),

@@ -15,6 +15,7 @@ pub mod engine_style;
 pub mod explorer_ids;
 pub mod extract;
 pub mod fp16;
+pub mod functions;
 pub mod inline;
 pub mod matching;
 pub mod pair;
