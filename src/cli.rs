@@ -259,8 +259,11 @@ fn parse_tolerance(s: &str) -> Result<(Option<String>, f64), String> {
     if let Some(v) = number(s) {
         return Ok((None, v));
     }
+    if s.trim().parse::<f64>().is_ok() {
+        return Err(format!("a tolerance must be non-negative and finite, not {s}"));
+    }
     match s.rsplit_once(':') {
-        Some((name, v)) if !name.is_empty() => number(v).map(|v| (Some(name.to_string()), v)).ok_or_else(|| format!("'{v}' is not a non-negative number")),
+        Some((name, v)) if !name.is_empty() => number(v).map(|v| (Some(name.to_string()), v)).ok_or_else(|| format!("the tolerance for '{name}' must be non-negative and finite, not '{v}'")),
         _ => Err(format!("'{s}' is neither a non-negative number nor NAME:VALUE")),
     }
 }
