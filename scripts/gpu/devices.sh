@@ -5,13 +5,7 @@
 # Expects .gpu/run/{layerwise,rec.onnx}; ONNX Runtime's GPU build unpacked (docs/gpu.md).
 source "$(dirname "$0")/setup.sh"
 "$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
-python3 - <<'PY'
-import numpy as np, os
-os.makedirs("samples", exist_ok=True)
-rng = np.random.default_rng(0)
-for i in range(8):
-    np.savez(f"samples/s{i}.npz", x=(rng.random((1, 3, 48, 320)) * 255).astype(np.float32))
-PY
+samples 8
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 [ "$GPUS" = "0" ] && GPUS=0,0
 REC="$R/rec.onnx --inputs samples --cand ort:cuda --cand-model rec_fp16.onnx"

@@ -7,13 +7,7 @@
 # rec.onnx).
 source "$(dirname "$0")/setup.sh"
 "$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
-python3 - <<'PY'
-import numpy as np, os
-os.makedirs("samples", exist_ok=True)
-rng = np.random.default_rng(0)
-for i in range(32):
-    np.savez(f"samples/s{i:02d}.npz", x=(rng.random((1, 3, 48, 320)) * 255).astype(np.float32))
-PY
+samples 32
 # One plain candidate run: session creation included, as a user's own script pays it.
 python3 - > "$OUT/plain.txt" <<'PY'
 import time, numpy as np, onnxruntime as ort

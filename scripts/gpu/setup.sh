@@ -24,3 +24,15 @@ run() {
         python3 -c "import json; r=json.load(open('$OUT/$tag.json')); print(' '.join(f'{k}={v:.2f}' for k, v in r.get('run_info', {}).get('durations_s', [])))"
     fi
 }
+
+# samples N: N seeded inputs of the recognizer (1x3x48x320 in [0,255]) as samples/sKK.npz.
+samples() {
+    python3 - "$1" <<'PY'
+import numpy as np, os, sys
+os.makedirs("samples", exist_ok=True)
+rng = np.random.default_rng(0)
+n = int(sys.argv[1])
+for i in range(n):
+    np.savez(f"samples/s{i:0{len(str(n - 1))}d}.npz", x=(rng.random((1, 3, 48, 320)) * 255).astype(np.float32))
+PY
+}

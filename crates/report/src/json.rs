@@ -145,12 +145,8 @@ pub struct Tolerances {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TensorTolerance {
     pub tensor: String,
-    #[serde(with = "layerwise_analysis::num::finite")]
-    pub atol: f64,
-    #[serde(with = "layerwise_analysis::num::finite")]
-    pub rtol: f64,
-    #[serde(with = "layerwise_analysis::num::finite")]
-    pub range_tol: f64,
+    #[serde(flatten)]
+    pub tolerance: Tolerance,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -274,7 +270,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             rtol: ctx.tolerance.rtol,
             range_tol: ctx.tolerance.range_tol,
             defaults_for: ctx.tolerance_defaults.to_string(),
-            by_tensor: ctx.tensor_tolerances.iter().map(|(t, tol)| TensorTolerance { tensor: t.clone(), atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol }).collect(),
+            by_tensor: ctx.tensor_tolerances.iter().map(|(t, tol)| TensorTolerance { tensor: t.clone(), tolerance: *tol }).collect(),
             rule: "element passes if |cand - ref| <= atol + rtol * |ref| + range_tol * max|ref| (max over the reference tensor); a tensor passes if all elements pass and no inf/NaN differs".to_string(),
             walk: ctx.rule,
         },

@@ -27,7 +27,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         report.not_compared.len()
     );
     for t in &report.tolerances.by_tensor {
-        let _ = writeln!(out, "           '{}': |cand - ref| <= {} + {} * |ref| + {} * max|ref| (given for it)", t.tensor, t.atol, t.rtol, t.range_tol);
+        let tol = &t.tolerance;
+        let _ = writeln!(out, "           '{}': |cand - ref| <= {} + {} * |ref| + {} * max|ref| (given for it)", t.tensor, tol.atol, tol.rtol, tol.range_tol);
     }
     if let Some(m) = &report.extras.matching {
         let _ = writeln!(
