@@ -2,7 +2,7 @@
 //! `FixReport`, committed so readers can use them, and kept equal to what the types derive
 //! (`LAYERWISE_BLESS=1 cargo test --test schema` rewrites them). Real reports, the golden files and
 //! runs that write every optional section, must validate against them, and a broken report must
-//! not.
+//! not. docs/report-format.md names every field they define.
 
 mod common;
 
@@ -246,4 +246,29 @@ fn a_weight_holding_inf_is_written_as_inf_and_reads_back() {
     assert_eq!(doc["weights_out_of_fp16_range"][0]["max_abs"], "inf", "{}", doc["weights_out_of_fp16_range"]);
     let typed = layerwise_report::read_report(&dir.path().join("r.json")).expect("the report reads back");
     assert_eq!(typed.weights_out_of_fp16_range[0].max_abs, f64::INFINITY);
+}
+
+/// Every property name in `schema`, at any depth.
+fn property_names(schema: &Value, names: &mut BTreeSet<String>) {
+    match schema {
+        Value::Object(o) => {
+            if let Some(Value::Object(props)) = o.get("properties") {
+                names.extend(props.keys().cloned());
+            }
+            o.values().for_each(|v| property_names(v, names));
+        }
+        Value::Array(a) => a.iter().for_each(|v| property_names(v, names)),
+        _ => {}
+    }
+}
+
+#[test]
+fn every_field_of_the_schemas_is_in_report_format_md() {
+    let doc = std::fs::read_to_string(root().join("docs/report-format.md")).unwrap();
+    let mut names = BTreeSet::new();
+    property_names(&layerwise_report::report_schema(), &mut names);
+    property_names(&layerwise_report::fix_report_schema(), &mut names);
+    assert!(names.len() > 100, "{} field names", names.len());
+    let missing: Vec<&String> = names.iter().filter(|n| !doc.contains(&format!("`{n}`")) && !doc.contains(&format!(".{n}`"))).collect();
+    assert!(missing.is_empty(), "docs/report-format.md does not define {missing:?}");
 }
