@@ -9,13 +9,14 @@ use std::sync::Mutex;
 use layerwise_model::pair::{Operand, PairReducer};
 use layerwise_model::{shape_string, DType, Tensor};
 use rayon::prelude::*;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{histogram, Histogram};
 use crate::metrics::{compute, Metrics, ToleranceSet};
 
 /// The comparison of one tensor present in both runs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct TensorRecord {
     pub name: String,
     /// Name of the producing node.

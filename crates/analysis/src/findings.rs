@@ -2,12 +2,14 @@
 //! introduce error and which only pass it on, what keeping each break at reference precision does
 //! to the outputs, memory splitting, and many-sample aggregation. All optional parts of a report.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::num::FiniteOrString;
 use crate::search::SearchResult;
 
 /// The optional sections of a report, filled by the pipeline.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Extras {
     /// `--mark search`: the candidate runs made and what each marked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -37,7 +39,7 @@ pub struct Extras {
 }
 
 /// `--repro DIR`: the first divergent layer as a standalone model with its data.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Repro {
     /// Where it was written; `null` when none was (`note` says why).
     pub folder: Option<String>,
@@ -48,12 +50,13 @@ pub struct Repro {
     pub reproduces: bool,
     /// Relative L2 error of that output in the repro.
     #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub candidate_error: Option<f64>,
     pub note: String,
 }
 
 /// How the candidate model's tensors were paired with the reference's (`--cand-model`).
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct TensorMatching {
     /// `name` (names only) or `auto` (names first, structure for the rest).
     pub mode: String,
@@ -69,14 +72,14 @@ pub struct TensorMatching {
 
 /// If/Loop nodes replaced by what the reference ran (the branch taken, the iterations made), so
 /// their bodies' tensors are compared as `Node/then/tensor`, `Node/iter3/tensor`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct ControlFlow {
     pub inlined: Vec<InlinedNode>,
     /// Control-flow nodes left as they are, with why: their bodies' tensors are not compared.
     pub kept: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct InlinedNode {
     pub node: String,
     pub op_type: String,
@@ -91,7 +94,7 @@ pub struct InlinedNode {
 /// own rounding error there (FP16, BF16: every stored weight; TF32: those the tensor cores read;
 /// float32: every weight by one float32 unit roundoff), seeded. When the candidate's error is within
 /// a small factor of it, no layer is at fault: the output is ill-conditioned for these inputs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NoiseFloor {
     /// What was perturbed, in words.
     pub perturbation: String,
@@ -102,19 +105,24 @@ pub struct NoiseFloor {
     pub moved_values: usize,
     pub exact_values: usize,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub relative: f64,
     pub seeds: Vec<u64>,
     pub output: String,
     /// The output's relative L2 error under the perturbation, the largest over the seeds.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_error: f64,
     /// The candidate's relative L2 error on the same output.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub candidate_error: f64,
     /// candidate_error / output_error.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub ratio: f64,
-    /// The candidate's error is within `ILL_CONDITIONED_FACTOR` of the noise floor.
+    /// The candidate's error is within a small factor of the noise floor (`ILL_CONDITIONED_FACTOR`,
+    /// 3 times): the output is ill-conditioned for these inputs, no layer is at fault.
     pub ill_conditioned: bool,
 }
 
@@ -123,7 +131,7 @@ pub const ILL_CONDITIONED_FACTOR: f64 = 3.0;
 
 /// Local error of the blame chain's nodes: each node run alone on the candidate with the
 /// reference's values as its inputs.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Isolation {
     pub nodes: Vec<LocalError>,
     /// The chain node that introduces the most error by itself (largest local error, earliest on
@@ -133,16 +141,18 @@ pub struct Isolation {
     pub skipped: Vec<(String, String)>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct LocalError {
     pub node: String,
     pub op_type: String,
     pub tensor: String,
     /// Relative L2 error of the node run alone on exact inputs.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub local_error: f64,
     /// Relative L2 error of the same tensor inside the full candidate run.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub in_model_error: f64,
     /// `introduces` (large local error) or `propagates` (small local error: the error comes
     /// from its inputs).
@@ -154,18 +164,19 @@ pub struct LocalError {
 
 /// Each break re-run with its node (or the recognised pattern around it) kept at reference
 /// precision, and what that does to the worst output's error.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Counterfactual {
     /// The output whose error is measured.
     pub output: String,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_error: f64,
     pub checks: Vec<KeepCheck>,
     /// One paragraph for people: which break explains the output error, or that none does.
     pub conclusion: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct KeepCheck {
     /// The break checked (a node name).
     pub node: String,
@@ -176,9 +187,11 @@ pub struct KeepCheck {
     pub kept: Vec<String>,
     /// The worst output's error with the pattern kept.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_error_after: f64,
     /// Share of the output error that disappears (1 = all of it, 0 = none).
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub explained: f64,
     /// Every output within tolerance with this pattern kept.
     pub fixes: bool,
@@ -199,7 +212,7 @@ impl KeepCheck {
 }
 
 /// The memory plan of the exposed tensors, and how they were split to stay within `--max-memory`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryPlan {
     /// The budget, when it decided something: a split, or a `--max-memory` the user gave (the
     /// default depends on the machine's free memory, which a report does not depend on).
@@ -221,7 +234,7 @@ pub struct MemoryPlan {
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Samples {
     pub count: usize,
     /// Per sample: its file, its worst output error and the first divergent node it leads to.
@@ -232,37 +245,40 @@ pub struct Samples {
     pub tensors: Vec<SampleStats>,
 }
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, JsonSchema)]
 pub struct SampleRun {
     pub sample: String,
     pub status: crate::Status,
     #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
+    #[schemars(with = "FiniteOrString")]
     pub worst_output_error: f64,
     pub first_divergent: Option<String>,
 }
 
 /// One sample's results, all that aggregating over samples needs: each tensor's error level
 /// (`null` where it was not compared) and whether it failed, in the job's tensor order.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, JsonSchema)]
 pub struct SampleData {
     pub run: SampleRun,
     /// The worst error level over the model's outputs: the sample with the largest carries the
     /// verdict.
     #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
+    #[schemars(with = "FiniteOrString")]
     pub selection_error: f64,
     #[serde(serialize_with = "crate::num::vec_option_finite_or_string", deserialize_with = "crate::num::vec_option_finite_or_string_de")]
+    #[schemars(with = "Vec<Option<FiniteOrString>>")]
     pub errors: Vec<Option<f64>>,
     pub failing: Vec<bool>,
 }
 
 /// `bisect --inputs DIR --shard I/N`: this run's share of the samples, for `layerwise merge`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, JsonSchema)]
 pub struct Shard {
     pub index: usize,
     pub count: usize,
     /// Samples in the folder, all shards together.
     pub total_samples: usize,
-    /// The tensors `SampleData::errors` follow.
+    /// The tensors each sample's `errors` and `failing` follow, in this order.
     pub order: Vec<String>,
     pub samples: Vec<SampleData>,
 }
@@ -296,12 +312,14 @@ pub fn aggregate_samples(samples: &[SampleData], chosen: usize, order: &[String]
     Samples { count: samples.len(), runs: samples.iter().map(|s| s.run.clone()).collect(), worst_sample: samples[chosen].run.sample.clone(), tensors }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SampleStats {
     pub tensor: String,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub mean_error: f64,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub worst_error: f64,
     pub worst_sample: String,
     /// Samples in which the tensor is out of tolerance.

@@ -1,8 +1,9 @@
 //! Value histograms of a reference and a candidate tensor on shared bins, for reports.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Histogram {
     /// Bin edges (`bins + 1` values) spanning the finite values of both tensors.
     pub edges: Vec<f64>,

@@ -1,7 +1,10 @@
 //! Error metrics of one candidate tensor against its reference.
 
 use layerwise_model::fp16::{FP16_MAX, FP16_MIN_NORMAL};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::num::FiniteOrString;
 
 /// Tolerances. An element passes when
 /// `|cand - ref| <= atol + rtol * |ref| + range_tol * max|ref|`, where `max|ref|` is the largest
@@ -14,13 +17,16 @@ use serde::{Deserialize, Serialize};
 /// value. A tensor mixing box coordinates up to 320 with scores near 0 has healthy absolute errors
 /// of ~0.3 on its small elements; a probability map whose values are all ~1e-3 is broken by an
 /// error of 1e-3, which an absolute tolerance would pass.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Tolerance {
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub atol: f64,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub rtol: f64,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub range_tol: f64,
 }
 
@@ -69,27 +75,33 @@ impl From<Tolerance> for ToleranceSet {
 }
 
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Metrics {
     pub numel: usize,
     /// max |c - r|; inf when the candidate is non-finite where the reference is not.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_abs_err: f64,
     /// mean |c - r|; inf likewise.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub mean_abs_err: f64,
     /// max |c - r| / |r| over elements with r != 0 (elements with r = 0 show in the absolute error);
     /// inf on a non-finite mismatch.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_rel_err: f64,
     /// ||c - r||_2 / ||r||_2; 0 when both are zero, inf when only r is zero or on a non-finite mismatch.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub rel_l2_err: f64,
     /// c·r / (||c|| ||r||); 1 when both are all zeros, NaN (undefined) on a non-finite mismatch.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub cosine: f64,
     /// 10·log10(||r||² / ||c - r||²) in dB; +inf when equal, -inf on a non-finite mismatch.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub snr_db: f64,
     pub ref_nan: usize,
     pub ref_inf: usize,
@@ -100,12 +112,14 @@ pub struct Metrics {
     pub nonfinite_mismatch: usize,
     /// max |r| over finite reference values.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub ref_max_abs: f64,
     /// Reference values beyond the FP16 range (|r| > 65504): they overflow when stored as FP16.
     pub ref_fp16_overflow: usize,
     /// Share of non-zero reference values in the FP16 subnormal range (|r| < 6.1e-5), where FP16
     /// keeps fewer significant bits or flushes to zero.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub ref_fp16_subnormal_share: f64,
     /// Elements outside `atol + rtol * |r| + range_tol * max|r|`, non-finite mismatches included.
     pub violations: usize,

@@ -1,6 +1,31 @@
 //! JSON has no inf or NaN: reports write non-finite numbers as the strings "inf", "-inf", "nan".
 
+use std::borrow::Cow;
+
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serializer};
+
+/// The JSON Schema of a number written by [`finite_or_string`], for the fields that write one:
+/// `#[schemars(with = "FiniteOrString")]` (or `Option<FiniteOrString>`, `Vec<...>`) beside their
+/// `#[serde(with = ...)]`. Never constructed.
+pub enum FiniteOrString {}
+
+impl JsonSchema for FiniteOrString {
+    fn schema_name() -> Cow<'static, str> {
+        "FiniteOrString".into()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        concat!(module_path!(), "::FiniteOrString").into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "description": "A number. JSON has no inf or NaN: those are written as the strings \"inf\", \"-inf\" and \"nan\".",
+            "anyOf": [{ "type": "number" }, { "type": "string", "enum": ["inf", "-inf", "nan"] }]
+        })
+    }
+}
 
 pub fn finite_or_string<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
     if v.is_finite() {

@@ -13,13 +13,15 @@
 use std::collections::{HashMap, HashSet};
 
 use layerwise_model::GraphIndex;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::TensorRecord;
+use crate::num::FiniteOrString;
 use crate::walk::WalkRule;
 
 /// One candidate run of the search.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SearchRun {
     /// Tensors marked besides the model's outputs.
     pub marked: Vec<String>,
@@ -28,11 +30,12 @@ pub struct SearchRun {
     pub purpose: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SearchResult {
     pub runs: Vec<SearchRun>,
     /// The divergence threshold used on the path (relative L2).
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub threshold: f64,
     /// The measured chain, worst output first, ending at the first divergent node's output.
     pub chain: Vec<String>,

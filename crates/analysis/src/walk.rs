@@ -18,21 +18,26 @@
 
 use layerwise_model::fp16::{FP16_MAX, FP16_UNIT_ROUNDOFF};
 use layerwise_model::{GraphIndex, WeightRange};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::compare::{Comparison, TensorRecord};
+use crate::num::FiniteOrString;
 
 /// Thresholds of the walk.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WalkRule {
     /// How many times its largest input error a node's output error must be to introduce error.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub ratio: f64,
     /// Smallest output error (relative L2) that counts as a break.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub min_break: f64,
     /// Largest input error (relative L2) that is still drift rather than an earlier break.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_drift: f64,
 }
 
@@ -47,7 +52,7 @@ impl WalkRule {
 }
 
 /// What kind of cause a break has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CauseKind {
     /// The reference value exceeds the FP16 range at this node: the candidate overflows to inf.
@@ -143,7 +148,7 @@ pub struct Candidate {
 const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
 
 /// One mechanism that may account for a node's output error, with how much of it it explains.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Mechanism {
     pub kind: CauseKind,
     /// The weight at fault, for `weight_overflow`.
@@ -152,6 +157,7 @@ pub struct Mechanism {
     /// Share of the observed error this mechanism can account for, from the measured numbers
     /// (1 = all of it); `null` where it cannot be estimated from them.
     #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub explains: Option<f64>,
     /// One sentence for people, with the numbers that show it.
     pub detail: String,
@@ -159,7 +165,7 @@ pub struct Mechanism {
 
 /// Why a node breaks: the mechanism that explains most of its error (its fields at the top level
 /// of the JSON), and the others considered.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Cause {
     #[serde(flatten)]
     pub best: Mechanism,
@@ -169,21 +175,25 @@ pub struct Cause {
 
 /// The measured numbers a cause is drawn from (the reference's magnitudes and the candidate's
 /// errors), for the node's largest-error data input and its output.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Evidence {
     /// max |x| of the input in the reference; `null` when no input was compared.
     #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub input_max_abs: Option<f64>,
     /// max |cand - ref| of that input.
     #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub input_max_abs_err: Option<f64>,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_max_abs: f64,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_max_abs_err: f64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct FirstDivergent {
     pub node: String,
     pub op_type: String,
@@ -191,9 +201,11 @@ pub struct FirstDivergent {
     /// Largest relative L2 error among the node's data inputs (graph inputs are exact); `null`
     /// when one of them was not compared.
     #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub input_error: Option<f64>,
     /// Relative L2 error of the node's output.
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_error: f64,
     pub evidence: Evidence,
     pub cause: Cause,
@@ -202,32 +214,35 @@ pub struct FirstDivergent {
 /// Where the walk cannot see further back: a node on the error's path whose data inputs were not
 /// all compared (another model's names, a fused-away tensor), so the error may enter there or
 /// anywhere before it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct SightEnd {
     pub node: String,
     pub op_type: String,
     pub tensor: String,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub output_error: f64,
     /// The node's data inputs that were not compared, with the reason.
     pub unseen_inputs: Vec<(String, String)>,
 }
 
 /// One step of the blame chain, from the worst output back towards the first divergent node.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ChainStep {
     pub tensor: String,
     pub node: String,
     pub op_type: String,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub error: f64,
     #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_abs_err: f64,
     pub nonfinite: usize,
 }
 
 /// A tensor where the candidate has inf/NaN that the reference does not.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NonFiniteTensor {
     pub tensor: String,
     pub node: String,
@@ -242,14 +257,14 @@ pub struct NonFiniteTensor {
     pub weight: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Pass,
     Diverged,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Verdict {
     pub status: Status,
     pub worst_output: Option<String>,

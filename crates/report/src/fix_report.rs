@@ -3,14 +3,16 @@
 
 use std::fmt::{self, Write};
 
+use layerwise_analysis::num::FiniteOrString;
 use layerwise_analysis::{NoiseFloor, Status};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{format_number, RunInfo};
 
 pub const FIX_SCHEMA: &str = "layerwise.fix/1";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FixStatus {
     Fixed,
@@ -18,7 +20,7 @@ pub enum FixStatus {
 }
 
 /// A step of the keep-list search.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum FixStage {
     /// Nothing kept: the candidate as it is.
@@ -44,7 +46,7 @@ impl FixStage {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct KeptPattern {
     pub kind: String,
     pub nodes: Vec<String>,
@@ -52,7 +54,7 @@ pub struct KeptPattern {
     pub because: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Round {
     pub stage: FixStage,
     pub keep_fp32: usize,
@@ -61,18 +63,20 @@ pub struct Round {
     pub first_divergent: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct OutputChange {
     pub name: String,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub before_rel_l2: f64,
     pub before_pass: bool,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub after_rel_l2: f64,
     pub after_pass: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ModelCheck {
     pub backend: String,
     pub structural_problems: Vec<String>,
@@ -83,7 +87,7 @@ pub struct ModelCheck {
 }
 
 /// How a written model fared in ONNX Runtime's default session in a child process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum LoadStatus {
     /// A default session was created and run.
@@ -108,7 +112,7 @@ impl fmt::Display for LoadStatus {
 }
 
 /// What the child process found.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LoadCheck {
     pub status: LoadStatus,
     pub detail: Option<String>,
@@ -116,8 +120,9 @@ pub struct LoadCheck {
     pub kept_ops: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct FixReport {
+    #[schemars(extend("const" = FIX_SCHEMA))]
     pub schema: String,
     pub model: String,
     pub reference: String,

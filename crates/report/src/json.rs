@@ -1,5 +1,7 @@
+use layerwise_analysis::num::FiniteOrString;
 use layerwise_analysis::{Comparison, Extras, Histogram, TensorRecord, Tolerance, Verdict, WalkRule};
 use layerwise_model::{GraphIndex, Model, Tensor, WeightRange};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 pub const SCHEMA: &str = "layerwise.report/1";
@@ -33,7 +35,7 @@ pub struct ReportContext<'a> {
     pub run_info: RunInfo,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct RunInfo {
     pub generated_at_unix_s: u64,
     pub durations_s: Vec<(String, f64)>,
@@ -55,8 +57,9 @@ fn peak_memory_mib() -> Option<f64> {
     Some((kib / 1024.0 * 10.0).round() / 10.0)
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Report {
+    #[schemars(extend("const" = SCHEMA))]
     pub schema: String,
     pub layerwise_version: String,
     pub model: ModelInfo,
@@ -78,7 +81,7 @@ pub struct Report {
     pub run_info: RunInfo,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Detail {
     pub inputs: Vec<Neighbour>,
     pub consumers: Vec<Neighbour>,
@@ -88,7 +91,7 @@ pub struct Detail {
     pub engine_layer: Option<EngineLayerInfo>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct EngineLayerInfo {
     pub name: String,
     /// How many ONNX nodes the layer computes (fused together).
@@ -96,7 +99,7 @@ pub struct EngineLayerInfo {
 }
 
 /// A tensor next to the first divergent node: one of its inputs, or a consumer's output.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct Neighbour {
     pub tensor: String,
     /// The node producing `tensor` (empty for graph inputs and weights).
@@ -105,10 +108,11 @@ pub struct Neighbour {
     pub weight: bool,
     /// Relative L2 error; `null` when the tensor was not compared (a graph input is exact: 0).
     #[serde(default, with = "layerwise_analysis::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
     pub error: Option<f64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ModelInfo {
     pub path: String,
     pub sha256: String,
@@ -117,19 +121,22 @@ pub struct ModelInfo {
     pub node_count: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct BackendInfo {
     pub spec: String,
     pub notes: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Tolerances {
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub atol: f64,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub rtol: f64,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub range_tol: f64,
     /// The precision whose defaults apply where no tolerance was given: `FP16`, `BF16`, `TF32`
     /// (FP16's defaults: the same 10-bit mantissa) or `float32`.
@@ -142,14 +149,14 @@ pub struct Tolerances {
 }
 
 /// One tensor's own tolerance.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TensorTolerance {
     pub tensor: String,
     #[serde(flatten)]
     pub tolerance: Tolerance,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct InputInfo {
     pub name: String,
     pub shape: Vec<usize>,
@@ -167,30 +174,35 @@ impl InputInfo {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct NotCompared {
     pub tensor: String,
     pub reason: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct WeightInfo {
     pub name: String,
     pub kind: String,
     pub numel: usize,
+    /// Largest |w|: inf when the weight holds inf (a plain f64 would be written as `null`).
+    #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_abs: f64,
     pub overflow_count: usize,
     pub subnormal_count: usize,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct OutputInfo {
     pub name: String,
     pub compared: bool,
     pub pass: bool,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub rel_l2_err: f64,
     #[serde(with = "layerwise_analysis::num::finite")]
+    #[schemars(with = "FiniteOrString")]
     pub max_abs_err: f64,
 }
 

@@ -6,6 +6,7 @@ mod formats;
 mod html;
 mod json;
 mod read;
+mod schema;
 mod svg;
 mod terminal;
 
@@ -18,6 +19,7 @@ pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
 pub use fix_report::{render_fix_html, render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
 pub use formats::{render_csv, render_markdown, render_model_explorer};
 pub use html::render_html;
+pub use schema::{fix_report_schema, report_schema};
 pub use read::{parse_fix_report, parse_report, read_fix_report, read_report, ReadError};
 pub use terminal::render_terminal;
 
