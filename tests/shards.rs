@@ -3,35 +3,14 @@
 
 mod common;
 
-use common::{assert_refused, layerwise, save, text};
+use common::{assert_refused, json_without_run_info, layerwise, save, text, write_demo_samples};
 use serde_json::Value;
-
-fn json_without_run_info(path: &std::path::Path) -> Value {
-    let mut v: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
-    v.as_object_mut().unwrap().remove("run_info");
-    v
-}
-
-/// Seven samples of the demo's input: some quiet (no FP16 overflow), some loud, two equally loud
-/// (the earliest must carry the verdict, as in one run).
-fn write_samples(dir: &std::path::Path) {
-    use rand::{Rng, SeedableRng};
-    let scales = [("s0.npz", 0.01), ("s1.npz", 1.0), ("s2.npz", 0.02), ("s3.npz", 0.5), ("s4.npz", 1.0), ("s5.npz", 0.03), ("s6.npz", 0.7)];
-    std::fs::create_dir_all(dir).unwrap();
-    for (name, scale) in scales {
-        let seed = if name == "s4.npz" { 1 } else { name.as_bytes()[1] as u64 };
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let values: Vec<f32> = (0..8 * 64).map(|_| rng.random::<f32>() * scale).collect();
-        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
-        layerwise_runtime::npy::write_npz(&dir.join(name), &[("x", &x)]).unwrap();
-    }
-}
 
 #[test]
 fn four_shards_merged_are_the_single_run_byte_for_byte_apart_from_run_info() {
     let dir = tempfile::tempdir().unwrap();
     save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
-    write_samples(&dir.path().join("samples"));
+    write_demo_samples(&dir.path().join("samples"));
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--json", "full.json"], dir.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     for i in 0..4 {
@@ -60,7 +39,7 @@ fn four_shards_merged_are_the_single_run_byte_for_byte_apart_from_run_info() {
 fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     let dir = tempfile::tempdir().unwrap();
     save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
-    write_samples(&dir.path().join("samples"));
+    write_demo_samples(&dir.path().join("samples"));
     for i in 0..2 {
         let (shard, json) = (format!("{i}/2"), format!("p{i}.json"));
         let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
@@ -91,7 +70,7 @@ fn progress_shows_as_plain_lines_where_stderr_is_no_terminal() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
-    write_samples(&d.join("samples"));
+    write_demo_samples(&d.join("samples"));
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples"], d);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(err.contains("layerwise: sample 1 of 7 (s0.npz)"), "{err}");

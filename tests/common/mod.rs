@@ -207,3 +207,26 @@ pub fn saved_tensor(folder: &std::path::Path, tensor: &str) -> layerwise_runtime
 pub fn spec(text: &str) -> layerwise_runtime::BackendSpec {
     layerwise_runtime::BackendSpec::parse(text).unwrap_or_else(|e| panic!("{e}"))
 }
+
+/// A report's JSON without `run_info` (times, host, command line): what a merge of shards must
+/// reproduce of one run's report.
+pub fn json_without_run_info(path: &std::path::Path) -> serde_json::Value {
+    let mut v = json(path);
+    v.as_object_mut().unwrap().remove("run_info");
+    v
+}
+
+/// Seven samples of the demo's input (`s0.npz`..`s6.npz`): some quiet (no FP16 overflow), some
+/// loud, two equally loud (s1 and s4: the earliest must carry the verdict, as in one run).
+pub fn write_demo_samples(dir: &std::path::Path) {
+    use rand::{Rng, SeedableRng};
+    let scales = [("s0.npz", 0.01), ("s1.npz", 1.0), ("s2.npz", 0.02), ("s3.npz", 0.5), ("s4.npz", 1.0), ("s5.npz", 0.03), ("s6.npz", 0.7)];
+    std::fs::create_dir_all(dir).unwrap();
+    for (name, scale) in scales {
+        let seed = if name == "s4.npz" { 1 } else { name.as_bytes()[1] as u64 };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let values: Vec<f32> = (0..8 * 64).map(|_| rng.random::<f32>() * scale).collect();
+        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
+        layerwise_runtime::npy::write_npz(&dir.join(name), &[("x", &x)]).unwrap();
+    }
+}
