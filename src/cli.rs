@@ -505,9 +505,7 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
 }
 
 fn run_convert(args: ConvertArgs) -> Result<u8> {
-    if args.output == args.model {
-        bail!("-o {} would overwrite the input model; choose another path", args.output.display());
-    }
+    crate::pipeline::check_not_an_input(&args.output, "-o", &[("the input model", args.model.as_path())])?;
     let model = Model::load(&args.model)?;
     let index = GraphIndex::build(model.graph())?;
     if let Some(rounding) = args.to.strip_suffix("-emulated").and_then(layerwise_model::Rounding::from_name) {
@@ -603,8 +601,10 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 
 fn run_merge(args: MergeArgs) -> Result<u8> {
     let outputs = args.formats.outputs(Some(args.json));
+    let partials: Vec<(&str, &std::path::Path)> = args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
+        crate::pipeline::check_not_an_input(path, what, &partials)?;
     }
     let merged = crate::merge::merge(&args.partials)?;
     outputs.write(&merged, None)?;
@@ -628,8 +628,13 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     if outputs.paths().is_empty() {
         bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
     }
+    let mut inputs: Vec<(&str, &std::path::Path)> = vec![("the report", args.report.as_path())];
+    if let Some(f) = &args.fix {
+        inputs.push(("the fix report", f.as_path()));
+    }
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
+        crate::pipeline::check_not_an_input(path, what, &inputs)?;
     }
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {

@@ -15,7 +15,7 @@ use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunReque
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::setup::{feeds_of, in_sample, set_up, Judging, Setup};
-use crate::pipeline::{check_writable_target, BisectOptions, Steps};
+use crate::pipeline::{check_not_an_input, check_writable_target, input_files, BisectOptions, Steps};
 
 /// Everything `layerwise fix` takes.
 #[derive(Debug, Clone)]
@@ -243,13 +243,16 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
 
 pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let b = &options.bisect;
+    let inputs = input_files(b);
     if let Some(json) = &b.outputs.json {
         check_writable_target(json, "the JSON report")?;
+        check_not_an_input(json, "the JSON report", &inputs)?;
     }
     if let Some(out) = &options.output {
         check_writable_target(out, "the fixed model")?;
-        if out == &b.model {
-            bail!("-o {} would overwrite the input model; choose another path", out.display());
+        check_not_an_input(out, "-o", &inputs)?;
+        if let Some(json) = &b.outputs.json {
+            check_not_an_input(out, "-o", &[("the JSON report", json.as_path())])?;
         }
     }
     let mut steps = Steps::new(b.progress, b.progress_lines);
@@ -277,6 +280,15 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
     let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
+    // Said before any run: a BF16 file needs opset 13 (the search would end in the same refusal).
+    if low == Precision::Bf16 && model.opset() < 13 {
+        bail!(
+            "fix --cand {} writes a BF16 model, which needs opset 13 or later (Cast and most ops take bfloat16 from there); this model is opset {}: convert it with onnx's version converter first (onnx.version_converter.convert_version(model, 17)); bisect --cand {} needs no conversion",
+            b.candidate,
+            model.opset(),
+            b.candidate
+        );
+    }
     // A TF32 candidate (sim:tf32) is judged as TF32: FP16's tolerances, its floor from what the
     // tensor cores read.
     let tensor_cores = candidate.precision() == Precision::Fp32 && candidate.tf32();

@@ -196,6 +196,21 @@ fn malformed_inputs_each_get_their_own_error() {
     c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda,device=1", "--devices", "0,1"], "names its own device");
     c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,x"], "invalid value 'x'");
 
+    // Outputs never replace inputs, however the path is spelled (the snapshot proves the model,
+    // the inputs and the report are untouched).
+    let dotted = format!("{}/./good.onnx", c.dir.path().display());
+    c.case(&["bisect", &good, "--html", &good], "the HTML report");
+    c.case(&["bisect", &good, "--csv", &dotted], "would overwrite the input model");
+    c.case(&["bisect", &good, "--inputs", &c.p("samples/a.npz"), "--markdown", &c.p("samples/a.npz")], "would overwrite the inputs");
+    c.case(&["fix", &good, "-o", &dotted], "would overwrite the input model");
+    c.case(&["fix", &good, "--json", &good], "would overwrite the input model");
+    c.case(&["convert", &good, "-o", &dotted], "would overwrite the input model");
+
+    // An emulation of an already converted file (it rounds a float32 model).
+    let converted = layerwise(&["convert", &good, "--to", "fp16", "-o", &c.p("good16.onnx")], c.dir.path());
+    assert_eq!(converted.status.code(), Some(0), "{}", text(&converted));
+    c.case(&["bisect", &good, "--cand", "sim:fp16", "--cand-model", &c.p("good16.onnx")], "is already converted");
+
     // Options.
     c.case(&["bisect", &good, "--tensors", "x"], "tensor 'x' is a graph input or initializer");
     c.case(&["bisect", &good, "--tensors", "w"], "tensor 'w' is a graph input or initializer");

@@ -102,7 +102,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         let overflowing_input = (job.judging.precision == Precision::Fp16)
             .then(|| {
                 node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
-                    value(t).is_some_and(|v| v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
+                    // Only a float tensor is stored in FP16: an int32 input beyond 65504 is not.
+                    value(t).is_some_and(|v| v.dtype().is_float() && v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
                 })
             })
             .flatten();

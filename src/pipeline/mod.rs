@@ -29,7 +29,8 @@ mod steps;
 use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
 use options::check_outputs;
-pub use options::{check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
+pub(crate) use options::input_files;
+pub use options::{check_not_an_input, check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 

@@ -141,13 +141,59 @@ pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The file a path names, resolved (its folder canonical, `..` and links followed), so that two
+/// spellings of one file compare equal; `None` where the folder does not exist.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = path.canonicalize() {
+        return Some(p);
+    }
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Some(dir.canonicalize().ok()?.join(path.file_name()?))
+}
+
+/// Refuses to write `target` (what it is: "the JSON report") over any of `inputs` (what each
+/// is, and its path): a report or a fixed model never replaces the files a run reads.
+pub fn check_not_an_input(target: &Path, what: &str, inputs: &[(&str, &Path)]) -> Result<()> {
+    let Some(t) = resolved(target) else { return Ok(()) };
+    for (name, input) in inputs {
+        if resolved(input).is_some_and(|i| i == t) {
+            bail!("{what} {} would overwrite {name} {}; choose another path", target.display(), input.display());
+        }
+    }
+    Ok(())
+}
+
+/// The files a bisect reads, by what they are.
+pub(crate) fn input_files(options: &BisectOptions) -> Vec<(&'static str, &Path)> {
+    let mut inputs: Vec<(&'static str, &Path)> = vec![("the input model", options.model.as_path())];
+    if let Some(m) = &options.cand_model {
+        inputs.push(("the candidate model", m.as_path()));
+    }
+    if let Some(f) = options.inputs.npz.as_deref().filter(|p| p.is_file()) {
+        inputs.push(("the inputs", f));
+    }
+    for (_, f) in &options.inputs.npy {
+        inputs.push(("an input", f.as_path()));
+    }
+    inputs
+}
+
 pub(super) fn check_outputs(options: &BisectOptions) -> Result<()> {
     if let Some(dir) = &options.repro {
         super::repro::check_repro_target(dir)?;
     }
     let outputs = &options.outputs;
+    let inputs = input_files(options);
+    let mut written: Vec<(&str, &Path)> = Vec::new();
     for (what, path) in outputs.paths() {
-        check_writable_target(path, &format!("the {what}"))?;
+        let what = format!("the {what}");
+        check_writable_target(path, &what)?;
+        check_not_an_input(path, &what, &inputs)?;
+        check_not_an_input(path, &what, &written)?;
+        written.push(("another report", path.as_path()));
     }
     Ok(())
 }

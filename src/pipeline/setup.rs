@@ -139,6 +139,16 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let loaded_cand = match &options.cand_model {
         Some(path) => {
             let loaded = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            // An emulation rounds a float32 model; a file already converted runs as it is.
+            if options.candidate.is_emulation() && layerwise_runtime::typed::has_reduced_precision(&loaded) {
+                bail!(
+                    "--cand {} emulates reduced precision on a float32 model, but {} is already converted (it declares FP16/BF16 tensors): run the file as it is with --cand ort:cpu --cand-model {} (evaluated in its own types), or give {} the float32 model",
+                    options.candidate,
+                    path.display(),
+                    path.display(),
+                    options.candidate
+                );
+            }
             let (cm, note) = fit_for_onnx_runtime(&loaded)?;
             input_notes.extend(note);
             let cm = cm.into_owned();

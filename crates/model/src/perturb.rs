@@ -56,8 +56,8 @@ fn shape_weights(graph: &GraphProto) -> HashSet<String> {
 pub enum Perturbation {
     /// Every weight stored in this format (FP16, BF16) moved by a random amount up to its own
     /// rounding error there: `w + r * |round(w) - w|`, `r` uniform in [-1, 1). A value exact in
-    /// the format stays as it is; one beyond its range (FP16 above 65504) moves by up to one unit
-    /// roundoff of itself.
+    /// the format stays as it is, and so does one beyond its range (FP16 above 65504): storing it
+    /// overflows, which the walk names (`weight_overflow`); it is no rounding to perturb by.
     Storage(Rounding),
     /// Only the weights TF32 tensor cores read (the multiplied inputs of Conv, MatMul, Gemm, ...,
     /// directly or through layout ops such as Transpose), each by up to its own TF32 rounding
@@ -76,11 +76,15 @@ pub struct Perturbed {
     pub exact: usize,
 }
 
-/// Multiplies `v` by `1 + relative * r` with `r` uniform in [-1, 1).
+/// Multiplies `v` by `1 + relative * r` with `r` uniform in [-1, 1) (a value that would leave
+/// float32's range stays as it is).
 pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
     for v in values.iter_mut() {
         let r: f64 = rng.random_range(-1.0..1.0);
-        *v = (*v as f64 * (1.0 + relative * r)) as f32;
+        let moved = (*v as f64 * (1.0 + relative * r)) as f32;
+        if moved.is_finite() {
+            *v = moved;
+        }
     }
 }
 
@@ -88,14 +92,21 @@ pub fn perturb_values(values: &mut [f32], relative: f64, rng: &mut ChaCha8Rng) {
 fn perturb_by_rounding(values: &mut [f32], rounding: Rounding, rng: &mut ChaCha8Rng, count: &mut Perturbed) {
     for v in values.iter_mut() {
         let rounded = rounding.round(*v);
-        if rounded == *v || !v.is_finite() {
+        // Exact in the format, or beyond its range (storing it overflows: the walk names that
+        // weight; as a perturbation it would move a -3.4e38 attention mask to -inf).
+        if rounded == *v || !v.is_finite() || !rounded.is_finite() {
             count.exact += 1;
             continue;
         }
-        let error = if rounded.is_finite() { (rounded as f64 - *v as f64).abs() } else { v.abs() as f64 * rounding.unit_roundoff() };
+        let error = (rounded as f64 - *v as f64).abs();
         let r: f64 = rng.random_range(-1.0..1.0);
-        *v = (*v as f64 + r * error) as f32;
-        count.moved += 1;
+        let moved = (*v as f64 + r * error) as f32;
+        if moved.is_finite() {
+            *v = moved;
+            count.moved += 1;
+        } else {
+            count.exact += 1;
+        }
     }
 }
 

@@ -374,3 +374,24 @@ fn a_tf32_perturbation_moves_only_what_tensor_cores_read() {
     }
     assert_eq!(count.moved + count.exact, 4, "only the four values of w are considered");
 }
+
+/// A weight beyond FP16's range (an attention mask's -3.4e38) is no rounding to perturb by: moved
+/// by "one unit roundoff of itself" it left float32's range and made the noise floor inf. It
+/// stays, counted with the values left as they are.
+#[test]
+fn a_weight_beyond_the_format_s_range_is_left_as_it_is() {
+    let mut b = ModelBuilder::new("mask", 17);
+    b.input("x", DataType::Float, &[Dim::from(2)]);
+    b.initializer(f32_tensor("mask", &[2], &[f32::MIN, 0.3]));
+    b.node("Add", "add", &["x", "mask"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let model = Model::from_proto(b.build(), "mask.onnx").unwrap();
+    for seed in 0..16 {
+        let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::Storage(Rounding::Fp16), &std::collections::HashSet::new(), seed).unwrap();
+        let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
+        let mask = values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == "mask").unwrap());
+        assert_eq!(mask[0], f32::MIN, "seed {seed}");
+        assert!(mask[1].is_finite());
+        assert_eq!(count, Perturbed { moved: 1, exact: 1 });
+    }
+}
