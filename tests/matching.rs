@@ -170,3 +170,37 @@ fn a_twin_with_other_inputs_gets_the_inputs_it_declares() {
     assert!(text(&out).contains("holds array 'bogus', which neither model declares (reference inputs: input, sr; candidate model inputs: input)"), "{}", text(&out));
     assert!(!text(&out).contains("error: :"), "no empty context: {}", text(&out));
 }
+
+/// A converted candidate file whose weights are named differently: which weights it keeps in
+/// float32 cannot be told by name, so the noise floor perturbs every weight (an upper bound) and
+/// the verdict says so instead of claiming a floor of only what the file rounds.
+#[test]
+fn a_floor_against_a_file_with_other_weight_names_says_what_it_could_not_tell() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::ExpOverflow), &dir.path().join("ref.onnx"));
+    let c = layerwise(&["convert", "ref.onnx", "--to", "fp16", "-o", "c.onnx"], dir.path());
+    assert_eq!(c.status.code(), Some(0), "{}", text(&c));
+    let mut converted = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap().proto;
+    let g = converted.graph.as_mut().unwrap();
+    let names: HashMap<String, String> = g.initializer.iter().enumerate().map(|(i, t)| (t.name().to_string(), format!("w{i}"))).collect();
+    for t in g.initializer.iter_mut() {
+        t.name = Some(names[t.name()].clone());
+    }
+    for n in g.node.iter_mut() {
+        for i in n.input.iter_mut() {
+            if let Some(new) = names.get(i.as_str()) {
+                *i = new.clone();
+            }
+        }
+    }
+    save(&converted, &dir.path().join("renamed.onnx"));
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "renamed.onnx", "--json", "r.json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let r = json(&dir.path().join("r.json"));
+    let said = r["verdict"]["conclusions"].to_string();
+    assert!(said.contains("names its weights differently"), "{said}");
+    // With the names kept, nothing of the kind is said.
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "c.onnx", "--json", "k.json"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!json(&dir.path().join("k.json"))["verdict"]["conclusions"].to_string().contains("names its weights differently"));
+}

@@ -195,7 +195,10 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {
             (Some(reference), Some(worst), Some(cand_error)) => {
-                let exact = setup::weights_kept_float32(job.cand_model.as_ref());
+                let (exact, told_apart) = setup::weights_kept_float32(job.model, job.cand_model.as_ref());
+                if !told_apart {
+                    conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
+                }
                 let target = FloorTarget { output: &worst, candidate_error: cand_error, perturbation: job.judging.perturbation(), exact: &exact, seed: options.inputs.seed };
                 let floor = steps.run("measuring the noise floor", || noise_floor(job.reference.as_mut(), job.model, &job.index, feeds, &reference.tensors, job.judging.tolerances.of(&worst), target));
                 match floor {

@@ -81,10 +81,16 @@ impl Judging {
 }
 
 /// The reference weights a converted candidate model keeps in float32 (same name, float32 in the
-/// candidate file): its precision does not change them.
-pub(crate) fn weights_kept_float32(cand_model: Option<&(Model, GraphIndex)>) -> HashSet<String> {
-    let Some((cm, _)) = cand_model else { return HashSet::new() };
-    cm.graph().initializer.iter().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32).map(|t| t.name().to_string()).collect()
+/// candidate file): its precision does not change them. Also whether the file's weights could be
+/// told apart by name at all: where most of the reference's weights are not found in it (another
+/// exporter's names), which it keeps in float32 is unknown and every weight is perturbed.
+pub(crate) fn weights_kept_float32(reference: &Model, cand_model: Option<&(Model, GraphIndex)>) -> (HashSet<String>, bool) {
+    let Some((cm, _)) = cand_model else { return (HashSet::new(), true) };
+    let theirs: HashSet<&str> = cm.graph().initializer.iter().map(|t| t.name()).collect();
+    let ours = &reference.graph().initializer;
+    let found = ours.iter().filter(|t| theirs.contains(t.name())).count();
+    let kept = cm.graph().initializer.iter().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32).map(|t| t.name().to_string()).collect();
+    (kept, ours.is_empty() || found * 2 >= ours.len())
 }
 
 /// The plan's outcome.
