@@ -14,7 +14,7 @@ use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunReque
 
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
-use crate::pipeline::setup::{feeds_of, in_sample, set_up, Judging, Setup};
+use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
 use crate::pipeline::{check_not_an_input, check_writable_target, input_files, BisectOptions, Steps};
 
 /// Everything `layerwise fix` takes.
@@ -77,13 +77,9 @@ impl Search<'_> {
             let feeds = &samples[k].feeds;
             let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
             let judged = self.judge(k, &out);
-            let error = self.index.outputs.iter().filter_map(|o| judged.0.get(o)).map(|r| r.error_level()).fold(0.0, f64::max);
+            let error = judged.0.largest_error(&self.index.outputs);
             let failing = judged.1.status == Status::Diverged;
-            let better = match &worst {
-                None => true,
-                Some((e, _, (_, v))) => (failing && v.status == Status::Pass) || (failing == (v.status == Status::Diverged) && error > *e),
-            };
-            if better {
+            if worse(failing, error, worst.as_ref().map(|(e, _, (_, v))| (v.status == Status::Diverged, *e))) {
                 worst = Some((error, k, judged));
             }
         }
@@ -112,6 +108,15 @@ impl Search<'_> {
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
+    }
+}
+
+/// Whether a sample (failing or not, its output error) is worse than the worst so far: a failing
+/// one beats a passing one, then the larger output error; the earlier sample stays on ties.
+fn worse(failing: bool, error: f64, so_far: Option<(bool, f64)>) -> bool {
+    match so_far {
+        None => true,
+        Some((was_failing, e)) => (failing && !was_failing) || (failing == was_failing && error > e),
     }
 }
 
@@ -267,7 +272,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     let mut sets = Vec::new();
     for (name, sample) in &setup.samples {
-        sets.push((name.clone(), feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| in_sample(name, e))?)));
+        sets.push((name.clone(), feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| setup.owners.explain(name, e))?)));
     }
     if sets.is_empty() {
         bail!("no inputs to run");
@@ -470,12 +475,12 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.samples[k].feeds, selection: &Selection::Names(Vec::new()) }) {
                 Ok(out) => {
                     let (comparison, pass) = search.judge_outputs(k, &out);
-                    let error = index.outputs.iter().filter_map(|o| comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max);
-                    let worse = match &checked {
-                        Ok(Some((p, e, _))) => (!pass && *p) || (pass == *p && error > *e),
-                        _ => true,
+                    let error = comparison.largest_error(&index.outputs);
+                    let so_far = match &checked {
+                        Ok(Some((p, e, _))) => Some((!p, *e)),
+                        _ => None,
                     };
-                    if worse {
+                    if worse(!pass, error, so_far) {
                         checked = Ok(Some((pass, error, comparison)));
                     }
                 }

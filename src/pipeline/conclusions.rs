@@ -70,7 +70,7 @@ pub(super) fn tf32_entry(candidate: Candidate, model: &Model, index: &GraphIndex
         }
         let output = error_of(node.outputs.first()?)?;
         let input = slots.iter().filter_map(|&s| node.inputs.get(s)).filter(|t| !t.is_empty()).map(|t| error_of(t)).collect::<Option<Vec<f64>>>()?.into_iter().fold(0.0, f64::max);
-        (output.is_finite() && output >= TF32_ENTRY && input < output / 10.0).then(|| (node, input, output))
+        (output.is_finite() && output >= TF32_ENTRY && input < output / 10.0).then_some((node, input, output))
     })?;
     let (node, input, output) = entry;
     let worst = index.outputs.iter().filter_map(|o| comparison.get(o).map(|r| (o, r.error_level()))).max_by(|a, b| a.1.total_cmp(&b.1));

@@ -95,7 +95,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
             continue;
         }
-        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerance).error_level();
+        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&step.tensor)).error_level();
         // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
         // the node sees that overflow, but in the model it comes from upstream.
         let node = job.index.node(&step.node).expect("chain node");

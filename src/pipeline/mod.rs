@@ -68,6 +68,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     let samples = std::mem::take(&mut setup.samples);
     let (decls, total_samples) = (std::mem::take(&mut setup.decls), setup.total_samples);
     let input_notes = std::mem::take(&mut setup.input_notes);
+    let owners = std::mem::take(&mut setup.owners);
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
     let mut job = Job::new(options, &flattened, setup);
     let weights = if job.judging.precision == Precision::Fp16 {
@@ -91,7 +92,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         if samples.len() > 1 {
             steps.count("sample", k + 1, samples.len(), name);
         }
-        let inputs = prepare_inputs(&decls, sample_options).map_err(|e| setup::in_sample(name, e))?;
+        let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
         let feeds = setup::feeds_of(&inputs);
         let (compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, &mut steps, &mut extras)?;
         per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
@@ -157,7 +158,7 @@ fn compare_and_walk(
 /// The sample whose worst output error is largest (the earliest on ties) carries the verdict; the
 /// others go into the per-tensor aggregation (`samples`), or into a shard's partial report.
 fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<(usize, usize)>, extras: &mut Extras) -> SampleOutcome {
-    let worst_of = |c: &Compared| -> f64 { job.index.outputs.iter().filter_map(|o| c.comparison.get(o)).map(|r| r.error_level()).fold(0.0, f64::max) };
+    let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
     let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
     let chosen = chosen_sample(&data).expect("one sample");
     match shard {
@@ -282,7 +283,7 @@ fn report(
         cand_spec: options.candidate.to_string(),
         ref_notes: compared.notes.0.clone(),
         cand_notes,
-        tolerance: job.judging.tolerance,
+        tolerance: job.judging.tolerances.all,
         tensor_tolerances: job.judging.tolerances.by_tensor.clone(),
         tolerance_defaults: job.judging.tolerance_defaults,
         rule: job.judging.rule,

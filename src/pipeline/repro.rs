@@ -117,7 +117,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         if r.shape != c.shape {
             continue;
         }
-        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerance);
+        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&fd.tensor));
         let reproduces = !metrics.passes();
         let done = reproduces || set.len() == largest.len();
         tried = Some((set.clone(), made, cand_made, inputs, ref_out.tensors, cand_out.tensors, metrics.error_level(), reproduces));

@@ -26,9 +26,7 @@ use super::steps::Steps;
 #[derive(Debug, Clone)]
 pub(crate) struct Judging {
     pub precision: Precision,
-    /// The tolerance of every tensor not given its own.
-    pub tolerance: Tolerance,
-    /// Every tensor's, with those given their own (`--atol logits:1e-3`).
+    /// Every tensor's tolerance (`all`), with those given their own (`--atol logits:1e-3`).
     pub tolerances: ToleranceSet,
     /// The precision the default tolerances are for (`TF32`, `FP16`, ...).
     pub tolerance_defaults: &'static str,
@@ -64,7 +62,7 @@ impl Judging {
             }
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
-        Ok(Judging { precision, tolerance, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
+        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:
@@ -106,6 +104,8 @@ pub(crate) struct Setup<'m> {
     pub candidate: Box<dyn Backend>,
     /// The inputs to prepare: the reference's, and a candidate model's that the reference lacks.
     pub decls: Vec<InputDecl>,
+    /// Which model declares which input, for errors about the inputs.
+    pub owners: InputOwners,
     /// Inputs fed to one side only, for the report's notes.
     pub input_notes: Vec<String>,
     /// This run's samples (a shard's share), and how many the whole set holds.
@@ -126,10 +126,11 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // Model-local functions inlined: the tensors inside each call are compared, and both sides
     // of a paired run see one plain graph.
     let original = match layerwise_model::functions::inline_functions(&original.proto)? {
-        (_, 0) => original,
-        (proto, calls) => {
+        None => original,
+        Some((proto, calls)) => {
             input_notes.push(format!("{calls} calls of the model's own ONNX functions inlined: their nodes and tensors are named after the calling node (CALL/NAME) and compared"));
-            Cow::Owned(Model { proto, ..original.into_owned() })
+            // The same model, opened: its file, folder and digest stay (no copy of the old proto).
+            Cow::Owned(Model { proto, path: original.path.clone(), base_dir: original.base_dir.clone(), sha256: original.sha256.clone() })
         }
     };
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
@@ -165,7 +166,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     };
     let reference_decls = declared_inputs(&original, &index);
     let mut decls = reference_decls.clone();
-    let mut candidate_decls = None;
+    let mut owners = InputOwners { reference: reference_decls.iter().map(|d| d.name.clone()).collect(), candidate: None };
     if let Some((cm, ci)) = &loaded_cand {
         let theirs = declared_inputs(cm, ci);
         for d in &reference_decls {
@@ -179,18 +180,8 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                 decls.push(c.clone());
             }
         }
-        candidate_decls = Some(theirs);
+        owners.candidate = Some(theirs.iter().map(|d| d.name.clone()).collect());
     }
-    let names = |d: &[InputDecl]| d.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", ");
-    let both_models = |e: anyhow::Error| match (e.downcast_ref::<RuntimeError>(), &candidate_decls) {
-        (Some(RuntimeError::UnknownArray { file, array, .. }), Some(theirs)) => anyhow::anyhow!(
-            "input error: {} holds array '{array}', which neither model declares (reference inputs: {}; candidate model inputs: {})",
-            file.display(),
-            names(&reference_decls),
-            names(theirs)
-        ),
-        _ => e,
-    };
     let all_samples = samples(&options.inputs)?;
     // Decisions that depend on how many samples there are follow the whole set, so that a shard
     // reports exactly what a single run over every sample does.
@@ -215,7 +206,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut control_flow = None;
     let mut flattened = None;
     if has_control_flow(&index) && !options.keep_control_flow {
-        let all_feeds = sample_feeds(&decls, &samples).map_err(both_models)?;
+        let all_feeds = sample_feeds(&decls, &samples, &owners)?;
         let result = steps.run("following control flow", || flatten_control_flow(&original, reference.as_mut(), &all_feeds))?;
         if let Some((model, report)) = result {
             control_flow = Some(report);
@@ -230,7 +221,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((mut cm, mut ci)) => {
             if has_control_flow(&ci) && !options.keep_control_flow {
                 // The candidate model's own branches, as ONNX Runtime's reference kernels run it.
-                let all_feeds = sample_feeds(&decls, &samples).map_err(both_models)?;
+                let all_feeds = sample_feeds(&decls, &samples, &owners)?;
                 if let Some((flat, _)) = flatten_control_flow(&cm, reference.as_mut(), &all_feeds)? {
                     ci = GraphIndex::build(flat.graph())?;
                     cm = flat;
@@ -290,12 +281,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             bail!("a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})", index.outputs.join(", "));
         }
     }
-    // Every sample's inputs are checked now, so an array neither model declares is an error that
-    // names both models' inputs before any run.
-    if candidate_decls.is_some() {
-        sample_feeds(&decls, &samples).map_err(both_models)?;
-    }
-    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, input_notes, samples, total_samples, judging, order, control_flow, matching })
+    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, judging, order, control_flow, matching })
 }
 
 /// Every sample's prepared inputs as the runs see them.
@@ -353,11 +339,11 @@ fn converted_precision(model: &Model) -> Precision {
 }
 
 /// Every sample's input values, prepared as the runs will see them.
-pub(super) fn sample_feeds(decls: &[InputDecl], samples: &[(String, InputOptions)]) -> Result<Vec<Vec<(String, Tensor)>>> {
+pub(super) fn sample_feeds(decls: &[InputDecl], samples: &[(String, InputOptions)], owners: &InputOwners) -> Result<Vec<Vec<(String, Tensor)>>> {
     samples
         .iter()
         .map(|(name, options)| {
-            let inputs = prepare_inputs(decls, options).map_err(|e| in_sample(name, e))?;
+            let inputs = prepare_inputs(decls, options).map_err(|e| owners.explain(name, e))?;
             Ok(inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
         })
         .collect()
@@ -395,13 +381,30 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
     }
 }
 
-/// An input error of sample `name` (of `--inputs DIR`), said with the sample's name; a single
-/// sample has none, and gets no empty prefix.
-pub(crate) fn in_sample(name: &str, e: RuntimeError) -> anyhow::Error {
-    let e = anyhow::Error::from(e);
-    if name.is_empty() {
-        e
-    } else {
-        e.context(format!("sample {name}"))
+/// Which model declares which input: the reference's, and a `--cand-model`'s where there is one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InputOwners {
+    pub reference: Vec<String>,
+    pub candidate: Option<Vec<String>>,
+}
+
+impl InputOwners {
+    /// An input error of sample `name`, said with the sample's name (a single sample has none,
+    /// and gets no empty prefix); an array no model declares is said with both models' inputs.
+    pub(crate) fn explain(&self, name: &str, e: RuntimeError) -> anyhow::Error {
+        let e = match (&e, &self.candidate) {
+            (RuntimeError::UnknownArray { file, array, .. }, Some(theirs)) => anyhow::anyhow!(
+                "input error: {} holds array '{array}', which neither model declares (reference inputs: {}; candidate model inputs: {})",
+                file.display(),
+                self.reference.join(", "),
+                theirs.join(", ")
+            ),
+            _ => anyhow::Error::from(e),
+        };
+        if name.is_empty() {
+            e
+        } else {
+            e.context(format!("sample {name}"))
+        }
     }
 }

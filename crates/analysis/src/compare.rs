@@ -68,6 +68,12 @@ impl Comparison {
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
         self.position.get(tensor).map(|&i| &self.records[i])
     }
+
+    /// The largest error level among `tensors` that were compared (0 when none was): a sample's
+    /// output error, passing or not.
+    pub fn largest_error(&self, tensors: &[String]) -> f64 {
+        tensors.iter().filter_map(|t| self.get(t)).map(|r| r.error_level()).fold(0.0, f64::max)
+    }
 }
 
 /// The record of `name` from both sides' shapes and types; `metrics` runs only when the shapes match.

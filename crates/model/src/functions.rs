@@ -14,11 +14,12 @@ use crate::ModelError;
 const MAX_DEPTH: usize = 16;
 
 /// `proto` with every call of a model-local function in the main graph replaced by the function's
-/// nodes, and the number of calls inlined. Functions whose opset imports disagree with the model's
-/// are left as calls (their bodies mean other operators there).
-pub fn inline_functions(proto: &ModelProto) -> Result<(ModelProto, usize), ModelError> {
+/// nodes, and the number of calls inlined; `None` where there is nothing to inline (no copy made).
+/// Functions whose opset imports disagree with the model's are left as calls (their bodies mean
+/// other operators there).
+pub fn inline_functions(proto: &ModelProto) -> Result<Option<(ModelProto, usize)>, ModelError> {
     if proto.functions.is_empty() {
-        return Ok((proto.clone(), 0));
+        return Ok(None);
     }
     let model_opsets: HashMap<String, i64> = proto.opset_import.iter().map(|o| (o.domain().to_string(), o.version())).collect();
     let agrees = |f: &FunctionProto| f.opset_import.iter().all(|o| model_opsets.get(o.domain()).is_none_or(|&v| v == o.version()));
@@ -65,7 +66,7 @@ pub fn inline_functions(proto: &ModelProto) -> Result<(ModelProto, usize), Model
     // Functions no call uses any more go; the rest stay.
     let used: std::collections::HashSet<(String, String)> = used_calls(out.graph.as_ref().expect("graph"));
     out.functions.retain(|f| used.contains(&(f.domain().to_string(), f.name().to_string())));
-    Ok((out, count))
+    Ok((count > 0).then_some((out, count)))
 }
 
 fn used_calls(g: &GraphProto) -> std::collections::HashSet<(String, String)> {
