@@ -159,6 +159,14 @@ fn a_loop_that_runs_no_iteration_is_left_as_it_is_and_the_rest_compared() {
     let kept = r["control_flow"]["kept"].to_string();
     assert!(kept.contains("steps") && kept.contains("ran no iteration"), "{kept}");
     assert!(r["verdict"]["conclusions"].to_string().contains("left as it is"), "{}", r["verdict"]);
+    // Issue "paired everywhere": the loop kept in the graph still pairs, and pairing changes nothing.
+    assert_eq!(r["memory"]["comparison"], "paired", "{}", r["memory"]);
+    let out = layerwise(&["bisect", "loop.onnx", "--separate-runs", "--json", "s.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let s = json(&dir.path().join("s.json"));
+    for key in ["tensors", "not_compared", "verdict", "control_flow"] {
+        assert_eq!(r[key], s[key], "{key} differs");
+    }
 }
 
 #[test]
@@ -258,6 +266,7 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     let conclusions = r["verdict"]["conclusions"].to_string();
     assert!(conclusions.contains("this verdict does not cover what happens inside it"), "{conclusions}");
     assert!(t.contains("does not cover what happens inside"), "{t}");
+    assert_eq!(r["memory"]["comparison"], "paired", "the kept If pairs: {}", r["memory"]);
 }
 
 /// x[12,4] scanned row by row with a state s[4] (zeros): s' = (s + row) * 3, also emitted per step.

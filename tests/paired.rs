@@ -60,8 +60,10 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     assert_eq!(comparison.arrival(), order);
 }
 
+/// Issue "paired everywhere": external weights are read where they lie by both sides of the
+/// paired session (the candidate rounds them where it reads them), not copied into it.
 #[test]
-fn a_model_with_external_weights_is_compared_after_separate_runs_and_says_so() {
+fn a_model_with_external_weights_pairs_reading_them_where_they_are() {
     let dir = tempfile::tempdir().unwrap();
     let mut proto = planted(Ending::ExpOverflow);
     {
@@ -74,12 +76,52 @@ fn a_model_with_external_weights_is_compared_after_separate_runs_and_says_so() {
         t.data_location = Some(DataLocation::External as i32);
     }
     save(&proto, &dir.path().join("ext.onnx"));
+    let weights_before = std::fs::read(dir.path().join("w.bin")).unwrap();
     let m = Model::load(&dir.path().join("ext.onnx")).unwrap();
-    let r = report(&m, false);
-    assert_eq!(r["memory"]["comparison"], "separate");
-    let notes = r["ref"]["notes"].to_string();
-    assert!(notes.contains("compared after separate runs: the model keeps its weights as external data"), "{notes}");
-    assert_eq!(r["verdict"]["status"], "diverged");
+    let (paired, separate) = (report(&m, false), report(&m, true));
+    assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
+    let notes = paired["ref"]["notes"].to_string();
+    assert!(notes.contains("paired without ONNX Runtime's graph optimizations"), "{notes}");
+    assert_eq!(paired["verdict"]["status"], "diverged");
+    for key in ["verdict", "worst_output", "first_divergent_detail", "tensors"] {
+        assert_eq!(paired[key], separate[key], "{key} differs");
+    }
+    // The candidate rounds the external weight where it reads it.
+    let cand_notes = paired["cand"]["notes"].to_string();
+    let weights = proto.graph.as_ref().unwrap().initializer.len();
+    assert!(cand_notes.contains(&format!("{weights} weights rounded")), "{cand_notes}");
+    assert_eq!(std::fs::read(dir.path().join("w.bin")).unwrap(), weights_before, "the weights file is left as it was");
+}
+
+/// Issue "paired everywhere": `--cand-model` pairs where both sides run on ONNX Runtime's CPU (a
+/// converted model's FP16 input read through a Cast), and says why where they cannot (the typed
+/// evaluation that checks a reduced-precision model is layerwise's, not ONNX Runtime's).
+#[test]
+fn a_candidate_model_on_onnx_runtime_pairs_and_the_typed_check_stays_separate() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::ExpOverflow), &dir.path().join("m.onnx"));
+    // FP16 inputs, so that the paired session must convert what the reference is fed.
+    let out = common::layerwise(&["convert", "m.onnx", "--to", "fp16", "--fp16-io", "-o", "m16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
+    let run = |cand: &str, extra: &[&str], json: &str| {
+        let mut args = vec!["bisect", "m.onnx", "--cand", cand, "--cand-model", "m16.onnx", "--json", json, "--no-isolate", "--no-counterfactual"];
+        args.extend_from_slice(extra);
+        let out = common::layerwise(&args, dir.path());
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", common::text(&out));
+        common::json(&dir.path().join(json))
+    };
+    let paired = run("ort:cpu,typed=off", &[], "p.json");
+    let separate = run("ort:cpu,typed=off", &["--separate-runs"], "s.json");
+    assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
+    assert_eq!(separate["memory"]["separate_because"], "--separate-runs asks for it");
+    assert!(!paired["tensors"].as_array().unwrap().is_empty());
+    for key in ["verdict", "worst_output", "tensors", "not_compared"] {
+        assert_eq!(paired[key], separate[key], "{key} differs");
+    }
+    let typed = run("ort:cpu", &[], "t.json");
+    assert_eq!(typed["memory"]["comparison"], "separate");
+    let why = typed["memory"]["separate_because"].as_str().unwrap();
+    assert!(why.contains("evaluated in its own types"), "{why}");
 }
 
 #[test]

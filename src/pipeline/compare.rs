@@ -33,9 +33,9 @@ pub(super) struct Job<'a> {
     /// The group plan per set of input shapes: samples usually share their shapes, and planning
     /// builds an ONNX Runtime session.
     plans: HashMap<Vec<Vec<usize>>, GroupPlan>,
-    /// Why the tensors were compared after separate runs although pairing was tried; once set,
-    /// later samples go straight to separate runs.
-    pub(super) pairing_note: Option<String>,
+    /// Why the tensors were compared after separate runs; once set, later samples go straight to
+    /// separate runs.
+    pub(super) separate_because: Option<String>,
     /// The paired session of the samples so far, by input shapes (dropped after the samples).
     pub(super) paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
 }
@@ -71,7 +71,7 @@ impl<'a> Job<'a> {
             order: setup.order,
             budget,
             plans: HashMap::new(),
-            pairing_note: None,
+            separate_because: None,
             paired_session: None,
         }
     }
@@ -86,13 +86,7 @@ impl<'a> Job<'a> {
             Some((cm, ci)) => {
                 // Ask for the candidate model's own names, and give the tensors back under the
                 // reference's.
-                let theirs = |n: &String| self.cand_names.get(n).unwrap_or(n).clone();
-                let selection = match selection {
-                    Selection::All => Selection::All,
-                    Selection::Names(names) => {
-                        Selection::Names(names.iter().map(theirs).filter(|n| ci.producer_index(n).is_some()).collect::<std::collections::BTreeSet<_>>().into_iter().collect())
-                    }
-                };
+                let selection = self.candidate_selection(selection);
                 let out = self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection });
                 out.map(|mut out| {
                     out.tensors = under_reference_names(std::mem::take(&mut out.tensors), &self.cand_names);
@@ -154,7 +148,7 @@ impl<'a> Job<'a> {
         }
         largest = largest.max(bytes) + outputs;
         let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
-        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string(), comparison: SEPARATE.to_string() };
+        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string(), comparison: SEPARATE.to_string(), separate_because: self.separate_because.clone() };
         Ok((groups, Some(plan)))
     }
 
@@ -243,7 +237,7 @@ impl<'a> Job<'a> {
             not_compared.extend(comparison.not_compared);
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
-                result.notes.0.extend(self.pairing_note.clone());
+                result.notes.0.extend(self.separate_because.as_ref().map(|why| format!("compared after separate runs: {why}")));
                 result.engine_layers = cand_out.engine_layers.clone();
             }
             result.unavailable.extend(ref_out.unavailable.iter().cloned());

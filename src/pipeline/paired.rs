@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use layerwise_analysis::{MemoryPlan, PairedComparison};
-use layerwise_runtime::paired::PairedSession;
+use layerwise_runtime::paired::{PairedSession, Programs};
+use layerwise_model::Selection;
 use layerwise_runtime::{RunRequest, Tensor};
 
 use super::compare::{Compared, Job, PAIRED};
@@ -17,19 +18,20 @@ impl Job<'_> {
     /// candidate model whose names differ). `None` where that does not apply or pairing failed
     /// (the reason goes to `self.pairing_note`); the caller then runs the sides separately.
     pub(super) fn compare_paired(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps) -> Result<Option<Compared>> {
-        if self.options.separate_runs || self.options.save_tensors.is_some() || self.cand_model.is_some() || self.pairing_note.is_some() {
+        if self.separate_because.is_some() {
             return Ok(None);
         }
-        // One session has one provider and one thread count.
-        match (self.reference.ort_options(), self.candidate.ort_options()) {
-            (Some(r), Some(c)) if r.ep == c.ep && r.threads == c.threads => {}
-            _ => return Ok(None),
-        }
-        if self.model.graph().initializer.iter().any(layerwise_model::is_external) {
-            self.pairing_note = Some("compared after separate runs: the model keeps its weights as external data, which the paired session does not carry".into());
+        if let Some(why) = self.pairing_refusal() {
+            self.separate_because = Some(why);
             return Ok(None);
         }
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
+        // The candidate model's program exposes its own names for the reference's tensors.
+        let cand_selection = self.candidate_selection(&self.options.selection);
+        let cand_request = match &self.cand_model {
+            Some((cm, ci)) => RunRequest { model: cm, index: ci, inputs: feeds, selection: &cand_selection },
+            None => RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection },
+        };
         let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone()));
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
@@ -39,22 +41,27 @@ impl Job<'_> {
             self.paired_session = None;
         }
         let (reference, candidate, order, cache) = (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
+        let candidate_names = &self.cand_names;
         let run = steps.run(&label, || {
             if cache.is_none() {
-                let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&request)) else { return Ok(None) };
-                *cache = Some((shapes, PairedSession::build(request.model, r?, c?, order)?));
+                let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&cand_request)) else { return Ok(None) };
+                let programs = Programs { model: request.model, candidate_model: cand_request.model, reference: r?, candidate: c?, candidate_names };
+                *cache = Some((shapes, PairedSession::build(programs, order)?));
             }
             let (_, session) = cache.as_mut().expect("built just above");
             Ok(Some(session.run(feeds, reducer)?))
         });
         let run = match run {
             Ok(Some(run)) => run,
-            Ok(None) => return Ok(None),
+            Ok(None) => {
+                self.separate_because = Some("a side gives ONNX Runtime no program to pair".into());
+                return Ok(None);
+            }
             Err(e) => {
                 self.paired_session = None;
-                // A graph the pairing cannot take (disagreeing opsets, subgraphs) is compared the
-                // usual way, and the report says why.
-                self.pairing_note = Some(format!("compared after separate runs, since the paired session could not run: {e:#}"));
+                // A graph the pairing cannot take (disagreeing opsets) is compared the usual way,
+                // and the report says why.
+                self.separate_because = Some(format!("the paired session could not run: {e:#}"));
                 return Ok(None);
             }
         };
@@ -67,6 +74,7 @@ impl Job<'_> {
             largest_group_bytes: 0,
             shapes_from: "the paired run".to_string(),
             comparison: PAIRED.to_string(),
+            separate_because: None,
         };
         let mut ref_notes = run.ref_notes;
         ref_notes.push(format!(
@@ -83,5 +91,39 @@ impl Job<'_> {
             engine_layers: Vec::new(),
             memory: Some(memory),
         }))
+    }
+
+    /// Why this job cannot pair its sides, where that is known before trying: what needs the
+    /// tensors themselves, and sides that are not one ONNX Runtime session's.
+    fn pairing_refusal(&self) -> Option<String> {
+        let (reference, candidate) = (&self.options.reference, &self.options.candidate);
+        if self.options.separate_runs {
+            return Some("--separate-runs asks for it".into());
+        }
+        if self.options.save_tensors.is_some() {
+            return Some("--save-tensors writes every tensor, so both runs return them".into());
+        }
+        let (r, c) = (self.reference.ort_options(), self.candidate.ort_options());
+        match (r, c) {
+            (None, _) => Some(format!("the reference {reference} does not run on ONNX Runtime")),
+            (_, None) if self.cand_model.as_ref().is_some_and(|(m, _)| super::setup::typed_candidate(candidate, m).is_some()) => Some(format!(
+                "the candidate model is evaluated in its own types by layerwise ({candidate}), not by ONNX Runtime, whose CPU provider computes FP16 and BF16 in float32"
+            )),
+            (_, None) => Some(format!("the candidate {candidate} does not run on ONNX Runtime")),
+            (Some(r), Some(c)) if r.ep != c.ep => Some(format!("{reference} and {candidate} run on different execution providers, and one session has one")),
+            (Some(r), Some(c)) if r.threads != c.threads => Some(format!("{reference} and {candidate} ask for different thread counts, and one session has one")),
+            _ => None,
+        }
+    }
+
+    /// `selection` in the candidate model's names.
+    pub(super) fn candidate_selection(&self, selection: &Selection) -> Selection {
+        match (selection, &self.cand_model) {
+            (Selection::Names(names), Some((_, ci))) => {
+                let theirs = |n: &String| self.cand_names.get(n).unwrap_or(n).clone();
+                Selection::Names(names.iter().map(theirs).filter(|n| ci.producer_index(n).is_some()).collect::<std::collections::BTreeSet<_>>().into_iter().collect())
+            }
+            _ => selection.clone(),
+        }
     }
 }

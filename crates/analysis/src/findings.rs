@@ -231,6 +231,10 @@ pub struct MemoryPlan {
     /// `estimated_bytes` is the measured size of one side's tensors; `separate`: each side's run
     /// returned its tensors, compared afterwards.
     pub comparison: String,
+    /// Why the tensors were compared after separate runs (`separate`), e.g. a GPU candidate
+    /// against a CPU reference, or `--save-tensors`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub separate_because: Option<String>,
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.

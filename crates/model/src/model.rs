@@ -152,6 +152,12 @@ impl Model {
         Ok(())
     }
 
+    /// Whether `other`'s external data resolves against the same folder as this model's.
+    pub fn same_folder(&self, other: &Model) -> bool {
+        let canonical = |m: &Model| m.base_dir.as_ref().and_then(|b| fs::canonicalize(b).ok());
+        canonical(self).is_some() && canonical(self) == canonical(other)
+    }
+
     /// Absolute path of an external data file referenced by this model.
     pub(crate) fn external_file(&self, location: &str) -> Option<PathBuf> {
         self.base_dir.as_ref().map(|b| b.join(location))
@@ -172,15 +178,11 @@ impl Model {
     /// external tensors in and moves every large tensor into `scratch`, which becomes the folder.
     pub fn runtime_bytes(&self, proto: &ModelProto, scratch: &Path) -> Result<(Vec<u8>, Option<PathBuf>), ModelError> {
         let mut external = false;
-        let mut marked = false;
         if let Some(g) = &proto.graph {
-            for_each_initializer(g, &mut |t| {
-                external |= is_external(t);
-                marked |= is_marked_for_rounding(t);
-            });
+            for_each_initializer(g, &mut |t| external |= is_external(t));
         }
         let oversized = proto.encoded_len() > PROTOBUF_LIMIT;
-        if oversized || marked {
+        if oversized {
             // Raw data are shared `Bytes`, so this clone copies no weights.
             let mut proto = proto.clone();
             self.relocate_weights(&mut proto, &scratch.join("model.onnx.data"), "model.onnx.data", oversized)?;
@@ -209,7 +211,7 @@ impl Model {
     /// Writes every external tensor of `proto` (and, when `move_inline`, every inline tensor of
     /// 1 KiB and more) into `data_path`, which the tensors then name as `location` (the file's
     /// name once in place: callers may write to a temporary name and rename).
-    /// External tensors are streamed through a small buffer, FP16-rounded on the way when marked,
+    /// External tensors are streamed through a small buffer,
     /// so no weight is ever held whole in memory; offsets are aligned to 64 KiB so that ONNX
     /// Runtime can map them.
     fn relocate_weights(&self, proto: &mut ModelProto, data_path: &Path, location: &str, move_inline: bool) -> Result<(), ModelError> {
@@ -306,7 +308,7 @@ impl Model {
         Ok(bytes)
     }
 
-    /// Streams an external tensor's bytes (rounded when marked) to `out` through an 8 MiB
+    /// Streams an external tensor's bytes to `out` through an 8 MiB
     /// buffer; returns the byte count.
     fn stream_external(&self, t: &TensorProto, out: &mut dyn Write) -> Result<u64, ModelError> {
         self.for_each_external_chunk(t, &mut |chunk| {
@@ -315,7 +317,7 @@ impl Model {
     }
 
     /// Calls `f` on successive chunks (whole elements, at most 8 MiB) of an external tensor's
-    /// bytes, rounded when the tensor is marked; returns the byte count.
+    /// bytes; returns the byte count.
     pub(crate) fn for_each_external_chunk(&self, t: &TensorProto, f: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<u64, ModelError> {
         use std::io::{Read, Seek, SeekFrom};
         let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
@@ -325,16 +327,12 @@ impl Model {
         let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
         let mut file = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
         file.seek(SeekFrom::Start(ext.offset)).map_err(|e| err(format!("cannot seek in '{}': {e}", path.display())))?;
-        let round = rounding_mark(t);
         let mut buf = vec![0u8; (8usize << 20).min(len as usize)];
         let mut left = len;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
             file.read_exact(&mut buf[..n])
                 .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
-            if let Some(rounding) = round {
-                round_le_f32(&mut buf[..n], rounding);
-            }
             f(&buf[..n]).map_err(err)?;
             left -= n as u64;
         }
@@ -350,38 +348,6 @@ pub(crate) fn default_opset(proto: &ModelProto) -> i64 {
 /// Whether a tensor's values live in an external file.
 pub fn is_external(t: &TensorProto) -> bool {
     t.data_location == Some(tensor_proto::DataLocation::External as i32)
-}
-
-/// An `external_data` entry layerwise adds to a float32 external tensor whose values are to be
-/// read rounded (the emulations; its value names the precision, `fp16` or `bf16`), so that a 2 GB
-/// weight is rounded while it is streamed instead of being read whole. Runtimes never see it:
-/// every path that hands a model to a runtime or writes it out reads such tensors through
-/// layerwise.
-pub(crate) const ROUND_KEY: &str = "layerwise_round";
-
-pub(crate) fn mark_for_rounding(t: &mut TensorProto, rounding: crate::rounding::Rounding) {
-    if is_external(t) && !is_marked_for_rounding(t) {
-        t.external_data.push(StringStringEntryProto { key: Some(ROUND_KEY.into()), value: Some(rounding.name().into()) });
-    }
-}
-
-pub(crate) fn is_marked_for_rounding(t: &TensorProto) -> bool {
-    rounding_mark(t).is_some()
-}
-
-fn rounding_mark(t: &TensorProto) -> Option<crate::rounding::Rounding> {
-    if !is_external(t) {
-        return None;
-    }
-    t.external_data.iter().find(|e| e.key() == ROUND_KEY).and_then(|e| crate::rounding::Rounding::from_name(e.value()))
-}
-
-/// Rounds little-endian float32 values in place.
-fn round_le_f32(bytes: &mut [u8], rounding: crate::rounding::Rounding) {
-    for c in bytes.chunks_exact_mut(4) {
-        let v = rounding.round(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-        c.copy_from_slice(&v.to_le_bytes());
-    }
 }
 
 /// The parsed `external_data` entries of a tensor.

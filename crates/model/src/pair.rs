@@ -35,25 +35,31 @@ pub enum Side {
     Candidate,
 }
 
-/// Pairs `reference` and `candidate` (two programs of one model: same graph inputs, the compared
-/// tensors under the same names) into one graph whose only outputs are the reduction nodes of
-/// `tensors`. Candidate names get [`CANDIDATE_PREFIX`]; graph inputs are shared.
+/// Pairs `reference` and `candidate` (two programs of one model: the graph inputs the candidate
+/// reads are the reference's) into one graph whose only outputs are the reduction nodes of
+/// `tensors`. Each tensor is the reference's name; the candidate's twin is `candidate_names[t]`,
+/// or `t` itself where absent. Every candidate name, in subgraphs too, gets [`CANDIDATE_PREFIX`],
+/// except the shared graph inputs; a candidate input of another element type (a converted model's
+/// FP16 input) reads the shared one through a Cast, as a runtime converts what it is fed.
 ///
-/// Refused: graphs with subgraphs (If, Loop, Scan: their bodies read outer names that would need
-/// the same renaming), candidate inputs the reference lacks, disagreeing opset versions.
-pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[String]) -> Result<PairedGraph, ModelError> {
+/// Refused: candidate inputs the reference lacks, disagreeing opset versions.
+pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[String], candidate_names: &HashMap<String, String>) -> Result<PairedGraph, ModelError> {
     let rg = reference.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the reference program has no graph".into()))?;
     let cg = candidate.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the candidate program has no graph".into()))?;
-    for (side, g) in [("reference", rg), ("candidate", cg)] {
-        if let Some(n) = g.node.iter().find(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())) {
-            return Err(ModelError::InvalidGraph(format!("the {side} program has a subgraph (node '{}', {}): control flow is not paired", n.name(), n.op_type())));
-        }
-    }
-    let ref_inputs: HashSet<&str> = rg.input.iter().map(|v| v.name()).collect();
+    let ref_inputs: HashMap<&str, &ValueInfoProto> = rg.input.iter().map(|v| (v.name(), v)).collect();
     let cand_inits: HashSet<&str> = cg.initializer.iter().map(|t| t.name()).chain(cg.sparse_initializer.iter().filter_map(|s| s.values.as_ref().map(|v| v.name()))).collect();
-    let shared: HashSet<String> = cg.input.iter().map(|v| v.name()).filter(|n| !cand_inits.contains(n)).map(str::to_string).collect();
-    if let Some(i) = shared.iter().find(|i| !ref_inputs.contains(i.as_str())) {
-        return Err(ModelError::InvalidGraph(format!("the candidate program reads input '{i}', which the reference does not have")));
+    let mut shared: HashSet<String> = HashSet::new();
+    let mut converted_inputs = Vec::new();
+    for v in cg.input.iter().filter(|v| !cand_inits.contains(v.name())) {
+        let Some(theirs) = ref_inputs.get(v.name()) else {
+            return Err(ModelError::InvalidGraph(format!("the candidate program reads input '{}', which the reference does not have", v.name())));
+        };
+        match (elem_type(v), elem_type(theirs)) {
+            (Some(c), Some(r)) if c != r => converted_inputs.push((v.name().to_string(), c)),
+            _ => {
+                shared.insert(v.name().to_string());
+            }
+        }
     }
     let taken = rg.node.iter().flat_map(|n| n.output.iter()).chain(rg.initializer.iter().map(|t| t.name.as_ref().expect("named")));
     if let Some(n) = taken.into_iter().find(|n| n.starts_with(CANDIDATE_PREFIX)) {
@@ -65,30 +71,24 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     out.opset_import = merged_opsets(reference, candidate)?;
     out.ir_version = reference.ir_version.max(candidate.ir_version);
     let graph = out.graph.as_mut().expect("checked above");
-    for t in &cg.initializer {
-        let mut t = t.clone();
-        t.name = Some(rename(t.name()));
-        graph.initializer.push(t);
+    for (input, to) in &converted_inputs {
+        graph.node.push(NodeProto {
+            op_type: Some("Cast".into()),
+            name: Some(format!("{CANDIDATE_PREFIX}input/{input}")),
+            input: vec![input.clone()],
+            output: vec![rename(input)],
+            attribute: vec![AttributeProto { name: Some("to".into()), r#type: Some(AttributeType::Int as i32), i: Some(*to as i64), ..Default::default() }],
+            ..Default::default()
+        });
     }
-    for s in &cg.sparse_initializer {
-        let mut s = s.clone();
-        if let Some(v) = s.values.as_mut() {
-            v.name = Some(rename(v.name()));
-        }
-        graph.sparse_initializer.push(s);
-    }
-    for v in &cg.value_info {
-        let mut v = v.clone();
-        v.name = Some(rename(v.name()));
-        graph.value_info.push(v);
-    }
-    for n in &cg.node {
-        let mut n = n.clone();
-        n.name = Some(format!("{CANDIDATE_PREFIX}{}", n.name()));
-        n.input = n.input.iter().map(|i| rename(i)).collect();
-        n.output = n.output.iter().map(|o| rename(o)).collect();
-        graph.node.push(n);
-    }
+    let mut moved = cg.clone();
+    moved.input.clear();
+    moved.output.clear();
+    rename_graph(&mut moved, &rename);
+    graph.initializer.extend(moved.initializer);
+    graph.sparse_initializer.extend(moved.sparse_initializer);
+    graph.value_info.extend(moved.value_info);
+    graph.node.extend(moved.node);
 
     // A tensor is there when a node computes it, or as a constant the program's optimizer folded.
     let present = |g: &crate::onnx::GraphProto| -> HashSet<String> {
@@ -108,7 +108,8 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
             missing.push((t.clone(), Side::Reference));
             continue;
         }
-        if !in_cand.contains(t) {
+        let twin = candidate_names.get(t).unwrap_or(t);
+        if !in_cand.contains(twin) {
             missing.push((t.clone(), Side::Candidate));
             continue;
         }
@@ -117,7 +118,7 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
             op_type: Some(PAIR_OP.into()),
             domain: Some(PAIR_DOMAIN.into()),
             name: Some(reduced.clone()),
-            input: vec![t.clone(), rename(t)],
+            input: vec![t.clone(), rename(twin)],
             output: vec![reduced.clone()],
             attribute: vec![AttributeProto {
                 name: Some(PAIR_TENSOR_ATTR.into()),
@@ -138,6 +139,44 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     graph.node[first_pair..].reverse();
     graph.output = outputs;
     Ok(PairedGraph { proto: out, paired, missing })
+}
+
+/// The element type a graph input declares.
+fn elem_type(v: &ValueInfoProto) -> Option<i32> {
+    match v.r#type.as_ref()?.value.as_ref()? {
+        crate::onnx::type_proto::Value::TensorType(t) => t.elem_type,
+        _ => None,
+    }
+}
+
+/// Renames every name `graph` and its subgraphs define or read (`rename` leaves what must stay),
+/// nodes included. ONNX names are unique across a graph and its subgraphs, so one renaming of
+/// every name keeps each reference pointing where it did.
+fn rename_graph(graph: &mut crate::onnx::GraphProto, rename: &dyn Fn(&str) -> String) {
+    for t in graph.initializer.iter_mut() {
+        t.name = Some(rename(t.name()));
+    }
+    for s in graph.sparse_initializer.iter_mut() {
+        if let Some(v) = s.values.as_mut() {
+            v.name = Some(rename(v.name()));
+        }
+        if let Some(i) = s.indices.as_mut() {
+            i.name = i.name.as_deref().map(rename);
+        }
+    }
+    for v in graph.input.iter_mut().chain(graph.output.iter_mut()).chain(graph.value_info.iter_mut()) {
+        v.name = Some(rename(v.name()));
+    }
+    for n in graph.node.iter_mut() {
+        n.name = Some(format!("{CANDIDATE_PREFIX}{}", n.name()));
+        n.input = n.input.iter().map(|i| rename(i)).collect();
+        n.output = n.output.iter().map(|o| rename(o)).collect();
+        for a in n.attribute.iter_mut() {
+            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                rename_graph(g, rename);
+            }
+        }
+    }
 }
 
 /// Both programs' opset imports plus the reduction's domain; one domain at two versions is refused
@@ -188,7 +227,7 @@ mod tests {
         let g = candidate.graph.as_mut().unwrap();
         g.node[0].output[0] = "y2".into();
         g.node[1].input[0] = "y2".into();
-        let p = paired_graph(&reference, &candidate, &["y".into(), "z".into()]).unwrap();
+        let p = paired_graph(&reference, &candidate, &["y".into(), "z".into()], &HashMap::new()).unwrap();
         assert_eq!(p.paired, vec!["z".to_string()]);
         assert_eq!(p.missing, vec![("y".to_string(), Side::Candidate)]);
         let g = p.proto.graph.unwrap();
@@ -203,16 +242,54 @@ mod tests {
     }
 
     #[test]
-    fn disagreeing_opsets_and_subgraphs_are_refused() {
+    fn disagreeing_opsets_are_refused() {
         let reference = program(1.0);
         let mut candidate = program(1.0);
         candidate.opset_import[0].version = Some(17);
-        let e = paired_graph(&reference, &candidate, &["z".into()]).unwrap_err().to_string();
+        let e = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap_err().to_string();
         assert!(e.contains("versions 13 and 17"), "{e}");
-        let mut candidate = program(1.0);
-        candidate.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
-        let e = paired_graph(&reference, &candidate, &["z".into()]).unwrap_err().to_string();
-        assert!(e.contains("subgraph"), "{e}");
+    }
+
+    #[test]
+    fn subgraphs_read_their_own_side_and_the_shared_inputs() {
+        let reference = program(1.0);
+        let mut candidate = program(2.0);
+        // A branch body that reads an outer candidate tensor (`y`) and the shared input (`x`).
+        let body = crate::onnx::GraphProto {
+            node: vec![NodeProto { op_type: Some("Add".into()), name: Some("inner".into()), input: vec!["y".into(), "x".into()], output: vec!["b".into()], ..Default::default() }],
+            output: vec![ValueInfoProto { name: Some("b".into()), ..Default::default() }],
+            ..Default::default()
+        };
+        candidate.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(body), ..Default::default() });
+        let p = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap();
+        let g = p.proto.graph.unwrap();
+        let relu = g.node.iter().find(|n| n.name() == "lw_cand/relu").unwrap();
+        let inner = &relu.attribute[0].g.as_ref().unwrap().node[0];
+        assert_eq!(inner.input, vec!["lw_cand/y".to_string(), "x".to_string()]);
+        assert_eq!(inner.output, vec!["lw_cand/b".to_string()]);
+        assert_eq!(relu.attribute[0].g.as_ref().unwrap().output[0].name(), "lw_cand/b");
+    }
+
+    #[test]
+    fn twins_of_other_names_and_inputs_of_another_type_are_paired() {
+        let reference = program(1.0);
+        let mut candidate = program(2.0);
+        let g = candidate.graph.as_mut().unwrap();
+        g.node[1].output[0] = "z_converted".into();
+        if let Some(crate::onnx::type_proto::Value::TensorType(t)) = g.input[0].r#type.as_mut().and_then(|t| t.value.as_mut()) {
+            t.elem_type = Some(DataType::Float16 as i32);
+        }
+        let names = HashMap::from([("z".to_string(), "z_converted".to_string())]);
+        let p = paired_graph(&reference, &candidate, &["z".into()], &names).unwrap();
+        assert_eq!(p.paired, vec!["z".to_string()]);
+        let g = p.proto.graph.unwrap();
+        let pair = g.node.iter().find(|n| n.op_type() == PAIR_OP).unwrap();
+        assert_eq!(pair.input, vec!["z".to_string(), "lw_cand/z_converted".to_string()]);
+        let cast = g.node.iter().find(|n| n.op_type() == "Cast").unwrap();
+        assert_eq!((cast.input[0].as_str(), cast.output[0].as_str()), ("x", "lw_cand/x"));
+        assert_eq!(cast.attribute[0].i, Some(DataType::Float16 as i64));
+        let cand_mul = g.node.iter().find(|n| n.name() == "lw_cand/mul").unwrap();
+        assert_eq!(cand_mul.input[0], "lw_cand/x");
     }
 }
 

@@ -8,7 +8,7 @@ use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
     TensorProto, ValueInfoProto,
 };
-use crate::model::{is_external, mark_for_rounding};
+use crate::model::is_external;
 use crate::weights::float_weight_values;
 use crate::{GraphIndex, Model, ModelError};
 
@@ -107,12 +107,13 @@ pub fn emulate(
     let graph = out.graph.as_mut().expect("model has a graph");
     let shift = keep_weights_fp32(graph, keep_fp32);
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
-    let mut rounded_weights = 0;
-    round_graph_weights(model, graph, &mut rounded_weights, rounding)?;
     // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to
     // BF16's 8 significant bits in float32 arithmetic.
     let opset = crate::model::default_opset(proto);
     let split = storage == DataType::Bfloat16 && opset < 13;
+    let mut rounded_weights = 0;
+    let weight_rounding = WeightRounding { model, rounding, storage, split };
+    let mut nodes = weight_rounding.round_graph(graph, &mut rounded_weights)?;
     if split {
         graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
     }
@@ -124,7 +125,7 @@ pub fn emulate(
         .map(|v| v.name().to_string())
         .collect();
 
-    let mut nodes = Vec::with_capacity(graph.node.len() * 3 + float_inputs.len() * 2);
+    nodes.reserve(graph.node.len() * 3 + float_inputs.len() * 2);
     let mut rounded_tensors = 0;
     for input in &float_inputs {
         let rounded = format!("{input}__lw_{}_input", rounding.name());
@@ -619,48 +620,71 @@ fn cast_pair(from: &str, to: &str, storage: DataType) -> [NodeProto; 2] {
     ]
 }
 
-fn round_graph_weights(model: &Model, graph: &mut GraphProto, count: &mut usize, rounding: Rounding) -> Result<(), ModelError> {
-    let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
-    for t in graph.initializer.iter_mut() {
-        if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
-            if is_external(t) {
-                // Rounded while streamed to the runtime (`Model::runtime_bytes`), never read whole.
-                mark_for_rounding(t, rounding);
-            } else {
-                round_tensor(model, t, rounding)?;
+/// How an emulation rounds the weights of a graph and its subgraphs.
+struct WeightRounding<'a> {
+    model: &'a Model,
+    rounding: Rounding,
+    storage: DataType,
+    split: bool,
+}
+
+impl WeightRounding<'_> {
+    /// Rounds every float32 weight of `graph` (and of its subgraphs) except the keep list's
+    /// float32 copies. Inline weights are rounded in place. A weight kept as external data (a
+    /// model of gigabytes) is rounded where it is read instead: the stored values stay in their
+    /// file, renamed `NAME__lw_stored`, and nodes at the head of the graph compute `NAME` from
+    /// them (returned for the top graph, inserted in subgraphs), so no run copies the weights.
+    fn round_graph(&self, graph: &mut GraphProto, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
+        let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
+        let mut at_head = Vec::new();
+        for t in graph.initializer.iter_mut() {
+            if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
+                if is_external(t) {
+                    let name = t.name().to_string();
+                    let stored = format!("{name}{STORED_SUFFIX}");
+                    at_head.extend(rounding_nodes(&stored, &name, self.storage, self.split));
+                    t.name = Some(stored);
+                } else {
+                    round_tensor(self.model, t, self.rounding)?;
+                }
+                *count += 1;
             }
-            *count += 1;
         }
-    }
-    for node in graph.node.iter_mut() {
-        let is_constant = node.op_type() == "Constant" && !node.output.first().is_some_and(|o| is_keep_copy(o));
-        for attr in node.attribute.iter_mut() {
-            if is_constant {
-                match attr.name() {
-                    "value" => {
-                        if let Some(t) = attr.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
-                            round_tensor(model, t, rounding)?;
+        for node in graph.node.iter_mut() {
+            let is_constant = node.op_type() == "Constant" && !node.output.first().is_some_and(|o| is_keep_copy(o));
+            for attr in node.attribute.iter_mut() {
+                if is_constant {
+                    match attr.name() {
+                        "value" => {
+                            if let Some(t) = attr.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
+                                round_tensor(self.model, t, self.rounding)?;
+                                *count += 1;
+                            }
+                        }
+                        "value_float" => {
+                            attr.f = attr.f.map(|v| self.rounding.round(v));
                             *count += 1;
                         }
+                        "value_floats" => {
+                            attr.floats.iter_mut().for_each(|v| *v = self.rounding.round(*v));
+                            *count += 1;
+                        }
+                        _ => {}
                     }
-                    "value_float" => {
-                        attr.f = attr.f.map(|v| rounding.round(v));
-                        *count += 1;
-                    }
-                    "value_floats" => {
-                        attr.floats.iter_mut().for_each(|v| *v = rounding.round(*v));
-                        *count += 1;
-                    }
-                    _ => {}
+                }
+                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                    let head = self.round_graph(g, count)?;
+                    g.node.splice(0..0, head);
                 }
             }
-            for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                round_graph_weights(model, g, count, rounding)?;
-            }
         }
+        Ok(at_head)
     }
-    Ok(())
 }
+
+/// Suffix of an external weight's stored (unrounded) values in an emulation, which rounds them
+/// where they are read.
+const STORED_SUFFIX: &str = "__lw_stored";
 
 /// Rounds a float32 tensor's values and stores them inline as raw data.
 fn round_tensor(model: &Model, t: &mut TensorProto, rounding: Rounding) -> Result<(), ModelError> {

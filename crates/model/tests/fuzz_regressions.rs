@@ -38,7 +38,7 @@ fn matching_survives_a_transparent_node_without_an_input() {
 fn a_tensor_asked_twice_is_paired_once() {
     // fuzz/regressions/pair-tensor-asked-twice: two reduction nodes wrote `lw_pair/h`.
     let model = small();
-    let paired = paired_graph(&model, &model, &["h".to_string(), "h".to_string(), "y".to_string()]).unwrap();
+    let paired = paired_graph(&model, &model, &["h".to_string(), "h".to_string(), "y".to_string()], &Default::default()).unwrap();
     GraphIndex::build(paired.proto.graph.as_ref().unwrap()).expect("the paired graph indexes");
     assert_eq!(paired.paired, ["h", "y"]);
 }

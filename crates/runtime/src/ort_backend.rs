@@ -235,7 +235,16 @@ impl Backend for OrtBackend {
     fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<OnnxProgram, RuntimeError>> {
         let mut output = RunOutput::default();
         let result = self.program(request, &mut output).and_then(|(proto, _)| {
+            let external = proto.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
             if self.options.opt_level == OptLevel::Disable {
+                Ok(proto)
+            } else if external {
+                // Saving the optimized program would write every weight again (gigabytes); the
+                // exposed graph leaves ONNX Runtime few fusions to make anyway.
+                output.notes.push(format!(
+                    "paired without ONNX Runtime's graph optimizations (opt={}): the model's weights are external data, which an optimized copy would write again; --separate-runs runs it optimized",
+                    self.options.opt_level.name()
+                ));
                 Ok(proto)
             } else {
                 self.optimized(request.model, &proto)

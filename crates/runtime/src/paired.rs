@@ -8,6 +8,7 @@
 //! them. Memory then follows the model's live tensors, not the number of tensors compared.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use layerwise_model::onnx::ModelProto;
@@ -46,7 +47,19 @@ pub fn run_paired(
     inputs: &[(String, Tensor)],
     reducer: Arc<dyn PairReducer>,
 ) -> Result<PairedRun, RuntimeError> {
-    PairedSession::build(model, reference, candidate, tensors)?.run(inputs, reducer)
+    PairedSession::build(Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() }, tensors)?.run(inputs, reducer)
+}
+
+/// The two programs a paired session computes, and the models they come from.
+pub struct Programs<'a> {
+    /// The reference's model: its folder is where external weights are read.
+    pub model: &'a layerwise_model::Model,
+    /// The candidate's model: `model` itself, or `--cand-model`'s.
+    pub candidate_model: &'a layerwise_model::Model,
+    pub reference: OnnxProgram,
+    pub candidate: OnnxProgram,
+    /// Reference tensor -> the candidate's tensor holding its value, where the names differ.
+    pub candidate_names: &'a HashMap<String, String>,
 }
 
 /// The reducer the next run hands its pairs to (a session outlives one run's reducer).
@@ -67,15 +80,19 @@ pub struct PairedSession {
 impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
-    pub fn build(model: &layerwise_model::Model, reference: OnnxProgram, candidate: OnnxProgram, tensors: &[String]) -> Result<PairedSession, RuntimeError> {
+    pub fn build(programs: Programs<'_>, tensors: &[String]) -> Result<PairedSession, RuntimeError> {
+        let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
         if reference.options.ep != candidate.options.ep || reference.options.threads != candidate.options.threads {
             return Err(err("the two sides run on different execution providers or thread counts".into()));
         }
+        // External weights stay where they are, read by both sides from the reference model's
+        // folder (one session has one): a candidate model's own must lie there too.
         let external = |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
-        if external(&reference.proto) || external(&candidate.proto) {
-            return Err(err("the model keeps its weights as external data, which the paired graph does not carry".into()));
+        let weights_in_place = external(&reference.proto) || external(&candidate.proto);
+        if external(&candidate.proto) && !model.same_folder(candidate_model) {
+            return Err(err("the candidate model keeps external data in another folder than the reference model's, and one session reads external data from one folder".into()));
         }
         // What a side says it does not compute (a folding engine's BatchNorm parameters) is not
         // paired, even where the tensor still exists in its graph.
@@ -87,7 +104,7 @@ impl PairedSession {
                 None => kept.push(t.clone()),
             }
         }
-        let graph = paired_graph(&reference.proto, &candidate.proto, &kept)?;
+        let graph = paired_graph(&reference.proto, &candidate.proto, &kept, candidate_names)?;
         let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, unavailable: declined, ..Default::default() };
         for (t, side) in graph.missing {
             let why = match side {
@@ -102,7 +119,13 @@ impl PairedSession {
         // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
         // parsing copies.
         drop((reference.proto, candidate.proto));
-        let (bytes, folder) = model.runtime_bytes_weights_apart(graph.proto, scratch.path())?;
+        let (bytes, folder) = if weights_in_place {
+            // Both sides map the model's own weight file; nothing is copied.
+            let (bytes, folder) = model.runtime_bytes(&graph.proto, scratch.path())?;
+            (bytes, folder.unwrap_or_else(|| scratch.path().to_path_buf()))
+        } else {
+            model.runtime_bytes_weights_apart(graph.proto, scratch.path())?
+        };
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
         let domain = OperatorDomain::new(PAIR_DOMAIN)
             .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
