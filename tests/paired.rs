@@ -193,3 +193,24 @@ fn a_model_with_local_functions_pairs_and_its_calls_are_opened() {
     assert!(f["keep_fp32"].as_array().unwrap().iter().any(|k| k.as_str().unwrap().starts_with("call/")), "{}", f["keep_fp32"]);
     assert_eq!(f["fixed_model_check"]["pass"], true, "{}", f["fixed_model_check"]);
 }
+
+/// Issue "paired everywhere": PP-OCRv5's recognizer (opset 14) calls HardSwish, an ONNX function
+/// op that ONNX Runtime inlines; the optimized reference holds the inlined tensors' names, which
+/// the candidate's inlining would define a second time.
+#[test]
+fn a_function_op_that_onnx_runtime_inlines_pairs() {
+    use layerwise_model::builder::{Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let mut b = ModelBuilder::new("hardswish", 14);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.node("Relu", "pre", &["x"], &["r"], vec![]);
+    b.node("HardSwish", "hs1", &["r"], &["h1"], vec![]);
+    b.node("HardSwish", "hs2", &["h1"], &["h2"], vec![]);
+    b.node("Sqrt", "post", &["h2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let m = Model::from_proto(b.build(), "hardswish").unwrap();
+    let (paired, separate) = (report(&m, false), report(&m, true));
+    assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
+    assert_eq!(paired["tensors"], separate["tensors"]);
+    assert!(paired["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "h2"));
+}

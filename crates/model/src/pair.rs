@@ -18,6 +18,10 @@ pub const PAIR_OP: &str = "ReducePair";
 pub const PAIR_TENSOR_ATTR: &str = "tensor";
 /// Prefix of every candidate name (nodes, computed tensors, initializers) in the paired graph.
 pub const CANDIDATE_PREFIX: &str = "lw_cand/";
+/// How ONNX Runtime names the tensors of a function op it inlines, and where the paired graph
+/// moves the reference's.
+const INLINED_PREFIX: &str = "_inlfunc_";
+const REFERENCE_INLINED_PREFIX: &str = "lw_ref/";
 
 /// The paired graph, and the tensors it compares.
 #[derive(Debug)]
@@ -71,6 +75,20 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     out.opset_import = merged_opsets(reference, candidate)?;
     out.ir_version = reference.ir_version.max(candidate.ir_version);
     let graph = out.graph.as_mut().expect("checked above");
+    // An optimized program holds the tensors ONNX Runtime named when it inlined a function op
+    // (HardSwish-14: `_inlfunc_HardSwish_HS_X`); the session inlines the candidate's calls under
+    // the same names, so the reference's move aside.
+    let inlined = |n: &str| if n.starts_with(INLINED_PREFIX) { format!("{REFERENCE_INLINED_PREFIX}{n}") } else { n.to_string() };
+    for n in graph.node.iter_mut() {
+        n.input = n.input.iter().map(|i| inlined(i)).collect();
+        n.output = n.output.iter().map(|o| inlined(o)).collect();
+    }
+    for v in graph.value_info.iter_mut() {
+        v.name = Some(inlined(v.name()));
+    }
+    for t in graph.initializer.iter_mut() {
+        t.name = Some(inlined(t.name()));
+    }
     for (input, to) in &converted_inputs {
         graph.node.push(NodeProto {
             op_type: Some("Cast".into()),
@@ -239,6 +257,20 @@ mod tests {
         assert_eq!(pair.input, vec!["z".to_string(), "lw_cand/z".to_string()]);
         assert_eq!(g.output.iter().map(|o| o.name()).collect::<Vec<_>>(), vec!["lw_pair/z"]);
         assert!(p.proto.opset_import.iter().any(|o| o.domain() == PAIR_DOMAIN));
+    }
+
+    #[test]
+    fn the_references_inlined_function_tensors_move_out_of_the_way() {
+        let mut reference = program(1.0);
+        let g = reference.graph.as_mut().unwrap();
+        g.node[0].output[0] = "_inlfunc_HardSwish_HS_X".into();
+        g.node[1].input[0] = "_inlfunc_HardSwish_HS_X".into();
+        let candidate = program(2.0);
+        let p = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap();
+        let g = p.proto.graph.unwrap();
+        let names: Vec<&str> = g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+        assert!(names.contains(&"lw_ref/_inlfunc_HardSwish_HS_X") && !names.contains(&"_inlfunc_HardSwish_HS_X"), "{names:?}");
+        assert_eq!(g.node[1].input[0], "lw_ref/_inlfunc_HardSwish_HS_X");
     }
 
     #[test]
