@@ -46,7 +46,8 @@ impl Job<'_> {
             if cache.is_none() {
                 let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&cand_request)) else { return Ok(None) };
                 let programs = Programs { model: request.model, candidate_model: cand_request.model, reference: r?, candidate: c?, candidate_names };
-                *cache = Some((shapes, PairedSession::build(programs, order)?));
+                let named: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+                *cache = Some((shapes, PairedSession::build(programs, order, &named)?));
             }
             let (_, session) = cache.as_mut().expect("built just above");
             Ok(Some(session.run(feeds, reducer)?))

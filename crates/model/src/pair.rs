@@ -159,6 +159,22 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     Ok(PairedGraph { proto: out, paired, missing })
 }
 
+/// Sets the dimensions of `graph`'s inputs to `shapes` (name, dimensions) where the rank agrees.
+/// A session built for known shapes plans its memory quickly: with symbolic or unknown dimensions
+/// ONNX Runtime's reuse planner can match few buffers, and its search grew to most of a paired
+/// session's build (PP-OCRv4 rec's candidate program: 0.43 s against 0.07 s, measured).
+pub fn pin_input_shapes(graph: &mut crate::onnx::GraphProto, shapes: &[(String, Vec<usize>)]) {
+    use crate::onnx::{tensor_shape_proto::dimension::Value as Dim, type_proto::Value};
+    for v in graph.input.iter_mut() {
+        let Some((_, dims)) = shapes.iter().find(|(n, _)| n == v.name()) else { continue };
+        let Some(Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) else { continue };
+        let Some(shape) = t.shape.as_mut().filter(|s| s.dim.len() == dims.len()) else { continue };
+        for (d, &n) in shape.dim.iter_mut().zip(dims) {
+            d.value = Some(Dim::DimValue(n as i64));
+        }
+    }
+}
+
 /// The element type a graph input declares.
 fn elem_type(v: &ValueInfoProto) -> Option<i32> {
     match v.r#type.as_ref()?.value.as_ref()? {

@@ -47,7 +47,8 @@ pub fn run_paired(
     inputs: &[(String, Tensor)],
     reducer: Arc<dyn PairReducer>,
 ) -> Result<PairedRun, RuntimeError> {
-    PairedSession::build(Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() }, tensors)?.run(inputs, reducer)
+    let shapes: Vec<(String, Vec<usize>)> = inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+    PairedSession::build(Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() }, tensors, &shapes)?.run(inputs, reducer)
 }
 
 /// The two programs a paired session computes, and the models they come from.
@@ -80,7 +81,8 @@ pub struct PairedSession {
 impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
-    pub fn build(programs: Programs<'_>, tensors: &[String]) -> Result<PairedSession, RuntimeError> {
+    /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
+    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)]) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
@@ -104,7 +106,10 @@ impl PairedSession {
                 None => kept.push(t.clone()),
             }
         }
-        let graph = paired_graph(&reference.proto, &candidate.proto, &kept, candidate_names)?;
+        let mut graph = paired_graph(&reference.proto, &candidate.proto, &kept, candidate_names)?;
+        if let Some(g) = graph.proto.graph.as_mut() {
+            layerwise_model::pair::pin_input_shapes(g, input_shapes);
+        }
         let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, unavailable: declined, ..Default::default() };
         for (t, side) in graph.missing {
             let why = match side {
