@@ -234,7 +234,11 @@ impl Backend for OrtBackend {
 
     fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<OnnxProgram, RuntimeError>> {
         let mut output = RunOutput::default();
-        let result = self.program(request, &mut output).and_then(|(proto, _)| {
+        let result = self.program(request, &mut output).and_then(|(mut proto, _)| {
+            // Optimized for the inputs' shapes, as a run of them is (run_session).
+            if let Some(g) = proto.graph.as_mut() {
+                layerwise_model::pair::pin_input_shapes(g, &input_shapes(request));
+            }
             let external = proto.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
             if self.options.opt_level == OptLevel::Disable {
                 Ok(proto)
@@ -346,10 +350,16 @@ impl OrtBackend {
 
     fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let mut output = RunOutput::default();
-        let (proto, names) = self.program(request, &mut output)?;
+        let (mut proto, names) = self.program(request, &mut output)?;
+        // A session for the inputs' own shapes builds faster (layerwise_model::pair::pin_input_shapes).
+        let shapes = input_shapes(request);
+        if let Some(g) = proto.graph.as_mut() {
+            layerwise_model::pair::pin_input_shapes(g, &shapes);
+        }
         // On a GPU a session costs seconds (cuDNN's algorithm search among them): the same program
-        // asked again (the next sample, the same tensors) runs in the session it ran in.
-        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style));
+        // asked again (the next sample of the same shapes, the same tensors) runs in the session
+        // it ran in.
+        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}|{:?}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style, shapes));
         let mut session = match (self.gpu_session.take(), &key) {
             (Some((cached, session)), Some(key)) if cached == *key => session,
             _ => self.session_for(request.model, &proto, self.options.opt_level)?,
@@ -380,6 +390,11 @@ impl OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// The names and shapes of a request's inputs.
+fn input_shapes(request: &RunRequest) -> Vec<(String, Vec<usize>)> {
+    request.inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect()
 }
 
 /// Runs `session` on `feeds` and returns its outputs by name, leaving out the outputs of optional
