@@ -55,7 +55,9 @@ ORT_VERSION = "1.31.1"
 FLOOR = r"""
 import json, sys, time
 import numpy as np
+t_load = time.perf_counter()
 import onnxruntime as ort
+load_s = time.perf_counter() - t_load
 model, npz = sys.argv[1], sys.argv[2]
 with np.load(npz) as d:
     feeds = {k: d[k] for k in d.files}
@@ -68,7 +70,7 @@ s2 = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
 t3 = time.perf_counter()
 s2.run(None, feeds)
 t4 = time.perf_counter()
-print(json.dumps({"ort_version": ort.__version__, "session1_s": t1 - t0, "run1_s": t2 - t1,
+print(json.dumps({"ort_version": ort.__version__, "load_s": load_s, "session1_s": t1 - t0, "run1_s": t2 - t1,
                   "session2_s": t3 - t2, "run2_s": t4 - t3, "runs_s": t4 - t0}))
 """
 
@@ -285,6 +287,12 @@ def bench(args):
         pass_s = median([r["pass_s"] for r in reps])
         floor_s = median([r["floor"]["runs_s"] + r["pass_s"] for r in reps])
         lw_s = median([r["layerwise_s"] for r in reps])
+        load_s = median([r["floor"]["load_s"] for r in reps])
+        # Where layerwise's time went, in its median repetition: its own step times, and what the
+        # process spent outside them (start, loading ONNX Runtime, writing the report).
+        mid = sorted(reps, key=lambda r: r["layerwise_s"])[len(reps) // 2]
+        steps = dict(mid["layerwise_durations_s"] or [])
+        outside = mid["layerwise_s"] - steps.get("total", 0.0)
         row = {
             **e, "inputs_from": npz_from, "n": args.n,
             "nodes": last["nodes"], "tensors": last["tensors"], "verdict": last["verdict"],
@@ -294,6 +302,8 @@ def bench(args):
             "first_divergent": last["first_divergent"], "estimated_bytes": last["estimated_bytes"],
             "floor_runs_s": runs_s, "pass_s": pass_s, "floor_s": floor_s, "layerwise_s": lw_s,
             "ratio": lw_s / floor_s, "target": 1.5 if last["verdict"] == "pass" else 3.0,
+            "ort_load_s": load_s, "ratio_with_load": lw_s / (floor_s + load_s),
+            "steps_s": steps, "outside_steps_s": outside,
             "peak_mib": median([r["peak_mib"] for r in reps]), "repetitions": reps,
         }
         results.append(row)
@@ -331,6 +341,23 @@ def render(results, n):
                      f"| {r['ratio']:.2f} | {r['target']:.1f}x {ok} | {r['peak_mib']:.0f} |")
     if reasons:
         lines += ["", "Compared after separate runs, because:"] + reasons
+    lines += ["", "Where layerwise's time goes (its median repetition; seconds; `outside` is the process",
+              "outside its steps: start, loading ONNX Runtime, writing the report; the floor's own loading of",
+              "ONNX Runtime, `import onnxruntime`, is given for comparison and is not in the floor):", "",
+              "| model | floor | ORT load (floor) | layerwise | outside | compare both sides | noise floor | run alone | counterfactual | other |",
+              "|" + " --- |" * 10]
+    follow = {"measuring the noise floor": "floor", "running chain nodes alone": "alone", "counterfactual runs": "cf"}
+    for r in results:
+        if "error" in r:
+            continue
+        st = r["steps_s"]
+        total = st.get("total", 0.0)
+        part = {k: st.get(name, 0.0) for name, k in follow.items()}
+        compare = sum(v for k, v in st.items() if k.startswith("running ") and k not in follow and "(outputs)" not in k) + st.get("planning memory", 0.0) + st.get("comparing tensors", 0.0)
+        other = total - compare - sum(part.values())
+        cell = lambda v: f"{v:.2f}" if v else "-"
+        lines.append(f"| {r['name']} | {r['floor_s']:.2f} | {r['ort_load_s']:.2f} | {r['layerwise_s']:.2f} | {r['outside_steps_s']:.2f} | {compare:.2f} "
+                     f"| {cell(part['floor'])} | {cell(part['alone'])} | {cell(part['cf'])} | {other:.2f} |")
     return "\n".join(lines)
 
 
