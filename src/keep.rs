@@ -123,39 +123,6 @@ impl<'a> KeepRunner<'a> {
         all
     }
 
-    /// One candidate run per keep list, in order. On a GPU the converted models run at once, each
-    /// in its own session: most of such a run is the session's build (cuDNN's algorithm search
-    /// for every convolution), during which the GPU is mostly idle.
-    pub fn run_each(&mut self, candidate: &mut dyn Backend, keeps: &[Vec<String>], inputs: &[(String, Tensor)], selection: &Selection) -> Result<Vec<RunOutput>> {
-        if self.emulated || !candidate.spec().ort_gpu() || keeps.len() < 2 {
-            return keeps.iter().map(|keep| self.run(candidate, keep, inputs, selection)).collect();
-        }
-        let dir = layerwise_model::scratch::ScratchDir::new("layerwise-keep-")?;
-        let mut models = Vec::new();
-        for (i, keep) in keeps.iter().enumerate() {
-            let converted = self.convert(keep)?;
-            let path = dir.path().join(format!("candidate{i}.onnx"));
-            self.model.save_standalone(&converted.proto, &path)?;
-            let cm = Model::load(&path)?;
-            let ci = GraphIndex::build(cm.graph())?;
-            models.push((cm, ci));
-        }
-        let spec = candidate.spec().clone();
-        std::thread::scope(|scope| {
-            let runs: Vec<_> = models
-                .iter()
-                .map(|(cm, ci)| {
-                    let spec = &spec;
-                    scope.spawn(move || -> Result<RunOutput> {
-                        let mut backend = layerwise_runtime::create_backend(spec)?;
-                        Ok(backend.run(&RunRequest { model: cm, index: ci, inputs, selection })?)
-                    })
-                })
-                .collect();
-            runs.into_iter().map(|r| r.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a counterfactual run panicked")))).collect()
-        })
-    }
-
     /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own
     /// keep list is reset afterwards.
     pub fn run(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {

@@ -40,22 +40,19 @@ pub(super) fn counterfactual(
     if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
         candidates.push((n, "introducing"));
     }
-    // The distinct patterns to keep, at most COUNTERFACTUAL_MAX, each run once.
-    let mut planned = Vec::new();
+    let mut checks = Vec::new();
+    let mut tried: Vec<Vec<String>> = Vec::new();
+    let outputs = Selection::Names(Vec::new());
     for (node, reason) in candidates {
         let mut pattern = pattern_of(&job.index, &node);
         if job.judging.precision == Precision::Fp16 {
             pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
         }
-        if planned.iter().any(|(_, _, p): &(String, &str, layerwise_analysis::Pattern)| p.nodes == pattern.nodes) || planned.len() >= COUNTERFACTUAL_MAX {
+        if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
             continue;
         }
-        planned.push((node, reason, pattern));
-    }
-    let keeps: Vec<Vec<String>> = planned.iter().map(|(_, _, p)| p.nodes.clone()).collect();
-    let outs = keeper.run_each(job.candidate.as_mut(), &keeps, feeds, &Selection::Names(Vec::new()))?;
-    let mut checks = Vec::new();
-    for ((node, reason, pattern), out) in planned.into_iter().zip(outs) {
+        tried.push(pattern.nodes.clone());
+        let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
         let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
         let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(before, after_error);
