@@ -507,6 +507,9 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
 fn run_convert(args: ConvertArgs) -> Result<u8> {
     crate::pipeline::check_not_an_input(&args.output, "-o", &[("the input model", args.model.as_path())])?;
     let model = Model::load(&args.model)?;
+    let weights = model.external_files();
+    let weights: Vec<(&str, &std::path::Path)> = weights.iter().map(|f| ("the input model's external data", f.as_path())).collect();
+    crate::pipeline::check_not_an_input(&args.output, "-o", &weights)?;
     let index = GraphIndex::build(model.graph())?;
     if let Some(rounding) = args.to.strip_suffix("-emulated").and_then(layerwise_model::Rounding::from_name) {
         let computed = float32_tensors(&model, &index)?;

@@ -2,7 +2,7 @@
 //! verified by re-running the candidate, and written out as an FP16 model with FP32 islands.
 //! docs/fix.md describes the search and the outputs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule};
@@ -255,6 +255,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     if let Some(out) = &options.output {
         check_writable_target(out, "the fixed model")?;
+        if std::fs::metadata(out).is_ok_and(|m| !m.is_file()) {
+            anyhow::bail!("-o {} is not a regular file: fix checks the model it writes by reading it back; give a file path, or leave -o out", out.display());
+        }
         check_not_an_input(out, "-o", &inputs)?;
         if let Some(json) = &b.outputs.json {
             check_not_an_input(out, "-o", &[("the JSON report", json.as_path())])?;
@@ -262,6 +265,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     let mut steps = Steps::new(b.progress, b.progress_lines);
     let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
+    let fixed_model: Vec<(&str, &Path)> = options.output.iter().map(|o| ("-o", o.as_path())).collect();
+    crate::pipeline::check_not_external_data(&original, "the input model's external data", b, &fixed_model)?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
     // (bodies inlined, so nodes inside can be kept); the fixed model is the original with the keep

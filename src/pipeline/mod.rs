@@ -30,7 +30,7 @@ use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
 use options::check_outputs;
 pub(crate) use options::input_files;
-pub use options::{check_not_an_input, check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
+pub use options::{check_not_an_input, check_not_external_data, check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 
@@ -57,6 +57,7 @@ struct SampleOutcome {
 }
 
 fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
+    options::check_not_external_data(original, "the input model's external data", options, &[])?;
     // 1. Plan: backends, samples, control flow, the candidate model, precision and tolerances.
     let mut setup = setup::set_up(original, options, &mut steps)?;
     let plan_extras = Extras {

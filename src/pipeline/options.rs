@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use layerwise_model::Selection;
+use layerwise_model::{Model, Selection};
 use layerwise_report::{Outputs, Report};
 use layerwise_runtime::inputs::InputOptions;
 use layerwise_runtime::BackendSpec;
@@ -144,6 +144,10 @@ pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
 /// The file a path names, resolved (its folder canonical, `..` and links followed), so that two
 /// spellings of one file compare equal; `None` where the folder does not exist.
 fn resolved(path: &Path) -> Option<PathBuf> {
+    // A device (/dev/null) takes any number of writers, and no input can be replaced through it.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return None;
+    }
     if let Ok(p) = path.canonicalize() {
         return Some(p);
     }
@@ -162,6 +166,17 @@ pub fn check_not_an_input(target: &Path, what: &str, inputs: &[(&str, &Path)]) -
         if resolved(input).is_some_and(|i| i == t) {
             bail!("{what} {} would overwrite {name} {}; choose another path", target.display(), input.display());
         }
+    }
+    Ok(())
+}
+
+/// Checks that no output of `options` (reports, `-o` given as `extra`) replaces a file of `model`'s
+/// external data, which only a loaded model knows.
+pub fn check_not_external_data(model: &Model, what_model: &str, options: &BisectOptions, extra: &[(&str, &Path)]) -> Result<()> {
+    let files = model.external_files();
+    let named: Vec<(&str, &Path)> = files.iter().map(|f| (what_model, f.as_path())).collect();
+    for (what, path) in options.outputs.paths().into_iter().map(|(w, p)| (format!("the {w}"), p.as_path())).chain(extra.iter().map(|(w, p)| (w.to_string(), *p))) {
+        check_not_an_input(path, &what, &named)?;
     }
     Ok(())
 }

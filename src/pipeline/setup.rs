@@ -146,6 +146,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let loaded_cand = match &options.cand_model {
         Some(path) => {
             let loaded = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
+            super::options::check_not_external_data(&loaded, "the candidate model's external data", options, &[])?;
             // An emulation rounds a float32 model; a file already converted runs as it is.
             if options.candidate.is_emulation() && layerwise_runtime::typed::has_reduced_precision(&loaded) {
                 bail!(

@@ -152,6 +152,21 @@ impl Model {
         Ok(())
     }
 
+    /// The files this model's external data lives in (each once), which no output may replace.
+    pub fn external_files(&self) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = Vec::new();
+        if let Some(g) = &self.proto.graph {
+            for_each_initializer(g, &mut |t| {
+                if let Some(f) = ExternalRef::parse(t).ok().filter(|_| is_external(t)).and_then(|e| self.external_file(&e.location)) {
+                    if !files.contains(&f) {
+                        files.push(f);
+                    }
+                }
+            });
+        }
+        files
+    }
+
     /// Whether `other`'s external data resolves against the same folder as this model's.
     pub fn same_folder(&self, other: &Model) -> bool {
         let canonical = |m: &Model| m.base_dir.as_ref().and_then(|b| fs::canonicalize(b).ok());
@@ -266,10 +281,16 @@ impl Model {
             });
         }
         let mut proto = proto.clone();
+        let oversized = proto.encoded_len() as u64 + external_bytes > PROTOBUF_LIMIT as u64;
+        // A device (/dev/null) is written to, never renamed over.
+        if !oversized && fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+            self.materialize_external(&mut proto)?;
+            return crate::scratch::write_if_not_a_file(path, &proto.encode_to_vec()).unwrap_or(Ok(())).map_err(io);
+        }
         // A model that stays under the protobuf limit with its weights inline is written as one
         // file; a larger one streams its weights into `<path>.data` beside it.
         let mut data_file = None;
-        if proto.encoded_len() as u64 + external_bytes > PROTOBUF_LIMIT as u64 {
+        if oversized {
             let data_name = format!("{file_name}.data");
             let tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir).map_err(io)?;
             let tracked = crate::scratch::track(tmp.path());

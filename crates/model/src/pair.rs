@@ -207,7 +207,11 @@ fn rename_graph(graph: &mut crate::onnx::GraphProto, rename: &dyn Fn(&str) -> St
         v.name = Some(rename(v.name()));
     }
     for n in graph.node.iter_mut() {
-        n.name = Some(format!("{CANDIDATE_PREFIX}{}", n.name()));
+        // An unnamed node stays unnamed: ONNX Runtime refuses two nodes of one name, not two
+        // without (a converted model's Casts around an FP16 Softmax have none).
+        if !n.name().is_empty() {
+            n.name = Some(format!("{CANDIDATE_PREFIX}{}", n.name()));
+        }
         n.input = n.input.iter().map(|i| rename(i)).collect();
         n.output = n.output.iter().map(|o| rename(o)).collect();
         for a in n.attribute.iter_mut() {
@@ -309,6 +313,18 @@ mod tests {
         p.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
         pin_input_shapes(p.graph.as_mut().unwrap(), &[("x".into(), vec![7])]);
         assert_eq!(dims(&p), before);
+    }
+
+    #[test]
+    fn unnamed_candidate_nodes_stay_unnamed() {
+        let reference = program(1.0);
+        let mut candidate = program(2.0);
+        for n in candidate.graph.as_mut().unwrap().node.iter_mut() {
+            n.name = Some(String::new());
+        }
+        let p = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap();
+        let names: Vec<&str> = p.proto.graph.as_ref().unwrap().node.iter().map(|n| n.name()).collect();
+        assert_eq!(names, vec!["mul", "relu", "", "", "lw_pair/z"]);
     }
 
     #[test]

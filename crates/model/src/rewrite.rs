@@ -105,15 +105,34 @@ pub fn emulate(
     };
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
+    // What the converted model keeps float32 in every node (Resize's scales: a parameter, and
+    // ONNX Runtime must still see an empty Constant there as empty) is not rounded.
+    let parameters = parameter_only_tensors(graph);
+    let float_tensors: HashSet<String> = float_tensors.iter().filter(|t| !parameters.contains(t.as_str())).cloned().collect();
+    let float_tensors = &float_tensors;
     let shift = keep_weights_fp32(graph, keep_fp32);
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
     // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to
     // BF16's 8 significant bits in float32 arithmetic.
     let opset = crate::model::default_opset(proto);
     let split = storage == DataType::Bfloat16 && opset < 13;
-    let mut rounded_weights = 0;
+    // An external table that only Gathers read (an embedding) is rounded in the gathered rows,
+    // which the pass below rounds anyway: rounding commutes with selecting rows, and the run
+    // never computes a rounded copy of the whole table.
+    let gathered = gathered_only_weights(graph, &keep_fp32);
+    let mut with_rows: HashSet<String>;
+    let float_tensors = if gathered.is_empty() {
+        float_tensors
+    } else {
+        with_rows = float_tensors.clone();
+        for node in graph.node.iter().filter(|n| n.op_type() == "Gather" && n.input.first().is_some_and(|w| gathered.contains(w))) {
+            with_rows.extend(node.output.first().cloned());
+        }
+        &with_rows
+    };
+    let mut rounded_weights = gathered.len();
     let weight_rounding = WeightRounding { model, rounding, storage, split };
-    let mut nodes = weight_rounding.round_graph(graph, &mut rounded_weights)?;
+    let mut nodes = weight_rounding.round_graph(graph, &gathered, &mut rounded_weights)?;
     if split {
         graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
     }
@@ -192,6 +211,20 @@ pub fn emulate(
     }
     graph.node = nodes;
     Ok(Emulation { proto: out, rounded_tensors, rounded_weights })
+}
+
+/// Tensors of `graph` that every reader reads at a slot the converter keeps float32
+/// (`convert::FP32_INPUT_SLOTS`: Resize's scales, Upsample's scales).
+fn parameter_only_tensors(graph: &GraphProto) -> HashSet<String> {
+    let mut slots: std::collections::HashMap<&str, bool> = std::collections::HashMap::new();
+    for n in &graph.node {
+        for (slot, t) in n.input.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
+            let parameter = crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot));
+            let entry = slots.entry(t.as_str()).or_insert(true);
+            *entry &= parameter;
+        }
+    }
+    slots.into_iter().filter(|(_, only)| *only).map(|(t, _)| t.to_string()).collect()
 }
 
 /// Emulates TF32 tensor cores on an FP32 runtime: each float32 input that Conv, ConvTranspose,
@@ -634,11 +667,12 @@ impl WeightRounding<'_> {
     /// model of gigabytes) is rounded where it is read instead: the stored values stay in their
     /// file, renamed `NAME__lw_stored`, and nodes at the head of the graph compute `NAME` from
     /// them (returned for the top graph, inserted in subgraphs), so no run copies the weights.
-    fn round_graph(&self, graph: &mut GraphProto, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
+    /// `rounded_after_reads` are weights of `graph` itself that are rounded after their readers.
+    fn round_graph(&self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
         let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
         let mut at_head = Vec::new();
         for t in graph.initializer.iter_mut() {
-            if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) {
+            if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) && !rounded_after_reads.contains(t.name()) {
                 if is_external(t) {
                     let name = t.name().to_string();
                     let stored = format!("{name}{STORED_SUFFIX}");
@@ -673,13 +707,51 @@ impl WeightRounding<'_> {
                     }
                 }
                 for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                    let head = self.round_graph(g, count)?;
+                    let head = self.round_graph(g, &HashSet::new(), count)?;
                     g.node.splice(0..0, head);
                 }
             }
         }
         Ok(at_head)
     }
+}
+
+/// External float32 weights of `graph` that only Gathers of nodes not kept in FP32 read, as
+/// their data (input 0): no subgraph, graph output or other node reads them.
+fn gathered_only_weights(graph: &GraphProto, keep_fp32: &HashSet<usize>) -> HashSet<String> {
+    let mut candidates: HashSet<String> = graph
+        .initializer
+        .iter()
+        .filter(|t| t.data_type() == DataType::Float as i32 && is_external(t) && !t.name().ends_with(KEEP_SUFFIX))
+        .map(|t| t.name().to_string())
+        .collect();
+    let mut read_by_gather = HashSet::new();
+    for (i, node) in graph.node.iter().enumerate() {
+        for (slot, input) in node.input.iter().enumerate() {
+            if !candidates.contains(input) {
+                continue;
+            }
+            if node.op_type() == "Gather" && slot == 0 && !keep_fp32.contains(&i) {
+                read_by_gather.insert(input.clone());
+            } else {
+                candidates.remove(input);
+            }
+        }
+        for attr in &node.attribute {
+            for g in attr.g.iter().chain(attr.graphs.iter()) {
+                candidates.retain(|t| !reads_anywhere(g, t));
+            }
+        }
+    }
+    candidates.retain(|t| read_by_gather.contains(t) && !graph.output.iter().any(|o| o.name() == t));
+    candidates
+}
+
+/// Whether any node of `graph` or of its subgraphs reads `tensor`.
+fn reads_anywhere(graph: &GraphProto, tensor: &str) -> bool {
+    graph.node.iter().any(|n| {
+        n.input.iter().any(|i| i == tensor) || n.attribute.iter().any(|a| a.g.iter().chain(a.graphs.iter()).any(|g| reads_anywhere(g, tensor)))
+    })
 }
 
 /// Suffix of an external weight's stored (unrounded) values in an emulation, which rounds them

@@ -395,3 +395,57 @@ fn a_weight_beyond_the_format_s_range_is_left_as_it_is() {
         assert_eq!(count, Perturbed { moved: 1, exact: 1 });
     }
 }
+
+/// An external embedding table that only a Gather reads is rounded in the gathered rows (the
+/// run computes no rounded copy of the table); an external weight a MatMul reads is rounded
+/// where it is read, from its stored values.
+#[test]
+fn an_external_table_only_gathered_is_rounded_in_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = [0.1f32, 1.0001, 2.0, 3.0, 4.0, 5.0];
+    let w = [1.0001f32, 0.5];
+    let data: Vec<u8> = table.iter().chain(w.iter()).flat_map(|v| v.to_le_bytes()).collect();
+    write(dir.path(), "weights.bin", &data);
+    let e = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+    let ext = |name: &str, dims: &[i64], offset: usize, length: usize| TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float as i32),
+        data_location: Some(tensor_proto::DataLocation::External as i32),
+        external_data: vec![e("location", "weights.bin".into()), e("offset", offset.to_string()), e("length", length.to_string())],
+        ..Default::default()
+    };
+    let build = |tied: bool| {
+        let mut b = ModelBuilder::new("embed", 17);
+        b.input("ids", DataType::Int64, &[Dim::from(2)]);
+        b.initializer(ext("table", &[3, 2], 0, 24));
+        b.initializer(ext("w", &[2, 1], 24, 8));
+        b.node("Gather", "embed", &["table", "ids"], &["rows"], vec![attr::int("axis", 0)]);
+        b.node("MatMul", "head", &["rows", "w"], &["y"], vec![]);
+        if tied {
+            // The table also read by a MatMul (tied embeddings): rounded where it is read.
+            b.node("MatMul", "tied", &["rows", "table_t"], &["z"], vec![]);
+            b.node("Transpose", "tt", &["table"], &["table_t"], vec![]);
+            b.output("z", DataType::Float);
+        }
+        b.output("y", DataType::Float);
+        let path = write(dir.path(), if tied { "tied.onnx" } else { "embed.onnx" }, &b.build().encode_to_vec());
+        Model::load(&path).unwrap()
+    };
+    let float: HashSet<String> = ["rows", "y", "z", "table_t"].iter().map(|s| s.to_string()).collect();
+    let model = build(false);
+    let emu = emulate(&model, &model.proto, &float, &HashSet::new(), Rounding::Fp16).unwrap();
+    let g = emu.proto.graph.as_ref().unwrap();
+    let inits: Vec<&str> = g.initializer.iter().map(|t| t.name()).collect();
+    assert!(inits.contains(&"table") && inits.contains(&"w__lw_stored") && !inits.contains(&"w"), "{inits:?}");
+    let rows_producer = g.node.iter().find(|n| n.output.iter().any(|o| o == "rows")).unwrap();
+    assert_eq!(rows_producer.op_type(), "Cast", "the gathered rows are rounded");
+    let gather = g.node.iter().find(|n| n.op_type() == "Gather").unwrap();
+    assert_eq!(gather.input[0], "table", "the Gather reads the stored table");
+    assert_eq!(emu.rounded_weights, 2);
+
+    let tied = build(true);
+    let emu = emulate(&tied, &tied.proto, &float, &HashSet::new(), Rounding::Fp16).unwrap();
+    let inits: Vec<String> = emu.proto.graph.unwrap().initializer.iter().map(|t| t.name().to_string()).collect();
+    assert!(inits.contains(&"table__lw_stored".to_string()), "a table the Transpose also reads is rounded before it is read: {inits:?}");
+}

@@ -85,6 +85,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     if path.is_dir() {
         return Err(err("it is a folder".into()));
     }
+    if let Some(written) = layerwise_model::scratch::write_if_not_a_file(path, bytes) {
+        return written.map_err(|e| err(e.to_string()));
+    }
     let mut tmp = tempfile::Builder::new()
         .prefix(".layerwise-")
         .suffix(".tmp")

@@ -197,11 +197,42 @@ pub(crate) fn build_session(
     if let Some(domain) = extras.operators {
         builder = builder.with_operators(domain).map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
     }
-    match source {
+    let commit = || match source {
         ModelSource::Memory { bytes, .. } => builder.commit_from_memory(bytes),
         ModelSource::File(path) => builder.commit_from_file(path),
+    };
+    match without_panicking(commit) {
+        Ok(session) => session.map_err(|e| err(format!("cannot create a session: {e}"))),
+        Err(why) => Err(err(format!(
+            "cannot create a session: ONNX Runtime infers an impossible shape for these inputs (a negative dimension: a layer's output would be smaller than nothing, e.g. a convolution wider than its input): {why}"
+        ))),
     }
-    .map_err(|e| err(format!("cannot create a session: {e}")))
+}
+
+thread_local! {
+    static QUIET_PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into its message. The `ort` crate panics while it reads the types of
+/// a session whose inferred output shapes hold a negative dimension (ONNX Runtime infers them for
+/// inputs a model cannot take); that is bad input, to be said as an error. The panic is not
+/// printed: the process's hook is wrapped once to stay silent on this thread while `f` runs.
+fn without_panicking<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static WRAP_HOOK: std::sync::Once = std::sync::Once::new();
+    WRAP_HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET_PANICS.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET_PANICS.with(|q| q.set(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET_PANICS.with(|q| q.set(false));
+    result.map_err(|payload| {
+        payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "a panic without a message".into())
+    })
 }
 
 impl Backend for OrtBackend {

@@ -115,6 +115,7 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
         values.insert(name.clone(), as_declared(t, declared.get(name.as_str()).copied()));
     }
+    let constants: HashSet<&str> = graph.node.iter().filter(|n| n.op_type() == "Constant").flat_map(|n| n.output.iter().map(String::as_str)).collect();
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
     let mut unavailable: HashMap<String, String> = HashMap::new();
     let mut widened_nodes: Vec<String> = Vec::new();
@@ -129,6 +130,10 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             }
             if let Some(init) = initializers.get(t.as_str()) {
                 sub.initializer.push((*init).clone());
+            } else if let Some(value) = values.get(t).filter(|_| constants.contains(t.as_str())) {
+                // A Constant's value stays a constant: ONNX Runtime's shape inference reads it
+                // (a Resize's empty `scales` beside its `sizes`, a Reshape's shape).
+                sub.initializer.push(value.to_proto(t));
             } else if let Some(value) = values.get(t) {
                 sub.input.push(value_info(t, value));
                 feeds.push((t.clone(), value.clone()));
