@@ -108,20 +108,23 @@ fn a_candidate_model_on_onnx_runtime_pairs_and_the_typed_check_stays_separate() 
         args.extend_from_slice(extra);
         let out = common::layerwise(&args, dir.path());
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", common::text(&out));
-        common::json(&dir.path().join(json))
+        (common::json(&dir.path().join(json)), common::text(&out))
     };
-    let paired = run("ort:cpu,typed=off", &[], "p.json");
-    let separate = run("ort:cpu,typed=off", &["--separate-runs"], "s.json");
+    let (paired, paired_text) = run("ort:cpu,typed=off", &[], "p.json");
+    let (separate, _) = run("ort:cpu,typed=off", &["--separate-runs"], "s.json");
+    assert!(!paired_text.contains("Compared after separate runs"), "{paired_text}");
     assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
     assert_eq!(separate["memory"]["separate_because"], "--separate-runs asks for it");
     assert!(!paired["tensors"].as_array().unwrap().is_empty());
     for key in ["verdict", "worst_output", "tensors", "not_compared"] {
         assert_eq!(paired[key], separate[key], "{key} differs");
     }
-    let typed = run("ort:cpu", &[], "t.json");
+    let (typed, typed_text) = run("ort:cpu", &[], "t.json");
     assert_eq!(typed["memory"]["comparison"], "separate");
     let why = typed["memory"]["separate_because"].as_str().unwrap();
     assert!(why.contains("evaluated in its own types"), "{why}");
+    // The terminal says so too, not only the JSON.
+    assert!(typed_text.contains(&format!("Compared after separate runs: {why}")), "{typed_text}");
 }
 
 #[test]

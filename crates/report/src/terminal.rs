@@ -112,6 +112,11 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if let Some(mp) = e.memory.as_ref().filter(|m| m.groups > 1) {
         let _ = writeln!(out, "\nMemory: exposed tensors ~{} MiB per run, over the budget of {} MiB: compared in {} groups (largest ~{} MiB)", mp.estimated_bytes >> 20, mp.budget_bytes.unwrap_or(0) >> 20, mp.groups, mp.largest_group_bytes >> 20);
     }
+    // Why the two sides were not compared in one session: a failed pairing costs memory and
+    // time, and the user should see it without opening the JSON.
+    if let Some(why) = e.memory.as_ref().and_then(|m| m.separate_because.as_deref()) {
+        let _ = writeln!(out, "\nCompared after separate runs: {why}");
+    }
     if let Some(sm) = &e.samples {
         let _ = writeln!(out, "\nSamples: {} (verdict from {}, the largest output error)", sm.count, sm.worst_sample);
         for r in &sm.runs {

@@ -153,6 +153,14 @@ impl BackendSpec {
         }
         let mut parts = spec.split(',');
         let head = parts.next().unwrap_or_default();
+        // One value per option: a second one would silently win.
+        let mut seen = std::collections::HashSet::new();
+        for part in parts.clone() {
+            let key = part.split_once('=').map_or(part, |(k, _)| k);
+            if !seen.insert(key) {
+                return Err(bad(format!("option '{key}' is given twice")));
+            }
+        }
         // ONNX Runtime's optimizations would be free to fold an emulation's rounding Cast pairs
         // (and splits) away: emulations run unoptimized.
         let (rounding, ep) = match head {

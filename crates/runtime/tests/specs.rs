@@ -45,6 +45,10 @@ fn bad_specs_say_what_is_wrong() {
     assert_eq!(BackendSpec::parse("trt,opt=3,workspace=512").unwrap(), BackendSpec::Trt { tf32: true, opt_level: Some(3), workspace_mib: Some(512) });
     assert_eq!(BackendSpec::parse("trt,tf32=off").unwrap(), BackendSpec::Trt { tf32: false, opt_level: None, workspace_mib: None });
     assert!(err("trt,tf32=no").contains("tf32 must be on or off"));
+    // A repeated option is refused, not silently overridden by its last value.
+    assert!(err("ort:cpu,threads=1,threads=2").contains("option 'threads' is given twice"));
+    assert!(err("ort:trt,fp16,fp16").contains("option 'fp16' is given twice"));
+    assert!(err("trt,opt=2,opt=3").contains("option 'opt' is given twice"));
 }
 
 #[test]
