@@ -618,6 +618,34 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     Ok(exit_for(merged.verdict.status))
 }
 
+/// The model files a report names (the model, its external data, a fixed model), which rendering
+/// it must not replace. A relative path is taken from the working folder and from the report's.
+fn models_of_report(report_path: &std::path::Path, report: &layerwise_report::Report, fix: Option<&layerwise_report::FixReport>) -> Vec<(&'static str, std::path::PathBuf)> {
+    let report_dir = report_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let mut named: Vec<(&'static str, &str)> = vec![("the report's model", report.model.path.as_str())];
+    if let Some(f) = fix {
+        named.push(("the fix report's model", f.model.as_str()));
+        if let Some(m) = &f.fixed_model {
+            named.push(("the fixed model", m.as_str()));
+        }
+    }
+    let mut files = Vec::new();
+    for (what, name) in named.into_iter().filter(|(_, n)| !n.is_empty()) {
+        let path = std::path::Path::new(name);
+        let candidates = if path.is_absolute() { vec![path.to_path_buf()] } else { vec![path.to_path_buf(), report_dir.join(path)] };
+        for p in candidates.into_iter().filter(|p| p.is_file()) {
+            // External data is listed, not read; a model too big to hold any (inline weights near
+            // protobuf's 2 GB) is not decoded just to render a report.
+            let small = std::fs::metadata(&p).is_ok_and(|m| m.len() < 256 << 20);
+            if let Some(model) = small.then(|| Model::load(&p).ok()).flatten() {
+                files.extend(model.external_files().into_iter().map(|f| ("the external data of the report's model", f)));
+            }
+            files.push((what, p));
+        }
+    }
+    files
+}
+
 fn run_report(args: ReportCmdArgs) -> Result<u8> {
     let report = layerwise_report::read_report(&args.report)?;
     let fix = match &args.fix {
@@ -635,6 +663,8 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     if let Some(f) = &args.fix {
         inputs.push(("the fix report", f.as_path()));
     }
+    let models = models_of_report(&args.report, &report, fix.as_ref());
+    inputs.extend(models.iter().map(|(what, p)| (*what, p.as_path())));
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
         crate::pipeline::check_not_an_input(path, what, &inputs)?;

@@ -351,6 +351,20 @@ fn no_output_replaces_the_models_external_weights() {
         assert_refused(&out, args, "would overwrite the input model's external data");
         assert_eq!(std::fs::read(dir.path().join("m.weights")).unwrap(), before, "{args:?}");
     }
+    // Rendering the report later knows the model from the report (found by the independent
+    // tester: `report r.json --html w.data` destroyed the model).
+    let made = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
+    assert!(made.status.code().is_some_and(|c| c <= 1), "{}", text(&made));
+    let model_before = std::fs::read(dir.path().join("m.onnx")).unwrap();
+    for (args, says) in [
+        (&["report", "r.json", "--html", "m.weights"][..], "would overwrite the external data of the report's model"),
+        (&["report", "r.json", "--csv", "./m.onnx"][..], "would overwrite the report's model"),
+    ] {
+        let out = layerwise(args, dir.path());
+        assert_refused(&out, args, says);
+    }
+    assert_eq!(std::fs::read(dir.path().join("m.weights")).unwrap(), before);
+    assert_eq!(std::fs::read(dir.path().join("m.onnx")).unwrap(), model_before);
 }
 
 /// A report or model written to a device is written into it: the temporary-file-and-rename that
