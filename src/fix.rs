@@ -500,7 +500,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             Ok(None) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some("no sample to run".into()) },
             Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e) },
         };
-        let crashed = load_check.as_ref().filter(|l| l.status == LoadStatus::Crashed).and_then(|l| l.detail.clone());
+        // A model that ONNX Runtime refuses or crashes on is no fix, whatever the typed evaluation says.
+        let crashed = load_check.as_ref().filter(|l| matches!(l.status, LoadStatus::Crashed | LoadStatus::Error)).map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
         if let Some(how) = crashed {
             fixed = false;
             check_failure = Some(format!("the fixed model does not load: {how}"));

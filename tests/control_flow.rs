@@ -249,6 +249,46 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     assert!(kept.contains(&"steps/body/square"), "{kept:?}");
 }
 
+/// x[1,64] read both by the main graph (Abs -> ReduceMax -> Greater than -1, always true) and by
+/// the If's then-branch (the network with the planted overflow), as openwakeword's hey_jarvis reads
+/// its input on both sides of an If.
+fn outer_tensor_read_on_both_sides_of_an_if() -> ModelProto {
+    let mut b = ModelBuilder::new("both_sides", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("minus_one", &[], &[-1.0]));
+    let (then_nodes, then_weights) = body_chain("net/", "x", 6, true, "then_y");
+    let dims = [Dim::from(1), Dim::from(64)];
+    let then_branch = GraphProto { name: Some("then".into()), node: then_nodes, initializer: then_weights, output: vec![value("then_y", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])], output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("Abs", "magnitude", &["x"], &["a"], vec![]);
+    b.node("ReduceMax", "largest", &["a"], &["m"], vec![attr::int("keepdims", 0)]);
+    b.node("Greater", "above", &["m", "minus_one"], &["cond"], vec![]);
+    b.node("If", "gate", &["cond"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// Found by the independent tester: the Cast of an outer tensor to FP16 was added under one name
+/// in the main graph and again inside the branch, a model ONNX Runtime refuses ("used as output
+/// names multiple times"); `convert` wrote it and `fix` said FIXED.
+#[test]
+fn an_outer_tensor_read_inside_and_outside_a_branch_converts_to_a_model_that_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&outer_tensor_read_on_both_sides_of_an_if(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "m16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "m16.onnx"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "ONNX Runtime runs the converted model: {}", text(&out));
+
+    let out = layerwise(&["fix", "m.onnx", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["fixed_model_load"]["status"], "loads", "{t}");
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "fixed.onnx"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "ONNX Runtime runs the fixed model: {}", text(&out));
+}
+
 #[test]
 fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_it_does_not_cover() {
     let dir = tempfile::tempdir().unwrap();

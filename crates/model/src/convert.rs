@@ -462,7 +462,34 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
         ..options.clone()
     };
     let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options)?;
-    let converted = conversion.proto.graph.take().expect("graph");
+    let mut converted = conversion.proto.graph.take().expect("graph");
+    // The Casts the conversion added are named after what they cast (`x__to_fp16`), as the outer
+    // graph's are: an outer tensor cast on both sides would be defined twice, which ONNX Runtime
+    // refuses (found by the independent tester on openwakeword's hey_jarvis). They take the body's
+    // prefix.
+    let mut existing: HashSet<String> = outer.iter().cloned().collect();
+    existing.extend(body.input.iter().map(|v| v.name().to_string()));
+    existing.extend(body.initializer.iter().map(|t| t.name().to_string()));
+    crate::graph::collect_produced(body, &mut |o| {
+        existing.insert(o.to_string());
+    });
+    let added: Vec<String> = converted.node.iter().flat_map(|n| n.output.iter()).filter(|o| !o.is_empty() && !existing.contains(*o)).cloned().collect();
+    for name in added {
+        let scoped = format!("{prefix}/{name}");
+        for n in converted.node.iter_mut() {
+            for t in n.input.iter_mut().chain(n.output.iter_mut()).filter(|t| **t == name) {
+                *t = scoped.clone();
+            }
+            for attr in n.attribute.iter_mut() {
+                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                    crate::graph::rename_outer_ref(g, &name, &scoped);
+                }
+            }
+        }
+        for v in converted.value_info.iter_mut().filter(|v| v.name() == name) {
+            v.name = Some(scoped.clone());
+        }
+    }
     body.node = converted.node;
     body.initializer = converted.initializer;
     body.value_info = converted.value_info;

@@ -346,7 +346,7 @@ pub(crate) fn rename_outer_ref(graph: &mut GraphProto, from: &str, to: &str) {
     }
 }
 
-fn collect_produced(graph: &GraphProto, f: &mut dyn FnMut(&str)) {
+pub(crate) fn collect_produced(graph: &GraphProto, f: &mut dyn FnMut(&str)) {
     for n in &graph.node {
         for o in n.output.iter().filter(|o| !o.is_empty()) {
             f(o);
