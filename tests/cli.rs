@@ -388,3 +388,54 @@ fn reports_written_to_a_device_leave_the_device_in_place() {
     assert!(drain.join().unwrap() > 100, "the report went into the FIFO");
     assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still a FIFO");
 }
+
+/// A Constant whose tensor is external data (what `onnx.save_model(..., save_as_external_data=True,
+/// size_threshold=0)` writes for Constants in functions, or with `convert_attribute=True`) is read
+/// from the model's folder, not the working folder (found by the independent tester: run from a
+/// folder holding another `w.data`, the reference computed with that file's values).
+#[test]
+fn an_external_constant_is_read_from_the_models_folder() {
+    use layerwise_model::builder::{attr, node, ModelBuilder};
+    use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto, TensorProto};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("model")).unwrap();
+    std::fs::create_dir(dir.path().join("decoy")).unwrap();
+    let values: Vec<u8> = [0.0f32, 1.0, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.path().join("model/w.data"), &values).unwrap();
+    let decoy: Vec<u8> = [100.0f32, 200.0, 300.0, 400.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    std::fs::write(dir.path().join("decoy/w.data"), &decoy).unwrap();
+    let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
+    let value = TensorProto {
+        name: Some("cv".into()),
+        dims: vec![1, 4],
+        data_type: Some(DataType::Float as i32),
+        external_data: vec![entry("location", "w.data".into()), entry("length", "16".into())],
+        data_location: Some(DataLocation::External as i32),
+        ..Default::default()
+    };
+    let mut b = ModelBuilder::new("ext_constant", 13);
+    b.input("x", DataType::Float, &[1.into(), 4.into()]);
+    b.node("Constant", "c", &[], &["c"], vec![attr::tensor("value", value)]);
+    let mut proto = b.build();
+    let g = proto.graph.as_mut().unwrap();
+    g.node.push(node("Add", "add", &["x", "c"], &["y"], vec![]));
+    g.output.push(g.input[0].clone());
+    g.output[0].name = Some("y".into());
+    save(&proto, &dir.path().join("model/model.onnx"));
+    write_npy_file(&dir.path().join("decoy/x.npy"), &Tensor::f32(vec![1, 4], vec![0.0; 4])).unwrap();
+
+    let out = layerwise(&["bisect", "../model/model.onnx", "--separate-runs", "--input", "x=x.npy", "--save-tensors", "st"], &dir.path().join("decoy"));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let c = common::saved_tensor(&dir.path().join("decoy/st/ref"), "c");
+    assert_eq!(c.data, TensorData::F32(vec![0.0, 1.0, 2.0, 3.0]), "the model's own w.data");
+    for args in [&["bisect", "../model/model.onnx", "--input", "x=x.npy"][..], &["fix", "../model/model.onnx", "--input", "x=x.npy"][..]] {
+        let out = layerwise(args, &dir.path().join("decoy"));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+        assert!(!text(&out).contains("not measured"), "{args:?}: {}", text(&out));
+    }
+    // The file only the Constant reads is still the model's, which no output replaces.
+    let out = layerwise(&["bisect", "model/model.onnx", "--html", "model/w.data"], dir.path());
+    assert_refused(&out, &["--html", "model/w.data"], "would overwrite the input model's external data");
+    assert_eq!(std::fs::read(dir.path().join("model/w.data")).unwrap(), values);
+}

@@ -130,7 +130,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((proto, calls)) => {
             input_notes.push(format!("{calls} calls of the model's own ONNX functions inlined: their nodes and tensors are named after the calling node (CALL/NAME) and compared"));
             // The same model, opened: its file, folder and digest stay (no copy of the old proto).
-            Cow::Owned(Model { proto, path: original.path.clone(), base_dir: original.base_dir.clone(), sha256: original.sha256.clone() })
+            Cow::Owned(Model { proto, path: original.path.clone(), base_dir: original.base_dir.clone(), sha256: original.sha256.clone(), attribute_files: original.attribute_files.clone() })
         }
     };
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use prost::Message;
 use sha2::{Digest, Sha256};
 
-use crate::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
+use crate::onnx::{tensor_proto, GraphProto, ModelProto, NodeProto, StringStringEntryProto, TensorProto};
 use crate::ModelError;
 
 /// A loaded ONNX model and where it came from.
@@ -22,6 +22,9 @@ pub struct Model {
     /// Folder that external data locations are relative to; `None` for in-memory models.
     pub base_dir: Option<PathBuf>,
     pub sha256: String,
+    /// Files that only tensors of node attributes (Constants) kept as external data were read
+    /// from on load: read in then, they are no longer referenced, but no output may replace them.
+    pub attribute_files: Vec<PathBuf>,
 }
 
 /// Size in bytes of one element of an ONNX data type, if it has a fixed size.
@@ -61,9 +64,10 @@ impl Model {
         let proto = ModelProto::decode(Bytes::from(data))
             .map_err(|cause| ModelError::Decode { path: path.to_path_buf(), cause })?;
         let base_dir = path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
-        let model = Model { proto, path: path.to_path_buf(), base_dir, sha256 };
+        let mut model = Model { proto, path: path.to_path_buf(), base_dir, sha256, attribute_files: Vec::new() };
         model.check_is_model()?;
         model.check_external_data()?;
+        model.inline_external_attributes()?;
         Ok(model)
     }
 
@@ -77,7 +81,7 @@ impl Model {
     /// Wraps a model built in memory (tests, the demo). It must not reference external data.
     pub fn from_proto(proto: ModelProto, label: &str) -> Result<Model, ModelError> {
         let sha256 = hex(&Sha256::digest(proto.encode_to_vec()));
-        let model = Model { proto, path: PathBuf::from(label), base_dir: None, sha256 };
+        let model = Model { proto, path: PathBuf::from(label), base_dir: None, sha256, attribute_files: Vec::new() };
         model.check_is_model()?;
         model.check_external_data()?;
         Ok(model)
@@ -87,7 +91,7 @@ impl Model {
     /// still resolves against this model's folder.
     pub fn derived(&self, proto: ModelProto, label: &str) -> Model {
         let sha256 = hex(&Sha256::digest(proto.encode_to_vec()));
-        Model { proto, path: self.path.with_file_name(label), base_dir: self.base_dir.clone(), sha256 }
+        Model { proto, path: self.path.with_file_name(label), base_dir: self.base_dir.clone(), sha256, attribute_files: self.attribute_files.clone() }
     }
 
     pub fn graph(&self) -> &GraphProto {
@@ -152,9 +156,48 @@ impl Model {
         Ok(())
     }
 
+    /// Reads the external data of node attributes (a Constant's `value`, in the graph, its bodies
+    /// and its functions) into the model. ONNX Runtime resolves such a tensor against the model's
+    /// path, which a model handed over from memory does not have (found by the independent
+    /// tester: it read `w.data` from the working folder instead, another model's weights).
+    fn inline_external_attributes(&mut self) -> Result<(), ModelError> {
+        let mut tensors: Vec<&mut TensorProto> = Vec::new();
+        let mut stack: Vec<&mut NodeProto> = Vec::new();
+        if let Some(g) = self.proto.graph.as_mut() {
+            stack.extend(g.node.iter_mut());
+        }
+        for f in self.proto.functions.iter_mut() {
+            stack.extend(f.node.iter_mut());
+        }
+        while let Some(node) = stack.pop() {
+            for attr in node.attribute.iter_mut() {
+                tensors.extend(attr.t.iter_mut().filter(|t| is_external(t)));
+                tensors.extend(attr.tensors.iter_mut().filter(|t| is_external(t)));
+                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                    stack.extend(g.node.iter_mut());
+                }
+            }
+        }
+        let reader = Model { proto: ModelProto::default(), path: self.path.clone(), base_dir: self.base_dir.clone(), sha256: String::new(), attribute_files: Vec::new() };
+        let mut files = Vec::new();
+        for t in tensors {
+            reader.check_one_external(t)?;
+            if let Some(f) = ExternalRef::parse(t).ok().and_then(|e| reader.external_file(&e.location)) {
+                if !files.contains(&f) {
+                    files.push(f);
+                }
+            }
+            t.raw_data = Some(Bytes::from(reader.external_bytes(t)?));
+            t.external_data.clear();
+            t.data_location = None;
+        }
+        self.attribute_files = files;
+        Ok(())
+    }
+
     /// The files this model's external data lives in (each once), which no output may replace.
     pub fn external_files(&self) -> Vec<PathBuf> {
-        let mut files: Vec<PathBuf> = Vec::new();
+        let mut files: Vec<PathBuf> = self.attribute_files.clone();
         if let Some(g) = &self.proto.graph {
             for_each_initializer(g, &mut |t| {
                 if let Some(f) = ExternalRef::parse(t).ok().filter(|_| is_external(t)).and_then(|e| self.external_file(&e.location)) {
