@@ -309,6 +309,72 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     assert_eq!(r["memory"]["comparison"], "paired", "the kept If pairs: {}", r["memory"]);
 }
 
+/// A Loop and a Scan whose bodies square a value past the FP16 range (x*x/1000 with x up to
+/// 600): the Loop also emits the square as a scan output. Minimal versions of the independent
+/// tester's models.
+fn squares_in_a_loop_and_a_scan() -> (ModelProto, ModelProto) {
+    let four = [Dim::from(4)];
+    let body = GraphProto {
+        name: Some("body".into()),
+        node: vec![node("Mul", "sq", &["x_in", "x_in"], &["sq"], vec![]), node("Div", "div", &["sq", "k"], &["x_out"], vec![]), node("Identity", "id", &["c_in"], &["c_out"], vec![])],
+        input: vec![value("i", DataType::Int64, Some(&[])), value("c_in", DataType::Bool, Some(&[])), value("x_in", DataType::Float, Some(&four))],
+        output: vec![value("c_out", DataType::Bool, Some(&[])), value("x_out", DataType::Float, Some(&four)), value("sq", DataType::Float, Some(&four))],
+        ..Default::default()
+    };
+    let mut b = ModelBuilder::new("loop_min", 13);
+    b.input("trips", DataType::Int64, &[]);
+    b.input("x0", DataType::Float, &four);
+    b.initializer(f32_tensor("k", &[], &[1000.0]));
+    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.node("Loop", "loop", &["trips", "go", "x0"], &["x_final", "sqs"], vec![attr::graph("body", body)]);
+    b.output("x_final", DataType::Float);
+    b.output("sqs", DataType::Float);
+    let looped = b.build();
+
+    let body = GraphProto {
+        name: Some("sbody".into()),
+        node: vec![node("Mul", "sq", &["s", "s"], &["sq"], vec![]), node("Div", "div", &["sq", "k"], &["y"], vec![])],
+        input: vec![value("s", DataType::Float, Some(&four))],
+        output: vec![value("y", DataType::Float, Some(&four))],
+        ..Default::default()
+    };
+    let mut b = ModelBuilder::new("scan_min", 13);
+    b.input("X", DataType::Float, &[Dim::from(2), Dim::from(4)]);
+    b.initializer(f32_tensor("k", &[], &[1000.0]));
+    b.node("Scan", "scan", &["X"], &["Y"], vec![attr::graph("body", body), attr::int("num_scan_inputs", 1)]);
+    b.output("Y", DataType::Float);
+    (looped, b.build())
+}
+
+/// Found by the independent tester: `fix` searched the unrolled model and then could not write
+/// its keep list (`scan/iter0/sq`, `loop/scan0/unsqueeze0` are no nodes of the model written).
+#[test]
+fn fix_writes_loop_and_scan_models_whose_keep_list_names_unrolled_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (looped, scanned) = squares_in_a_loop_and_a_scan();
+    save(&looped, &dir.path().join("loop.onnx"));
+    save(&scanned, &dir.path().join("scan.onnx"));
+    let x = Tensor::f32(vec![4], vec![300.0, 400.0, 500.0, 600.0]);
+    let trips = Tensor::new(vec![], TensorData::I64(vec![2]));
+    layerwise_runtime::npy::write_npz(&dir.path().join("loop.npz"), &[("trips", &trips), ("x0", &x)]).unwrap();
+    let rows = Tensor::f32(vec![2, 4], vec![300.0, 400.0, 500.0, 600.0, 1.0, 2.0, 3.0, 4.0]);
+    layerwise_runtime::npy::write_npz(&dir.path().join("scan.npz"), &[("X", &rows)]).unwrap();
+    for (model, unrolled) in [("loop", "loop/iter0/sq"), ("scan", "scan/iter0/sq")] {
+        let (m, inputs, fixed, report) = (format!("{model}.onnx"), format!("{model}.npz"), format!("{model}_fixed.onnx"), format!("{model}_fix.json"));
+        let out = layerwise(&["bisect", &m, "--inputs", &inputs], dir.path());
+        assert_eq!(out.status.code(), Some(1), "{model} diverges: {}", text(&out));
+        let out = layerwise(&["fix", &m, "--inputs", &inputs, "-o", &fixed, "--json", &report], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{model}: {t}");
+        let fix = json(&dir.path().join(&report));
+        assert!(fix["keep_fp32"].as_array().unwrap().iter().any(|n| n == unrolled), "{model}: {t}");
+        assert_eq!(fix["fixed_model_load"]["status"], "loads", "{model}: {t}");
+        assert_eq!(fix["fixed_model_check"]["pass"], true, "{model}: {t}");
+        let written = layerwise_model::Model::load(&dir.path().join(&fixed)).unwrap();
+        assert!(written.graph().node.iter().any(|n| n.op_type() == if model == "loop" { "Loop" } else { "Scan" }), "{model}: the written model keeps its structure");
+    }
+}
+
 /// x[12,4] scanned row by row with a state s[4] (zeros): s' = (s + row) * 3, also emitted per step.
 /// The state passes 65504 after about ten steps.
 fn planted_scan() -> ModelProto {

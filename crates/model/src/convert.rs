@@ -184,8 +184,10 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             model.opset()
         )));
     }
-    for name in &options.keep_nodes {
-        if index.node(name).is_none() && body_of(index, name).is_none() {
+    let mut keep_names: Vec<&String> = options.keep_nodes.iter().collect();
+    keep_names.sort();
+    for name in keep_names {
+        if index.node(name).is_none() && body_of(index, name).is_none() && !fp32_as_unrolled(index, name) {
             return Err(ModelError::UnknownNode(name.clone()));
         }
     }
@@ -420,6 +422,20 @@ fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo
             _ => part == "body" || part.strip_prefix("iter").is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())),
         };
         (ok && !inner.is_empty()).then(|| (n, format!("{}/{}", n.name, if n.op_type == "If" { part } else { "body" })))
+    })
+}
+
+/// Whether `name` is a node that the unrolling of a Loop or Scan made (names a keep list found on
+/// the unrolled model holds) and that is FP32 in the converted model anyway: anything of a Scan,
+/// whose body is not converted (the Scan stays FP32), and the nodes of a Loop that gather its
+/// final values and scan outputs (`Loop/final0`, `Loop/scan1/unsqueeze2`), which its float32
+/// body outputs already are (found by the independent tester: `fix` failed on them).
+fn fp32_as_unrolled(index: &GraphIndex, name: &str) -> bool {
+    let numbered = |part: &str, word: &str| part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+    index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "Loop" | "Scan")).any(|n| {
+        let Some(rest) = name.strip_prefix(&n.name).and_then(|r| r.strip_prefix('/')) else { return false };
+        let part = rest.split('/').next().unwrap_or(rest);
+        numbered(part, "final") || numbered(part, "scan") || (n.op_type == "Scan" && numbered(part, "iter"))
     })
 }
 
