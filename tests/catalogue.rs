@@ -170,6 +170,11 @@ fn malformed_inputs_each_get_their_own_error() {
     let dynm = c.model("dyn.onnx", &dynamic_model());
     c.case(&["bisect", &dynm, "--input-shape", "x:99999999999x4", "--input-shape", "ids:99999999999"], "input 'x': shape 99999999999x4 needs");
     c.case(&["bisect", &dynm, "--input-shape", "x:4611686018427387904x4", "--input-shape", "ids:4611686018427387904"], "is too large to hold");
+    // Found by the independent tester: a repeated option lost silently to the first; a zero
+    // dimension gave a PASS with nothing compared.
+    c.case(&["bisect", &dynm, "--input-shape", "x:2x4", "--input-shape", "x:3x4", "--input-shape", "ids:2"], "--input-shape is given twice for input 'x'");
+    c.case(&["bisect", &dynm, "--val-range", "x:0,1", "--val-range", "x:-5,5"], "--val-range is given twice for input 'x'");
+    c.case(&["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0"], "every model output is empty, so nothing can be compared: inputs with no element: 'x' 0x4, 'ids' 0");
     // An .npy header declaring an absurd shape over a few bytes of data.
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 4), }";
     let mut npy = b"\x93NUMPY\x01\x00".to_vec();

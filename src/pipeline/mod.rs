@@ -137,6 +137,16 @@ fn compare_and_walk(
                     compared.comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; ")
                 );
             }
+            // A PASS over outputs with no element would say nothing (found by the independent
+            // tester: an input shape with a zero dimension).
+            let empty = |o: &String| compared.comparison.get(o).is_some_and(|r| r.shape.contains(&0));
+            if job.index.outputs.iter().all(empty) {
+                let zero: Vec<String> = feeds.iter().filter(|(_, t)| t.shape.contains(&0)).map(|(n, t)| format!("'{n}' {}", t.shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))).collect();
+                bail!(
+                    "every model output is empty, so nothing can be compared{}",
+                    if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) }
+                );
+            }
             let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
             (compared, verdict)
         }

@@ -104,6 +104,18 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
             return Err(RuntimeError::Input(format!("the model has no input '{name}' (its inputs: {})", names())));
         }
     }
+    // One value per input and option: a second would silently lose to the first.
+    let repeated = |what: &str, names: Vec<&String>| -> Result<(), RuntimeError> {
+        for (i, name) in names.iter().enumerate() {
+            if names[..i].contains(name) {
+                return Err(RuntimeError::Input(format!("{what} is given twice for input '{name}'")));
+            }
+        }
+        Ok(())
+    };
+    repeated("--input-shape", options.shapes.iter().map(|(n, _)| n).collect())?;
+    repeated("--val-range", options.ranges.iter().map(|(n, _, _)| n).collect())?;
+    repeated("--input", options.npy.iter().map(|(n, _)| n).collect())?;
     for (name, lo, hi) in &options.ranges {
         if !known(name) {
             return Err(RuntimeError::Input(format!("--val-range names '{name}', which is not a model input (inputs: {})", names())));
