@@ -309,6 +309,51 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     assert_eq!(r["memory"]["comparison"], "paired", "the kept If pairs: {}", r["memory"]);
 }
 
+/// Found by the independent tester (silero_vad over 16 kHz and 8 kHz samples): an If kept for
+/// samples that take different branches was "kept in FP32" with its branch weights still rounded,
+/// so `fix` said that even keeping everything fails. Kept, an If is FP32 whole, in the emulation
+/// and in the written model. Here the then-branch scales by 70000 (beyond FP16) and back.
+#[test]
+fn an_if_kept_in_fp32_keeps_its_branches_whole_and_fix_says_fixed() {
+    let mut b = ModelBuilder::new("scaled_if", 17);
+    let dims = [Dim::from(1), Dim::from(4)];
+    b.input("x", DataType::Float, &dims);
+    b.input("sr", DataType::Int64, &[]);
+    b.initializer(i64_tensor("sr16k", &[], &[16000]));
+    b.initializer(f32_tensor("half", &[], &[0.5]));
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: vec![node("Mul", "up", &["x", "big"], &["u"], vec![]), node("Div", "down", &["u", "big"], &["then_y"], vec![])],
+        initializer: vec![f32_tensor("big", &[], &[70000.0])],
+        output: vec![value("then_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])], output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
+    b.node("If", "by_rate", &["cond"], &["b"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node("Mul", "scale", &["b", "half"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    std::fs::create_dir(dir.path().join("samples")).unwrap();
+    for (i, rate) in [16000i64, 8000].into_iter().enumerate() {
+        let x = Tensor::f32(vec![1, 4], vec![0.5, 1.0, 1.5, 2.0]);
+        let sr = Tensor::new(vec![], TensorData::I64(vec![rate]));
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)]).unwrap();
+    }
+    let out = layerwise(&["fix", "m.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate"]), "{t}");
+    assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let if_node = fixed.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
+    let then_branch = if_node.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
+    assert!(then_branch.initializer.iter().all(|w| w.data_type() == DataType::Float as i32), "the kept If's branch stays float32");
+    assert!(then_branch.node.iter().all(|n| n.op_type() != "Cast"), "nothing of the kept branch is cast");
+}
+
 /// A Loop and a Scan whose bodies square a value past the FP16 range (x*x/1000 with x up to
 /// 600): the Loop also emits the square as a scan output. Minimal versions of the independent
 /// tester's models.

@@ -342,8 +342,11 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         }
         // If/Loop bodies are converted as graphs of their own whose inputs and outputs stay
         // float32, so an outer tensor they read must reach them in float32.
-        if matches!(node.op_type(), "If" | "Loop") {
-            let name = index.nodes.iter().find(|n| n.proto_index == i).map(|n| n.name.clone()).unwrap_or_default();
+        // An If or Loop kept in FP32 keeps its bodies FP32 whole (as the emulation leaves their
+        // weights unrounded): keeping it means everything it computes.
+        let name = index.nodes.iter().find(|n| n.proto_index == i).map(|n| n.name.clone()).unwrap_or_default();
+        let kept_whole = options.keep_nodes.contains(&name) || options.keep_ops.contains(node.op_type());
+        if matches!(node.op_type(), "If" | "Loop") && !kept_whole {
             for attr in node.attribute.iter_mut() {
                 let Some(prefix) = crate::inline::body_prefixes(&name, node.op_type.as_deref().unwrap_or_default(), attr.name()) else { continue };
                 let Some(body) = attr.g.as_mut() else { continue };

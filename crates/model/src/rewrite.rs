@@ -132,7 +132,7 @@ pub fn emulate(
     };
     let mut rounded_weights = gathered.len();
     let weight_rounding = WeightRounding { model, rounding, storage, split };
-    let mut nodes = weight_rounding.round_graph(graph, &gathered, &mut rounded_weights)?;
+    let mut nodes = weight_rounding.round_graph(graph, &gathered, &keep_fp32, &mut rounded_weights)?;
     if split {
         graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
     }
@@ -668,7 +668,9 @@ impl WeightRounding<'_> {
     /// file, renamed `NAME__lw_stored`, and nodes at the head of the graph compute `NAME` from
     /// them (returned for the top graph, inserted in subgraphs), so no run copies the weights.
     /// `rounded_after_reads` are weights of `graph` itself that are rounded after their readers.
-    fn round_graph(&self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
+    /// The bodies of `kept` nodes (positions in `graph`: an If or Loop kept in FP32, which the
+    /// converted model keeps FP32 whole) keep their weights.
+    fn round_graph(&self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, kept: &HashSet<usize>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
         let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
         let mut at_head = Vec::new();
         for t in graph.initializer.iter_mut() {
@@ -684,8 +686,9 @@ impl WeightRounding<'_> {
                 *count += 1;
             }
         }
-        for node in graph.node.iter_mut() {
+        for (i, node) in graph.node.iter_mut().enumerate() {
             let is_constant = node.op_type() == "Constant" && !node.output.first().is_some_and(|o| is_keep_copy(o));
+            let body_kept = kept.contains(&i);
             for attr in node.attribute.iter_mut() {
                 if is_constant {
                     match attr.name() {
@@ -706,8 +709,8 @@ impl WeightRounding<'_> {
                         _ => {}
                     }
                 }
-                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
-                    let head = self.round_graph(g, &HashSet::new(), count)?;
+                for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()).filter(|_| !body_kept) {
+                    let head = self.round_graph(g, &HashSet::new(), &HashSet::new(), count)?;
                     g.node.splice(0..0, head);
                 }
             }
