@@ -548,9 +548,9 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));
     }
-    // Ops ONNX Runtime has no kernel for in the target type are already kept in FP32; a model it
-    // still refuses or crashes on is not written.
-    if matches!(load.status, layerwise_report::LoadStatus::Error | layerwise_report::LoadStatus::Crashed) {
+    // A model ONNX Runtime refuses (other than for a CPU kernel it lacks) or crashes on is not
+    // written.
+    if crate::load_check::unusable(&load) {
         bail!("ONNX Runtime cannot load the converted model ({}; nothing written): {}", load.status, load.detail.unwrap_or_default());
     }
     model.save_standalone(&conversion.proto, &args.output)?;

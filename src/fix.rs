@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
-use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OutputChange, Round, FIX_SCHEMA};
+use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, ModelCheck, OutputChange, Round, FIX_SCHEMA};
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 
@@ -500,8 +500,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             Ok(None) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some("no sample to run".into()) },
             Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e) },
         };
-        // A model that ONNX Runtime refuses or crashes on is no fix, whatever the typed evaluation says.
-        let crashed = load_check.as_ref().filter(|l| matches!(l.status, LoadStatus::Crashed | LoadStatus::Error)).map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
+        // A model that ONNX Runtime refuses (but for a CPU kernel it lacks) or crashes on is no
+        // fix, whatever the typed evaluation says.
+        let crashed = load_check.as_ref().filter(|l| crate::load_check::unusable(l)).map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
         if let Some(how) = crashed {
             fixed = false;
             check_failure = Some(format!("the fixed model does not load: {how}"));

@@ -167,6 +167,17 @@ pub fn convert_that_loads(
     Ok((c, LoadCheck { detail: Some(format!("{crash_note}, whichever op types are kept in FP32")), ..check }))
 }
 
+/// Whether ONNX Runtime cannot use the model at all: it crashed, or refused it for any reason but
+/// a missing CPU kernel ("Could not find an implementation": the model is valid, and the GPU
+/// providers it is meant for have the kernel).
+pub fn unusable(check: &LoadCheck) -> bool {
+    match check.status {
+        LoadStatus::Crashed => true,
+        LoadStatus::Error => !check.detail.as_deref().is_some_and(|d| d.contains("Could not find an implementation")),
+        LoadStatus::Loads | LoadStatus::NotChecked => false,
+    }
+}
+
 fn outcome(check: &LoadCheck) -> &'static str {
     if check.status == LoadStatus::Loads {
         "loads and runs"
