@@ -120,6 +120,9 @@ fn worse(failing: bool, error: f64, so_far: Option<(bool, f64)>) -> bool {
     }
 }
 
+/// The kind of pattern for an If or Loop left as it is, kept FP32 whole.
+const OPAQUE_CONTROL_FLOW: &str = "control_flow_left_as_is";
+
 /// On a blame chain with no first divergent layer, the node (not yet kept, with a float output)
 /// whose output error is the largest multiple, at least 2x, of its input's: where the drift meets
 /// the most sensitive consumer. Keeping an integer op in FP32 would change nothing.
@@ -283,6 +286,15 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         bail!("no inputs to run");
     }
     let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
+    // If and Loop nodes left as they are (samples that take different branches, a Loop whose trip
+    // count the run decides): the emulation does not round inside their bodies and the typed check
+    // runs each as one ONNX Runtime call, so neither can vouch for an FP16 body. They stay FP32
+    // whole (found by the independent tester: FIXED for an If whose branch overflows FP16).
+    let opaque: Vec<(String, String)> = setup
+        .control_flow
+        .as_ref()
+        .map(|cf| cf.kept.iter().filter(|(n, _)| setup.index.node(n).is_some_and(|info| matches!(info.op_type.as_str(), "If" | "Loop"))).cloned().collect())
+        .unwrap_or_default();
     let flattened = setup.control_flow.is_some();
     let Setup { model, index, mut reference, mut candidate, .. } = setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
@@ -333,12 +345,24 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
+    if !opaque.is_empty() {
+        for (node, why) in &opaque {
+            keep.push(node.clone());
+            patterns.push(KeptPattern {
+                kind: OPAQUE_CONTROL_FLOW.into(),
+                nodes: vec![node.clone()],
+                because: format!("'{node}' is left as it is ({why}): neither the emulation nor the typed check sees inside it, so it stays FP32 whole"),
+            });
+        }
+        last = search.run(&keep)?;
+        rounds.push(Round { stage: FixStage::Pattern, keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+    }
     let mut stuck = None;
     // An output as sensitive to one rounding of every weight as to the candidate has no small fix.
     let mut noise_floor = None;
-    if first_verdict.status == Status::Diverged && b.noise_floor {
-        if let Some(worst) = first_verdict.worst_output.as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: first.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
+    if last.1.status == Status::Diverged && b.noise_floor {
+        if let Some(worst) = last.1.worst_output.clone().as_deref() {
+            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
@@ -423,6 +447,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if last.1.status == Status::Pass && patterns.len() > 1 {
         let mut i = 0;
         while i < patterns.len() && patterns.len() > 1 {
+            // What the emulation cannot see inside is not its to drop.
+            if patterns[i].kind == OPAQUE_CONTROL_FLOW {
+                i += 1;
+                continue;
+            }
             let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
             let trial = search.run(&without)?;
             rounds.push(Round { stage: FixStage::Prune, keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });

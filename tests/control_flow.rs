@@ -307,6 +307,73 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     assert!(conclusions.contains("this verdict does not cover what happens inside it"), "{conclusions}");
     assert!(t.contains("does not cover what happens inside"), "{t}");
     assert_eq!(r["memory"]["comparison"], "paired", "the kept If pairs: {}", r["memory"]);
+
+    // fix cannot vouch for an FP16 branch it does not see into (the independent tester got FIXED
+    // for an If whose taken branch overflows FP16): the If stays FP32 whole, and that holds.
+    let out = layerwise(&["fix", "vad.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate"]), "{t}");
+    assert_eq!(fix["patterns"][0]["kind"], "control_flow_left_as_is", "{t}");
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let if_node = fixed.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
+    for branch in &if_node.attribute {
+        let body = branch.g.as_ref().unwrap();
+        assert!(body.node.iter().all(|n| n.op_type() != "Cast") && body.initializer.iter().all(|w| w.data_type() == DataType::Float as i32), "{} stays float32", branch.name());
+    }
+}
+
+/// Found by the independent tester: a Loop left as it is, whose body reads an outer weight and
+/// overflows FP16, got NOT FIXED "ill-conditioned" although keeping the Loop fixes it: the
+/// emulation still rounded the outer weight the kept body reads, and no run kept the Loop.
+#[test]
+fn a_loop_left_as_it_is_is_kept_whole_with_the_outer_weights_it_reads() {
+    let f = |name: &str, dims: &[i64], v: &[f32]| f32_tensor(name, dims, v);
+    let w: Vec<f32> = (0..64).map(|k| ((k * 37 % 17) as f32 - 8.0) / 16.0).collect();
+    let rows = [Dim::from(4), Dim::from(8)];
+    let body = GraphProto {
+        name: Some("body".into()),
+        node: vec![
+            node("MatMul", "x", &["h", "W"], &["h1"], vec![]),
+            node("Mul", "b_a", &["h1", "C1"], &["b_a"], vec![]),
+            node("Mul", "b_sq", &["b_a", "b_a"], &["b_sq"], vec![]),
+            node("Mul", "b_down", &["b_sq", "C2"], &["h2"], vec![]),
+            node("Add", "y", &["h2", "h"], &["h3"], vec![]),
+            node("Identity", "bid", &["cond"], &["cond_out"], vec![]),
+        ],
+        input: vec![value("i", DataType::Int64, Some(&[])), value("cond", DataType::Bool, Some(&[])), value("h", DataType::Float, Some(&rows))],
+        output: vec![value("cond_out", DataType::Bool, Some(&[])), value("h3", DataType::Float, Some(&rows))],
+        ..Default::default()
+    };
+    let mut b = ModelBuilder::new("loop_outer_weight", 17);
+    b.input("x", DataType::Float, &rows);
+    b.initializer(f("W", &[8, 8], &w));
+    b.initializer(f("C1", &[], &[3000.0]));
+    b.initializer(f("C2", &[], &[1.0 / 9e6]));
+    b.initializer(i64_tensor("n", &[], &[3]));
+    b.initializer(TensorProto { name: Some("tr".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.node("Loop", "loop", &["n", "tr", "x"], &["hl"], vec![attr::graph("body", body)]);
+    b.node("Tanh", "fin", &["hl"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("loop.onnx"));
+    std::fs::create_dir(dir.path().join("samples")).unwrap();
+    for i in 0..3 {
+        let x = Tensor::f32(vec![4, 8], (0..32).map(|k| ((k * 7 + i * 5) % 32) as f32 / 32.0).collect());
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "loop.onnx", "--inputs", "samples", "--json", "r.json"], dir.path());
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["control_flow"]["kept"][0][0], "loop", "the Loop is left as it is: {}", text(&out));
+    let out = layerwise(&["fix", "loop.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let fix = json(&dir.path().join("fix.json"));
+    assert_eq!(fix["keep_fp32"], serde_json::json!(["loop"]), "{t}");
+    assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    assert!(fixed.graph().initializer.iter().find(|t| t.name() == "W").is_some_and(|t| t.data_type() == DataType::Float as i32), "the weight the kept body reads stays float32");
 }
 
 /// Found by the independent tester (silero_vad over 16 kHz and 8 kHz samples): an If kept for

@@ -543,7 +543,13 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
     }
     let copy_name = |n: &str| format!("{n}{KEEP_SUFFIX}");
     // An empty name is an absent optional input, not a tensor: no copy of it.
-    let kept_reads: HashSet<String> = keep_fp32.iter().filter_map(|&i| graph.node.get(i)).flat_map(|n| n.input.iter().filter(|t| !t.is_empty()).cloned()).collect();
+    // What a kept node reads, its bodies' outer-scope reads included (a kept If or Loop is FP32
+    // whole, and its bodies read the outer weights unrounded).
+    let kept_reads: HashSet<String> = keep_fp32
+        .iter()
+        .filter_map(|&i| graph.node.get(i))
+        .flat_map(|n| n.input.iter().filter(|t| !t.is_empty()).cloned().chain(crate::graph::outer_refs_of(n)))
+        .collect();
     let mut copies: HashSet<String> = HashSet::new();
     let mut new_inits = Vec::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32 && kept_reads.contains(t.name())) {
@@ -565,6 +571,13 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
         if let Some(node) = graph.node.get_mut(i) {
             for input in node.input.iter_mut().filter(|x| copies.contains(x.as_str())) {
                 *input = copy_name(input);
+            }
+            for name in crate::graph::outer_refs_of(node).into_iter().filter(|t| copies.contains(t)) {
+                for attr in node.attribute.iter_mut() {
+                    for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                        crate::graph::rename_outer_ref(g, &name, &copy_name(&name));
+                    }
+                }
             }
         }
     }
