@@ -287,6 +287,25 @@ fn an_outer_tensor_read_inside_and_outside_a_branch_converts_to_a_model_that_loa
     assert_eq!(fix["fixed_model_load"]["status"], "loads", "{t}");
     let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "fixed.onnx"], dir.path());
     assert!(matches!(out.status.code(), Some(0 | 1)), "ONNX Runtime runs the fixed model: {}", text(&out));
+
+    // The tensor a branch reads is also a graph output: its Cast back to float32 for the output
+    // and the one for the branch were two nodes of one name (found by the independent tester).
+    let dims = [Dim::from(1), Dim::from(4)];
+    let mut b = ModelBuilder::new("output_read_by_a_branch", 17);
+    b.input("x", DataType::Float, &dims);
+    b.input("c", DataType::Bool, &[]);
+    b.initializer(f32_tensor("B", &[4], &[-1.0, -0.5, 0.5, 1.0]));
+    let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Mul", "tmul2", &["t", "B"], &["a"], vec![])], output: vec![value("a", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Add", "eadd", &["t", "B"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("Mul", "tmul", &["x", "B"], &["t"], vec![]);
+    b.node("If", "if", &["c"], &["iy"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node("Add", "final", &["iy", "t"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.output("t", DataType::Float);
+    save(&b.build(), &dir.path().join("out_read.onnx"));
+    let out = layerwise(&["convert", "out_read.onnx", "-o", "out_read16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("ONNX Runtime loads it"), "{}", text(&out));
 }
 
 #[test]

@@ -393,7 +393,8 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
                 *t = inner.clone();
             }
         }
-        new_nodes.push(cast_node(inner, name, DataType::Float, format!("{name}/lw_to_fp32")));
+        // Not `{name}/lw_to_fp32`: that is the Cast an If or Loop body that reads the output gets.
+        new_nodes.push(cast_node(inner, name, DataType::Float, format!("{name}/lw_output_to_fp32")));
         casts_inserted += 1;
     }
     g.node = new_nodes;
