@@ -609,7 +609,20 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 
 fn run_merge(args: MergeArgs) -> Result<u8> {
     let outputs = args.formats.outputs(Some(args.json));
-    let partials: Vec<(&str, &std::path::Path)> = args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
+    let mut partials: Vec<(&str, &std::path::Path)> = args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
+    // The model the partial reports name, and its external data, are inputs too (found by the
+    // independent tester: `merge ... --json w.data` replaced the model's weights).
+    let mut models = Vec::new();
+    for p in &args.partials {
+        if let Ok(report) = layerwise_report::read_report(p) {
+            for m in models_of_report(p, &report, None) {
+                if !models.contains(&m) {
+                    models.push(m);
+                }
+            }
+        }
+    }
+    partials.extend(models.iter().map(|(what, p)| (*what, p.as_path())));
     for (what, path) in outputs.paths() {
         crate::pipeline::check_writable_target(path, what)?;
         crate::pipeline::check_not_an_input(path, what, &partials)?;

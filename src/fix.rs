@@ -249,6 +249,11 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
     format!("--{low} --precisionConstraints=obey --layerPrecisions='{}'", spec.join(","))
 }
 
+/// The keep list `fix -o OUT` writes beside the model: `OUT.keep-fp32.json`.
+fn keep_list_path(out: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.keep-fp32.json", out.display()))
+}
+
 pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let b = &options.bisect;
     let inputs = input_files(b);
@@ -265,10 +270,18 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         if let Some(json) = &b.outputs.json {
             check_not_an_input(out, "-o", &[("the JSON report", json.as_path())])?;
         }
+        // The keep list written beside it is an output too (found by the independent tester: it
+        // replaced an input model named like it).
+        let sidecar = keep_list_path(out);
+        check_not_an_input(&sidecar, "the keep list written beside -o", &inputs)?;
+        if let Some(json) = &b.outputs.json {
+            check_not_an_input(&sidecar, "the keep list written beside -o", &[("the JSON report", json.as_path())])?;
+        }
     }
     let mut steps = Steps::new(b.progress, b.progress_lines);
     let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
-    let fixed_model: Vec<(&str, &Path)> = options.output.iter().map(|o| ("-o", o.as_path())).collect();
+    let sidecar = options.output.as_deref().map(keep_list_path);
+    let fixed_model: Vec<(&str, &Path)> = options.output.iter().map(|o| ("-o", o.as_path())).chain(sidecar.iter().map(|s| ("the keep list written beside -o", s.as_path()))).collect();
     crate::pipeline::check_not_external_data(&original, "the input model's external data", b, &fixed_model)?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
@@ -554,7 +567,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             }
         } else if let Some(path) = &options.output {
             let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep, &inlined, low_flag) });
-            write_atomic(&PathBuf::from(format!("{}.keep-fp32.json", path.display())), &serde_json::to_vec_pretty(&keep_json)?)?;
+            write_atomic(&keep_list_path(path), &serde_json::to_vec_pretty(&keep_json)?)?;
             fixed_model = Some(path.display().to_string());
         }
         fixed_model_check = Some(check);

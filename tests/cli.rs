@@ -356,9 +356,14 @@ fn no_output_replaces_the_models_external_weights() {
     let made = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
     assert!(made.status.code().is_some_and(|c| c <= 1), "{}", text(&made));
     let model_before = std::fs::read(dir.path().join("m.onnx")).unwrap();
+    std::fs::copy(dir.path().join("m.onnx"), dir.path().join("fx.onnx.keep-fp32.json")).unwrap();
     for (args, says) in [
         (&["report", "r.json", "--html", "m.weights"][..], "would overwrite the external data of the report's model"),
         (&["report", "r.json", "--csv", "./m.onnx"][..], "would overwrite the report's model"),
+        (&["merge", "r.json", "--json", "m.weights"][..], "would overwrite the external data of the report's model"),
+        (&["merge", "r.json", "--json", "merged.json", "--html", "m.onnx"][..], "would overwrite the report's model"),
+        // `fix -o OUT` also writes OUT.keep-fp32.json.
+        (&["fix", "fx.onnx.keep-fp32.json", "-o", "fx.onnx"][..], "the keep list written beside -o fx.onnx.keep-fp32.json would overwrite the input model"),
     ] {
         let out = layerwise(args, dir.path());
         assert_refused(&out, args, says);
