@@ -335,6 +335,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     for (k, (name, feeds)) in sets.into_iter().enumerate() {
         let label = if total == 1 { "running the reference".to_string() } else { format!("running the reference, sample {} of {total} ({name})", k + 1) };
         let out = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+        crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
         samples.push(Sample { name, feeds, reference: out.tensors });
     }
     let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();

@@ -175,6 +175,8 @@ fn malformed_inputs_each_get_their_own_error() {
     c.case(&["bisect", &dynm, "--input-shape", "x:2x4", "--input-shape", "x:3x4", "--input-shape", "ids:2"], "--input-shape is given twice for input 'x'");
     c.case(&["bisect", &dynm, "--val-range", "x:0,1", "--val-range", "x:-5,5"], "--val-range is given twice for input 'x'");
     c.case(&["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0"], "every model output is empty, so nothing can be compared: inputs with no element: 'x' 0x4, 'ids' 0");
+    c.case(&["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "--mark", "search"], "every model output is empty, so nothing can be compared");
+    c.case(&["fix", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "-o", &c.p("empty_fixed.onnx")], "every model output is empty, so nothing can be compared");
     // An .npy header declaring an absurd shape over a few bytes of data.
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 4), }";
     let mut npy = b"\x93NUMPY\x01\x00".to_vec();

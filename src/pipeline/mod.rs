@@ -137,21 +137,13 @@ fn compare_and_walk(
                     compared.comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; ")
                 );
             }
-            // A PASS over outputs with no element would say nothing (found by the independent
-            // tester: an input shape with a zero dimension).
-            let empty = |o: &String| compared.comparison.get(o).is_some_and(|r| r.shape.contains(&0));
-            if job.index.outputs.iter().all(empty) {
-                let zero: Vec<String> = feeds.iter().filter(|(_, t)| t.shape.contains(&0)).map(|(n, t)| format!("'{n}' {}", t.shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))).collect();
-                bail!(
-                    "every model output is empty, so nothing can be compared{}",
-                    if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) }
-                );
-            }
+            refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
             let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
             (compared, verdict)
         }
         Marking::Search => {
             let (compared, verdict, found) = search::search(job, feeds, weights, steps)?;
+            refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
             extras.search = Some(found);
             (compared, verdict)
         }
@@ -164,6 +156,17 @@ fn compare_and_walk(
         })?;
     }
     Ok((compared, verdict))
+}
+
+/// Refuses a sample whose every model output is empty: a PASS over them would say nothing (found
+/// by the independent tester: an input shape with a zero dimension). `shape` gives an output's
+/// shape where it was computed.
+pub(crate) fn refuse_empty_outputs<'a>(outputs: &[String], shape: impl Fn(&str) -> Option<&'a [usize]>, feeds: &[(String, Tensor)]) -> Result<()> {
+    if outputs.is_empty() || !outputs.iter().all(|o| shape(o).is_some_and(|s| s.contains(&0))) {
+        return Ok(());
+    }
+    let zero: Vec<String> = feeds.iter().filter(|(_, t)| t.shape.contains(&0)).map(|(n, t)| format!("'{n}' {}", t.shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))).collect();
+    bail!("every model output is empty, so nothing can be compared{}", if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) });
 }
 
 /// The sample whose worst output error is largest (the earliest on ties) carries the verdict; the
