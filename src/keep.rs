@@ -5,12 +5,13 @@
 //! converted to FP16 with the keep list in FP32 (the converter's keep list), saved to a
 //! temporary file and loaded like a user's model.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::Result;
 use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, ConvertOptions};
-use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_runtime::{float32_tensors, Backend, RunOutput, RunRequest, Tensor};
+use layerwise_model::extract::{extract_groups, TensorType};
+use layerwise_model::{DataType, GraphIndex, Model, Selection};
+use layerwise_runtime::{float32_tensors, Backend, DType, RunOutput, RunRequest, Tensor};
 
 /// Converts `model`, then has ONNX Runtime type the result: a node whose FP16/BF16 inputs it
 /// refuses (an op without that type at the model's opset: Conv takes bfloat16 only from opset
@@ -58,6 +59,8 @@ pub struct KeepRunner<'a> {
     /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
     refused: Option<BTreeMap<String, String>>,
     float: Option<HashSet<String>>,
+    /// The model converted with nothing kept and its index, for telling what a keep list changes.
+    plain: Option<(Conversion, GraphIndex)>,
 }
 
 impl<'a> KeepRunner<'a> {
@@ -66,7 +69,7 @@ impl<'a> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
         let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
         let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
-        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, float: None }
+        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, float: None, plain: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -139,11 +142,149 @@ impl<'a> KeepRunner<'a> {
         self.model.save_standalone(&converted.proto, &path)?;
         let cm = Model::load(&path)?;
         let ci = GraphIndex::build(cm.graph())?;
-        // ONNX Runtime's CPU provider computes an FP16 model in float32: run it in its own types.
-        if let Some(threads) = crate::pipeline::setup::typed_candidate(candidate.spec(), &cm) {
-            let mut typed = layerwise_runtime::typed::TypedBackend::new(candidate.spec(), threads);
-            return Ok(typed.run(&RunRequest { model: &cm, index: &ci, inputs, selection })?);
-        }
-        Ok(candidate.run(&RunRequest { model: &cm, index: &ci, inputs, selection })?)
+        run_converted(candidate, &cm, &ci, inputs, selection)
     }
+
+    /// The model outputs of a converted candidate with `keep` in FP32, computed by re-running only
+    /// the part of the model the keep list changes: the nodes that differ from the model converted
+    /// with nothing kept, everything they feed, and what must be recomputed because the
+    /// candidate's value of a tensor at their border is not at hand in the converted type. The
+    /// border is fed the candidate's own values (`before`, its run under the reference's names,
+    /// as the comparison holds them); outputs the keep list does not reach are taken from it as
+    /// they are. Returns `None` where this does not apply (an emulating candidate, a model with
+    /// control flow, a border value missing), and the caller runs the whole model; else the outputs
+    /// and how many nodes ran.
+    pub fn run_changed_part(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], before: &HashMap<String, Tensor>) -> Result<Option<(RunOutput, usize)>> {
+        if self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
+            return Ok(None);
+        }
+        if self.plain.is_none() {
+            let plain = self.convert(&[])?;
+            let index = GraphIndex::build(plain.proto.graph.as_ref().expect("a converted model has a graph"))?;
+            self.plain = Some((plain, index));
+        }
+        let converted = self.convert(keep)?;
+        let graph = converted.proto.graph.as_ref().expect("a converted model has a graph");
+        let index = GraphIndex::build(graph)?;
+        let (plain, plain_index) = self.plain.as_ref().expect("just set");
+        let plain_graph = plain.proto.graph.as_ref().expect("a converted model has a graph");
+        let plain_nodes: HashMap<&str, &layerwise_model::onnx::NodeProto> = plain_index.nodes.iter().map(|n| (n.name.as_str(), &plain_graph.node[n.proto_index])).collect();
+        // An initializer counts as the same where its name, type and dimensions are (a keep list
+        // changes a weight's stored type, not its values).
+        let weight_type = |g: &layerwise_model::onnx::GraphProto, t: &str| g.initializer.iter().find(|w| w.name() == t).map(|w| (w.data_type(), w.dims.clone()));
+        let mut changed_tensors: HashSet<&str> = HashSet::new();
+        let mut part: Vec<bool> = vec![false; index.nodes.len()];
+        for (i, node) in index.nodes.iter().enumerate() {
+            let proto = &graph.node[node.proto_index];
+            let differs = plain_nodes.get(node.name.as_str()) != Some(&proto)
+                || node.inputs.iter().any(|t| changed_tensors.contains(t.as_str()) || (index.is_initializer(t) && weight_type(graph, t) != weight_type(plain_graph, t)));
+            if differs {
+                part[i] = true;
+                changed_tensors.extend(node.outputs.iter().map(String::as_str));
+            }
+        }
+        // The border, walked back from the changed nodes: a value the candidate has in the type
+        // the converted model stores it in is fed; any other tensor's producer joins the part.
+        let expected_reduced = |t: &str| converted.reduced_tensors.contains(t);
+        let usable = |t: &str, v: &Tensor| -> bool {
+            let reduced = matches!(v.dtype(), DType::F16 | DType::BF16);
+            reduced == expected_reduced(t) && (!reduced || v.dtype() == self.reduced_dtype())
+        };
+        let feeds: HashMap<&str, &Tensor> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut border: HashMap<String, Tensor> = HashMap::new();
+        let mut stack: Vec<usize> = (0..index.nodes.len()).filter(|&i| part[i]).collect();
+        while let Some(i) = stack.pop() {
+            for t in index.nodes[i].inputs.iter().filter(|t| !t.is_empty() && !index.is_initializer(t)) {
+                let Some(p) = index.producer_index(t) else {
+                    // A graph input: fed as the whole run is fed.
+                    let Some(v) = feeds.get(t.as_str()) else { return Ok(None) };
+                    border.insert(t.clone(), (*v).clone());
+                    continue;
+                };
+                if part[p] || border.contains_key(t) || index.is_constant_like(t) {
+                    continue;
+                }
+                match before.get(t) {
+                    Some(v) if usable(t, v) => {
+                        border.insert(t.clone(), v.clone());
+                    }
+                    _ => {
+                        part[p] = true;
+                        stack.push(p);
+                    }
+                }
+            }
+        }
+        // Outputs the part does not reach are the candidate's as they are.
+        let mut result = RunOutput::default();
+        let mut computed = Vec::new();
+        for o in &self.index.outputs {
+            if index.producer_index(o).is_some_and(|p| part[p]) {
+                computed.push(o.clone());
+            } else {
+                let Some(v) = before.get(o) else { return Ok(None) };
+                result.tensors.insert(o.clone(), v.clone());
+            }
+        }
+        if computed.is_empty() {
+            // The keep list reaches no output: nothing to run.
+            return Ok(Some((result, 0)));
+        }
+        let members: Vec<String> = (0..index.nodes.len()).filter(|&i| part[i]).map(|i| index.nodes[i].name.clone()).collect();
+        // Types as the converted model stores them: a graph input as it declares it.
+        let declared: HashMap<&str, i32> = graph.input.iter().filter_map(|v| Some((v.name(), declared_elem(v)?))).collect();
+        let types = |t: &str| -> Option<TensorType> {
+            let v = border.get(t)?;
+            let elem = declared.get(t).copied().unwrap_or(v.dtype().onnx());
+            Some(TensorType { elem: DataType::try_from(elem).ok()?, dims: v.shape.clone() })
+        };
+        let rerun = members.len();
+        let cm = self.model.derived(converted.proto.clone(), "counterfactual.onnx");
+        let mut extraction = extract_groups(&cm, &index, &[members], &types)?;
+        let group = &extraction.groups[0];
+        let mut outputs = Vec::new();
+        for o in computed {
+            let Some((local, _)) = group.outputs.iter().find(|(_, t)| *t == o) else { return Ok(None) };
+            outputs.push((local.clone(), o));
+        }
+        // The part returns only the model outputs: fewer copies off the device, and nothing in
+        // the way of the runtime's fusions.
+        extraction.proto.graph.as_mut().expect("an extraction has a graph").output.retain(|v| outputs.iter().any(|(local, _)| local == v.name()));
+        let part_inputs: Vec<(String, Tensor)> = group.inputs.iter().map(|(local, t)| (local.clone(), border[t].clone())).collect();
+        let part_model = cm.derived(extraction.proto, "counterfactual-part.onnx");
+        let part_index = GraphIndex::build(part_model.graph())?;
+        let selection = Selection::Names(outputs.iter().map(|(local, _)| local.clone()).collect());
+        let mut out = run_converted(candidate, &part_model, &part_index, &part_inputs, &selection)?;
+        for (local, o) in outputs {
+            let Some(v) = out.tensors.remove(&local) else { return Ok(None) };
+            result.tensors.insert(o, v);
+        }
+        result.notes = out.notes;
+        Ok(Some((result, rerun)))
+    }
+
+    fn reduced_dtype(&self) -> DType {
+        match self.target {
+            layerwise_model::convert::Target::Bf16 => DType::BF16,
+            layerwise_model::convert::Target::Fp16 => DType::F16,
+        }
+    }
+}
+
+/// A graph input's declared element type.
+fn declared_elem(v: &layerwise_model::onnx::ValueInfoProto) -> Option<i32> {
+    match v.r#type.as_ref()?.value.as_ref()? {
+        layerwise_model::onnx::type_proto::Value::TensorType(t) => t.elem_type,
+        _ => None,
+    }
+}
+
+/// Runs a converted model on `candidate`; ONNX Runtime's CPU provider computes an FP16 model in
+/// float32, so there it runs in its own types.
+fn run_converted(candidate: &mut dyn Backend, model: &Model, index: &GraphIndex, inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+    if let Some(threads) = crate::pipeline::setup::typed_candidate(candidate.spec(), model) {
+        let mut typed = layerwise_runtime::typed::TypedBackend::new(candidate.spec(), threads);
+        return Ok(typed.run(&RunRequest { model, index, inputs, selection })?);
+    }
+    Ok(candidate.run(&RunRequest { model, index, inputs, selection })?)
 }

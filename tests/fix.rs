@@ -291,3 +291,42 @@ fn fix_holds_on_every_sample_of_a_folder() {
     assert_eq!(mixed["samples"].as_array().unwrap().len(), 3);
     assert!(mixed["fixed_model_check"]["pass"].as_bool().unwrap());
 }
+
+/// The counterfactual check on a converted candidate re-runs only the part of the model its keep
+/// list changes, fed the candidate's own values at the border. The independent oracle: the whole
+/// model converted with that keep list, written, and bisected as a candidate model of its own
+/// must give the same output error.
+#[test]
+fn a_counterfactual_rerun_of_the_changed_part_equals_the_whole_model_with_the_keep_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, conversion, _) = convert(planted_layernorm(), ConvertOptions::default());
+    let original = dir.path().join("ln.onnx");
+    let converted = dir.path().join("ln_fp16.onnx");
+    save(&model.proto, &original);
+    model.save_standalone(&conversion.proto, &converted).unwrap();
+    let nodes = conversion.proto.graph.as_ref().unwrap().node.len();
+    // Separate runs hold the candidate's tensors, which the border is fed from.
+    let options = BisectOptions { cand_model: Some(converted), separate_runs: true, ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
+    let report = bisect(&options).unwrap().report;
+    assert_eq!(report.verdict.status, Status::Diverged);
+    let cf = report.extras.counterfactual.as_ref().expect("a counterfactual section");
+    assert!(!cf.checks.is_empty());
+    for check in &cf.checks {
+        let rerun = check.nodes_rerun.unwrap_or_else(|| panic!("{}: the whole model ran, not the changed part", check.node));
+        assert!(rerun > 0 && rerun < nodes / 2, "{}: {rerun} of {nodes} nodes re-run", check.node);
+        let keep = ConvertOptions { keep_nodes: check.kept.iter().cloned().collect(), ..ConvertOptions::default() };
+        let (_, kept, _) = convert(planted_layernorm(), keep);
+        let kept_path = dir.path().join(format!("kept_{}.onnx", check.node.replace('/', "_")));
+        model.save_standalone(&kept.proto, &kept_path).unwrap();
+        // Only the outputs marked, as the counterfactual's reference run marks them (marking every
+        // tensor changes how ONNX Runtime fuses the float32 reference, in the last bits).
+        let only_outputs = layerwise_model::Selection::Names(Vec::new());
+        let whole = BisectOptions { cand_model: Some(kept_path), counterfactual: false, selection: only_outputs, ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
+        let whole = bisect(&whole).unwrap().report;
+        let level = whole.tensors.iter().find(|t| t.name == cf.output).expect("the worst output compared").metrics.error_level();
+        assert!(level.is_finite() && level > 0.0, "{}: {level}", check.node);
+        let diff = (check.output_error_after - level).abs() / level;
+        assert!(diff < 1e-9, "{}: part {} against whole {level}", check.node, check.output_error_after);
+    }
+    assert!(cf.checks.iter().any(|c| c.explained > 0.9), "keeping the LayerNorm removes the error: {cf:?}");
+}

@@ -55,8 +55,16 @@ fn html_without_run_info(html: &str) -> String {
     without_times(&re.replace_all(html, r#""run_info":"<run_info>""#))
 }
 
+/// Where ONNX Runtime's library was found (layerwise's cache, an installed Python package, a
+/// path given) depends on the machine, not on the run: it becomes `<library>`.
+fn without_library_path(text: &str) -> String {
+    let re = regex_lite::Regex::new(r"ONNX Runtime from [^\s]+ \(found by [^)]*\)").unwrap();
+    re.replace_all(text, "ONNX Runtime from <library>").into_owned()
+}
+
 /// Compares `actual` with the golden file `name` of `model`, or writes it when blessing.
 fn check(model: &str, name: &str, actual: &str, failures: &mut Vec<String>) {
+    let actual = &without_library_path(actual);
     let path = golden_dir().join(model).join(name);
     if std::env::var_os("LAYERWISE_BLESS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -64,7 +72,7 @@ fn check(model: &str, name: &str, actual: &str, failures: &mut Vec<String>) {
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test golden)", path.display()));
-    if expected != actual {
+    if expected != *actual {
         let line = expected.lines().zip(actual.lines()).position(|(a, b)| a != b).unwrap_or(expected.lines().count().min(actual.lines().count()));
         failures.push(format!(
             "{}: differs from line {}:\n  golden: {:?}\n  now:    {:?}",

@@ -1,5 +1,7 @@
 //! Does fixing it help: the candidate re-run with each break kept at reference precision.
 
+use std::collections::HashMap;
+
 use anyhow::Result;
 use layerwise_analysis::{compare_all, pattern_of, Comparison, Counterfactual, Isolation, KeepCheck, Verdict};
 use layerwise_model::Selection;
@@ -19,6 +21,7 @@ pub(super) fn counterfactual(
     comparison: &Comparison,
     verdict: &Verdict,
     isolation: Option<&Isolation>,
+    candidate_tensors: Option<&HashMap<String, Tensor>>,
 ) -> Result<Option<Counterfactual>> {
     let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
     let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
@@ -52,7 +55,14 @@ pub(super) fn counterfactual(
             continue;
         }
         tried.push(pattern.nodes.clone());
-        let out = keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?;
+        // Only the part of the model the keep list changes runs again, on the candidate's own
+        // values at its border, where they are held; else (or where the part cannot run) the
+        // whole converted model, as before, and `nodes_rerun` stays empty.
+        let part = candidate_tensors.and_then(|before| keeper.run_changed_part(job.candidate.as_mut(), &pattern.nodes, feeds, before).ok().flatten());
+        let (out, nodes_rerun) = match part {
+            Some((out, rerun)) => (out, Some(rerun)),
+            None => (keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?, None),
+        };
         let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
         let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(before, after_error);
@@ -65,6 +75,7 @@ pub(super) fn counterfactual(
             explained,
             fixes: job.index.outputs.iter().all(|o| after.get(o).is_some_and(|r| r.pass)),
             contained: explained < 0.1,
+            nodes_rerun,
         });
     }
     let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));

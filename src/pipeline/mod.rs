@@ -240,7 +240,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     }
     if counterfactual_runs && !ill_conditioned {
         if let Some(reference) = &reference_outputs {
-            extras.counterfactual = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref()))?;
+            extras.counterfactual = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)))?;
         }
     }
     Ok(conclusions)

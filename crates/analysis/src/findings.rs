@@ -197,6 +197,11 @@ pub struct KeepCheck {
     pub fixes: bool,
     /// The output error does not change: the break is contained (its error does not reach the output).
     pub contained: bool,
+    /// Where only the part of the converted model that the keep list changes was re-run (fed the
+    /// candidate's own values at its border): how many of its nodes ran. Absent where the whole
+    /// model ran, or where an emulation kept the nodes itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_rerun: Option<usize>,
 }
 
 impl KeepCheck {

@@ -83,6 +83,8 @@ pub struct Conversion {
     pub casts_inserted: usize,
     /// Float32 weights with values beyond the FP16 range, and their consumers kept FP32.
     pub overflowing_weights: Vec<(String, Vec<String>)>,
+    /// The main graph's tensors stored in the target type (FP16 or BF16) in the converted model.
+    pub reduced_tensors: HashSet<String>,
 }
 
 /// The reduced precision a conversion targets.
@@ -412,7 +414,14 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     }
     let mut overflowing_weights: Vec<(String, Vec<String>)> = overflowing.into_iter().collect();
     overflowing_weights.extend(overflowing_in_bodies);
-    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights })
+    // A renamed output's reduced value is its inner tensor; the output itself is the Cast's float32.
+    let mut reduced_tensors: HashSet<String> = storage.into_iter().filter(|(_, p)| *p == low).map(|(t, _)| t).collect();
+    for (name, inner) in &renames {
+        if reduced_tensors.remove(name) {
+            reduced_tensors.insert(inner.clone());
+        }
+    }
+    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights, reduced_tensors })
 }
 
 /// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
