@@ -21,3 +21,24 @@ PY
         run "${name}_full_$attempt" "$R/layerwise" bisect "$R/$model" --inputs samples/s0.npz --cand ort:cuda --cand-model "${name}_fp16.onnx" --json "$OUT/${name}_full_$attempt.json"
     done
 done
+# The counterfactual's independent oracle: each check of the first round's report (which re-ran
+# only the part of the model its keep list changes, `nodes_rerun`) against the whole model
+# converted with that keep list and run as the candidate model, only the outputs marked (as the
+# counterfactual's reference run marks them).
+for model in "$@"; do
+    name=${model%.onnx}
+    python3 - "$OUT/${name}_full_0.json" > "${name}_checks.tsv" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+cf = r.get("counterfactual") or {}
+for k, c in enumerate(cf.get("checks", [])):
+    print(k, cf["output"], c["output_error_after"], c.get("nodes_rerun", "whole"), ",".join(c["kept"]), sep="\t")
+PY
+    while IFS=$'\t' read -r k output after rerun kept; do
+        "$R/layerwise" convert "$R/$model" --to fp16 --keep-fp32 "$kept" -o "${name}_kept_$k.onnx" > /dev/null
+        "$R/layerwise" bisect "$R/$model" --inputs samples/s0.npz --cand ort:cuda --cand-model "${name}_kept_$k.onnx" \
+            --tensors "$output" --no-isolate --no-counterfactual --no-noise-floor --json "$OUT/${name}_kept_$k.json" > /dev/null 2>&1
+        whole=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(next(t['metrics']['rel_l2_err'] for t in r['tensors'] if t['name']==sys.argv[2]))" "$OUT/${name}_kept_$k.json" "$output")
+        echo "$name check $k: nodes re-run $rerun; output error with the part re-run $after, whole kept model $whole"
+    done < "${name}_checks.tsv"
+done
