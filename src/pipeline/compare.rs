@@ -82,20 +82,33 @@ impl<'a> Job<'a> {
     }
 
     pub(super) fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
-        let out = match &self.cand_model {
-            Some((cm, ci)) => {
-                // Ask for the candidate model's own names, and give the tensors back under the
-                // reference's.
-                let selection = self.candidate_selection(selection);
-                let out = self.candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: &selection });
-                out.map(|mut out| {
-                    out.tensors = under_reference_names(std::mem::take(&mut out.tensors), &self.cand_names);
-                    out
-                })
-            }
-            None => self.candidate.run(&RunRequest { model: self.model, index: &self.index, inputs: feeds, selection }),
-        };
-        out.with_context(|| format!("candidate {}", self.options.candidate))
+        let cand_selection = self.candidate_selection(selection);
+        let Job { options, model, index, cand_model, cand_names, candidate, .. } = self;
+        run_candidate_of(candidate.as_mut(), cand_model.as_ref(), cand_names, (model, index), feeds, selection, &cand_selection).with_context(|| format!("candidate {}", options.candidate))
+    }
+
+    /// Both sides of one group at once, where the candidate runs on a GPU and the reference on
+    /// the CPU: the reference runs on its own thread while the candidate's session builds
+    /// (seconds of CUDA and cuDNN setup), so the pair takes about the candidate's time. Each
+    /// side's own time goes into the steps.
+    fn run_both_beside(&mut self, feeds: &[(String, Tensor)], selection: &Selection, steps: &mut Steps, label: &str) -> Result<(RunOutput, RunOutput)> {
+        let cand_selection = self.candidate_selection(selection);
+        let Job { options, model, index, cand_model, cand_names, candidate, reference, .. } = self;
+        let (model, index): (&Model, &GraphIndex) = (model, index);
+        let ((ref_out, seconds), cand_out) = std::thread::scope(|scope| {
+            let reference_run = scope.spawn(move || {
+                let started = std::time::Instant::now();
+                let out = reference.run(&RunRequest { model, index, inputs: feeds, selection });
+                (out, started.elapsed().as_secs_f64())
+            });
+            let cand_out = steps.run(&format!("running candidate {}{label} (the reference beside)", options.candidate), || {
+                run_candidate_of(candidate.as_mut(), cand_model.as_ref(), cand_names, (model, index), feeds, selection, &cand_selection).with_context(|| format!("candidate {}", options.candidate))
+            });
+            (reference_run.join().expect("the reference's thread does not panic"), cand_out)
+        });
+        steps.record(&format!("running reference {}{label} (beside the candidate)", options.reference), seconds);
+        let ref_out = ref_out.with_context(|| format!("reference {}", options.reference))?;
+        Ok((ref_out, cand_out?))
     }
 
     /// Groups of exposed tensors whose two copies (reference and candidate) fit the budget, planned
@@ -216,8 +229,13 @@ impl<'a> Job<'a> {
         for (g, group) in groups.iter().enumerate() {
             let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
             let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
-            let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
-            let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
+            let (ref_out, cand_out) = if self.options.candidate.ort_gpu() && !self.options.reference.ort_gpu() {
+                self.run_both_beside(feeds, &selection, steps, &label)?
+            } else {
+                let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
+                let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
+                (ref_out, cand_out)
+            };
             let order: Vec<String> = group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
             let mut comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances)))?;
             // A backend's own reason (fused away, folded, not a tensor type) says more than "missing".
@@ -250,6 +268,26 @@ impl<'a> Job<'a> {
         result.comparison = Comparison::from_records(records, not_compared, &self.order);
         result.histograms = histograms;
         Ok(result)
+    }
+}
+
+/// One candidate run: of its own model where it has one (asking for that model's names and
+/// giving the tensors back under the reference's), else of the reference's model.
+fn run_candidate_of(
+    candidate: &mut dyn Backend,
+    cand_model: Option<&(Model, GraphIndex)>,
+    cand_names: &HashMap<String, String>,
+    (model, index): (&Model, &GraphIndex),
+    feeds: &[(String, Tensor)],
+    selection: &Selection,
+    cand_selection: &Selection,
+) -> Result<RunOutput, layerwise_runtime::RuntimeError> {
+    match cand_model {
+        Some((cm, ci)) => candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: cand_selection }).map(|mut out| {
+            out.tensors = under_reference_names(std::mem::take(&mut out.tensors), cand_names);
+            out
+        }),
+        None => candidate.run(&RunRequest { model, index, inputs: feeds, selection }),
     }
 }
 

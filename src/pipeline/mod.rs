@@ -205,7 +205,8 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     } else {
         Some(steps.run("running the reference (outputs)", || job.run_reference(feeds, &Selection::Names(Vec::new())))?)
     };
-    if options.noise_floor {
+    // The floor's inputs, worked out before anything runs.
+    let floor_input = if options.noise_floor {
         let worst = verdict.worst_output.clone();
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {
@@ -214,15 +215,55 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
                 if !told_apart {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
-                let target = FloorTarget { output: &worst, candidate_error: cand_error, perturbation: job.judging.perturbation(), exact: &exact, seed: options.inputs.seed };
-                let floor = steps.run("measuring the noise floor", || noise_floor(job.reference.as_mut(), job.model, &job.index, feeds, &reference.tensors, job.judging.tolerances.of(&worst), target));
-                match floor {
-                    Ok(floor) => extras.noise_floor = Some(floor),
-                    Err(e) => conclusions.push(format!("noise floor not measured: {e:#}")),
-                }
+                Some((reference, worst, cand_error, exact))
             }
-            _ => conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string()),
+            _ => {
+                conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string());
+                None
+            }
         }
+    } else {
+        None
+    };
+    // What the floor reads, its own copies: the GPU steps beside it borrow the job mutably.
+    let (model, floor_index, perturbation) = (job.model, job.index.clone(), job.judging.perturbation());
+    let tolerance = floor_input.as_ref().map(|(_, worst, _, _)| job.judging.tolerances.of(worst));
+    let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend, (reference, worst, cand_error, exact): &(&layerwise_runtime::RunOutput, String, f64, std::collections::HashSet<String>)| {
+        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, seed: options.inputs.seed };
+        noise_floor(reference_backend, model, &floor_index, feeds, &reference.tensors, tolerance.expect("set with the floor's input"), target)
+    };
+    let run_isolation = options.isolate && can_run;
+    // A GPU candidate's steps (nodes run alone, the counterfactual) mostly wait on CUDA session
+    // builds: the CPU reference measures the floor beside them, on a backend of its own. They are
+    // dropped if the floor finds the output ill-conditioned, as they would not have run.
+    let beside = floor_input.is_some() && options.candidate.ort_gpu() && !options.reference.ort_gpu() && (run_isolation || counterfactual_runs);
+    let mut speculative: Option<(Option<Isolation>, Option<layerwise_analysis::Counterfactual>)> = None;
+    let floor = if beside {
+        let floor_input = floor_input.as_ref().expect("checked");
+        let reference_spec = job.reference.spec().clone();
+        let ((floor, seconds), gpu_steps) = std::thread::scope(|scope| -> Result<_> {
+            let floor = scope.spawn(|| {
+                let started = std::time::Instant::now();
+                let floor = layerwise_runtime::create_backend(&reference_spec).map_err(anyhow::Error::from).and_then(|mut r| measure_floor(r.as_mut(), floor_input));
+                (floor, started.elapsed().as_secs_f64())
+            });
+            let isolation = if run_isolation { Some(steps.run("running chain nodes alone (the noise floor beside)", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?) } else { None };
+            let counterfactual = match (counterfactual_runs, &reference_outputs) {
+                (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)))?,
+                _ => None,
+            };
+            Ok((floor.join().expect("the noise floor's thread does not panic"), (isolation, counterfactual)))
+        })?;
+        steps.record("measuring the noise floor (beside the GPU steps)", seconds);
+        speculative = Some(gpu_steps);
+        Some(floor)
+    } else {
+        floor_input.as_ref().map(|input| steps.run("measuring the noise floor", || measure_floor(job.reference.as_mut(), input)))
+    };
+    match floor {
+        Some(Ok(floor)) => extras.noise_floor = Some(floor),
+        Some(Err(e)) => conclusions.push(format!("noise floor not measured: {e:#}")),
+        None => {}
     }
     let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
     if ill_conditioned {
@@ -231,19 +272,27 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         if let Some(finding) = verdict.first_divergent.take() {
             conclusions.push(conclusions::mechanism_without_fault(&finding));
         }
+        return Ok(conclusions);
     }
-    if options.isolate && can_run && !ill_conditioned {
-        extras.isolation = steps
-            .run("running chain nodes alone", || isolate::isolate(job, feeds, compared, verdict))
-            .map(Some)
-            .unwrap_or_else(|e| Some(Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] }));
+    if let Some((isolation, counterfactual)) = speculative {
+        extras.isolation = isolation;
+        extras.counterfactual = counterfactual;
+        return Ok(conclusions);
     }
-    if counterfactual_runs && !ill_conditioned {
+    if run_isolation {
+        extras.isolation = Some(steps.run("running chain nodes alone", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?);
+    }
+    if counterfactual_runs {
         if let Some(reference) = &reference_outputs {
             extras.counterfactual = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)))?;
         }
     }
     Ok(conclusions)
+}
+
+/// Each chain node run alone; a failure is reported as nodes skipped, not as the job's error.
+fn isolate_or_skipped(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Isolation {
+    isolate::isolate(job, feeds, compared, verdict).unwrap_or_else(|e| Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
 }
 
 /// Stage 8: the verdict's conclusions, the typed report, every format written, and the terminal

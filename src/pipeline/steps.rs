@@ -49,6 +49,11 @@ impl Steps {
         r
     }
 
+    /// A step that ran on another thread, beside the ones `run` timed: its own duration.
+    pub(crate) fn record(&mut self, label: &str, seconds: f64) {
+        self.durations.push((label.to_string(), seconds));
+    }
+
     /// Item `k` (from 1) of `total` begins (`what`: "sample", `name`: which one): shown before
     /// each step's label until the next item, with an estimate of the time left once one item
     /// has finished.

@@ -33,7 +33,7 @@ pub struct RunOutput {
 
 /// A way to run a model. ONNX Runtime execution providers and native TensorRT implement this
 /// same trait, so the analysis never depends on which backend produced a tensor.
-pub trait Backend {
+pub trait Backend: Send {
     /// The spec this backend was created from (`ort:cpu`, `sim:fp16`, ...).
     fn spec(&self) -> &BackendSpec;
     /// The precision its results carry.
