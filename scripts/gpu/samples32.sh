@@ -24,7 +24,7 @@ run thirty_two "$R/layerwise" bisect "$R/rec.onnx" --inputs samples --cand ort:c
 # Each sample's start, from the progress lines ("layerwise: sample k of 32 (...) (T s)").
 python3 - "$OUT/thirty_two.err" <<'PY'
 import re, sys
-starts = [(int(m.group(1)), float(m.group(2))) for m in re.finditer(r"layerwise: sample (\d+) of 32 \(.*?\)(?:, about \d+ s left)? \((\d+\.\d) s\)", open(sys.argv[1]).read())]
+starts = [(int(m.group(1)), float(m.group(2))) for m in re.finditer(r"layerwise: sample (\d+) of 32 \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d) s\)", open(sys.argv[1]).read())]
 gaps = [b[1] - a[1] for a, b in zip(starts, starts[1:])]
 print(f"samples seen: {len(starts)}; first sample {gaps[0]:.2f} s; each later sample: min {min(gaps[1:]):.2f} s, median {sorted(gaps[1:])[len(gaps[1:]) // 2]:.2f} s, max {max(gaps[1:]):.2f} s")
 PY

@@ -28,8 +28,9 @@ run() {
 # samples N: N seeded inputs of the recognizer (1x3x48x320 in [0,255]) as samples/sKK.npz.
 samples() {
     python3 - "$1" <<'PY'
-import numpy as np, os, sys
-os.makedirs("samples", exist_ok=True)
+import numpy as np, os, shutil, sys
+shutil.rmtree("samples", ignore_errors=True)  # an earlier script's samples would join the set
+os.makedirs("samples")
 rng = np.random.default_rng(0)
 n = int(sys.argv[1])
 for i in range(n):
