@@ -775,7 +775,7 @@ where
     // temporary files and folders first. Reports and models are renamed into place when complete,
     // so an interrupted run leaves the previous file or none, never a partial one.
     let _ = ctrlc::set_handler(|| {
-        layerwise_model::scratch::remove_all();
+        layerwise_model::scratch::remove_all_before_exit();
         eprintln!("layerwise: interrupted; temporary files removed, no partial output written");
         // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
         // destructors under them aborts the process (cpuinfo's "called before initialized").

@@ -134,7 +134,8 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let staging = tempfile::Builder::new().prefix(".layerwise-repro-").tempdir_in(&parent).with_context(|| format!("--repro {}", dir.display()))?;
+    // Listed, so that Ctrl-C removes it too.
+    let (staging, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-repro-").tempdir_in(&parent), |d| d.path()).with_context(|| format!("--repro {}", dir.display()))?;
     let root = staging.path();
     model.save_standalone(&model.proto, &root.join("model.onnx"))?;
     if let Some((cm, _, _)) = &cand_made {

@@ -356,15 +356,13 @@ impl Model {
         let mut data_file = None;
         if oversized {
             let data_name = format!("{file_name}.data");
-            let tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir).map_err(io)?;
-            let tracked = crate::scratch::track(tmp.path());
+            let (tmp, tracked) = crate::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir), |t| t.path()).map_err(io)?;
             self.relocate_weights(&mut proto, tmp.path(), &data_name, true)?;
             data_file = Some((tmp, dir.join(data_name), tracked));
         } else {
             self.materialize_external(&mut proto)?;
         }
-        let mut tmp = tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir).map_err(io)?;
-        let _tracked = crate::scratch::track(tmp.path());
+        let (mut tmp, _tracked) = crate::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir), |t| t.path()).map_err(io)?;
         tmp.write_all(&proto.encode_to_vec()).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
         // Temporary files are private (0600); a written model gets the usual 0644.

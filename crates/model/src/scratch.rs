@@ -14,7 +14,7 @@ fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Lists a temporary path until dropped.
+/// Keeps a temporary path listed until dropped.
 #[derive(Debug)]
 pub struct Tracked(PathBuf);
 
@@ -27,10 +27,15 @@ impl Drop for Tracked {
     }
 }
 
-/// Lists `path` (a temporary file or folder) until the returned guard is dropped.
-pub fn track(path: &Path) -> Tracked {
-    live().push(path.to_path_buf());
-    Tracked(path.to_path_buf())
+/// Creates a temporary file or folder with `create` and lists it (at `path_of` it) in one step:
+/// an interruption between the two would leave it unlisted, and so in place. Once
+/// [`remove_all_before_exit`] has begun, this waits for the process to end.
+pub fn create_tracked<T, E>(create: impl FnOnce() -> Result<T, E>, path_of: impl FnOnce(&T) -> &Path) -> Result<(T, Tracked), E> {
+    let mut list = live();
+    let created = create()?;
+    let path = path_of(&created).to_path_buf();
+    list.push(path.clone());
+    Ok((created, Tracked(path)))
 }
 
 /// A temporary folder (`<system temp>/<prefix>XXXXXX`), removed on drop or by [`remove_all`].
@@ -43,8 +48,7 @@ pub struct ScratchDir {
 
 impl ScratchDir {
     pub fn new(prefix: &str) -> std::io::Result<ScratchDir> {
-        let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
-        let _tracked = track(dir.path());
+        let (dir, _tracked) = create_tracked(|| tempfile::Builder::new().prefix(prefix).tempdir(), |d| d.path())?;
         Ok(ScratchDir { dir, _tracked })
     }
 
@@ -53,10 +57,34 @@ impl ScratchDir {
     }
 }
 
-/// Removes every listed temporary file and folder. For signal handlers: it never panics.
+/// Removes every listed temporary file and folder. It never panics.
 pub fn remove_all() {
-    for path in live().drain(..) {
-        let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+    remove_listed(&mut live());
+}
+
+/// [`remove_all`] for a signal handler that ends the process next: the list stays locked until
+/// then, so that no thread creates a temporary path ([`create_tracked`] waits) after it.
+pub fn remove_all_before_exit() {
+    let mut list = live();
+    remove_listed(&mut list);
+    // A `Tracked` dropped meanwhile waits too: the process ends first.
+    std::mem::forget(list);
+}
+
+/// Other threads may still be creating files in a folder as it is removed, and a removal then
+/// fails (the folder is not empty): a folder is first renamed aside, which makes new files in it
+/// fail to open, then removed, retried for up to 0.5 s for files opened before the rename.
+fn remove_listed(list: &mut Vec<PathBuf>) {
+    for path in list.drain(..) {
+        let aside = path.with_file_name(format!("{}.removing", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+        let path = if path.is_dir() && std::fs::rename(&path, &aside).is_ok() { aside } else { path };
+        for _ in 0..100 {
+            let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
+            if std::fs::symlink_metadata(&path).is_err() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 
@@ -73,11 +101,40 @@ mod tests {
         drop(gone);
         assert!(!gone_path.exists());
         assert!(!live().contains(&gone_path));
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let _guard = track(file.path());
+        let (file, _guard) = create_tracked(tempfile::NamedTempFile::new, |f| f.path()).unwrap();
         remove_all();
         assert!(!kept.path().exists() && !file.path().exists());
         assert!(live().is_empty());
+    }
+
+    /// An interrupted run's threads go on writing into their scratch folders while the handler
+    /// removes them: a single `remove_dir_all` then fails (the folder is not empty) and leaves it.
+    #[test]
+    fn a_folder_written_into_while_it_is_removed_is_removed() {
+        for _ in 0..20 {
+            // Not listed: `remove_all` here would remove other tests' temporary files too.
+            let path = tempfile::Builder::new().prefix("layerwise-scratch-busy-").tempdir().unwrap().keep();
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let writer = {
+                let (path, stop) = (path.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    let mut k = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let _ = std::fs::write(path.join(format!("f{k}")), b"x");
+                        k += 1;
+                    }
+                })
+            };
+            while std::fs::read_dir(&path).unwrap().count() < 200 {
+                std::thread::yield_now();
+            }
+            remove_listed(&mut vec![path.clone()]);
+            let name = path.file_name().unwrap().to_string_lossy().to_string();
+            let left: Vec<String> = std::fs::read_dir(path.parent().unwrap()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(&name)).collect();
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            writer.join().unwrap();
+            assert!(left.is_empty(), "{left:?} left while a thread wrote into it");
+        }
     }
 }
 

@@ -88,12 +88,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     if let Some(written) = layerwise_model::scratch::write_if_not_a_file(path, bytes) {
         return written.map_err(|e| err(e.to_string()));
     }
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".layerwise-")
-        .suffix(".tmp")
-        .tempfile_in(&dir)
+    let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir), |t| t.path())
         .map_err(|e| err(e.to_string()))?;
-    let _tracked = layerwise_model::scratch::track(tmp.path());
     tmp.write_all(bytes).map_err(|e| err(e.to_string()))?;
     tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
     // Temporary files are private (0600); a report gets the usual 0644.

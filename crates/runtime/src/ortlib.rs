@@ -167,8 +167,7 @@ fn extract_libs(wheel: &Path, dest: &Path) -> Result<PathBuf, String> {
         if !file_name.starts_with("libonnxruntime") || file_name.contains('/') {
             continue;
         }
-        let tmp = tempfile::NamedTempFile::new_in(dest).map_err(|e| e.to_string())?;
-        let _tracked = layerwise_model::scratch::track(tmp.path());
+        let (tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(dest), |t| t.path()).map_err(|e| e.to_string())?;
         std::io::copy(&mut entry, &mut tmp.as_file()).map_err(|e| e.to_string())?;
         let target = dest.join(file_name);
         // Temporary files are private (0600); a library in a cache is readable by all, like pip's.

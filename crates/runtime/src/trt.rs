@@ -459,8 +459,7 @@ pub fn build_engine(
     fs::create_dir_all(&cache).map_err(|e| RuntimeError::Io { path: cache.clone(), cause: e })?;
     let write = |path: &Path, data: &[u8]| -> Result<(), RuntimeError> {
         let io = |e| RuntimeError::Io { path: path.to_path_buf(), cause: e };
-        let mut tmp = tempfile::NamedTempFile::new_in(&cache).map_err(io)?;
-        let _tracked = layerwise_model::scratch::track(tmp.path());
+        let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(&cache), |t| t.path()).map_err(io)?;
         std::io::Write::write_all(&mut tmp, data).map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
