@@ -553,3 +553,42 @@ fn a_scan_is_unrolled_into_its_steps_and_computes_what_the_scan_does() {
     }
     assert_eq!(saved("unrolled", "ys").shape, vec![12, 4]);
 }
+
+/// Found by the independent tester (openwakeword's hey_jarvis in FP16, an input that moves its If's
+/// condition): a `--cand-model` that takes the other branch. Its output was paired with the
+/// tensor the reference's branch passes on (an Identity of a main-graph tensor), which the
+/// candidate also computes: the two outputs were never compared, and a model that computes
+/// something else passed. The output is compared as it is, and the verdict says the branches
+/// differ and checks no keep list on the reference's branch.
+#[test]
+fn a_candidate_model_that_takes_the_other_branch_is_compared_at_its_output_and_said_to() {
+    let twin = |threshold: f32| {
+        let mut b = ModelBuilder::new("gate", 17);
+        let dims = [Dim::from(1), Dim::from(4)];
+        b.input("x", DataType::Float, &dims);
+        b.initializer(f32_tensor("threshold", &[], &[threshold]));
+        b.node("Sigmoid", "squash", &["x"], &["p"], vec![]);
+        b.node("ReduceSum", "total", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
+        b.node("Greater", "is_loud", &["s", "threshold"], &["cond"], vec![]);
+        let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Neg", "flip", &["x"], &["flipped"], vec![])], output: vec![value("flipped", DataType::Float, Some(&dims))], ..Default::default() };
+        let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Identity", "pass", &["p"], &["passed"], vec![])], output: vec![value("passed", DataType::Float, Some(&dims))], ..Default::default() };
+        b.node("If", "gate", &["cond"], &["out"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+        b.output("out", DataType::Float);
+        b.build()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The reference's condition is false (else: Sigmoid passed on), the candidate's true (Neg).
+    save(&twin(100.0), &dir.path().join("ref.onnx"));
+    save(&twin(-100.0), &dir.path().join("cand.onnx"));
+    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "cand.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "the outputs differ (-x against sigmoid(x)): {t}");
+    let r = json(&dir.path().join("r.json"));
+    let output = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "out").unwrap();
+    assert!(output["metrics"]["rel_l2_err"].as_f64().unwrap() > 1.0, "{output}");
+    let gate = &r["control_flow"]["inlined"][0];
+    assert_eq!((gate["taken"].as_str(), gate["candidate_taken"].as_str()), (Some("else_branch"), Some("then_branch")), "{t}");
+    assert!(t.contains("else_branch taken by the reference, then_branch by the candidate model"), "{t}");
+    assert!(r["verdict"]["conclusions"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("takes then_branch at 'gate' where the reference takes else_branch")), "{t}");
+    assert!(r["counterfactual"].is_null(), "no keep list is checked on the reference's branch: {}", r["counterfactual"]);
+}

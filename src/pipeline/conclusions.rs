@@ -109,6 +109,14 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
     // A body left as it is was neither compared nor, under an emulation, rounded: what the verdict
     // says does not cover it.
     if let Some(cf) = &extras.control_flow {
+        for i in &cf.inlined {
+            if let Some(other) = &i.candidate_taken {
+                out.push(format!(
+                    "the candidate model takes {other} at '{}' where the reference takes {} (its own run decided): what follows compares different computations, the tensors inside the two are not paired, the chain follows the reference's, and no keep list was checked (the counterfactual would re-run the reference's {} converted, not the candidate's)",
+                    i.node, i.taken, i.taken
+                ));
+            }
+        }
         for (node, why) in &cf.kept {
             out.push(format!(
                 "'{node}' was left as it is ({why}): the tensors inside its body were not compared (and an emulation, sim:..., does not round them), so this verdict does not cover what happens inside it"

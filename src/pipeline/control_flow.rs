@@ -77,7 +77,7 @@ pub fn flatten_control_flow(model: &Model, reference: &mut dyn Backend, samples:
         for n in taken.keys().filter(|n| !inlined.iter().any(|i| &&i.node == n)) {
             report.kept.push((n.clone(), format!("unrolling it would add more than {} nodes", layerwise_model::inline::MOST_UNROLLED_NODES)));
         }
-        report.inlined.extend(inlined.into_iter().map(|i| InlinedNode { node: i.node, op_type: i.op_type, taken: i.taken, nodes: i.nodes }));
+        report.inlined.extend(inlined.into_iter().map(|i| InlinedNode { node: i.node, op_type: i.op_type, taken: i.taken, nodes: i.nodes, candidate_taken: None }));
         current = current.derived(proto, &file_name(model));
     }
     if report.inlined.is_empty() && report.kept.is_empty() {

@@ -218,14 +218,45 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((i, m)) => (i, Cow::Owned(m)),
         None => (index, original),
     };
+    // ONNX Runtime's CPU provider computes an FP16 model in float32: such a candidate runs one
+    // node at a time in its own types instead (layerwise_runtime::typed), unless `typed=off`.
+    if let Some((cm, _)) = &loaded_cand {
+        if let Some(threads) = typed_candidate(&options.candidate, cm) {
+            candidate = Box::new(TypedBackend::new(&options.candidate, threads));
+        }
+    }
     let cand_model = match loaded_cand {
         Some((mut cm, mut ci)) => {
             if has_control_flow(&ci) && !options.keep_control_flow {
-                // The candidate model's own branches, as ONNX Runtime's reference kernels run it.
+                // The candidate model's own branches, as the candidate computes its conditions
+                // (in its own types: ONNX Runtime's CPU provider would compute an FP16 file's in
+                // float32); where the candidate cannot run that (TensorRT, saved tensors), as
+                // ONNX Runtime's reference kernels run the file.
                 let all_feeds = sample_feeds(&decls, &samples, &owners)?;
-                if let Some((flat, _)) = flatten_control_flow(&cm, reference.as_mut(), &all_feeds)? {
+                let by_candidate = match options.candidate {
+                    BackendSpec::Ort(_) => match flatten_control_flow(&cm, candidate.as_mut(), &all_feeds) {
+                        Ok(found) => Some(found),
+                        Err(e) => {
+                            input_notes.push(format!("the candidate model's branches were decided by ONNX Runtime's reference kernels on the file: the candidate ({}) could not run it for that ({e:#})", options.candidate));
+                            None
+                        }
+                    },
+                    _ => None,
+                };
+                let flattened = match by_candidate {
+                    Some(found) => found,
+                    None => flatten_control_flow(&cm, reference.as_mut(), &all_feeds)?,
+                };
+                if let Some((flat, taken)) = flattened {
                     ci = GraphIndex::build(flat.graph())?;
                     cm = flat;
+                    // Where its run took another branch than the reference's, say so: the
+                    // tensors inside the two branches are different computations.
+                    for node in control_flow.iter_mut().flat_map(|cf: &mut ControlFlow| cf.inlined.iter_mut()) {
+                        if let Some(other) = taken.inlined.iter().find(|c| c.node == node.node && c.taken != node.taken) {
+                            node.candidate_taken = Some(other.taken.clone());
+                        }
+                    }
                 }
             }
             Some((cm, ci))
@@ -254,13 +285,6 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             cand_names.insert(p.reference, p.candidate);
         }
         matching = Some(summary);
-    }
-    // ONNX Runtime's CPU provider computes an FP16 model in float32: such a candidate runs one
-    // node at a time in its own types instead (layerwise_runtime::typed), unless `typed=off`.
-    if let Some((cm, _)) = &cand_model {
-        if let Some(threads) = typed_candidate(&options.candidate, cm) {
-            candidate = Box::new(TypedBackend::new(&options.candidate, threads));
-        }
     }
     // A converted candidate model computes in FP16 whatever its backend's own precision is.
     let precision = match &cand_model {

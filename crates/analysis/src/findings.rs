@@ -87,6 +87,10 @@ pub struct InlinedNode {
     pub taken: String,
     /// Nodes that replaced it.
     pub nodes: usize,
+    /// What a `--cand-model` with this node took instead, flattened by its own run, where that
+    /// differs: the two sides computed different branches (or iteration counts) here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate_taken: Option<String>,
 }
 
 /// How sensitive the model's worst output is to the candidate's own rounding of the weights: the

@@ -209,8 +209,11 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
     let mut matching = Matching::default();
     let mut used: HashSet<String> = HashSet::new();
     for t in ref_index.computed_tensors() {
-        // A tensor both sides compute under its own name is its own pair, even through a Cast.
-        if cand_index.producer_index(t).is_some() && (r.source(t) == c.source(t) || r2c.get(r.source(t).as_str()).is_some_and(|(cs, _)| *cs == c.source(t))) {
+        // A tensor both sides compute under its own name is its own pair, even through a Cast. A
+        // model output always is: it is what the user gets, even where the two graphs reach it
+        // differently (a candidate that took the other branch of an If, flattened).
+        let output = ref_index.outputs.iter().any(|o| o == t) && cand_index.outputs.iter().any(|o| o == t);
+        if cand_index.producer_index(t).is_some() && (output || r.source(t) == c.source(t) || r2c.get(r.source(t).as_str()).is_some_and(|(cs, _)| *cs == c.source(t))) {
             matching.pairs.push(TensorPair { reference: t.to_string(), candidate: t.to_string(), by: MatchedBy::Name });
             used.insert(t.to_string());
             continue;

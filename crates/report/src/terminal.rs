@@ -43,7 +43,10 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     }
     if let Some(cf) = &report.extras.control_flow {
         for i in &cf.inlined {
-            let what = if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };
+            let mut what = if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };
+            if let Some(other) = &i.candidate_taken {
+                what.push_str(&format!(" by the reference, {other} by the candidate model"));
+            }
             let _ = writeln!(out, "control    {} '{}': {what}; its {} nodes compared as '{}/...'", i.op_type, i.node, i.nodes, i.node);
         }
         for (node, why) in &cf.kept {
