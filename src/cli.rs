@@ -529,6 +529,16 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         );
         return Ok(0);
     }
+    // An op type no node of the model has is a typo or another model's list: said, not ignored.
+    let op_types = all_op_types(model.graph());
+    if let Some(missing) = args.keep_fp32_op.iter().find(|op| !op_types.contains(op.as_str())) {
+        let mut present: Vec<&str> = op_types.iter().copied().collect();
+        present.sort_unstable();
+        bail!("--keep-fp32-op: no node of op type '{missing}' in {} (its op types: {})", args.model.display(), present.join(", "));
+    }
+    // A file that already holds FP16/BF16 tensors (converted before, or mixed precision) is not
+    // what the converter expects: its errors would name the converter's own tensors.
+    let already_reduced = layerwise_runtime::typed::has_reduced_precision(&model);
     let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
     let options = ConvertOptions {
         keep_nodes: args.keep_fp32.into_iter().collect(),
@@ -543,15 +553,16 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-convert-")?;
     let staged = scratch.path().join("converted.onnx");
     let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&model, &index, &float, o)?.0);
-    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, None, &mut convert)?;
+    let hint = if already_reduced { format!(" ({} already holds FP16 or BF16 tensors: converted before? convert the float32 model)", args.model.display()) } else { String::new() };
+    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, None, &mut convert).with_context(|| format!("converting {}{hint}", args.model.display()))?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
-        bail!("the converted model failed its type check (nothing written): {}", problems.join("; "));
+        bail!("the converted model failed its type check (nothing written){hint}: {}", problems.join("; "));
     }
     // A model ONNX Runtime refuses (other than for a CPU kernel it lacks) or crashes on is not
     // written.
     if crate::load_check::unusable(&load) {
-        bail!("ONNX Runtime cannot load the converted model ({}; nothing written): {}", load.status, load.detail.unwrap_or_default());
+        bail!("ONNX Runtime cannot load the converted model ({}; nothing written){hint}: {}", load.status, load.detail.unwrap_or_default());
     }
     model.save_standalone(&conversion.proto, &args.output)?;
     println!(
@@ -574,6 +585,20 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
     }
     Ok(0)
+}
+
+/// The op types of a graph's nodes and of every body inside them.
+fn all_op_types(graph: &layerwise_model::onnx::GraphProto) -> std::collections::HashSet<&str> {
+    let mut out = std::collections::HashSet::new();
+    for n in &graph.node {
+        out.insert(n.op_type());
+        for a in &n.attribute {
+            for g in a.g.iter().chain(&a.graphs) {
+                out.extend(all_op_types(g));
+            }
+        }
+    }
+    out
 }
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {

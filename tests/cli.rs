@@ -208,6 +208,14 @@ fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
     refuse(&["convert", &case.p("ext.onnx"), "-o", &case.p("ext.onnx")], "would overwrite the input model");
     refuse(&["convert", &case.p("ext.onnx"), "--keep-fp32", "nope", "-o", &case.p("x.onnx")], "node 'nope' does not exist");
     refuse(&["convert", &case.p("ext.onnx"), "--to", "int8", "-o", &case.p("x.onnx")], "invalid value 'int8'");
+    // An op type the model has no node of was ignored (exit 0, found by the independent tester).
+    refuse(&["convert", &case.p("ext.onnx"), "--keep-fp32-op", "Softmax,Bogus", "-o", &case.p("x.onnx")], "no node of op type 'Bogus'");
+    // A converted model converted again: said so, not only the converter's own tensor names.
+    let demo = case.path("demo.onnx");
+    save(&layerwise::demo::demo_model(), &demo);
+    let out = layerwise(&["convert", &case.p("demo.onnx"), "-o", &case.p("demo16.onnx")], case.dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    refuse(&["convert", &case.p("demo16.onnx"), "-o", &case.p("x.onnx")], "already holds FP16 or BF16 tensors");
     assert!(!case.path("x.onnx").exists());
 }
 

@@ -129,8 +129,13 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             // output: say so, not "as sensitive", and never print the ratio as 0.0x.
             verdict.summary = if floor.ratio < 1.0 {
                 format!(
-                    "output '{}': the candidate's error (rel L2 {}) is well within what {} causes (noise floor rel L2 {}; the candidate is 1/{:.0} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
-                    floor.output, n(floor.candidate_error), floor.rounds, n(floor.output_error), 1.0 / floor.ratio
+                    "output '{}': the candidate's error (rel L2 {}) is within what {} causes (noise floor rel L2 {}; the candidate is {} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    floor.output,
+                    n(floor.candidate_error),
+                    floor.rounds,
+                    n(floor.output_error),
+                    // 0.86 reads as "0.86x"; 1/1 would say they are equal.
+                    if floor.ratio >= 0.5 { format!("{:.2}x", floor.ratio) } else { format!("1/{:.0}", 1.0 / floor.ratio) }
                 )
             } else {
                 format!(

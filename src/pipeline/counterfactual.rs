@@ -78,6 +78,10 @@ pub(super) fn counterfactual(
             nodes_rerun,
         });
     }
+    // No break to keep: nothing was measured, so nothing is concluded.
+    if checks.is_empty() {
+        return Ok(None);
+    }
     let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
     let conclusion = match best {
         Some(b) if b.explained >= 0.5 => format!(
@@ -90,9 +94,10 @@ pub(super) fn counterfactual(
         // Every keep still leaves inf/NaN: they have more than one source, which is no drift.
         Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) => {
             let kept = if checks.len() == 1 { format!("keeping the checked break ({}) at reference precision", checks[0].node) } else { format!("keeping any one of the {} checked breaks at reference precision", checks.len()) };
-            let origins: Vec<&str> = verdict.non_finite.iter().filter(|n| n.origin).map(|n| n.node.as_str()).collect();
+            // Origins the checks kept are no other source.
+            let origins: Vec<&str> = verdict.non_finite.iter().filter(|n| n.origin && !checks.iter().any(|c| c.kept.contains(&n.node))).map(|n| n.node.as_str()).collect();
             let sources = match origins.len() {
-                0 => "inf/NaN reach it from more than one source".to_string(),
+                0 => "with it kept, inf/NaN arise further on (no other node produced them in the candidate's run)".to_string(),
                 1 => format!("inf/NaN are also born elsewhere than the checked break (first at {})", origins[0]),
                 n => format!("inf/NaN are born at {n} nodes on their own ({})", origins.join(", ")),
             };
