@@ -539,7 +539,8 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     // A file that already holds FP16/BF16 tensors (converted before, or mixed precision) is not
     // what the converter expects: its errors would name the converter's own tensors.
     let already_reduced = layerwise_runtime::typed::has_reduced_precision(&model);
-    let float = float_tensor_set(&model, &float32_tensors(&model, &index)?);
+    let hint = if already_reduced { format!(" ({} already holds FP16 or BF16 tensors: converted before? convert the float32 model)", args.model.display()) } else { String::new() };
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index).with_context(|| format!("typing {}{hint}", args.model.display()))?);
     let options = ConvertOptions {
         keep_nodes: args.keep_fp32.into_iter().collect(),
         keep_ops: args.keep_fp32_op.into_iter().collect(),
@@ -553,7 +554,6 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-convert-")?;
     let staged = scratch.path().join("converted.onnx");
     let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&model, &index, &float, o)?.0);
-    let hint = if already_reduced { format!(" ({} already holds FP16 or BF16 tensors: converted before? convert the float32 model)", args.model.display()) } else { String::new() };
     let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, None, &mut convert).with_context(|| format!("converting {}{hint}", args.model.display()))?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
@@ -576,6 +576,9 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     );
     for (node, why) in &conversion.fp32_nodes {
         println!("  FP32 {node}: {why}");
+    }
+    if already_reduced {
+        println!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", args.model.display());
     }
     match load.status {
         layerwise_report::LoadStatus::Loads => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {d}")).unwrap_or_default()),
@@ -801,7 +804,14 @@ where
     // so an interrupted run leaves the previous file or none, never a partial one.
     let _ = ctrlc::set_handler(|| {
         layerwise_model::scratch::remove_all_before_exit();
-        eprintln!("layerwise: interrupted; temporary files removed, no partial output written");
+        // Each output is written whole or not at all; a run with several may stop between two.
+        let written = layerwise_model::scratch::written();
+        if written.is_empty() {
+            eprintln!("layerwise: interrupted; temporary files removed, no output written");
+        } else {
+            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            eprintln!("layerwise: interrupted; temporary files removed; complete before the interrupt and kept: {}; nothing else written", names.join(", "));
+        }
         // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
         // destructors under them aborts the process (cpuinfo's "called before initialized").
         // SAFETY: `_exit` ends the process at once; nothing runs after it.

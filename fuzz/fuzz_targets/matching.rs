@@ -23,7 +23,7 @@ fuzz_target!(|input: PairInput| {
     let c = common::edited(input.candidate.seed, &input.candidate.edits);
     let (Some(rg), Some(cg)) = (r.graph.as_ref(), c.graph.as_ref()) else { return };
     let (Ok(ri), Ok(ci)) = (GraphIndex::build(rg), GraphIndex::build(cg)) else { return };
-    let matching = match_tensors(rg, &ri, cg, &ci, input.structural);
+    let matching = match_tensors(rg, &ri, cg, &ci, input.structural, &Default::default());
     let computed = |i: &GraphIndex, t: &str| i.computed_tensors().any(|x| x == t);
     for p in &matching.pairs {
         assert!(computed(&ri, &p.reference), "pair names '{}', which the reference does not compute", p.reference);

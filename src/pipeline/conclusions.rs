@@ -112,7 +112,7 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
         for i in &cf.inlined {
             if let Some(other) = &i.candidate_taken {
                 out.push(format!(
-                    "the candidate model takes {other} at '{}' where the reference takes {} (its own run decided): what follows compares different computations, the tensors inside the two are not paired, the chain follows the reference's, and no keep list was checked (the counterfactual would re-run the reference's {} converted, not the candidate's)",
+                    "the candidate model takes {other} at '{}' where the reference takes {} (its own run decided): what follows compares different computations (its outputs as each side computed them; inside, only values both sides compute are paired), the chain follows the reference's, and no keep list was checked (the counterfactual would re-run the reference's {} converted, not the candidate's)",
                     i.node, i.taken, i.taken
                 ));
             }

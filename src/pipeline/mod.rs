@@ -149,13 +149,46 @@ fn compare_and_walk(
         }
     };
     if let (Some(dir), Some((r, c))) = (&options.save_tensors, &compared.tensors) {
-        steps.run("saving tensors", || {
-            saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], feeds)?;
-            saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, feeds)?;
+        steps.run("saving tensors", || save_tensors(dir, |staging| {
+            saved::save_run(staging, "ref", &options.reference, &job.order, r, &[], feeds)?;
+            saved::save_run(staging, "cand", &options.candidate, &job.order, c, &compared.engine_layers, feeds)?;
             Ok(())
-        })?;
+        }))?;
     }
     Ok((compared, verdict))
+}
+
+/// Writes `--save-tensors DIR` through a staging folder beside it (removed by Ctrl-C), moved into
+/// place once both runs are written: an interrupted run leaves the previous folder or none, not
+/// one run without the other (found by the independent tester). Into an existing DIR, its `ref/`,
+/// `cand/` and inputs file are replaced.
+fn save_tensors(dir: &std::path::Path, write: impl FnOnce(&std::path::Path) -> Result<()>) -> Result<()> {
+    use anyhow::Context;
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let (staging, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-tensors-").tempdir_in(&parent), |d| d.path())
+        .with_context(|| format!("--save-tensors {}", dir.display()))?;
+    write(staging.path())?;
+    let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
+    if empty {
+        std::fs::remove_dir(dir).with_context(|| format!("--save-tensors {}", dir.display()))?;
+    }
+    if !dir.exists() {
+        std::fs::rename(staging.path(), dir).with_context(|| format!("--save-tensors {}", dir.display()))?;
+        layerwise_model::scratch::note_written(dir);
+        return Ok(());
+    }
+    for part in ["ref", "cand", saved::INPUTS_FILE] {
+        let (from, to) = (staging.path().join(part), dir.join(part));
+        if to.is_dir() {
+            std::fs::remove_dir_all(&to).with_context(|| format!("replacing {}", to.display()))?;
+        }
+        std::fs::rename(&from, &to).with_context(|| format!("--save-tensors: moving {} into place", to.display()))?;
+    }
+    layerwise_model::scratch::note_written(dir);
+    Ok(())
 }
 
 /// Refuses a sample whose every model output is empty: a PASS over them would say nothing (found

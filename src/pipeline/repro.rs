@@ -183,6 +183,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         std::fs::remove_dir(dir).with_context(|| format!("--repro {}", dir.display()))?;
     }
     std::fs::rename(&staged, dir).with_context(|| format!("--repro {}", dir.display()))?;
+    layerwise_model::scratch::note_written(dir);
     Ok(Repro { folder: Some(dir.display().to_string()), nodes, reproduces, candidate_error: Some(error), note: String::new() })
 }
 

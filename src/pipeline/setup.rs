@@ -267,7 +267,16 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut cand_names = HashMap::new();
     let mut matching = None;
     if let Some((cm, ci)) = &cand_model {
-        let found = match_tensors(model.graph(), &index, cm.graph(), ci, options.match_structure);
+        // The outputs of control flow the candidate ran otherwise (flattened: Identities named
+        // `Node/outputK`, `Node/finalK`) are compared as each side computed them.
+        let differing: Vec<String> = control_flow.iter().flat_map(|cf| cf.inlined.iter()).filter(|i| i.candidate_taken.is_some()).map(|i| i.node.clone()).collect();
+        let cut: std::collections::HashSet<String> = index
+            .nodes
+            .iter()
+            .filter(|n| n.op_type == "Identity" && differing.iter().any(|d| n.name.strip_prefix(d.as_str()).is_some_and(|rest| rest.starts_with("/output") || rest.starts_with("/final"))))
+            .flat_map(|n| n.outputs.iter().cloned())
+            .collect();
+        let found = match_tensors(model.graph(), &index, cm.graph(), ci, options.match_structure, &cut);
         let mut summary = TensorMatching {
             mode: if options.match_structure { "auto" } else { "name" }.to_string(),
             unmatched_reference: found.unmatched_reference,

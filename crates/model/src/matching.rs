@@ -55,6 +55,8 @@ fn transparent(graph: &GraphProto, index: &GraphIndex, node: &NodeProto) -> bool
 struct View<'a> {
     graph: &'a GraphProto,
     index: &'a GraphIndex,
+    /// Tensors seen as their own values although an Identity produces them (see `match_tensors`).
+    cut: &'a HashSet<String>,
 }
 
 impl View<'_> {
@@ -67,6 +69,9 @@ impl View<'_> {
     fn source(&self, t: &str) -> String {
         let mut t = t.to_string();
         for _ in 0..64 {
+            if self.cut.contains(&t) {
+                break;
+            }
             let Some(p) = self.index.producer_index(&t) else { break };
             if !self.is_transparent(p) {
                 break;
@@ -117,10 +122,13 @@ impl View<'_> {
 const COMMUTATIVE: &[&str] = &["Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"];
 
 /// Pairs the computed tensors of the reference graph with those of the candidate graph. With
-/// `structural` false, only by name.
-pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, structural: bool) -> Matching {
-    let r = View { graph: reference, index: ref_index };
-    let c = View { graph: candidate, index: cand_index };
+/// `structural` false, only by name. Tensors in `cut` are their own values on both sides, not
+/// the value an Identity passes on: the outputs of an If or Loop that the two sides ran
+/// differently (another branch, other iteration counts), flattened into Identities of different
+/// tensors, must be compared as each side computed them.
+pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, structural: bool, cut: &HashSet<String>) -> Matching {
+    let r = View { graph: reference, index: ref_index, cut };
+    let c = View { graph: candidate, index: cand_index, cut };
     // Candidate source tensor -> reference source tensor.
     let mut c2r: HashMap<String, (String, MatchedBy)> = HashMap::new();
     let mut matched_ref: HashSet<String> = HashSet::new();

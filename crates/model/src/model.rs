@@ -376,8 +376,10 @@ impl Model {
         if let Some((data, final_path, _tracked)) = data_file {
             data.as_file().sync_all().map_err(io)?;
             data.persist(&final_path).map_err(|e| io(e.error))?;
+            crate::scratch::note_written(&final_path);
         }
         tmp.persist(path).map_err(|e| io(e.error))?;
+        crate::scratch::note_written(path);
         Ok(())
     }
 

@@ -9,6 +9,26 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// Outputs moved into place complete during this run (reports, models, folders), for the
+/// interruption message: a run that writes several outputs may be stopped between two.
+static WRITTEN: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Records that `path` is now in place, complete.
+pub fn note_written(path: &Path) {
+    WRITTEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(path.to_path_buf());
+}
+
+/// The outputs recorded by [`note_written`] that still exist (a temporary file saved through the
+/// same code and removed since is no output), each once.
+pub fn written() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in WRITTEN.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).iter() {
+        if p.exists() && !out.contains(p) {
+            out.push(p.clone());
+        }
+    }
+    out
+}
 
 fn live() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner())

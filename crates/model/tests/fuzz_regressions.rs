@@ -29,7 +29,7 @@ fn matching_survives_a_transparent_node_without_an_input() {
     let (rg, cg) = (reference.graph.as_ref().unwrap(), candidate.graph.as_ref().unwrap());
     let (ri, ci) = (GraphIndex::build(rg).unwrap(), GraphIndex::build(cg).unwrap());
     for structural in [false, true] {
-        let m = match_tensors(rg, &ri, cg, &ci, structural);
+        let m = match_tensors(rg, &ri, cg, &ci, structural, &Default::default());
         assert!(m.pairs.iter().all(|p| ri.computed_tensors().any(|t| t == p.reference)));
     }
 }
@@ -61,7 +61,7 @@ fn a_reference_tensor_whose_source_is_a_candidate_input_is_left_unmatched() {
     let candidate = b.build();
     let (rg, cg) = (reference.graph.as_ref().unwrap(), candidate.graph.as_ref().unwrap());
     let (ri, ci) = (GraphIndex::build(rg).unwrap(), GraphIndex::build(cg).unwrap());
-    let m = match_tensors(rg, &ri, cg, &ci, true);
+    let m = match_tensors(rg, &ri, cg, &ci, true, &Default::default());
     assert!(m.pairs.iter().all(|p| ci.producer_index(&p.candidate).is_some()), "{:?}", m.pairs);
     assert!(m.unmatched_reference.contains(&"y".to_string()), "{:?}", m);
 }

@@ -162,7 +162,7 @@ fn interruptible<T: Send>(py: Python<'_>, job: impl FnOnce() -> anyhow::Result<T
     });
     CANCEL.store(false, Ordering::Relaxed);
     match result {
-        (_, true) => Err(PyKeyboardInterrupt::new_err("layerwise: interrupted; temporary files removed, no partial output written")),
+        (_, true) => Err(PyKeyboardInterrupt::new_err("layerwise: interrupted; temporary files removed (each output is written whole or not at all)")),
         (Ok(Ok(v)), false) => Ok(v),
         (Ok(Err(e)), false) => Err(LayerwiseError::new_err(format!("{e:#}"))),
         (Err(_), false) => Err(LayerwiseError::new_err("internal error: the run panicked")),

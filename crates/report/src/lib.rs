@@ -99,6 +99,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)).map_err(|e| err(e.to_string()))?;
     }
     tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
+    layerwise_model::scratch::note_written(path);
     Ok(())
 }
 
