@@ -529,13 +529,6 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         );
         return Ok(0);
     }
-    // An op type no node of the model has is a typo or another model's list: said, not ignored.
-    let op_types = all_op_types(model.graph());
-    if let Some(missing) = args.keep_fp32_op.iter().find(|op| !op_types.contains(op.as_str())) {
-        let mut present: Vec<&str> = op_types.iter().copied().collect();
-        present.sort_unstable();
-        bail!("--keep-fp32-op: no node of op type '{missing}' in {} (its op types: {})", args.model.display(), present.join(", "));
-    }
     // A file that already holds FP16/BF16 tensors (converted before, or mixed precision) is not
     // what the converter expects: its errors would name the converter's own tensors.
     let already_reduced = layerwise_runtime::typed::has_reduced_precision(&model);
@@ -588,20 +581,6 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
     }
     Ok(0)
-}
-
-/// The op types of a graph's nodes and of every body inside them.
-fn all_op_types(graph: &layerwise_model::onnx::GraphProto) -> std::collections::HashSet<&str> {
-    let mut out = std::collections::HashSet::new();
-    for n in &graph.node {
-        out.insert(n.op_type());
-        for a in &n.attribute {
-            for g in a.g.iter().chain(&a.graphs) {
-                out.extend(all_op_types(g));
-            }
-        }
-    }
-    out
 }
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {

@@ -164,21 +164,11 @@ fn compare_and_walk(
 /// `cand/` and inputs file are replaced.
 fn save_tensors(dir: &std::path::Path, write: impl FnOnce(&std::path::Path) -> Result<()>) -> Result<()> {
     use anyhow::Context;
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let (staging, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-tensors-").tempdir_in(&parent), |d| d.path())
-        .with_context(|| format!("--save-tensors {}", dir.display()))?;
+    let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-tensors-").with_context(|| format!("--save-tensors {}", dir.display()))?;
     write(staging.path())?;
-    let empty = std::fs::read_dir(dir).map(|mut d| d.next().is_none()).unwrap_or(false);
-    if empty {
-        std::fs::remove_dir(dir).with_context(|| format!("--save-tensors {}", dir.display()))?;
-    }
-    if !dir.exists() {
-        std::fs::rename(staging.path(), dir).with_context(|| format!("--save-tensors {}", dir.display()))?;
-        layerwise_model::scratch::note_written(dir);
-        return Ok(());
+    let holds_files = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
+    if !holds_files {
+        return staging.move_to(dir).with_context(|| format!("--save-tensors {}", dir.display()));
     }
     for part in ["ref", "cand", saved::INPUTS_FILE] {
         let (from, to) = (staging.path().join(part), dir.join(part));

@@ -8,7 +8,7 @@ use std::io::Write as _;
 use layerwise_analysis::Repro;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::Verdict;
@@ -130,12 +130,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     };
 
     // Written into a fresh sibling folder, renamed into place once complete.
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    // Listed, so that Ctrl-C removes it too.
-    let (staging, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-repro-").tempdir_in(&parent), |d| d.path()).with_context(|| format!("--repro {}", dir.display()))?;
+    let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-repro-").with_context(|| format!("--repro {}", dir.display()))?;
     let root = staging.path();
     model.save_standalone(&model.proto, &root.join("model.onnx"))?;
     if let Some((cm, _, _)) = &cand_made {
@@ -178,12 +173,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     }
     writeln!(readme, "Reproduce: `layerwise bisect model.onnx --ref {} --cand {}{cand_model_arg} --inputs inputs.npz`", job.options.reference, job.options.candidate)?;
     drop(readme);
-    let staged = staging.keep();
-    if dir.is_dir() {
-        std::fs::remove_dir(dir).with_context(|| format!("--repro {}", dir.display()))?;
-    }
-    std::fs::rename(&staged, dir).with_context(|| format!("--repro {}", dir.display()))?;
-    layerwise_model::scratch::note_written(dir);
+    staging.move_to(dir).with_context(|| format!("--repro {}", dir.display()))?;
     Ok(Repro { folder: Some(dir.display().to_string()), nodes, reproduces, candidate_error: Some(error), note: String::new() })
 }
 

@@ -193,6 +193,15 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             return Err(ModelError::UnknownNode(name.clone()));
         }
     }
+    // An op type no node has is a typo or another model's list: said, not ignored.
+    let present = op_types(graph);
+    let mut keep_ops: Vec<&String> = options.keep_ops.iter().collect();
+    keep_ops.sort();
+    if let Some(op) = keep_ops.into_iter().find(|op| !present.contains(op.as_str())) {
+        let mut present: Vec<&str> = present.into_iter().collect();
+        present.sort_unstable();
+        return Err(ModelError::UnknownOpType { op: op.clone(), present: present.join(", ") });
+    }
     // Weights beyond the FP16 range.
     let mut overflowing: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32) {
@@ -670,4 +679,18 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
         }
     }
     problems
+}
+
+/// The op types of a graph's nodes and of every body inside them.
+fn op_types(graph: &crate::onnx::GraphProto) -> HashSet<&str> {
+    let mut out = HashSet::new();
+    for n in &graph.node {
+        out.insert(n.op_type());
+        for a in &n.attribute {
+            for g in a.g.iter().chain(&a.graphs) {
+                out.extend(op_types(g));
+            }
+        }
+    }
+    out
 }

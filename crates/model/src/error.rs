@@ -25,6 +25,8 @@ pub enum ModelError {
     NotComputed(String),
     #[error("node '{0}' does not exist in the main graph (names as layerwise reports them: the node's own name, or OpType#i for unnamed nodes)")]
     UnknownNode(String),
+    #[error("no node of op type '{op}' in the model (its op types: {present})")]
+    UnknownOpType { op: String, present: String },
     #[error("cannot write {path}: {cause}")]
     Write { path: PathBuf, cause: std::io::Error },
 }

@@ -77,6 +77,43 @@ impl ScratchDir {
     }
 }
 
+/// A folder written beside its destination and moved there whole ([`StagedDir::move_to`]): an
+/// interrupted run leaves the destination as it was, and the staging folder is listed meanwhile.
+#[derive(Debug)]
+pub struct StagedDir {
+    dir: tempfile::TempDir,
+    _tracked: Tracked,
+}
+
+impl StagedDir {
+    /// A fresh folder `<prefix>XXXXXX` in `destination`'s parent folder (the same file system, so
+    /// that moving it is a rename).
+    pub fn beside(destination: &Path, prefix: &str) -> std::io::Result<StagedDir> {
+        let parent = match destination.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let (dir, _tracked) = create_tracked(|| tempfile::Builder::new().prefix(prefix).tempdir_in(&parent), |d| d.path())?;
+        Ok(StagedDir { dir, _tracked })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Renames the folder to `destination`, replacing an empty folder there, and records it
+    /// written ([`note_written`]).
+    pub fn move_to(self, destination: &Path) -> std::io::Result<()> {
+        let staged = self.dir.keep();
+        if destination.is_dir() {
+            std::fs::remove_dir(destination)?;
+        }
+        std::fs::rename(&staged, destination)?;
+        note_written(destination);
+        Ok(())
+    }
+}
+
 /// Removes every listed temporary file and folder. It never panics.
 pub fn remove_all() {
     remove_listed(&mut live());
