@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::write_rule::Reads;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use crate::demo::{demo_model, PLANTED_NODE};
@@ -398,6 +399,10 @@ struct DemoArgs {
     /// Folder for the demo model and its report.
     #[arg(long, default_value = "layerwise-demo")]
     out_dir: PathBuf,
+    /// Write into a folder that is not empty, replacing the demo's own files there (a demo run
+    /// before); anything else in it stays. Without it the folder must be new or empty.
+    #[arg(long)]
+    force: bool,
 }
 
 fn parse_named_path(s: &str) -> Result<(String, PathBuf), String> {
@@ -426,6 +431,11 @@ fn parse_range(s: &str) -> Result<(String, f64, f64), String> {
 }
 
 impl InputArgs {
+    /// The `--data-loader-script` file, which the run reads and no output may replace.
+    fn script(&self) -> Option<PathBuf> {
+        self.data_loader_script.as_deref().map(|spec| PathBuf::from(crate::data_loader::script_and_function(spec).0))
+    }
+
     /// The input options, and the scratch folder of a data loader's samples (kept alive for the
     /// run).
     fn options(self) -> Result<(InputOptions, Option<layerwise_model::scratch::ScratchDir>)> {
@@ -448,19 +458,20 @@ fn exit_for(status: Status) -> u8 {
 }
 
 fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
-    let (inputs, _samples) = args.inputs.options()?;
-    let options = BisectOptions {
+    let data_loader_script = args.inputs.script();
+    let mut options = BisectOptions {
         model: args.model,
         reference: args.reference,
         candidate: args.candidate,
         cand_model: args.cand_model,
-        inputs,
+        inputs: InputOptions::default(),
         atol: args.tolerances.global(ToleranceField::Atol),
         rtol: args.tolerances.global(ToleranceField::Rtol),
         range_tol: args.tolerances.global(ToleranceField::RangeTol),
         tensor_tolerances: args.tolerances.by_tensor(),
         outputs: args.reports.formats.outputs(args.reports.json),
         save_tensors: args.save_tensors,
+        data_loader_script,
         selection: args.tensors.map(Selection::Names).unwrap_or(Selection::All),
         top: args.top,
         progress: !quiet,
@@ -477,9 +488,14 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         separate_runs: args.separate_runs,
         device: None,
     };
+    // Outputs are checked before a data-loader script runs (and again with the samples it made).
+    crate::pipeline::check_outputs(&options)?;
+    let (inputs, _samples) = args.inputs.options()?;
+    options.inputs = inputs;
     if let Some(devices) = &args.devices {
+        let mut reads = Reads::of_bisect(&options);
         for (what, path) in options.outputs.paths() {
-            crate::pipeline::check_writable_target(path, what)?;
+            reads.check_output_file(path, what)?;
         }
         let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
         options.outputs.write(&merged, None)?;
@@ -505,11 +521,18 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
 }
 
 fn run_convert(args: ConvertArgs) -> Result<u8> {
-    crate::pipeline::check_not_an_input(&args.output, "-o", &[("the input model", args.model.as_path())])?;
+    // -o, and the weights file beside it for a model over 1 GiB, against the model and its
+    // external data (crate::write_rule).
+    let data_file = Model::oversized_data_path(&args.output);
+    let mut reads = Reads::new();
+    reads.file("the input model", &args.model);
+    reads.check_output_file(&args.output, "-o")?;
+    reads.check_output_file(&data_file, "the weights file written beside -o (for a model over 1 GiB)")?;
     let model = Model::load(&args.model)?;
-    let weights = model.external_files();
-    let weights: Vec<(&str, &std::path::Path)> = weights.iter().map(|f| ("the input model's external data", f.as_path())).collect();
-    crate::pipeline::check_not_an_input(&args.output, "-o", &weights)?;
+    let mut reads = Reads::new();
+    reads.external_data(&model, "the input model's external data");
+    reads.refuse_overlap(&args.output, "-o")?;
+    reads.refuse_overlap(&data_file, "the weights file written beside -o (for a model over 1 GiB)")?;
     let index = GraphIndex::build(model.graph())?;
     if let Some(rounding) = args.to.strip_suffix("-emulated").and_then(layerwise_model::Rounding::from_name) {
         let computed = float32_tensors(&model, &index)?;
@@ -584,10 +607,10 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
 }
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
-    let (inputs, _samples) = args.inputs.options()?;
-    let options = FixOptions {
+    let data_loader_script = args.inputs.script();
+    let mut options = FixOptions {
         bisect: BisectOptions {
-            inputs,
+            data_loader_script,
             atol: args.tolerances.global(ToleranceField::Atol),
             rtol: args.tolerances.global(ToleranceField::Rtol),
             range_tol: args.tolerances.global(ToleranceField::RangeTol),
@@ -599,6 +622,10 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
         output: args.output,
         max_rounds: args.max_rounds,
     };
+    // Outputs are checked before a data-loader script runs (and again with the samples it made).
+    crate::fix::check_fix_outputs(&options)?;
+    let (inputs, _samples) = args.inputs.options()?;
+    options.bisect.inputs = inputs;
     let outcome = fix(&options)?;
     print!("{}", outcome.text);
     Ok(if outcome.report.status == layerwise_report::FixStatus::Fixed { 0 } else { 1 })
@@ -630,9 +657,12 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
         }
     }
     partials.extend(models.iter().map(|(what, p)| (*what, p.as_path())));
+    let mut reads = Reads::new();
+    for (what, path) in partials {
+        reads.file(what, path);
+    }
     for (what, path) in outputs.paths() {
-        crate::pipeline::check_writable_target(path, what)?;
-        crate::pipeline::check_not_an_input(path, what, &partials)?;
+        reads.check_output_file(path, what)?;
     }
     let merged = crate::merge::merge(&args.partials)?;
     outputs.write(&merged, None)?;
@@ -684,15 +714,16 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     if outputs.paths().is_empty() {
         bail!("nothing to write: give --html, --markdown, --csv or --model-explorer");
     }
-    let mut inputs: Vec<(&str, &std::path::Path)> = vec![("the report", args.report.as_path())];
+    let mut reads = Reads::new();
+    reads.file("the report", &args.report);
     if let Some(f) = &args.fix {
-        inputs.push(("the fix report", f.as_path()));
+        reads.file("the fix report", f);
     }
-    let models = models_of_report(&args.report, &report, fix.as_ref());
-    inputs.extend(models.iter().map(|(what, p)| (*what, p.as_path())));
+    for (what, path) in models_of_report(&args.report, &report, fix.as_ref()) {
+        reads.file(what, path);
+    }
     for (what, path) in outputs.paths() {
-        crate::pipeline::check_writable_target(path, what)?;
-        crate::pipeline::check_not_an_input(path, what, &inputs)?;
+        reads.check_output_file(path, what)?;
     }
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {
@@ -702,10 +733,13 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
 }
 
 fn run_demo(args: DemoArgs) -> Result<u8> {
+    if !args.force {
+        crate::write_rule::check_fresh_folder(&args.out_dir, "demo --out-dir").map_err(|e| anyhow::anyhow!("{e}; or add --force to replace the files of an earlier demo there"))?;
+    }
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
     let proto = demo_model();
     let model_path = args.out_dir.join("demo.onnx");
-    std::fs::write(&model_path, prost_encode(&proto)).with_context(|| format!("cannot write {}", model_path.display()))?;
+    layerwise_report::write_atomic(&model_path, &prost_encode(&proto))?;
     let model = Model::load(&model_path)?;
     let json = args.out_dir.join("report.json");
     let outputs = Outputs {

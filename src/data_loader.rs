@@ -39,14 +39,19 @@ if count == 0:
     sys.exit(3)
 "#;
 
+/// The script file and function `spec` names: `FILE.py:FUNC`, where FILE.py may itself hold a
+/// colon (a Windows drive, a folder name), or `FILE.py` (`load_data`).
+pub fn script_and_function(spec: &str) -> (&str, &str) {
+    match spec.rsplit_once(':') {
+        Some((file, func)) if file.ends_with(".py") && !func.is_empty() && !func.contains(['/', '\\']) => (file, func),
+        _ => (spec, "load_data"),
+    }
+}
+
 /// The samples `spec` (`FILE.py` or `FILE.py:FUNC`) yields, saved in a scratch folder that lives
 /// as long as the returned guard; the folder's path is the second value.
 pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
-    // FILE.py:FUNC, where FILE.py may itself hold a colon (a Windows drive, a folder name).
-    let (file, func) = match spec.rsplit_once(':') {
-        Some((file, func)) if file.ends_with(".py") && !func.is_empty() && !func.contains(['/', '\\']) => (file, func),
-        _ => (spec, "load_data"),
-    };
+    let (file, func) = script_and_function(spec);
     let path = Path::new(file);
     if !path.is_file() {
         bail!("--data-loader-script {file}: no such file");

@@ -15,7 +15,8 @@ use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunReque
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
-use crate::pipeline::{check_not_an_input, check_writable_target, input_files, BisectOptions, Steps};
+use crate::pipeline::{BisectOptions, Steps};
+use crate::write_rule::{check_writable_target, Reads};
 
 /// Everything `layerwise fix` takes.
 #[derive(Debug, Clone)]
@@ -254,34 +255,42 @@ fn keep_list_path(out: &Path) -> PathBuf {
     PathBuf::from(format!("{}.keep-fp32.json", out.display()))
 }
 
-pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
+/// Every output of `fix` against what the run reads and each other ([`crate::write_rule`]),
+/// before any work.
+pub fn check_fix_outputs(options: &FixOptions) -> Result<()> {
     let b = &options.bisect;
-    let inputs = input_files(b);
-    if let Some(json) = &b.outputs.json {
-        check_writable_target(json, "the JSON report")?;
-        check_not_an_input(json, "the JSON report", &inputs)?;
+    let mut reads = Reads::of_bisect(b);
+    for (what, path) in b.outputs.paths() {
+        reads.check_output_file(path, &format!("the {what}"))?;
     }
     if let Some(out) = &options.output {
         check_writable_target(out, "the fixed model")?;
         if std::fs::metadata(out).is_ok_and(|m| !m.is_file()) {
             anyhow::bail!("-o {} is not a regular file: fix checks the model it writes by reading it back; give a file path, or leave -o out", out.display());
         }
-        check_not_an_input(out, "-o", &inputs)?;
-        if let Some(json) = &b.outputs.json {
-            check_not_an_input(out, "-o", &[("the JSON report", json.as_path())])?;
-        }
+        reads.check_output_file(out, "-o")?;
         // The keep list written beside it is an output too (found by the independent tester: it
-        // replaced an input model named like it).
-        let sidecar = keep_list_path(out);
-        check_not_an_input(&sidecar, "the keep list written beside -o", &inputs)?;
-        if let Some(json) = &b.outputs.json {
-            check_not_an_input(&sidecar, "the keep list written beside -o", &[("the JSON report", json.as_path())])?;
-        }
+        // replaced an input model named like it), and so is the weights file of a model over 1 GiB.
+        reads.check_output_file(&keep_list_path(out), "the keep list written beside -o")?;
+        reads.check_output_file(&Model::oversized_data_path(out), "the weights file written beside -o (for a model over 1 GiB)")?;
     }
+    Ok(())
+}
+
+pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
+    check_fix_outputs(options)?;
+    let b = &options.bisect;
     let mut steps = Steps::new(b.progress, b.progress_lines);
     let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
     let sidecar = options.output.as_deref().map(keep_list_path);
-    let fixed_model: Vec<(&str, &Path)> = options.output.iter().map(|o| ("-o", o.as_path())).chain(sidecar.iter().map(|s| ("the keep list written beside -o", s.as_path()))).collect();
+    let data_file = options.output.as_deref().map(Model::oversized_data_path);
+    let fixed_model: Vec<(&str, &Path)> = options
+        .output
+        .iter()
+        .map(|o| ("-o", o.as_path()))
+        .chain(sidecar.iter().map(|s| ("the keep list written beside -o", s.as_path())))
+        .chain(data_file.iter().map(|d| ("the weights file written beside -o", d.as_path())))
+        .collect();
     crate::pipeline::check_not_external_data(&original, "the input model's external data", b, &fixed_model)?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
@@ -506,16 +515,22 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &staged, Some(&search.samples[0].feeds), &mut convert)?;
         let problems = check_float_types(&conversion.proto, &float);
         load_check = Some(load);
-        let path = match &options.output {
-            Some(path) => path.clone(),
-            None => scratch.path().join("fixed.onnx"),
+        // Written beside -o and moved there only once it holds: a fix that fails leaves the
+        // user's file at -o as it was.
+        let staging = match &options.output {
+            Some(out) => Some(layerwise_model::scratch::StagedDir::beside(out, ".layerwise-fix-")?),
+            None => None,
+        };
+        let path = match (&options.output, &staging) {
+            (Some(out), Some(staging)) => staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx"))),
+            _ => scratch.path().join("fixed.onnx"),
         };
         source.save_standalone(&conversion.proto, &path)?;
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let written = Model::load(&path)?;
         let wi = GraphIndex::build(written.graph())?;
         let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
-        let backend = format!("typed evaluation of {}", if options.output.is_some() { path.display().to_string() } else { "the fixed model (not written: no -o)".into() });
+        let backend = format!("typed evaluation of {}", if let Some(out) = &options.output { out.display().to_string() } else { "the fixed model (not written: no -o)".into() });
         // Every sample: the written file must hold on each; the outputs shown are the worst
         // sample's (the first failing one, else the largest error).
         let mut checked: Result<Option<(bool, f64, Comparison)>, String> = Ok(None);
@@ -549,9 +564,6 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         if let Some(how) = crashed {
             fixed = false;
             check_failure = Some(format!("the fixed model does not load: {how}"));
-            if let Some(out) = &options.output {
-                let _ = std::fs::remove_file(out);
-            }
         } else if !check.pass {
             fixed = false;
             let worst = check.outputs.iter().filter(|o| !o.after_pass).map(|o| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2))).collect::<Vec<_>>();
@@ -562,11 +574,15 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                     if worst.is_empty() { "its outputs are out of tolerance".to_string() } else { worst.join(", ") }
                 ),
             });
-            // A model that does not hold is not written.
-            if let Some(out) = &options.output {
-                let _ = std::fs::remove_file(out);
+            // A model that does not hold is not written (its staging folder goes with it).
+        } else if let Some(out) = &options.output {
+            for (staged, destination) in [(path.clone(), out.clone()), (Model::oversized_data_path(&path), Model::oversized_data_path(out))] {
+                if staged.exists() {
+                    std::fs::rename(&staged, &destination).with_context(|| format!("-o: moving the fixed model into place at {}", destination.display()))?;
+                    layerwise_model::scratch::note_written(&destination);
+                }
             }
-        } else if let Some(path) = &options.output {
+            let path = out;
             let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec_flags(&keep, &inlined, low_flag) });
             write_atomic(&keep_list_path(path), &serde_json::to_vec_pretty(&keep_json)?)?;
             fixed_model = Some(path.display().to_string());

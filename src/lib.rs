@@ -10,3 +10,4 @@ pub mod keep;
 pub mod load_check;
 pub mod merge;
 pub mod pipeline;
+pub mod write_rule;

@@ -28,9 +28,8 @@ mod steps;
 
 use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
-use options::check_outputs;
-pub(crate) use options::input_files;
-pub use options::{check_not_an_input, check_not_external_data, check_writable_target, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
+pub use options::check_outputs;
+pub use options::{check_not_external_data, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 
@@ -89,16 +88,34 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     // 2-4. Run or pair, compare, walk: every sample; the worst one carries the verdict.
     let mut extras = plan_extras;
     let mut per_sample = Vec::new();
+    let mut saver = match &options.save_tensors {
+        Some(dir) => Some(TensorSaver::new(dir, total_samples > 1)?),
+        None => None,
+    };
     for (k, (name, sample_options)) in samples.iter().enumerate() {
         if samples.len() > 1 {
             steps.count("sample", k + 1, samples.len(), name);
         }
         let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
         let feeds = setup::feeds_of(&inputs);
-        let (compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, &mut steps, &mut extras)?;
+        let (mut compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras)?;
+        if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
+            steps.run("saving tensors", || saver.save(name, |dir| {
+                saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
+                saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, &feeds)?;
+                Ok(())
+            }))?;
+            if total_samples > 1 {
+                // Only a single sample's tensors are kept for the later stages.
+                compared.tensors = None;
+            }
+        }
         per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
     }
     steps.end_count();
+    if let Some(saver) = saver {
+        saver.finish()?;
+    }
     // What follows runs other programs: the paired session's memory goes now.
     job.paired_session = None;
     let chosen = choose_sample(&job, per_sample, total_samples, options.shard, &mut extras);
@@ -124,13 +141,14 @@ fn compare_and_walk(
     feeds: &[(String, Tensor)],
     weights: &[WeightRange],
     total_samples: usize,
+    keep_tensors: bool,
     steps: &mut Steps,
     extras: &mut Extras,
 ) -> Result<(Compared, Verdict)> {
     let options = job.options;
     let (compared, verdict) = match options.mark {
         Marking::All => {
-            let compared = job.compare_sample(feeds, steps, total_samples == 1)?;
+            let compared = job.compare_sample(feeds, steps, total_samples == 1 || keep_tensors)?;
             if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
                 bail!(
                     "no model output could be compared: {}",
@@ -148,37 +166,61 @@ fn compare_and_walk(
             (compared, verdict)
         }
     };
-    if let (Some(dir), Some((r, c))) = (&options.save_tensors, &compared.tensors) {
-        steps.run("saving tensors", || save_tensors(dir, |staging| {
-            saved::save_run(staging, "ref", &options.reference, &job.order, r, &[], feeds)?;
-            saved::save_run(staging, "cand", &options.candidate, &job.order, c, &compared.engine_layers, feeds)?;
-            Ok(())
-        }))?;
-    }
     Ok((compared, verdict))
 }
 
-/// Writes `--save-tensors DIR` through a staging folder beside it (removed by Ctrl-C), moved into
-/// place once both runs are written: an interrupted run leaves the previous folder or none, not
-/// one run without the other (found by the independent tester). Into an existing DIR, its `ref/`,
-/// `cand/` and inputs file are replaced.
-fn save_tensors(dir: &std::path::Path, write: impl FnOnce(&std::path::Path) -> Result<()>) -> Result<()> {
-    use anyhow::Context;
-    let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-tensors-").with_context(|| format!("--save-tensors {}", dir.display()))?;
-    write(staging.path())?;
-    let holds_files = std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some());
-    if !holds_files {
-        return staging.move_to(dir).with_context(|| format!("--save-tensors {}", dir.display()));
+/// `--save-tensors DIR` (new or empty, checked up front), written into a staging folder beside
+/// it (removed by Ctrl-C) and moved into place whole once every sample is written: an interrupted
+/// run leaves no folder, not one run without the other (found by the independent tester). One
+/// sample: `DIR/ref`, `DIR/cand`, `DIR/inputs.npz`; several: the same in `DIR/<sample>/`.
+struct TensorSaver {
+    staging: layerwise_model::scratch::StagedDir,
+    destination: std::path::PathBuf,
+    per_sample: bool,
+    folders: std::collections::HashSet<String>,
+}
+
+impl TensorSaver {
+    fn new(dir: &std::path::Path, per_sample: bool) -> Result<TensorSaver> {
+        use anyhow::Context;
+        let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-tensors-").with_context(|| format!("--save-tensors {}", dir.display()))?;
+        Ok(TensorSaver { staging, destination: dir.to_path_buf(), per_sample, folders: Default::default() })
     }
-    for part in ["ref", "cand", saved::INPUTS_FILE] {
-        let (from, to) = (staging.path().join(part), dir.join(part));
-        if to.is_dir() {
-            std::fs::remove_dir_all(&to).with_context(|| format!("replacing {}", to.display()))?;
+
+    /// Writes one sample's runs through `write` into its folder.
+    fn save(&mut self, sample: &str, write: impl FnOnce(&std::path::Path) -> Result<()>) -> Result<()> {
+        if !self.per_sample {
+            return write(self.staging.path());
         }
-        std::fs::rename(&from, &to).with_context(|| format!("--save-tensors: moving {} into place", to.display()))?;
+        let folder = sample_folder_name(sample, &self.folders);
+        let dir = self.staging.path().join(&folder);
+        std::fs::create_dir(&dir)?;
+        self.folders.insert(folder);
+        write(&dir)
     }
-    layerwise_model::scratch::note_written(dir);
-    Ok(())
+
+    fn finish(self) -> Result<()> {
+        use anyhow::Context;
+        let destination = self.destination;
+        self.staging.move_to(&destination).with_context(|| format!("--save-tensors {}", destination.display()))
+    }
+}
+
+/// A sample's folder under `--save-tensors`: its name without `.npz`, in letters, digits, `.`,
+/// `_` and `-` alone (a sample name is text from a file or a data loader), unique.
+fn sample_folder_name(sample: &str, taken: &std::collections::HashSet<String>) -> String {
+    let stem = sample.strip_suffix(".npz").unwrap_or(sample);
+    let mut base: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    if base.is_empty() || base.starts_with('.') {
+        base = format!("sample{base}");
+    }
+    let mut name = base.clone();
+    let mut k = 1;
+    while taken.contains(&name) {
+        k += 1;
+        name = format!("{base}-{k}");
+    }
+    name
 }
 
 /// Refuses a sample whose every model output is empty: a PASS over them would say nothing (found

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+use crate::write_rule::{check_fresh_folder, Reads};
 use layerwise_model::{Model, Selection};
 use layerwise_report::{Outputs, Report};
 use layerwise_runtime::inputs::InputOptions;
@@ -31,6 +32,8 @@ pub struct BisectOptions {
     /// Report files to write (JSON, HTML, Markdown, CSV, Model Explorer node data).
     pub outputs: Outputs,
     pub save_tensors: Option<PathBuf>,
+    /// The `--data-loader-script` that made the samples: read, so never written over.
+    pub data_loader_script: Option<PathBuf>,
     pub selection: Selection,
     /// How many worst tensors the terminal summary lists.
     pub top: usize,
@@ -101,6 +104,7 @@ impl BisectOptions {
             tensor_tolerances: Vec::new(),
             outputs: Outputs::default(),
             save_tensors: None,
+            data_loader_script: None,
             selection: Selection::All,
             top: 10,
             progress: false,
@@ -126,46 +130,18 @@ pub struct BisectOutcome {
     pub text: String,
 }
 
-/// Checks up front that a report can be written there, so a bad path fails before any work.
-pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !dir.is_dir() {
-        bail!("cannot write {what} {}: folder '{}' does not exist", path.display(), dir.display());
-    }
-    if path.is_dir() {
-        bail!("cannot write {what} {}: it is a folder", path.display());
-    }
-    Ok(())
-}
-
-/// The file a path names, resolved (its folder canonical, `..` and links followed), so that two
-/// spellings of one file compare equal; `None` where the folder does not exist.
-fn resolved(path: &Path) -> Option<PathBuf> {
-    // A device (/dev/null) takes any number of writers, and no input can be replaced through it.
-    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
-        return None;
-    }
-    if let Ok(p) = path.canonicalize() {
-        return Some(p);
-    }
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    Some(dir.canonicalize().ok()?.join(path.file_name()?))
-}
-
-/// Refuses to write `target` (what it is: "the JSON report") over any of `inputs` (what each
-/// is, and its path): a report or a fixed model never replaces the files a run reads.
-pub fn check_not_an_input(target: &Path, what: &str, inputs: &[(&str, &Path)]) -> Result<()> {
-    let Some(t) = resolved(target) else { return Ok(()) };
-    for (name, input) in inputs {
-        if resolved(input).is_some_and(|i| i == t) {
-            bail!("{what} {} would overwrite {name} {}; choose another path", target.display(), input.display());
+/// Checks every output of a bisect before any work ([`crate::write_rule`]): reports, and the
+/// folders `--repro` and `--save-tensors` fill, against what the run reads and each other.
+pub fn check_outputs(options: &BisectOptions) -> Result<()> {
+    let mut reads = Reads::of_bisect(options);
+    for (option, dir) in [("--repro", &options.repro), ("--save-tensors", &options.save_tensors)] {
+        if let Some(dir) = dir {
+            check_fresh_folder(dir, option)?;
+            reads.refuse_overlap(dir, option)?;
         }
+    }
+    for (what, path) in options.outputs.paths() {
+        reads.check_output_file(path, &format!("the {what}"))?;
     }
     Ok(())
 }
@@ -173,42 +149,10 @@ pub fn check_not_an_input(target: &Path, what: &str, inputs: &[(&str, &Path)]) -
 /// Checks that no output of `options` (reports, `-o` given as `extra`) replaces a file of `model`'s
 /// external data, which only a loaded model knows.
 pub fn check_not_external_data(model: &Model, what_model: &str, options: &BisectOptions, extra: &[(&str, &Path)]) -> Result<()> {
-    let files = model.external_files();
-    let named: Vec<(&str, &Path)> = files.iter().map(|f| (what_model, f.as_path())).collect();
+    let mut reads = Reads::new();
+    reads.external_data(model, what_model);
     for (what, path) in options.outputs.paths().into_iter().map(|(w, p)| (format!("the {w}"), p.as_path())).chain(extra.iter().map(|(w, p)| (w.to_string(), *p))) {
-        check_not_an_input(path, &what, &named)?;
-    }
-    Ok(())
-}
-
-/// The files a bisect reads, by what they are.
-pub(crate) fn input_files(options: &BisectOptions) -> Vec<(&'static str, &Path)> {
-    let mut inputs: Vec<(&'static str, &Path)> = vec![("the input model", options.model.as_path())];
-    if let Some(m) = &options.cand_model {
-        inputs.push(("the candidate model", m.as_path()));
-    }
-    if let Some(f) = options.inputs.npz.as_deref().filter(|p| p.is_file()) {
-        inputs.push(("the inputs", f));
-    }
-    for (_, f) in &options.inputs.npy {
-        inputs.push(("an input", f.as_path()));
-    }
-    inputs
-}
-
-pub(super) fn check_outputs(options: &BisectOptions) -> Result<()> {
-    if let Some(dir) = &options.repro {
-        super::repro::check_repro_target(dir)?;
-    }
-    let outputs = &options.outputs;
-    let inputs = input_files(options);
-    let mut written: Vec<(&str, &Path)> = Vec::new();
-    for (what, path) in outputs.paths() {
-        let what = format!("the {what}");
-        check_writable_target(path, &what)?;
-        check_not_an_input(path, &what, &inputs)?;
-        check_not_an_input(path, &what, &written)?;
-        written.push(("another report", path.as_path()));
+        reads.refuse_overlap(path, &what)?;
     }
     Ok(())
 }

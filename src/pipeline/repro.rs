@@ -10,7 +10,7 @@ use layerwise_analysis::Repro;
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use layerwise_analysis::Verdict;
 use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{GraphIndex, Model, Selection};
@@ -21,24 +21,6 @@ use super::compare::Job;
 /// Levels of upstream producers tried around the first divergent node, and most nodes in a repro.
 const MOST_LEVELS: usize = 3;
 const MOST_NODES: usize = 32;
-
-/// The folder must be new or empty: a repro never mixes with older files.
-pub fn check_repro_target(dir: &Path) -> Result<()> {
-    if dir.is_file() {
-        bail!("--repro {}: it is a file, not a folder", dir.display());
-    }
-    if dir.is_dir() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
-        bail!("--repro {}: the folder is not empty; give a new or empty folder", dir.display());
-    }
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !parent.is_dir() {
-        bail!("--repro {}: folder '{}' does not exist", dir.display(), parent.display());
-    }
-    Ok(())
-}
 
 /// Writes the repro for `verdict` into `dir`, or says why none was written.
 pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &Verdict, dir: &Path) -> Result<Repro> {

@@ -329,6 +329,14 @@ impl Model {
     /// Saves `proto` (a rewrite of this model) as a standalone model at `path`: external tensors
     /// are read in, and a result over 1 GiB moves its large tensors into `<path>.data` beside it.
     /// The file is written to a temporary name and renamed, so it is complete or absent.
+    /// Where [`Model::save_standalone`] puts the weights of a model over 1 GiB: `<path>.data`,
+    /// an output too, which no input may be.
+    pub fn oversized_data_path(path: &Path) -> PathBuf {
+        let mut name = path.file_name().map(|f| f.to_os_string()).unwrap_or_else(|| "model.onnx".into());
+        name.push(".data");
+        path.with_file_name(name)
+    }
+
     pub fn save_standalone(&self, proto: &ModelProto, path: &Path) -> Result<(), ModelError> {
         let dir = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -355,7 +363,8 @@ impl Model {
         // file; a larger one streams its weights into `<path>.data` beside it.
         let mut data_file = None;
         if oversized {
-            let data_name = format!("{file_name}.data");
+            let data_path = Model::oversized_data_path(path);
+            let data_name = data_path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| format!("{file_name}.data"));
             let (tmp, tracked) = crate::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir), |t| t.path()).map_err(io)?;
             self.relocate_weights(&mut proto, tmp.path(), &data_name, true)?;
             data_file = Some((tmp, dir.join(data_name), tracked));

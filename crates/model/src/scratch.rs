@@ -101,14 +101,21 @@ impl StagedDir {
         self.dir.path()
     }
 
-    /// Renames the folder to `destination`, replacing an empty folder there, and records it
-    /// written ([`note_written`]).
+    /// Moves what the folder holds to `destination`: renamed there when it does not exist, or
+    /// moved entry by entry into an empty folder there (the user's folder stays, with its
+    /// permissions); records it written ([`note_written`]). On failure the staging folder is
+    /// removed, leaving nothing behind.
     pub fn move_to(self, destination: &Path) -> std::io::Result<()> {
-        let staged = self.dir.keep();
         if destination.is_dir() {
-            std::fs::remove_dir(destination)?;
+            for entry in std::fs::read_dir(self.dir.path())? {
+                let entry = entry?;
+                std::fs::rename(entry.path(), destination.join(entry.file_name()))?;
+            }
+        } else {
+            std::fs::rename(self.dir.path(), destination)?;
+            // Moved away: nothing is left for the drop to remove.
+            let _ = self.dir.keep();
         }
-        std::fs::rename(&staged, destination)?;
         note_written(destination);
         Ok(())
     }

@@ -1,0 +1,166 @@
+//! The one rule for every path layerwise writes (issue 37): it never deletes, replaces or writes
+//! into anything it did not create in this run, unless the user names that exact file as an
+//! output and it is nothing the run reads (a model, its external data, samples, a data-loader
+//! script, a saved run, a report being rendered). Folders it fills must be new or empty.
+//!
+//! Every command builds a [`Reads`] of what it reads and passes each output through
+//! [`Reads::check_output_file`] (or [`check_fresh_folder`]) before any work.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use layerwise_model::Model;
+use layerwise_runtime::BackendSpec;
+
+use crate::pipeline::BisectOptions;
+
+/// What a run reads: files by what they are, and folders whose whole content is read (a saved
+/// run), which no output may name or lie inside.
+#[derive(Debug, Default, Clone)]
+pub struct Reads {
+    entries: Vec<Read>,
+}
+
+#[derive(Debug, Clone)]
+struct Read {
+    what: String,
+    path: PathBuf,
+    folder: bool,
+}
+
+impl Reads {
+    pub fn new() -> Reads {
+        Reads::default()
+    }
+
+    pub fn file(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
+        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), folder: false });
+        self
+    }
+
+    pub fn folder(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
+        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), folder: true });
+        self
+    }
+
+    /// A loaded model's external data files.
+    pub fn external_data(&mut self, model: &Model, what: &str) -> &mut Reads {
+        for f in model.external_files() {
+            self.file(what, f);
+        }
+        self
+    }
+
+    /// What a bisect (or fix) reads before any model is loaded: the model files, the inputs (every
+    /// sample of `--inputs DIR`), the data-loader script, and saved runs (`npz:PATH`).
+    pub fn of_bisect(options: &BisectOptions) -> Reads {
+        let mut reads = Reads::new();
+        reads.file("the input model", &options.model);
+        if let Some(m) = &options.cand_model {
+            reads.file("the candidate model", m);
+        }
+        if let Some(npz) = &options.inputs.npz {
+            if npz.is_dir() {
+                // Every file of the folder may be a sample: none is replaced, the folder's own
+                // listing is the user's.
+                for entry in std::fs::read_dir(npz).into_iter().flatten().flatten() {
+                    reads.file(format!("a sample of --inputs {}", npz.display()), entry.path());
+                }
+            } else {
+                reads.file("the inputs", npz);
+            }
+        }
+        for (_, f) in &options.inputs.npy {
+            reads.file("an input", f);
+        }
+        if let Some(script) = &options.data_loader_script {
+            reads.file("the data-loader script", script);
+        }
+        for (side, spec) in [("reference", &options.reference), ("candidate", &options.candidate)] {
+            if let BackendSpec::Saved(path) = spec {
+                if path.is_dir() {
+                    reads.folder(format!("the saved {side} run"), path);
+                    // A saved run reads the inputs file beside its folder.
+                    if let Some(parent) = path.parent() {
+                        reads.file(format!("the inputs of the saved {side} run"), parent.join(layerwise_runtime::saved::INPUTS_FILE));
+                    }
+                } else {
+                    reads.file(format!("the saved {side} run"), path);
+                }
+            }
+        }
+        reads
+    }
+
+    /// Refuses `target` (an output; `what` it is) where it is, or lies inside, anything read.
+    pub fn refuse_overlap(&self, target: &Path, what: &str) -> Result<()> {
+        let Some(t) = resolved(target) else { return Ok(()) };
+        for read in &self.entries {
+            let Some(r) = resolved(&read.path) else { continue };
+            if r == t {
+                bail!("{what} {} would overwrite {} {}; choose another path", target.display(), read.what, read.path.display());
+            }
+            if read.folder && t.starts_with(&r) {
+                bail!("{what} {} would write into {} {}; choose a path outside it", target.display(), read.what, read.path.display());
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an output file before any work: its folder exists, it is no folder, it is nothing
+    /// read, and no other output of the run names it (it is then listed among them).
+    pub fn check_output_file(&mut self, target: &Path, what: &str) -> Result<()> {
+        check_writable_target(target, what)?;
+        self.refuse_overlap(target, what)?;
+        self.file(format!("{what} (also an output of this run)"), target);
+        Ok(())
+    }
+}
+
+/// Checks up front that a file can be written there, so a bad path fails before any work.
+pub fn check_writable_target(path: &Path, what: &str) -> Result<()> {
+    let dir = parent_of(path);
+    if !dir.is_dir() {
+        bail!("cannot write {what} {}: folder '{}' does not exist", path.display(), dir.display());
+    }
+    if path.is_dir() {
+        bail!("cannot write {what} {}: it is a folder", path.display());
+    }
+    Ok(())
+}
+
+/// A folder layerwise fills (`--save-tensors`, `--repro`, the demo's): it must be new or empty,
+/// so that nothing already there is replaced or mixed with what the run writes.
+pub fn check_fresh_folder(dir: &Path, option: &str) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        bail!("{option} {}: it is a file, not a folder; give a new or empty folder", dir.display());
+    }
+    if dir.is_dir() && std::fs::read_dir(dir).map(|mut d| d.next().is_some()).unwrap_or(true) {
+        bail!("{option} {}: the folder is not empty; give a new or empty folder (layerwise never replaces files it did not write)", dir.display());
+    }
+    let parent = parent_of(dir);
+    if !parent.is_dir() {
+        bail!("{option} {}: folder '{}' does not exist", dir.display(), parent.display());
+    }
+    Ok(())
+}
+
+fn parent_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// The file a path names, resolved (its folder canonical, `..` and links followed), so that two
+/// spellings of one file compare equal; `None` where the folder does not exist.
+fn resolved(path: &Path) -> Option<PathBuf> {
+    // A device (/dev/null) takes any number of writers, and no input can be replaced through it.
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return None;
+    }
+    if let Ok(p) = path.canonicalize() {
+        return Some(p);
+    }
+    Some(parent_of(path).canonicalize().ok()?.join(path.file_name()?))
+}
