@@ -103,7 +103,7 @@ pub fn markdown_text(text: &str) -> String {
     for (i, &c) in chars.iter().enumerate() {
         // `_` only emphasises at a word boundary: `ln_squared` stays as it is.
         let intraword = |i: usize| i > 0 && i + 1 < chars.len() && chars[i - 1].is_alphanumeric() && chars[i + 1].is_alphanumeric();
-        let special = matches!(c, '\\' | '`' | '*' | '[' | ']' | '<' | '>' | '&' | '|' | '~' | '$') || (c == '_' && !intraword(i));
+        let special = matches!(c, '\\' | '`' | '*' | '[' | ']' | '<' | '&' | '|' | '~' | '$') || (c == '_' && !intraword(i));
         // A block opener at the start (`#`, `-`, `+`, `=`, `>`, `1.`, `1)`), where the text starts
         // a line.
         let block = (i == 0 && c.is_ascii_punctuation()) || (leading_digits && i > 0 && matches!(c, '.' | ')'));
