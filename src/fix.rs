@@ -249,7 +249,7 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
             .to_string()
     };
     let spec: Vec<String> = keep.iter().map(|n| format!("{}:fp32", own_name(n))).collect();
-    let value = layerwise_report::escape::shell_word(&spec.join(",")).expect("names a shell word can hold");
+    let value = layerwise_report::escape::shell_quoted(&spec.join(",")).expect("names a shell word can hold");
     format!("--{low} --precisionConstraints=obey --layerPrecisions={value}")
 }
 

@@ -173,14 +173,25 @@ pub fn csv_text(text: &str) -> Cow<'_, str> {
 }
 
 /// `text` as one word of a printed POSIX shell command (bash, zsh, sh): bare where it is made of
-/// letters, digits and `_./-` only, single-quoted otherwise (a `'` inside as `'\''`). `None` where
-/// it holds a character the terminal shows escaped, which a pasted line would not keep.
+/// letters, digits and `_./-:,@%+` (and `=` after its first character: zsh expands a leading one),
+/// single-quoted otherwise ([`shell_quoted`]). `None` where it holds a character the terminal
+/// shows escaped, which a pasted line would not keep.
 pub fn shell_word(text: &str) -> Option<String> {
+    let bare_char = |(i, c): (usize, char)| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':' | ',' | '@' | '%' | '+') || (c == '=' && i > 0);
+    if !text.is_empty() && text.chars().enumerate().all(bare_char) {
+        Some(text.to_string())
+    } else {
+        shell_quoted(text)
+    }
+}
+
+/// `text` as one single-quoted shell word (a `'` inside as `'\''`), as the trtexec line prints
+/// its `--layerPrecisions` value; `None` as for [`shell_word`].
+pub fn shell_quoted(text: &str) -> Option<String> {
     if text.chars().any(|c| is_shown_escaped(c) || c == '\0') {
         return None;
     }
-    let bare = !text.is_empty() && text.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-'));
-    Some(if bare { text.to_string() } else { format!("'{}'", text.replace('\'', "'\\''")) })
+    Some(format!("'{}'", text.replace('\'', "'\\''")))
 }
 
 /// Why a node name is left out of the printed `trtexec --layerPrecisions=NAME:fp32,...`, if it

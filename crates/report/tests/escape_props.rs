@@ -51,7 +51,10 @@ fn every_medium_keeps_the_known_payloads_as_data() {
 fn bash_reads_each_shell_word_as_its_text() {
     let mut rng = ChaCha8Rng::seed_from_u64(38);
     let texts: Vec<String> = (0..300).map(|_| random_text(&mut rng)).chain(PIECES.iter().map(|p| p.to_string())).filter(|t| layerwise_report::escape::shell_word(t).is_some()).collect();
-    let words: Vec<String> = texts.iter().map(|t| layerwise_report::escape::shell_word(t).unwrap()).collect();
+    use layerwise_report::escape::{shell_quoted, shell_word};
+    // Each text twice: as a word quoted where needed, and always quoted.
+    let words: Vec<String> = texts.iter().flat_map(|t| [shell_word(t).unwrap(), shell_quoted(t).unwrap()]).collect();
+    let texts: Vec<String> = texts.iter().flat_map(|t| [t.clone(), t.clone()]).collect();
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new("bash").arg("-c").arg(format!("printf '%s\\0' {}", words.join(" "))).current_dir(dir.path()).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

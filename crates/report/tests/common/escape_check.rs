@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use layerwise_report::escape::{
-    csv_text, for_terminal, is_shown_escaped, markdown_cell_code, markdown_code, markdown_text, shell_word, terminal, terminal_lines, trtexec_layer_refusal,
+    csv_text, for_terminal, is_shown_escaped, markdown_cell_code, markdown_code, markdown_text, shell_quoted, shell_word, terminal, terminal_lines, trtexec_layer_refusal,
 };
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
@@ -88,15 +88,17 @@ pub fn check_csv(text: &str) {
 }
 
 pub fn check_shell(text: &str) {
-    match shell_word(text) {
-        Some(word) => {
-            assert_eq!(shell_words::split(&word).unwrap_or_else(|e| panic!("{text:?} -> {word:?}: {e}")), vec![text.to_string()], "{word:?}");
-            assert!(!word.chars().any(is_shown_escaped));
+    for word in [shell_word(text), shell_quoted(text)] {
+        match word {
+            Some(word) => {
+                assert_eq!(shell_words::split(&word).unwrap_or_else(|e| panic!("{text:?} -> {word:?}: {e}")), vec![text.to_string()], "{word:?}");
+                assert!(!word.chars().any(is_shown_escaped));
+            }
+            None => assert!(text.chars().any(|c| is_shown_escaped(c) || c == '\0'), "{text:?} refused"),
         }
-        None => assert!(text.chars().any(|c| is_shown_escaped(c) || c == '\0'), "{text:?} refused"),
     }
     if trtexec_layer_refusal(text).is_none() {
-        let value = shell_word(&format!("{text}:fp32,b:fp32")).expect("an accepted layer name is a shell word");
+        let value = shell_quoted(&format!("{text}:fp32,b:fp32")).expect("an accepted layer name is a shell word");
         let words = shell_words::split(&value).unwrap();
         assert_eq!(words.len(), 1);
         let layers: Vec<&str> = words[0].split(',').collect();
