@@ -66,8 +66,10 @@ pub fn terminal_lines(text: &str) -> Cow<'_, str> {
 }
 
 /// A copy of `value` (a report) with every string and map key escaped with [`terminal`]: what the
-/// terminal summaries render, so no field can reach the terminal raw.
-pub fn for_terminal<T: Serialize + DeserializeOwned>(value: &T) -> T {
+/// terminal summaries render, so no field can reach the terminal raw. Reports read back from their
+/// JSON (`layerwise report`); one that did not would be rendered as it is, and the printing
+/// backstop ([`terminal_lines`]) would still escape its control characters.
+pub fn for_terminal<T: Serialize + DeserializeOwned + Clone>(value: &T) -> T {
     fn walk(v: &mut serde_json::Value) {
         match v {
             serde_json::Value::String(s) => {
@@ -86,9 +88,9 @@ pub fn for_terminal<T: Serialize + DeserializeOwned>(value: &T) -> T {
             _ => {}
         }
     }
-    let mut tree = serde_json::to_value(value).expect("reports serialize");
+    let Ok(mut tree) = serde_json::to_value(value) else { return value.clone() };
     walk(&mut tree);
-    serde_json::from_value(tree).expect("a report with its strings escaped reads back")
+    serde_json::from_value(tree).unwrap_or_else(|_| value.clone())
 }
 
 /// `text` as Markdown text (a paragraph, list item or table cell): shown as written, never
