@@ -11,7 +11,7 @@ use crate::fix::{fix, FixOptions};
 use crate::pipeline::{bisect, bisect_model, BisectOptions, Marking};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::GraphIndex;
-use layerwise_report::Outputs;
+use layerwise_report::{escape, Outputs};
 use layerwise_runtime::float32_tensors;
 use layerwise_analysis::Status;
 use layerwise_model::{Model, Selection};
@@ -360,12 +360,12 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
         if built.from_cache { "from the cache".to_string() } else { format!("built in {:.2} s", built.build_seconds) }
     );
     for layer in &built.layers {
-        println!("  {}\n    <- {}", layer.name, layer.onnx_nodes.join(", "));
+        println!("  {}\n    <- {}", shown(&layer.name), shown(layer.onnx_nodes.join(", ")));
     }
     for t in &built.not_exposable {
-        println!("  not exposable: {t}");
+        println!("  not exposable: {}", shown(t));
     }
-    println!("engine: {}", built.path.display());
+    println!("engine: {}", shown(built.path.display()));
     Ok(0)
 }
 
@@ -499,22 +499,22 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         }
         let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
         options.outputs.write(&merged, None)?;
-        println!("{}", merged.verdict.summary);
+        println!("{}", shown(&merged.verdict.summary));
         for (what, path) in options.outputs.paths() {
-            println!("{what}: {}", path.display());
+            println!("{what}: {}", shown(path.display()));
         }
         return Ok(exit_for(merged.verdict.status));
     }
     let outcome = bisect(&options)?;
-    print!("{}", outcome.text);
+    print!("{}", escape::terminal_lines(&outcome.text));
     for (what, path) in options.outputs.paths() {
-        println!("{what}: {}", path.display());
+        println!("{what}: {}", shown(path.display()));
     }
     if let Some(repro) = &outcome.report.extras.repro {
         match &repro.folder {
-            Some(folder) if repro.reproduces => println!("repro: {folder} ({} node(s); the candidate's error shows there too)", repro.nodes.len()),
-            Some(folder) => println!("repro: {folder} ({} node(s); the error does not show on its own there, see its README)", repro.nodes.len()),
-            None => println!("repro: not written: {}", repro.note),
+            Some(folder) if repro.reproduces => println!("repro: {} ({} node(s); the candidate's error shows there too)", shown(folder), repro.nodes.len()),
+            Some(folder) => println!("repro: {} ({} node(s); the error does not show on its own there, see its README)", shown(folder), repro.nodes.len()),
+            None => println!("repro: not written: {}", shown(&repro.note)),
         }
     }
     Ok(exit_for(outcome.report.verdict.status))
@@ -545,10 +545,10 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         model.save_standalone(&emulated.proto, &args.output)?;
         println!(
             "{}: {} tensors rounded, {} weights rounded -> {}",
-            args.model.display(),
+            shown(args.model.display()),
             emulated.rounded_tensors,
             emulated.rounded_weights,
-            args.output.display()
+            shown(args.output.display())
         );
         return Ok(0);
     }
@@ -583,25 +583,25 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     model.save_standalone(&conversion.proto, &args.output)?;
     println!(
         "{}: {} nodes {}, {} FP32, {} Casts inserted -> {}",
-        args.model.display(),
+        shown(args.model.display()),
         conversion.fp16_nodes,
-        args.to.to_uppercase(),
+        shown(args.to.to_uppercase()),
         conversion.fp32_nodes.len(),
         conversion.casts_inserted,
-        args.output.display()
+        shown(args.output.display())
     );
     for (node, why) in &conversion.fp32_nodes {
-        println!("  FP32 {node}: {why}");
+        println!("  FP32 {}: {}", shown(node), shown(why));
     }
     if already_reduced {
-        println!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", args.model.display());
+        println!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", shown(args.model.display()));
     }
     match load.status {
-        layerwise_report::LoadStatus::Loads => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {d}")).unwrap_or_default()),
-        _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, load.detail.unwrap_or_default()),
+        layerwise_report::LoadStatus::Loads => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()),
+        _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, shown(load.detail.unwrap_or_default())),
     }
     for (w, readers) in &conversion.overflowing_weights {
-        println!("  weight '{w}' is beyond the FP16 range; read by {}", readers.join(", "));
+        println!("  weight '{}' is beyond the FP16 range; read by {}", shown(w), shown(readers.join(", ")));
     }
     Ok(0)
 }
@@ -627,7 +627,7 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let (inputs, _samples) = args.inputs.options()?;
     options.bisect.inputs = inputs;
     let outcome = fix(&options)?;
-    print!("{}", outcome.text);
+    print!("{}", escape::terminal_lines(&outcome.text));
     Ok(if outcome.report.status == layerwise_report::FixStatus::Fixed { 0 } else { 1 })
 }
 
@@ -666,9 +666,9 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     }
     let merged = crate::merge::merge(&args.partials)?;
     outputs.write(&merged, None)?;
-    println!("{}", merged.verdict.summary);
+    println!("{}", shown(&merged.verdict.summary));
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", path.display());
+        println!("{what}: {}", shown(path.display()));
     }
     Ok(exit_for(merged.verdict.status))
 }
@@ -727,7 +727,7 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     }
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", path.display());
+        println!("{what}: {}", shown(path.display()));
     }
     Ok(0)
 }
@@ -753,12 +753,15 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
-    print!("{}", outcome.text);
-    println!("\nModel:       {}", model_path.display());
+    print!("{}", escape::terminal_lines(&outcome.text));
+    println!("\nModel:       {}", shown(model_path.display()));
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", path.display());
+        println!("{what}: {}", shown(path.display()));
     }
-    println!("Try it yourself: layerwise bisect {} --cand sim:fp16", model_path.display());
+    // A folder name no pasted command can hold (control characters) gets no command to paste.
+    if let Some(model) = escape::shell_word(&model_path.display().to_string()) {
+        println!("Try it yourself: layerwise bisect {model} --cand sim:fp16");
+    }
     match &outcome.report.verdict.first_divergent {
         Some(fd) if fd.node == PLANTED_NODE => {}
         other => bail!(
@@ -778,8 +781,8 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         max_rounds: 12,
     };
     let fixed = fix(&fix_options)?;
-    print!("{}", fixed.text);
-    println!("Fix report:  {}", args.out_dir.join("fix.json").display());
+    print!("{}", escape::terminal_lines(&fixed.text));
+    println!("Fix report:  {}", shown(args.out_dir.join("fix.json").display()));
     if fixed.report.status != layerwise_report::FixStatus::Fixed {
         bail!("the demo's fix did not verify");
     }
@@ -787,8 +790,13 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     let markdown = args.out_dir.join("summary.md");
     Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
         .write(&outcome.report, Some(&fixed.report))?;
-    println!("Markdown summary: {}", markdown.display());
+    println!("Markdown summary: {}", shown(markdown.display()));
     Ok(0)
+}
+
+/// Text from a model or the user, as one line of the terminal (`escape::terminal`).
+fn shown(text: impl std::fmt::Display) -> String {
+    escape::terminal(&text.to_string()).into_owned()
 }
 
 fn prost_encode(proto: &layerwise_model::onnx::ModelProto) -> Vec<u8> {
@@ -822,7 +830,7 @@ where
         if written.is_empty() {
             eprintln!("layerwise: interrupted; temporary files removed, no output written");
         } else {
-            let names: Vec<String> = written.iter().map(|p| p.display().to_string()).collect();
+            let names: Vec<String> = written.iter().map(|p| shown(p.display())).collect();
             eprintln!("layerwise: interrupted; temporary files removed; complete before the interrupt and kept: {}; nothing else written", names.join(", "));
         }
         // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
@@ -833,7 +841,8 @@ where
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Errors quote names from the model: one line, its control characters shown escaped.
+            eprintln!("error: {}", shown(format!("{e:#}")));
             2
         }
     }

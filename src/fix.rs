@@ -230,10 +230,13 @@ fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -
         .collect()
 }
 
-/// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build. A node
-/// inside an If or Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its
-/// own name in the file, the name TensorRT's ONNX parser gives its layer.
+/// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build, as they
+/// are pasted into a shell (the `--layerPrecisions` value one quoted word). A node inside an If or
+/// Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its own name in
+/// the file, the name TensorRT's ONNX parser gives its layer. A name that cannot be given there
+/// ([`layerwise_report::escape::trtexec_layer_refusal`]) is left out; the reports name it.
 pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
+    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none()).collect();
     if keep.is_empty() {
         return String::new();
     }
@@ -247,7 +250,8 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
             .to_string()
     };
     let spec: Vec<String> = keep.iter().map(|n| format!("{}:fp32", own_name(n))).collect();
-    format!("--{low} --precisionConstraints=obey --layerPrecisions='{}'", spec.join(","))
+    let value = layerwise_report::escape::shell_quoted(&spec.join(",")).expect("names a shell word can hold");
+    format!("--{low} --precisionConstraints=obey --layerPrecisions={value}")
 }
 
 /// The keep list `fix -o OUT` writes beside the model: `OUT.keep-fp32.json`.

@@ -137,23 +137,37 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     let npz: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     layerwise_runtime::npy::write_npz(&root.join("inputs.npz"), &npz)?;
     let cand_model_arg = if cand_made.is_some() { " --cand-model candidate_model.onnx" } else { "" };
+    // Names and messages are Markdown text or code spans here, never markup (docs/security.md).
+    use layerwise_report::escape::{markdown_code, markdown_text, shell_word};
     let mut readme = std::fs::File::create(root.join("README.md"))?;
-    writeln!(readme, "# layerwise repro: {} ({})\n", fd.node, fd.op_type)?;
-    writeln!(readme, "Cause named by `layerwise bisect`: {}.\n", fd.cause.best.detail)?;
+    writeln!(readme, "# layerwise repro: {} ({})\n", markdown_text(&fd.node), markdown_text(&fd.op_type))?;
+    writeln!(readme, "Cause named by `layerwise bisect`: {}.\n", markdown_text(&fd.cause.best.detail))?;
     writeln!(
         readme,
-        "`model.onnx` holds {} node(s) of `{}` ({}); its inputs are the reference's values in the full model.",
+        "`model.onnx` holds {} node(s) of {} ({}); its inputs are the reference's values in the full model.",
         nodes.len(),
-        job.model.path.display(),
-        nodes.join(", ")
+        markdown_code(&job.model.path.display().to_string()),
+        markdown_text(&nodes.join(", "))
     )?;
-    writeln!(readme, "`test_data_set_0/` has them as `input_N.pb` and the reference's ({}) outputs as `output_N.pb`, in ONNX's backend-test layout; `candidate_outputs/output_N.pb` are the candidate's ({}).\n", job.options.reference, job.options.candidate)?;
+    writeln!(
+        readme,
+        "`test_data_set_0/` has them as `input_N.pb` and the reference's ({}) outputs as `output_N.pb`, in ONNX's backend-test layout; `candidate_outputs/output_N.pb` are the candidate's ({}).\n",
+        markdown_text(&job.options.reference.to_string()),
+        markdown_text(&job.options.candidate.to_string())
+    )?;
     if reproduces {
-        writeln!(readme, "The candidate's `{}` differs from the reference's here too: relative L2 {}.\n", fd.tensor, layerwise_report::format_number(error))?;
+        writeln!(readme, "The candidate's {} differs from the reference's here too: relative L2 {}.\n", markdown_code(&fd.tensor), layerwise_report::format_number(error))?;
     } else {
-        writeln!(readme, "On its own (with up to {} levels of upstream nodes) the candidate's `{}` is within tolerance (relative L2 {}): the error needs more of the model around it.\n", MOST_LEVELS, fd.tensor, layerwise_report::format_number(error))?;
+        writeln!(readme, "On its own (with up to {} levels of upstream nodes) the candidate's {} is within tolerance (relative L2 {}): the error needs more of the model around it.\n", MOST_LEVELS, markdown_code(&fd.tensor), layerwise_report::format_number(error))?;
     }
-    writeln!(readme, "Reproduce: `layerwise bisect model.onnx --ref {} --cand {}{cand_model_arg} --inputs inputs.npz`", job.options.reference, job.options.candidate)?;
+    // The backends as the user named them, each one shell word; one no pasted line can hold
+    // (control characters) leaves the command out.
+    match (shell_word(&job.options.reference.to_string()), shell_word(&job.options.candidate.to_string())) {
+        (Some(reference), Some(candidate)) => {
+            writeln!(readme, "Reproduce: {}", markdown_code(&format!("layerwise bisect model.onnx --ref {reference} --cand {candidate}{cand_model_arg} --inputs inputs.npz")))?
+        }
+        _ => writeln!(readme, "Reproduce: `layerwise bisect model.onnx --inputs inputs.npz` with the --ref and --cand named above")?,
+    }
     drop(readme);
     staging.move_to(dir).with_context(|| format!("--repro {}", dir.display()))?;
     Ok(Repro { folder: Some(dir.display().to_string()), nodes, reproduces, candidate_error: Some(error), note: String::new() })

@@ -38,6 +38,8 @@ impl Steps {
         if CANCEL.load(std::sync::atomic::Ordering::Relaxed) {
             bail!("interrupted before '{label}'");
         }
+        // Labels and sample names can quote names from the model or the user's files.
+        let label = layerwise_report::escape::terminal(label);
         let shown = if self.position.is_empty() { label.to_string() } else { format!("{}: {label}", self.position) };
         self.bar.set_message(shown.clone());
         if self.lines {
@@ -65,7 +67,7 @@ impl Steps {
         } else {
             String::new()
         };
-        let named = if name.is_empty() { String::new() } else { format!(" ({name})") };
+        let named = if name.is_empty() { String::new() } else { format!(" ({})", layerwise_report::escape::terminal(name)) };
         self.position = format!("{what} {k} of {total}{named}{left}");
         if self.lines {
             eprintln!("layerwise: {} ({:.1} s)", self.position, self.started.elapsed().as_secs_f64());

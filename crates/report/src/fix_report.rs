@@ -160,8 +160,11 @@ pub struct FixReport {
 }
 
 /// The terminal summary of a fix. `precision` names the candidate's reduced precision (`FP16`,
-/// `BF16`) in the outputs' column heading.
+/// `BF16`) in the outputs' column heading. Every name and message in it is shown with its control
+/// and bidi characters escaped.
 pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
+    let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&r.keep_fp32).into_iter().map(|(n, why)| (crate::escape::terminal(n).into_owned(), why)).collect();
+    let r = &crate::escape::for_terminal(r);
     let num = format_number;
     let mut out = String::new();
     let _ = writeln!(out, "FIX: {} - {}", if r.status == FixStatus::Fixed { "FIXED" } else { "NOT FIXED" }, r.summary);
@@ -176,6 +179,9 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     }
     if !r.trtexec_flags.is_empty() {
         let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
+    }
+    if !left_out.is_empty() {
+        let _ = writeln!(out, "  {}", trtexec_left_out_note(&left_out, |n| format!("'{n}'")));
     }
     if let Some(path) = &r.fixed_model {
         let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
@@ -198,6 +204,13 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
         );
     }
     out
+}
+
+/// The note under a printed trtexec line naming the kept nodes left out of it; `name` shows one
+/// name in the medium.
+pub(crate) fn trtexec_left_out_note(left_out: &[(String, &str)], name: impl Fn(&str) -> String) -> String {
+    let names: Vec<String> = left_out.iter().map(|(n, why)| format!("{} ({why})", name(n))).collect();
+    format!("not in --layerPrecisions, keep in FP32 by hand (the keep list has every node): {}", names.join(", "))
 }
 
 /// A fix report as HTML (a notebook's view of it): the status, the keep list with why, each

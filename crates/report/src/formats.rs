@@ -18,10 +18,7 @@ fn json_number(v: f64) -> String {
     }
 }
 
-/// Markdown escaping for table cells.
-fn md(text: &str) -> String {
-    text.replace('|', "\\|").replace('`', "'")
-}
+use crate::escape::{csv_text, markdown_cell_code, markdown_code, markdown_text as md};
 
 /// A short summary for a pull request or issue: verdict, first divergent layer, chain, the ten
 /// worst tensors, and the fix if one is given (a `layerwise.fix/1` document).
@@ -30,7 +27,7 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
     let mut m = String::new();
     let status = if v.status == Status::Pass { "✅ PASS" } else { "❌ DIVERGED" };
     let _ = writeln!(m, "## layerwise: {status}\n");
-    let _ = writeln!(m, "`{}` — reference `{}`, candidate `{}`\n", md(&report.model.path), md(&report.reference.spec), md(&report.cand.spec));
+    let _ = writeln!(m, "{} — reference {}, candidate {}\n", markdown_code(&report.model.path), markdown_code(&report.reference.spec), markdown_code(&report.cand.spec));
     let _ = writeln!(m, "{}\n", md(&v.summary));
     if !v.conclusions.is_empty() {
         for c in &v.conclusions {
@@ -39,11 +36,11 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         m.push('\n');
     }
     if let Some(fd) = &v.first_divergent {
-        let _ = writeln!(m, "**First divergent layer:** `{}` ({}) — tensor `{}`, relative L2 error {} → {}  ", md(&fd.node), md(&fd.op_type), md(&fd.tensor), input_error_text(fd.input_error), fmt(fd.output_error));
+        let _ = writeln!(m, "**First divergent layer:** {} ({}) — tensor {}, relative L2 error {} → {}  ", markdown_code(&fd.node), md(&fd.op_type), markdown_code(&fd.tensor), input_error_text(fd.input_error), fmt(fd.output_error));
         let _ = writeln!(m, "**Cause:** {} — {}\n", crate::cause_name(fd.cause.best.kind), md(&fd.cause.best.detail));
     }
     if !v.chain.is_empty() {
-        let steps: Vec<String> = v.chain.iter().map(|st| format!("`{}` ({}, {})", md(&st.tensor), md(&st.op_type), fmt(st.error))).collect();
+        let steps: Vec<String> = v.chain.iter().map(|st| format!("{} ({}, {})", markdown_code(&st.tensor), md(&st.op_type), fmt(st.error))).collect();
         let _ = writeln!(m, "**Blame chain** (worst output → first divergent): {}\n", steps.join(" ← "));
     }
     let mut worst: Vec<&TensorRecord> = report.tensors.iter().filter(|t| !t.constant_like).collect();
@@ -53,9 +50,9 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         for t in worst.iter().take(10) {
             let _ = writeln!(
                 m,
-                "| {} | `{}` | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 t.topo_index,
-                md(&t.name),
+                markdown_cell_code(&t.name),
                 md(&t.op_type),
                 fmt(error_of(t)),
                 fmt(t.metrics.max_abs_err),
@@ -69,16 +66,24 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         let status = if fix.status == FixStatus::Fixed { "fixed" } else { "not_fixed" };
         let _ = writeln!(m, "**Fix ({status}):** {}  ", md(&fix.summary));
         if !fix.keep_fp32.is_empty() {
-            let names: Vec<String> = fix.keep_fp32.iter().map(|k| format!("`{}`", md(k))).collect();
+            let names: Vec<String> = fix.keep_fp32.iter().map(|k| markdown_code(k)).collect();
             let _ = writeln!(m, "Keep in FP32: {}  ", names.join(", "));
-            let _ = writeln!(m, "TensorRT 10: `trtexec --onnx=MODEL {}`", fix.trtexec_flags);
+            if !fix.trtexec_flags.is_empty() {
+                let _ = writeln!(m, "TensorRT 10: {}", markdown_code(&format!("trtexec --onnx=MODEL {}", fix.trtexec_flags)));
+            }
+            let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&fix.keep_fp32).into_iter().map(|(n, why)| (n.to_string(), why)).collect();
+            if !left_out.is_empty() {
+                let _ = writeln!(m, "\n{}", md(&crate::fix_report::trtexec_left_out_note(&left_out, |n| format!("'{n}'"))));
+            }
         }
         m.push('\n');
     }
     m
 }
 
-/// One row per compared tensor with every metric, in topological order.
+/// One row per compared tensor with every metric, in topological order. Text cells (names, op
+/// types, messages) that a spreadsheet would read as a formula get a leading `'`; numbers are
+/// written as numbers.
 pub fn render_csv(report: &Report) -> Vec<u8> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let header = [
@@ -92,16 +97,16 @@ pub fn render_csv(report: &Report) -> Vec<u8> {
         let m = &t.metrics;
         let row = [
             t.topo_index.to_string(),
-            t.name.clone(),
-            t.node.clone(),
-            t.op_type.clone(),
+            csv_text(&t.name).into_owned(),
+            csv_text(&t.node).into_owned(),
+            csv_text(&t.op_type).into_owned(),
             shape.join("x"),
-            t.ref_dtype.clone(),
-            t.cand_dtype.clone(),
+            csv_text(&t.ref_dtype).into_owned(),
+            csv_text(&t.cand_dtype).into_owned(),
             t.is_output.to_string(),
             t.constant_like.to_string(),
             t.pass.to_string(),
-            t.mismatch.clone().unwrap_or_default(),
+            csv_text(t.mismatch.as_deref().unwrap_or_default()).into_owned(),
             m.numel.to_string(),
             json_number(m.max_abs_err),
             json_number(m.mean_abs_err),

@@ -1,6 +1,7 @@
 //! Reports: the versioned JSON document (`layerwise.report/1`, see docs/report-format.md) and the
 //! terminal summary. Files are written atomically: a report is either complete or absent.
 
+pub mod escape;
 mod fix_report;
 mod formats;
 mod html;

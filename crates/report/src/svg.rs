@@ -3,9 +3,7 @@
 
 use std::fmt::Write;
 
-pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+pub use crate::escape::html as esc;
 
 /// A point of a scatter chart. `y` may be inf (drawn at the top edge, as a triangle).
 pub struct Point {

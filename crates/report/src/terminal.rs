@@ -9,8 +9,10 @@ fn num(v: f64) -> String {
 }
 
 /// The terminal summary: verdict, first divergent layer, blame chain, non-finite values, and the
-/// worst tensors.
+/// worst tensors. Every name and message in it is shown with its control and bidi characters
+/// escaped.
 pub fn render_terminal(report: &Report, top: usize) -> String {
+    let report = &crate::escape::for_terminal(report);
     let mut out = String::new();
     let m = &report.model;
     let _ = writeln!(out, "model      {} (sha256 {}…, opset {}, {} nodes)", m.path, &m.sha256[..12.min(m.sha256.len())], m.opset, m.node_count);
@@ -170,6 +172,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
 /// The verdict as every format states it: the headline, the summary, then the conclusions of the
 /// runs after the walk. The terminal ends with it.
 pub fn render_verdict_text(report: &Report) -> String {
+    let report = &crate::escape::for_terminal(report);
     let mut out = String::new();
     let v = &report.verdict;
     let _ = writeln!(out, "\n{}", crate::verdict_headline(report));

@@ -1,0 +1,223 @@
+//! Text from a model (tensor, node and op names, and messages quoting them) is data in every medium
+//! layerwise writes: one escaping function per medium, used by every writer.
+//!
+//! - terminal: control characters (C0, DEL, C1) and Unicode bidi controls are shown escaped
+//!   (`\x1b`, `\n`, `\u{202e}`), so a name can neither drive the terminal nor forge a line;
+//! - Markdown: a name is text or a code span, never markup, HTML, a link, or a cell boundary;
+//! - CSV: a text cell that a spreadsheet would read as a formula gets a leading `'`;
+//! - shell: a printed command is one command whose words are the intended arguments; a word
+//!   that cannot be pasted faithfully (control or bidi characters) is refused.
+//!
+//! JSON keeps names exact; HTML is escaped by [`html`].
+
+use std::borrow::Cow;
+use std::fmt::Write;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Whether `c` is shown escaped on a terminal: control characters (C0 with newline and tab, DEL,
+/// C1), the bidi controls that reorder what follows (Trojan Source), and the Unicode line and
+/// paragraph separators.
+pub fn is_shown_escaped(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}' | '\u{2028}' | '\u{2029}')
+}
+
+fn push_escaped(c: char, out: &mut String) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\r' => out.push_str("\\r"),
+        '\t' => out.push_str("\\t"),
+        c if (c as u32) < 0x80 => {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        }
+        c => {
+            let _ = write!(out, "\\u{{{:x}}}", c as u32);
+        }
+    }
+}
+
+fn escape_where(text: &str, escaped: impl Fn(char) -> bool) -> Cow<'_, str> {
+    if !text.chars().any(&escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if escaped(c) {
+            push_escaped(c, &mut out);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `text` for one line of a terminal: every control and bidi character shown escaped, newlines
+/// included.
+pub fn terminal(text: &str) -> Cow<'_, str> {
+    escape_where(text, is_shown_escaped)
+}
+
+/// A whole printed text (lines layerwise composed): as [`terminal`], but its newlines kept. The
+/// backstop before printing; names inside were escaped with [`terminal`] where they were inserted.
+pub fn terminal_lines(text: &str) -> Cow<'_, str> {
+    escape_where(text, |c| c != '\n' && is_shown_escaped(c))
+}
+
+/// A copy of `value` (a report) with every string and map key escaped with [`terminal`]: what the
+/// terminal summaries render, so no field can reach the terminal raw. Reports read back from their
+/// JSON (`layerwise report`); one that did not would be rendered as it is, and the printing
+/// backstop ([`terminal_lines`]) would still escape its control characters.
+pub fn for_terminal<T: Serialize + DeserializeOwned + Clone>(value: &T) -> T {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::String(s) => {
+                if let Cow::Owned(e) = terminal(s) {
+                    *s = e;
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            serde_json::Value::Object(map) => {
+                let entries = std::mem::take(map);
+                for (k, mut v) in entries {
+                    walk(&mut v);
+                    map.insert(terminal(&k).into_owned(), v);
+                }
+            }
+            _ => {}
+        }
+    }
+    let Ok(mut tree) = serde_json::to_value(value) else { return value.clone() };
+    walk(&mut tree);
+    serde_json::from_value(tree).unwrap_or_else(|_| value.clone())
+}
+
+/// `text` as Markdown text (a paragraph, list item or table cell): shown as written, never
+/// markup. Control and bidi characters are shown escaped as on a terminal (a newline would end a
+/// table row); the characters that open HTML, entities, code spans, links, emphasis or a cell
+/// boundary are backslash-escaped, and so is a leading character that would start a block.
+pub fn markdown_text(text: &str) -> String {
+    let text = terminal(text);
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut leading_digits = true;
+    for (i, &c) in chars.iter().enumerate() {
+        // `_` only emphasises at a word boundary: `ln_squared` stays as it is.
+        let intraword = |i: usize| i > 0 && i + 1 < chars.len() && chars[i - 1].is_alphanumeric() && chars[i + 1].is_alphanumeric();
+        let special = matches!(c, '\\' | '`' | '*' | '[' | ']' | '<' | '&' | '|' | '~' | '$') || (c == '_' && !intraword(i));
+        // A block opener at the start (`#`, `-`, `+`, `=`, `>`, `1.`, `1)`), where the text starts
+        // a line.
+        let block = (i == 0 && c.is_ascii_punctuation()) || (leading_digits && i > 0 && matches!(c, '.' | ')'));
+        leading_digits &= c.is_ascii_digit();
+        // A space at either end as a character reference: a cell's content is trimmed, a
+        // paragraph's leading spaces can make it code and its trailing ones a line break.
+        if c == ' ' && (i == 0 || i + 1 == chars.len()) {
+            out.push_str("&#32;");
+            continue;
+        }
+        if special || block {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `text` as a Markdown code span outside a table: a fence longer than any run of backticks in
+/// it, so it cannot be closed early; control and bidi characters shown escaped.
+pub fn markdown_code(text: &str) -> String {
+    code_span(&terminal(text))
+}
+
+/// `text` as a Markdown code span inside a table cell: as [`markdown_code`], or as
+/// [`markdown_text`] where it holds a pipe (GFM splits a row at a pipe inside a code span unless it
+/// is escaped, and a backslash before it cannot be told from that escape).
+pub fn markdown_cell_code(text: &str) -> String {
+    let shown = terminal(text);
+    if shown.contains('|') {
+        markdown_text(text)
+    } else {
+        code_span(&shown)
+    }
+}
+
+fn code_span(text: &str) -> String {
+    if text.is_empty() {
+        return String::new();
+    }
+    let mut longest = 0;
+    let mut run = 0;
+    for c in text.chars() {
+        run = if c == '`' { run + 1 } else { 0 };
+        longest = longest.max(run);
+    }
+    let fence = "`".repeat(longest + 1);
+    // CommonMark strips one space from each end of a span that begins and ends with one: pad
+    // where the text begins or ends with a backtick (which would join the fence) or with spaces.
+    let all_spaces = text.chars().all(|c| c == ' ');
+    let pad = text.starts_with('`') || text.ends_with('`') || (!all_spaces && text.starts_with(' ') && text.ends_with(' '));
+    let pad = if pad { " " } else { "" };
+    format!("{fence}{pad}{text}{pad}{fence}")
+}
+
+/// `text` as a CSV text cell (names, op types, messages): one that a spreadsheet would read as a
+/// formula (`=`, `+`, `-`, `@`, also after leading spaces or line breaks, or a leading tab or
+/// carriage return) gets a leading `'`, as spreadsheets document. Numbers are written as numbers,
+/// not through this.
+pub fn csv_text(text: &str) -> Cow<'_, str> {
+    const FORMULA: [char; 8] = ['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}'];
+    if text.starts_with(['\t', '\r']) || text.trim_start().starts_with(FORMULA) {
+        Cow::Owned(format!("'{text}"))
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// `text` as one word of a printed POSIX shell command (bash, zsh, sh): bare where it is made of
+/// letters, digits and `_./-:,@%+` (and `=` after its first character: zsh expands a leading one),
+/// single-quoted otherwise ([`shell_quoted`]). `None` where it holds a character the terminal
+/// shows escaped, which a pasted line would not keep.
+pub fn shell_word(text: &str) -> Option<String> {
+    let bare_char = |(i, c): (usize, char)| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':' | ',' | '@' | '%' | '+') || (c == '=' && i > 0);
+    if !text.is_empty() && text.chars().enumerate().all(bare_char) {
+        Some(text.to_string())
+    } else {
+        shell_quoted(text)
+    }
+}
+
+/// `text` as one single-quoted shell word (a `'` inside as `'\''`), as the trtexec line prints
+/// its `--layerPrecisions` value; `None` as for [`shell_word`].
+pub fn shell_quoted(text: &str) -> Option<String> {
+    if text.chars().any(|c| is_shown_escaped(c) || c == '\0') {
+        return None;
+    }
+    Some(format!("'{}'", text.replace('\'', "'\\''")))
+}
+
+/// Why a node name is left out of the printed `trtexec --layerPrecisions=NAME:fp32,...`, if it
+/// is: the value is one shell word, and trtexec splits it at `,` and `:` and reads `*` as every
+/// layer.
+pub fn trtexec_layer_refusal(name: &str) -> Option<&'static str> {
+    if name.chars().any(|c| is_shown_escaped(c) || c == '\0') {
+        Some("a control or bidi character, which a pasted command does not keep")
+    } else if name.contains([',', ':']) {
+        Some("',' or ':', where trtexec splits --layerPrecisions")
+    } else if name == "*" || name.is_empty() {
+        Some("a name trtexec reads as every layer")
+    } else {
+        None
+    }
+}
+
+/// The names of `keep` that [`trtexec_layer_refusal`] leaves out of a printed trtexec line, each
+/// with why.
+pub fn trtexec_left_out(keep: &[String]) -> Vec<(&str, &'static str)> {
+    keep.iter().filter_map(|n| trtexec_layer_refusal(n).map(|why| (n.as_str(), why))).collect()
+}
+
+/// `text` for HTML text and double-quoted attributes.
+pub fn html(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
