@@ -23,6 +23,7 @@ pub mod perturb;
 pub mod rounding;
 pub mod scratch;
 pub mod tensor;
+pub mod terminal_text;
 mod graph;
 mod model;
 mod rewrite;

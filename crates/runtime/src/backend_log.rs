@@ -68,7 +68,7 @@ pub fn echo() -> bool {
 pub fn record(source: &'static str, session: &str, level: LogLevel, message: &str) {
     let message = message.trim();
     if echo() {
-        eprintln!("[{source} {}] {message}", level.word());
+        eprintln!("[{source} {}] {}", level.word(), layerwise_model::terminal_text::terminal_lines(message));
     }
     // Informational lines (devices found, ...) are for `--verbose` only, not for reports.
     if level < LogLevel::Warning {

@@ -296,7 +296,7 @@ impl LogHandler for Capture {
         // shown too.
         if severity <= Severity::Warning && crate::backend_log::echo() {
             let level = if severity == Severity::Warning { "warning" } else { "error" };
-            eprintln!("[TensorRT {level}] {}", message.trim());
+            eprintln!("[TensorRT {level}] {}", layerwise_model::terminal_text::terminal_lines(message.trim()));
         }
         self.0.lock().expect("log lock").push((severity, message.to_string()));
     }
