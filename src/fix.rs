@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{compare_all, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule};
+use layerwise_analysis::{add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
 use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, ModelCheck, OutputChange, Round, FIX_SCHEMA};
@@ -99,7 +99,7 @@ impl Search<'_> {
     fn judge_outputs(&self, k: usize, out: &RunOutput) -> (Comparison, bool) {
         let outputs: Vec<String> = self.index.outputs.clone();
         let comparison = compare_all(self.index, &outputs, &self.samples[k].reference, &out.tensors, &self.tolerances);
-        let pass = outputs.iter().all(|o| comparison.get(o).is_some_and(|r| r.pass));
+        let pass = comparison.outputs_pass(self.index);
         (comparison, pass)
     }
 
@@ -212,10 +212,13 @@ fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], round
     Ok(Some((region, best)))
 }
 
+/// Every model output before and after, but for the weights passed straight to an output, which
+/// no run is compared on (the summary names them).
 fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -> Vec<OutputChange> {
     index
         .outputs
         .iter()
+        .filter(|o| !is_weight_output(index, o))
         .map(|o| {
             let b = before.get(o);
             let a = after.get(o);
@@ -347,11 +350,15 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let total = sets.len();
     for (k, (name, feeds)) in sets.into_iter().enumerate() {
         let label = if total == 1 { "running the reference".to_string() } else { format!("running the reference, sample {} of {total} ({name})", k + 1) };
-        let out = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+        let mut out = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+        // An input passed straight to an output is returned as it was fed (no run returns it).
+        add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
         crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
         samples.push(Sample { name, feeds, reference: out.tensors });
     }
-    let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
+    // Every computed tensor, and the outputs passed straight from an input (compared as bisect
+    // compares them: each side returns the value it was fed).
+    let order: Vec<String> = index.computed_tensors().map(str::to_string).chain(passed_through(index)).collect();
     let weights = scan_fp16_weight_range(model)?;
     let mut search = Search {
         index,
@@ -368,6 +375,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     };
 
     let (first, first_verdict) = search.run(&[])?;
+    // As bisect: a verdict on no output at all would say nothing.
+    if index.outputs.iter().all(|o| first.get(o).is_none()) {
+        bail!(
+            "no model output could be compared: {}",
+            index.outputs.iter().map(|o| format!("{o}: {}", first.not_compared.iter().find(|(t, _)| t == o).map_or("missing from a run", |(_, why)| why.as_str()))).collect::<Vec<_>>().join("; ")
+        );
+    }
     let mut rounds = vec![Round { stage: FixStage::Diagnose, keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
@@ -602,11 +616,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     } else {
         format!(" ({} more FP32 in the written model by the converter's own rules: {})", converter_fp32.len(), converter_fp32.iter().map(|(n, why)| format!("{n}: {why}")).collect::<Vec<_>>().join("; "))
     };
+    // The outputs no run is compared on (weights passed straight to an output) are named, and
+    // no summary claims them.
+    let mut weight_outputs: Vec<&String> = Vec::new();
+    for o in index.outputs.iter().filter(|o| is_weight_output(index, o)) {
+        if !weight_outputs.contains(&o) {
+            weight_outputs.push(o);
+        }
+    }
+    let compared = if weight_outputs.is_empty() { "" } else { " compared" };
     let summary = if fixed && keep.is_empty() {
-        format!("all outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
+        format!("all{compared} outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}) brings every output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
+            "keeping {} of {} nodes in FP32 ({}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
             keep.len(),
             index.nodes.len(),
             patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; "),
@@ -616,6 +639,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     } else {
         format!("no fix found after {} candidate runs: {}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
     };
+    let mut summary = summary;
+    for o in weight_outputs {
+        let said = format!("; output '{o}' was not compared: {WEIGHT_OUTPUT}");
+        if !summary.contains(&said) {
+            summary.push_str(&said);
+        }
+    }
     let report = FixReport {
         schema: FIX_SCHEMA.to_string(),
         model: b.model.display().to_string(),

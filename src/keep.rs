@@ -134,7 +134,9 @@ impl<'a> KeepRunner<'a> {
             candidate.keep_fp32(&as_written);
             let out = candidate.run(&RunRequest { model: self.model, index: self.index, inputs, selection });
             candidate.keep_fp32(&[]);
-            return Ok(out?);
+            let mut out = out?;
+            layerwise_analysis::add_passed_through(self.model.graph(), self.index, inputs, &mut out.tensors);
+            return Ok(out);
         }
         let converted = self.convert(keep)?;
         let dir = layerwise_model::scratch::ScratchDir::new("layerwise-keep-")?;
@@ -142,7 +144,10 @@ impl<'a> KeepRunner<'a> {
         self.model.save_standalone(&converted.proto, &path)?;
         let cm = Model::load(&path)?;
         let ci = GraphIndex::build(cm.graph())?;
-        run_converted(candidate, &cm, &ci, inputs, selection)
+        // An input passed straight to an output is returned as the converted model was fed it.
+        let mut out = run_converted(candidate, &cm, &ci, inputs, selection)?;
+        layerwise_analysis::add_passed_through(cm.graph(), &ci, inputs, &mut out.tensors);
+        Ok(out)
     }
 
     /// The model outputs of a converted candidate with `keep` in FP32, computed by re-running only

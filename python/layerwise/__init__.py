@@ -86,7 +86,9 @@ def _split_inputs(inputs: Inputs) -> Tuple[list, list]:
     if inputs is None:
         return [], []
     if isinstance(inputs, Mapping):
-        return [_raw(k, v) for k, v in inputs.items()], []
+        return [_raw(k, v) for k, v in _check_mapping("inputs", inputs, "an array").items()], []
+    if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Iterable):
+        raise _wrong_type("inputs", "a mapping of input name to array (one sample) or an iterable of such mappings", inputs)
     samples = []
     for i, sample in enumerate(inputs):
         if not isinstance(sample, Mapping):
@@ -105,23 +107,195 @@ def _progress_lines() -> bool:
         return True
 
 
+# Checking the arguments: every parameter of bisect, fix and convert is checked here, in one
+# place, before anything runs. A wrong type raises TypeError and a value out of range ValueError,
+# each naming the parameter and what it takes (never a JSON parser's position, never a str taken
+# letter by letter). What only the command line's own parsers can judge (a backend spec's text, a
+# size as text) raises LayerwiseError with their message, as on the command line.
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _wrong_type(name: str, wants: str, value: Any) -> TypeError:
+    return TypeError(f"{name} must be {wants}, not {type(value).__name__} {_shown(value)}")
+
+
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or type(value).__name__ == "bool_"
+
+
+def _is_int(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not _is_bool(value)
+
+
+def _is_real(value: Any) -> bool:
+    import numbers
+
+    return isinstance(value, numbers.Real) and not _is_bool(value)
+
+
+def _check_str(name: str, value: Any, choices: Optional[Sequence[str]] = None) -> str:
+    if not isinstance(value, str):
+        wants = "one of " + ", ".join(repr(c) for c in choices) if choices else "a str"
+        raise _wrong_type(name, wants, value)
+    if choices is not None and value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}, not {_shown(value)}")
+    return value
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not _is_bool(value):
+        raise _wrong_type(name, "True or False", value)
+    return bool(value)
+
+
+def _check_int(name: str, value: Any, least: int) -> int:
+    if not _is_int(value):
+        raise _wrong_type(name, f"an int (at least {least})", value)
+    if int(value) < least:
+        raise ValueError(f"{name} must be at least {least}, not {int(value)}")
+    return int(value)
+
+
+def _check_number(name: str, value: Any, non_negative: bool = False) -> float:
+    import math
+
+    wants = "a non-negative finite number" if non_negative else "a finite number"
+    if not _is_real(value):
+        raise _wrong_type(name, wants, value)
+    v = float(value)
+    if not math.isfinite(v) or (non_negative and v < 0):
+        raise ValueError(f"{name} must be {wants}, not {_shown(value)}")
+    return v
+
+
+def _check_path(name: str, value: Any) -> str:
+    if not isinstance(value, (str, os.PathLike)):
+        raise _wrong_type(name, "a path (str or os.PathLike)", value)
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise _wrong_type(name, "a path as text (str or os.PathLike of str)", value)
+    if not path:
+        raise ValueError(f"{name} must be a path, not an empty str")
+    return path
+
+
+def _check_names(name: str, value: Any, comma_free: bool = False) -> List[str]:
+    """A sequence of names; a single str is one name (never its letters)."""
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Iterable):
+        raise _wrong_type(name, "a name (str) or a sequence of names", value)
+    names = list(value)
+    for i, n in enumerate(names):
+        if not isinstance(n, str):
+            raise TypeError(f"{name} must hold names (str), but item {i} is {type(n).__name__} {_shown(n)}")
+        if not n:
+            raise ValueError(f"{name}: item {i} is an empty name")
+        if comma_free and "," in n:
+            raise ValueError(f"{name}: name {_shown(n)} holds a comma, which the command line takes to separate names")
+    return names
+
+
+def _check_tolerance(name: str, value: Any) -> Any:
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{name} maps tensor names (str) to tolerances, but a key is {type(k).__name__} {_shown(k)}")
+            out[k] = _check_number(f"{name}[{k!r}]", v, non_negative=True)
+        return out
+    if not _is_real(value):
+        raise _wrong_type(name, "a non-negative finite number or a mapping of tensor name to one", value)
+    return _check_number(name, value, non_negative=True)
+
+
+def _check_mapping(name: str, value: Any, wants: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise _wrong_type(name, f"a mapping of input name to {wants}", value)
+    for k in value:
+        if not isinstance(k, str):
+            raise TypeError(f"{name} maps input names (str) to {wants}, but a key is {type(k).__name__} {_shown(k)}")
+    return value
+
+
+def _check_shapes(name: str, value: Any) -> list:
+    out = []
+    for k, dims in _check_mapping(name, value, "a shape (a sequence of ints)").items():
+        if isinstance(dims, (str, bytes)) or not isinstance(dims, Iterable):
+            raise _wrong_type(f"{name}[{k!r}]", "a shape (a sequence of ints)", dims)
+        out.append([k, [_check_int(f"{name}[{k!r}]", d, 0) for d in dims]])
+    return out
+
+
+def _check_ranges(name: str, value: Any) -> list:
+    out = []
+    for k, pair in _check_mapping(name, value, "a (low, high) pair").items():
+        if isinstance(pair, (str, bytes)) or not isinstance(pair, Iterable):
+            raise _wrong_type(f"{name}[{k!r}]", "a (low, high) pair of numbers", pair)
+        pair = list(pair)
+        if len(pair) != 2:
+            raise ValueError(f"{name}[{k!r}] must be a (low, high) pair of numbers, not {len(pair)} values")
+        out.append([k, _check_number(f"{name}[{k!r}]", pair[0]), _check_number(f"{name}[{k!r}]", pair[1])])
+    return out
+
+
+def _check_size(name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        return value  # parsed as --max-memory parses it ("512M", "2G")
+    if not _is_int(value):
+        raise _wrong_type(name, 'a size: bytes (an int of at least 1) or text such as "512M" or "2G"', value)
+    if int(value) < 1:
+        # As the command line refuses --max-memory 0.
+        raise ValueError(f"{name}: size '{int(value)}' must be at least one byte")
+    return int(value)
+
+
+_PATHS = ("cand_model", "json", "html", "markdown", "repro", "output")
+_FLAGS = ("separate_runs", "isolate", "counterfactual", "noise_floor", "keep_control_flow", "progress")
+_CHOICES = {"mark": ("all", "search"), "match": ("auto", "name")}
+CONVERT_TARGETS = ("fp16", "bf16", "fp16-emulated", "bf16-emulated", "tf32-emulated")
+
+
+def _check_option(key: str, value: Any) -> Any:
+    """One keyword argument of bisect or fix, checked, as the options' JSON takes it."""
+    if key in ("ref", "cand"):
+        return _check_str(key, value)
+    if key in _CHOICES:
+        return _check_str(key, value, _CHOICES[key])
+    if key in _PATHS:
+        return _check_path(key, value)
+    if key in _FLAGS:
+        return _check_bool(key, value)
+    if key in ("atol", "rtol", "range_tol"):
+        return _check_tolerance(key, value)
+    if key == "seed":
+        return _check_int(key, value, 0)
+    if key == "max_rounds":
+        return _check_int(key, value, 0)
+    if key == "input_shapes":
+        return _check_shapes(key, value)
+    if key == "val_ranges":
+        return _check_ranges(key, value)
+    if key == "tensors":
+        return _check_names(key, value)
+    if key == "max_memory":
+        return _check_size(key, value)
+    raise TypeError(f"unexpected option {key!r}")
+
+
 def _options(**kwargs: Any) -> str:
-    out = {"progress_lines": _progress_lines()}
+    out: Dict[str, Any] = {"progress_lines": _progress_lines()}
     for key, value in kwargs.items():
         if value is None:
             continue
-        if key in ("input_shapes",):
-            value = [[k, [int(d) for d in v]] for k, v in dict(value).items()]
-        elif key == "val_ranges":
-            value = [[k, float(lo), float(hi)] for k, (lo, hi) in dict(value).items()]
-        elif key in ("cand_model", "json", "html", "markdown", "repro", "output"):
-            value = os.fspath(value)
-        elif key == "tensors":
-            value = list(value)
-        elif key in ("atol", "rtol", "range_tol") and isinstance(value, Mapping):
-            value = {str(k): float(v) for k, v in value.items()}
-        out[key] = value
-    return json.dumps(out)
+        out[key] = _check_option(key, value)
+    return json.dumps(out, allow_nan=False)
 
 
 class _Node:
@@ -297,14 +471,15 @@ def bisect(
     seeded, as on the command line), or an iterable of such mappings (a data loader): every
     sample is run and aggregated as `--inputs DIR` does, without writing files.
     """
-    single, samples = _split_inputs(inputs)
+    model = _check_path("model", model)
     options = _options(
         ref=ref, cand=cand, cand_model=cand_model, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, tensors=tensors, mark=mark, max_memory=max_memory,
         separate_runs=separate_runs, isolate=isolate, counterfactual=counterfactual, noise_floor=noise_floor, keep_control_flow=keep_control_flow,
         match=match, progress=progress, json=json, html=html, markdown=markdown, repro=repro,
     )
-    return Report(_native.bisect(os.fspath(model), options, single, samples))
+    single, samples = _split_inputs(inputs)
+    return Report(_native.bisect(model, options, single, samples))
 
 
 def fix(
@@ -328,12 +503,13 @@ def fix(
     verified, and the fixed model written to `output` when given. `inputs` is one sample (a
     mapping of input name to array) or several (an iterable of such mappings): the keep list must
     hold on every sample."""
-    single, samples = _split_inputs(inputs)
+    model = _check_path("model", model)
     options = _options(
         ref=ref, cand=cand, output=output, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, max_rounds=max_rounds, json=json, progress=progress,
     )
-    return FixReport(_json_loads(_native.fix(os.fspath(model), options, single, samples)))
+    single, samples = _split_inputs(inputs)
+    return FixReport(_json_loads(_native.fix(model, options, single, samples)))
 
 
 def convert(
@@ -348,15 +524,23 @@ def convert(
 ) -> None:
     """`layerwise convert`: writes `model` converted to `to` (fp16, bf16, fp16-emulated,
     bf16-emulated, tf32-emulated) at `output`. Raises LayerwiseError with the command's message."""
-    argv = ["layerwise", "convert", os.fspath(model), "--to", to, "-o", os.fspath(output)]
-    if keep_fp32:
-        argv += ["--keep-fp32", ",".join(keep_fp32)]
-    if keep_fp32_op:
-        argv += ["--keep-fp32-op", ",".join(keep_fp32_op)]
-    if fp16_io:
+    model = _check_path("model", model)
+    output = _check_path("output", output)
+    to = _check_str("to", to, CONVERT_TARGETS)
+    keep = _check_names("keep_fp32", keep_fp32, comma_free=True)
+    keep_ops = _check_names("keep_fp32_op", keep_fp32_op, comma_free=True)
+    # Every value joined to its option (`--to=...`) and the model after `--`: a path or name that
+    # starts with '-' is a value, never an option of its own.
+    argv = ["layerwise", "convert", f"--to={to}", f"--output={output}"]
+    if keep:
+        argv.append("--keep-fp32=" + ",".join(keep))
+    if keep_ops:
+        argv.append("--keep-fp32-op=" + ",".join(keep_ops))
+    if _check_bool("fp16_io", fp16_io):
         argv.append("--fp16-io")
-    if allow_weight_overflow:
+    if _check_bool("allow_weight_overflow", allow_weight_overflow):
         argv.append("--allow-weight-overflow")
+    argv += ["--", model]
     _native.run_command(argv)
 
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{compare_all, Comparison, Histogram, MemoryPlan, HISTOGRAM_BINS};
+use layerwise_analysis::{add_passed_through, compare_all, fed_value, passed_through, Comparison, Histogram, MemoryPlan, HISTOGRAM_BINS};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{tensor_types, Backend, RunOutput, RunRequest, Tensor, TensorData};
 
@@ -84,7 +84,32 @@ impl<'a> Job<'a> {
 
     pub(super) fn run_reference(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection };
-        self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))
+        let mut out = self.reference.run(&request).with_context(|| format!("reference {}", self.options.reference))?;
+        add_passed_through(self.model.graph(), &self.index, feeds, &mut out.tensors);
+        Ok(out)
+    }
+
+    /// Both sides' values of the model outputs passed straight from an input (no node between),
+    /// known without a run: each side returns the value it was fed. `None` where the candidate
+    /// model computes such an output itself (only its run can say what it holds).
+    pub(super) fn passed_through_values(&self, feeds: &[(String, Tensor)]) -> Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
+        let mut reference = HashMap::new();
+        add_passed_through(self.model.graph(), &self.index, feeds, &mut reference);
+        let mut candidate = HashMap::new();
+        match &self.cand_model {
+            None => add_passed_through(self.model.graph(), &self.index, feeds, &mut candidate),
+            Some((cm, ci)) => {
+                for name in passed_through(&self.index) {
+                    if ci.producer_index(&name).is_some() {
+                        return None;
+                    }
+                    if let Some(v) = candidate_passed_through(cm, ci, &name, feeds, None) {
+                        candidate.insert(name, v);
+                    }
+                }
+            }
+        }
+        Some((reference, candidate))
     }
 
     pub(super) fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
@@ -113,7 +138,8 @@ impl<'a> Job<'a> {
             (reference_run.join().expect("the reference's thread does not panic"), cand_out)
         });
         steps.record(&format!("running reference {}{label} (beside the candidate)", options.reference), seconds);
-        let ref_out = ref_out.with_context(|| format!("reference {}", options.reference))?;
+        let mut ref_out = ref_out.with_context(|| format!("reference {}", options.reference))?;
+        add_passed_through(model.graph(), index, feeds, &mut ref_out.tensors);
         Ok((ref_out, cand_out?))
     }
 
@@ -291,11 +317,40 @@ fn run_candidate_of(
 ) -> Result<RunOutput, layerwise_runtime::RuntimeError> {
     match cand_model {
         Some((cm, ci)) => candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: cand_selection }).map(|mut out| {
+            // The reference's outputs passed straight from its inputs pair with the candidate's
+            // outputs of those names: a model output is what the user gets, however computed.
+            let passed: Vec<(String, Tensor)> = passed_through(index)
+                .into_iter()
+                .filter_map(|name| {
+                    let computed = out.tensors.get(&name).cloned();
+                    candidate_passed_through(cm, ci, &name, feeds, computed).map(|v| (name, v))
+                })
+                .collect();
             out.tensors = under_reference_names(std::mem::take(&mut out.tensors), cand_names);
+            out.tensors.extend(passed);
             out
         }),
-        None => candidate.run(&RunRequest { model, index, inputs: feeds, selection }),
+        None => candidate.run(&RunRequest { model, index, inputs: feeds, selection }).map(|mut out| {
+            add_passed_through(model.graph(), index, feeds, &mut out.tensors);
+            out
+        }),
     }
+}
+
+/// The candidate model's value of `name`, a reference output passed straight from its input:
+/// its own output of that name, as its run returned it (`computed`) or, where it too passes its
+/// input straight through, the value it was fed. `None` when it has no such output.
+fn candidate_passed_through(cm: &Model, ci: &GraphIndex, name: &str, feeds: &[(String, Tensor)], computed: Option<Tensor>) -> Option<Tensor> {
+    if !ci.outputs.iter().any(|o| o == name) {
+        return None;
+    }
+    if ci.producer_index(name).is_some() {
+        return computed;
+    }
+    if ci.is_graph_input(name) {
+        return fed_value(cm.graph(), name, feeds);
+    }
+    None
 }
 
 /// A candidate model's tensors under the reference names they were paired with (copied when

@@ -73,7 +73,7 @@ pub(super) fn counterfactual(
             kept: pattern.nodes,
             output_error_after: after_error,
             explained,
-            fixes: job.index.outputs.iter().all(|o| after.get(o).is_some_and(|r| r.pass)),
+            fixes: after.outputs_pass(&job.index),
             contained: explained < 0.1,
             nodes_rerun,
         });

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use layerwise_analysis::{MemoryPlan, PairedComparison};
+use layerwise_analysis::{compare_all, MemoryPlan, PairedComparison};
 use layerwise_runtime::paired::{PairedSession, Programs};
 use layerwise_model::Selection;
 use layerwise_runtime::{RunRequest, Tensor};
@@ -67,7 +67,23 @@ impl Job<'_> {
             }
         };
         let bytes = comparison.reference_bytes();
-        let (comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
+        let (mut comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
+        // The model outputs no node computes are not in the session's order: an input passed
+        // straight through is compared on the values both sides were fed, a weight is said not
+        // compared, as after separate runs.
+        let mut rest: Vec<String> = Vec::new();
+        for o in self.index.outputs.iter().filter(|o| !self.order.contains(o)) {
+            if !rest.contains(o) {
+                rest.push(o.clone());
+            }
+        }
+        if !rest.is_empty() {
+            let (reference, candidate) = self.passed_through_values(feeds).unwrap_or_default();
+            let extra = compare_all(&self.index, &rest, &reference, &candidate, &self.judging.tolerances);
+            let records = comparison.records.into_iter().chain(extra.records).collect();
+            let not_compared = comparison.not_compared.into_iter().chain(extra.not_compared).collect();
+            comparison = layerwise_analysis::Comparison::from_records(records, not_compared, &self.order);
+        }
         let memory = MemoryPlan {
             budget_bytes: self.options.max_memory,
             estimated_bytes: bytes,
@@ -103,6 +119,9 @@ impl Job<'_> {
         }
         if self.options.save_tensors.is_some() {
             return Some("--save-tensors writes every tensor, so both runs return them".into());
+        }
+        if self.passed_through_values(&[]).is_none() {
+            return Some("the candidate model computes an output that the reference passes straight from its input, so the candidate's run must return it".into());
         }
         let (r, c) = (self.reference.ort_options(), self.candidate.ort_options());
         match (r, c) {

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 use layerwise_analysis::search::Measured;
-use layerwise_analysis::{compare_all, search_first_divergent, verdict_from_chain, Comparison, SearchResult, Verdict};
+use layerwise_analysis::{compare_all, is_weight_output, search_first_divergent, verdict_from_chain, Comparison, SearchResult, Verdict, WEIGHT_OUTPUT};
 use layerwise_model::{Selection, WeightRange};
 use layerwise_runtime::Tensor;
 
@@ -34,7 +34,9 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
         let unavailable = out.unavailable.into_iter().filter(|(t, _)| marked.contains(t)).collect();
         Ok((comparison.records, unavailable))
     })?;
-    let comparison = Comparison::from_records(result.records.clone(), Vec::new(), &job.order);
+    // A weight passed straight to an output is compared by no run (as after a full run).
+    let weight_outputs = index.outputs.iter().filter(|o| is_weight_output(&index, o)).map(|o| (o.clone(), WEIGHT_OUTPUT.to_string())).collect();
+    let comparison = Comparison::from_records(result.records.clone(), weight_outputs, &job.order);
     if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
         bail!("no model output could be compared in the candidate's first run");
     }

@@ -69,6 +69,12 @@ impl Comparison {
         self.position.get(tensor).map(|&i| &self.records[i])
     }
 
+    /// Whether every model output is within tolerance: each compared and passing, but for the
+    /// weights passed straight to an output, which no run is compared on (see [`WEIGHT_OUTPUT`]).
+    pub fn outputs_pass(&self, index: &GraphIndex) -> bool {
+        index.outputs.iter().filter(|o| !is_weight_output(index, o)).all(|o| self.get(o).is_some_and(|r| r.pass))
+    }
+
     /// The largest error level among `tensors` that were compared (0 when none was): a sample's
     /// output error, passing or not.
     pub fn largest_error(&self, tensors: &[String]) -> f64 {
@@ -82,7 +88,9 @@ fn record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DTy
     let mut record = TensorRecord {
         name: name.to_string(),
         node: node.map(|n| n.name.clone()).unwrap_or_default(),
-        op_type: node.map(|n| n.op_type.clone()).unwrap_or_default(),
+        // An output no node computes is a graph input passed straight through (as the reports
+        // call a graph input elsewhere).
+        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| if index.is_graph_input(name) { "input".into() } else { String::new() }),
         topo_index: node.map(|n| n.topo_index).unwrap_or(0),
         shape: ref_shape.to_vec(),
         ref_dtype: ref_dtype.name().to_string(),
@@ -102,6 +110,67 @@ fn record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DTy
     record
 }
 
+/// Why a model output that no node computes is not compared: a weight the model passes straight
+/// to its output holds whatever each side stores for it, which no run of either side returns.
+pub const WEIGHT_OUTPUT: &str = "a weight (initializer) passed straight to the output: no node computes it, and neither run returns it";
+
+/// Whether `tensor`, a model output, is a weight passed straight to it: no run is compared on it
+/// (see [`WEIGHT_OUTPUT`]).
+pub fn is_weight_output(index: &GraphIndex, tensor: &str) -> bool {
+    index.producer_index(tensor).is_none() && index.is_initializer(tensor) && index.outputs.iter().any(|o| o == tensor)
+}
+
+/// Why `tensor` is missing from a comparison where a side lacks it: the shared reason for a model
+/// output no node computes (a weight), else which side lacked it.
+fn missing_reason(index: &GraphIndex, tensor: &str, side: &str) -> String {
+    if is_weight_output(index, tensor) {
+        WEIGHT_OUTPUT.to_string()
+    } else {
+        format!("missing from the {side} run")
+    }
+}
+
+/// The model outputs that are graph inputs passed straight through, no node between (each once,
+/// in the model's order). Every run returns such an output as the value it was fed: both sides
+/// are compared on it (the runs themselves return only what nodes compute).
+pub fn passed_through(index: &GraphIndex) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for o in &index.outputs {
+        if index.producer_index(o).is_none() && index.is_graph_input(o) && !out.contains(o) {
+            out.push(o.clone());
+        }
+    }
+    out
+}
+
+/// The value a run of `graph` returns for its graph input `name` passed straight to an output:
+/// the value in `feeds`, in the type the graph declares for that input (a run gives an FP16 or
+/// BF16 input the float32 value converted, and returns it so). `None` when nothing feeds it.
+pub fn fed_value(graph: &layerwise_model::onnx::GraphProto, name: &str, feeds: &[(String, Tensor)]) -> Option<Tensor> {
+    use layerwise_model::onnx::type_proto;
+    use layerwise_model::TensorData;
+    let (_, fed) = feeds.iter().find(|(n, _)| n == name)?;
+    let elem = graph.input.iter().find(|v| v.name() == name).and_then(|v| match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+        Some(type_proto::Value::TensorType(tt)) => Some(tt.elem_type()),
+        _ => None,
+    });
+    Some(match (&fed.data, elem) {
+        (TensorData::F32(v), Some(10)) => Tensor::new(fed.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect())),
+        (TensorData::F32(v), Some(16)) => Tensor::new(fed.shape.clone(), TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect())),
+        _ => fed.clone(),
+    })
+}
+
+/// Adds to `tensors` (a run of `graph` on `feeds`) the outputs it passes straight from its inputs
+/// (see [`passed_through`]), where the run did not return them itself.
+pub fn add_passed_through(graph: &layerwise_model::onnx::GraphProto, index: &GraphIndex, feeds: &[(String, Tensor)], tensors: &mut HashMap<String, Tensor>) {
+    for name in passed_through(index) {
+        if let (std::collections::hash_map::Entry::Vacant(slot), Some(v)) = (tensors.entry(name.clone()), fed_value(graph, &name, feeds)) {
+            slot.insert(v);
+        }
+    }
+}
+
 /// Compares the tensors both runs returned, in the order of `order` (topological), in parallel.
 pub fn compare_all(
     index: &GraphIndex,
@@ -115,8 +184,8 @@ pub fn compare_all(
     for name in order {
         match (reference.get(name), candidate.get(name)) {
             (Some(r), Some(c)) => both.push((name, r, c)),
-            (None, _) => not_compared.push((name.clone(), "missing from the reference run".to_string())),
-            (_, None) => not_compared.push((name.clone(), "missing from the candidate run".to_string())),
+            (None, _) => not_compared.push((name.clone(), missing_reason(index, name, "reference"))),
+            (_, None) => not_compared.push((name.clone(), missing_reason(index, name, "candidate"))),
         }
     }
     let records: Vec<TensorRecord> = both
@@ -184,7 +253,7 @@ impl PairedComparison {
                 }
                 Some(Reduced::Unavailable(why)) => not_compared.push((name.clone(), why)),
                 None => {
-                    let why = unavailable.iter().find(|(n, _)| n == name).map_or("missing from the paired run".to_string(), |(_, w)| w.clone());
+                    let why = unavailable.iter().find(|(n, _)| n == name).map_or_else(|| missing_reason(index, name, "paired"), |(_, w)| w.clone());
                     not_compared.push((name.clone(), why));
                 }
             }

@@ -307,10 +307,13 @@ fn step(record: &TensorRecord) -> ChainStep {
 pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[WeightRange], rule: WalkRule, candidate: Candidate) -> Verdict {
     let outputs: Vec<&TensorRecord> = index.outputs.iter().filter_map(|o| comparison.get(o)).collect();
     let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
+    // An output a node computes comes first: an input passed straight through has no node to
+    // walk back from, and is the worst only where nothing computed fails.
+    let computed = |r: &TensorRecord| index.producer_index(&r.name).is_some();
     let worst = outputs
         .iter()
         .filter(|r| !r.pass)
-        .max_by(|a, b| a.error_level().total_cmp(&b.error_level()).then(b.topo_index.cmp(&a.topo_index)))
+        .max_by(|a, b| computed(a).cmp(&computed(b)).then(a.error_level().total_cmp(&b.error_level())).then(b.topo_index.cmp(&a.topo_index)))
         .copied();
     let mut verdict = Verdict {
         status,
@@ -380,9 +383,10 @@ impl<'a> InputView<'a> {
         let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
         for t in node.all_inputs().filter(|t| !index.is_constant_like(t)) {
             match comparison.get(t) {
+                // Both runs are fed the same graph inputs: they are exact (also where one is an
+                // output too, and compared as the candidate returns it).
+                _ if index.is_graph_input(t) => {}
                 Some(r) => view.seen.push(r),
-                // Both runs are fed the same graph inputs: they are exact.
-                None if index.is_graph_input(t) => {}
                 None => {
                     let why = comparison.not_compared.iter().find(|(n, _)| n == t).map_or("not compared".to_string(), |(_, r)| r.clone());
                     view.unseen.push((t.clone(), why));
@@ -493,13 +497,14 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
     for record in comparison.records.iter().filter(|r| r.metrics.nonfinite_mismatch > 0) {
         // Born here when every input is known to be free of such mismatches (an input that was
         // not compared leaves the origin unknown).
+        // A graph input passed straight to an output is born at no node.
         let origin = index
             .producer(&record.name)
             .map(|n| {
                 let inputs = InputView::of(index, comparison, n);
                 inputs.unseen.is_empty() && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
             })
-            .unwrap_or(true);
+            .unwrap_or(!index.is_graph_input(&record.name));
         verdict.non_finite.push(NonFiniteTensor {
             tensor: record.name.clone(),
             node: record.node.clone(),
@@ -513,6 +518,27 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
         });
     }
     verdict.summary = summarize(verdict, rule);
+    // A model output neither run compared (a weight passed straight to the output) is named, so
+    // that no summary claims every output.
+    let mut unseen: Vec<&str> = Vec::new();
+    for o in index.outputs.iter().filter(|o| comparison.get(o).is_none()) {
+        if !unseen.contains(&o.as_str()) {
+            unseen.push(o);
+        }
+    }
+    if !unseen.is_empty() {
+        if verdict.status == Status::Pass {
+            verdict.summary = "all compared model outputs are within tolerance".to_string();
+        }
+        for o in unseen {
+            let why = match comparison.not_compared.iter().find(|(t, _)| t == o) {
+                Some((_, why)) => format!(": {why}"),
+                None if crate::compare::is_weight_output(index, o) => format!(": {}", crate::compare::WEIGHT_OUTPUT),
+                None => String::new(),
+            };
+            verdict.summary.push_str(&format!("; output '{o}' was not compared{why}"));
+        }
+    }
 }
 
 /// For an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a Pow with a
@@ -783,6 +809,9 @@ fn summarize(v: &Verdict, rule: WalkRule) -> String {
     let worst = v.worst_output.as_deref().unwrap_or("?");
     match (&v.status, &v.first_divergent, &v.sight_ends) {
         (Status::Pass, _, _) => "all model outputs are within tolerance".to_string(),
+        (Status::Diverged, None, None) if v.chain.len() == 1 && v.chain[0].node.is_empty() => format!(
+            "output '{worst}' diverges: it is the model's input passed straight through, and the candidate returns it otherwise than it was fed (stored in the type the candidate model declares for that input)"
+        ),
         (Status::Diverged, _, Some(end)) => format!(
             "output '{worst}' diverges; its error can be followed back to node '{}' ({}), whose input{} {} {} not compared, so the error enters there or before it: layerwise cannot see further",
             end.node,

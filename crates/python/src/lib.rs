@@ -93,6 +93,25 @@ struct Options {
     max_rounds: Option<usize>,
 }
 
+/// The options of `options_json`, or an error naming the option at fault and what it takes (the
+/// Python side checks each first; this is what a direct caller of `_native` gets), never a JSON
+/// parser's line and column.
+fn parse_options(options_json: &str) -> PyResult<Options> {
+    let bad = |what: String| pyo3::exceptions::PyValueError::new_err(format!("bad option: {what}"));
+    let value: serde_json::Value = serde_json::from_str(options_json).map_err(|e| bad(format!("the options are not JSON ({e})")))?;
+    let serde_json::Value::Object(fields) = &value else { return Err(bad("the options must be a JSON object".into())) };
+    for (key, v) in fields {
+        let one = serde_json::Value::Object([(key.clone(), v.clone())].into_iter().collect());
+        if let Err(e) = serde_json::from_value::<Options>(one) {
+            // serde's own words, without a position: "invalid type: integer `5`, expected a string".
+            let said = e.to_string();
+            let said = said.split(" at line ").next().unwrap_or(&said).to_string();
+            return Err(bad(format!("{key}: {said} (given {v})")));
+        }
+    }
+    serde_json::from_value(value).map_err(|e| bad(e.to_string()))
+}
+
 fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, samples: Vec<(String, Vec<(String, Tensor)>)>) -> PyResult<BisectOptions> {
     let spec = |given: Option<&str>, default: &str, what: &str| BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")));
     let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, spec(o.cand.as_deref(), "sim:fp16", "cand")?);
@@ -121,6 +140,8 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
     };
     b.max_memory = match &o.max_memory {
         None => None,
+        // As the command line's --max-memory: at least one byte.
+        Some(Size::Bytes(0)) => return Err(pyo3::exceptions::PyValueError::new_err("max_memory: size '0' must be at least one byte")),
         Some(Size::Bytes(n)) => Some(*n),
         Some(Size::Text(t)) => Some(layerwise::pipeline::parse_size(t).map_err(|e| LayerwiseError::new_err(format!("max_memory: {e}")))?),
     };
@@ -173,7 +194,7 @@ fn interruptible<T: Send>(py: Python<'_>, job: impl FnOnce() -> anyhow::Result<T
 #[pyfunction]
 #[pyo3(signature = (model, options_json, inputs, samples))]
 fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
-    let o: Options = serde_json::from_str(options_json).map_err(|e| LayerwiseError::new_err(format!("bad option: {e}")))?;
+    let o = parse_options(options_json)?;
     let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
     let options = bisect_options(model, &o, arrays(inputs)?, samples)?;
     interruptible(py, move || {
@@ -188,7 +209,7 @@ fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>
 #[pyfunction]
 #[pyo3(signature = (model, options_json, inputs, samples))]
 fn fix(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
-    let o: Options = serde_json::from_str(options_json).map_err(|e| LayerwiseError::new_err(format!("bad option: {e}")))?;
+    let o = parse_options(options_json)?;
     let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
     let mut bisect = bisect_options(model, &o, arrays(inputs)?, samples)?;
     bisect.outputs = layerwise_report::Outputs { json: o.json.clone(), ..Default::default() };

@@ -112,11 +112,22 @@ pub fn cause_name(kind: layerwise_analysis::CauseKind) -> String {
 /// The verdict's first line, the same in every format.
 pub fn verdict_headline(report: &Report) -> String {
     use layerwise_analysis::Status;
+    // Each output once (a model may list one twice); those not compared are said so, never
+    // counted as within or out of tolerance.
+    let mut outputs: Vec<&json::OutputInfo> = Vec::new();
+    for o in &report.outputs {
+        if !outputs.iter().any(|seen| seen.name == o.name) {
+            outputs.push(o);
+        }
+    }
+    let compared: Vec<&json::OutputInfo> = outputs.iter().copied().filter(|o| o.compared).collect();
+    let unseen: Vec<String> = outputs.iter().filter(|o| !o.compared).map(|o| format!("'{}'", o.name)).collect();
+    let (of, not_compared) = if unseen.is_empty() { ("", String::new()) } else { (" compared", format!("; not compared: {}", unseen.join(", "))) };
     match report.verdict.status {
-        Status::Pass => format!("VERDICT: PASS - all {} model outputs are within tolerance", report.outputs.len()),
+        Status::Pass => format!("VERDICT: PASS - all {}{of} model outputs are within tolerance{not_compared}", compared.len()),
         Status::Diverged => {
-            let failing: Vec<String> = report.outputs.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err))).collect();
-            format!("VERDICT: DIVERGED - {} of {} outputs out of tolerance: {}", failing.len(), report.outputs.len(), failing.join(", "))
+            let failing: Vec<String> = compared.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err))).collect();
+            format!("VERDICT: DIVERGED - {} of {}{of} outputs out of tolerance: {}{not_compared}", failing.len(), compared.len(), failing.join(", "))
         }
     }
 }

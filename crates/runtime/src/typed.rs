@@ -231,6 +231,13 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             widened_nodes.join(", ")
         ));
     }
+    // A model output that is a graph input passed straight through holds the value fed, stored
+    // as the file declares the input: what a run of the file returns for it.
+    for name in index.outputs.iter().filter(|o| index.producer_index(o).is_none() && index.is_graph_input(o)) {
+        if let Some((_, t)) = request.inputs.iter().find(|(n, _)| n == name) {
+            output.tensors.insert(name.clone(), as_declared(t, declared.get(name.as_str()).copied()));
+        }
+    }
     for name in index.computed_tensors().filter(|t| wanted.contains(t)) {
         match values.remove(name) {
             Some(t) => {
