@@ -392,6 +392,10 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         let have = storage.get(o.name()).copied().unwrap_or(Precision::Fp32);
         let want = if options.keep_io_types { Precision::Fp32 } else { have };
         if have != want {
+            // An output listed twice gets one Cast.
+            if renames.iter().any(|(n, _)| n == o.name()) {
+                continue;
+            }
             let inner = format!("{}__{}", o.name(), have.suffix());
             renames.push((o.name().to_string(), inner));
         } else if have == low {
