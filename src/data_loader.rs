@@ -70,9 +70,11 @@ const STDERR_KEPT_BYTES: usize = 64 * 1024;
 pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
     let (file, func) = script_and_function(spec);
     let path = Path::new(file);
-    if !path.is_file() {
+    if !path.exists() {
         bail!("--data-loader-script {file}: no such file");
     }
+    // A FIFO would block Python's import, a device feed it without end: a regular file only.
+    layerwise_model::open_regular(path).with_context(|| format!("--data-loader-script {file}"))?;
     let scratch = ScratchDir::new("layerwise-data-")?;
     let python = std::env::var("LAYERWISE_PYTHON").unwrap_or_else(|_| "python3".to_string());
     let mut child = Command::new(&python)

@@ -202,6 +202,11 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     if total_samples > 1 && options.mark == Marking::Search {
         bail!("--mark search runs one sample; with --inputs DIR use --mark all (or pass one .npz file)");
     }
+    // What the run will hold, estimated and refused here, before anything runs, where it cannot
+    // fit --max-memory or the memory available.
+    let whole = options.save_tensors.is_some();
+    let sample_options = samples.iter().map(|(_, o)| o);
+    layerwise_runtime::inputs::check_memory(&original, &index, &decls, sample_options, loaded_cand.as_ref().map(|(m, _)| m), options.max_memory, !options.separate_runs && !whole, whole)?;
     // Control flow as the reference ran it: bodies become ordinary, comparable graph.
     let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);
     let mut control_flow = None;
@@ -397,9 +402,15 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
             let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
                 .with_context(|| format!("--inputs {}", dir.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "npz") && p.is_file())
+                .filter(|p| p.extension().is_some_and(|e| e == "npz") && !p.is_dir())
                 .collect();
             files.sort();
+            // A sample that is not a regular file (a FIFO, a link to a device) is refused before
+            // any is read, not skipped without a word.
+            for f in &files {
+                let name = f.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                layerwise_model::open_regular(f).with_context(|| format!("--inputs {}: sample {name}", dir.display()))?;
+            }
             if files.is_empty() {
                 bail!("--inputs {}: the folder holds no .npz files (one sample per file)", dir.display());
             }

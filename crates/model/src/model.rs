@@ -49,11 +49,19 @@ pub fn data_type_name(data_type: i32) -> String {
 
 impl Model {
     /// Loads and checks an `.onnx` file. The file is never modified.
+    ///
+    /// A model path that names (or links to) a device, a FIFO or a folder is refused before a
+    /// byte is read ([`open_regular`]); a link to a regular file elsewhere is followed, since the
+    /// user named it.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
+        use std::io::Read;
         if !path.exists() {
             return Err(ModelError::NotFound(path.to_path_buf()));
         }
-        let data = fs::read(path).map_err(|cause| ModelError::Read { path: path.to_path_buf(), cause })?;
+        let read = |cause| ModelError::Read { path: path.to_path_buf(), cause };
+        let mut file = open_regular(path).map_err(read)?;
+        let mut data = Vec::with_capacity(file.metadata().map_or(0, |m| m.len() as usize));
+        file.read_to_end(&mut data).map_err(read)?;
         Model::from_bytes(data, path)
     }
 
@@ -133,11 +141,7 @@ impl Model {
     fn check_one_external(&self, t: &TensorProto) -> Result<(), ModelError> {
         let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
         let ext = ExternalRef::parse(t).map_err(err)?;
-        let Some(base) = &self.base_dir else {
-            return Err(err("the model was built in memory, so external data has no folder to resolve against".into()));
-        };
-        let file = base.join(&ext.location);
-        let meta = fs::metadata(&file).map_err(|e| err(format!("cannot open '{}': {e}", file.display())))?;
+        let (_, file, file_len) = self.open_external(&ext.location).map_err(err)?;
         let numel: i128 = t.dims.iter().map(|&d| d as i128).product();
         let expected = data_type_size(t.data_type()).map(|s| numel * s as i128);
         if let (Some(len), Some(expected)) = (ext.length, expected) {
@@ -146,12 +150,8 @@ impl Model {
             }
         }
         let needed = ext.offset as i128 + ext.length.map(|l| l as i128).or(expected).unwrap_or(0);
-        if needed > meta.len() as i128 {
-            return Err(err(format!(
-                "'{}' is {} bytes but the tensor needs bytes up to {needed}",
-                file.display(),
-                meta.len()
-            )));
+        if needed > file_len as i128 {
+            return Err(err(format!("'{}' is {file_len} bytes but the tensor needs bytes up to {needed}", file.display())));
         }
         Ok(())
     }
@@ -219,6 +219,31 @@ impl Model {
     /// Absolute path of an external data file referenced by this model.
     pub(crate) fn external_file(&self, location: &str) -> Option<PathBuf> {
         self.base_dir.as_ref().map(|b| b.join(location))
+    }
+
+    /// Opens the external data file `location` (a relative path without `..`, as
+    /// [`ExternalRef::parse`] checked): the one check of external data, for every command and on
+    /// every read. Resolved with its links (the file's and its folders'), it must lie inside the
+    /// model's folder, resolved too, and be a regular file: a link to `/etc/passwd`, or a folder
+    /// linked to another, is refused before a byte is read (found by an attacker's test: `convert`
+    /// embedded the link's target in the written model). Returns the opened file, its path as
+    /// the model names it, and its length.
+    fn open_external(&self, location: &str) -> Result<(fs::File, PathBuf, u64), String> {
+        let Some(base) = &self.base_dir else {
+            return Err("the model was built in memory, so external data has no folder to resolve against".into());
+        };
+        let file = base.join(location);
+        let folder = fs::canonicalize(base).map_err(|e| format!("cannot resolve the model's folder '{}': {e}", base.display()))?;
+        let resolved = fs::canonicalize(&file).map_err(|e| format!("cannot open '{}': {e}", file.display()))?;
+        if !resolved.starts_with(&folder) {
+            return Err(format!(
+                "location '{location}' points outside the model's folder (through a symbolic link, to '{}'); refused",
+                resolved.display()
+            ));
+        }
+        let opened = open_regular(&resolved).map_err(|e| format!("cannot open '{}': {e}", file.display()))?;
+        let len = opened.metadata().map_err(|e| format!("cannot open '{}': {e}", file.display()))?.len();
+        Ok((opened, file, len))
     }
 
     /// Like [`Model::runtime_bytes`], with every weight of 1 KiB and more written to
@@ -416,10 +441,9 @@ impl Model {
         use std::io::{Read, Seek, SeekFrom};
         let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
         let ext = ExternalRef::parse(t).map_err(err)?;
-        let path = self.external_file(&ext.location).ok_or_else(|| err("in-memory model".into()))?;
+        let (mut file, path, _) = self.open_external(&ext.location).map_err(err)?;
         let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
         let len = ext.length.unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
-        let mut file = fs::File::open(&path).map_err(|e| err(format!("cannot open '{}': {e}", path.display())))?;
         file.seek(SeekFrom::Start(ext.offset)).map_err(|e| err(format!("cannot seek in '{}': {e}", path.display())))?;
         let mut buf = vec![0u8; (8usize << 20).min(len as usize)];
         let mut left = len;
@@ -431,6 +455,62 @@ impl Model {
             left -= n as u64;
         }
         Ok(len)
+    }
+}
+
+/// Opens `path` for reading only if it is a regular file, its links followed: a device
+/// (`/dev/zero`, read without end), a FIFO (blocks until a writer comes), a socket or a folder is
+/// refused before a byte is read. The path is checked first (opening some devices does
+/// something), then opened without blocking (`O_NONBLOCK`, which a regular file ignores) and the
+/// opened file checked again, so nothing swapped in between is read either. For every file
+/// layerwise reads as input: models, external data, npz/npy files, saved runs, scripts.
+pub fn open_regular(path: &Path) -> std::io::Result<fs::File> {
+    fs::metadata(path).and_then(|m| regular(&m))?;
+    let mut options = fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path)?;
+    regular(&file.metadata()?)?;
+    Ok(file)
+}
+
+/// Ok for a regular file; else an error saying what it is.
+fn regular(meta: &fs::Metadata) -> std::io::Result<()> {
+    if meta.is_file() {
+        return Ok(());
+    }
+    let what = file_kind(meta.file_type());
+    Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("it is {what}, not a regular file; refused")))
+}
+
+#[cfg(unix)]
+fn file_kind(t: fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a folder"
+    } else if t.is_fifo() {
+        "a named pipe (FIFO)"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else if t.is_socket() {
+        "a socket"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn file_kind(t: fs::FileType) -> &'static str {
+    if t.is_dir() {
+        "a folder"
+    } else {
+        "a special file"
     }
 }
 

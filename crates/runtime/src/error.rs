@@ -13,6 +13,9 @@ pub enum RuntimeError {
     Io { path: PathBuf, cause: std::io::Error },
     #[error("input error: {0}")]
     Input(String),
+    /// A run refused up front: its estimated memory cannot fit.
+    #[error("{0}")]
+    Memory(String),
     #[error("unknown backend spec '{spec}': {why}")]
     BadSpec { spec: String, why: String },
     /// A valid spec that cannot be used where it was given.

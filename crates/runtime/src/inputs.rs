@@ -10,7 +10,7 @@ use layerwise_model::{data_type_name, GraphIndex, Model};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::npy::{read_npy_file, read_npz};
+use crate::npy::{excerpt, read_npy_file_checked, read_npz_checked};
 use crate::{shape_string, DType, RuntimeError, Tensor, TensorData};
 
 /// One dimension of a declared input.
@@ -127,17 +127,24 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
 
     let mut from_files: HashMap<String, (Tensor, String)> = HashMap::new();
     let mut npz_arrays: Vec<String> = Vec::new();
+    // Each array's header is checked against the declared input before its data is read: a
+    // header that lies about the shape is refused before gigabytes are decompressed.
     if let Some(path) = &options.npz {
-        for (name, tensor) in read_npz(path)? {
+        let source = format!("npz:{}", path.display());
+        let mut expect = |name: &str, dtype: DType, shape: &[usize]| match decls.iter().find(|d| d.name == name) {
+            None => Err(RuntimeError::UnknownArray { file: path.clone(), array: excerpt(name), inputs: decls.iter().map(|d| d.name.clone()).collect() }),
+            Some(decl) => check_header(decl, dtype, shape, &source),
+        };
+        for (name, tensor) in read_npz_checked(path, &mut expect)? {
             npz_arrays.push(name.clone());
-            if !known(&name) {
-                return Err(RuntimeError::UnknownArray { file: path.clone(), array: name, inputs: decls.iter().map(|d| d.name.clone()).collect() });
-            }
-            from_files.insert(name, (tensor, format!("npz:{}", path.display())));
+            from_files.insert(name, (tensor, source.clone()));
         }
     }
     for (name, path) in &options.npy {
-        from_files.insert(name.clone(), (read_npy_file(path)?, format!("npy:{}", path.display())));
+        let source = format!("npy:{}", path.display());
+        let decl = decls.iter().find(|d| d.name == *name).expect("checked above");
+        let tensor = read_npy_file_checked(path, &mut |_, dtype, shape| check_header(decl, dtype, shape, &source))?;
+        from_files.insert(name.clone(), (tensor, source));
     }
     for (name, tensor) in &options.given {
         if !known(name) {
@@ -238,6 +245,20 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     Ok(prepared)
 }
 
+/// What a file's header declares for `decl`, checked before its data is read: the element type,
+/// and the rank and fixed dimensions (a named dimension's agreement between inputs is checked
+/// once the values are in, by [`check_file_input`]).
+fn check_header(decl: &InputDecl, dtype: DType, shape: &[usize], source: &str) -> Result<(), RuntimeError> {
+    let Ok(wanted) = decl.dtype.clone() else { return Ok(()) };
+    if dtype != wanted {
+        return Err(RuntimeError::Input(format!("input '{}' must be {} but {source} holds {}", decl.name, wanted.name(), dtype.name())));
+    }
+    if let Some(dims) = &decl.dims {
+        check_shape(decl, dims, shape, source, &mut HashMap::new())?;
+    }
+    Ok(())
+}
+
 fn check_file_input(
     decl: &InputDecl,
     dtype: DType,
@@ -328,3 +349,218 @@ pub fn random_tensor(rng: &mut ChaCha8Rng, dtype: DType, shape: Vec<usize>, lo: 
 }
 
 pub use layerwise_model::tensor::{available_memory, check_fits, tensor_bytes};
+
+/// The input shapes a sample will have, from the options alone: shapes given or declared for
+/// random inputs, the headers of `.npz`/`.npy` files (no data read), values given in memory.
+/// `None` where a shape cannot be told yet (an unresolved dimension, an unreadable file): the
+/// inputs' own checks say why when they are prepared.
+pub fn sample_shapes(decls: &[InputDecl], options: &InputOptions) -> Option<Vec<(String, DType, Vec<usize>)>> {
+    let mut found: Vec<(String, DType, Vec<usize>)> = Vec::new();
+    fn put(found: &mut Vec<(String, DType, Vec<usize>)>, name: &str, dtype: DType, shape: Vec<usize>) {
+        if !found.iter().any(|(n, _, _)| n == name) {
+            found.push((name.to_string(), dtype, shape));
+        }
+    }
+    for (name, t) in &options.given {
+        put(&mut found, name, t.dtype(), t.shape.clone());
+    }
+    // A file whose header does not match the model is left to the inputs' own checks.
+    let matches = |name: &str, dtype: DType, shape: &[usize]| decls.iter().find(|d| d.name == name).is_some_and(|d| check_header(d, dtype, shape, "").is_ok());
+    for (name, path) in &options.npy {
+        let (dtype, shape) = crate::npy::npy_header(path).ok().filter(|(d, s)| matches(name, *d, s))?;
+        put(&mut found, name, dtype, shape);
+    }
+    if let Some(path) = &options.npz {
+        for (name, dtype, shape) in crate::npy::npz_headers(path).ok()? {
+            if !matches(&name, dtype, &shape) {
+                return None;
+            }
+            put(&mut found, &name, dtype, shape);
+        }
+    }
+    for decl in decls {
+        if found.iter().any(|(n, _, _)| *n == decl.name) {
+            continue;
+        }
+        let dtype = decl.dtype.clone().ok()?;
+        let shape = match options.shapes.iter().find(|(n, _)| *n == decl.name) {
+            Some((_, shape)) => shape.clone(),
+            None => decl.dims.as_ref()?.iter().map(|d| if let DeclaredDim::Fixed(v) = d { Some(*v) } else { None }).collect::<Option<Vec<usize>>>()?,
+        };
+        // An input that alone cannot be held gets its own message where it is prepared.
+        check_fits(tensor_bytes(&shape, dtype.size()), &shape).ok()?;
+        put(&mut found, &decl.name, dtype, shape);
+    }
+    Some(found)
+}
+
+/// What a run holds at once, estimated before it starts from the sizes of what it holds: the
+/// inputs, each side's computed tensors (ONNX Runtime's shape inference with the inputs'
+/// shapes; a dimension it cannot infer counts as nothing, so the estimate stays a lower bound
+/// there) and the weights. The multiples are measured (docs/security.md): peak RSS over the
+/// sizes, for Relu, a 4-op chain, two inputs, an Expand to 4x and a MatMul with 256 MiB of
+/// weights, at 1e7 to 1e8 elements, paired and `--separate-runs`, each rounded up to cover
+/// every case measured (by 0 to 35 %).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MemoryEstimate {
+    /// Bytes of every input of the sample.
+    pub inputs: u64,
+    /// Bytes of every computed tensor of one side whose size is known.
+    pub tensors: u64,
+    /// The largest computed tensor, and its bytes.
+    pub largest: Option<(String, u64)>,
+    /// Whether the largest tensor is a model output (and so in every group already).
+    pub largest_is_output: bool,
+    /// Bytes of the model outputs, which every group of a split run returns again.
+    pub outputs: u64,
+    /// Bytes of the model's weights (and a candidate model's), which each session holds a copy of.
+    pub weights: u64,
+}
+
+impl MemoryEstimate {
+    /// The tensors one paired session holds: its inputs (layerwise's copies and the session's),
+    /// the largest tensor's few live copies (reference, candidate, their roundings), a share of
+    /// the rest. Measured: 5.6x the input for Relu, 12.0x one input for two inputs.
+    pub fn paired(&self) -> u64 {
+        4 * self.inputs + 5 * self.largest_bytes() / 2 + self.tensors / 2
+    }
+
+    /// The tensors separate runs hold with `group` bytes of tensors returned per run (outputs
+    /// included): the inputs, both sides' copies of the group and the runtime's copy of the
+    /// one being returned. Measured: 5.6x the input for Relu, 14.7x for a chain of 4.
+    pub fn separate(&self, group: u64) -> u64 {
+        7 * self.inputs / 2 + 3 * group + self.largest_bytes()
+    }
+
+    /// The smallest group a split can make: the largest tensor with the outputs.
+    pub fn smallest_group(&self) -> u64 {
+        self.outputs + if self.largest_is_output { 0 } else { self.largest_bytes() }
+    }
+
+    /// The least the tensors of a run can take: paired where it may pair, else separate runs
+    /// with one tensor per group; `whole` where every tensor must be held at once
+    /// (`--save-tensors`).
+    pub fn least_tensors(&self, may_pair: bool, whole: bool) -> u64 {
+        let separate = if whole { self.separate(self.tensors.max(self.outputs)) } else { self.separate(self.smallest_group()) };
+        if may_pair { separate.min(self.paired()) } else { separate }
+    }
+
+    /// The sessions' copies of the weights on top: layerwise's copy, the reference session's,
+    /// the candidate's rounded copy and its session's (4x measured paired, 5x separate).
+    pub fn with_weights(&self, tensors: u64) -> u64 {
+        tensors + 5 * self.weights
+    }
+
+    fn largest_bytes(&self) -> u64 {
+        self.largest.as_ref().map_or(0, |(_, b)| *b)
+    }
+}
+
+/// The estimate for `model` fed `shapes` (of [`sample_shapes`]). `cand_weights`: a candidate
+/// model's weights, held beside the reference's.
+pub fn estimate_memory(model: &Model, index: &GraphIndex, shapes: &[(String, DType, Vec<usize>)], cand_weights: u64) -> MemoryEstimate {
+    let bytes = |shape: &[usize], dtype: DType| tensor_bytes(shape, dtype.size()).unwrap_or(u64::MAX);
+    let mut e = MemoryEstimate { inputs: shapes.iter().map(|(_, d, s)| bytes(s, *d)).fold(0u64, u64::saturating_add), ..Default::default() };
+    e.weights = weight_bytes(model).saturating_add(cand_weights);
+    let named: Vec<(String, Vec<usize>)> = shapes.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect();
+    // Where ONNX Runtime cannot type the model, the inputs and weights alone are the estimate.
+    let Ok(types) = crate::tensor_types(model, index, &named) else { return e };
+    for (name, ty) in &types {
+        let Some(dtype) = ty.dtype else { continue };
+        let Some(dims) = ty.dims.iter().copied().collect::<Option<Vec<usize>>>() else { continue };
+        let b = bytes(&dims, dtype);
+        e.tensors = e.tensors.saturating_add(b);
+        if index.outputs.contains(name) {
+            e.outputs = e.outputs.saturating_add(b);
+        }
+        if e.largest.as_ref().is_none_or(|(n, l)| b > *l || (b == *l && name < n)) {
+            e.largest = Some((name.clone(), b));
+            e.largest_is_output = index.outputs.contains(name);
+        }
+    }
+    e
+}
+
+/// Bytes of a model's weights: its initializers, in the main graph and in subgraphs.
+pub fn weight_bytes(model: &Model) -> u64 {
+    let mut total = 0u64;
+    let mut stack = vec![model.graph()];
+    while let Some(g) = stack.pop() {
+        for t in &g.initializer {
+            let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
+            total = total.saturating_add(layerwise_model::data_type_size(t.data_type()).and_then(|s| tensor_bytes(&dims, s)).unwrap_or(0));
+        }
+        for n in &g.node {
+            for a in &n.attribute {
+                stack.extend(a.g.iter().chain(a.graphs.iter()));
+            }
+        }
+    }
+    total
+}
+
+/// Refuses, before anything runs, a run whose estimated memory cannot fit `max_memory` (the
+/// tensors it holds at once, split as finely as it can be) or the memory available (with the
+/// sessions' weights): found by an attacker's test, `--input-shape x:1000000000` on a Relu passed
+/// the input's own check and was killed by the kernel at 20.7 GB, leaving its scratch folder.
+/// The sample with the largest inputs stands for all. `may_pair`: both sides may run in one
+/// paired session; `whole`: every tensor is held at once (`--save-tensors`).
+#[allow(clippy::too_many_arguments)]
+pub fn check_memory<'a>(
+    model: &Model,
+    index: &GraphIndex,
+    decls: &[InputDecl],
+    samples: impl Iterator<Item = &'a InputOptions>,
+    cand: Option<&Model>,
+    max_memory: Option<u64>,
+    may_pair: bool,
+    whole: bool,
+) -> Result<(), RuntimeError> {
+    let bytes = |s: &[(String, DType, Vec<usize>)]| s.iter().map(|(_, d, s)| tensor_bytes(s, d.size()).unwrap_or(u64::MAX)).fold(0u64, u64::saturating_add);
+    let Some(shapes) = samples.filter_map(|o| sample_shapes(decls, o)).max_by_key(|s| bytes(s)) else { return Ok(()) };
+    let e = estimate_memory(model, index, &shapes, cand.map_or(0, weight_bytes));
+    let least = e.least_tensors(may_pair, whole);
+    let largest = match &e.largest {
+        Some((name, b)) => format!(", the largest tensor '{name}' {}", size(*b)),
+        None => String::new(),
+    };
+    if let Some(limit) = max_memory.filter(|&l| least > l) {
+        return Err(RuntimeError::Memory(format!(
+            "--max-memory {}: this run holds at least {} of tensors at once ({} of inputs{largest}, {} of outputs; with the copies each side and ONNX Runtime hold), and {}; give --max-memory {} or more, or smaller inputs",
+            size(limit),
+            size(least),
+            size(e.inputs),
+            size(e.outputs),
+            if whole { "--save-tensors holds every tensor at once" } else { "a single tensor cannot be split into smaller groups" },
+            size(least)
+        )));
+    }
+    let total = e.with_weights(least);
+    if let Some(available) = available_memory().filter(|&a| total > a) {
+        return Err(RuntimeError::Memory(format!(
+            "this run needs about {} of memory ({} of inputs, {} of tensors per side{largest}, {} of weights; with the copies each side and ONNX Runtime hold), more than the {} available; give smaller inputs, or run it where more memory is free",
+            size(total),
+            size(e.inputs),
+            size(e.tensors),
+            size(e.weights),
+            size(available)
+        )));
+    }
+    Ok(())
+}
+
+/// A byte count for messages: `16 B`, `3.8 KiB`, `381.5 MiB`, `3.7 GiB`.
+pub fn size(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}

@@ -97,7 +97,9 @@ impl SavedBackend {
             input_prints: None,
             engine_layers: Vec::new(),
         };
-        if path.is_file() {
+        // Anything but a folder is read as an `.npz` file, which must be a regular file: a FIFO or
+        // a link to /dev/zero is refused before a byte is read.
+        if !path.is_dir() {
             backend.tensors = read_npz(path)?.into_iter().collect();
             return Ok(backend);
         }
@@ -123,7 +125,10 @@ impl SavedBackend {
             }
             return Ok(backend);
         }
-        let text = fs::read_to_string(&manifest_path).map_err(|e| bad(format!("cannot read manifest: {e}")))?;
+        let mut text = String::new();
+        layerwise_model::open_regular(&manifest_path)
+            .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+            .map_err(|e| bad(format!("cannot read manifest: {e}")))?;
         let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("manifest is not JSON: {e}")))?;
         let saved_spec = manifest["spec"].as_str().unwrap_or_default();
         let float32_cpu = matches!(BackendSpec::parse(saved_spec), Ok(BackendSpec::Ort(o)) if o.ep == ExecutionProvider::Cpu);
@@ -140,7 +145,7 @@ impl SavedBackend {
                 return Err(bad("manifest entry without name or file".into()));
             };
             if file.contains('/') || file.contains("..") {
-                return Err(bad(format!("manifest names file '{file}' outside the folder")));
+                return Err(bad(format!("manifest names file '{}' outside the folder", crate::npy::excerpt(file))));
             }
             backend.tensors.insert(name.to_string(), read_npy_file(&path.join(file))?);
         }
