@@ -231,6 +231,13 @@ fn files_that_are_devices_or_fifos_are_refused_before_reading() {
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("zero.npz")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("run")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--data-loader-script", &c.p("fifo.py"), "--json", &json], not_regular, QUICK);
+    // Reports given to `report` and `merge` too.
+    std::os::unix::fs::symlink("/dev/zero", c.path("zero.json")).unwrap();
+    mkfifo(&c.path("fifo.json"));
+    for report in ["zero.json", "fifo.json"] {
+        c.refused(&["report", &c.p(report), "--html", &c.p("r.html")], not_regular, QUICK);
+        c.refused(&["merge", &c.p(report), "--json", &json], not_regular, QUICK);
+    }
 
     // A link to a regular model elsewhere is the user's to name: it is followed.
     let elsewhere = tempfile::tempdir().unwrap();

@@ -40,7 +40,11 @@ fn parse<T: DeserializeOwned>(text: &str, name: &str, what: &'static str, expect
 
 fn read<T: DeserializeOwned>(path: &Path, what: &'static str, expected: &'static str) -> Result<T, ReadError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ReadError::Io { name: name.clone(), why: e.to_string() })?;
+    // A device or FIFO named as a report is refused before a byte is read (issue 37).
+    let mut text = String::new();
+    layerwise_model::open_regular(path)
+        .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
+        .map_err(|e| ReadError::Io { name: name.clone(), why: e.to_string() })?;
     parse(&text, &name, what, expected)
 }
 
