@@ -176,7 +176,12 @@ impl<'a> Job<'a> {
         };
         let outputs: u64 = self.index.outputs.iter().map(|o| size(o)).sum();
         let total: u64 = self.order.iter().map(|t| size(t)).sum();
-        let per_group = (self.budget / 2).saturating_sub(outputs).max(1);
+        // What a split run holds (measured, layerwise_runtime::inputs::MemoryEstimate::separate):
+        // the inputs 3.5 times, the largest tensor once, and three copies of each group's tensors
+        // (both sides and the runtime's); the budget bounds that whole.
+        let inputs: u64 = feeds.iter().map(|(_, t)| t.size_bytes() as u64).sum();
+        let largest_tensor = self.order.iter().map(|t| size(t)).max().unwrap_or(0);
+        let per_group = (self.budget.saturating_sub(7 * inputs / 2 + largest_tensor) / 3).saturating_sub(outputs).max(1);
         // Tensors that fit stay in one group: the loop splits only past `per_group`.
         let mut groups: Vec<Vec<String>> = vec![Vec::new()];
         let mut bytes = 0u64;
