@@ -132,14 +132,39 @@ pub fn verdict_headline(report: &Report) -> String {
     }
 }
 
-/// `text` cut to `width` characters from the left (`…tail`): tensor names differ at their ends.
+/// `text` in at most `width` characters: cut in the middle (`head…tail`), since a name's start
+/// (the block, the Loop iteration) and its end (the op) both tell it apart.
 pub(crate) fn shorten(text: &str, width: usize) -> String {
-    if text.chars().count() <= width {
-        text.to_string()
-    } else {
-        let tail: String = text.chars().rev().take(width - 1).collect::<Vec<_>>().into_iter().rev().collect();
-        format!("…{tail}")
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= width || width < 3 {
+        return text.to_string();
     }
+    let head = (width - 1) * 2 / 5;
+    let tail = width - 1 - head;
+    format!("{}…{}", chars[..head].iter().collect::<String>(), chars[chars.len() - tail..].iter().collect::<String>())
+}
+
+/// The names of one table column, each in at most `width` characters, cut so that names that
+/// differ stay different: a name whose middle cut collides with another's shows the part where
+/// the two differ (`…iter12/body…`). Found on Loop iterations, whose names lost their iteration
+/// when cut from the left.
+pub(crate) fn shorten_distinct(names: &[&str], width: usize) -> Vec<String> {
+    let cut: Vec<String> = names.iter().map(|n| shorten(n, width)).collect();
+    let mut shown = cut.clone();
+    for i in 0..names.len() {
+        let clash: Vec<usize> = (0..names.len()).filter(|&j| j != i && cut[j] == cut[i] && names[j] != names[i]).collect();
+        if clash.is_empty() {
+            continue;
+        }
+        let chars: Vec<char> = names[i].chars().collect();
+        // The first character where this name differs from the names it collides with.
+        let differs = clash.iter().map(|&j| chars.iter().zip(names[j].chars()).take_while(|(a, b)| **a == *b).count()).min().unwrap_or(0);
+        let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
+        let end = (start + width - 2).min(chars.len());
+        let window: String = chars[start..end].iter().collect();
+        shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+    }
+    shown
 }
 
 /// How every report writes the numbers that need no digits: "nan", "inf", "-inf", "0".
@@ -205,4 +230,34 @@ pub fn to_json(report: &Report) -> Vec<u8> {
     let mut bytes = serde_json::to_vec_pretty(report).expect("reports serialize");
     bytes.push(b'\n');
     bytes
+}
+
+#[cfg(test)]
+mod shorten_tests {
+    use super::{shorten, shorten_distinct};
+
+    #[test]
+    fn long_names_keep_their_start_and_end() {
+        assert_eq!(shorten("short", 40), "short");
+        let cut = shorten("encoder/block_17/attention/softmax/output_0_with_a_long_tail", 20);
+        assert_eq!(cut.chars().count(), 20);
+        assert!(cut.starts_with("encoder") && cut.ends_with("long_tail"), "{cut}");
+    }
+
+    #[test]
+    fn names_that_differ_stay_different_when_cut() {
+        // Loop iterations: cut from the left (before) all showed the same tail.
+        let names: Vec<String> = (10..14).map(|k| format!("decoder/while_loop/iteration_{k}/body/transformer_block/self_attention/matmul_output_0")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let shown = shorten_distinct(&refs, 40);
+        let distinct: std::collections::HashSet<&String> = shown.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{shown:?}");
+        for (s, k) in shown.iter().zip(10..14) {
+            assert!(s.chars().count() <= 40 && s.contains(&format!("iteration_{k}")), "{s}");
+        }
+        // A name equal to another (one tensor listed twice) stays as the middle cut.
+        let twice = shorten_distinct(&[refs[0], refs[0]], 40);
+        assert_eq!(twice[0], twice[1]);
+        assert_eq!(twice[0], shorten(refs[0], 40));
+    }
 }

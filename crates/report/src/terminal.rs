@@ -88,10 +88,11 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let isolated = |node: &str| e.isolation.as_ref().and_then(|iso| iso.nodes.iter().find(|n| n.node == node));
         let header = if e.isolation.is_some() { "; 'alone' = the node run by itself on the reference's inputs" } else { "" };
         let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer){header}:");
+        let names = crate::shorten_distinct(&v.chain.iter().map(|s| s.tensor.as_str()).collect::<Vec<_>>(), 40);
         for (i, s) in v.chain.iter().enumerate() {
             let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
             let local = isolated(&s.node).map(|l| format!("  alone {:>9} {}", num(l.local_error), l.role)).unwrap_or_default();
-            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{local}{nf}", i, shorten(&s.tensor, 40), shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{local}{nf}", i, names[i], shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
         }
     }
     if let Some(iso) = &e.isolation {
@@ -150,12 +151,13 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if !worst.is_empty() && top > 0 {
         let _ = writeln!(out, "\nWorst tensors:");
         let _ = writeln!(out, "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8} {:>8}  pass", "tensor", "op", "rel L2", "max abs", "max rel", "cosine", "SNR dB");
-        for t in worst.iter().take(top) {
+        let names = crate::shorten_distinct(&worst.iter().take(top).map(|t| t.name.as_str()).collect::<Vec<_>>(), 40);
+        for (t, name) in worst.iter().take(top).zip(&names) {
             let mm = &t.metrics;
             let _ = writeln!(
                 out,
                 "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8.5} {:>8.1}  {}",
-                shorten(&t.name, 40),
+                name,
                 shorten(&t.op_type, 18),
                 num(t.error_level()),
                 num(mm.max_abs_err),

@@ -89,9 +89,6 @@ fn read_header<R: Read>(reader: &mut R, path: &Path) -> Result<(NpyHeader, u64),
 /// The element type and shape a header declares, checked to be something layerwise can hold:
 /// a plain C-ordered array of a supported type whose size fits in memory.
 fn declared(header: &NpyHeader, path: &Path) -> Result<(DType, Vec<usize>), RuntimeError> {
-    if header.order() == npyz::Order::Fortran {
-        return Err(bad(path, "Fortran-ordered arrays are not supported; save with np.ascontiguousarray(a)"));
-    }
     let npyz::DType::Plain(ts) = header.dtype() else {
         return Err(bad(path, "structured (record) arrays are not tensors"));
     };
@@ -133,6 +130,7 @@ fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option
             return Err(bad(path, format!("its header declares shape {} ({data_bytes} bytes of data), but only {follow} bytes follow", shape_string(&shape))));
         }
     }
+    let fortran = header.order() == npyz::Order::Fortran;
     let npy = NpyFile::with_header(header, reader);
     let e = |e: io::Error| bad(path, format!("cannot read array data: {}", excerpt(&e.to_string())));
     macro_rules! values {
@@ -140,6 +138,11 @@ fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option
             let mut values: Vec<$t> = Vec::with_capacity(numel);
             for v in npy.data::<$t>().map_err(|e| bad(path, format!("cannot read array data: {}", excerpt(&e.to_string()))))? {
                 values.push(v.map_err(e)?);
+            }
+            // numpy and ONNX Runtime take Fortran-ordered arrays (`np.asfortranarray`, a
+            // transposed view saved as it is): their values are put in C order.
+            if fortran {
+                values = c_order_of_fortran(&values, &shape);
             }
             values
         }};
@@ -163,6 +166,32 @@ fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option
         return Err(bad(path, "array data is shorter than its shape says"));
     }
     Ok(Tensor::new(shape, data))
+}
+
+/// `values` laid out in Fortran order (the first index fastest) for `shape`, in C order.
+fn c_order_of_fortran<T: Copy>(values: &[T], shape: &[usize]) -> Vec<T> {
+    if shape.len() < 2 || values.is_empty() {
+        return values.to_vec();
+    }
+    // Fortran strides: 1, d0, d0*d1, ...
+    let mut strides = vec![1usize; shape.len()];
+    for k in 1..shape.len() {
+        strides[k] = strides[k - 1] * shape[k - 1];
+    }
+    let mut out = Vec::with_capacity(values.len());
+    let mut index = vec![0usize; shape.len()];
+    for _ in 0..values.len() {
+        out.push(values[index.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>()]);
+        // The next C-order index: the last dimension fastest.
+        for k in (0..shape.len()).rev() {
+            index[k] += 1;
+            if index[k] < shape[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    out
 }
 
 fn accept_any(_: &str, _: DType, _: &[usize]) -> Result<(), RuntimeError> {
