@@ -570,7 +570,16 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-convert-")?;
     let staged = scratch.path().join("converted.onnx");
     let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(&model, &index, &float, o)?.0);
-    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, None, &mut convert).with_context(|| format!("converting {}{hint}", args.model.display()))?;
+    // The written model is run once, not only loaded, on seeded random inputs (the check `fix`
+    // makes; a model can load and fail to run), where the inputs' shapes are all known and stay
+    // float32.
+    let decls = layerwise_runtime::inputs::declared_inputs(&model, &index);
+    let feeds: Option<Vec<(String, layerwise_runtime::Tensor)>> = if args.fp16_io {
+        None
+    } else {
+        layerwise_runtime::inputs::prepare_inputs(&decls, &InputOptions::default()).ok().map(|inputs| inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
+    };
+    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, feeds.as_deref(), &mut convert).with_context(|| format!("converting {}{hint}", args.model.display()))?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written){hint}: {}", problems.join("; "));
@@ -597,7 +606,13 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         println!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", shown(args.model.display()));
     }
     match load.status {
-        layerwise_report::LoadStatus::Loads => println!("  ONNX Runtime loads it with its default options (checked in a separate process){}", load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()),
+        layerwise_report::LoadStatus::Loads if feeds.is_some() => println!("  ONNX Runtime loads and runs it with its default options on seeded random inputs (checked in a separate process){}", load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()),
+        layerwise_report::LoadStatus::Loads => println!(
+            "  ONNX Runtime loads it with its default options (checked in a separate process; not run: {}){}",
+            if args.fp16_io { "its inputs are FP16" } else { "an input has dimensions only a run can give" },
+            load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()
+        ),
+        layerwise_report::LoadStatus::RunsBelowDefault => println!("  ONNX Runtime {}", shown(load.detail.unwrap_or_default())),
         _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, shown(load.detail.unwrap_or_default())),
     }
     for (w, readers) in &conversion.overflowing_weights {

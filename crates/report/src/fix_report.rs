@@ -92,6 +92,9 @@ pub struct ModelCheck {
 pub enum LoadStatus {
     /// A default session was created and run.
     Loads,
+    /// The default session (optimization level `all`) fails, a lower level loads and runs it:
+    /// a limitation of ONNX Runtime's graph optimizations, not of the model.
+    RunsBelowDefault,
     /// ONNX Runtime refused it with a message.
     Error,
     /// The process died.
@@ -104,6 +107,7 @@ impl fmt::Display for LoadStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             LoadStatus::Loads => "loads",
+            LoadStatus::RunsBelowDefault => "runs_below_default",
             LoadStatus::Error => "error",
             LoadStatus::Crashed => "crashed",
             LoadStatus::NotChecked => "not_checked",
