@@ -611,10 +611,30 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         stuck = Some(why);
     }
 
+    // FP16 that needs a large keep list, or none found: would BF16 need any? The model run whole
+    // in BF16 (`sim:bf16`, nothing kept) on every sample, judged by BF16's own tolerances, measured
+    // (a diffusion UNet kept 280 of 2,103 nodes for FP16 where BF16 passed at 2.46e-2).
+    let other_precision = if low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST) {
+        let Search { steps, samples, .. } = &mut search;
+        Some(steps.run("running the model whole in BF16 (sim:bf16, nothing kept)", || bf16_whole(samples, model, index, b))?)
+    } else {
+        None
+    };
+    let bf16_note = match &other_precision {
+        Some(o) if o.pass => format!(
+            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance (worst output relative L2 {}, tolerance {})",
+            o.candidate,
+            num(o.worst_output_rel_l2),
+            num(o.rtol)
+        ),
+        _ => String::new(),
+    };
     let by_converter = if converter_fp32.is_empty() {
         String::new()
     } else {
-        format!(" ({} more FP32 in the written model by the converter's own rules: {})", converter_fp32.len(), converter_fp32.iter().map(|(n, why)| format!("{n}: {why}")).collect::<Vec<_>>().join("; "))
+        let shown: Vec<String> = converter_fp32.iter().take(3).map(|(n, why)| format!("{n}: {why}")).collect();
+        let more = if converter_fp32.len() > 3 { format!("; and {} more, listed in the fix report (fixed_model_fp32_nodes)", converter_fp32.len() - 3) } else { String::new() };
+        format!(" ({} more FP32 in the written model by the converter's own rules: {}{more})", converter_fp32.len(), shown.join("; "))
     };
     // The outputs no run is compared on (weights passed straight to an output) are named, and
     // no summary claims them.
@@ -629,15 +649,15 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("all{compared} outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}",
+            "keeping {} of {} nodes in FP32 ({}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}{bf16_note}",
             keep.len(),
             index.nodes.len(),
-            patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; "),
+            keep_list_summary(&patterns),
             if search.samples.len() > 1 { format!(" on every one of the {} samples", search.samples.len()) } else { String::new() },
             search.runs
         )
     } else {
-        format!("no fix found after {} candidate runs: {}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
+        format!("no fix found after {} candidate runs: {}{bf16_note}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
     };
     let mut summary = summary;
     for o in weight_outputs {
@@ -666,6 +686,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         fixed_model_fp32_nodes,
         fixed_model_check,
         fixed_model_load: load_check,
+        other_precision,
         run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
     if let Some(json) = &b.outputs.json {
@@ -675,6 +696,47 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     let text = render_fix_terminal(&report, if low == Precision::Bf16 { "BF16" } else { "FP16" });
     Ok(FixOutcome { report, text })
+}
+
+/// A keep list this long is large: `fix` then measures the model whole in BF16 as well.
+const LARGE_KEEP_LIST: usize = 16;
+
+/// The keep list in the one-line summary: each group with its nodes where there are few; else a
+/// count of groups by kind (the full list is in the JSON and the keep-list file).
+fn keep_list_summary(patterns: &[KeptPattern]) -> String {
+    let nodes: usize = patterns.iter().map(|p| p.nodes.len()).sum();
+    if patterns.len() <= 3 && nodes <= LARGE_KEEP_LIST {
+        return patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; ");
+    }
+    let mut kinds: Vec<(&str, usize, usize)> = Vec::new();
+    for p in patterns {
+        match kinds.iter_mut().find(|(k, _, _)| *k == p.kind) {
+            Some(entry) => {
+                entry.1 += 1;
+                entry.2 += p.nodes.len();
+            }
+            None => kinds.push((p.kind.as_str(), 1, p.nodes.len())),
+        }
+    }
+    let kinds: Vec<String> = kinds.iter().map(|(k, groups, n)| format!("{groups} {k} group{} ({n} nodes)", if *groups == 1 { "" } else { "s" })).collect();
+    format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
+}
+
+/// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
+/// tolerances (the user's, where given).
+fn bf16_whole(samples: &[Sample], model: &Model, index: &GraphIndex, options: &BisectOptions) -> Result<layerwise_report::OtherPrecision> {
+    let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
+    let mut bf16 = layerwise_runtime::create_backend(&spec)?;
+    let judging = Judging::new(Precision::Bf16, false, options)?;
+    let (mut pass, mut worst) = (true, 0f64);
+    for sample in samples {
+        let mut out = bf16.run(&RunRequest { model, index, inputs: &sample.feeds, selection: &Selection::Names(index.outputs.clone()) })?;
+        add_passed_through(model.graph(), index, &sample.feeds, &mut out.tensors);
+        let comparison = compare_all(index, &index.outputs, &sample.reference, &out.tensors, &judging.tolerances);
+        pass &= comparison.outputs_pass(index);
+        worst = worst.max(comparison.largest_error(&index.outputs));
+    }
+    Ok(layerwise_report::OtherPrecision { candidate: spec.to_string(), pass, worst_output_rel_l2: worst, rtol: judging.tolerances.all.rtol })
 }
 
 fn num(v: f64) -> String {

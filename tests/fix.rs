@@ -330,3 +330,49 @@ fn a_counterfactual_rerun_of_the_changed_part_equals_the_whole_model_with_the_ke
     }
     assert!(cf.checks.iter().any(|c| c.explained > 0.9), "keeping the LayerNorm removes the error: {cf:?}");
 }
+
+/// Issue 39, item 4: 17 independent FP16 overflows (a Mul by 7e4 in each branch, scaled back
+/// down, summed): FP16 needs a keep list of many groups, which the summary counts by group instead
+/// of listing every node, and BF16 run whole (nothing kept) is measured and said to pass.
+#[test]
+fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("many", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("big", &[1], &[7e4]));
+    b.initializer(f32_tensor("small", &[1], &[1e-4]));
+    let mut sum = String::new();
+    for i in 0..17 {
+        b.node("Mul", &format!("grow_{i}"), &["x", "big"], &[&format!("g{i}")], vec![]);
+        b.node("Mul", &format!("shrink_{i}"), &[&format!("g{i}"), "small"], &[&format!("s{i}")], vec![]);
+        if i == 0 {
+            sum = "s0".into();
+        } else {
+            let next = format!("sum{i}");
+            b.node("Add", &format!("add_{i}"), &[&sum, &format!("s{i}")], &[&next], vec![]);
+            sum = next;
+        }
+    }
+    b.node("Relu", "out", &[&sum], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    common::save(&b.build(), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json", "--max-rounds", "40"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = common::json(&dir.path().join("fix.json"));
+    let keep = f["keep_fp32"].as_array().unwrap();
+    assert!(keep.len() >= 17, "{t}");
+    let summary = f["summary"].as_str().unwrap();
+    assert!(summary.contains(" groups: ") && summary.contains("every node in the fix report and the keep list"), "{summary}");
+    assert!(summary.len() < 1000 && !summary.contains("shrink_9"), "the summary lists every node: {summary}");
+    assert!(summary.contains("BF16 needs no keep list: sim:bf16 with nothing kept has every output within BF16's tolerance"), "{summary}");
+    assert_eq!(f["other_precision"]["candidate"], "sim:bf16");
+    assert_eq!(f["other_precision"]["pass"], true);
+    assert!(f["other_precision"]["worst_output_rel_l2"].as_f64().unwrap() < 1e-2, "{}", f["other_precision"]);
+    // The full list is in the keep-list file.
+    let written = common::json(&dir.path().join("fixed.onnx.keep-fp32.json"));
+    assert_eq!(written["keep_fp32"].as_array().unwrap().len(), keep.len());
+    assert!(t.lines().all(|l| l.len() < 1200), "a terminal line lists every node: {t}");
+}

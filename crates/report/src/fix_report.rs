@@ -160,20 +160,53 @@ pub struct FixReport {
     /// The fixed model (the file written with -o, or a scratch copy) evaluated in its own types
     /// against the reference: FIXED needs it to pass.
     pub fixed_model_check: Option<ModelCheck>,
+    /// Where FP16 needs a large keep list (or none is found): the model run whole in BF16
+    /// (`sim:bf16`, nothing kept) and judged by BF16's tolerances on every sample, measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_precision: Option<OtherPrecision>,
     pub run_info: RunInfo,
+}
+
+/// Another precision tried whole, with nothing kept: what a user could switch to instead of a
+/// large keep list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OtherPrecision {
+    /// The candidate that ran (`sim:bf16`).
+    pub candidate: String,
+    /// Every output within that precision's tolerances on every sample.
+    pub pass: bool,
+    /// The worst model output's relative L2 error over the samples.
+    pub worst_output_rel_l2: f64,
+    /// The tolerance it was judged by (relative), that precision's default unless given.
+    pub rtol: f64,
 }
 
 /// The terminal summary of a fix. `precision` names the candidate's reduced precision (`FP16`,
 /// `BF16`) in the outputs' column heading. Every name and message in it is shown with its control
 /// and bidi characters escaped.
+/// Keep-list groups the terminal lists one by one, and nodes it names in a group.
+const MOST_GROUPS_SHOWN: usize = 8;
+const MOST_NODES_SHOWN: usize = 12;
+
 pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&r.keep_fp32).into_iter().map(|(n, why)| (crate::escape::terminal(n).into_owned(), why)).collect();
     let r = &crate::escape::for_terminal(r);
     let num = format_number;
     let mut out = String::new();
     let _ = writeln!(out, "FIX: {} - {}", if r.status == FixStatus::Fixed { "FIXED" } else { "NOT FIXED" }, r.summary);
-    for p in &r.patterns {
-        let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, p.nodes.join(", "), p.because);
+    // A large keep list is shown by group, each cut to its first and last nodes; the full list is
+    // in the JSON and the keep-list file.
+    for p in r.patterns.iter().take(MOST_GROUPS_SHOWN) {
+        let nodes = if p.nodes.len() > MOST_NODES_SHOWN {
+            format!("{} nodes: {}, {}, …, {}", p.nodes.len(), p.nodes[0], p.nodes[1], p.nodes[p.nodes.len() - 1])
+        } else {
+            p.nodes.join(", ")
+        };
+        let _ = writeln!(out, "  keep {} [{nodes}]\n    because {}", p.kind, p.because);
+    }
+    if r.patterns.len() > MOST_GROUPS_SHOWN {
+        let rest: usize = r.patterns[MOST_GROUPS_SHOWN..].iter().map(|p| p.nodes.len()).sum();
+        let _ = writeln!(out, "  … and {} more groups ({rest} nodes): every node in the fix report (--json) and the keep list", r.patterns.len() - MOST_GROUPS_SHOWN);
     }
     let stages: Vec<String> = FixStage::ALL.iter().map(|st| (st.name(), r.rounds.iter().filter(|x| x.stage == *st).count())).filter(|(_, n)| *n > 0).map(|(st, n)| format!("{st} {n}")).collect();
     let _ = writeln!(out, "  rounds: {}", stages.join(", "));
@@ -186,6 +219,16 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     }
     if !left_out.is_empty() {
         let _ = writeln!(out, "  {}", trtexec_left_out_note(&left_out, |n| format!("'{n}'")));
+    }
+    if let Some(o) = &r.other_precision {
+        let _ = writeln!(
+            out,
+            "  {} with nothing kept: {} (worst output relative L2 {}, tolerance {})",
+            o.candidate,
+            if o.pass { "every output within tolerance" } else { "out of tolerance too" },
+            num(o.worst_output_rel_l2),
+            num(o.rtol)
+        );
     }
     if let Some(path) = &r.fixed_model {
         let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
