@@ -704,9 +704,12 @@ const LARGE_KEEP_LIST: usize = 16;
 /// The keep list in the one-line summary: each group with its nodes where there are few; else a
 /// count of groups by kind (the full list is in the JSON and the keep-list file).
 fn keep_list_summary(patterns: &[KeptPattern]) -> String {
-    let nodes: usize = patterns.iter().map(|p| p.nodes.len()).sum();
-    if patterns.len() <= 3 && nodes <= LARGE_KEEP_LIST {
-        return patterns.iter().map(|p| format!("{} [{}]", p.kind, p.nodes.join(", "))).collect::<Vec<_>>().join("; ");
+    if patterns.len() <= 3 {
+        let group = |p: &KeptPattern| match p.nodes.len() {
+            n if n > 12 => format!("{} [{n} nodes: {}, {}, …, {}]", p.kind, p.nodes[0], p.nodes[1], p.nodes[n - 1]),
+            _ => format!("{} [{}]", p.kind, p.nodes.join(", ")),
+        };
+        return patterns.iter().map(group).collect::<Vec<_>>().join("; ");
     }
     let mut kinds: Vec<(&str, usize, usize)> = Vec::new();
     for p in patterns {
