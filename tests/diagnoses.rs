@@ -419,3 +419,49 @@ fn a_long_chain_runs_the_nodes_nearest_the_break_alone_and_says_which_it_did_not
         assert!(doc.contains("not run alone, so whether they introduce error is unknown"), "{doc}");
     }
 }
+
+/// Issue 39, item 2: inf/NaN born at two independent places far apart (a Mul by 7e4 near the
+/// input, another near the output), both reaching the output: the headline says both are needed,
+/// names each in graph order with its cause, and keeping them together is measured.
+#[test]
+fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("two_origins", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("big", &[1], &[7e4]));
+    b.initializer(f32_tensor("small", &[1], &[1e-4]));
+    b.initializer(f32_tensor("half", &[1], &[0.5]));
+    b.node("Mul", "early/grow", &["x", "big"], &["e0"], vec![]);
+    b.node("Mul", "early/shrink", &["e0", "small"], &["e1"], vec![]);
+    b.node("Mul", "late/scale", &["x", "half"], &["l0"], vec![]);
+    let mut early = "e1".to_string();
+    let mut late = "l0".to_string();
+    for i in 0..10 {
+        b.node("Relu", &format!("early/relu_{i}"), &[&early], &[&format!("e_r{i}")], vec![]);
+        early = format!("e_r{i}");
+        b.node("Relu", &format!("late/relu_{i}"), &[&late], &[&format!("l_r{i}")], vec![]);
+        late = format!("l_r{i}");
+    }
+    b.node("Mul", "late/grow", &[&late, "big"], &["l_big"], vec![]);
+    b.node("Mul", "late/shrink", &["l_big", "small"], &["l_end"], vec![]);
+    b.node("Add", "join", &[&early, "l_end"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    common::save(&b.build(), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["bisect", "m.onnx", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = common::json(&dir.path().join("r.json"));
+    let summary = r["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("inf/NaN are born at 2 independent places, each needing a fix"), "{summary}");
+    let (early_at, late_at) = (summary.find("early/grow (Mul)").expect(summary), summary.find("late/grow (Mul)").expect(summary));
+    assert!(early_at < late_at, "graph order: {summary}");
+    assert!(summary.contains("beyond the FP16 maximum"), "each origin's cause: {summary}");
+    assert!(summary.contains("keeping them together at reference precision brings every output within tolerance"), "{summary}");
+    let checks = r["counterfactual"]["checks"].as_array().unwrap();
+    let together = checks.iter().find(|c| c["reason"] == "non_finite_origins_together").expect("the together check");
+    assert_eq!(together["fixes"], true);
+    assert!(checks.iter().filter(|c| c["reason"] != "non_finite_origins_together").all(|c| c["fixes"] == false), "{checks:?}");
+    assert!(t.contains("inf/NaN are born at 2 independent places"), "{t}");
+}

@@ -82,8 +82,52 @@ pub(super) fn counterfactual(
     if checks.is_empty() {
         return Ok(None);
     }
+    // inf/NaN born at several independent places, none of which alone clears the output: keeping
+    // every origin together is measured, not inferred (issue 39: a UNet's early Mul and late Gemm).
+    let origins = independent_origins(job, verdict);
+    if origins.len() > 1 && checks.iter().all(|c| !c.output_error_after.is_finite()) {
+        let mut kept: Vec<String> = Vec::new();
+        for origin in &origins {
+            let mut pattern = pattern_of(&job.index, origin);
+            if job.judging.precision == Precision::Fp16 {
+                pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
+            }
+            kept.extend(pattern.nodes.into_iter().filter(|n| !kept.contains(n)).collect::<Vec<_>>());
+        }
+        let part = candidate_tensors.and_then(|before| keeper.run_changed_part(job.candidate.as_mut(), &kept, feeds, before).ok().flatten());
+        let (out, nodes_rerun) = match part {
+            Some((out, rerun)) => (out, Some(rerun)),
+            None => (keeper.run(job.candidate.as_mut(), &kept, feeds, &outputs)?, None),
+        };
+        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
+        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+        let explained = KeepCheck::explained_share(before, after_error);
+        checks.push(KeepCheck {
+            node: origins.join(", "),
+            reason: ORIGINS_TOGETHER.to_string(),
+            pattern: "origins_together".to_string(),
+            kept,
+            output_error_after: after_error,
+            explained,
+            fixes: after.outputs_pass(&job.index),
+            contained: explained < 0.1,
+            nodes_rerun,
+        });
+    }
     let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
-    let conclusion = match best {
+    let together = checks.iter().find(|c| c.reason == ORIGINS_TOGETHER);
+    let conclusion = match (best, together) {
+        (_, Some(t)) => {
+            let alone = checks.len() - 1;
+            format!(
+                "inf/NaN are born at {} independent places ({}); keeping {} of the checked breaks alone at reference precision leaves inf/NaN in '{worst}', and keeping the origins together {} (measured)",
+                origins.len(),
+                t.node,
+                if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
+                together_outcome(t)
+            )
+        }
+        (best, None) => match best {
         Some(b) if b.explained >= 0.5 => format!(
             "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
             b.node,
@@ -115,6 +159,34 @@ pub(super) fn counterfactual(
                 .unwrap_or_default();
             format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
         }
+        },
     };
     Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
+}
+
+/// The reason of the check that keeps every inf/NaN origin together.
+pub(crate) const ORIGINS_TOGETHER: &str = "non_finite_origins_together";
+
+/// The nodes where the candidate's inf/NaN are born from finite inputs (weights aside), each
+/// once, in graph order.
+pub(crate) fn independent_origins(job: &Job, verdict: &Verdict) -> Vec<String> {
+    let mut origins: Vec<(usize, String)> = Vec::new();
+    for n in verdict.non_finite.iter().filter(|n| n.origin && !n.weight) {
+        if !origins.iter().any(|(_, o)| *o == n.node) {
+            origins.push((job.index.node(&n.node).map_or(usize::MAX, |i| i.topo_index), n.node.clone()));
+        }
+    }
+    origins.sort();
+    origins.into_iter().map(|(_, n)| n).collect()
+}
+
+/// What keeping every origin together did to the worst output, in words.
+pub(crate) fn together_outcome(check: &KeepCheck) -> String {
+    if check.fixes {
+        "brings every output within tolerance".to_string()
+    } else if check.output_error_after.is_finite() {
+        format!("clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)", layerwise_report::format_number(check.output_error_after))
+    } else {
+        "still leaves inf/NaN: they arise elsewhere too".to_string()
+    }
 }

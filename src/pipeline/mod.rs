@@ -395,6 +395,9 @@ fn report(
     conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
+    if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison) {
+        verdict.summary = headline;
+    }
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
         if let Some(h) = compared.histograms.get(&fd.tensor) {
             return Some(h.clone());
@@ -431,4 +434,38 @@ fn report(
     options.outputs.write(&report, None)?;
     let text = render_terminal(&report, options.top);
     Ok(BisectOutcome { report, text })
+}
+
+/// Where inf/NaN are born at several independent places and the counterfactual measured keeping
+/// them together: the verdict's headline says so, with every origin in graph order and its cause
+/// (issue 39: a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
+fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, comparison: &layerwise_analysis::Comparison) -> Option<String> {
+    let together = extras.counterfactual.as_ref()?.checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
+    let worst = verdict.worst_output.as_deref()?;
+    let origins = counterfactual::independent_origins(job, verdict);
+    let alone = extras.counterfactual.as_ref()?.checks.len() - 1;
+    let cause = |node: &str| -> String {
+        if let Some(fd) = verdict.first_divergent.as_ref().filter(|f| f.node == node) {
+            return format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail);
+        }
+        let Some(n) = verdict.non_finite.iter().find(|n| n.node == node) else { return node.to_string() };
+        let record = comparison.get(&n.tensor);
+        let reach = record.map(|r| r.metrics.ref_max_abs).unwrap_or(f64::NAN);
+        let fp16_max = 65504.0;
+        if job.judging.precision == Precision::Fp16 && reach > fp16_max {
+            format!("{} ({}): its output reaches {reach:.4e} in the reference, beyond the FP16 maximum {fp16_max}: {} values become inf/NaN", n.node, n.op_type, n.mismatched)
+        } else {
+            format!("{} ({}): {} inf/NaN values from finite inputs (cause not classified)", n.node, n.op_type, n.mismatched)
+        }
+    };
+    Some(format!(
+        "output '{worst}' diverges; inf/NaN are born at {} independent places, each needing a fix: {}; keeping them together at reference precision {}, and keeping {} alone leaves '{worst}' with inf/NaN (measured by the counterfactual)",
+        origins.len(),
+        origins.iter().map(|o| cause(o)).collect::<Vec<_>>().join("; "),
+        counterfactual::together_outcome(together),
+        match alone {
+            1 => "the one break checked".to_string(),
+            n => format!("any one of the {n} breaks checked"),
+        }
+    ))
 }
