@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::{json, layerwise, save, text};
@@ -254,24 +254,6 @@ fn an_output_listed_twice_is_named_once() {
     assert!(d.join("fixed.onnx").is_file());
 }
 
-/// A folder holding numpy for `python3` (the data loader's Python), for PYTHONPATH, fetched once
-/// with pip as tests/shards.rs does: the driver imports numpy before the script.
-fn numpy_for_tests() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-numpy");
-    let has_numpy = |extra: Option<&Path>| {
-        let mut c = Command::new("python3");
-        c.args(["-c", "import numpy"]);
-        if let Some(p) = extra {
-            c.env("PYTHONPATH", p);
-        }
-        c.output().is_ok_and(|o| o.status.success())
-    };
-    if !has_numpy(Some(&dir)) {
-        let out = Command::new("python3").args(["-m", "pip", "install", "-q", "--target"]).arg(&dir).arg("numpy").output().expect("python3 runs");
-        assert!(out.status.success() && has_numpy(Some(&dir)), "the data loader test needs numpy for python3: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    dir
-}
 
 /// A data loader script that ends Python (an exit at import, an exception, an exit with status 0
 /// before any sample, a kill mid-way) is the script's failure: `--data-loader-script PATH`, the
@@ -281,7 +263,7 @@ fn a_data_loader_script_that_fails_is_named_with_its_exit_status_and_stderr() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     save(&passed_through(None), &d.join("m.onnx"));
-    let python_path = numpy_for_tests();
+    let python_path = common::numpy_for_tests();
     let scripts: &[(&str, &str, &[&str])] = &[
         ("exit3.py", "import sys\nsys.stderr.write('cannot find the data set\\n')\nsys.exit(3)\n", &["exit status 3", "  cannot find the data set"]),
         ("raises.py", "raise RuntimeError('no GPU for the loader')\n", &["exit status 1", "RuntimeError: no GPU for the loader", "Traceback"]),

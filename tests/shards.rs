@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_refused, json_without_run_info, layerwise, save, text, write_demo_samples};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 #[test]
@@ -110,25 +110,6 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
     }
 }
 
-/// A folder holding numpy for `python3` (the data loader's Python), for PYTHONPATH: a loader script
-/// imports numpy, which a fresh machine's Python may lack. Fetched once with pip into the tests'
-/// temporary folder under target/, as layerwise fetches ONNX Runtime.
-fn numpy_for_tests() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-numpy");
-    let has_numpy = |extra: Option<&Path>| {
-        let mut c = Command::new("python3");
-        c.args(["-c", "import numpy"]);
-        if let Some(p) = extra {
-            c.env("PYTHONPATH", p);
-        }
-        c.output().is_ok_and(|o| o.status.success())
-    };
-    if !has_numpy(Some(&dir)) {
-        let out = Command::new("python3").args(["-m", "pip", "install", "-q", "--target"]).arg(&dir).arg("numpy").output().expect("python3 runs");
-        assert!(out.status.success() && has_numpy(Some(&dir)), "the data loader test needs numpy for python3: `python3 -m pip install --target {} numpy` failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
-    }
-    dir
-}
 
 /// Issue "a newcomer's day", beyond the anchor: a data loader script, as Polygraphy's
 /// `--data-loader-script`: its function yields input dicts, each one sample, for bisect and fix,
@@ -143,7 +124,7 @@ fn a_data_loader_script_gives_the_samples() {
         "import numpy as np\n\ndef load_data():\n    rng = np.random.default_rng(0)\n    for scale in (0.01, 1.0, 0.5):\n        yield {\"x\": (rng.random((1, 8, 64)) * scale).astype(np.float32)}\n\ndef quiet():\n    yield {\"x\": np.full((1, 8, 64), 0.01, np.float32)}\n",
     )
     .unwrap();
-    let python_path = numpy_for_tests();
+    let python_path = common::numpy_for_tests();
     let layerwise = |args: &[&str], cwd: &Path| Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).env("PYTHONPATH", &python_path).output().unwrap();
     let out = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--json", "r.json"], d);
     assert_eq!(out.status.code(), Some(1), "the loud samples diverge: {}", text(&out));

@@ -230,3 +230,24 @@ pub fn write_demo_samples(dir: &std::path::Path) {
         layerwise_runtime::npy::write_npz(&dir.join(name), &[("x", &x)]).unwrap();
     }
 }
+
+#[allow(dead_code)]
+/// A folder holding numpy for `python3` (the data loader's Python), for PYTHONPATH: a loader script
+/// imports numpy, which a fresh machine's Python may lack. Fetched once with pip into the tests'
+/// temporary folder under target/, as layerwise fetches ONNX Runtime.
+pub fn numpy_for_tests() -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-numpy");
+    let has_numpy = |extra: Option<&std::path::Path>| {
+        let mut c = std::process::Command::new("python3");
+        c.args(["-c", "import numpy"]);
+        if let Some(p) = extra {
+            c.env("PYTHONPATH", p);
+        }
+        c.output().is_ok_and(|o| o.status.success())
+    };
+    if !has_numpy(Some(&dir)) {
+        let out = std::process::Command::new("python3").args(["-m", "pip", "install", "-q", "--target"]).arg(&dir).arg("numpy").output().expect("python3 runs");
+        assert!(out.status.success() && has_numpy(Some(&dir)), "the data loader test needs numpy for python3: `python3 -m pip install --target {} numpy` failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    dir
+}

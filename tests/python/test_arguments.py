@@ -8,10 +8,8 @@ Run after installing the package (`pip install .`): `python -m pytest tests/pyth
 """
 
 import math
-import os
 import shutil
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,18 +17,7 @@ import pytest
 import layerwise
 
 
-def cli() -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), "layerwise")
-    path = beside if os.path.exists(beside) else shutil.which("layerwise")
-    assert path, "the package installs the `layerwise` command"
-    return path
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("demo")
-    subprocess.run([cli(), "demo", "--out-dir", str(folder)], check=True, capture_output=True)
-    return folder / "demo.onnx"
+from conftest import cli
 
 
 def x(scale: float = 0.01) -> np.ndarray:
