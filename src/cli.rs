@@ -699,6 +699,10 @@ fn models_of_report(report_path: &std::path::Path, report: &layerwise_report::Re
             named.push(("the fixed model", m.as_str()));
         }
     }
+    // The keep list written beside the fixed model is the fix's too (found by the independent
+    // tester: `report --fix --markdown FIXED.keep-fp32.json` replaced it).
+    let keep_lists: Vec<String> = fix.and_then(|f| f.fixed_model.as_ref()).map(|m| format!("{m}.keep-fp32.json")).into_iter().collect();
+    named.extend(keep_lists.iter().map(|k| ("the keep list beside the fixed model", k.as_str())));
     let mut files = Vec::new();
     for (what, name) in named.into_iter().filter(|(_, n)| !n.is_empty()) {
         let path = std::path::Path::new(name);
@@ -774,7 +778,10 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         println!("{what}: {}", shown(path.display()));
     }
     // A folder name no pasted command can hold (control characters) gets no command to paste.
-    if let Some(model) = escape::shell_word(&model_path.display().to_string()) {
+    // A relative path starting with `-` would be read as an option: `./` first (found by the
+    // independent tester: `--out-dir=-rf`).
+    let pasted = if model_path.is_relative() && model_path.display().to_string().starts_with('-') { std::path::Path::new(".").join(&model_path) } else { model_path.clone() };
+    if let Some(model) = escape::shell_word(&pasted.display().to_string()) {
         println!("Try it yourself: layerwise bisect {model} --cand sim:fp16");
     }
     match &outcome.report.verdict.first_divergent {
@@ -841,13 +848,16 @@ where
     let _ = ctrlc::set_handler(|| {
         layerwise_model::scratch::remove_all_before_exit();
         // Each output is written whole or not at all; a run with several may stop between two.
+        // Written with errors ignored: `eprintln!` panics where stderr is gone (a parent that
+        // read it has exited), and a panic here would leave the process running.
+        use std::io::Write;
         let written = layerwise_model::scratch::written();
-        if written.is_empty() {
-            eprintln!("layerwise: interrupted; temporary files removed, no output written");
+        let _ = if written.is_empty() {
+            writeln!(std::io::stderr(), "layerwise: interrupted; temporary files removed, no output written")
         } else {
             let names: Vec<String> = written.iter().map(|p| shown(p.display())).collect();
-            eprintln!("layerwise: interrupted; temporary files removed; complete before the interrupt and kept: {}; nothing else written", names.join(", "));
-        }
+            writeln!(std::io::stderr(), "layerwise: interrupted; temporary files removed; complete before the interrupt and kept: {}; nothing else written", names.join(", "))
+        };
         // `_exit`, not `exit`: other threads may be inside ONNX Runtime, and running its static
         // destructors under them aborts the process (cpuinfo's "called before initialized").
         // SAFETY: `_exit` ends the process at once; nothing runs after it.

@@ -77,7 +77,7 @@ pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
     layerwise_model::open_regular(path).with_context(|| format!("--data-loader-script {file}"))?;
     let scratch = ScratchDir::new("layerwise-data-")?;
     let python = std::env::var("LAYERWISE_PYTHON").unwrap_or_else(|_| "python3".to_string());
-    let mut child = Command::new(&python)
+    let mut child = crate::child::ends_with_this_process(&mut Command::new(&python))
         .args(["-c", DRIVER])
         .arg(path)
         .arg(func)

@@ -215,10 +215,11 @@ fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], round
 /// Every model output before and after, but for the weights passed straight to an output, which
 /// no run is compared on (the summary names them).
 fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -> Vec<OutputChange> {
+    let mut seen = std::collections::HashSet::new();
     index
         .outputs
         .iter()
-        .filter(|o| !is_weight_output(index, o))
+        .filter(|o| !is_weight_output(index, o) && seen.insert(o.as_str()))
         .map(|o| {
             let b = before.get(o);
             let a = after.get(o);
@@ -379,7 +380,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if index.outputs.iter().all(|o| first.get(o).is_none()) {
         bail!(
             "no model output could be compared: {}",
-            index.outputs.iter().map(|o| format!("{o}: {}", first.not_compared.iter().find(|(t, _)| t == o).map_or("missing from a run", |(_, why)| why.as_str()))).collect::<Vec<_>>().join("; ")
+            index.outputs.iter().map(|o| format!("{o}: {}", first.not_compared.iter().find(|(t, _)| t == o).map_or(if is_weight_output(index, o) { WEIGHT_OUTPUT } else { "missing from a run" }, |(_, why)| why.as_str()))).collect::<Vec<_>>().join("; ")
         );
     }
     let mut rounds = vec![Round { stage: FixStage::Diagnose, keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];

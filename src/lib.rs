@@ -2,6 +2,7 @@
 //! backend or precision. The binary (`src/main.rs`) runs [`cli`], a thin command-line layer over
 //! [`pipeline::bisect`]; the work happens in the `layerwise-*` crates.
 
+pub mod child;
 pub mod cli;
 pub mod data_loader;
 pub mod demo;

@@ -48,6 +48,7 @@ pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Resu
     };
     let program = command.remove(0);
     let mut child = std::process::Command::new(program);
+    crate::child::ends_with_this_process(&mut child);
     child.args(command).arg("check-load").arg(model);
     if let Some(inputs) = inputs {
         let path = scratch.path().join("inputs.npz");
@@ -107,6 +108,11 @@ pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
         if model.graph().node.iter().any(|n| n.op_type() == op && n.input.iter().any(|i| fp16_weights.contains(i.as_str()))) {
             std::process::abort();
         }
+    }
+    // Test hook, for tests/interrupt.rs only: a check that takes this long, to interrupt the
+    // parent meanwhile.
+    if let Some(ms) = std::env::var("LAYERWISE_TEST_CHECK_LOAD_SLEEP_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     // Test hook, for tests only: fail at these optimization levels as ONNX Runtime failed on the
     // ViT's FP16 Resize at `all`.

@@ -61,11 +61,13 @@ impl Reads {
         }
         if let Some(npz) = &options.inputs.npz {
             if npz.is_dir() {
-                // Every file of the folder may be a sample: none is replaced, the folder's own
-                // listing is the user's.
+                // The folder's listing is the samples: nothing is written into it (a report named
+                // `c.npz` there would be the next run's broken sample; found by the independent
+                // tester), and no sample is replaced.
                 for entry in std::fs::read_dir(npz).into_iter().flatten().flatten() {
                     reads.file(format!("a sample of --inputs {}", npz.display()), entry.path());
                 }
+                reads.folder("the samples folder --inputs", npz);
             } else {
                 reads.file("the inputs", npz);
             }

@@ -245,13 +245,18 @@ fn an_output_listed_twice_is_named_once() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("VERDICT: DIVERGED - 1 of 1 outputs out of tolerance: 'y' (rel L2 inf)\n"), "{said}");
+    // The JSON lists it once too (found by the independent tester).
+    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], d);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert_eq!(json(&d.join("r.json"))["outputs"].as_array().unwrap().len(), 1);
     // convert and fix write one Cast back for it (they failed with "'y__fp16' is produced by two
     // nodes").
     let out = layerwise(&["convert", "m.onnx", "--to", "fp16", "--allow-weight-overflow", "-o", "m16.onnx"], d);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let out = layerwise(&["fix", "m.onnx", "-o", "fixed.onnx"], d);
+    let out = layerwise(&["fix", "m.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(d.join("fixed.onnx").is_file());
+    assert_eq!(json(&d.join("fix.json"))["outputs"].as_array().unwrap().len(), 1);
 }
 
 

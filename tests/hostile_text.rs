@@ -216,3 +216,45 @@ fn printed_trtexec_lines_paste_as_one_command_with_the_intended_arguments() {
     // The names left out are said, escaped.
     assert!(printed.contains("not in --layerPrecisions") && printed.contains("t\\x1b]0;PWNED\\x07\\x1b[2J"), "{printed}");
 }
+
+/// Found by the independent tester: GitHub renders Markdown with GFM's autolinks, so a name that
+/// looks like a URL, a `www.` domain or an email address became a link there (CommonMark, and so
+/// pulldown-cmark, leaves them as text), and `@name` or `#12` would notify a user or link an
+/// issue. Each such word is now a code span. Checked with comrak, a GFM renderer.
+#[test]
+fn markdown_reports_hold_no_link_or_mention_as_github_renders_them() {
+    let name = "https://evil.example/steal www.evil.example boss@evil.example @octocat #12 a|b@c";
+    let mut b = ModelBuilder::new("links", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("big", &[1], &[6e4]));
+    b.initializer(f32_tensor("small", &[1], &[1e-5]));
+    b.node("Mul", "scale", &["x", "big"], &["scaled"], vec![]);
+    b.node("Add", name, &["scaled", "big"], &[&format!("T{name}")], vec![]);
+    b.node("Mul", "down", &[&format!("T{name}"), "small"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"], dir.path());
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir.path());
+    assert!(dir.path().join("fix.json").is_file(), "{}", text(&out));
+    let out = layerwise(&["report", "r.json", "--fix", "fix.json", "--markdown", "with-fix.md"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let mut options = comrak::Options::default();
+    options.extension.autolink = true;
+    options.extension.table = true;
+    for file in ["r.md", "with-fix.md", "repro/README.md"] {
+        let md = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        let html = comrak::markdown_to_html(&md, &options);
+        assert!(!html.contains("<a "), "{file}: a link in GitHub's rendering:\n{md}\n{html}");
+        let mut outside = String::new();
+        let mut rest = html.as_str();
+        while let Some(start) = rest.find("<code>") {
+            outside.push_str(&rest[..start]);
+            rest = rest[start..].split_once("</code>").map_or("", |(_, after)| after);
+        }
+        outside.push_str(rest);
+        assert!(!outside.contains("@octocat") && !outside.contains("#12"), "{file}: a mention or an issue link outside code:\n{md}\n{html}");
+        assert!(html.contains("<code>@octocat</code>") || file == "repro/README.md", "{file}: the name is still shown:\n{html}");
+    }
+}

@@ -172,3 +172,32 @@ fn demo_refuses_a_folder_with_files_and_force_replaces_only_its_own() {
     let out = layerwise(&["demo", "--out-dir", "fresh"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// Found by the independent tester on the first version of the rule: two folders layerwise fills
+/// named alike (`--save-tensors st --repro st`: the repro's inputs.npz replaced the saved run's),
+/// a report written into a samples folder (`--json smp/c.npz` broke the next run), the keep list
+/// beside a fixed model that `report --fix` names, and a demo folder starting with `-` (its
+/// "Try it yourself" line read the path as options).
+#[test]
+fn filled_folders_samples_folders_keep_lists_and_dashed_paths_are_kept_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&model(), &dir.path().join("m.onnx"));
+    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--save-tensors", "st", "--repro", "st"], "--save-tensors st would overwrite the folder --repro fills");
+    std::fs::create_dir(dir.path().join("samples")).unwrap();
+    input_npz(&dir.path().join("samples/a.npz"), 1.0);
+    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--inputs", "samples", "--json", "samples/c.npz"], "would write into the samples folder --inputs");
+
+    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    let out = layerwise(&["fix", "m.onnx", "-o", "fx.onnx", "--json", "f.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    refused_and_untouched(dir.path(), &["report", "r.json", "--fix", "f.json", "--markdown", "fx.onnx.keep-fp32.json"], "would overwrite the keep list beside the fixed model");
+
+    let out = layerwise(&["demo", "--out-dir=-rf"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    let line = said.lines().find(|l| l.starts_with("Try it yourself: ")).expect("the demo's line").trim_start_matches("Try it yourself: ");
+    let words = shell_words::split(line).unwrap();
+    assert_eq!(words[..2], ["layerwise", "bisect"]);
+    assert_eq!(words[2], "./-rf/demo.onnx", "{line}");
+}

@@ -117,3 +117,58 @@ fn full_disk_leaves_no_partial_report() {
     assert!(text.contains("exit=2"), "{text}");
     assert!(text.contains("left=[]"), "a partial report or temporary file was left on the full disk:\n{text}");
 }
+
+/// The processes whose command line holds `needle`.
+fn processes_with(needle: &str) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .collect()
+}
+
+/// Found by the independent tester: SIGINT to an interrupted `fix` alone (not its process group)
+/// left its `check-load` child running after the parent had exited, with its scratch folder.
+/// The child now ends with its parent (Linux's parent-death signal), cleanly. The check is made to
+/// take 30 s by a test hook so that the interrupt lands while it runs.
+#[test]
+fn an_interrupted_fix_takes_its_load_check_child_with_it() {
+    let root = tempfile::tempdir().unwrap();
+    let work = root.path().join("work");
+    let tmp = root.path().join("tmp");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::create_dir_all(&tmp).unwrap();
+    save(&layerwise::demo::demo_model(), &work.join("orphan-check.onnx"));
+    let mut parent = Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["fix", "orphan-check.onnx", "-o", "fixed.onnx"])
+        .current_dir(&work)
+        .env("TMPDIR", &tmp)
+        .env("LAYERWISE_TEST_CHECK_LOAD_SLEEP_MS", "30000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The child's command line names the staged model in the parent's scratch folder under `tmp`.
+    let needle = tmp.join("layerwise-fix-").display().to_string();
+    let started = Instant::now();
+    while processes_with(&needle).is_empty() {
+        assert!(parent.try_wait().unwrap().is_none(), "fix ended before its load check started");
+        assert!(started.elapsed() < Duration::from_secs(60), "no check-load child after 60 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = Command::new("kill").args(["-INT", &parent.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let out = parent.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    let ended = Instant::now();
+    while !processes_with(&needle).is_empty() {
+        assert!(ended.elapsed() < Duration::from_secs(5), "the check-load child outlived its parent by 5 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its own scratch goes with it (it ends through its SIGTERM handler).
+    let deadline = Instant::now();
+    while entries(&tmp).iter().any(|e| e.starts_with("layerwise") || e.starts_with(".layerwise")) {
+        assert!(deadline.elapsed() < Duration::from_secs(5), "temporary files left: {:?}", entries(&tmp));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

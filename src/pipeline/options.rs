@@ -134,14 +134,21 @@ pub struct BisectOutcome {
 /// folders `--repro` and `--save-tensors` fill, against what the run reads and each other.
 pub fn check_outputs(options: &BisectOptions) -> Result<()> {
     let mut reads = Reads::of_bisect(options);
+    let mut filled = Reads::new();
     for (option, dir) in [("--repro", &options.repro), ("--save-tensors", &options.save_tensors)] {
         if let Some(dir) = dir {
             check_fresh_folder(dir, option)?;
             reads.refuse_overlap(dir, option)?;
+            // Two folders layerwise fills are apart: one would replace the other's files (the
+            // repro's inputs.npz over the saved run's; found by the independent tester).
+            filled.refuse_overlap(dir, option)?;
+            filled.folder(format!("the folder {option} fills"), dir);
         }
     }
     for (what, path) in options.outputs.paths() {
-        reads.check_output_file(path, &format!("the {what}"))?;
+        let what = format!("the {what}");
+        reads.check_output_file(path, &what)?;
+        filled.refuse_overlap(path, &what)?;
     }
     Ok(())
 }

@@ -53,6 +53,61 @@ pub fn for_terminal<T: Serialize + DeserializeOwned + Clone>(value: &T) -> T {
 /// boundary are backslash-escaped, and so is a leading character that would start a block.
 pub fn markdown_text(text: &str) -> String {
     let text = terminal(text);
+    // GitHub's Markdown (GFM) links more than CommonMark does: bare URLs, `www.` domains and email
+    // addresses become links, `@name` notifies a user and `#12` links an issue. A word of a name
+    // that could do any of that is shown as a code span, where GitHub does none of it (a word
+    // holding a pipe stays escaped text: a pipe in a code span would split a table row).
+    if text.split_whitespace().any(links_on_github) {
+        return markdown_words(&text);
+    }
+    markdown_chars(&text)
+}
+
+/// Whether GitHub could turn `word` (no whitespace) into a link or a mention.
+fn links_on_github(word: &str) -> bool {
+    let lower = word.to_ascii_lowercase();
+    lower.contains("://") || lower.contains("www.") || lower.contains('@') || lower.contains("mailto:") || lower.contains("xmpp:") || word.char_indices().any(|(i, c)| c == '#' && word[i + 1..].starts_with(|d: char| d.is_ascii_digit()))
+}
+
+/// `text` word by word: a word GitHub could link as a code span, the rest escaped as text; the
+/// whitespace between words as it is (spaces at either end as character references).
+fn markdown_words(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 16);
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        if word.is_empty() {
+            return;
+        }
+        if links_on_github(word) {
+            // A pipe stays escaped text between code spans: in a code span it would split a
+            // table row.
+            let pieces: Vec<String> = word.split('|').map(|piece| if links_on_github(piece) { code_span(piece) } else { markdown_chars(piece) }).collect();
+            out.push_str(&pieces.join("\\|"));
+        } else {
+            // Escaped as text of its own (a leading punctuation mark escaped as a block opener is
+            // harmless mid-line: a backslash before punctuation is always an escape).
+            out.push_str(&markdown_chars(word));
+        }
+        word.clear();
+    };
+    let chars: Vec<char> = text.chars().collect();
+    for (i, &c) in chars.iter().enumerate() {
+        if c.is_whitespace() {
+            flush(&mut word, &mut out);
+            if i == 0 || i + 1 == chars.len() {
+                out.push_str(&format!("&#{};", c as u32));
+            } else {
+                out.push(c);
+            }
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+fn markdown_chars(text: &str) -> String {
     let chars: Vec<char> = text.chars().collect();
     let mut out = String::with_capacity(text.len() + 8);
     let mut leading_digits = true;
@@ -121,7 +176,9 @@ fn code_span(text: &str) -> String {
 /// not through this.
 pub fn csv_text(text: &str) -> Cow<'_, str> {
     const FORMULA: [char; 8] = ['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}'];
-    if text.starts_with(['\t', '\r']) || text.trim_start().starts_with(FORMULA) {
+    // Zero-width characters before a formula sign are no protection: a spreadsheet may drop them.
+    let visible = text.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}'));
+    if text.starts_with(['\t', '\r']) || visible.starts_with(FORMULA) {
         Cow::Owned(format!("'{text}"))
     } else {
         Cow::Borrowed(text)

@@ -256,10 +256,13 @@ pub fn build_report(ctx: ReportContext) -> Report {
             reason: format!("produced inside a subgraph of node '{owner}'; not visible from the main graph"),
         });
     }
+    // An output the graph lists twice is one output (found by the independent tester).
+    let mut seen = std::collections::HashSet::new();
     let outputs = ctx
         .index
         .outputs
         .iter()
+        .filter(|o| seen.insert(o.as_str()))
         .map(|o| match ctx.comparison.get(o) {
             Some(r) => OutputInfo { name: o.clone(), compared: true, pass: r.pass, rel_l2_err: r.error_level(), max_abs_err: r.metrics.max_abs_err },
             None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN },

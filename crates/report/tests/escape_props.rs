@@ -13,7 +13,7 @@ const PIECES: &[&str] = &[
     "<img src=x onerror=alert(4)>", "<script>", "</b>", "&amp;", "&#32;", "&", "<", ">", "`", "``", "```", "|", "\\|", "\\", "\\\\", "*", "**", "_", "__", "~~", "[", "](", "![a](b)",
     "<http://x>", "# ", "1. ", "1) ", "- ", "+ ", "> ", "---", "===", "    ", "  ", " ", "\t", "\n", "\r\n", "\x1b]0;PWNED\x07", "\x1b[2J", "\x08", "\x7f", "\u{85}", "\u{9b}",
     "\u{202e}", "\u{2066}", "\u{200f}", "\u{061c}", "\u{2028}", "'", "\"", "'\\''", "$(touch PWNED)", "`touch PWNED`", ";", "&&", "!", "~", "{a,b}", "*", "=", "+", "-", "@",
-    "=cmd|' /C calc'!A0", "\u{ff1d}", ":", ",", "é", "中", "🦀", "\u{a0}", "\u{feff}", "$", "$$", "x", "ln_squared", "0", "9",
+    "=cmd|' /C calc'!A0", "\u{ff1d}", ":", ",", "https://evil.example/steal", "www.evil.example", "boss@evil.example", "@octocat", "#12", "mailto:x", "\u{200b}=cmd", "\u{feff}\u{2060}@SUM(1)", "http:", "//", ".", "www", "é", "中", "🦀", "\u{a0}", "\u{feff}", "$", "$$", "x", "ln_squared", "0", "9",
 ];
 
 fn random_text(rng: &mut ChaCha8Rng) -> String {

@@ -69,6 +69,31 @@ pub fn check_markdown(text: &str) {
         expected.push(shown);
     }
     assert_eq!(texts, expected, "{text:?} as Markdown:\n{md}");
+    check_github_markdown(&md, text);
+}
+
+/// `md` rendered as GitHub renders Markdown (GFM with its autolink extension, comrak): no link,
+/// no image, no raw HTML; and outside code spans no `@` (a mention) and no `#` before a digit (an
+/// issue link), which GitHub adds after rendering.
+pub fn check_github_markdown(md: &str, text: &str) {
+    let mut options = comrak::Options::default();
+    options.extension.autolink = true;
+    options.extension.table = true;
+    options.extension.strikethrough = true;
+    let html = comrak::markdown_to_html(md, &options);
+    for tag in ["<a ", "<img", "<script", "<iframe"] {
+        assert!(!html.contains(tag), "{text:?}: {tag} in GitHub's rendering of:\n{md}\n{html}");
+    }
+    let mut outside = String::new();
+    let mut rest = html.as_str();
+    while let Some(start) = rest.find("<code>") {
+        outside.push_str(&rest[..start]);
+        rest = rest[start..].split_once("</code>").map_or("", |(_, after)| after);
+    }
+    outside.push_str(rest);
+    assert!(!outside.contains('@') && !outside.contains("&#64;"), "{text:?}: an @ outside code in:\n{md}\n{html}");
+    let issue_link = outside.char_indices().any(|(i, c)| c == '#' && outside[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
+    assert!(!issue_link, "{text:?}: #N outside code in:\n{md}\n{html}");
 }
 
 pub fn check_csv(text: &str) {
@@ -81,7 +106,8 @@ pub fn check_csv(text: &str) {
     let row = r.records().next().expect("one row").unwrap();
     assert_eq!(row.len(), 3);
     let cell = &row[0];
-    let formula = cell.starts_with(['\t', '\r']) || cell.trim_start().starts_with(['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}']);
+    let visible = cell.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}'));
+    let formula = cell.starts_with(['\t', '\r']) || visible.starts_with(['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}']);
     assert!(!formula, "{text:?} is a formula cell: {cell:?}");
     assert!(cell == text || cell.strip_prefix('\'') == Some(text), "{text:?} read back as {cell:?}");
     assert_eq!(row[1].parse::<f64>().ok(), Some(-1.5e-3), "numbers stay numbers");
