@@ -90,7 +90,11 @@ fn a_precision_failure_only_bf16_has_is_found_by_sim_bf16_and_not_by_sim_fp16() 
     let (code, t, r) = run("sim:bf16", "bf16.json");
     assert_eq!(code, Some(1), "{t}");
     let fd = &r["verdict"]["first_divergent"];
-    assert_eq!(fd["node"], "shift/Sub", "the cancellation turns BF16's rounding of 64 + x into the error: {t}");
+    // The Sub's cancellation shows BF16's rounding of 64 + x, which the Add's stored sum loses.
+    assert_eq!(fd["node"], "shift/Add", "BF16's rounding of 64 + x is the error: {t}");
+    assert_eq!(fd["cause"]["kind"], "cancellation", "{t}");
+    assert!(fd["cause"]["detail"].as_str().unwrap().contains("BF16's step is 5.0e-1"), "{t}");
+    assert!(r["verdict"]["breaks"].as_array().unwrap().iter().any(|b| b["node"] == "shift/Sub" && b["cause"]["kind"] == "cancellation"), "{t}");
     // Causes follow BF16's arithmetic: no FP16 range, no FP16 subnormals.
     let all = fd["cause"].to_string();
     assert!(!all.contains("FP16"), "{all}");
@@ -206,8 +210,8 @@ fn fix_with_sim_bf16_writes_a_bf16_model_with_the_keep_list() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
     // Keeping the Add alone is no fix in the written model: its float32 sum is cast to BF16 at
-    // the island's edge before the Sub cancels it, so the Sub joins the island.
-    assert_eq!(fix["keep_fp32"], serde_json::json!(["shift/Sub", "shift/Add"]), "{t}");
+    // the island's edge before the Sub cancels it, so the Sub joins the island (one pattern).
+    assert_eq!(fix["keep_fp32"], serde_json::json!(["shift/Add", "shift/Sub"]), "{t}");
     assert!(fix["trtexec_flags"].as_str().unwrap().starts_with("--bf16 "), "{t}");
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     let sub = fixed.graph().node.iter().find(|n| n.name() == "shift/Sub").unwrap();

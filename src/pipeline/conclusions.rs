@@ -96,6 +96,24 @@ pub(super) fn mechanism_without_fault(finding: &FirstDivergent) -> String {
     )
 }
 
+/// Where the first divergent node lost information in one rounding of its stored output, which
+/// a later cancellation or periodic function shows (absorption, cancellation, periodic argument):
+/// why no node run alone crosses the break threshold, with the measured numbers.
+fn lost_in_storage(verdict: &Verdict) -> Option<String> {
+    let fd = verdict.first_divergent.as_ref().filter(|fd| matches!(fd.cause.best.kind, CauseKind::Absorption | CauseKind::Cancellation | CauseKind::PeriodicArgument))?;
+    // The consumer that shows the loss: the break found before the node was traced back to.
+    let consumer = verdict.breaks.iter().rev().find(|b| b.node != fd.node)?;
+    Some(format!(
+        "run alone on the reference's inputs, no chain node introduces error above the break threshold, yet the error is not accumulated: it is one rounding at '{}' ({}), which costs its own output only rel L2 {} and is all that '{}' ({}) leaves (rel L2 {})",
+        fd.node,
+        fd.op_type,
+        n(fd.output_error),
+        consumer.node,
+        consumer.op_type,
+        n(consumer.output_error)
+    ))
+}
+
 /// Fills `verdict.conclusions` (after `first`, notes gathered while running) and, when the output
 /// is ill-conditioned, restates the summary.
 pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comparison, first: Vec<String>) {
@@ -163,9 +181,10 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                     "run alone on the reference's inputs, {node} introduces the most error (rel L2 {} by itself); chain nodes marked 'propagates' only pass on error from upstream", n(local)
                 ));
             }
-            None if !iso.nodes.is_empty() => out.push(
-                "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
-            ),
+            None if !iso.nodes.is_empty() => out.push(match lost_in_storage(verdict) {
+                Some(said) => said,
+                None => "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
+            }),
             None => {
                 if let Some((_, why)) = iso.skipped.iter().find(|(n, _)| n == "*") {
                     out.push(format!("chain nodes could not be run alone: {why}"));

@@ -1,6 +1,7 @@
 //! Comparing two runs tensor by tensor, and walking back from the worst output to the layer that
 //! first diverges.
 
+mod causes;
 mod compare;
 pub mod findings;
 mod histogram;
@@ -8,6 +9,7 @@ mod metrics;
 pub mod num;
 mod patterns;
 pub mod search;
+mod storage;
 mod walk;
 
 pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};

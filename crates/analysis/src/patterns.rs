@@ -9,7 +9,8 @@ use serde::Serialize;
 /// A group of nodes to keep in FP32 together.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pattern {
-    /// `decomposed_layernorm`, `decomposed_softmax`, `softmax`, `conv_batchnorm`, or `node`.
+    /// `decomposed_layernorm`, `decomposed_softmax`, `softmax`, `conv_batchnorm`, `periodic_argument`,
+    /// `offset_and_back`, or `node`.
     pub kind: &'static str,
     /// Node names in topological order.
     pub nodes: Vec<String>,
@@ -31,6 +32,12 @@ pub fn pattern_of(index: &GraphIndex, node: &str) -> Pattern {
                 return make(index, kind, nodes);
             }
         }
+    }
+    if let Some(nodes) = periodic_argument(index, target) {
+        return make(index, "periodic_argument", nodes);
+    }
+    if let Some(nodes) = offset_and_back(index, target) {
+        return make(index, "offset_and_back", nodes);
     }
     match info.op_type.as_str() {
         "Softmax" | "LogSoftmax" => return make(index, "softmax", vec![target]),
@@ -96,6 +103,33 @@ fn single_input_producer(index: &GraphIndex, node: usize, op: &str) -> Option<us
     let input = index.nodes[node].inputs.first()?;
     let p = index.producer_index(input)?;
     (index.nodes[p].op_type == op && consumers_of(index, p).len() == 1).then_some(p)
+}
+
+const PERIODIC: &[&str] = &["Sin", "Cos"];
+
+/// The node computing the argument of Sin/Cos, with every Sin/Cos that reads it, from the producer
+/// or from one of them: the argument must stay at reference precision up to the periodic function
+/// (a large angle stored in FP16 between them loses what it keeps).
+fn periodic_argument(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
+    let producer = if PERIODIC.contains(&index.nodes[node].op_type.as_str()) { index.nodes[node].inputs.first().and_then(|t| index.producer_index(t))? } else { node };
+    let periodic: Vec<usize> = consumers_of(index, producer).into_iter().filter(|&c| PERIODIC.contains(&index.nodes[c].op_type.as_str())).collect();
+    (!periodic.is_empty()).then(|| std::iter::once(producer).chain(periodic).collect())
+}
+
+/// `Add(x, c) -> Sub(., c)` with the same `c`, from either node: an offset added and taken off
+/// again, which the sum's storage must not round in between (absorption, then cancellation).
+fn offset_and_back(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
+    let add = match index.nodes[node].op_type.as_str() {
+        "Add" => node,
+        "Sub" => index.nodes[node].inputs.first().and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "Add")?,
+        _ => return None,
+    };
+    let offsets = &index.nodes[add].inputs;
+    let sub = consumers_of(index, add).into_iter().find(|&c| {
+        let n = &index.nodes[c];
+        n.op_type == "Sub" && n.inputs.first() == index.nodes[add].outputs.first() && n.inputs.get(1).is_some_and(|o| offsets.contains(o))
+    })?;
+    (node == add || node == sub).then_some(vec![add, sub])
 }
 
 /// `Sub(x, ReduceMean(x)) -> Pow(., 2) | Mul(., .) -> ReduceMean -> Add(eps) -> Sqrt -> Div`,

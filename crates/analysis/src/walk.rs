@@ -16,7 +16,7 @@
 //! layer is still named when the error has already drifted to a fraction of a percent before it,
 //! and error that grows a little at every layer (drift) is never blamed on one node.
 
-use layerwise_model::fp16::{FP16_MAX, FP16_UNIT_ROUNDOFF};
+use layerwise_model::fp16::FP16_UNIT_ROUNDOFF;
 use layerwise_model::{GraphIndex, WeightRange};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -84,6 +84,16 @@ pub enum CauseKind {
     /// A kernel that rounds inside its formula (ONNX Runtime's CUDA BF16 Sigmoid, FP16/BF16
     /// Softplus, measured): small outputs keep only an absolute precision.
     KernelRounding,
+    /// An Add (or Sub) stores its result where the format's step is not small against what it
+    /// adds: the smaller operand is lost in one rounding (`x + 65504` in FP16, step 32), and a
+    /// later subtraction of the large part returns only that rounding error.
+    Absorption,
+    /// A subtraction whose result is far below its operands: all that is left is the rounding
+    /// error the operands were stored with (the step of the format at their magnitude).
+    Cancellation,
+    /// The argument of a periodic function (Sin, Cos) is stored where the format's step is a
+    /// sizable share of the period 2*pi: what the function returns of it is noise.
+    PeriodicArgument,
 }
 
 /// The arithmetic the candidate computes in: which causes can apply to it.
@@ -143,9 +153,6 @@ pub struct Candidate {
     /// The absolute tolerance: an absolute error below it is not material.
     pub atol: f64,
 }
-
-/// Ops whose float32 arithmetic TF32 replaces.
-const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
 
 /// One mechanism that may account for a node's output error, with how much of it it explains.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -284,13 +291,6 @@ pub struct Verdict {
     pub conclusions: Vec<String>,
 }
 
-/// Ops known to amplify relative input error.
-const SENSITIVE_OPS: &[&str] = &[
-    "Softmax", "LogSoftmax", "Div", "Reciprocal", "Exp", "Pow", "Log", "Sqrt", "Sub",
-    "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "LayerNormalization", "InstanceNormalization",
-    "GroupNormalization", "BatchNormalization", "Erf", "Tan", "Atan",
-];
-
 fn step(record: &TensorRecord) -> ChainStep {
     ChainStep {
         tensor: record.name.clone(),
@@ -363,6 +363,13 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
                 verdict.first_divergent = Some(finding);
             }
         }
+        // A cancellation or a periodic function only shows what an earlier rounding lost: name the
+        // node whose stored output lost it.
+        if let Some((steps, origin)) = verdict.first_divergent.as_ref().and_then(|fd| crate::storage::origin(index, comparison, candidate, fd)) {
+            verdict.chain.extend(steps.into_iter().map(step));
+            verdict.breaks.push(origin.clone());
+            verdict.first_divergent = Some(origin);
+        }
     }
 
     finish(&mut verdict, index, comparison, rule);
@@ -371,15 +378,15 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
 
 /// A node's data inputs (weights excluded, the tensors its bodies read from the outer scope
 /// included), sorted by what is known of them.
-struct InputView<'a> {
+pub(crate) struct InputView<'a> {
     /// Compared in both runs.
-    seen: Vec<&'a TensorRecord>,
+    pub(crate) seen: Vec<&'a TensorRecord>,
     /// Not compared, with the reason: their error is unknown.
-    unseen: Vec<(String, String)>,
+    pub(crate) unseen: Vec<(String, String)>,
 }
 
 impl<'a> InputView<'a> {
-    fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
+    pub(crate) fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
         let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
         for t in node.all_inputs().filter(|t| !index.is_constant_like(t)) {
             match comparison.get(t) {
@@ -397,12 +404,12 @@ impl<'a> InputView<'a> {
     }
 
     /// The largest input error, or `None` when an input was not compared.
-    fn error(&self) -> Option<f64> {
+    pub(crate) fn error(&self) -> Option<f64> {
         self.unseen.is_empty().then(|| self.seen.iter().map(|r| r.error_level()).fold(0.0, f64::max))
     }
 
     /// The compared input with the largest error.
-    fn worst(&self) -> Option<&'a TensorRecord> {
+    pub(crate) fn worst(&self) -> Option<&'a TensorRecord> {
         self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
     }
 }
@@ -444,7 +451,7 @@ pub fn judge_node(
         output_max_abs: output.metrics.ref_max_abs,
         output_max_abs_err: output.metrics.max_abs_err,
     };
-    let cause = classify(index, comparison, weight_ranges, node, output, worst_input, input_error, candidate);
+    let cause = crate::causes::classify(&crate::causes::Site::new(index, comparison, weight_ranges, node, output, worst_input, input_error, candidate));
     Some(FirstDivergent { node: node.name.clone(), op_type: node.op_type.clone(), tensor: output.name.clone(), input_error: Some(input_error), output_error, evidence, cause })
 }
 
@@ -539,270 +546,6 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
             verdict.summary.push_str(&format!("; output '{o}' was not compared{why}"));
         }
     }
-}
-
-/// For an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a Pow with a
-/// negative exponent): a constant that FP16 flushes to 0 and that reaches the input at risk
-/// through at most three Add/Sub/Max/Clip/Abs/Identity/Cast/Mul steps (as the epsilon of
-/// `x^2 + eps`). Returns the constant, its value and the node it reaches through.
-fn underflowing_constant<'a>(index: &GraphIndex, weight_ranges: &'a [WeightRange], node: &layerwise_model::NodeInfo) -> Option<(&'a String, f32, String)> {
-    let at_risk = match node.op_type.as_str() {
-        "Log" | "Reciprocal" => node.inputs.first(),
-        "Div" => node.inputs.get(1),
-        "Pow" => node.inputs.first(),
-        _ => None,
-    }?;
-    const PASSING: &[&str] = &["Add", "Sub", "Max", "Clip", "Abs", "Identity", "Cast", "Mul", "Sqrt"];
-    let mut frontier = vec![(at_risk.clone(), 0usize)];
-    while let Some((tensor, depth)) = frontier.pop() {
-        if let Some(w) = weight_ranges.iter().find(|w| w.name == tensor && w.underflow_count > 0) {
-            let via = index.consumers(&tensor).iter().map(|&c| &index.nodes[c]).find(|c| PASSING.contains(&c.op_type.as_str()) || c.name == node.name).map(|c| format!("{} '{}'", c.op_type, c.name)).unwrap_or_default();
-            return Some((&w.name, w.underflow_max, via));
-        }
-        if depth >= 3 {
-            continue;
-        }
-        if let Some(p) = index.producer(&tensor).filter(|p| PASSING.contains(&p.op_type.as_str())) {
-            frontier.extend(p.inputs.iter().filter(|i| !i.is_empty()).map(|i| (i.clone(), depth + 1)));
-        }
-    }
-    None
-}
-
-/// Ops whose relative output error is (at most) the absolute error of their input where their
-/// output is small: exp(x + d) = exp(x) * e^d.
-const SATURATING_OPS: &[&str] = &["Sigmoid", "Exp", "Softplus", "Tanh", "HardSigmoid", "Elu", "Selu"];
-
-/// Every mechanism that applies to the candidate's arithmetic and this node, each with the share of
-/// the observed error it can account for; the best becomes the cause.
-#[allow(clippy::too_many_arguments)]
-fn classify(
-    index: &GraphIndex,
-    comparison: &Comparison,
-    weight_ranges: &[WeightRange],
-    node: &layerwise_model::NodeInfo,
-    output: &TensorRecord,
-    input: Option<&TensorRecord>,
-    input_error: f64,
-    candidate: Candidate,
-) -> Cause {
-    let fp16 = candidate.arithmetic == Arithmetic::Fp16;
-    let m = &output.metrics;
-    let op = node.op_type.as_str();
-    let out_rel = output.error_level();
-    // Share of the observed relative error that a predicted one accounts for.
-    let share = |predicted: f64| -> f64 {
-        if out_rel.is_finite() && out_rel > 0.0 {
-            (predicted / out_rel).clamp(0.0, 1.0)
-        } else {
-            0.0
-        }
-    };
-    let mut found: Vec<Mechanism> = Vec::new();
-
-    // A weight (or weight-derived input) beyond the FP16 range.
-    if fp16 {
-        for w in node.inputs.iter().filter(|i| !i.is_empty() && index.is_constant_like(i)) {
-            let range = weight_ranges.iter().find(|r| r.name == *w && r.overflow_count > 0);
-            let computed = comparison.get(w).filter(|r| r.metrics.nonfinite_mismatch > 0);
-            if range.is_some() || computed.is_some() {
-                let detail = match range {
-                    Some(r) => format!(
-                        "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
-                        r.name, r.overflow_count, r.numel, r.max_abs
-                    ),
-                    None => format!("weight-derived input '{w}' becomes inf/NaN in FP16"),
-                };
-                found.push(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail });
-                break;
-            }
-        }
-    }
-    if m.nonfinite_mismatch > 0 && fp16 {
-        if let Some((weight, value, via)) = underflowing_constant(index, weight_ranges, node) {
-            found.push(Mechanism {
-                kind: CauseKind::Underflow,
-                weight: Some(weight.clone()),
-                explains: Some(1.0),
-                detail: format!(
-                    "constant '{weight}' ({value:.3e}) is below half FP16's smallest subnormal (2^-25 = 2.98e-8) and becomes exactly 0 in FP16; it reaches this {op} through {via}, so where the rest is 0 the {op} sees 0 and gives {} inf/NaN values",
-                    m.nonfinite_mismatch
-                ),
-            });
-        }
-    }
-    let input_finite = input.is_none_or(|i| i.metrics.cand_inf + i.metrics.cand_nan == 0);
-    if m.nonfinite_mismatch > 0 && fp16 && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 && input_finite {
-        // The emulation stores the sum in FP16 as the kernel does: a result of inf from finite
-        // inputs and an in-range reference is that sum overflowing. Its size, where the input's
-        // shape is known: about N times the mean.
-        let numel = |shape: &[usize]| shape.iter().product::<usize>().max(1);
-        let reduced = input.map(|i| numel(&i.shape) / numel(&output.shape)).filter(|&n| n > 1);
-        let what = if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" };
-        let size = match reduced {
-            Some(n) if op == "ReduceMean" => format!(" over {n} elements: its sum reaches up to about {:.2e}", m.ref_max_abs * n as f64),
-            Some(n) => format!(" over {n} elements: its {what} passes 65504"),
-            None => format!(": its {what} passes 65504"),
-        };
-        found.push(Mechanism {
-            kind: CauseKind::AccumulatorOverflow,
-            weight: None,
-            explains: Some(1.0),
-            detail: format!(
-                "{op}{size} while the result stays at most {:.3e}; ONNX Runtime's CUDA kernel stores that sum in FP16 (measured on an H100, docs/emulation.md), so it overflows to inf here; keep this node in FP32",
-                m.ref_max_abs
-            ),
-        });
-    }
-    if m.nonfinite_mismatch > 0 {
-        if fp16 && (m.ref_fp16_overflow > 0 || m.ref_max_abs > FP16_MAX as f64) {
-            found.push(Mechanism {
-                kind: CauseKind::ValueOverflow,
-                weight: None,
-                explains: Some(1.0),
-                detail: format!(
-                    "{op} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
-                    m.ref_max_abs, m.nonfinite_mismatch
-                ),
-            });
-        } else {
-            found.push(Mechanism {
-                kind: CauseKind::NonFiniteProduced,
-                weight: None,
-                explains: Some(1.0),
-                detail: format!("{op} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", m.nonfinite_mismatch, m.ref_max_abs),
-            });
-        }
-    }
-    if m.nonfinite_mismatch == 0 {
-        // What the input's absolute error does to ops that depend on it, not on its relative error.
-        if let Some(inp) = input.filter(|r| r.metrics.nonfinite_mismatch == 0) {
-            let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
-            let materiality = if m.max_abs_err > candidate.atol {
-                format!("the absolute output error {:.2e} is material (above atol {:.0e})", m.max_abs_err, candidate.atol)
-            } else {
-                format!("the absolute output error is only {:.2e} (below atol {:.0e}): large relative to near-zero outputs, not material", m.max_abs_err, candidate.atol)
-            };
-            if SATURATING_OPS.contains(&op) {
-                // Beyond |x| = 4 a Sigmoid's slope is below 2% of its peak: the flat region.
-                let region = if x_max > 4.0 { " in its flat region" } else { "" };
-                found.push(Mechanism {
-                    kind: CauseKind::Saturation,
-                    weight: None,
-                    explains: Some(share(dx)),
-                    detail: format!(
-                        "{op}{region} (inputs reach |x| = {x_max:.3e}, outputs at most {:.3e}) turns the input's absolute error {dx:.2e} (relative only {:.2e}) into a relative output error of up to {dx:.2e}; measured {out_rel:.2e}; {materiality}",
-                        m.ref_max_abs,
-                        inp.error_level()
-                    ),
-                });
-            }
-            if op == "Softmax" || op == "LogSoftmax" {
-                let predicted = ((2.0 * dx).min(700.0)).exp_m1();
-                let spacing = match candidate.arithmetic.spacing(x_max) {
-                    Some(ulp) => format!(" ({}'s spacing there is {})", candidate.arithmetic.name(), if ulp >= 1.0 { format!("{ulp:.0}") } else { format!("{ulp:.1e}") }),
-                    None => String::new(),
-                };
-                found.push(Mechanism {
-                    kind: CauseKind::LargeLogits,
-                    weight: None,
-                    explains: Some(share(predicted)),
-                    detail: format!(
-                        "{op} depends on the absolute differences of its inputs: its logits reach {x_max:.3e}{spacing}, so a relative input error of {:.2e} is an absolute error of up to {dx:.3e}, which changes probabilities by a factor up to e^{:.2e}; measured output relative L2 {out_rel:.2e}",
-                        inp.error_level(),
-                        2.0 * dx
-                    ),
-                });
-            }
-        }
-        let stepwise = match candidate.arithmetic {
-            Arithmetic::Bf16 => op == "Sigmoid" || op == "Softplus",
-            Arithmetic::Fp16 => op == "Softplus",
-            Arithmetic::Fp32 => false,
-        };
-        if stepwise && m.ref_max_abs > 0.0 {
-            // The small branch (x <= 0) ends in 1 - 1/(1 + e^x) or ln(1 + e^x) with 1 + e^x
-            // rounded near 1: an absolute error of up to half the spacing there.
-            let absolute = candidate.arithmetic.spacing(1.0).unwrap_or(0.0) / 2.0;
-            let formula = if op == "Sigmoid" { "1 - 1/(1 + exp(x))" } else { "ln(1 + exp(x))" };
-            let arithmetic = candidate.arithmetic.name();
-            found.push(Mechanism {
-                kind: CauseKind::KernelRounding,
-                weight: None,
-                explains: Some(share((absolute / m.ref_max_abs).min(1.0))),
-                detail: format!(
-                    "ONNX Runtime's CUDA kernel computes a {arithmetic} {op} as {formula} for x <= 0, rounding every step to {arithmetic} (measured bit for bit on an H100, docs/emulation.md): each output can be off by up to {absolute:.1e} absolute, and this tensor's outputs are at most {:.3e}, so up to {:.1e} relative; measured relative L2 {out_rel:.2e}; keep this node in FP32",
-                    m.ref_max_abs,
-                    (absolute / m.ref_max_abs).min(1.0)
-                ),
-            });
-        }
-        let tf32_op = candidate.tf32 && TF32_OPS.contains(&op);
-        if tf32_op {
-            // From exact inputs the op's own TF32 rounding is the only rounding there is (float32
-            // reordering is ~1e-7): it is the whole error, however the op's conditioning amplifies
-            // it. From inexact inputs, a few roundings account for about 4u.
-            let (explains, how) = if input_error == 0.0 {
-                (1.0, format!("its inputs are exact, so rounding them to TF32 (one rounding {FP16_UNIT_ROUNDOFF:.1e}) is the whole error, amplified to {out_rel:.2e} by the op's conditioning"))
-            } else {
-                (share(4.0 * FP16_UNIT_ROUNDOFF), format!("relative L2 {input_error:.2e} -> {out_rel:.2e}"))
-            };
-            found.push(Mechanism {
-                kind: CauseKind::Tf32,
-                weight: None,
-                explains: Some(explains),
-                detail: format!("float32 {op} ran with TF32 tensor cores (10-bit mantissa inputs): {how}; run the candidate with tf32=off to confirm"),
-            });
-        }
-        if fp16 && m.ref_fp16_subnormal_share > 0.1 {
-            // Storing a value below FP16's smallest normal loses at most half its spacing, 2^-25.
-            let max_loss = 2f64.powi(-25);
-            let explains = if m.max_abs_err > 0.0 { (max_loss / m.max_abs_err).clamp(0.0, 1.0) } else { 0.0 };
-            found.push(Mechanism {
-                kind: CauseKind::PrecisionLoss,
-                weight: None,
-                explains: Some(explains),
-                detail: format!(
-                    "{:.0}% of the reference values of {op} are in the FP16 subnormal range, where storing loses at most {max_loss:.1e} absolute; the measured max abs error is {:.2e}",
-                    100.0 * m.ref_fp16_subnormal_share,
-                    m.max_abs_err
-                ),
-            });
-        }
-        if input_error == 0.0 && !tf32_op {
-            let u = candidate.arithmetic.unit_roundoff(false);
-            found.push(Mechanism {
-                kind: CauseKind::PrecisionLoss,
-                weight: None,
-                explains: Some(share(u * 4.0)),
-                detail: format!("{op} introduces a relative L2 error of {out_rel:.2e} from exact inputs (one rounding is {u:.1e})"),
-            });
-        } else if out_rel.is_finite() && input_error > 0.0 {
-            let sensitive = SENSITIVE_OPS.contains(&op);
-            found.push(Mechanism {
-                kind: CauseKind::Amplification,
-                weight: None,
-                explains: None,
-                detail: format!(
-                    "{op} amplifies its input error {:.1}x (relative L2 {input_error:.2e} -> {out_rel:.2e}){}",
-                    out_rel / input_error,
-                    if sensitive { "; it is a precision-sensitive op" } else { "" }
-                ),
-            });
-        }
-    }
-    // Best first: measured shares, highest first; mechanisms that cannot be estimated after those
-    // that explain at least half, before those that explain less.
-    let rank = |m: &Mechanism| m.explains.unwrap_or(0.5);
-    found.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
-    let mut found = found.into_iter();
-    let best = found.next().unwrap_or(Mechanism {
-        kind: CauseKind::Amplification,
-        weight: None,
-        explains: None,
-        detail: format!("{op}: relative L2 {input_error:.2e} -> {out_rel:.2e}"),
-    });
-    Cause { best, alternatives: found.collect() }
 }
 
 fn summarize(v: &Verdict, rule: WalkRule) -> String {

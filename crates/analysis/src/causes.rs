@@ -1,0 +1,506 @@
+//! The cause catalogue: one small function per mechanism, each declaring the arithmetic it applies
+//! to. `classify` asks every mechanism that applies to the candidate, and ranks what they find by
+//! the share of the measured error each accounts for. A new cause is a new function and a row of
+//! `CATALOGUE`, not a branch in a shared one.
+
+use layerwise_model::fp16::{FP16_MAX, FP16_UNIT_ROUNDOFF};
+use layerwise_model::{GraphIndex, NodeInfo, WeightRange};
+
+use crate::compare::{Comparison, TensorRecord};
+use crate::metrics::Metrics;
+use crate::walk::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
+
+/// The arithmetic a mechanism can arise in. A candidate may compute in more than one: a float32
+/// candidate with TF32 on computes its products in TF32 and everything else in float32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Numerics {
+    Fp16,
+    Bf16,
+    /// float32 products and convolutions on TF32 tensor cores (`Candidate::tf32`).
+    Tf32,
+    Fp32,
+}
+
+impl Candidate {
+    /// Whether the candidate computes any of its ops in `numerics`.
+    pub fn computes_in(self, numerics: Numerics) -> bool {
+        match numerics {
+            Numerics::Fp16 => self.arithmetic == Arithmetic::Fp16,
+            Numerics::Bf16 => self.arithmetic == Arithmetic::Bf16,
+            Numerics::Fp32 => self.arithmetic == Arithmetic::Fp32,
+            Numerics::Tf32 => self.tf32,
+        }
+    }
+}
+
+/// Every storage format and float32: a mechanism of the op itself, whatever it computes in.
+const ANY: &[Numerics] = &[Numerics::Fp16, Numerics::Bf16, Numerics::Fp32];
+/// The reduced-precision storage formats, where a value's step grows with its magnitude.
+const STORAGE: &[Numerics] = &[Numerics::Fp16, Numerics::Bf16];
+
+/// One mechanism of the catalogue: the arithmetic it applies to, and how it is recognised at a
+/// breaking node, with the share of the error it explains.
+pub struct CauseRule {
+    pub applies_to: &'static [Numerics],
+    pub detect: fn(&Site) -> Option<Mechanism>,
+}
+
+/// The catalogue, in the order ties are ranked.
+pub const CATALOGUE: &[CauseRule] = &[
+    CauseRule { applies_to: &[Numerics::Fp16], detect: weight_overflow },
+    CauseRule { applies_to: &[Numerics::Fp16], detect: underflow },
+    CauseRule { applies_to: &[Numerics::Fp16], detect: accumulator_overflow },
+    CauseRule { applies_to: &[Numerics::Fp16], detect: value_overflow },
+    CauseRule { applies_to: ANY, detect: non_finite_produced },
+    CauseRule { applies_to: ANY, detect: saturation },
+    CauseRule { applies_to: ANY, detect: large_logits },
+    CauseRule { applies_to: STORAGE, detect: kernel_rounding },
+    CauseRule { applies_to: &[Numerics::Tf32], detect: tf32 },
+    CauseRule { applies_to: &[Numerics::Fp16], detect: subnormal_storage },
+    CauseRule { applies_to: STORAGE, detect: cancellation },
+    CauseRule { applies_to: STORAGE, detect: periodic_argument },
+    CauseRule { applies_to: ANY, detect: rounding_of_exact_inputs },
+    CauseRule { applies_to: ANY, detect: amplification },
+];
+
+/// What a mechanism sees of a breaking node: its output, its largest-error data input, and the
+/// candidate.
+pub struct Site<'a> {
+    pub index: &'a GraphIndex,
+    pub comparison: &'a Comparison,
+    pub weight_ranges: &'a [WeightRange],
+    pub node: &'a NodeInfo,
+    pub op: &'a str,
+    pub output: &'a TensorRecord,
+    pub input: Option<&'a TensorRecord>,
+    /// The largest relative L2 error among the node's data inputs.
+    pub input_error: f64,
+    pub candidate: Candidate,
+    /// The output's relative L2 error (inf on an inf/NaN mismatch).
+    pub out_rel: f64,
+}
+
+impl<'a> Site<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        index: &'a GraphIndex,
+        comparison: &'a Comparison,
+        weight_ranges: &'a [WeightRange],
+        node: &'a NodeInfo,
+        output: &'a TensorRecord,
+        input: Option<&'a TensorRecord>,
+        input_error: f64,
+        candidate: Candidate,
+    ) -> Site<'a> {
+        Site { index, comparison, weight_ranges, node, op: node.op_type.as_str(), output, input, input_error, candidate, out_rel: output.error_level() }
+    }
+
+    fn m(&self) -> &Metrics {
+        &self.output.metrics
+    }
+
+    /// Share of the observed relative error that a predicted one accounts for.
+    fn share(&self, predicted: f64) -> f64 {
+        if self.out_rel.is_finite() && self.out_rel > 0.0 {
+            (predicted / self.out_rel).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// The output has inf/NaN where the reference does not.
+    fn non_finite(&self) -> bool {
+        self.m().nonfinite_mismatch > 0
+    }
+
+    /// The largest-error input, where it is free of inf/NaN mismatches: what mechanisms of the
+    /// input's absolute error read.
+    fn finite_input(&self) -> Option<&'a TensorRecord> {
+        self.input.filter(|r| r.metrics.nonfinite_mismatch == 0)
+    }
+
+    fn is_tf32_op(&self) -> bool {
+        self.candidate.tf32 && TF32_OPS.contains(&self.op)
+    }
+
+    /// Whether the absolute output error matters, said with the numbers.
+    fn materiality(&self) -> String {
+        let (err, atol) = (self.m().max_abs_err, self.candidate.atol);
+        if err > atol {
+            format!("the absolute output error {err:.2e} is material (above atol {atol:.0e})")
+        } else {
+            format!("the absolute output error is only {err:.2e} (below atol {atol:.0e}): large relative to near-zero outputs, not material")
+        }
+    }
+}
+
+/// Every mechanism that applies to the candidate's arithmetic and this node, each with the share
+/// of the observed error it can account for; the best becomes the cause.
+pub fn classify(site: &Site) -> Cause {
+    let mut found: Vec<Mechanism> =
+        CATALOGUE.iter().filter(|rule| rule.applies_to.iter().any(|&n| site.candidate.computes_in(n))).filter_map(|rule| (rule.detect)(site)).collect();
+    // Best first: measured shares, highest first; mechanisms that cannot be estimated after those
+    // that explain at least half, before those that explain less.
+    let rank = |m: &Mechanism| m.explains.unwrap_or(0.5);
+    found.sort_by(|a, b| rank(b).total_cmp(&rank(a)));
+    let mut found = found.into_iter();
+    let best = found.next().unwrap_or(Mechanism {
+        kind: CauseKind::Amplification,
+        weight: None,
+        explains: None,
+        detail: format!("{}: relative L2 {:.2e} -> {:.2e}", site.op, site.input_error, site.out_rel),
+    });
+    Cause { best, alternatives: found.collect() }
+}
+
+fn mechanism(kind: CauseKind, explains: Option<f64>, detail: String) -> Option<Mechanism> {
+    Some(Mechanism { kind, weight: None, explains, detail })
+}
+
+/// A weight (or weight-derived input) beyond the FP16 range.
+fn weight_overflow(s: &Site) -> Option<Mechanism> {
+    s.node.inputs.iter().filter(|i| !i.is_empty() && s.index.is_constant_like(i)).find_map(|w| {
+        let range = s.weight_ranges.iter().find(|r| r.name == *w && r.overflow_count > 0);
+        let computed = s.comparison.get(w).filter(|r| r.metrics.nonfinite_mismatch > 0);
+        if range.is_none() && computed.is_none() {
+            return None;
+        }
+        let detail = match range {
+            Some(r) => format!(
+                "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
+                r.name, r.overflow_count, r.numel, r.max_abs
+            ),
+            None => format!("weight-derived input '{w}' becomes inf/NaN in FP16"),
+        };
+        Some(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail })
+    })
+}
+
+/// A constant FP16 flushes to 0 reaching an op that turns 0 into inf/NaN.
+fn underflow(s: &Site) -> Option<Mechanism> {
+    if !s.non_finite() {
+        return None;
+    }
+    let (weight, value, via) = underflowing_constant(s.index, s.weight_ranges, s.node)?;
+    Some(Mechanism {
+        kind: CauseKind::Underflow,
+        weight: Some(weight.clone()),
+        explains: Some(1.0),
+        detail: format!(
+            "constant '{weight}' ({value:.3e}) is below half FP16's smallest subnormal (2^-25 = 2.98e-8) and becomes exactly 0 in FP16; it reaches this {} through {via}, so where the rest is 0 the {} sees 0 and gives {} inf/NaN values",
+            s.op,
+            s.op,
+            s.m().nonfinite_mismatch
+        ),
+    })
+}
+
+/// A reduction whose kernel keeps its sum in FP16, overflowing though the result does not.
+fn accumulator_overflow(s: &Site) -> Option<Mechanism> {
+    let (m, op) = (s.m(), s.op);
+    let input_finite = s.input.is_none_or(|i| i.metrics.cand_inf + i.metrics.cand_nan == 0);
+    if !(s.non_finite() && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 && input_finite) {
+        return None;
+    }
+    // The emulation stores the sum in FP16 as the kernel does: a result of inf from finite
+    // inputs and an in-range reference is that sum overflowing. Its size, where the input's
+    // shape is known: about N times the mean.
+    let numel = |shape: &[usize]| shape.iter().product::<usize>().max(1);
+    let reduced = s.input.map(|i| numel(&i.shape) / numel(&s.output.shape)).filter(|&n| n > 1);
+    let what = if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" };
+    let size = match reduced {
+        Some(n) if op == "ReduceMean" => format!(" over {n} elements: its sum reaches up to about {:.2e}", m.ref_max_abs * n as f64),
+        Some(n) => format!(" over {n} elements: its {what} passes 65504"),
+        None => format!(": its {what} passes 65504"),
+    };
+    mechanism(
+        CauseKind::AccumulatorOverflow,
+        Some(1.0),
+        format!(
+            "{op}{size} while the result stays at most {:.3e}; ONNX Runtime's CUDA kernel stores that sum in FP16 (measured on an H100, docs/emulation.md), so it overflows to inf here; keep this node in FP32",
+            m.ref_max_abs
+        ),
+    )
+}
+
+/// The reference output itself is beyond FP16's range.
+fn exceeds_fp16_range(s: &Site) -> bool {
+    s.candidate.computes_in(Numerics::Fp16) && (s.m().ref_fp16_overflow > 0 || s.m().ref_max_abs > FP16_MAX as f64)
+}
+
+fn value_overflow(s: &Site) -> Option<Mechanism> {
+    if !(s.non_finite() && exceeds_fp16_range(s)) {
+        return None;
+    }
+    mechanism(
+        CauseKind::ValueOverflow,
+        Some(1.0),
+        format!(
+            "{} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
+            s.op,
+            s.m().ref_max_abs,
+            s.m().nonfinite_mismatch
+        ),
+    )
+}
+
+/// inf/NaN from finite inputs that no overflow of the stored value explains (0/0, log 0).
+fn non_finite_produced(s: &Site) -> Option<Mechanism> {
+    if !s.non_finite() || exceeds_fp16_range(s) {
+        return None;
+    }
+    mechanism(
+        CauseKind::NonFiniteProduced,
+        Some(1.0),
+        format!("{} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", s.op, s.m().nonfinite_mismatch, s.m().ref_max_abs),
+    )
+}
+
+/// Ops whose relative output error is (at most) the absolute error of their input where their
+/// output is small: exp(x + d) = exp(x) * e^d.
+const SATURATING_OPS: &[&str] = &["Sigmoid", "Exp", "Softplus", "Tanh", "HardSigmoid", "Elu", "Selu"];
+
+fn saturation(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !SATURATING_OPS.contains(&s.op) {
+        return None;
+    }
+    let inp = s.finite_input()?;
+    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    // Beyond |x| = 4 a Sigmoid's slope is below 2% of its peak: the flat region.
+    let region = if x_max > 4.0 { " in its flat region" } else { "" };
+    mechanism(
+        CauseKind::Saturation,
+        Some(s.share(dx)),
+        format!(
+            "{}{region} (inputs reach |x| = {x_max:.3e}, outputs at most {:.3e}) turns the input's absolute error {dx:.2e} (relative only {:.2e}) into a relative output error of up to {dx:.2e}; measured {:.2e}; {}",
+            s.op,
+            s.m().ref_max_abs,
+            inp.error_level(),
+            s.out_rel,
+            s.materiality()
+        ),
+    )
+}
+
+fn large_logits(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !(s.op == "Softmax" || s.op == "LogSoftmax") {
+        return None;
+    }
+    let inp = s.finite_input()?;
+    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    let predicted = ((2.0 * dx).min(700.0)).exp_m1();
+    let spacing = match s.candidate.arithmetic.spacing(x_max) {
+        Some(ulp) => format!(" ({}'s spacing there is {})", s.candidate.arithmetic.name(), step_text(ulp)),
+        None => String::new(),
+    };
+    mechanism(
+        CauseKind::LargeLogits,
+        Some(s.share(predicted)),
+        format!(
+            "{} depends on the absolute differences of its inputs: its logits reach {x_max:.3e}{spacing}, so a relative input error of {:.2e} is an absolute error of up to {dx:.3e}, which changes probabilities by a factor up to e^{:.2e}; measured output relative L2 {:.2e}",
+            s.op,
+            inp.error_level(),
+            2.0 * dx,
+            s.out_rel
+        ),
+    )
+}
+
+/// A storage step as people read it: whole numbers from 1 up, else two digits.
+pub(crate) fn step_text(ulp: f64) -> String {
+    if ulp >= 1.0 {
+        format!("{ulp:.0}")
+    } else {
+        format!("{ulp:.1e}")
+    }
+}
+
+/// ONNX Runtime's CUDA kernels that round inside their formula (measured).
+fn kernel_rounding(s: &Site) -> Option<Mechanism> {
+    let (m, op) = (s.m(), s.op);
+    let stepwise = match s.candidate.arithmetic {
+        Arithmetic::Bf16 => op == "Sigmoid" || op == "Softplus",
+        Arithmetic::Fp16 => op == "Softplus",
+        Arithmetic::Fp32 => false,
+    };
+    if s.non_finite() || !stepwise || m.ref_max_abs <= 0.0 {
+        return None;
+    }
+    // The small branch (x <= 0) ends in 1 - 1/(1 + e^x) or ln(1 + e^x) with 1 + e^x
+    // rounded near 1: an absolute error of up to half the spacing there.
+    let absolute = s.candidate.arithmetic.spacing(1.0).unwrap_or(0.0) / 2.0;
+    let formula = if op == "Sigmoid" { "1 - 1/(1 + exp(x))" } else { "ln(1 + exp(x))" };
+    let arithmetic = s.candidate.arithmetic.name();
+    mechanism(
+        CauseKind::KernelRounding,
+        Some(s.share((absolute / m.ref_max_abs).min(1.0))),
+        format!(
+            "ONNX Runtime's CUDA kernel computes a {arithmetic} {op} as {formula} for x <= 0, rounding every step to {arithmetic} (measured bit for bit on an H100, docs/emulation.md): each output can be off by up to {absolute:.1e} absolute, and this tensor's outputs are at most {:.3e}, so up to {:.1e} relative; measured relative L2 {:.2e}; keep this node in FP32",
+            m.ref_max_abs,
+            (absolute / m.ref_max_abs).min(1.0),
+            s.out_rel
+        ),
+    )
+}
+
+/// Ops whose float32 arithmetic TF32 replaces.
+const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
+
+fn tf32(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !s.is_tf32_op() {
+        return None;
+    }
+    // From exact inputs the op's own TF32 rounding is the only rounding there is (float32
+    // reordering is ~1e-7): it is the whole error, however the op's conditioning amplifies
+    // it. From inexact inputs, a few roundings account for about 4u.
+    let (explains, how) = if s.input_error == 0.0 {
+        (1.0, format!("its inputs are exact, so rounding them to TF32 (one rounding {FP16_UNIT_ROUNDOFF:.1e}) is the whole error, amplified to {:.2e} by the op's conditioning", s.out_rel))
+    } else {
+        (s.share(4.0 * FP16_UNIT_ROUNDOFF), format!("relative L2 {:.2e} -> {:.2e}", s.input_error, s.out_rel))
+    };
+    mechanism(CauseKind::Tf32, Some(explains), format!("float32 {} ran with TF32 tensor cores (10-bit mantissa inputs): {how}; run the candidate with tf32=off to confirm", s.op))
+}
+
+fn subnormal_storage(s: &Site) -> Option<Mechanism> {
+    let m = s.m();
+    if s.non_finite() || m.ref_fp16_subnormal_share <= 0.1 {
+        return None;
+    }
+    // Storing a value below FP16's smallest normal loses at most half its spacing, 2^-25.
+    let max_loss = 2f64.powi(-25);
+    let explains = if m.max_abs_err > 0.0 { (max_loss / m.max_abs_err).clamp(0.0, 1.0) } else { 0.0 };
+    mechanism(
+        CauseKind::PrecisionLoss,
+        Some(explains),
+        format!(
+            "{:.0}% of the reference values of {} are in the FP16 subnormal range, where storing loses at most {max_loss:.1e} absolute; the measured max abs error is {:.2e}",
+            100.0 * m.ref_fp16_subnormal_share,
+            s.op,
+            m.max_abs_err
+        ),
+    )
+}
+
+/// Error from exact inputs: the node's own rounding (TF32 ops have their own mechanism).
+fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || s.input_error != 0.0 || s.is_tf32_op() {
+        return None;
+    }
+    let u = s.candidate.arithmetic.unit_roundoff(false);
+    mechanism(
+        CauseKind::PrecisionLoss,
+        Some(s.share(u * 4.0)),
+        format!("{} introduces a relative L2 error of {:.2e} from exact inputs (one rounding is {u:.1e})", s.op, s.out_rel),
+    )
+}
+
+/// How many times smaller than its operand a difference must be to be called a cancellation:
+/// at least three of the operand's leading bits cancel.
+pub const CANCELLATION_RATIO: f64 = 8.0;
+
+/// A Sub (or an Add of opposite signs) whose result is far below its operand: the operand's
+/// absolute error, which its storage step bounds, is all the result keeps.
+fn cancellation(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !(s.op == "Sub" || s.op == "Add") || !s.out_rel.is_finite() {
+        return None;
+    }
+    let inp = s.finite_input()?;
+    let (operand, result) = (inp.metrics.ref_max_abs, s.m().ref_max_abs);
+    let (dx, dy) = (inp.metrics.max_abs_err, s.m().max_abs_err);
+    let step = s.candidate.arithmetic.spacing(operand)?;
+    // The output's absolute error must be the operand's, passed on: else the Sub adds its own.
+    if !(operand >= CANCELLATION_RATIO * result && dy > 0.0 && dx >= 0.5 * dy) {
+        return None;
+    }
+    mechanism(
+        CauseKind::Cancellation,
+        Some((dx / dy).min(1.0)),
+        format!(
+            "{} cancels: its result is at most {result:.3e} while its operand '{}' reaches {operand:.4e} ({:.0}x larger), where {}'s step is {}; the operand's absolute error {dx:.3e} (measured) is all that is left of the difference: relative L2 {:.2e}",
+            s.op,
+            inp.name,
+            operand / result.max(f64::MIN_POSITIVE),
+            s.candidate.arithmetic.name(),
+            step_text(step),
+            s.out_rel
+        ),
+    )
+}
+
+/// Sin and Cos depend on the absolute error of their argument, and a large argument stored in
+/// a storage format has a large one.
+fn periodic_argument(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !(s.op == "Sin" || s.op == "Cos") {
+        return None;
+    }
+    let inp = s.finite_input()?;
+    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    let step = s.candidate.arithmetic.spacing(x_max)?;
+    if dx <= 0.0 {
+        return None;
+    }
+    let period = std::f64::consts::TAU;
+    // |sin'| <= 1: an argument off by dx moves the result by up to dx, against results of at most 1.
+    let outcome = if dx >= 1.0 { format!("what {} returns of it is noise", s.op) } else { format!("{} errs by up to {dx:.2e} absolute", s.op) };
+    mechanism(
+        CauseKind::PeriodicArgument,
+        Some(s.share(dx.min(1.0))),
+        format!(
+            "{} is periodic (period 2*pi = 6.28), so only its argument's absolute error counts: '{}' reaches |x| = {x_max:.4e}, where {}'s step is {} ({:.2} of a period), and it is off by up to {dx:.3e} (measured), so {outcome}: measured relative L2 {:.2e}",
+            s.op,
+            inp.name,
+            s.candidate.arithmetic.name(),
+            step_text(step),
+            step / period,
+            s.out_rel
+        ),
+    )
+}
+
+/// Ops known to amplify relative input error.
+const SENSITIVE_OPS: &[&str] = &[
+    "Softmax", "LogSoftmax", "Div", "Reciprocal", "Exp", "Pow", "Log", "Sqrt", "Sub",
+    "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "LayerNormalization", "InstanceNormalization",
+    "GroupNormalization", "BatchNormalization", "Erf", "Tan", "Atan",
+];
+
+/// The fallback: the node multiplies its input's relative error, by how much is measured, why is not.
+fn amplification(s: &Site) -> Option<Mechanism> {
+    if s.non_finite() || !(s.out_rel.is_finite() && s.input_error > 0.0) {
+        return None;
+    }
+    let sensitive = if SENSITIVE_OPS.contains(&s.op) { "; it is a precision-sensitive op" } else { "" };
+    mechanism(
+        CauseKind::Amplification,
+        None,
+        format!("{} amplifies its input error {:.1}x (relative L2 {:.2e} -> {:.2e}){sensitive}", s.op, s.out_rel / s.input_error, s.input_error, s.out_rel),
+    )
+}
+
+/// For an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a Pow with a
+/// negative exponent): a constant that FP16 flushes to 0 and that reaches the input at risk
+/// through at most three Add/Sub/Max/Clip/Abs/Identity/Cast/Mul steps (as the epsilon of
+/// `x^2 + eps`). Returns the constant, its value and the node it reaches through.
+fn underflowing_constant<'a>(index: &GraphIndex, weight_ranges: &'a [WeightRange], node: &NodeInfo) -> Option<(&'a String, f32, String)> {
+    let at_risk = match node.op_type.as_str() {
+        "Log" | "Reciprocal" => node.inputs.first(),
+        "Div" => node.inputs.get(1),
+        "Pow" => node.inputs.first(),
+        _ => None,
+    }?;
+    const PASSING: &[&str] = &["Add", "Sub", "Max", "Clip", "Abs", "Identity", "Cast", "Mul", "Sqrt"];
+    let mut frontier = vec![(at_risk.clone(), 0usize)];
+    while let Some((tensor, depth)) = frontier.pop() {
+        if let Some(w) = weight_ranges.iter().find(|w| w.name == tensor && w.underflow_count > 0) {
+            let via = index.consumers(&tensor).iter().map(|&c| &index.nodes[c]).find(|c| PASSING.contains(&c.op_type.as_str()) || c.name == node.name).map(|c| format!("{} '{}'", c.op_type, c.name)).unwrap_or_default();
+            return Some((&w.name, w.underflow_max, via));
+        }
+        if depth >= 3 {
+            continue;
+        }
+        if let Some(p) = index.producer(&tensor).filter(|p| PASSING.contains(&p.op_type.as_str())) {
+            frontier.extend(p.inputs.iter().filter(|i| !i.is_empty()).map(|i| (i.clone(), depth + 1)));
+        }
+    }
+    None
+}

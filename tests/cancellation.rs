@@ -1,0 +1,108 @@
+//! Absorption and cancellation: one rounding that destroys a value, named at the node whose
+//! low-precision output loses it, with the step of the format there against what it had to keep.
+//! Polygraphy's own precision example (`needs_constraints.onnx`: flip, + 65504, - 65504, flip
+//! back) and a rotary position embedding (angles up to 4,063 into Sin and Cos) under `sim:fp16`.
+
+mod common;
+
+use common::{json, layerwise, save, text};
+use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::ModelProto;
+use layerwise_model::DataType;
+
+/// x[1,4] -> MatMul(flip) -> Add(65504) -> Sub(65504) -> MatMul(flip) -> y, as Polygraphy's
+/// `needs_constraints.onnx`.
+fn needs_constraints() -> ModelProto {
+    let mut b = ModelBuilder::new("needs_constraints", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    // The anti-diagonal permutation: reverses the 4 values.
+    let flip: Vec<f32> = (0..16).map(|i| if i / 4 + i % 4 == 3 { 1.0 } else { 0.0 }).collect();
+    b.initializer(f32_tensor("flip", &[4, 4], &flip));
+    b.initializer(f32_tensor("big", &[1], &[65504.0]));
+    b.node("MatMul", "flip_in", &["x", "flip"], &["flipped"], vec![]);
+    b.node("Add", "add_big", &["flipped", "big"], &["shifted"], vec![]);
+    b.node("Sub", "sub_big", &["shifted", "big"], &["unshifted"], vec![]);
+    b.node("MatMul", "flip_out", &["unshifted", "flip"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// pos[64,1] -> Mul(inv_freq[1,16]) -> angle -> Sin, Cos: a rotary position embedding.
+fn rotary() -> ModelProto {
+    let mut b = ModelBuilder::new("rotary", 17);
+    b.input("pos", DataType::Float, &[Dim::from(64), Dim::from(1)]);
+    let inv_freq: Vec<f32> = (0..16).map(|i| 10000f32.powf(-(i as f32) / 16.0)).collect();
+    b.initializer(f32_tensor("inv_freq", &[1, 16], &inv_freq));
+    b.node("Mul", "angle_mul", &["pos", "inv_freq"], &["angle"], vec![]);
+    b.node("Sin", "sin", &["angle"], &["sin_out"], vec![]);
+    b.node("Cos", "cos", &["angle"], &["cos_out"], vec![]);
+    b.output("sin_out", DataType::Float);
+    b.output("cos_out", DataType::Float);
+    b.build()
+}
+
+fn write_positions(dir: &std::path::Path) {
+    let pos = layerwise_runtime::Tensor::f32(vec![64, 1], (4000..4064).map(|p| p as f32).collect());
+    layerwise_runtime::npy::write_npz(&dir.join("pos.npz"), &[("pos", &pos)]).unwrap();
+}
+
+#[test]
+fn x_plus_65504_minus_65504_is_absorbed_at_the_add_and_cancelled_at_the_sub() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&needs_constraints(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let v = &json(&dir.path().join("r.json"))["verdict"];
+    let fd = &v["first_divergent"];
+    // The Add loses x; the Sub only shows it.
+    assert_eq!(fd["node"], "add_big", "{t}");
+    assert_eq!(fd["cause"]["kind"], "absorption", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    // The step of FP16 at the sum (65505.7: 2^(15 - 10) = 32) against what it adds (x, at most 2).
+    assert!(detail.contains("its result reaches 6.55") && detail.contains("FP16's step is 32"), "{detail}");
+    assert!(detail.contains("what it adds, 'flipped', is at most 1.") && detail.contains("absorbed"), "{detail}");
+    // And the cancellation at the Sub, with its numbers.
+    assert!(detail.contains("'sub_big' (Sub) cancels the large part: its result is at most 1.") && detail.contains("(relative L2 1.00e0)"), "{detail}");
+    assert_eq!(v["chain"].as_array().unwrap().last().unwrap()["node"], "add_big", "the chain reaches the Add");
+    assert!(v["breaks"].as_array().unwrap().iter().any(|b| b["node"] == "sub_big" && b["cause"]["kind"] == "cancellation"), "{}", v["breaks"]);
+    for wrong in ["accumulated, not introduced", "drift plus a sensitive consumer", "amplifies its input error"] {
+        assert!(!t.contains(wrong), "'{wrong}' in: {t}");
+    }
+    assert!(t.contains("yet the error is not accumulated: it is one rounding at 'add_big' (Add)"), "{t}");
+    assert!(t.contains("keeping add_big (offset_and_back) at reference precision removes 100% of the error"), "{t}");
+
+    // `fix` keeps the Add and the Sub, and its verdict says why.
+    let out = layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "fixed: {t}");
+    let fix = json(&dir.path().join("fix.json"));
+    let kept = serde_json::to_string(&fix).unwrap();
+    assert!(kept.contains("add_big") && kept.contains("sub_big"), "{kept}");
+    assert!(t.contains("keep offset_and_back [add_big, sub_big]"), "{t}");
+    assert!(t.contains("because add_big (Add)") && t.contains("it is absorbed") && t.contains("'sub_big' (Sub) cancels"), "the fix's verdict says why: {t}");
+}
+
+#[test]
+fn a_rotary_angle_stored_in_fp16_leaves_cos_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&rotary(), &dir.path().join("m.onnx"));
+    write_positions(dir.path());
+    // Without the noise floor: FP16's rounding of inv_freq alone moves the angles too (see the
+    // report); here the walk's verdict and the keep check are what is tested.
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "pos.npz", "--no-noise-floor", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let v = &json(&dir.path().join("r.json"))["verdict"];
+    let fd = &v["first_divergent"];
+    assert_eq!(fd["node"], "angle_mul", "{t}");
+    assert_eq!(fd["cause"]["kind"], "periodic_argument", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    // Angles up to 4,063: FP16's step in [2048, 4096) is 2^(11 - 10) = 2, against a period of 6.28.
+    assert!(detail.contains("reaches 4.0630e3") && detail.contains("FP16's step is 2 (0.32 of the period 2*pi = 6.28"), "{detail}");
+    assert!(detail.contains("what it returns is noise"), "{detail}");
+    for wrong in ["drift plus a sensitive consumer", "amplifies its input error"] {
+        assert!(!t.contains(wrong), "'{wrong}' in: {t}");
+    }
+    assert!(t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"), "{t}");
+}
