@@ -404,7 +404,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut noise_floor = None;
     if last.1.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = last.1.worst_output.clone().as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), seed: b.inputs.seed };
+            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &[], seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(

@@ -90,7 +90,7 @@ fn a_rotary_angle_stored_in_fp16_leaves_cos_nothing() {
     write_positions(dir.path());
     // Without the noise floor: FP16's rounding of inv_freq alone moves the angles too (see the
     // report); here the walk's verdict and the keep check are what is tested.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "pos.npz", "--no-noise-floor", "--json", "r.json"], dir.path());
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "pos.npz", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
     let v = &json(&dir.path().join("r.json"))["verdict"];

@@ -163,7 +163,12 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             };
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
         } else {
-            out.push(if floor.moved_values == 0 {
+            out.push(if floor.moved_values == 0 && !floor.left_for_the_fix.is_empty() {
+                format!(
+                    "noise floor: every weight the candidate's precision rounds is read only by the first divergent layer's keep pattern ({}), which keeps them exact; nothing else was perturbed, so the floor is 0",
+                    floor.left_for_the_fix.join(", ")
+                )
+            } else if floor.moved_values == 0 {
                 format!("noise floor: the candidate's precision changes no weight ({} rounds none), so the floor is 0 and the candidate's error is not the weights' rounding", floor.rounds)
             } else {
                 format!(

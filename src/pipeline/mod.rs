@@ -283,7 +283,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
                 if !told_apart {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
-                Some((reference, worst, cand_error, exact))
+                Some((reference, worst, cand_error, exact, weights_of_the_fix(job, verdict, &compared.comparison)))
             }
             _ => {
                 conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string());
@@ -295,9 +295,9 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     };
     // What the floor reads, its own copies: the GPU steps beside it borrow the job mutably.
     let (model, floor_index, perturbation) = (job.model, job.index.clone(), job.judging.perturbation());
-    let tolerance = floor_input.as_ref().map(|(_, worst, _, _)| job.judging.tolerances.of(worst));
-    let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend, (reference, worst, cand_error, exact): &(&layerwise_runtime::RunOutput, String, f64, std::collections::HashSet<String>)| {
-        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, seed: options.inputs.seed };
+    let tolerance = floor_input.as_ref().map(|(_, worst, _, _, _)| job.judging.tolerances.of(worst));
+    let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend, (reference, worst, cand_error, exact, left_for_the_fix): &(&layerwise_runtime::RunOutput, String, f64, std::collections::HashSet<String>, Vec<String>)| {
+        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, left_for_the_fix, seed: options.inputs.seed };
         noise_floor(reference_backend, model, &floor_index, feeds, &reference.tensors, tolerance.expect("set with the floor's input"), target)
     };
     let run_isolation = options.isolate && can_run;
@@ -468,4 +468,32 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
             n => format!("any one of the {n} breaks checked"),
         }
     ))
+}
+
+/// The weights that keeping the first divergent node's pattern at reference precision keeps
+/// exact: those only its nodes read. Their rounding is part of what that fix removes, so the
+/// noise floor, which measures what no keep list of the break can remove, leaves them exact
+/// (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved angles of 4,000 by
+/// more than the whole error, and the output was called ill-conditioned, though keeping the angle's
+/// Mul with its Sin and Cos in FP32 fixes it).
+fn weights_of_the_fix(job: &Job, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
+    let Some(fd) = &verdict.first_divergent else { return Vec::new() };
+    let mut pattern = layerwise_analysis::pattern_of(&job.index, &fd.node);
+    if job.judging.precision == Precision::Fp16 {
+        pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
+    }
+    // In graph order, so that the report is the same run to run.
+    let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| job.index.node(n).map(|i| i.topo_index)).collect();
+    order.sort_unstable();
+    order.dedup();
+    let kept: std::collections::HashSet<usize> = order.iter().copied().collect();
+    let mut weights = Vec::new();
+    for &k in &order {
+        for input in job.index.nodes[k].inputs.iter().filter(|i| job.index.is_initializer(i)) {
+            if job.index.consumers(input).iter().all(|c| kept.contains(c)) && !weights.contains(input) {
+                weights.push(input.clone());
+            }
+        }
+    }
+    weights
 }

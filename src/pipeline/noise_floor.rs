@@ -23,6 +23,9 @@ pub struct FloorTarget<'a> {
     /// Reference weights the candidate keeps in float32 (a converted `--cand-model`'s FP32
     /// weights): not perturbed.
     pub exact: &'a HashSet<String>,
+    /// Weights only the first divergent layer's keep pattern reads: not perturbed either, and
+    /// named (see `NoiseFloor::left_for_the_fix`).
+    pub left_for_the_fix: &'a [String],
     pub seed: u64,
 }
 
@@ -72,7 +75,8 @@ pub fn noise_floor(
         // Seeds of their own, apart from the input generator's.
         let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x6e6f_6973_6500 + i);
         seeds.push(seed);
-        let (proto, moved) = perturb_weights(model, target.perturbation, target.exact, seed)?;
+        let exact: HashSet<String> = target.exact.iter().cloned().chain(target.left_for_the_fix.iter().cloned()).collect();
+        let (proto, moved) = perturb_weights(model, target.perturbation, &exact, seed)?;
         count = moved;
         if moved.moved == 0 {
             // Nothing the candidate rounds: the floor is zero without a run.
@@ -88,7 +92,18 @@ pub fn noise_floor(
         floor = floor.max(error);
     }
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
-    let (perturbation, rounds, relative) = words(target.perturbation, count);
+    let (mut perturbation, mut rounds, relative) = words(target.perturbation, count);
+    if !target.left_for_the_fix.is_empty() {
+        let names: Vec<&str> = target.left_for_the_fix.iter().take(3).map(String::as_str).collect();
+        let more = if target.left_for_the_fix.len() > 3 { format!(" and {} more", target.left_for_the_fix.len() - 3) } else { String::new() };
+        perturbation.push_str(&format!(
+            "; {} weight{} that only the first divergent layer's keep pattern reads ({}{more}) left as they are: keeping that layer at reference precision keeps them exact too",
+            target.left_for_the_fix.len(),
+            if target.left_for_the_fix.len() == 1 { "" } else { "s" },
+            names.join(", ")
+        ));
+        rounds.push_str(" outside the first divergent layer's keep pattern");
+    }
     Ok(NoiseFloor {
         perturbation,
         rounds,
@@ -101,5 +116,6 @@ pub fn noise_floor(
         candidate_error: target.candidate_error,
         ratio,
         ill_conditioned: target.candidate_error.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
+        left_for_the_fix: target.left_for_the_fix.to_vec(),
     })
 }

@@ -128,6 +128,11 @@ pub struct NoiseFloor {
     /// The candidate's error is within a small factor of the noise floor (`ILL_CONDITIONED_FACTOR`,
     /// 3 times): the output is ill-conditioned for these inputs, no layer is at fault.
     pub ill_conditioned: bool,
+    /// Weights left exact because only the first divergent layer's keep pattern reads them:
+    /// keeping that layer at reference precision keeps them exact too, so their rounding is part
+    /// of what its fix removes, not of the floor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_for_the_fix: Vec<String>,
 }
 
 /// A candidate error at most this many times the noise floor is the model's sensitivity, not a layer.
