@@ -66,7 +66,11 @@ pub fn markdown_text(text: &str) -> String {
 /// Whether GitHub could turn `word` (no whitespace) into a link or a mention.
 fn links_on_github(word: &str) -> bool {
     let lower = word.to_ascii_lowercase();
-    lower.contains("://") || lower.contains("www.") || lower.contains('@') || lower.contains("mailto:") || lower.contains("xmpp:") || word.char_indices().any(|(i, c)| c == '#' && word[i + 1..].starts_with(|d: char| d.is_ascii_digit()))
+    let issue = word.char_indices().any(|(i, c)| c == '#' && word[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
+    // `GH-12` is an issue link, and 7 to 40 hex digits a commit link, in GitHub's conversations.
+    let gh_issue = lower.match_indices("gh-").any(|(i, _)| lower[i + 3..].starts_with(|d: char| d.is_ascii_digit()));
+    let commit = word.split(|c: char| !c.is_ascii_alphanumeric()).any(|part| (7..=40).contains(&part.len()) && part.chars().all(|c| c.is_ascii_hexdigit()));
+    lower.contains("://") || lower.contains("www.") || lower.contains('@') || lower.contains("mailto:") || lower.contains("xmpp:") || issue || gh_issue || commit
 }
 
 /// `text` word by word: a word GitHub could link as a code span, the rest escaped as text; the
@@ -151,6 +155,11 @@ pub fn markdown_cell_code(text: &str) -> String {
     }
 }
 
+/// cmark and cmark-gfm (GitHub's renderers) open no code span with a fence of more than 80
+/// backticks (`MAXBACKTICKS`): such a span never closes, and what follows renders as Markdown
+/// (found by the independent tester).
+const LONGEST_FENCE: usize = 80;
+
 fn code_span(text: &str) -> String {
     if text.is_empty() {
         return String::new();
@@ -160,6 +169,27 @@ fn code_span(text: &str) -> String {
     for c in text.chars() {
         run = if c == '`' { run + 1 } else { 0 };
         longest = longest.max(run);
+    }
+    if longest + 1 > LONGEST_FENCE {
+        // Text instead: each run of backticks escaped, the rest as text (its linkable words in
+        // code spans of their own, which hold no backtick).
+        let mut out = String::new();
+        let mut piece = String::new();
+        for c in text.chars() {
+            if c == '`' {
+                if !piece.is_empty() {
+                    out.push_str(&markdown_words(&piece));
+                    piece.clear();
+                }
+                out.push_str("\\`");
+            } else {
+                piece.push(c);
+            }
+        }
+        if !piece.is_empty() {
+            out.push_str(&markdown_words(&piece));
+        }
+        return out;
     }
     let fence = "`".repeat(longest + 1);
     // CommonMark strips one space from each end of a span that begins and ends with one: pad

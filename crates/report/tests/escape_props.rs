@@ -13,7 +13,7 @@ const PIECES: &[&str] = &[
     "<img src=x onerror=alert(4)>", "<script>", "</b>", "&amp;", "&#32;", "&", "<", ">", "`", "``", "```", "|", "\\|", "\\", "\\\\", "*", "**", "_", "__", "~~", "[", "](", "![a](b)",
     "<http://x>", "# ", "1. ", "1) ", "- ", "+ ", "> ", "---", "===", "    ", "  ", " ", "\t", "\n", "\r\n", "\x1b]0;PWNED\x07", "\x1b[2J", "\x08", "\x7f", "\u{85}", "\u{9b}",
     "\u{202e}", "\u{2066}", "\u{200f}", "\u{061c}", "\u{2028}", "'", "\"", "'\\''", "$(touch PWNED)", "`touch PWNED`", ";", "&&", "!", "~", "{a,b}", "*", "=", "+", "-", "@",
-    "=cmd|' /C calc'!A0", "\u{ff1d}", ":", ",", "https://evil.example/steal", "www.evil.example", "boss@evil.example", "@octocat", "#12", "mailto:x", "\u{200b}=cmd", "\u{feff}\u{2060}@SUM(1)", "http:", "//", ".", "www", "é", "中", "🦀", "\u{a0}", "\u{feff}", "$", "$$", "x", "ln_squared", "0", "9",
+    "=cmd|' /C calc'!A0", "\u{ff1d}", ":", ",", "https://evil.example/steal", "www.evil.example", "boss@evil.example", "@octocat", "#12", "mailto:x", "GH-12", "gh-7", "a5c3785ed8d6a35868bc169f07e40e889087fd2e", "deadbee", "\u{200b}=cmd", "\u{feff}\u{2060}@SUM(1)", "http:", "//", ".", "www", "é", "中", "🦀", "\u{a0}", "\u{feff}", "$", "$$", "x", "ln_squared", "0", "9",
 ];
 
 fn random_text(rng: &mut ChaCha8Rng) -> String {
@@ -42,6 +42,10 @@ fn every_medium_keeps_the_known_payloads_as_data() {
     for p in PIECES {
         escape_check::check(p);
         escape_check::check(&format!("a{p}b"));
+    }
+    // Found by the independent tester: 80 backticks or more (no GitHub code span can hold them).
+    for n in [79, 80, 81, 300] {
+        escape_check::check(&format!("{} <img src=x onerror=alert(1)> | cell | @octocat https://evil.example", "`".repeat(n)));
     }
     escape_check::check("");
 }

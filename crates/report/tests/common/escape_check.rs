@@ -94,6 +94,20 @@ pub fn check_github_markdown(md: &str, text: &str) {
     assert!(!outside.contains('@') && !outside.contains("&#64;"), "{text:?}: an @ outside code in:\n{md}\n{html}");
     let issue_link = outside.char_indices().any(|(i, c)| c == '#' && outside[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
     assert!(!issue_link, "{text:?}: #N outside code in:\n{md}\n{html}");
+    // GitHub's own references, which no CommonMark renderer makes: `GH-12`, a commit's hex digits.
+    let lower = outside.to_ascii_lowercase();
+    let gh = lower.match_indices("gh-").any(|(i, _)| lower[i + 3..].starts_with(|d: char| d.is_ascii_digit()));
+    assert!(!gh, "{text:?}: GH-N outside code in:\n{md}\n{html}");
+    let commit = outside.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| (7..=40).contains(&w.len()) && w.chars().all(|c| c.is_ascii_hexdigit()));
+    assert!(!commit, "{text:?}: a commit-like word outside code in:\n{md}\n{html}");
+    // cmark and cmark-gfm open no code span with a fence of more than 80 backticks.
+    let mut run = 0;
+    let mut escaped = false;
+    for c in md.chars() {
+        run = if c == '`' && !escaped { run + 1 } else { 0 };
+        assert!(run <= 80, "{text:?}: a fence of more than 80 backticks in:\n{md}");
+        escaped = c == '\\' && !escaped;
+    }
 }
 
 pub fn check_csv(text: &str) {
