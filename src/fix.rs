@@ -404,7 +404,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut noise_floor = None;
     if last.1.status == Status::Diverged && b.noise_floor {
         if let Some(worst) = last.1.worst_output.clone().as_deref() {
-            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &[], seed: b.inputs.seed };
+            // As bisect: the weights only the first divergent layer's pattern reads stay exact
+            // (found by the independent tester: fix called a rotary output ill-conditioned where
+            // bisect measured that keeping the angle fixes it).
+            let left_for_the_fix = crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
+            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
@@ -712,17 +716,20 @@ fn keep_list_summary(patterns: &[KeptPattern]) -> String {
         };
         return patterns.iter().map(group).collect::<Vec<_>>().join("; ");
     }
-    let mut kinds: Vec<(&str, usize, usize)> = Vec::new();
+    // Groups can share nodes: each kind counts its distinct nodes (the keep list is their union).
+    let mut kinds: Vec<(&str, usize, std::collections::BTreeSet<&str>)> = Vec::new();
     for p in patterns {
-        match kinds.iter_mut().find(|(k, _, _)| *k == p.kind) {
-            Some(entry) => {
-                entry.1 += 1;
-                entry.2 += p.nodes.len();
+        let i = match kinds.iter().position(|(k, _, _)| *k == p.kind) {
+            Some(i) => i,
+            None => {
+                kinds.push((p.kind.as_str(), 0, Default::default()));
+                kinds.len() - 1
             }
-            None => kinds.push((p.kind.as_str(), 1, p.nodes.len())),
-        }
+        };
+        kinds[i].1 += 1;
+        kinds[i].2.extend(p.nodes.iter().map(String::as_str));
     }
-    let kinds: Vec<String> = kinds.iter().map(|(k, groups, n)| format!("{groups} {k} group{} ({n} nodes)", if *groups == 1 { "" } else { "s" })).collect();
+    let kinds: Vec<String> = kinds.iter().map(|(k, groups, nodes)| format!("{groups} {k} group{} ({} distinct nodes)", if *groups == 1 { "" } else { "s" }, nodes.len())).collect();
     format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
 }
 

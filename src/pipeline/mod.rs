@@ -395,7 +395,7 @@ fn report(
     conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
-    if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison) {
+    if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison, weights) {
         verdict.summary = headline;
     }
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
@@ -439,7 +439,7 @@ fn report(
 /// Where inf/NaN are born at several independent places and the counterfactual measured keeping
 /// them together: the verdict's headline says so, with every origin in graph order and its cause
 /// (issue 39: a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
-fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, comparison: &layerwise_analysis::Comparison) -> Option<String> {
+fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, comparison: &layerwise_analysis::Comparison, weights: &[WeightRange]) -> Option<String> {
     let together = extras.counterfactual.as_ref()?.checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
     let worst = verdict.worst_output.as_deref()?;
     let origins = counterfactual::independent_origins(job, verdict);
@@ -452,8 +452,18 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
         let record = comparison.get(&n.tensor);
         let reach = record.map(|r| r.metrics.ref_max_abs).unwrap_or(f64::NAN);
         let fp16_max = 65504.0;
-        if job.judging.precision == Precision::Fp16 && reach > fp16_max {
-            format!("{} ({}): its output reaches {reach:.4e} in the reference, beyond the FP16 maximum {fp16_max}: {} values become inf/NaN", n.node, n.op_type, n.mismatched)
+        // A weight beyond FP16's range is inf before the node computes anything (found by the
+        // independent tester: 17 branches multiplied by 70,000 were said to overflow by their
+        // outputs' magnitude, which only 4 of 64 values reached).
+        let overflowing_weight = job.index.node(node).and_then(|info| info.inputs.iter().find_map(|i| weights.iter().find(|w| w.name == *i && w.overflow_count > 0)));
+        if let (Precision::Fp16, Some(w)) = (job.judging.precision, overflowing_weight) {
+            format!(
+                "{} ({}): weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {fp16_max}), which become inf in FP16: {} values of its output are inf/NaN",
+                n.node, n.op_type, w.name, w.overflow_count, w.numel, w.max_abs, n.mismatched
+            )
+        } else if job.judging.precision == Precision::Fp16 && reach > fp16_max {
+            let beyond = record.map(|r| r.metrics.ref_fp16_overflow).unwrap_or(0);
+            format!("{} ({}): its output reaches {reach:.4e} in the reference, {beyond} values beyond the FP16 maximum {fp16_max}; {} values are inf/NaN in the candidate", n.node, n.op_type, n.mismatched)
         } else {
             format!("{} ({}): {} inf/NaN values from finite inputs (cause not classified)", n.node, n.op_type, n.mismatched)
         }
@@ -477,20 +487,25 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
 /// more than the whole error, and the output was called ill-conditioned, though keeping the angle's
 /// Mul with its Sin and Cos in FP32 fixes it).
 fn weights_of_the_fix(job: &Job, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
+    weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, comparison)
+}
+
+/// [`weights_of_the_fix`] for any graph and precision (`fix` measures its floor with it too).
+pub(crate) fn weights_only_the_fix_reads(index: &layerwise_model::GraphIndex, precision: Precision, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
     let Some(fd) = &verdict.first_divergent else { return Vec::new() };
-    let mut pattern = layerwise_analysis::pattern_of(&job.index, &fd.node);
-    if job.judging.precision == Precision::Fp16 {
-        pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
+    let mut pattern = layerwise_analysis::pattern_of(index, &fd.node);
+    if precision == Precision::Fp16 {
+        pattern = layerwise_analysis::close_over_fp16_range(index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
     }
     // In graph order, so that the report is the same run to run.
-    let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| job.index.node(n).map(|i| i.topo_index)).collect();
+    let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| index.node(n).map(|i| i.topo_index)).collect();
     order.sort_unstable();
     order.dedup();
     let kept: std::collections::HashSet<usize> = order.iter().copied().collect();
     let mut weights = Vec::new();
     for &k in &order {
-        for input in job.index.nodes[k].inputs.iter().filter(|i| job.index.is_initializer(i)) {
-            if job.index.consumers(input).iter().all(|c| kept.contains(c)) && !weights.contains(input) {
+        for input in index.nodes[k].inputs.iter().filter(|i| index.is_initializer(i)) {
+            if index.consumers(input).iter().all(|c| kept.contains(c)) && !weights.contains(input) {
                 weights.push(input.clone());
             }
         }

@@ -69,7 +69,9 @@ fn links_on_github(word: &str) -> bool {
     let issue = word.char_indices().any(|(i, c)| c == '#' && word[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
     // `GH-12` is an issue link, and 7 to 40 hex digits a commit link, in GitHub's conversations.
     let gh_issue = lower.match_indices("gh-").any(|(i, _)| lower[i + 3..].starts_with(|d: char| d.is_ascii_digit()));
-    let commit = word.split(|c: char| !c.is_ascii_alphanumeric()).any(|part| (7..=40).contains(&part.len()) && part.chars().all(|c| c.is_ascii_hexdigit()));
+    // A number (`1.6326e10`) is no commit.
+    let number = word.trim_end_matches(|c: char| c.is_ascii_punctuation() && c != '.').trim_start_matches(['(', '[']).parse::<f64>().is_ok();
+    let commit = !number && word.split(|c: char| !c.is_ascii_alphanumeric()).any(|part| (7..=40).contains(&part.len()) && part.chars().all(|c| c.is_ascii_hexdigit()));
     lower.contains("://") || lower.contains("www.") || lower.contains('@') || lower.contains("mailto:") || lower.contains("xmpp:") || issue || gh_issue || commit
 }
 
