@@ -8,7 +8,7 @@ use layerwise_model::{GraphIndex, NodeInfo, WeightRange};
 
 use crate::compare::{Comparison, TensorRecord};
 use crate::metrics::Metrics;
-use crate::walk::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
+use crate::verdict::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
 
 /// The arithmetic a mechanism can arise in. A candidate may compute in more than one: a float32
 /// candidate with TF32 on computes its products in TF32 and everything else in float32.

@@ -10,6 +10,7 @@ pub mod num;
 mod patterns;
 pub mod search;
 mod storage;
+mod verdict;
 mod walk;
 
 pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
@@ -18,4 +19,5 @@ pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance, ToleranceSet};
 pub use patterns::{close_over_fp16_range, pattern_of, Pattern};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
-pub use walk::{judge_node, verdict_from_chain, walk_back, Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status, Verdict, WalkRule};
+pub use verdict::{Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status, Verdict, WalkRule};
+pub use walk::{judge_node, verdict_from_chain, walk_back};

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::compare::TensorRecord;
 use crate::num::FiniteOrString;
-use crate::walk::WalkRule;
+use crate::verdict::WalkRule;
 
 /// One candidate run of the search.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -10,7 +10,7 @@
 
 use crate::causes::{step_text, CANCELLATION_RATIO};
 use crate::compare::{Comparison, TensorRecord};
-use crate::walk::{Candidate, Cause, CauseKind, Evidence, FirstDivergent, InputView, Mechanism};
+use crate::verdict::{Candidate, Cause, CauseKind, Evidence, FirstDivergent, InputView, Mechanism};
 use layerwise_model::GraphIndex;
 
 /// Ops that pass an operand's absolute error on unchanged (values moved, added or negated).

@@ -1,0 +1,318 @@
+//! The verdict's types: the walk's rule, the candidate's arithmetic, causes and their mechanisms,
+//! the first divergent layer, the blame chain, and what a node's inputs show. Kept apart from the
+//! walk (walk.rs), the cause catalogue (causes.rs) and the trace-back (storage.rs), which all use
+//! them.
+
+use layerwise_model::fp16::FP16_UNIT_ROUNDOFF;
+use layerwise_model::GraphIndex;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::compare::{Comparison, TensorRecord};
+use crate::num::FiniteOrString;
+
+/// Thresholds of the walk.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WalkRule {
+    /// How many times its largest input error a node's output error must be to introduce error.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub ratio: f64,
+    /// Smallest output error (relative L2) that counts as a break.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub min_break: f64,
+    /// Largest input error (relative L2) that is still drift rather than an earlier break.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub max_drift: f64,
+}
+
+impl WalkRule {
+    /// FP16 candidates: rounding to FP16 alone gives a relative error of about 3e-4 per tensor;
+    /// a break is at least an order of magnitude above the inputs and above 1%.
+    pub const FP16: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-2, max_drift: 5e-2 };
+    /// Float32 candidates (another runtime, TF32): breaks are much smaller in absolute terms.
+    pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4, max_drift: 1e-3 };
+    /// BF16 candidates: FP16's thresholds scaled by BF16's 8x coarser rounding.
+    pub const BF16: WalkRule = WalkRule { ratio: 10.0, min_break: 8e-2, max_drift: 0.4 };
+}
+
+/// What kind of cause a break has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseKind {
+    /// The reference value exceeds the FP16 range at this node: the candidate overflows to inf.
+    ValueOverflow,
+    /// A weight the node reads is out of FP16 range (inf after conversion).
+    WeightOverflow,
+    /// A constant or weight below half FP16's smallest subnormal (2^-25) becomes exactly 0 and
+    /// reaches an op that turns 0 into inf/NaN (Log, Reciprocal, a Div's denominator, a negative
+    /// Pow), typically as the epsilon of `x^2 + eps`.
+    Underflow,
+    /// A reduction whose kernel stores its running sum in FP16 (ReduceMean, ReduceLogSumExp on
+    /// ONNX Runtime's CUDA provider, measured): the sum leaves FP16's range though the result
+    /// does not.
+    AccumulatorOverflow,
+    /// The node turns finite inputs into inf/NaN without its reference exceeding the FP16 range.
+    NonFiniteProduced,
+    /// The node amplifies small input error (Softmax, Div, Exp, Pow, normalisations, ...).
+    Amplification,
+    /// The node itself loses precision (values in the FP16 subnormal range, cancellation).
+    PrecisionLoss,
+    /// A float32 Conv/MatMul/Gemm that the candidate ran with TF32 tensor cores (10-bit mantissa).
+    Tf32,
+    /// A saturating activation (Sigmoid, Tanh, Exp, Softplus) in its flat region: its relative
+    /// output error is the absolute error of its input, however small that is relatively.
+    Saturation,
+    /// Softmax/LogSoftmax on large logits: it depends on the absolute differences of its inputs,
+    /// and a small relative error of a large logit is a large absolute one.
+    LargeLogits,
+    /// A kernel that rounds inside its formula (ONNX Runtime's CUDA BF16 Sigmoid, FP16/BF16
+    /// Softplus, measured): small outputs keep only an absolute precision.
+    KernelRounding,
+    /// An Add (or Sub) stores its result where the format's step is not small against what it
+    /// adds: the smaller operand is lost in one rounding (`x + 65504` in FP16, step 32), and a
+    /// later subtraction of the large part returns only that rounding error.
+    Absorption,
+    /// A subtraction whose result is far below its operands: all that is left is the rounding
+    /// error the operands were stored with (the step of the format at their magnitude).
+    Cancellation,
+    /// The argument of a periodic function (Sin, Cos) is stored where the format's step is a
+    /// sizable share of the period 2*pi: what the function returns of it is noise.
+    PeriodicArgument,
+}
+
+/// The arithmetic the candidate computes in: which causes can apply to it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Arithmetic {
+    /// float32 (another runtime, other kernels, TF32 when `Candidate::tf32`).
+    #[default]
+    Fp32,
+    /// FP16 storage or FP16 kernels (emulated, a converted model, a GPU provider in FP16).
+    Fp16,
+    /// BF16 storage or kernels: float32's range, 8 significant bits.
+    Bf16,
+}
+
+impl Arithmetic {
+    /// Relative error of one rounding in this arithmetic (half an ulp at 1.0).
+    pub fn unit_roundoff(self, tf32: bool) -> f64 {
+        match (self, tf32) {
+            (Arithmetic::Fp16, _) | (Arithmetic::Fp32, true) => FP16_UNIT_ROUNDOFF,
+            (Arithmetic::Bf16, _) => 1.0 / 256.0,
+            (Arithmetic::Fp32, false) => f32::EPSILON as f64 / 2.0,
+        }
+    }
+
+    /// The distance between neighbouring values of this arithmetic's storage at magnitude `x`
+    /// (`None` for float32).
+    pub fn spacing(self, x: f64) -> Option<f64> {
+        if !(x > 0.0 && x.is_finite()) {
+            return None;
+        }
+        let e = x.log2().floor();
+        match self {
+            // Below the smallest normal the spacing stays that of 2^-14; above 65504 is inf.
+            Arithmetic::Fp16 => Some(2f64.powf(e.clamp(-14.0, 15.0) - 10.0)),
+            Arithmetic::Bf16 => Some(2f64.powf(e.max(-126.0) - 7.0)),
+            Arithmetic::Fp32 => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arithmetic::Fp16 => "FP16",
+            Arithmetic::Bf16 => "BF16",
+            Arithmetic::Fp32 => "float32",
+        }
+    }
+}
+
+/// What the walk knows about the candidate beyond its numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Candidate {
+    pub arithmetic: Arithmetic,
+    /// The candidate runs float32 matrix products and convolutions with TF32 (ONNX Runtime CUDA's
+    /// default, TensorRT's default).
+    pub tf32: bool,
+    /// The absolute tolerance: an absolute error below it is not material.
+    pub atol: f64,
+}
+
+/// One mechanism that may account for a node's output error, with how much of it it explains.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Mechanism {
+    pub kind: CauseKind,
+    /// The weight at fault, for `weight_overflow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
+    /// Share of the observed error this mechanism can account for, from the measured numbers
+    /// (1 = all of it); `null` where it cannot be estimated from them.
+    #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub explains: Option<f64>,
+    /// One sentence for people, with the numbers that show it.
+    pub detail: String,
+}
+
+/// Why a node breaks: the mechanism that explains most of its error (its fields at the top level
+/// of the JSON), and the others considered.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Cause {
+    #[serde(flatten)]
+    pub best: Mechanism,
+    /// Other mechanisms that apply to the candidate's arithmetic, best first.
+    pub alternatives: Vec<Mechanism>,
+}
+
+/// The measured numbers a cause is drawn from (the reference's magnitudes and the candidate's
+/// errors), for the node's largest-error data input and its output.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct Evidence {
+    /// max |x| of the input in the reference; `null` when no input was compared.
+    #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub input_max_abs: Option<f64>,
+    /// max |cand - ref| of that input.
+    #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub input_max_abs_err: Option<f64>,
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub output_max_abs: f64,
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub output_max_abs_err: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct FirstDivergent {
+    pub node: String,
+    pub op_type: String,
+    pub tensor: String,
+    /// Largest relative L2 error among the node's data inputs (graph inputs are exact); `null`
+    /// when one of them was not compared.
+    #[serde(default, with = "crate::num::option_finite")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub input_error: Option<f64>,
+    /// Relative L2 error of the node's output.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub output_error: f64,
+    pub evidence: Evidence,
+    pub cause: Cause,
+}
+
+/// Where the walk cannot see further back: a node on the error's path whose data inputs were not
+/// all compared (another model's names, a fused-away tensor), so the error may enter there or
+/// anywhere before it.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SightEnd {
+    pub node: String,
+    pub op_type: String,
+    pub tensor: String,
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub output_error: f64,
+    /// The node's data inputs that were not compared, with the reason.
+    pub unseen_inputs: Vec<(String, String)>,
+}
+
+/// One step of the blame chain, from the worst output back towards the first divergent node.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ChainStep {
+    pub tensor: String,
+    pub node: String,
+    pub op_type: String,
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub error: f64,
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub max_abs_err: f64,
+    pub nonfinite: usize,
+}
+
+/// A tensor where the candidate has inf/NaN that the reference does not.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct NonFiniteTensor {
+    pub tensor: String,
+    pub node: String,
+    pub op_type: String,
+    pub cand_nan: usize,
+    pub cand_inf: usize,
+    pub mismatched: usize,
+    /// True where the node's own inputs are free of such mismatches: the inf/NaN is born here.
+    pub origin: bool,
+    pub on_chain: bool,
+    /// A weight or a value computed from weights alone (out of FP16 range), not a layer output.
+    pub weight: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pass,
+    Diverged,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct Verdict {
+    pub status: Status,
+    pub worst_output: Option<String>,
+    pub first_divergent: Option<FirstDivergent>,
+    pub chain: Vec<ChainStep>,
+    /// One paragraph for people: what was found, or why no single node is to blame.
+    pub summary: String,
+    pub non_finite: Vec<NonFiniteTensor>,
+    /// Every breaking node the walk passed, from the output back (the first divergent included):
+    /// each is a candidate for the counterfactual check.
+    pub breaks: Vec<FirstDivergent>,
+    /// Set when the walk reached a node whose inputs were not compared: no node further back can
+    /// be named, and none at or after it is called the origin.
+    pub sight_ends: Option<SightEnd>,
+    /// What the runs after the walk found (run alone, keeping breaks at reference precision, the
+    /// noise floor), one sentence each, in the order every report shows them.
+    pub conclusions: Vec<String>,
+}
+
+/// A node's data inputs (weights excluded, the tensors its bodies read from the outer scope
+/// included), sorted by what is known of them.
+pub(crate) struct InputView<'a> {
+    /// Compared in both runs.
+    pub(crate) seen: Vec<&'a TensorRecord>,
+    /// Not compared, with the reason: their error is unknown.
+    pub(crate) unseen: Vec<(String, String)>,
+}
+
+impl<'a> InputView<'a> {
+    pub(crate) fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
+        let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
+        for t in node.all_inputs().filter(|t| !index.is_constant_like(t)) {
+            match comparison.get(t) {
+                // Both runs are fed the same graph inputs: they are exact (also where one is an
+                // output too, and compared as the candidate returns it).
+                _ if index.is_graph_input(t) => {}
+                Some(r) => view.seen.push(r),
+                None => {
+                    let why = comparison.not_compared.iter().find(|(n, _)| n == t).map_or("not compared".to_string(), |(_, r)| r.clone());
+                    view.unseen.push((t.clone(), why));
+                }
+            }
+        }
+        view
+    }
+
+    /// The largest input error, or `None` when an input was not compared.
+    pub(crate) fn error(&self) -> Option<f64> {
+        self.unseen.is_empty().then(|| self.seen.iter().map(|r| r.error_level()).fold(0.0, f64::max))
+    }
+
+    /// The compared input with the largest error.
+    pub(crate) fn worst(&self) -> Option<&'a TensorRecord> {
+        self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
+    }
+}
+
