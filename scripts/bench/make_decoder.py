@@ -1,0 +1,92 @@
+"""A decoder of pre-LayerNorm blocks for the graph-size benchmark (docs/performance.md, "Graph size"),
+seeded: per block a decomposed LayerNorm, single-head attention with Softmax, a decomposed LayerNorm
+and an Erf GELU FFN, each with a residual Add; hidden 64, sequence 16, FFN 256; 28 nodes a block
+(one more node in all: the output's Identity). Small tensors on purpose: what grows is the graph.
+Per block: LayerNorm 7 (ReduceMean, Sub, Pow, ReduceMean, Add eps, Sqrt, Div; its gamma 1 and beta 0
+left out, as exporters fold them), attention 7 (Q, K, V MatMuls, Transpose, MatMul, Softmax, MatMul;
+1/sqrt(64) folded into Wq), residual Add, LayerNorm 7, FFN 5 (MatMul, Erf, Add, Mul, MatMul: GELU
+u * 0.5 * (1 + erf(u / sqrt(2))) with 1/sqrt(2) folded into W1 and sqrt(2) * 0.5 into W2), residual Add.
+
+usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK] [--inputs IN.npz]
+  --overflow BLOCK  scale that block's FFN input weights so that its activations exceed FP16's
+                    range (65504): the model then diverges under sim:fp16 at that block.
+  --inputs IN.npz   also write the input ("x", float32 1x16x64, seeded) for `bisect --inputs`.
+"""
+import argparse
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+parser = argparse.ArgumentParser()
+parser.add_argument("out")
+parser.add_argument("blocks", type=int)
+parser.add_argument("--overflow", type=int, default=None)
+parser.add_argument("--inputs")
+args = parser.parse_args()
+H, FF, SEQ = 64, 256, 16
+rng = np.random.default_rng(0)
+inits, nodes = [], []
+
+
+def weight(name, shape, scale):
+    inits.append(numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name))
+    return name
+
+
+def const(name, value):
+    inits.append(numpy_helper.from_array(np.asarray(value, np.float32), name))
+    return name
+
+
+def node(op, inputs, name, **attrs):
+    out_name = f"{name}_out"
+    nodes.append(helper.make_node(op, inputs, [out_name], name=name, **attrs))
+    return out_name
+
+
+# Shared constants: one copy each, as an exporter folds them.
+two = const("c/two", 2.0)
+eps = const("c/eps", 1e-5)
+one = const("c/one", 1.0)
+
+
+def layer_norm(x, p):  # 7 nodes
+    mean = node("ReduceMean", [x], f"{p}/ReduceMean", axes=[-1], keepdims=1)
+    centered = node("Sub", [x, mean], f"{p}/Sub")
+    var = node("ReduceMean", [node("Pow", [centered, two], f"{p}/Pow")], f"{p}/ReduceMean_1", axes=[-1], keepdims=1)
+    std = node("Sqrt", [node("Add", [var, eps], f"{p}/AddEps")], f"{p}/Sqrt")
+    return node("Div", [centered, std], f"{p}/Div")
+
+
+x = "x"
+for b in range(args.blocks):
+    p = f"block{b}"
+    h = layer_norm(x, f"{p}/ln1")
+    q = node("MatMul", [h, weight(f"{p}/Wq", (H, H), 0.1 / np.sqrt(H))], f"{p}/attn/q")
+    k = node("MatMul", [h, weight(f"{p}/Wk", (H, H), 0.1)], f"{p}/attn/k")
+    v = node("MatMul", [h, weight(f"{p}/Wv", (H, H), 0.1)], f"{p}/attn/v")
+    kt = node("Transpose", [k], f"{p}/attn/kT", perm=[0, 2, 1])
+    probs = node("Softmax", [node("MatMul", [q, kt], f"{p}/attn/scores")], f"{p}/attn/Softmax", axis=-1)
+    x = node("Add", [x, node("MatMul", [probs, v], f"{p}/attn/context")], f"{p}/attn/residual")
+    h = layer_norm(x, f"{p}/ln2")
+    w_in = 0.1 if b != args.overflow else 3000.0
+    u = node("MatMul", [h, weight(f"{p}/W1", (H, FF), w_in / np.sqrt(2.0))], f"{p}/ffn/in")
+    erf = node("Erf", [u], f"{p}/ffn/gelu_erf")
+    gelu = node("Mul", [u, node("Add", [erf, one], f"{p}/ffn/gelu_add")], f"{p}/ffn/gelu")
+    w_out = np.sqrt(2.0) * 0.5 * (0.05 if b != args.overflow else 1e-4)
+    f = node("MatMul", [gelu, weight(f"{p}/W2", (FF, H), w_out)], f"{p}/ffn/out")
+    x = node("Add", [x, f], f"{p}/ffn/residual")
+nodes.append(helper.make_node("Identity", [x], ["y"], name="output"))
+graph = helper.make_graph(
+    nodes,
+    f"decoder-{args.blocks}",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, H])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ, H])],
+    inits,
+)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+onnx.save(model, args.out)
+if args.inputs:
+    np.savez(args.inputs, x=np.random.default_rng(1).standard_normal((1, SEQ, H)).astype(np.float32))
+print(f"{args.out}: {len(nodes)} nodes ({args.blocks} blocks of {(len(nodes) - 1) // max(args.blocks, 1)})")
