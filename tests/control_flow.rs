@@ -305,7 +305,7 @@ fn an_outer_tensor_read_inside_and_outside_a_branch_converts_to_a_model_that_loa
     save(&b.build(), &dir.path().join("out_read.onnx"));
     let out = layerwise(&["convert", "out_read.onnx", "-o", "out_read16.onnx"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("ONNX Runtime loads it"), "{}", text(&out));
+    assert!(text(&out).contains("ONNX Runtime loads and runs it"), "{}", text(&out));
 }
 
 #[test]
