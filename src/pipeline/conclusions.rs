@@ -165,7 +165,7 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
         } else {
             out.push(if floor.moved_values == 0 && !floor.left_for_the_fix.is_empty() {
                 format!(
-                    "noise floor: every weight the candidate's precision rounds is read only by the first divergent layer's keep pattern ({}), which keeps them exact; nothing else was perturbed, so the floor is 0",
+                    "noise floor: the candidate's precision rounds no weight outside the first divergent layer's keep pattern (the weights only that pattern reads, {}, are left exact with it), so the floor is 0",
                     floor.left_for_the_fix.join(", ")
                 )
             } else if floor.moved_values == 0 {
