@@ -3,6 +3,10 @@
 //! run through `bisect` and `fix`, and each output is read back by a parser of its medium.
 
 mod common;
+// The escaping property checks' parsers of each medium, shared with crates/report's tests and the
+// fuzz target `render`.
+#[path = "../crates/report/tests/common/escape_check.rs"]
+mod escape_check;
 
 use std::path::Path;
 
@@ -247,13 +251,7 @@ fn markdown_reports_hold_no_link_or_mention_as_github_renders_them() {
         let md = std::fs::read_to_string(dir.path().join(file)).unwrap();
         let html = comrak::markdown_to_html(&md, &options);
         assert!(!html.contains("<a "), "{file}: a link in GitHub's rendering:\n{md}\n{html}");
-        let mut outside = String::new();
-        let mut rest = html.as_str();
-        while let Some(start) = rest.find("<code>") {
-            outside.push_str(&rest[..start]);
-            rest = rest[start..].split_once("</code>").map_or("", |(_, after)| after);
-        }
-        outside.push_str(rest);
+        let outside = escape_check::outside_code(&html);
         assert!(!outside.contains("@octocat") && !outside.contains("#12"), "{file}: a mention or an issue link outside code:\n{md}\n{html}");
         assert!(html.contains("<code>@octocat</code>") || file == "repro/README.md", "{file}: the name is still shown:\n{html}");
     }

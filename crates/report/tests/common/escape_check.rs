@@ -84,13 +84,7 @@ pub fn check_github_markdown(md: &str, text: &str) {
     for tag in ["<a ", "<img", "<script", "<iframe"] {
         assert!(!html.contains(tag), "{text:?}: {tag} in GitHub's rendering of:\n{md}\n{html}");
     }
-    let mut outside = String::new();
-    let mut rest = html.as_str();
-    while let Some(start) = rest.find("<code>") {
-        outside.push_str(&rest[..start]);
-        rest = rest[start..].split_once("</code>").map_or("", |(_, after)| after);
-    }
-    outside.push_str(rest);
+    let outside = outside_code(&html);
     assert!(!outside.contains('@') && !outside.contains("&#64;"), "{text:?}: an @ outside code in:\n{md}\n{html}");
     let issue_link = outside.char_indices().any(|(i, c)| c == '#' && outside[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
     assert!(!issue_link, "{text:?}: #N outside code in:\n{md}\n{html}");
@@ -146,4 +140,16 @@ pub fn check_shell(text: &str) {
         assert_eq!(layers[0].rsplit_once(':'), Some((text, "fp32")));
         assert!(!text.contains(':'));
     }
+}
+
+/// Rendered HTML without its `<code>` elements: where GitHub makes links and mentions.
+pub fn outside_code(html: &str) -> String {
+    let mut outside = String::new();
+    let mut rest = html;
+    while let Some(start) = rest.find("<code>") {
+        outside.push_str(&rest[..start]);
+        rest = rest[start..].split_once("</code>").map_or("", |(_, after)| after);
+    }
+    outside.push_str(rest);
+    outside
 }
