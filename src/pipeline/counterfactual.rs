@@ -3,9 +3,9 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use layerwise_analysis::{compare_all, pattern_of, Comparison, Counterfactual, Isolation, KeepCheck, Verdict};
-use layerwise_model::Selection;
-use layerwise_runtime::{Precision, RunOutput, Tensor};
+use layerwise_analysis::{compare_all, pattern_of, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict};
+use layerwise_model::{GraphIndex, Selection};
+use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
 use super::compare::Job;
 use crate::keep::KeepRunner;
@@ -43,40 +43,16 @@ pub(super) fn counterfactual(
     if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
         candidates.push((n, "introducing"));
     }
+    let trial = Trial { feeds, reference, candidate_tensors, worst: &worst, before };
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
-    let outputs = Selection::Names(Vec::new());
     for (node, reason) in candidates {
-        let mut pattern = pattern_of(&job.index, &node);
-        if job.judging.precision == Precision::Fp16 {
-            pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
-        }
+        let pattern = keep_pattern(&job.index, job.judging.precision, &node, comparison);
         if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
             continue;
         }
         tried.push(pattern.nodes.clone());
-        // Only the part of the model the keep list changes runs again, on the candidate's own
-        // values at its border, where they are held; else (or where the part cannot run) the
-        // whole converted model, as before, and `nodes_rerun` stays empty.
-        let part = candidate_tensors.and_then(|before| keeper.run_changed_part(job.candidate.as_mut(), &pattern.nodes, feeds, before).ok().flatten());
-        let (out, nodes_rerun) = match part {
-            Some((out, rerun)) => (out, Some(rerun)),
-            None => (keeper.run(job.candidate.as_mut(), &pattern.nodes, feeds, &outputs)?, None),
-        };
-        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
-        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
-        let explained = KeepCheck::explained_share(before, after_error);
-        checks.push(KeepCheck {
-            node,
-            reason: reason.to_string(),
-            pattern: pattern.kind.to_string(),
-            kept: pattern.nodes,
-            output_error_after: after_error,
-            explained,
-            fixes: after.outputs_pass(&job.index),
-            contained: explained < 0.1,
-            nodes_rerun,
-        });
+        checks.push(trial.keep(job.candidate.as_mut(), &mut keeper, &job.index, &job.judging.tolerances, node, reason, pattern.kind, pattern.nodes)?);
     }
     // No break to keep: nothing was measured, so nothing is concluded.
     if checks.is_empty() {
@@ -86,48 +62,25 @@ pub(super) fn counterfactual(
     // every origin together is measured, not inferred (issue 39: a UNet's early Mul and late Gemm).
     let origins = independent_origins(job, verdict);
     if origins.len() > 1 && checks.iter().all(|c| !c.output_error_after.is_finite()) {
-        let mut kept: Vec<String> = Vec::new();
+        let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
         for origin in &origins {
-            let mut pattern = pattern_of(&job.index, origin);
-            if job.judging.precision == Precision::Fp16 {
-                pattern = layerwise_analysis::close_over_fp16_range(&job.index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
-            }
-            kept.extend(pattern.nodes.into_iter().filter(|n| !kept.contains(n)).collect::<Vec<_>>());
+            kept.extend(keep_pattern(&job.index, job.judging.precision, origin, comparison).nodes.into_iter().filter(|n| seen.insert(n.clone())));
         }
-        let part = candidate_tensors.and_then(|before| keeper.run_changed_part(job.candidate.as_mut(), &kept, feeds, before).ok().flatten());
-        let (out, nodes_rerun) = match part {
-            Some((out, rerun)) => (out, Some(rerun)),
-            None => (keeper.run(job.candidate.as_mut(), &kept, feeds, &outputs)?, None),
-        };
-        let after = compare_all(&job.index, &job.index.outputs, &reference.tensors, &out.tensors, &job.judging.tolerances);
-        let after_error = after.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
-        let explained = KeepCheck::explained_share(before, after_error);
-        checks.push(KeepCheck {
-            node: origins.join(", "),
-            reason: ORIGINS_TOGETHER.to_string(),
-            pattern: "origins_together".to_string(),
-            kept,
-            output_error_after: after_error,
-            explained,
-            fixes: after.outputs_pass(&job.index),
-            contained: explained < 0.1,
-            nodes_rerun,
-        });
+        checks.push(trial.keep(job.candidate.as_mut(), &mut keeper, &job.index, &job.judging.tolerances, origins.join(", "), ORIGINS_TOGETHER, "origins_together", kept)?);
     }
     let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
     let together = checks.iter().find(|c| c.reason == ORIGINS_TOGETHER);
-    let conclusion = match (best, together) {
-        (_, Some(t)) => {
-            let alone = checks.len() - 1;
-            format!(
-                "inf/NaN are born at {} independent places ({}); keeping {} of the checked breaks alone at reference precision leaves inf/NaN in '{worst}', and keeping the origins together {} (measured)",
-                origins.len(),
-                t.node,
-                if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
-                together_outcome(t)
-            )
-        }
-        (best, None) => match best {
+    let conclusion = if let Some(t) = together {
+        let alone = checks.len() - 1;
+        format!(
+            "inf/NaN are born at {} independent places ({}); keeping {} of the checked breaks alone at reference precision leaves inf/NaN in '{worst}', and keeping the origins together {} (measured)",
+            origins.len(),
+            t.node,
+            if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
+            together_outcome(t)
+        )
+    } else {
+        match best {
         Some(b) if b.explained >= 0.5 => format!(
             "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
             b.node,
@@ -159,7 +112,7 @@ pub(super) fn counterfactual(
                 .unwrap_or_default();
             format!("no single break explains the error of '{worst}': it is drift plus a sensitive consumer{amplifier}")
         }
-        },
+        }
     };
     Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
 }
@@ -188,5 +141,56 @@ pub(crate) fn together_outcome(check: &KeepCheck) -> String {
         format!("clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)", layerwise_report::format_number(check.output_error_after))
     } else {
         "still leaves inf/NaN: they arise elsewhere too".to_string()
+    }
+}
+
+/// The pattern kept at reference precision for `node`: its recognised pattern, and for FP16 every
+/// reader of a value beyond FP16's range (an island cannot end where its value overflows). The
+/// counterfactual, the noise floor and `fix` keep the same.
+pub(crate) fn keep_pattern(index: &GraphIndex, precision: Precision, node: &str, comparison: &Comparison) -> Pattern {
+    let pattern = pattern_of(index, node);
+    if precision == Precision::Fp16 {
+        layerwise_analysis::close_over_fp16_range(index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs))
+    } else {
+        pattern
+    }
+}
+
+/// What every check shares: the sample, the reference's outputs, the candidate's own tensors
+/// (for re-running only the part a keep list changes), and the worst output's error before.
+struct Trial<'a> {
+    feeds: &'a [(String, Tensor)],
+    reference: &'a RunOutput,
+    candidate_tensors: Option<&'a HashMap<String, Tensor>>,
+    worst: &'a str,
+    before: f64,
+}
+
+impl Trial<'_> {
+    /// The candidate re-run with `kept` at reference precision, judged on every output.
+    #[allow(clippy::too_many_arguments)]
+    fn keep(&self, candidate: &mut dyn Backend, keeper: &mut KeepRunner, index: &GraphIndex, tolerances: &ToleranceSet, node: String, reason: &str, pattern: &str, kept: Vec<String>) -> Result<KeepCheck> {
+        // Only the part of the model the keep list changes runs again, on the candidate's own
+        // values at its border, where they are held; else (or where the part cannot run) the
+        // whole converted model, as before, and `nodes_rerun` stays empty.
+        let part = self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten());
+        let (out, nodes_rerun) = match part {
+            Some((out, rerun)) => (out, Some(rerun)),
+            None => (keeper.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None),
+        };
+        let after = compare_all(index, &index.outputs, &self.reference.tensors, &out.tensors, tolerances);
+        let after_error = after.get(self.worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+        let explained = KeepCheck::explained_share(self.before, after_error);
+        Ok(KeepCheck {
+            node,
+            reason: reason.to_string(),
+            pattern: pattern.to_string(),
+            kept,
+            output_error_after: after_error,
+            explained,
+            fixes: after.outputs_pass(index),
+            contained: explained < 0.1,
+            nodes_rerun,
+        })
     }
 }

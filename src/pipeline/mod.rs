@@ -283,7 +283,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
                 if !told_apart {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
-                Some((reference, worst, cand_error, exact, weights_of_the_fix(job, verdict, &compared.comparison)))
+                Some((reference, worst, cand_error, exact, weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, &compared.comparison)))
             }
             _ => {
                 conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string());
@@ -451,7 +451,7 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
         let Some(n) = verdict.non_finite.iter().find(|n| n.node == node) else { return node.to_string() };
         let record = comparison.get(&n.tensor);
         let reach = record.map(|r| r.metrics.ref_max_abs).unwrap_or(f64::NAN);
-        let fp16_max = 65504.0;
+        let fp16_max = f64::from(layerwise_model::fp16::FP16_MAX);
         // A weight beyond FP16's range is inf before the node computes anything (found by the
         // independent tester: 17 branches multiplied by 70,000 were said to overflow by their
         // outputs' magnitude, which only 4 of 64 values reached).
@@ -482,21 +482,13 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
 
 /// The weights that keeping the first divergent node's pattern at reference precision keeps
 /// exact: those only its nodes read. Their rounding is part of what that fix removes, so the
-/// noise floor, which measures what no keep list of the break can remove, leaves them exact
-/// (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved angles of 4,000 by
-/// more than the whole error, and the output was called ill-conditioned, though keeping the angle's
-/// Mul with its Sin and Cos in FP32 fixes it).
-fn weights_of_the_fix(job: &Job, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
-    weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, comparison)
-}
-
-/// [`weights_of_the_fix`] for any graph and precision (`fix` measures its floor with it too).
+/// noise floor (bisect's and `fix`'s), which measures what no keep list of the break can remove,
+/// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
+/// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
+/// though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
 pub(crate) fn weights_only_the_fix_reads(index: &layerwise_model::GraphIndex, precision: Precision, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
     let Some(fd) = &verdict.first_divergent else { return Vec::new() };
-    let mut pattern = layerwise_analysis::pattern_of(index, &fd.node);
-    if precision == Precision::Fp16 {
-        pattern = layerwise_analysis::close_over_fp16_range(index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs));
-    }
+    let pattern = counterfactual::keep_pattern(index, precision, &fd.node, comparison);
     // In graph order, so that the report is the same run to run.
     let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| index.node(n).map(|i| i.topo_index)).collect();
     order.sort_unstable();
