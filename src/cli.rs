@@ -701,7 +701,7 @@ fn models_of_report(report_path: &std::path::Path, report: &layerwise_report::Re
     }
     // The keep list written beside the fixed model is the fix's too (found by the independent
     // tester: `report --fix --markdown FIXED.keep-fp32.json` replaced it).
-    let keep_lists: Vec<String> = fix.and_then(|f| f.fixed_model.as_ref()).map(|m| format!("{m}.keep-fp32.json")).into_iter().collect();
+    let keep_lists: Vec<String> = fix.and_then(|f| f.fixed_model.as_ref()).map(|m| crate::fix::keep_list_path(std::path::Path::new(m)).display().to_string()).into_iter().collect();
     named.extend(keep_lists.iter().map(|k| ("the keep list beside the fixed model", k.as_str())));
     let mut files = Vec::new();
     for (what, name) in named.into_iter().filter(|(_, n)| !n.is_empty()) {

@@ -259,7 +259,7 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
 }
 
 /// The keep list `fix -o OUT` writes beside the model: `OUT.keep-fp32.json`.
-fn keep_list_path(out: &Path) -> PathBuf {
+pub(crate) fn keep_list_path(out: &Path) -> PathBuf {
     PathBuf::from(format!("{}.keep-fp32.json", out.display()))
 }
 
@@ -276,13 +276,18 @@ pub fn check_fix_outputs(options: &FixOptions) -> Result<()> {
         if std::fs::metadata(out).is_ok_and(|m| !m.is_file()) {
             anyhow::bail!("-o {} is not a regular file: fix checks the model it writes by reading it back; give a file path, or leave -o out", out.display());
         }
-        reads.check_output_file(out, "-o")?;
-        // The keep list written beside it is an output too (found by the independent tester: it
-        // replaced an input model named like it), and so is the weights file of a model over 1 GiB.
-        reads.check_output_file(&keep_list_path(out), "the keep list written beside -o")?;
-        reads.check_output_file(&Model::oversized_data_path(out), "the weights file written beside -o (for a model over 1 GiB)")?;
+        for (what, path) in files_written_at(out) {
+            reads.check_output_file(&path, what)?;
+        }
     }
     Ok(())
+}
+
+/// What `fix -o OUT` writes: the model, and beside it the keep list (an output too, found by the
+/// independent tester: it replaced an input model named like it) and the weights file of a model
+/// over 1 GiB.
+fn files_written_at(out: &Path) -> [(&'static str, PathBuf); 3] {
+    [("-o", out.to_path_buf()), ("the keep list written beside -o", keep_list_path(out)), ("the weights file written beside -o (for a model over 1 GiB)", Model::oversized_data_path(out))]
 }
 
 pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
@@ -290,15 +295,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let b = &options.bisect;
     let mut steps = Steps::new(b.progress, b.progress_lines);
     let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
-    let sidecar = options.output.as_deref().map(keep_list_path);
-    let data_file = options.output.as_deref().map(Model::oversized_data_path);
-    let fixed_model: Vec<(&str, &Path)> = options
-        .output
-        .iter()
-        .map(|o| ("-o", o.as_path()))
-        .chain(sidecar.iter().map(|s| ("the keep list written beside -o", s.as_path())))
-        .chain(data_file.iter().map(|d| ("the weights file written beside -o", d.as_path())))
-        .collect();
+    let written = options.output.as_deref().map(files_written_at);
+    let fixed_model: Vec<(&str, &Path)> = written.iter().flatten().map(|(what, path)| (*what, path.as_path())).collect();
     crate::pipeline::check_not_external_data(&original, "the input model's external data", b, &fixed_model)?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
@@ -710,11 +708,7 @@ const LARGE_KEEP_LIST: usize = 16;
 /// count of groups by kind (the full list is in the JSON and the keep-list file).
 fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     if patterns.len() <= 3 {
-        let group = |p: &KeptPattern| match p.nodes.len() {
-            n if n > 12 => format!("{} [{n} nodes: {}, {}, …, {}]", p.kind, p.nodes[0], p.nodes[1], p.nodes[n - 1]),
-            _ => format!("{} [{}]", p.kind, p.nodes.join(", ")),
-        };
-        return patterns.iter().map(group).collect::<Vec<_>>().join("; ");
+        return patterns.iter().map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes))).collect::<Vec<_>>().join("; ");
     }
     // Groups can share nodes: each kind counts its distinct nodes (the keep list is their union).
     let mut kinds: Vec<(&str, usize, std::collections::BTreeSet<&str>)> = Vec::new();

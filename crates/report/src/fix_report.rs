@@ -188,6 +188,15 @@ pub struct OtherPrecision {
 const MOST_GROUPS_SHOWN: usize = 8;
 const MOST_NODES_SHOWN: usize = 12;
 
+/// A keep-list group's nodes in one line: all of them where there are few, else their count with
+/// the first two and the last (the fix report and the keep-list file hold every one).
+pub fn kept_nodes(nodes: &[String]) -> String {
+    match nodes.len() {
+        n if n > MOST_NODES_SHOWN => format!("{n} nodes: {}, {}, …, {}", nodes[0], nodes[1], nodes[n - 1]),
+        _ => nodes.join(", "),
+    }
+}
+
 pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&r.keep_fp32).into_iter().map(|(n, why)| (crate::escape::terminal(n).into_owned(), why)).collect();
     let r = &crate::escape::for_terminal(r);
@@ -197,12 +206,7 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     // A large keep list is shown by group, each cut to its first and last nodes; the full list is
     // in the JSON and the keep-list file.
     for p in r.patterns.iter().take(MOST_GROUPS_SHOWN) {
-        let nodes = if p.nodes.len() > MOST_NODES_SHOWN {
-            format!("{} nodes: {}, {}, …, {}", p.nodes.len(), p.nodes[0], p.nodes[1], p.nodes[p.nodes.len() - 1])
-        } else {
-            p.nodes.join(", ")
-        };
-        let _ = writeln!(out, "  keep {} [{nodes}]\n    because {}", p.kind, p.because);
+        let _ = writeln!(out, "  keep {} [{}]\n    because {}", p.kind, kept_nodes(&p.nodes), p.because);
     }
     if r.patterns.len() > MOST_GROUPS_SHOWN {
         let rest: usize = r.patterns[MOST_GROUPS_SHOWN..].iter().map(|p| p.nodes.len()).sum();

@@ -17,7 +17,7 @@ use layerwise_analysis::TensorRecord;
 use std::path::{Path, PathBuf};
 
 pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
-pub use fix_report::{render_fix_html, render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OtherPrecision, OutputChange, Round, FIX_SCHEMA};
+pub use fix_report::{kept_nodes, render_fix_html, render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OtherPrecision, OutputChange, Round, FIX_SCHEMA};
 pub use formats::{render_csv, render_markdown, render_model_explorer};
 pub use html::render_html;
 pub use schema::{fix_report_schema, report_schema};
