@@ -125,15 +125,22 @@ fn shown_texts(events: &[Event]) -> Vec<String> {
     texts
 }
 
+/// The three Markdown files a run of `m.onnx` writes: `--markdown` (r.md), `report --fix`
+/// (with-fix.md) and the `--repro` README. The last command's output, for messages.
+fn write_markdown_reports(dir: &Path) -> std::process::Output {
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"], dir);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir);
+    assert!(dir.join("fix.json").is_file(), "{}", text(&out));
+    let out = layerwise(&["report", "r.json", "--fix", "fix.json", "--markdown", "with-fix.md"], dir);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    out
+}
+
 #[test]
 fn markdown_reports_hold_no_html_and_keep_their_table_columns() {
     let dir = setup();
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"], dir.path());
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir.path());
-    assert!(dir.path().join("fix.json").is_file(), "{}", text(&out));
-    let out = layerwise(&["report", "r.json", "--fix", "fix.json", "--markdown", "with-fix.md"], dir.path());
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = write_markdown_reports(dir.path());
     for file in ["r.md", "with-fix.md", "repro/README.md"] {
         let md = std::fs::read_to_string(dir.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}\n{}", text(&out)));
         let events = markdown_events(file, &md);
@@ -238,18 +245,10 @@ fn markdown_reports_hold_no_link_or_mention_as_github_renders_them() {
     b.output("y", DataType::Float);
     let dir = tempfile::tempdir().unwrap();
     save(&b.build(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"], dir.path());
-    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir.path());
-    assert!(dir.path().join("fix.json").is_file(), "{}", text(&out));
-    let out = layerwise(&["report", "r.json", "--fix", "fix.json", "--markdown", "with-fix.md"], dir.path());
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let mut options = comrak::Options::default();
-    options.extension.autolink = true;
-    options.extension.table = true;
+    write_markdown_reports(dir.path());
     for file in ["r.md", "with-fix.md", "repro/README.md"] {
         let md = std::fs::read_to_string(dir.path().join(file)).unwrap();
-        let html = comrak::markdown_to_html(&md, &options);
+        let html = escape_check::github_html(&md);
         assert!(!html.contains("<a "), "{file}: a link in GitHub's rendering:\n{md}\n{html}");
         let outside = escape_check::outside_code(&html);
         assert!(!outside.contains("@octocat") && !outside.contains("#12"), "{file}: a mention or an issue link outside code:\n{md}\n{html}");

@@ -76,11 +76,7 @@ pub fn check_markdown(text: &str) {
 /// no image, no raw HTML; and outside code spans no `@` (a mention) and no `#` before a digit (an
 /// issue link), which GitHub adds after rendering.
 pub fn check_github_markdown(md: &str, text: &str) {
-    let mut options = comrak::Options::default();
-    options.extension.autolink = true;
-    options.extension.table = true;
-    options.extension.strikethrough = true;
-    let html = comrak::markdown_to_html(md, &options);
+    let html = github_html(md);
     for tag in ["<a ", "<img", "<script", "<iframe"] {
         assert!(!html.contains(tag), "{text:?}: {tag} in GitHub's rendering of:\n{md}\n{html}");
     }
@@ -152,4 +148,13 @@ pub fn outside_code(html: &str) -> String {
     }
     outside.push_str(rest);
     outside
+}
+
+/// `md` as GitHub renders Markdown: GFM with its tables, strikethrough and autolinks (comrak).
+pub fn github_html(md: &str) -> String {
+    let mut options = comrak::Options::default();
+    options.extension.autolink = true;
+    options.extension.table = true;
+    options.extension.strikethrough = true;
+    comrak::markdown_to_html(md, &options)
 }
