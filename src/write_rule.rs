@@ -25,6 +25,8 @@ pub struct Reads {
 struct Read {
     what: String,
     path: PathBuf,
+    /// `path` resolved once, when it is listed (every output is checked against every entry).
+    resolved: Option<PathBuf>,
     folder: bool,
 }
 
@@ -34,12 +36,12 @@ impl Reads {
     }
 
     pub fn file(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
-        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), folder: false });
+        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), resolved: resolved(path.as_ref()), folder: false });
         self
     }
 
     pub fn folder(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
-        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), folder: true });
+        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), resolved: resolved(path.as_ref()), folder: true });
         self
     }
 
@@ -98,11 +100,11 @@ impl Reads {
     pub fn refuse_overlap(&self, target: &Path, what: &str) -> Result<()> {
         let Some(t) = resolved(target) else { return Ok(()) };
         for read in &self.entries {
-            let Some(r) = resolved(&read.path) else { continue };
-            if r == t {
+            let Some(r) = &read.resolved else { continue };
+            if *r == t {
                 bail!("{what} {} would overwrite {} {}; choose another path", target.display(), read.what, read.path.display());
             }
-            if read.folder && t.starts_with(&r) {
+            if read.folder && t.starts_with(r) {
                 bail!("{what} {} would write into {} {}; choose a path outside it", target.display(), read.what, read.path.display());
             }
         }

@@ -123,13 +123,9 @@ pub(crate) const ORIGINS_TOGETHER: &str = "non_finite_origins_together";
 /// The nodes where the candidate's inf/NaN are born from finite inputs (weights aside), each
 /// once, in graph order.
 pub(crate) fn independent_origins(job: &Job, verdict: &Verdict) -> Vec<String> {
-    let mut origins: Vec<(usize, String)> = Vec::new();
-    for n in verdict.non_finite.iter().filter(|n| n.origin && !n.weight) {
-        if !origins.iter().any(|(_, o)| *o == n.node) {
-            origins.push((job.index.node(&n.node).map_or(usize::MAX, |i| i.topo_index), n.node.clone()));
-        }
-    }
+    let mut origins: Vec<(usize, String)> = verdict.non_finite.iter().filter(|n| n.origin && !n.weight).map(|n| (job.index.node(&n.node).map_or(usize::MAX, |i| i.topo_index), n.node.clone())).collect();
     origins.sort();
+    origins.dedup();
     origins.into_iter().map(|(_, n)| n).collect()
 }
 

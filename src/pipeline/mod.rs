@@ -444,11 +444,12 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
     let worst = verdict.worst_output.as_deref()?;
     let origins = counterfactual::independent_origins(job, verdict);
     let alone = extras.counterfactual.as_ref()?.checks.len() - 1;
+    let non_finite: std::collections::HashMap<&str, &layerwise_analysis::NonFiniteTensor> = verdict.non_finite.iter().rev().map(|n| (n.node.as_str(), n)).collect();
     let cause = |node: &str| -> String {
         if let Some(fd) = verdict.first_divergent.as_ref().filter(|f| f.node == node) {
             return format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail);
         }
-        let Some(n) = verdict.non_finite.iter().find(|n| n.node == node) else { return node.to_string() };
+        let Some(n) = non_finite.get(node) else { return node.to_string() };
         let record = comparison.get(&n.tensor);
         let reach = record.map(|r| r.metrics.ref_max_abs).unwrap_or(f64::NAN);
         let fp16_max = f64::from(layerwise_model::fp16::FP16_MAX);

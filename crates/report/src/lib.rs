@@ -151,18 +151,37 @@ pub(crate) fn shorten(text: &str, width: usize) -> String {
 pub(crate) fn shorten_distinct(names: &[&str], width: usize) -> Vec<String> {
     let cut: Vec<String> = names.iter().map(|n| shorten(n, width)).collect();
     let mut shown = cut.clone();
-    for i in 0..names.len() {
-        let clash: Vec<usize> = (0..names.len()).filter(|&j| j != i && cut[j] == cut[i] && names[j] != names[i]).collect();
-        if clash.is_empty() {
+    // Names whose cuts collide, grouped; each group's distinct names sorted. In sorted order the
+    // common prefix only shrinks with distance, so the fewest characters a name shares with any
+    // other of its group are those it shares with the group's first or last name: linear in the
+    // table, not quadratic (a blame chain can be as long as the graph).
+    let mut groups: std::collections::HashMap<&str, Vec<usize>> = std::collections::HashMap::new();
+    for (i, c) in cut.iter().enumerate() {
+        groups.entry(c.as_str()).or_default().push(i);
+    }
+    let common = |a: &str, b: &str| a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count();
+    for members in groups.values().filter(|m| m.len() > 1) {
+        let mut distinct: Vec<&str> = members.iter().map(|&i| names[i]).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let (Some(&first), Some(&last)) = (distinct.first(), distinct.last()) else { continue };
+        if distinct.len() < 2 {
             continue;
         }
-        let chars: Vec<char> = names[i].chars().collect();
-        // The first character where this name differs from the names it collides with.
-        let differs = clash.iter().map(|&j| chars.iter().zip(names[j].chars()).take_while(|(a, b)| **a == *b).count()).min().unwrap_or(0);
-        let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
-        let end = (start + width - 2).min(chars.len());
-        let window: String = chars[start..end].iter().collect();
-        shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+        for &i in members {
+            let name = names[i];
+            // The first character where this name differs from the names it collides with.
+            let differs = match (name == first, name == last) {
+                (true, _) => common(name, last),
+                (_, true) => common(name, first),
+                _ => common(name, first).min(common(name, last)),
+            };
+            let chars: Vec<char> = name.chars().collect();
+            let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
+            let end = (start + width - 2).min(chars.len());
+            let window: String = chars[start..end].iter().collect();
+            shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+        }
     }
     shown
 }
@@ -242,6 +261,49 @@ mod shorten_tests {
         let cut = shorten("encoder/block_17/attention/softmax/output_0_with_a_long_tail", 20);
         assert_eq!(cut.chars().count(), 20);
         assert!(cut.starts_with("encoder") && cut.ends_with("long_tail"), "{cut}");
+    }
+
+    /// The quadratic definition: a colliding name shows the window at the first character where
+    /// it differs from any name its cut collides with.
+    fn shorten_distinct_by_definition(names: &[&str], width: usize) -> Vec<String> {
+        let cut: Vec<String> = names.iter().map(|n| shorten(n, width)).collect();
+        let mut shown = cut.clone();
+        for i in 0..names.len() {
+            let clash: Vec<usize> = (0..names.len()).filter(|&j| j != i && cut[j] == cut[i] && names[j] != names[i]).collect();
+            if clash.is_empty() {
+                continue;
+            }
+            let chars: Vec<char> = names[i].chars().collect();
+            let differs = clash.iter().map(|&j| chars.iter().zip(names[j].chars()).take_while(|(a, b)| **a == *b).count()).min().unwrap_or(0);
+            let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
+            let end = (start + width - 2).min(chars.len());
+            let window: String = chars[start..end].iter().collect();
+            shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+        }
+        shown
+    }
+
+    #[test]
+    fn the_linear_cut_equals_the_definition() {
+        // Seeded names from a small alphabet with long shared heads and tails, so that cuts collide
+        // often, repeated names included.
+        let mut state = 37u64;
+        let mut next = |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) % n
+        };
+        for round in 0..300 {
+            let width = 8 + next(30) as usize;
+            let count = 1 + next(12) as usize;
+            let names: Vec<String> = (0..count)
+                .map(|_| {
+                    let middle: String = (0..next(6)).map(|_| ['a', 'b', 'é', '_'][next(4) as usize]).collect();
+                    format!("{}{middle}{}", "head/".repeat(next(4) as usize), "/tail".repeat(next(6) as usize))
+                })
+                .collect();
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            assert_eq!(shorten_distinct(&refs, width), shorten_distinct_by_definition(&refs, width), "round {round}: {refs:?} at width {width}");
+        }
     }
 
     #[test]
