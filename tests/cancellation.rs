@@ -41,6 +41,25 @@ fn rotary() -> ModelProto {
     b.build()
 }
 
+/// The same angle computed from weights only: positions 4000-4063 stored as a weight, times
+/// inv_freq, then x * cos(angle) + x * sin(angle). The angle is weight-derived ("constant-like"),
+/// and the walk used to skip such inputs: it called the output ill-conditioned.
+fn rotary_of_stored_positions() -> ModelProto {
+    let mut b = ModelBuilder::new("rotary_stored", 17);
+    b.input("x", DataType::Float, &[Dim::from(64), Dim::from(16)]);
+    let inv_freq: Vec<f32> = (0..16).map(|i| 10000f32.powf(-(i as f32) / 16.0)).collect();
+    b.initializer(f32_tensor("pos", &[64, 1], &(4000..4064).map(|p| p as f32).collect::<Vec<_>>()));
+    b.initializer(f32_tensor("inv_freq", &[1, 16], &inv_freq));
+    b.node("Mul", "angle_mul", &["pos", "inv_freq"], &["angle"], vec![]);
+    b.node("Cos", "cos", &["angle"], &["cos_out"], vec![]);
+    b.node("Sin", "sin", &["angle"], &["sin_out"], vec![]);
+    b.node("Mul", "x_cos", &["x", "cos_out"], &["xc"], vec![]);
+    b.node("Mul", "x_sin", &["x", "sin_out"], &["xs"], vec![]);
+    b.node("Add", "rotate", &["xc", "xs"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
 fn write_positions(dir: &std::path::Path) {
     let pos = layerwise_runtime::Tensor::f32(vec![64, 1], (4000..4064).map(|p| p as f32).collect());
     layerwise_runtime::npy::write_npz(&dir.join("pos.npz"), &[("pos", &pos)]).unwrap();
@@ -70,6 +89,11 @@ fn x_plus_65504_minus_65504_is_absorbed_at_the_add_and_cancelled_at_the_sub() {
         assert!(!t.contains(wrong), "'{wrong}' in: {t}");
     }
     assert!(t.contains("yet the error is not accumulated: it is one rounding at 'add_big' (Add)"), "{t}");
+    // Run alone, the Add's relative L2 is tiny by nature; what it loses is absolute.
+    let report = json(&dir.path().join("r.json"));
+    let add = report["isolation"]["nodes"].as_array().unwrap().iter().find(|n| n["node"] == "add_big").cloned().unwrap();
+    assert_eq!(add["role"], "loses", "{add}");
+    assert!(add["note"].as_str().unwrap().contains("run alone it is off by up to 1.71"), "{add}");
     assert!(t.contains("keeping add_big (offset_and_back) at reference precision removes 100% of the error"), "{t}");
 
     // `fix` keeps the Add and the Sub, and its verdict says why.
@@ -104,5 +128,33 @@ fn a_rotary_angle_stored_in_fp16_leaves_cos_nothing() {
     for wrong in ["drift plus a sensitive consumer", "amplifies its input error"] {
         assert!(!t.contains(wrong), "'{wrong}' in: {t}");
     }
+    assert!(t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"), "{t}");
+}
+
+#[test]
+fn an_angle_computed_from_stored_positions_is_named_not_called_ill_conditioned() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&rotary_of_stored_positions(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let report = json(&dir.path().join("r.json"));
+    let v = &report["verdict"];
+    assert!(!t.contains("ill-conditioned"), "keeping the angle fixes it, so the output is not ill-conditioned: {t}");
+    let fd = &v["first_divergent"];
+    assert_eq!(fd["node"], "angle_mul", "{t}");
+    assert_eq!(fd["cause"]["kind"], "periodic_argument", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    assert!(detail.contains("reaches 4.0630e3") && detail.contains("FP16's step is 2"), "{detail}");
+    // Off by more than half a step: the weights' own rounding is named.
+    assert!(detail.contains("more than its own rounding (half a step, 1)") && detail.contains("its weights 'pos', 'inv_freq'"), "{detail}");
+    // The chain goes through the weight-derived Cos to the Mul that stores the angle.
+    let chain: Vec<&str> = v["chain"].as_array().unwrap().iter().map(|s| s["node"].as_str().unwrap()).collect();
+    assert_eq!(chain, ["rotate", "x_cos", "cos", "angle_mul"], "{t}");
+    // Each chain node is run alone on the reference's values, the weight-derived cos_out too.
+    let role = |n: &str| report["isolation"]["nodes"].as_array().unwrap().iter().find(|l| l["node"] == n).map(|l| l["role"].as_str().unwrap().to_string());
+    assert_eq!(role("x_cos").as_deref(), Some("propagates"), "{}", report["isolation"]);
+    assert_eq!(role("angle_mul").as_deref(), Some("loses"), "{}", report["isolation"]);
+    assert!(t.contains("cos errs by rel L2") && t.contains("fed the exact value, it still reads it stored in the candidate's format"), "{t}");
     assert!(t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"), "{t}");
 }

@@ -99,9 +99,15 @@ pub(super) fn mechanism_without_fault(finding: &FirstDivergent) -> String {
 /// Where the first divergent node lost information in one rounding of its stored output, which
 /// a later cancellation or periodic function shows (absorption, cancellation, periodic argument):
 /// why no node run alone crosses the break threshold, with the measured numbers.
+/// The first divergent node that lost information to storage, and the consumer that shows the
+/// loss: the break found before the node was traced back to.
+fn storage_consumer(verdict: &Verdict) -> Option<(&String, &FirstDivergent)> {
+    let fd = verdict.first_divergent.as_ref().filter(|fd| fd.cause.best.kind.is_storage_loss())?;
+    verdict.breaks.iter().rev().find(|b| b.node != fd.node).map(|c| (&c.node, fd))
+}
+
 fn lost_in_storage(verdict: &Verdict) -> Option<String> {
-    let fd = verdict.first_divergent.as_ref().filter(|fd| matches!(fd.cause.best.kind, CauseKind::Absorption | CauseKind::Cancellation | CauseKind::PeriodicArgument))?;
-    // The consumer that shows the loss: the break found before the node was traced back to.
+    let fd = verdict.first_divergent.as_ref().filter(|fd| fd.cause.best.kind.is_storage_loss())?;
     let consumer = verdict.breaks.iter().rev().find(|b| b.node != fd.node)?;
     Some(format!(
         "run alone on the reference's inputs, no chain node introduces error above the break threshold, yet the error is not accumulated: it is one rounding at '{}' ({}), which costs its own output only rel L2 {} and is all that '{}' ({}) leaves (rel L2 {})",
@@ -180,6 +186,16 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
     }
     if let Some(iso) = &extras.isolation {
         match &iso.introducing {
+            Some(node) if storage_consumer(verdict).is_some_and(|(consumer, _)| consumer == node) => {
+                let (_, fd) = storage_consumer(verdict).expect("just checked");
+                let local = iso.nodes.iter().find(|l| &l.node == node).map(|l| l.local_error).unwrap_or(f64::NAN);
+                out.push(format!(
+                    "run alone on the reference's inputs, {node} errs by rel L2 {} by itself: fed the exact value, it still reads it stored in the candidate's format, the rounding '{}' ({}) stores it with; that rounding is where the information is lost",
+                    n(local),
+                    fd.node,
+                    fd.op_type
+                ));
+            }
             Some(node) => {
                 let local = iso.nodes.iter().find(|l| &l.node == node).map(|l| l.local_error).unwrap_or(f64::NAN);
                 out.push(format!(

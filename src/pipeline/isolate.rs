@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use layerwise_analysis::{Isolation, LocalError, Verdict};
-use layerwise_model::extract::{extract_groups, TensorType};
+use layerwise_model::extract::{extract_groups_fed, TensorType};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{tensor_types, Precision, RunRequest, Tensor};
 
@@ -72,7 +72,10 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         Some((cm, ci)) => (cm, ci),
         None => (job.model, &job.index),
     };
-    let extraction = extract_groups(source, source_index, &groups, &type_of)?;
+    // A weight-only tensor on the chain (a rotary angle) has the reference's value to read: fed
+    // that, each node is run alone rather than with the weight-only nodes before it.
+    let on_chain = |t: &str| verdict.chain.iter().any(|s| s.tensor == t) && value(t).is_some();
+    let extraction = extract_groups_fed(source, source_index, &groups, &type_of, &on_chain)?;
     let extracted = source.derived(extraction.proto, "isolated.onnx");
     let extracted_index = GraphIndex::build(extracted.graph())?;
     let mut local_feeds = Vec::new();
@@ -95,7 +98,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
             continue;
         }
-        let local_error = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&step.tensor)).error_level();
+        let local = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&step.tensor));
+        let local_error = local.error_level();
         // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
         // the node sees that overflow, but in the model it comes from upstream.
         let node = job.index.node(&step.node).expect("chain node");
@@ -109,13 +113,28 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             .flatten();
         let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
         let introduces = local_error >= job.judging.rule.min_break && note.is_none();
+        // The node that loses information to storage (absorption, a cancellation's or a periodic
+        // function's operand) errs by a tiny relative L2 by nature: what it loses is absolute, so
+        // it is judged by that (issue 39: the Add absorbing x was marked 'propagates').
+        let storage_loss = verdict.first_divergent.as_ref().filter(|fd| fd.node == step.node && fd.cause.best.kind.is_storage_loss());
+        let (role, note) = match storage_loss {
+            Some(fd) if !introduces && local.max_abs_err >= 0.5 * fd.evidence.output_max_abs_err => (
+                "loses",
+                Some(format!(
+                    "its relative L2 is small by nature: run alone it is off by up to {} absolute ({} in the model run), the information its consumer needs",
+                    layerwise_report::format_number(local.max_abs_err),
+                    layerwise_report::format_number(fd.evidence.output_max_abs_err)
+                )),
+            ),
+            _ => (if introduces { "introduces" } else { "propagates" }, note),
+        };
         nodes.push(LocalError {
             node: step.node.clone(),
             op_type: step.op_type.clone(),
             tensor: step.tensor.clone(),
             local_error,
             in_model_error: step.error,
-            role: if introduces { "introduces" } else { "propagates" }.to_string(),
+            role: role.to_string(),
             note,
         });
     }

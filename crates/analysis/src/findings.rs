@@ -163,8 +163,9 @@ pub struct LocalError {
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub in_model_error: f64,
-    /// `introduces` (large local error) or `propagates` (small local error: the error comes
-    /// from its inputs).
+    /// `introduces` (large local error), `propagates` (small local error: the error comes from
+    /// its inputs), or `loses` (the first divergent node of a storage loss, whose relative error
+    /// is tiny by nature: run alone it loses what it loses in the model, in absolute terms).
     pub role: String,
     /// Why the local error does not count, where it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -63,7 +63,14 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
         return None;
     }
     let format = arithmetic.name();
-    let stored = format!("it is off by up to {lost:.3e} (measured), a relative L2 of only {:.2e}", lossy.error_level());
+    let mut stored = format!("it is off by up to {lost:.3e} (measured), a relative L2 of only {:.2e}", lossy.error_level());
+    // More than its own rounding (half a step): the rest is its inputs' rounding, weights
+    // included (a rotary embedding's inverse frequencies, stored in the candidate's format).
+    if lost > 0.5 * step {
+        let weights: Vec<String> = node.inputs.iter().filter(|t| index.is_initializer(t)).map(|t| format!("'{t}'")).collect();
+        let named = if weights.is_empty() { String::new() } else { format!(", among them its weight{} {} as the candidate stores {}", if weights.len() == 1 { "" } else { "s" }, weights.join(", "), if weights.len() == 1 { "it" } else { "them" }) };
+        stored.push_str(&format!(", more than its own rounding (half a step, {}): the rest comes from the rounding of its inputs{named}", step_text(step / 2.0)));
+    }
     let then = consumer_outcome(consumer);
     // What an Add or Sub adds, where it is much smaller than the result: the operand it absorbs.
     let added = ["Add", "Sub"]

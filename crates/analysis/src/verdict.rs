@@ -83,6 +83,14 @@ pub enum CauseKind {
     PeriodicArgument,
 }
 
+impl CauseKind {
+    /// Information lost in one storage rounding, which a later node exposes: the loss is absolute
+    /// and its relative L2 tiny by nature.
+    pub fn is_storage_loss(self) -> bool {
+        matches!(self, CauseKind::Absorption | CauseKind::Cancellation | CauseKind::PeriodicArgument)
+    }
+}
+
 /// The arithmetic the candidate computes in: which causes can apply to it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -290,7 +298,12 @@ pub(crate) struct InputView<'a> {
 impl<'a> InputView<'a> {
     pub(crate) fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
         let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
-        for t in node.all_inputs().filter(|t| !index.is_constant_like(t)) {
+        // A weight is exact in the reference and rounded as stored in the candidate, which the
+        // tolerances allow for; what is computed from weights only (positions times inverse
+        // frequencies) carries error like any tensor where it was compared (issue 39: a rotary
+        // angle of stored positions made Cos noise, and the walk skipped it).
+        let weight_derived = |t: &str| index.is_constant_like(t) && !index.is_initializer(t) && index.producer_index(t).is_some() && comparison.get(t).is_some();
+        for t in node.all_inputs().filter(|t| !index.is_constant_like(t) || weight_derived(t)) {
             match comparison.get(t) {
                 // Both runs are fed the same graph inputs: they are exact (also where one is an
                 // output too, and compared as the candidate returns it).

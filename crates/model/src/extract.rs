@@ -43,6 +43,19 @@ pub fn extract_groups(
     groups: &[Vec<String>],
     types: &dyn Fn(&str) -> Option<TensorType>,
 ) -> Result<Extraction, ModelError> {
+    extract_groups_fed(model, index, groups, types, &|_| false)
+}
+
+/// [`extract_groups`], where the weight-only tensors `fed` names are group inputs like any other
+/// instead of being computed inside the group: a node run alone on a value computed from weights
+/// (a rotary embedding's angle) reads that value as given.
+pub fn extract_groups_fed(
+    model: &Model,
+    index: &GraphIndex,
+    groups: &[Vec<String>],
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    fed: &dyn Fn(&str) -> bool,
+) -> Result<Extraction, ModelError> {
     let graph = model.graph();
     let mut out_graph = GraphProto { name: Some(format!("{}-extracted", graph.name())), ..Default::default() };
     let mut used_initializers: BTreeSet<String> = BTreeSet::new();
@@ -58,7 +71,7 @@ pub fn extract_groups(
         while let Some(i) = stack.pop() {
             for input in index.nodes[i].inputs.iter().filter(|t| !t.is_empty()) {
                 if let Some(p) = index.producer_index(input) {
-                    if index.is_constant_like(input) && members.insert(p) {
+                    if index.is_constant_like(input) && !fed(input) && members.insert(p) {
                         stack.push(p);
                     }
                 }
