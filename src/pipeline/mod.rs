@@ -274,7 +274,12 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         Some(steps.run("running the reference (outputs)", || job.run_reference(feeds, &Selection::Names(Vec::new())))?)
     };
     // The floor's inputs, worked out before anything runs.
-    let floor_input = if options.noise_floor {
+    let floor_input = if options.noise_floor && job.judging.quantization.is_some() {
+        // One step of each quantizer is the floor of a Q/DQ candidate; rounding the weights to
+        // a float format would measure something else.
+        conclusions.push("noise floor not measured: for a quantized (Q/DQ) candidate it is one step of each of its quantizers, which layerwise does not perturb yet; whether the output is this sensitive anyway is unknown".to_string());
+        None
+    } else if options.noise_floor {
         let worst = verdict.worst_output.clone();
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {

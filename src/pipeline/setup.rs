@@ -32,12 +32,29 @@ pub(crate) struct Judging {
     pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
     pub candidate: Candidate,
+    /// A Q/DQ candidate model's quantizers: it is judged by their formats' steps (issue 40).
+    pub quantization: Option<layerwise_model::quant::Quantization>,
 }
 
 impl Judging {
     /// Judging a candidate that computes in `precision`, with TF32 tensor cores or not.
     pub(crate) fn new(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<Judging> {
         let (tolerance, rule, tolerance_defaults) = tolerance_and_rule(precision, tf32, options)?;
+        Judging::with_defaults(precision, tf32, options, tolerance, rule, tolerance_defaults)
+    }
+
+    /// Judging a Q/DQ candidate model that computes in float32 between its quantizers: by the
+    /// defaults of its coarsest format (`INT8`, `FP8 E4M3`, ...).
+    pub(crate) fn quantized(quantization: layerwise_model::quant::Quantization, options: &BisectOptions) -> Result<Judging> {
+        let family = quantization.coarsest().map_or("INT8", |f| f.family());
+        let rule = WalkRule::for_family(family).expect("every quantized family has a rule");
+        let tolerance = given_or_default(Tolerance::defaults_for(family), options)?;
+        let mut judging = Judging::with_defaults(Precision::Fp32, false, options, tolerance, rule, family)?;
+        judging.quantization = Some(quantization);
+        Ok(judging)
+    }
+
+    fn with_defaults(precision: Precision, tf32: bool, options: &BisectOptions, tolerance: Tolerance, rule: WalkRule, tolerance_defaults: &'static str) -> Result<Judging> {
         let arithmetic = match precision {
             Precision::Fp16 => Arithmetic::Fp16,
             Precision::Bf16 => Arithmetic::Bf16,
@@ -62,7 +79,7 @@ impl Judging {
             }
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
-        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol } })
+        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol }, quantization: None })
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:
@@ -305,7 +322,16 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((cm, _)) => converted_precision(cm),
         None => candidate.precision(),
     };
-    let judging = Judging::new(precision, candidate.tf32(), options)?;
+    // A Q/DQ model that declares no FP16/BF16 computes in float32 between its quantizers: it is
+    // judged by them, never as FP16.
+    let quantization = cand_model.as_ref().filter(|(cm, _)| !layerwise_runtime::typed::has_reduced_precision(cm)).and_then(|(cm, ci)| layerwise_model::quant::quantization_of(cm.graph(), ci));
+    let judging = match quantization {
+        Some(q) => {
+            input_notes.push(format!("the candidate model is quantized (Q/DQ): {}; judged by {} defaults, computed in float32 between its quantizers", q.describe(), q.coarsest().map_or("INT8", |f| f.family())));
+            Judging::quantized(q, options)?
+        }
+        None => Judging::new(precision, candidate.tf32(), options)?,
+    };
     let order: Vec<String> = match &options.selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),
         Selection::Names(names) => {
@@ -313,6 +339,16 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             layerwise_model::expose(&model.proto, &index, &options.selection)?;
             index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
         }
+    };
+    // A reference tensor the matching found no twin for is not compared, even where the
+    // candidate has a tensor of its name: that tensor holds another value (a Conv's output whose
+    // Relu a quantizer took over). The matching line of the report lists them.
+    let order: Vec<String> = match &matching {
+        Some(m) if !m.unmatched_reference.is_empty() => {
+            let unmatched: HashSet<&str> = m.unmatched_reference.iter().map(String::as_str).collect();
+            order.into_iter().filter(|t| !unmatched.contains(t.as_str()) || index.outputs.contains(t)).collect()
+        }
+        _ => order,
     };
     // A tensor given its own tolerance must be one the model computes.
     for (tensor, _, _) in &options.tensor_tolerances {
@@ -339,7 +375,11 @@ pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOpti
         Precision::Fp32 if tf32 => (WalkRule::FP16, "TF32"),
         Precision::Fp32 => (WalkRule::FP32, "float32"),
     };
-    let defaults = Tolerance::defaults_for(defaults_for);
+    Ok((given_or_default(Tolerance::defaults_for(defaults_for), options)?, rule, defaults_for))
+}
+
+/// The tolerance the user gave, field by field, else `defaults`'.
+fn given_or_default(defaults: Tolerance, options: &BisectOptions) -> Result<Tolerance> {
     let tolerance = Tolerance {
         atol: options.atol.unwrap_or(defaults.atol),
         rtol: options.rtol.unwrap_or(defaults.rtol),
@@ -348,7 +388,7 @@ pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOpti
     if !(tolerance.atol >= 0.0 && tolerance.rtol >= 0.0 && tolerance.range_tol >= 0.0) {
         bail!("--atol, --rtol and --range-tol must be non-negative numbers");
     }
-    Ok((tolerance, rule, defaults_for))
+    Ok(tolerance)
 }
 
 /// For a candidate model with FP16/BF16 tensors on `ort:cpu` (typed, the default): the threads to

@@ -41,6 +41,16 @@ impl Tolerance {
     pub const FP32: Tolerance = Tolerance { atol: 1e-5, rtol: 1e-3, range_tol: 1e-4 };
     /// Defaults for BF16 candidates: FP16's, scaled by BF16's 8x coarser rounding.
     pub const BF16: Tolerance = Tolerance { atol: 8e-4, rtol: 8e-2, range_tol: 8e-2 };
+    /// Defaults for Q/DQ candidates (issue 40, a first calibration from the formats' steps, not
+    /// yet checked on real models): one int8 step is 1/255 of a quantizer's range, so an error
+    /// of a few steps is 1-5% of a tensor's largest value, whatever its own size.
+    pub const INT8: Tolerance = Tolerance { atol: 1e-3, rtol: 5e-2, range_tol: 5e-2 };
+    /// int4: 15 steps over the range, 17x coarser than int8.
+    pub const INT4: Tolerance = Tolerance { atol: 1e-2, rtol: 0.25, range_tol: 0.25 };
+    /// float8 e4m3fn: 3 mantissa bits, a relative step of 2^-3.
+    pub const FP8_E4M3: Tolerance = Tolerance { atol: 1e-3, rtol: 0.125, range_tol: 0.125 };
+    /// float8 e5m2: 2 mantissa bits, a relative step of 2^-2.
+    pub const FP8_E5M2: Tolerance = Tolerance { atol: 1e-3, rtol: 0.25, range_tol: 0.25 };
 
     /// The defaults for a precision by the name reports give it (`FP16`, `BF16`, `TF32`,
     /// `float32`): TF32 keeps FP16's 10-bit mantissa, so it gets FP16's.
@@ -48,6 +58,11 @@ impl Tolerance {
         match precision {
             "FP16" | "TF32" => Tolerance::FP16,
             "BF16" => Tolerance::BF16,
+            "INT16" => Tolerance::FP16,
+            "INT8" => Tolerance::INT8,
+            "INT4" => Tolerance::INT4,
+            "FP8 E4M3" => Tolerance::FP8_E4M3,
+            "FP8 E5M2" => Tolerance::FP8_E5M2,
             _ => Tolerance::FP32,
         }
     }

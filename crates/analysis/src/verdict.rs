@@ -36,6 +36,26 @@ impl WalkRule {
     pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4, max_drift: 1e-3 };
     /// BF16 candidates: FP16's thresholds scaled by BF16's 8x coarser rounding.
     pub const BF16: WalkRule = WalkRule { ratio: 10.0, min_break: 8e-2, max_drift: 0.4 };
+    /// Q/DQ candidates (a first calibration, issue 40): one int8 quantizer adds a relative L2 of
+    /// about 0.4-1% to the tensor it quantizes.
+    pub const INT8: WalkRule = WalkRule { ratio: 10.0, min_break: 5e-2, max_drift: 0.25 };
+    pub const INT4: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };
+    pub const FP8_E4M3: WalkRule = WalkRule { ratio: 10.0, min_break: 0.125, max_drift: 0.4 };
+    pub const FP8_E5M2: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };
+
+    /// The walk's thresholds for the tolerance defaults named `family` (`FP16`, `INT8`, ...).
+    pub fn for_family(family: &str) -> Option<WalkRule> {
+        Some(match family {
+            "FP16" | "TF32" | "INT16" => WalkRule::FP16,
+            "BF16" => WalkRule::BF16,
+            "float32" => WalkRule::FP32,
+            "INT8" => WalkRule::INT8,
+            "INT4" => WalkRule::INT4,
+            "FP8 E4M3" => WalkRule::FP8_E4M3,
+            "FP8 E5M2" => WalkRule::FP8_E5M2,
+            _ => return None,
+        })
+    }
 }
 
 /// What kind of cause a break has.

@@ -20,6 +20,7 @@ pub mod inline;
 pub mod matching;
 pub mod pair;
 pub mod perturb;
+pub mod quant;
 pub mod rounding;
 pub mod scratch;
 pub mod tensor;

@@ -221,7 +221,14 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
         // model output always is: it is what the user gets, even where the two graphs reach it
         // differently (a candidate that took the other branch of an If, flattened).
         let output = ref_index.outputs.iter().any(|o| o == t) && cand_index.outputs.iter().any(|o| o == t);
-        if cand_index.producer_index(t).is_some() && (output || r.source(t) == c.source(t) || r2c.get(r.source(t).as_str()).is_some_and(|(cs, _)| *cs == c.source(t))) {
+        // One name is one value only where the ops computing it agree: a quantizer that took
+        // over a Relu leaves the name on the Conv before it (ONNX Runtime's quantize_static).
+        let (rs, cs) = (r.source(t), c.source(t));
+        let same_op = |name: &str| match (ref_index.producer(name), cand_index.producer(name)) {
+            (Some(a), Some(b)) => a.op_type == b.op_type && a.domain == b.domain,
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        if cand_index.producer_index(t).is_some() && (output || (rs == cs && same_op(&rs)) || r2c.get(rs.as_str()).is_some_and(|(cs2, _)| *cs2 == cs)) {
             matching.pairs.push(TensorPair { reference: t.to_string(), candidate: t.to_string(), by: MatchedBy::Name });
             used.insert(t.to_string());
             continue;

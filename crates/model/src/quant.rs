@@ -1,0 +1,189 @@
+//! What a Q/DQ model quantizes, read from its QuantizeLinear and DequantizeLinear nodes: the
+//! formats (int8, uint8, int4, uint4, int16, uint16, float8 e4m3fn/e5m2), the granularity (per
+//! tensor, per channel, per block), and whether activations are quantized or only weights. A
+//! candidate of this kind computes in float32 between its quantizers: it is judged by the
+//! quantizers' step, not as FP16 (issue 40).
+
+use std::collections::BTreeMap;
+
+use crate::onnx::{GraphProto, NodeProto};
+use crate::{DataType, GraphIndex};
+
+/// One quantizer's storage format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QuantFormat {
+    Int4,
+    Uint4,
+    Int8,
+    Uint8,
+    Int16,
+    Uint16,
+    Float8E4M3,
+    Float8E5M2,
+}
+
+impl QuantFormat {
+    fn of(data_type: i32) -> Option<QuantFormat> {
+        Some(match DataType::try_from(data_type).ok()? {
+            DataType::Int4 => QuantFormat::Int4,
+            DataType::Uint4 => QuantFormat::Uint4,
+            DataType::Int8 => QuantFormat::Int8,
+            DataType::Uint8 => QuantFormat::Uint8,
+            DataType::Int16 => QuantFormat::Int16,
+            DataType::Uint16 => QuantFormat::Uint16,
+            DataType::Float8e4m3fn | DataType::Float8e4m3fnuz => QuantFormat::Float8E4M3,
+            DataType::Float8e5m2 | DataType::Float8e5m2fnuz => QuantFormat::Float8E5M2,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantFormat::Int4 => "int4",
+            QuantFormat::Uint4 => "uint4",
+            QuantFormat::Int8 => "int8",
+            QuantFormat::Uint8 => "uint8",
+            QuantFormat::Int16 => "int16",
+            QuantFormat::Uint16 => "uint16",
+            QuantFormat::Float8E4M3 => "float8 e4m3fn",
+            QuantFormat::Float8E5M2 => "float8 e5m2",
+        }
+    }
+
+    /// The family whose default tolerances apply (`INT8` for int8 and uint8, ...).
+    pub fn family(self) -> &'static str {
+        match self {
+            QuantFormat::Int4 | QuantFormat::Uint4 => "INT4",
+            QuantFormat::Int8 | QuantFormat::Uint8 => "INT8",
+            QuantFormat::Int16 | QuantFormat::Uint16 => "INT16",
+            QuantFormat::Float8E4M3 => "FP8 E4M3",
+            QuantFormat::Float8E5M2 => "FP8 E5M2",
+        }
+    }
+
+    /// How coarse the format is (larger is coarser): the relative size of one step, for
+    /// choosing the family a model is judged by when it mixes formats.
+    fn coarseness(self) -> f64 {
+        match self {
+            QuantFormat::Int4 | QuantFormat::Uint4 => 1.0 / 15.0,
+            QuantFormat::Float8E5M2 => 0.25,
+            QuantFormat::Float8E4M3 => 0.125,
+            QuantFormat::Int8 | QuantFormat::Uint8 => 1.0 / 255.0,
+            QuantFormat::Int16 | QuantFormat::Uint16 => 1.0 / 65535.0,
+        }
+    }
+}
+
+/// How finely one quantizer's scale is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Granularity {
+    PerTensor,
+    PerChannel,
+    PerBlock,
+}
+
+impl Granularity {
+    pub fn name(self) -> &'static str {
+        match self {
+            Granularity::PerTensor => "per tensor",
+            Granularity::PerChannel => "per channel",
+            Granularity::PerBlock => "per block",
+        }
+    }
+}
+
+/// The quantizers of a model: how many of each (format, granularity), for weights and for
+/// activations.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Quantization {
+    /// DequantizeLinear nodes reading a stored quantized weight.
+    pub weights: BTreeMap<(QuantFormat, Granularity), usize>,
+    /// QuantizeLinear nodes quantizing a computed tensor (an activation).
+    pub activations: BTreeMap<(QuantFormat, Granularity), usize>,
+}
+
+impl Quantization {
+    /// The coarsest format the model quantizes with: the one its error is judged by.
+    pub fn coarsest(&self) -> Option<QuantFormat> {
+        self.weights.keys().chain(self.activations.keys()).map(|(f, _)| *f).max_by(|a, b| a.coarseness().total_cmp(&b.coarseness()))
+    }
+
+    /// One line for people: "int8 Q/DQ: 12 activation quantizers (int8 per tensor), 5 weights
+    /// (int8 per channel)".
+    pub fn describe(&self) -> String {
+        let list = |m: &BTreeMap<(QuantFormat, Granularity), usize>| m.iter().map(|((f, g), n)| format!("{n} {} {}", f.name(), g.name())).collect::<Vec<_>>().join(", ");
+        let count = |m: &BTreeMap<(QuantFormat, Granularity), usize>| m.values().sum::<usize>();
+        let mut parts = Vec::new();
+        if !self.activations.is_empty() {
+            parts.push(format!("{} activation quantizers ({})", count(&self.activations), list(&self.activations)));
+        } else {
+            parts.push("activations not quantized (weights only)".to_string());
+        }
+        if !self.weights.is_empty() {
+            parts.push(format!("{} quantized weights ({})", count(&self.weights), list(&self.weights)));
+        }
+        parts.join("; ")
+    }
+}
+
+/// The quantizers of `graph`; `None` where it has no QuantizeLinear or DequantizeLinear node.
+pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantization> {
+    let initializer = |t: &str| graph.initializer.iter().find(|w| w.name() == t);
+    let mut found = Quantization::default();
+    let mut any = false;
+    for info in &index.nodes {
+        let node = &graph.node[info.proto_index];
+        let reads_stored = node.input.first().is_some_and(|t| initializer(t).is_some());
+        match node.op_type() {
+            "DequantizeLinear" if reads_stored => {
+                any = true;
+                let stored = initializer(&node.input[0]).expect("checked").data_type();
+                if let Some(format) = QuantFormat::of(stored) {
+                    *found.weights.entry((format, granularity(graph, node))).or_default() += 1;
+                }
+            }
+            "DequantizeLinear" => any = true,
+            "QuantizeLinear" if !node.input.first().is_some_and(|t| index.is_constant_like(t)) => {
+                any = true;
+                if let Some(format) = quantized_type(graph, node).and_then(QuantFormat::of) {
+                    *found.activations.entry((format, granularity(graph, node))).or_default() += 1;
+                }
+            }
+            "QuantizeLinear" => any = true,
+            _ => {}
+        }
+    }
+    any.then_some(found)
+}
+
+/// The type a QuantizeLinear stores in: its zero point's, else its `output_dtype` attribute
+/// (opset 21), else uint8 (the default).
+fn quantized_type(graph: &GraphProto, node: &NodeProto) -> Option<i32> {
+    if let Some(zp) = node.input.get(2).filter(|t| !t.is_empty()) {
+        if let Some(w) = graph.initializer.iter().find(|w| w.name() == zp) {
+            return Some(w.data_type());
+        }
+        // A zero point from a Constant node: its value's type.
+        for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.output.iter().any(|o| o == zp)) {
+            if let Some(t) = n.attribute.iter().find_map(|a| a.t.as_ref()) {
+                return Some(t.data_type());
+            }
+        }
+        return None;
+    }
+    let attr = node.attribute.iter().find(|a| a.name() == "output_dtype").and_then(|a| a.i).filter(|&i| i != 0);
+    Some(attr.map_or(DataType::Uint8 as i32, |i| i as i32))
+}
+
+/// Per block where a `block_size` is given, per channel where the scale has more than one value,
+/// per tensor otherwise.
+fn granularity(graph: &GraphProto, node: &NodeProto) -> Granularity {
+    if node.attribute.iter().any(|a| a.name() == "block_size" && a.i.is_some_and(|b| b > 0)) {
+        return Granularity::PerBlock;
+    }
+    let scale = node.input.get(1).and_then(|s| graph.initializer.iter().find(|w| w.name() == s));
+    match scale.map(|s| s.dims.iter().product::<i64>()) {
+        Some(n) if n > 1 => Granularity::PerChannel,
+        _ => Granularity::PerTensor,
+    }
+}
