@@ -69,7 +69,7 @@ fn qdq_model(w1: &[f32], w2: &[f32]) -> ModelProto {
 }
 
 #[test]
-fn a_qdq_candidate_is_judged_as_int8_and_a_name_moved_by_its_quantizer_is_not_compared() {
+fn a_qdq_candidate_is_judged_as_int8_and_a_relu_its_quantizer_took_over_is_paired_with_it() {
     let dir = tempfile::tempdir().unwrap();
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
@@ -87,9 +87,34 @@ fn a_qdq_candidate_is_judged_as_int8_and_a_name_moved_by_its_quantizer_is_not_co
     for said in [&report["verdict"]["summary"], &report["verdict"]["conclusions"], &report["cand"]["notes"]] {
         assert!(!said.to_string().contains("FP16"), "{said}");
     }
-    // The candidate's 'r' is mm1's output before the quantizer's clipping: not the reference's
-    // Relu output, so 'r' is not compared; 'h' is compared with it.
-    let compared: Vec<&str> = report["tensors"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert!(!compared.contains(&"r"), "{compared:?}");
-    assert!(compared.contains(&"h") && compared.contains(&"y"), "{compared:?}");
+    // The candidate's 'r' is mm1's output before the quantizer's clipping: the reference's 'h'.
+    // The reference's Relu output 'r' is what the clipping quantizer holds: 'r_f'.
+    let pairs = report["matching"]["structure_pairs"].to_string();
+    assert!(pairs.contains(r#"["h","r"]"#) && pairs.contains(r#"["r","r_f"]"#), "{pairs}");
+    let record = |name: &str| report["tensors"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned().unwrap_or_else(|| panic!("'{name}' not compared: {t}"));
+    // One int8 quantizer's noise, not a Relu's missing clipping (rel L2 above 0.5 when 'r' was
+    // compared with the unclipped 'r').
+    for name in ["h", "r", "y"] {
+        let error = record(name)["metrics"]["rel_l2_err"].as_f64().unwrap();
+        assert!(error < 0.05, "'{name}': rel L2 {error}: {t}");
+    }
+}
+
+/// The quantizer that took the Relu over must clip at 0: a zero point of 0 in int8 does not, and
+/// the reference's Relu output is then not paired with it.
+#[test]
+fn a_quantizer_that_does_not_clip_is_not_taken_for_a_relu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    let mut q = qdq_model(&w1, &w2);
+    for n in q.graph.as_mut().unwrap().node.iter_mut().filter(|n| n.name() == "r_q" || n.name() == "r_dq") {
+        n.input[2] = "z0".into();
+    }
+    save(&q, &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    let report = json(&dir.path().join("r.json"));
+    assert!(report["matching"]["unmatched_reference"].to_string().contains(r#""r""#), "{t}");
+    assert!(!report["tensors"].as_array().unwrap().iter().any(|r| r["name"] == "r"), "{t}");
 }

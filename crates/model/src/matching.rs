@@ -11,7 +11,7 @@ use crate::onnx::{tensor_proto::DataType, GraphProto, NodeProto};
 use crate::GraphIndex;
 
 /// How a pair was made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum MatchedBy {
     Name,
     Structure,
@@ -57,12 +57,43 @@ struct View<'a> {
     index: &'a GraphIndex,
     /// Tensors seen as their own values although an Identity produces them (see `match_tensors`).
     cut: &'a HashSet<String>,
+    /// Relu is seen through too: against a quantized candidate, whose quantizers may have taken
+    /// Relus over (see `match_tensors`).
+    through_relu: bool,
 }
 
 impl View<'_> {
     fn is_transparent(&self, topo: usize) -> bool {
         let info = &self.index.nodes[topo];
-        transparent(self.graph, self.index, &self.graph.node[info.proto_index])
+        (self.through_relu && info.op_type == "Relu" && info.domain.is_empty()) || transparent(self.graph, self.index, &self.graph.node[info.proto_index])
+    }
+
+    /// Whether `t` is computed by a Relu seen through.
+    fn is_relu(&self, t: &str) -> bool {
+        self.through_relu && self.index.producer(t).is_some_and(|p| p.op_type == "Relu" && p.domain.is_empty())
+    }
+
+    /// Where the candidate holds Relu of a value: source tensor -> the tensor holding its Relu,
+    /// an explicit Relu's output, else the output of a DequantizeLinear whose QuantizeLinear's
+    /// zero point is its type's minimum (it clips at 0: ONNX Runtime's quantize_static drops a
+    /// Relu into it).
+    fn relus(&self) -> HashMap<String, String> {
+        let mut found: HashMap<String, String> = HashMap::new();
+        for info in &self.index.nodes {
+            let node = &self.graph.node[info.proto_index];
+            let Some(input) = node.input.first().filter(|t| !t.is_empty()) else { continue };
+            let Some(output) = node.output.first().filter(|t| !t.is_empty()) else { continue };
+            if info.op_type == "Relu" && info.domain.is_empty() {
+                found.insert(self.source(input), output.clone());
+            } else if info.op_type == "DequantizeLinear" {
+                let Some(q) = self.index.producer(input).map(|q| &self.graph.node[q.proto_index]).filter(|q| q.op_type() == "QuantizeLinear") else { continue };
+                let Some(x) = q.input.first() else { continue };
+                if clips_at_zero(self.graph, q) {
+                    found.entry(self.source(x)).or_insert_with(|| output.clone());
+                }
+            }
+        }
+        found
     }
 
     /// The tensor whose value `t` carries: followed back through transparent nodes.
@@ -118,6 +149,23 @@ impl View<'_> {
     }
 }
 
+/// Whether a QuantizeLinear's zero point is the least value of its type (int8 -128, uint8 0,
+/// int16 -32768, uint16 0) in every channel: its range starts at 0, so it clips negative values
+/// as a Relu does.
+fn clips_at_zero(graph: &GraphProto, q: &NodeProto) -> bool {
+    let Some(zp) = q.input.get(2).filter(|t| !t.is_empty()).and_then(|z| graph.initializer.iter().find(|w| w.name() == z)) else { return false };
+    let raw: &[u8] = zp.raw_data.as_deref().unwrap_or_default();
+    let (least, values): (i32, Vec<i32>) = match DataType::try_from(zp.data_type()) {
+        Ok(DataType::Int8) => (-128, raw.iter().map(|&b| b as i8 as i32).collect()),
+        Ok(DataType::Uint8) => (0, raw.iter().map(|&b| b as i32).collect()),
+        Ok(DataType::Int16) => (-32768, raw.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]]) as i32).collect()),
+        Ok(DataType::Uint16) => (0, raw.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as i32).collect()),
+        _ => return false,
+    };
+    let values = if raw.is_empty() { zp.int32_data.clone() } else { values };
+    !values.is_empty() && values.iter().all(|&v| v == least)
+}
+
 /// Ops whose data inputs may come in either order.
 const COMMUTATIVE: &[&str] = &["Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"];
 
@@ -127,8 +175,12 @@ const COMMUTATIVE: &[&str] = &["Add", "Mul", "Max", "Min", "Sum", "Mean", "And",
 /// differently (another branch, other iteration counts), flattened into Identities of different
 /// tensors, must be compared as each side computed them.
 pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, structural: bool, cut: &HashSet<String>) -> Matching {
-    let r = View { graph: reference, index: ref_index, cut };
-    let c = View { graph: candidate, index: cand_index, cut };
+    // Against a quantized candidate, Relus are seen through on both sides: its quantizers may
+    // have taken them over, and a reference Relu's output is then paired with the tensor holding
+    // the candidate's Relu of the same value (`View::relus`).
+    let quantized = candidate.node.iter().any(|n| n.op_type() == "QuantizeLinear");
+    let r = View { graph: reference, index: ref_index, cut, through_relu: quantized };
+    let c = View { graph: candidate, index: cand_index, cut, through_relu: quantized };
     // Candidate source tensor -> reference source tensor.
     let mut c2r: HashMap<String, (String, MatchedBy)> = HashMap::new();
     let mut matched_ref: HashSet<String> = HashSet::new();
@@ -214,9 +266,23 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
     }
     // Reference source -> candidate tensor, then every reference tensor through its source.
     let r2c: HashMap<&str, (&str, MatchedBy)> = c2r.iter().map(|(cs, (rs, by))| (rs.as_str(), (cs.as_str(), *by))).collect();
+    let cand_relus = if quantized { c.relus() } else { HashMap::new() };
     let mut matching = Matching::default();
     let mut used: HashSet<String> = HashSet::new();
     for t in ref_index.computed_tensors() {
+        if r.is_relu(t) {
+            // Relu of the value the candidate's twin holds, where the candidate computes it.
+            let twin = r2c.get(r.source(t).as_str()).and_then(|(cs, by)| cand_relus.get(*cs).map(|h| (h.clone(), *by)));
+            match twin.filter(|(h, _)| cand_index.producer_index(h).is_some()) {
+                Some((h, by)) => {
+                    let by = if h == t { MatchedBy::Name } else { by.max(MatchedBy::Structure) };
+                    matching.pairs.push(TensorPair { reference: t.to_string(), candidate: h.clone(), by });
+                    used.insert(h);
+                }
+                None => matching.unmatched_reference.push(t.to_string()),
+            }
+            continue;
+        }
         // A tensor both sides compute under its own name is its own pair, even through a Cast. A
         // model output always is: it is what the user gets, even where the two graphs reach it
         // differently (a candidate that took the other branch of an If, flattened).
