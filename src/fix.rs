@@ -406,7 +406,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             // (found by the independent tester: fix called a rotary output ill-conditioned where
             // bisect measured that keeping the angle fixes it).
             let left_for_the_fix = crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
-            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed };
+            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed, quantizers: None };
             let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
             if floor.ill_conditioned {
                 stuck = Some(format!(

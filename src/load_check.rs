@@ -23,8 +23,8 @@ pub fn set_self_command(command: Vec<OsString>) {
     let _ = SELF_COMMAND.set(command);
 }
 
-/// The command that runs layerwise's command line: the one set by the Python extension; else this
-/// executable when it is layerwise; else a `layerwise` beside it or one folder up (a test binary
+/// The command that runs layerwise's command line: the one set by the command line itself (its
+/// own executable) or by the Python extension; else this executable when it is layerwise; else a `layerwise` beside it or one folder up (a test binary
 /// under `target/*/deps`), or on the PATH.
 fn self_command() -> Option<Vec<OsString>> {
     if let Some(c) = SELF_COMMAND.get() {

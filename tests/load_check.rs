@@ -113,3 +113,21 @@ fn a_model_that_runs_only_below_the_default_optimization_level_is_fixed_with_a_n
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(!dir.path().join("none.onnx").exists());
 }
+
+/// A renamed copy of the executable runs itself for the load check, not a file named `layerwise`
+/// beside it (an independent tester's copy sat beside a 6-byte text file of that name: every
+/// check exited 127 and `fix` said NOT FIXED on a healthy model).
+#[test]
+fn a_renamed_executable_checks_the_load_with_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let copy = bin.join("layerwise-copy");
+    std::fs::copy(env!("CARGO_BIN_EXE_layerwise"), &copy).unwrap();
+    std::fs::write(bin.join("layerwise"), "freed").unwrap();
+    save(&gru_model(), &dir.path().join("m.onnx"));
+    let out = std::process::Command::new(&copy).args(["convert", "m.onnx", "-o", "c.onnx"]).current_dir(dir.path()).env_remove("LAYERWISE_TEST_CRASH_OP").output().unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("loads and runs it with its default options on seeded random inputs"), "{t}");
+}

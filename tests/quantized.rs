@@ -118,3 +118,39 @@ fn a_quantizer_that_does_not_clip_is_not_taken_for_a_relu() {
     assert!(report["matching"]["unmatched_reference"].to_string().contains(r#""r""#), "{t}");
     assert!(!report["tensors"].as_array().unwrap().iter().any(|r| r["name"] == "r"), "{t}");
 }
+
+/// The noise floor of a Q/DQ candidate is one step of each of its quantizers: a planted fault (the
+/// scale after mm1 shrunk 16x, so most of its values are clipped) is far above it and named at
+/// the Relu whose value that quantizer holds; the faithful model's error is within it.
+#[test]
+fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    let faithful = qdq_model(&w1, &w2);
+    let mut clipped = faithful.clone();
+    for w in clipped.graph.as_mut().unwrap().initializer.iter_mut().filter(|w| w.name() == "sr") {
+        let s = f32::from_le_bytes(w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()));
+        *w = f32_tensor("sr", &[], &[s / 16.0]);
+    }
+    save(&faithful, &dir.path().join("q.onnx"));
+    save(&clipped, &dir.path().join("clipped.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let report = json(&dir.path().join("r.json"));
+    let floor = &report["noise_floor"];
+    assert_eq!(floor["rounds"], "one step of each quantizer", "{floor}");
+    assert!(floor["perturbation"].as_str().unwrap().contains("2 quantized activations given noise") && floor["perturbation"].as_str().unwrap().contains("of 2 quantized weights"), "{floor}");
+    assert!(floor["ratio"].as_f64().unwrap() > 10.0, "{floor}");
+    assert_eq!(report["verdict"]["first_divergent"]["node"], "relu", "{t}");
+    assert!(!t.contains("FP16") && !t.contains("ill-conditioned"), "{t}");
+
+    // The faithful model judged at float32's tolerances: its error is the quantizers' own.
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "f.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged at float32's tolerances: {t}");
+    let floor = &json(&dir.path().join("f.json"))["noise_floor"];
+    assert!(floor["ratio"].as_f64().unwrap() < 3.0, "{floor}");
+    assert!(t.contains("No quantizer is at fault: the error is the quantizers' resolution"), "{t}");
+}

@@ -151,9 +151,14 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
         if floor.ill_conditioned {
             // Below the floor the candidate errs less than one rounding of the weights moves the
             // output: say so, not "as sensitive", and never print the ratio as 0.0x.
+            let no_fault = if floor.rounds == super::noise_floor::QUANTIZER_ROUNDS {
+                "No quantizer is at fault: the error is the quantizers' resolution, spread over the model; whether leaving a few layers unquantized helps is not measured"
+            } else {
+                "No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it"
+            };
             verdict.summary = if floor.ratio < 1.0 {
                 format!(
-                    "output '{}': the candidate's error (rel L2 {}) is within what {} causes (noise floor rel L2 {}; the candidate is {} of it). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
+                    "output '{}': the candidate's error (rel L2 {}) is within what {} causes (noise floor rel L2 {}; the candidate is {} of it). {no_fault}",
                     floor.output,
                     n(floor.candidate_error),
                     floor.rounds,
@@ -163,8 +168,13 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                 )
             } else {
                 format!(
-                    "output '{}' is as sensitive to {} as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it",
-                    floor.output, floor.rounds, n(floor.output_error), n(floor.candidate_error), floor.ratio
+                    "output '{}' is as sensitive to {} as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). {}",
+                    floor.output,
+                    floor.rounds,
+                    n(floor.output_error),
+                    n(floor.candidate_error),
+                    floor.ratio,
+                    no_fault
                 )
             };
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());

@@ -274,18 +274,25 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         Some(steps.run("running the reference (outputs)", || job.run_reference(feeds, &Selection::Names(Vec::new())))?)
     };
     // The floor's inputs, worked out before anything runs.
-    let floor_input = if options.noise_floor && job.judging.quantization.is_some() {
-        // One step of each quantizer is the floor of a Q/DQ candidate; rounding the weights to
-        // a float format would measure something else.
-        conclusions.push("noise floor not measured: for a quantized (Q/DQ) candidate it is one step of each of its quantizers, which layerwise does not perturb yet; whether the output is this sensitive anyway is unknown".to_string());
-        None
-    } else if options.noise_floor {
+    // A quantized candidate's floor is one step of each of its quantizers, on the reference's
+    // tensors (the matching's pairs, read backwards).
+    let quantizer_steps = match (&job.judging.quantization, &job.cand_model) {
+        (Some(_), Some((cm, ci))) if options.noise_floor => {
+            let reference_of: std::collections::HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
+            let index = &job.index;
+            let of = |t: &str| reference_of.get(t).map(|r| r.to_string()).or_else(|| index.is_graph_input(t).then(|| t.to_string()));
+            Some(layerwise_model::quant::quantizer_steps(&job.index, cm.graph(), ci, &of))
+        }
+        _ => None,
+    };
+    let floor_input = if options.noise_floor {
         let worst = verdict.worst_output.clone();
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {
             (Some(reference), Some(worst), Some(cand_error)) => {
                 let (exact, told_apart) = setup::weights_kept_float32(job.model, job.cand_model.as_ref());
-                if !told_apart {
+                // A quantized candidate's floor moves its quantizers, not float weights by name.
+                if !told_apart && quantizer_steps.is_none() {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
                 Some((reference, worst, cand_error, exact, weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, &compared.comparison)))
@@ -302,7 +309,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     let (model, floor_index, perturbation) = (job.model, job.index.clone(), job.judging.perturbation());
     let tolerance = floor_input.as_ref().map(|(_, worst, _, _, _)| job.judging.tolerances.of(worst));
     let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend, (reference, worst, cand_error, exact, left_for_the_fix): &(&layerwise_runtime::RunOutput, String, f64, std::collections::HashSet<String>, Vec<String>)| {
-        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, left_for_the_fix, seed: options.inputs.seed };
+        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, left_for_the_fix, seed: options.inputs.seed, quantizers: quantizer_steps.as_ref() };
         noise_floor(reference_backend, model, &floor_index, feeds, &reference.tensors, tolerance.expect("set with the floor's input"), target)
     };
     let run_isolation = options.isolate && can_run;

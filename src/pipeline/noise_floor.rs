@@ -11,6 +11,9 @@ use layerwise_model::perturb::{perturb_weights, Perturbation, Perturbed};
 use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::{Backend, RunRequest, Tensor};
 
+/// What a quantized candidate's floor moves, in sentences.
+pub(crate) const QUANTIZER_ROUNDS: &str = "one step of each quantizer";
+
 /// Perturbation runs, each with its own seed; the floor is the largest output error among them.
 const SEEDS: usize = 2;
 
@@ -27,6 +30,8 @@ pub struct FloorTarget<'a> {
     /// named (see `NoiseFloor::left_for_the_fix`).
     pub left_for_the_fix: &'a [String],
     pub seed: u64,
+    /// A quantized candidate's quantizers: the floor is one step of each (not `perturbation`).
+    pub quantizers: Option<&'a layerwise_model::quant::QuantizerSteps>,
 }
 
 /// The words for `perturbation`: the long form for the report, the short one for sentences.
@@ -68,6 +73,9 @@ pub fn noise_floor(
     tolerance: Tolerance,
     target: FloorTarget,
 ) -> Result<NoiseFloor> {
+    if let Some(steps) = target.quantizers {
+        return quantizer_floor(reference, model, index, feeds, reference_outputs, tolerance, &target, steps);
+    }
     let mut seeds = Vec::new();
     let mut floor: f64 = 0.0;
     let mut count = Perturbed::default();
@@ -117,5 +125,59 @@ pub fn noise_floor(
         ratio,
         ill_conditioned: target.candidate_error.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
         left_for_the_fix: target.left_for_the_fix.to_vec(),
+    })
+}
+
+/// The floor of a quantized candidate: the reference moved by one step of each of its quantizers
+/// (`perturb_by_quantizer_steps`), the largest output error over the seeds.
+#[allow(clippy::too_many_arguments)]
+fn quantizer_floor(
+    reference: &mut dyn Backend,
+    model: &Model,
+    index: &GraphIndex,
+    feeds: &[(String, Tensor)],
+    reference_outputs: &HashMap<String, Tensor>,
+    tolerance: Tolerance,
+    target: &FloorTarget,
+    steps: &layerwise_model::quant::QuantizerSteps,
+) -> Result<NoiseFloor> {
+    let (mut seeds, mut floor, mut moved) = (Vec::new(), 0f64, layerwise_model::perturb::QuantizerPerturbed::default());
+    for i in 0..SEEDS as u64 {
+        let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x7175_616e_7400 + i);
+        seeds.push(seed);
+        let (proto, m) = layerwise_model::perturb::perturb_by_quantizer_steps(model, steps, seed)?;
+        moved = m;
+        if m.weight_values == 0 && m.activations == 0 {
+            break;
+        }
+        let perturbed = model.derived(proto, "noise-floor.onnx");
+        let perturbed_index = GraphIndex::build(perturbed.graph())?;
+        let out = reference.run(&RunRequest { model: &perturbed, index: &perturbed_index, inputs: feeds, selection: &Selection::Names(Vec::new()) })?;
+        let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
+            bail!("the perturbed run returned no '{}'", target.output);
+        };
+        floor = floor.max(layerwise_analysis::compute(&r.to_f32(), &p.to_f32(), tolerance).error_level());
+    }
+    let _ = index;
+    let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
+    let missing = if steps.not_found > 0 { format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found) } else { String::new() };
+    Ok(NoiseFloor {
+        perturbation: format!(
+            "one step of each of the candidate's quantizers, on the float32 reference: {} quantized activations given noise uniform within half their step where each is computed, {} values of {} quantized weights moved by up to half their channel's step, {SEEDS} seeds{missing}; the largest output error counts",
+            moved.activations,
+            moved.weight_values,
+            steps.weights.len()
+        ),
+        rounds: QUANTIZER_ROUNDS.to_string(),
+        moved_values: moved.weight_values,
+        exact_values: 0,
+        relative: 1.0 / 255.0,
+        seeds,
+        output: target.output.to_string(),
+        output_error: floor,
+        candidate_error: target.candidate_error,
+        ratio,
+        ill_conditioned: target.candidate_error.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
+        left_for_the_fix: Vec::new(),
     })
 }

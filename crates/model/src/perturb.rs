@@ -223,3 +223,86 @@ fn perturb_tensor(model: &Model, t: &mut TensorProto, rng: &mut ChaCha8Rng, mut 
     };
     Ok(())
 }
+
+/// What [`perturb_by_quantizer_steps`] moved.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuantizerPerturbed {
+    /// Weight values moved.
+    pub weight_values: usize,
+    /// Activation tensors given noise.
+    pub activations: usize,
+}
+
+/// A copy of the float32 `model` moved by one step of each of a quantized candidate's
+/// quantizers, seeded with `seed`: each quantized weight by up to half its channel's step
+/// (`w + r * step / 2`, r uniform in [-1, 1)), and each quantized activation by noise uniform in
+/// [-step/2, step/2), added where it is computed (a RandomUniformLike and an Add read by every
+/// consumer of the tensor). What the quantizers' resolution alone does to the outputs: a
+/// candidate within a small factor of it has no quantizer at fault beyond its step.
+pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::QuantizerSteps, seed: u64) -> Result<(ModelProto, QuantizerPerturbed), ModelError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut proto = model.proto.clone();
+    let graph = proto.graph.as_mut().ok_or_else(|| ModelError::InvalidGraph("no graph".into()))?;
+    let mut moved = QuantizerPerturbed::default();
+    for w in &steps.weights {
+        let Some(t) = graph.initializer.iter_mut().find(|t| t.name() == w.weight) else { continue };
+        let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let inner: usize = dims.iter().skip(w.axis + 1).product();
+        let channels = dims.get(w.axis).copied().unwrap_or(1).max(1);
+        perturb_tensor(model, t, &mut rng, |values, rng| {
+            for (i, v) in values.iter_mut().enumerate() {
+                let step = if w.steps.len() == 1 { w.steps[0] } else { w.steps.get((i / inner.max(1)) % channels).copied().unwrap_or(0.0) };
+                let r: f32 = rng.random_range(-1.0..1.0);
+                let next = *v + r * step / 2.0;
+                if next.is_finite() {
+                    *v = next;
+                    moved.weight_values += 1;
+                }
+            }
+        })?;
+    }
+    // Noise after each quantized activation, in graph order: right after its producer (or first,
+    // for a graph input), read by every node that read the tensor.
+    let mut nodes = Vec::with_capacity(graph.node.len() + 2 * steps.activations.len());
+    let noisy: std::collections::HashMap<&str, (usize, f32)> = steps.activations.iter().enumerate().map(|(i, (t, s))| (t.as_str(), (i, *s))).collect();
+    let renamed = |t: &str| format!("{t}__lw_quantizer_noise");
+    let noise_nodes = |t: &str, i: usize, step: f32| -> [crate::onnx::NodeProto; 2] {
+        let noise = format!("{t}__lw_noise");
+        [
+            crate::builder::node(
+                "RandomUniformLike",
+                &format!("{t}__lw_noise_node"),
+                &[t],
+                &[&noise],
+                vec![
+                    crate::builder::attr::float("low", -step / 2.0),
+                    crate::builder::attr::float("high", step / 2.0),
+                    crate::builder::attr::float("seed", ((seed as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) % 1_000_000) as f32),
+                    crate::builder::attr::int("dtype", DataType::Float as i64),
+                ],
+            ),
+            crate::builder::node("Add", &format!("{t}__lw_add_noise"), &[t, &noise], &[&renamed(t)], vec![]),
+        ]
+    };
+    for input in graph.input.iter().map(|v| v.name().to_string()).collect::<Vec<_>>() {
+        if let Some(&(i, step)) = noisy.get(input.as_str()) {
+            nodes.extend(noise_nodes(&input, i, step));
+            moved.activations += 1;
+        }
+    }
+    for mut node in std::mem::take(&mut graph.node) {
+        for input in node.input.iter_mut().filter(|t| noisy.contains_key(t.as_str())) {
+            *input = renamed(input);
+        }
+        let outputs: Vec<String> = node.output.clone();
+        nodes.push(node);
+        for o in outputs {
+            if let Some(&(i, step)) = noisy.get(o.as_str()) {
+                nodes.extend(noise_nodes(&o, i, step));
+                moved.activations += 1;
+            }
+        }
+    }
+    graph.node = nodes;
+    Ok((proto, moved))
+}

@@ -187,3 +187,72 @@ fn granularity(graph: &GraphProto, node: &NodeProto) -> Granularity {
         _ => Granularity::PerTensor,
     }
 }
+
+/// One step of each of a Q/DQ candidate's quantizers, on the reference's tensors: what the noise
+/// floor of a quantized candidate moves (docs/quantization.md).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QuantizerSteps {
+    /// Reference tensors a candidate quantizer reads, with its step (the largest of a
+    /// per-channel quantizer's).
+    pub activations: Vec<(String, f32)>,
+    /// Reference weights the candidate stores quantized, with the step of each channel.
+    pub weights: Vec<WeightSteps>,
+    /// Quantizers whose reference tensor or weight was not found (another structure).
+    pub not_found: usize,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightSteps {
+    pub weight: String,
+    /// One step per channel along `axis` (one value: per tensor).
+    pub steps: Vec<f32>,
+    pub axis: usize,
+}
+
+/// The quantizers of `candidate` on `reference`'s tensors. `reference_of` names the reference
+/// tensor a candidate tensor holds (the matching's pairs; graph inputs are their own). A stored
+/// weight is found through the node that reads its DequantizeLinear: the reference node of the
+/// same name reads the float weight in the same slot.
+pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> QuantizerSteps {
+    let floats = |g: &GraphProto, t: &str| -> Option<Vec<f32>> {
+        let w = g.initializer.iter().find(|w| w.name() == t)?;
+        (w.data_type() == DataType::Float as i32).then(|| match w.raw_data.as_deref() {
+            Some(raw) if !raw.is_empty() => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            _ => w.float_data.clone(),
+        })
+    };
+    let mut steps = QuantizerSteps::default();
+    for info in &cand_index.nodes {
+        let node = &candidate.node[info.proto_index];
+        let Some(scale) = node.input.get(1).and_then(|s| floats(candidate, s)).filter(|s| !s.is_empty()) else { continue };
+        let input = node.input.first().cloned().unwrap_or_default();
+        match info.op_type.as_str() {
+            "QuantizeLinear" if !cand_index.is_constant_like(&input) => match reference_of(&input).filter(|r| ref_index.producer_index(r).is_some() || ref_index.is_graph_input(r)) {
+                Some(r) => steps.activations.push((r, scale.iter().fold(0f32, |m, s| m.max(s.abs())))),
+                None => steps.not_found += 1,
+            },
+            "DequantizeLinear" if cand_index.is_initializer(&input) => {
+                let Some(output) = node.output.first() else { continue };
+                let rank = candidate.initializer.iter().find(|w| w.name() == input).map_or(0, |w| w.dims.len() as i64);
+                let axis = node.attribute.iter().find(|a| a.name() == "axis").and_then(|a| a.i).unwrap_or(1);
+                let axis = if axis < 0 { axis + rank } else { axis }.max(0) as usize;
+                let mut found = false;
+                for c in cand_index.consumers(output) {
+                    let reader = &cand_index.nodes[*c];
+                    let Some(slot) = reader.inputs.iter().position(|t| t == output) else { continue };
+                    let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else { continue };
+                    let Some(weight) = twin.inputs.get(slot).filter(|w| ref_index.is_initializer(w)) else { continue };
+                    if !steps.weights.iter().any(|w| &w.weight == weight) {
+                        steps.weights.push(WeightSteps { weight: weight.clone(), steps: scale.iter().map(|s| s.abs()).collect(), axis });
+                    }
+                    found = true;
+                }
+                if !found {
+                    steps.not_found += 1;
+                }
+            }
+            _ => {}
+        }
+    }
+    steps
+}
