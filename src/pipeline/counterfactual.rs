@@ -136,7 +136,7 @@ pub(crate) fn together_outcome(check: &KeepCheck) -> String {
     } else if check.output_error_after.is_finite() {
         format!("clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)", layerwise_report::format_number(check.output_error_after))
     } else {
-        "still leaves inf/NaN: they arise elsewhere too".to_string()
+        "still leaves inf/NaN: they arise elsewhere too (where is not known from this check, which reads the outputs only; fix keeps them round by round)".to_string()
     }
 }
 

@@ -96,6 +96,13 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         }
     }
     if let Some(iso) = &e.isolation {
+        // Why an 'alone' number does not decide the role, where it does not (an input beyond
+        // FP16's range in the reference: the node's inf alone comes from upstream).
+        for n in iso.nodes.iter().filter(|n| v.chain.iter().any(|s| s.node == n.node)) {
+            if let Some(note) = &n.note {
+                let _ = writeln!(out, "  {} {}: {note}", n.role, n.node);
+            }
+        }
         for (node, why) in &iso.skipped {
             let _ = writeln!(out, "  not run alone: {node}: {why}");
         }
