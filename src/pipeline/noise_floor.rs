@@ -46,7 +46,7 @@ fn near_the_line(candidate_error: f64, floor: f64) -> bool {
 
 /// The words for `perturbation`: the long form for the report, the short one for sentences.
 fn words(perturbation: Perturbation, count: Perturbed, seeds: usize) -> (String, String, f64) {
-    let seeds = if seeds > SEEDS { format!("{seeds} seeds (more than {SEEDS}: the first left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)") } else { format!("{seeds} seeds") };
+    let seeds = if seeds > SEEDS { format!("{seeds} seeds (more than {SEEDS}: the first left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)") } else if seeds == 1 { "1 seed".to_string() } else { format!("{seeds} seeds") };
     let name = |r: Rounding| r.name().to_uppercase();
     match perturbation {
         Perturbation::Storage(r) => (
@@ -180,11 +180,12 @@ fn quantizer_floor(
     let missing = if steps.not_found > 0 { format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found) } else { String::new() };
     Ok(NoiseFloor {
         perturbation: format!(
-            "one step of each of the candidate's quantizers, on the float32 reference: {} quantized activations given noise uniform within half their step where each is computed, {} values of {} quantized weights moved by up to half their channel's step, {} seeds{missing}; the largest output error counts",
+            "one step of each of the candidate's quantizers, on the float32 reference: {} quantized activations given noise uniform within half their step where each is computed, {} values of {} quantized weights moved by up to half their channel's step, {} seed{}{missing}; the largest output error counts",
             moved.activations,
             moved.weight_values,
             steps.weights.len(),
-            seeds.len()
+            seeds.len(),
+            if seeds.len() == 1 { "" } else { "s" }
         ),
         rounds: QUANTIZER_ROUNDS.to_string(),
         moved_values: moved.weight_values,
