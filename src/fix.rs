@@ -106,7 +106,7 @@ impl Search<'_> {
     fn judge(&self, k: usize, out: &RunOutput) -> (Comparison, Verdict) {
         let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, &self.tolerances);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
-        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol };
+        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
     }

@@ -143,7 +143,12 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     assert_eq!(floor["rounds"], "one step of each quantizer", "{floor}");
     assert!(floor["perturbation"].as_str().unwrap().contains("2 quantized activations given noise") && floor["perturbation"].as_str().unwrap().contains("of 2 quantized weights"), "{floor}");
     assert!(floor["ratio"].as_f64().unwrap() > 10.0, "{floor}");
-    assert_eq!(report["verdict"]["first_divergent"]["node"], "relu", "{t}");
+    let fd = &report["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "relu", "{t}");
+    // Named as what it is: the reference leaves the quantizer's range and is clipped.
+    assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    assert!(detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,") && detail.contains("zero point -128") && detail.contains("values beyond it are clipped"), "{detail}");
     assert!(!t.contains("FP16") && !t.contains("ill-conditioned"), "{t}");
 
     // The faithful model judged at float32's tolerances: its error is the quantizers' own.

@@ -156,6 +156,8 @@ fn compare_and_walk(
                 );
             }
             refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
+            let mut compared = compared;
+            compared.comparison.quantizers = quantizer_ranges(job);
             let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
             (compared, verdict)
         }
@@ -491,6 +493,15 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
             n => format!("any one of the {n} breaks checked"),
         }
     ))
+}
+
+/// A quantized candidate's activation quantizers under the reference tensors they hold (empty
+/// for any other candidate).
+fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerRange> {
+    let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Default::default() };
+    let reference_of: std::collections::HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
+    let of = |t: &str| reference_of.get(t).map(|r| r.to_string()).or_else(|| job.index.is_graph_input(t).then(|| t.to_string()));
+    layerwise_model::quant::activation_ranges(cm.graph(), ci, &of)
 }
 
 /// The weights that keeping the first divergent node's pattern at reference precision keeps

@@ -51,6 +51,7 @@ impl Judging {
         let tolerance = given_or_default(Tolerance::defaults_for(family), options)?;
         let mut judging = Judging::with_defaults(Precision::Fp32, false, options, tolerance, rule, family)?;
         judging.quantization = Some(quantization);
+        judging.candidate.quantized = true;
         Ok(judging)
     }
 
@@ -79,7 +80,7 @@ impl Judging {
             }
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
-        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol }, quantization: None })
+        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol, quantized: false }, quantization: None })
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:

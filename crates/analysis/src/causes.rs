@@ -19,6 +19,8 @@ pub enum Numerics {
     /// float32 products and convolutions on TF32 tensor cores (`Candidate::tf32`).
     Tf32,
     Fp32,
+    /// Quantized by Q/DQ pairs (float32 between them, `Candidate::quantized`).
+    Quantized,
 }
 
 impl Candidate {
@@ -29,6 +31,7 @@ impl Candidate {
             Numerics::Bf16 => self.arithmetic == Arithmetic::Bf16,
             Numerics::Fp32 => self.arithmetic == Arithmetic::Fp32,
             Numerics::Tf32 => self.tf32,
+            Numerics::Quantized => self.quantized,
         }
     }
 }
@@ -51,6 +54,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Fp16], detect: underflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: value_overflow },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
     CauseRule { applies_to: ANY, detect: large_logits },
@@ -155,6 +159,35 @@ pub fn classify(site: &Site) -> Cause {
 
 fn mechanism(kind: CauseKind, explains: Option<f64>, detail: String) -> Option<Mechanism> {
     Some(Mechanism { kind, weight: None, explains, detail })
+}
+
+/// A quantizer whose range the reference's values leave: everything beyond it is clipped to its
+/// end (a scale calibrated too small, or a few samples that never reached these values).
+fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
+    let q = s.comparison.quantizers.get(&s.output.name)?;
+    let reach = s.output.metrics.ref_max_abs;
+    let bound = q.hi.abs().max(q.lo.abs()) as f64;
+    // A quantizer starting at 0 holds a Relu's output, which the reference never takes below 0.
+    let beyond = if q.lo >= 0.0 { reach - q.hi as f64 } else { reach - bound };
+    if !(beyond > 0.5 * q.scale as f64) {
+        return None;
+    }
+    let err = s.output.metrics.max_abs_err;
+    let explains = if err > 0.0 { (beyond / err).min(1.0) } else { 0.0 };
+    mechanism(
+        CauseKind::QuantizerClipping,
+        Some(explains),
+        format!(
+            "the candidate's {} quantizer of '{}' holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: values beyond it are clipped, by up to {beyond:.4e}, against a measured max abs error of {err:.4e} (how many values are clipped is not counted)",
+            q.format.name(),
+            s.output.name,
+            q.lo,
+            q.hi,
+            q.scale,
+            q.zero_point,
+            reach / (if q.lo >= 0.0 { q.hi as f64 } else { bound }).max(f64::MIN_POSITIVE)
+        ),
+    )
 }
 
 /// A weight (or weight-derived input) beyond the FP16 range.

@@ -52,6 +52,9 @@ pub struct Comparison {
     pub records: Vec<TensorRecord>,
     /// (tensor, reason) for tensors that one side lacks.
     pub not_compared: Vec<(String, String)>,
+    /// A quantized candidate's activation quantizers, under the reference tensors they hold: what
+    /// its causes compare the reference's values with.
+    pub quantizers: HashMap<String, layerwise_model::quant::QuantizerRange>,
     position: HashMap<String, usize>,
 }
 
@@ -62,7 +65,7 @@ impl Comparison {
         let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
         records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        Comparison { records, not_compared, position }
+        Comparison { records, not_compared, position, quantizers: HashMap::new() }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
@@ -196,7 +199,7 @@ pub fn compare_all(
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-    Comparison { records, not_compared, position }
+    Comparison { records, not_compared, position, quantizers: HashMap::new() }
 }
 
 /// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
@@ -259,7 +262,7 @@ impl PairedComparison {
             }
         }
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        (Comparison { records, not_compared, position }, histograms)
+        (Comparison { records, not_compared, position, quantizers: HashMap::new() }, histograms)
     }
 }
 

@@ -101,6 +101,9 @@ pub enum CauseKind {
     /// The argument of a periodic function (Sin, Cos) is stored where the format's step is a
     /// sizable share of the period 2*pi: what the function returns of it is noise.
     PeriodicArgument,
+    /// A quantizer of the candidate whose range the reference's values leave: they are clipped
+    /// to its end (a scale calibrated too small).
+    QuantizerClipping,
 }
 
 impl CauseKind {
@@ -167,6 +170,8 @@ pub struct Candidate {
     pub tf32: bool,
     /// The absolute tolerance: an absolute error below it is not material.
     pub atol: f64,
+    /// The candidate model quantizes with Q/DQ pairs (float32 between them).
+    pub quantized: bool,
 }
 
 /// One mechanism that may account for a node's output error, with how much of it it explains.

@@ -58,7 +58,7 @@ fn saturated_sigmoid(candidate: Candidate) -> layerwise_analysis::Verdict {
 
 #[test]
 fn a_float32_candidate_gets_no_fp16_cause_and_a_saturating_sigmoid_is_named_as_such() {
-    let candidate = Candidate { arithmetic: Arithmetic::Fp32, tf32: true, atol: 1e-5 };
+    let candidate = Candidate { arithmetic: Arithmetic::Fp32, tf32: true, atol: 1e-5, quantized: false };
     let v = saturated_sigmoid(candidate);
     let fd = v.first_divergent.expect("the Sigmoid breaks: its relative error jumps");
     assert_eq!(fd.node, "sig");
@@ -99,7 +99,7 @@ fn softmax_on_large_logits_is_blamed_on_absolute_input_error_not_on_subnormals()
     let order = vec!["logits".to_string(), "probs".to_string()];
     let comparison = compare_all(&index, &order, &reference, &cand, &Tolerance::FP16.into());
     assert!(comparison.get("probs").unwrap().metrics.ref_fp16_subnormal_share > 0.1, "the probabilities hold FP16 subnormals");
-    let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4 });
+    let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4, quantized: false });
     let fd = v.first_divergent.expect("the Softmax breaks");
     assert_eq!(fd.node, "softmax");
     assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);

@@ -256,3 +256,83 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
     }
     steps
 }
+
+/// The values one activation quantizer can represent: `[lo, hi]` = `(qmin - zero point) * scale`
+/// to `(qmax - zero point) * scale`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantizerRange {
+    pub format: QuantFormat,
+    pub scale: f32,
+    pub zero_point: i32,
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl QuantFormat {
+    /// The least and largest stored values (float8: the largest finite magnitude).
+    fn limits(self) -> (f32, f32) {
+        match self {
+            QuantFormat::Int4 => (-8.0, 7.0),
+            QuantFormat::Uint4 => (0.0, 15.0),
+            QuantFormat::Int8 => (-128.0, 127.0),
+            QuantFormat::Uint8 => (0.0, 255.0),
+            QuantFormat::Int16 => (-32768.0, 32767.0),
+            QuantFormat::Uint16 => (0.0, 65535.0),
+            QuantFormat::Float8E4M3 => (-448.0, 448.0),
+            QuantFormat::Float8E5M2 => (-57344.0, 57344.0),
+        }
+    }
+}
+
+/// The range of each per-tensor activation quantizer of `candidate`, under the reference tensors
+/// it holds: the one it quantizes and the one its DequantizeLinear's output holds
+/// (`reference_of`, the matching's pairs read backwards).
+pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> std::collections::HashMap<String, QuantizerRange> {
+    let scalar = |t: &str| -> Option<f32> {
+        let w = candidate.initializer.iter().find(|w| w.name() == t)?;
+        if w.dims.iter().product::<i64>() != 1 || w.data_type() != DataType::Float as i32 {
+            return None;
+        }
+        match w.raw_data.as_deref() {
+            Some(r) if r.len() >= 4 => Some(f32::from_le_bytes([r[0], r[1], r[2], r[3]])),
+            _ => w.float_data.first().copied(),
+        }
+    };
+    let zero_point = |t: &str| -> Option<i32> {
+        let w = candidate.initializer.iter().find(|w| w.name() == t)?;
+        let raw = w.raw_data.as_deref().unwrap_or_default();
+        match DataType::try_from(w.data_type()).ok()? {
+            DataType::Int8 => raw.first().map(|&b| b as i8 as i32).or(w.int32_data.first().copied()),
+            DataType::Uint8 => raw.first().map(|&b| b as i32).or(w.int32_data.first().copied()),
+            DataType::Int16 => raw.get(..2).map(|b| i16::from_le_bytes([b[0], b[1]]) as i32).or(w.int32_data.first().copied()),
+            DataType::Uint16 => raw.get(..2).map(|b| u16::from_le_bytes([b[0], b[1]]) as i32).or(w.int32_data.first().copied()),
+            _ => w.int32_data.first().copied(),
+        }
+    };
+    let mut ranges = std::collections::HashMap::new();
+    for info in cand_index.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
+        let node = &candidate.node[info.proto_index];
+        let (Some(x), Some(s)) = (node.input.first(), node.input.get(1).and_then(|s| scalar(s))) else { continue };
+        if cand_index.is_constant_like(x) {
+            continue;
+        }
+        let Some(format) = quantized_type(candidate, node).and_then(QuantFormat::of) else { continue };
+        let zp = node.input.get(2).filter(|t| !t.is_empty()).map_or(Some(0), |z| zero_point(z)).unwrap_or(0);
+        let (qmin, qmax) = format.limits();
+        let range = if matches!(format, QuantFormat::Float8E4M3 | QuantFormat::Float8E5M2) {
+            QuantizerRange { format, scale: s, zero_point: 0, lo: qmin * s, hi: qmax * s }
+        } else {
+            QuantizerRange { format, scale: s, zero_point: zp, lo: (qmin - zp as f32) * s, hi: (qmax - zp as f32) * s }
+        };
+        let mut held: Vec<String> = reference_of(x).into_iter().collect();
+        for out in &node.output {
+            for c in cand_index.consumers(out).iter().map(|&c| &cand_index.nodes[c]).filter(|c| c.op_type == "DequantizeLinear") {
+                held.extend(c.outputs.first().and_then(|d| reference_of(d)));
+            }
+        }
+        for t in held {
+            ranges.entry(t).or_insert(range);
+        }
+    }
+    ranges
+}
