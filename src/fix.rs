@@ -12,7 +12,7 @@ use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, F
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 
-use crate::keep::KeepRunner;
+use crate::keep::{HeldRun, KeepRunner};
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
 use crate::pipeline::{BisectOptions, Steps};
@@ -41,7 +41,14 @@ struct Sample {
     name: String,
     feeds: Vec<(String, Tensor)>,
     reference: std::collections::HashMap<String, Tensor>,
+    /// The candidate's latest runs of this sample (an emulating candidate's): a run is computed
+    /// from the one it changes least, re-running only what its keep list changes.
+    runs: Vec<HeldRun<'static>>,
 }
+
+/// Candidate runs held per sample to compute the next from: two cover the search's steps (a
+/// trial differs least from the last run, or from the one before it where that trial failed).
+const HELD_RUNS: usize = 2;
 
 struct Search<'a> {
     index: &'a GraphIndex,
@@ -75,9 +82,22 @@ impl Search<'_> {
                 n => format!("candidate run {} ({nodes}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name),
             };
             let Search { steps, keeper, candidate, samples, .. } = self;
-            let feeds = &samples[k].feeds;
-            let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
-            let judged = self.judge(k, &out);
+            let (feeds, held) = (&samples[k].feeds, &samples[k].runs);
+            let run = steps.run(&label, || {
+                if let Some(run) = keeper.run_all_from(candidate.as_mut(), keep, feeds, held)? {
+                    return Ok(run);
+                }
+                let out = keeper.run(candidate.as_mut(), keep, feeds, &Selection::All)?;
+                Ok(HeldRun::whole(keeper, keep, out.tensors))
+            })?;
+            let judged = self.judge(k, run.tensor_map());
+            if self.keeper.emulated() {
+                let runs = &mut self.samples[k].runs;
+                runs.push(run);
+                if runs.len() > HELD_RUNS {
+                    runs.remove(0);
+                }
+            }
             let error = judged.0.largest_error(&self.index.outputs);
             let failing = judged.1.status == Status::Diverged;
             if worse(failing, error, worst.as_ref().map(|(e, _, (_, v))| (v.status == Status::Diverged, *e))) {
@@ -103,8 +123,8 @@ impl Search<'_> {
         (comparison, pass)
     }
 
-    fn judge(&self, k: usize, out: &RunOutput) -> (Comparison, Verdict) {
-        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, &self.tolerances);
+    fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>) -> (Comparison, Verdict) {
+        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
@@ -353,7 +373,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // An input passed straight to an output is returned as it was fed (no run returns it).
         add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
         crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
-        samples.push(Sample { name, feeds, reference: out.tensors });
+        samples.push(Sample { name, feeds, reference: out.tensors, runs: Vec::new() });
     }
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).
