@@ -161,6 +161,27 @@ fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[Strin
         })
 }
 
+/// The nodes (not kept yet) where the reference leaves FP16's range from inputs within it: an FP16
+/// candidate stores inf there whatever comes before, so each is an overflow of its own, which
+/// this run may not show as one (inf from an earlier overflow already reaches it). Found from the
+/// reference's values alone, all in one round: a model with many independent overflows needs one
+/// round for them, not a round each (and more than `--max-rounds`). One kept without need is
+/// dropped by the pruning.
+fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> Vec<(String, String)> {
+    let beyond = |t: &str| comparison.get(t).filter(|r| r.metrics.ref_fp16_overflow > 0 && r.ref_dtype.starts_with("float"));
+    index
+        .nodes
+        .iter()
+        .filter(|n| !keep.contains(&n.name))
+        .filter(|n| n.inputs.iter().all(|t| t.is_empty() || index.is_constant_like(t) || beyond(t).is_none()))
+        .filter_map(|n| {
+            let (t, r) = n.outputs.iter().find_map(|t| Some((t, beyond(t)?)))?;
+            let why = format!("{} ({}): the reference reaches {} in '{t}' from inputs within FP16's range, beyond the FP16 maximum 65504: an FP16 run stores inf there", n.name, n.op_type, num(r.metrics.ref_max_abs));
+            Some((n.name.clone(), why))
+        })
+        .collect()
+}
+
 /// Nodes that may be kept in FP32 (they compute a float tensor that is not a weight), in
 /// topological order, `keep` excluded.
 fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Tensor>, keep: &[String]) -> Vec<String> {
@@ -456,6 +477,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let first = culprits[0].0.clone();
         for n in last.1.non_finite.iter().filter(|n| n.origin && !n.weight && n.node != first) {
             culprits.push((n.node.clone(), format!("{} ({}) produces {} inf/NaN", n.node, n.op_type, n.mismatched)));
+        }
+        if low == Precision::Fp16 {
+            for exit in range_exits(index, &last.0, &keep) {
+                if !culprits.iter().any(|(n, _)| *n == exit.0) {
+                    culprits.push(exit);
+                }
+            }
         }
         let mut added = false;
         for (node, because) in culprits {

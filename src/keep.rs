@@ -23,8 +23,7 @@ pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String
     loop {
         let conversion = convert_fp16(model, index, float, &options)?;
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
-        let converted_index = GraphIndex::build(converted.graph())?;
-        let Err(e) = layerwise_runtime::tensor_types(&converted, &converted_index, &[]) else { return Ok((conversion, options.refused)) };
+        let Err(e) = layerwise_runtime::check_types(&converted) else { return Ok((conversion, options.refused)) };
         let message = e.to_string();
         // "... Type 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (name) is invalid."
         let refused = message.rfind(") is invalid").and_then(|end| {

@@ -101,7 +101,7 @@ fn every_tensor_computed_from_an_earlier_run_equals_the_whole_model_run() {
     let feeds = feeds();
     let mut cand = candidate();
     let mut keeper = KeepRunner::new(&model, &index, cand.as_mut());
-    let mut whole = |keeper: &mut KeepRunner, cand: &mut Box<dyn layerwise_runtime::Backend>, keep: &[String]| keeper.run(cand.as_mut(), keep, &feeds, &Selection::All).unwrap().tensors;
+    let whole = |keeper: &mut KeepRunner, cand: &mut Box<dyn layerwise_runtime::Backend>, keep: &[String]| keeper.run(cand.as_mut(), keep, &feeds, &Selection::All).unwrap().tensors;
     let nothing = whole(&mut keeper, &mut cand, &[]);
     // The overflow propagates: the run with nothing kept is not the one with keep lists below.
     assert!(nothing["y"].to_f32().iter().any(|v| !v.is_finite()));

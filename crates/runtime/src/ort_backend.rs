@@ -83,8 +83,29 @@ impl OrtBackend {
     }
 }
 
+/// What tells one piece's program from another without writing its weights out: the model, and
+/// the piece's nodes, inputs (with their pinned shapes), outputs and the names, types and dimensions
+/// of its weights. Within one model and emulation a weight's values follow from its name (rounded
+/// in place, or an unrounded `__lw_keep32` copy for a kept node).
+fn piece_key(model: &str, part: &layerwise_model::onnx::GraphProto) -> String {
+    use prost::Message;
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(model.as_bytes());
+    for n in &part.node {
+        hash.update(n.encode_to_vec());
+    }
+    for v in part.input.iter().chain(&part.output) {
+        hash.update(v.encode_to_vec());
+    }
+    for w in &part.initializer {
+        hash.update(format!("{}|{}|{:?};", w.name(), w.data_type(), w.dims));
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Most piece sessions an emulation keeps for later runs (`run_pieces`).
-const PIECE_SESSIONS: usize = 64;
+const PIECE_SESSIONS: usize = 32;
 /// Most bytes of program (weights mostly) the kept piece sessions may hold together.
 const PIECE_SESSION_BYTES: usize = 1 << 30;
 
@@ -469,18 +490,20 @@ impl OrtBackend {
                 ..Default::default()
             };
             layerwise_model::pair::pin_input_shapes(&mut part, &input_shapes(&RunRequest { model: request.model, index: request.index, inputs: &feeds, selection: &selection }));
-            let cut = ModelProto { graph: Some(part), ..shell.clone() };
-            let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
-            let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
-            drop(cut);
-            // The same bytes are the same program: its session is reused.
-            let key: String = <sha2::Sha256 as sha2::Digest>::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
-            let size = bytes.len();
-            let mut session = match self.piece_sessions.iter().position(|(k, _, _)| *k == key) {
-                Some(i) => self.piece_sessions.remove(i).1,
-                None => self.session(&bytes, folder.as_deref(), self.options.opt_level)?,
+            let key = piece_key(&request.model.sha256, &part);
+            let (mut session, size, external) = match self.piece_sessions.iter().position(|(k, _, _)| *k == key) {
+                Some(i) => {
+                    let (_, session, size) = self.piece_sessions.remove(i);
+                    (session, size, false)
+                }
+                None => {
+                    let cut = ModelProto { graph: Some(part), ..shell.clone() };
+                    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+                    let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
+                    drop(cut);
+                    (self.session(&bytes, folder.as_deref(), self.options.opt_level)?, bytes.len(), folder.is_some())
+                }
             };
-            drop(bytes);
             let session_inputs = session_feeds(&session, &feeds, &self.label)?;
             drop(feeds);
             let (mut results, _) = run_without_optionals(&mut session, session_inputs).map_err(|e| self.err(format!("run failed: {e}")))?;
@@ -490,7 +513,7 @@ impl OrtBackend {
             }
             drop(results);
             // Weights mapped from their file cost no copy; inline ones are held by the session.
-            if folder.is_none() {
+            if !external {
                 self.piece_sessions.push((key, session, size));
                 while self.piece_sessions.len() > PIECE_SESSIONS || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES {
                     self.piece_sessions.remove(0);
@@ -677,7 +700,54 @@ pub struct InferredType {
 /// The inferred type of every tensor a main-graph node computes: every tensor is exposed and the
 /// session's output metadata read (no run). `inputs` (name, shape) fix the shapes of dynamic
 /// graph inputs first, so that shapes downstream come out concrete.
+///
+/// The answer is kept per model and input shapes (the last few asked): the session that gives it
+/// exposes every tensor, and its build grows faster than the graph, so a bisect or a fix, which
+/// ask it for one model from several places, build it once.
 pub fn tensor_types(
+    model: &layerwise_model::Model,
+    index: &layerwise_model::GraphIndex,
+    inputs: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, InferredType>, RuntimeError> {
+    let key = format!("{}|{inputs:?}", model.sha256);
+    if let Some((_, types)) = typings().lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+        return Ok(types.as_ref().clone());
+    }
+    let types = std::sync::Arc::new(infer_tensor_types(model, index, inputs)?);
+    let mut cache = typings().lock().expect("not poisoned");
+    cache.push((key, types.clone()));
+    if cache.len() > TYPINGS_KEPT {
+        cache.remove(0);
+    }
+    Ok(types.as_ref().clone())
+}
+
+/// Typings kept by [`tensor_types`] (models and shapes asked for in one process are few).
+const TYPINGS_KEPT: usize = 4;
+
+type Typings = Vec<(String, std::sync::Arc<HashMap<String, InferredType>>)>;
+
+fn typings() -> &'static std::sync::Mutex<Typings> {
+    static TYPINGS: std::sync::OnceLock<std::sync::Mutex<Typings>> = std::sync::OnceLock::new();
+    TYPINGS.get_or_init(Default::default)
+}
+
+/// Whether ONNX Runtime accepts the types of `model` (every node has a kernel signature for its
+/// inputs' types): a session built with optimizations disabled, its large weights as typed inputs,
+/// and nothing run. Cheaper than [`tensor_types`], whose session exposes every tensor.
+pub fn check_types(model: &layerwise_model::Model) -> Result<(), RuntimeError> {
+    let mut proto = model.proto.clone();
+    if let Some(graph) = proto.graph.as_mut() {
+        weights_as_inputs(graph);
+    }
+    let options = OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true };
+    let backend = OrtBackend::new(&BackendSpec::Ort(options.clone()), options, None);
+    let session = backend.session_for(model, &proto, OptLevel::Disable);
+    crate::backend_log::take(&backend.log_id);
+    session.map(drop)
+}
+
+fn infer_tensor_types(
     model: &layerwise_model::Model,
     index: &layerwise_model::GraphIndex,
     inputs: &[(String, Vec<usize>)],
