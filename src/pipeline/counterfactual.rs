@@ -47,10 +47,11 @@ pub(super) fn counterfactual(
     // The run the checks change: the comparison's candidate tensors where held, else filled in
     // as the checks need them (an emulation computes them once for every check).
     let baseline = match candidate_tensors {
-        Some(tensors) if keeper.emulated() => HeldRun::of_comparison(tensors),
-        _ => HeldRun::nothing_yet(&mut keeper, &[]),
+        _ if !keeper.emulated() => None,
+        Some(tensors) => Some(HeldRun::of_comparison(tensors)),
+        None => Some(HeldRun::nothing_yet(&mut keeper, &[])),
     };
-    let trial = Trial { feeds, reference, candidate_tensors, baseline: RefCell::new(baseline), worst: &worst, before };
+    let trial = Trial { feeds, reference, candidate_tensors, baseline: baseline.map(RefCell::new), worst: &worst, before };
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
@@ -166,7 +167,7 @@ struct Trial<'a> {
     reference: &'a RunOutput,
     candidate_tensors: Option<&'a HashMap<String, Tensor>>,
     /// For an emulating candidate, the run every check is computed from.
-    baseline: RefCell<HeldRun<'a>>,
+    baseline: Option<RefCell<HeldRun<'a>>>,
     worst: &'a str,
     before: f64,
 }
@@ -180,8 +181,8 @@ impl Trial<'_> {
         // whole converted model, as before, and `nodes_rerun` stays empty.
         // An emulation computes the same outputs by parts, bit for bit; the report does not tell
         // the two apart (`nodes_rerun` is for converted models).
-        let part = if keeper.emulated() {
-            keeper.outputs_from(candidate, &kept, self.feeds, &mut self.baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
+        let part = if let Some(baseline) = &self.baseline {
+            keeper.outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
         } else {
             self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten()).map(|(out, rerun)| (out, Some(rerun)))
         };
