@@ -303,6 +303,20 @@ impl<'a> KeepRunner<'a> {
         pieces.into_iter().map(|(_, p)| p).filter(|p| !p.is_empty()).collect()
     }
 
+    /// The tensors that `nodes` compute in one piece and read in a later one.
+    fn crossing(&self, nodes: &[bool]) -> HashSet<String> {
+        let index = self.index;
+        let mut crossing = HashSet::new();
+        for (i, node) in index.nodes.iter().enumerate().filter(|(i, _)| nodes[*i]) {
+            for t in &node.inputs {
+                if index.producer_index(t).is_some_and(|p| nodes[p] && p / PIECE_NODES != i / PIECE_NODES) {
+                    crossing.insert(t.clone());
+                }
+            }
+        }
+        crossing
+    }
+
     /// Every tensor of the emulating candidate's run with `keep` in FP32, as [`KeepRunner::run`]
     /// returns them with `Selection::All`, computed from the held run of the same inputs that
     /// `keep` changes least: what it does not change is taken from it, the rest runs again in
@@ -383,7 +397,11 @@ impl<'a> KeepRunner<'a> {
                 }
                 stack.extend(index.nodes[i].inputs.iter().filter(|t| baseline.get(t).is_none()).filter_map(|t| index.producer_index(t)));
             }
-            let pieces = self.pieces(&prefix, &|_| true);
+            // Kept: what was asked for, and what one piece hands the next (a later check's border
+            // is computed from there, not from the inputs).
+            let crossing = self.crossing(&prefix);
+            let asked: HashSet<&str> = needed.iter().map(String::as_str).collect();
+            let pieces = self.pieces(&prefix, &|t| crossing.contains(t) || asked.contains(t));
             let as_written: Vec<String> = baseline.kept.iter().cloned().collect();
             candidate.keep_fp32(&as_written);
             let known = |t: &str| baseline.get(t);
@@ -394,7 +412,11 @@ impl<'a> KeepRunner<'a> {
                 None | Some(Err(_)) => return Ok(None),
             }
         }
-        let pieces = self.pieces(&part, &|_| true);
+        // Only the outputs and what one piece hands the next leave a piece: fewer outputs build
+        // and copy faster.
+        let crossing = self.crossing(&part);
+        let outputs: HashSet<&str> = index.outputs.iter().map(String::as_str).collect();
+        let pieces = self.pieces(&part, &|t| crossing.contains(t) || outputs.contains(t));
         let as_written: Vec<String> = kept.iter().cloned().collect();
         candidate.keep_fp32(&as_written);
         let known = |t: &str| if unaffected(t) { baseline.get(t) } else { None };

@@ -56,9 +56,9 @@ import re
 sums = {}
 for k, v in r["run_info"]["durations_s"]:
     if k != "total":  # fix's "candidate run N" steps are summed: candidate_run=seconds(count)
-        name = re.sub(r" \d+$", "", k.split(" (")[0]).replace(" ", "_")
-        total, count = sums.get(name, (0.0, 0))
-        sums[name] = (total + v, count + 1)
+        step = re.sub(r" \d+$", "", k.split(" (")[0]).replace(" ", "_")
+        total, count = sums.get(step, (0.0, 0))
+        sums[step] = (total + v, count + 1)
 steps = " ".join(f"{k}={v:.2f}" + (f"({n})" if n > 1 else "") for k, (v, n) in sums.items())
 verdict = r.get("status") if "verdict" not in r else r["verdict"] if isinstance(r["verdict"], str) else r["verdict"].get("status", "?")
 print(f"{name:22} {nodes:7} {floor:8.2f} {wall:9.2f} {rss / 1024:9.0f} {wall / floor:6.1f} {verdict:9} {steps}")
