@@ -168,7 +168,8 @@ fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[Strin
 /// round for them, not a round each (and more than `--max-rounds`). One kept without need is
 /// dropped by the pruning.
 fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> Vec<(String, String)> {
-    let beyond = |t: &str| comparison.get(t).filter(|r| r.metrics.ref_fp16_overflow > 0 && r.ref_dtype.starts_with("float"));
+    // Float32 tensors are what an FP16 model stores in FP16 (a float64 one stays as it is).
+    let beyond = |t: &str| comparison.get(t).filter(|r| r.metrics.ref_fp16_overflow > 0 && r.ref_dtype == "float32");
     index
         .nodes
         .iter()
