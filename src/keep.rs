@@ -484,7 +484,7 @@ impl<'t> HeldRun<'t> {
 
     /// Every tensor held.
     pub fn into_tensors(self) -> HashMap<String, Tensor> {
-        let mut all: HashMap<String, Tensor> = self.shared.map(|s| s.clone()).unwrap_or_default();
+        let mut all: HashMap<String, Tensor> = self.shared.cloned().unwrap_or_default();
         all.extend(self.tensors);
         all
     }
