@@ -12,7 +12,7 @@ use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, F
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 
-use crate::keep::KeepRunner;
+use crate::keep::{HeldRun, KeepRunner};
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
 use crate::pipeline::{BisectOptions, Steps};
@@ -41,7 +41,14 @@ struct Sample {
     name: String,
     feeds: Vec<(String, Tensor)>,
     reference: std::collections::HashMap<String, Tensor>,
+    /// The candidate's latest runs of this sample (an emulating candidate's): a run is computed
+    /// from the one it changes least, re-running only what its keep list changes.
+    runs: Vec<HeldRun<'static>>,
 }
+
+/// Candidate runs held per sample to compute the next from: two cover the search's steps (a
+/// trial differs least from the last run, or from the one before it where that trial failed).
+const HELD_RUNS: usize = 2;
 
 struct Search<'a> {
     index: &'a GraphIndex,
@@ -75,9 +82,22 @@ impl Search<'_> {
                 n => format!("candidate run {} ({nodes}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name),
             };
             let Search { steps, keeper, candidate, samples, .. } = self;
-            let feeds = &samples[k].feeds;
-            let out = steps.run(&label, || keeper.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
-            let judged = self.judge(k, &out);
+            let (feeds, held) = (&samples[k].feeds, &samples[k].runs);
+            let run = steps.run(&label, || {
+                if let Some(run) = keeper.run_all_from(candidate.as_mut(), keep, feeds, held)? {
+                    return Ok(run);
+                }
+                let out = keeper.run(candidate.as_mut(), keep, feeds, &Selection::All)?;
+                Ok(HeldRun::whole(keeper, keep, out.tensors))
+            })?;
+            let judged = self.judge(k, run.tensor_map());
+            if self.keeper.emulated() {
+                let runs = &mut self.samples[k].runs;
+                runs.push(run);
+                if runs.len() > HELD_RUNS {
+                    runs.remove(0);
+                }
+            }
             let error = judged.0.largest_error(&self.index.outputs);
             let failing = judged.1.status == Status::Diverged;
             if worse(failing, error, worst.as_ref().map(|(e, _, (_, v))| (v.status == Status::Diverged, *e))) {
@@ -103,8 +123,8 @@ impl Search<'_> {
         (comparison, pass)
     }
 
-    fn judge(&self, k: usize, out: &RunOutput) -> (Comparison, Verdict) {
-        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, &out.tensors, &self.tolerances);
+    fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>) -> (Comparison, Verdict) {
+        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
@@ -139,6 +159,28 @@ fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[Strin
         .map(|(ratio, step)| {
             (step.node.clone(), format!("{} ({}): drift, and it is the chain's strongest amplifier ({ratio:.1}x)", step.node, step.op_type))
         })
+}
+
+/// The nodes (not kept yet) where the reference leaves FP16's range from inputs within it: an FP16
+/// candidate stores inf there whatever comes before, so each is an overflow of its own, which
+/// this run may not show as one (inf from an earlier overflow already reaches it). Found from the
+/// reference's values alone, all in one round: a model with many independent overflows needs one
+/// round for them, not a round each (and more than `--max-rounds`). One kept without need is
+/// dropped by the pruning.
+fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> Vec<(String, String)> {
+    // Float32 tensors are what an FP16 model stores in FP16 (a float64 one stays as it is).
+    let beyond = |t: &str| comparison.get(t).filter(|r| r.metrics.ref_fp16_overflow > 0 && r.ref_dtype == "float32");
+    index
+        .nodes
+        .iter()
+        .filter(|n| !keep.contains(&n.name))
+        .filter(|n| n.inputs.iter().all(|t| t.is_empty() || index.is_constant_like(t) || beyond(t).is_none()))
+        .filter_map(|n| {
+            let (t, r) = n.outputs.iter().find_map(|t| Some((t, beyond(t)?)))?;
+            let why = format!("{} ({}): the reference reaches {} in '{t}' from inputs within FP16's range, beyond the FP16 maximum 65504: an FP16 run stores inf there", n.name, n.op_type, num(r.metrics.ref_max_abs));
+            Some((n.name.clone(), why))
+        })
+        .collect()
 }
 
 /// Nodes that may be kept in FP32 (they compute a float tensor that is not a weight), in
@@ -353,7 +395,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // An input passed straight to an output is returned as it was fed (no run returns it).
         add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
         crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
-        samples.push(Sample { name, feeds, reference: out.tensors });
+        samples.push(Sample { name, feeds, reference: out.tensors, runs: Vec::new() });
     }
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).
@@ -436,6 +478,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let first = culprits[0].0.clone();
         for n in last.1.non_finite.iter().filter(|n| n.origin && !n.weight && n.node != first) {
             culprits.push((n.node.clone(), format!("{} ({}) produces {} inf/NaN", n.node, n.op_type, n.mismatched)));
+        }
+        if low == Precision::Fp16 {
+            for exit in range_exits(index, &last.0, &keep) {
+                if !culprits.iter().any(|(n, _)| *n == exit.0) {
+                    culprits.push(exit);
+                }
+            }
         }
         let mut added = false;
         for (node, because) in culprits {

@@ -23,8 +23,7 @@ pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String
     loop {
         let conversion = convert_fp16(model, index, float, &options)?;
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
-        let converted_index = GraphIndex::build(converted.graph())?;
-        let Err(e) = layerwise_runtime::tensor_types(&converted, &converted_index, &[]) else { return Ok((conversion, options.refused)) };
+        let Err(e) = layerwise_runtime::check_types(&converted) else { return Ok((conversion, options.refused)) };
         let message = e.to_string();
         // "... Type 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (name) is invalid."
         let refused = message.rfind(") is invalid").and_then(|end| {
@@ -268,11 +267,230 @@ impl<'a> KeepRunner<'a> {
         Ok(Some((result, rerun)))
     }
 
+    /// The nodes (by topological position) whose results differ between runs keeping `a` and
+    /// keeping `b` (as written): those kept in one and not the other, and every node they feed.
+    /// An emulation changes nothing else for a node kept (its outputs unrounded, its weights and
+    /// graph inputs read unrounded, its non-kept readers reading a rounded copy).
+    fn affected(&self, a: &HashSet<String>, b: &HashSet<String>) -> Vec<bool> {
+        let index = self.index;
+        let mut affected = vec![false; index.nodes.len()];
+        for name in a.symmetric_difference(b) {
+            if let Some(node) = index.node(name) {
+                affected[node.topo_index] = true;
+            }
+        }
+        // Nodes are in topological order: a reader comes after what it reads.
+        for i in 0..index.nodes.len() {
+            if !affected[i] && index.nodes[i].inputs.iter().any(|t| index.producer_index(t).is_some_and(|p| affected[p])) {
+                affected[i] = true;
+            }
+        }
+        affected
+    }
+
+    /// The computed tensors of `nodes` (by topological position) that `wanted` accepts, in pieces
+    /// of consecutive positions: fixed boundaries, so that a piece a later run computes again
+    /// the same way runs in the session the candidate kept for it.
+    fn pieces(&self, nodes: &[bool], wanted: &dyn Fn(&str) -> bool) -> Vec<Vec<String>> {
+        let mut pieces: Vec<(usize, Vec<String>)> = Vec::new();
+        for (i, node) in self.index.nodes.iter().enumerate().filter(|(i, _)| nodes[*i]) {
+            let piece = i / PIECE_NODES;
+            if pieces.last().map(|(p, _)| *p) != Some(piece) {
+                pieces.push((piece, Vec::new()));
+            }
+            pieces.last_mut().expect("just pushed").1.extend(node.outputs.iter().filter(|t| !t.is_empty() && wanted(t)).cloned());
+        }
+        pieces.into_iter().map(|(_, p)| p).filter(|p| !p.is_empty()).collect()
+    }
+
+    /// The tensors that `nodes` compute in one piece and read in a later one.
+    fn crossing(&self, nodes: &[bool]) -> HashSet<String> {
+        let index = self.index;
+        let mut crossing = HashSet::new();
+        for (i, node) in index.nodes.iter().enumerate().filter(|(i, _)| nodes[*i]) {
+            for t in &node.inputs {
+                if index.producer_index(t).is_some_and(|p| nodes[p] && p / PIECE_NODES != i / PIECE_NODES) {
+                    crossing.insert(t.clone());
+                }
+            }
+        }
+        crossing
+    }
+
+    /// Every tensor of the emulating candidate's run with `keep` in FP32, as [`KeepRunner::run`]
+    /// returns them with `Selection::All`, computed from the held run of the same inputs that
+    /// `keep` changes least: what it does not change is taken from it, the rest runs again in
+    /// pieces fed at their border with its values. Without a held run every node runs, in pieces.
+    /// `None` where this does not apply (a converted candidate, control flow, a candidate that
+    /// cannot run parts); the caller then runs the whole model.
+    pub fn run_all_from(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], held: &[HeldRun]) -> Result<Option<HeldRun<'static>>> {
+        if !self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
+            return Ok(None);
+        }
+        let kept: HashSet<String> = self.as_written(keep).into_iter().collect();
+        let (affected, base) = match held.iter().map(|h| (self.affected(&h.kept, &kept), h)).min_by_key(|(a, _)| a.iter().filter(|&&x| x).count()) {
+            Some((affected, h)) => (affected, Some(h)),
+            None => (vec![true; self.index.nodes.len()], None),
+        };
+        let index = self.index;
+        let unaffected = |t: &str| index.producer_index(t).is_none_or(|p| !affected[p]);
+        let mut tensors: HashMap<String, Tensor> = match base {
+            Some(h) => h.tensors().filter(|(t, _)| unaffected(t)).map(|(t, v)| (t.clone(), v.clone())).collect(),
+            None => HashMap::new(),
+        };
+        // A tensor the held run does not hold (not a tensor: a sequence) is not asked for again.
+        let returned = |t: &str| base.is_none_or(|h| h.get(t).is_some());
+        let pieces = self.pieces(&affected, &returned);
+        let as_written: Vec<String> = kept.iter().cloned().collect();
+        candidate.keep_fp32(&as_written);
+        let known = |t: &str| if unaffected(t) { base.and_then(|h| h.get(t)) } else { None };
+        let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
+        candidate.keep_fp32(&[]);
+        match computed {
+            Some(Ok(computed)) => tensors.extend(computed),
+            // Where a piece cannot run (a value that is not a tensor), the whole model does.
+            None | Some(Err(_)) => return Ok(None),
+        }
+        layerwise_analysis::add_passed_through(self.model.graph(), index, inputs, &mut tensors);
+        Ok(Some(HeldRun { kept, shared: None, tensors }))
+    }
+
+    /// The model outputs of the emulating candidate's run with `keep` in FP32, computed as
+    /// [`KeepRunner::run_changed_part`] does for a converted candidate: only the nodes whose
+    /// results `keep` changes against `baseline` run again, in pieces, fed at their border with
+    /// the baseline's values. A border value the baseline lacks is computed first, in its run
+    /// (only what it needs, from what it holds), and kept there for the next check: the prefix
+    /// runs once for every check. Returns the outputs and how many nodes ran again; `None` where
+    /// this does not apply, and the caller runs the whole model.
+    pub fn outputs_from(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], baseline: &mut HeldRun) -> Result<Option<(RunOutput, usize)>> {
+        if !self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
+            return Ok(None);
+        }
+        let index = self.index;
+        let kept: HashSet<String> = self.as_written(keep).into_iter().collect();
+        let affected = self.affected(&baseline.kept, &kept);
+        let unaffected = |t: &str| index.producer_index(t).is_none_or(|p| !affected[p]);
+        // What runs again: the changed nodes that an output needs.
+        let mut part = vec![false; index.nodes.len()];
+        let mut stack: Vec<usize> = index.outputs.iter().filter_map(|o| index.producer_index(o)).filter(|&p| affected[p]).collect();
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut part[i], true) {
+                continue;
+            }
+            stack.extend(index.nodes[i].inputs.iter().filter_map(|t| index.producer_index(t)).filter(|&p| affected[p]));
+        }
+        // The baseline's values it needs: its border, and the outputs it does not reach.
+        let mut needed: Vec<String> = Vec::new();
+        for node in index.nodes.iter().enumerate().filter(|(i, _)| part[*i]).map(|(_, n)| n) {
+            needed.extend(node.inputs.iter().filter(|t| index.producer_index(t).is_some_and(|p| !affected[p]) && !index.is_constant_like(t)).cloned());
+        }
+        needed.extend(index.outputs.iter().filter(|o| index.producer_index(o).is_some_and(|p| !affected[p])).cloned());
+        needed.sort();
+        needed.dedup();
+        needed.retain(|t| baseline.get(t).is_none());
+        if !needed.is_empty() {
+            let mut prefix = vec![false; index.nodes.len()];
+            let mut stack: Vec<usize> = needed.iter().filter_map(|t| index.producer_index(t)).collect();
+            while let Some(i) = stack.pop() {
+                if std::mem::replace(&mut prefix[i], true) {
+                    continue;
+                }
+                stack.extend(index.nodes[i].inputs.iter().filter(|t| baseline.get(t).is_none()).filter_map(|t| index.producer_index(t)));
+            }
+            // Kept: what was asked for, and what one piece hands the next (a later check's border
+            // is computed from there, not from the inputs).
+            let crossing = self.crossing(&prefix);
+            let asked: HashSet<&str> = needed.iter().map(String::as_str).collect();
+            let pieces = self.pieces(&prefix, &|t| crossing.contains(t) || asked.contains(t));
+            let as_written: Vec<String> = baseline.kept.iter().cloned().collect();
+            candidate.keep_fp32(&as_written);
+            let known = |t: &str| baseline.get(t);
+            let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
+            candidate.keep_fp32(&[]);
+            match computed {
+                Some(Ok(computed)) => baseline.tensors.extend(computed),
+                None | Some(Err(_)) => return Ok(None),
+            }
+        }
+        // Only the outputs and what one piece hands the next leave a piece: fewer outputs build
+        // and copy faster.
+        let crossing = self.crossing(&part);
+        let outputs: HashSet<&str> = index.outputs.iter().map(String::as_str).collect();
+        let pieces = self.pieces(&part, &|t| crossing.contains(t) || outputs.contains(t));
+        let as_written: Vec<String> = kept.iter().cloned().collect();
+        candidate.keep_fp32(&as_written);
+        let known = |t: &str| if unaffected(t) { baseline.get(t) } else { None };
+        let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
+        candidate.keep_fp32(&[]);
+        let mut computed = match computed {
+            Some(Ok(computed)) => computed,
+            None | Some(Err(_)) => return Ok(None),
+        };
+        let mut out = RunOutput::default();
+        for o in &index.outputs {
+            let value = if unaffected(o) { baseline.get(o).cloned() } else { computed.remove(o) };
+            if let Some(v) = value {
+                out.tensors.insert(o.clone(), v);
+            }
+        }
+        layerwise_analysis::add_passed_through(self.model.graph(), index, inputs, &mut out.tensors);
+        Ok(Some((out, part.iter().filter(|&&p| p).count())))
+    }
+
     fn reduced_dtype(&self) -> DType {
         match self.target {
             layerwise_model::convert::Target::Bf16 => DType::BF16,
             layerwise_model::convert::Target::Fp16 => DType::F16,
         }
+    }
+}
+
+/// Nodes (in topological order) per piece of a part run again ([`KeepRunner::run_all_from`]):
+/// small enough that a session for one builds fast (build time grows faster than the node
+/// count) and that a change rebuilds little, large enough that a run is not all overhead.
+const PIECE_NODES: usize = 256;
+
+/// A candidate run of one sample, held to compute later runs from: the nodes it kept in FP32 (as
+/// written) and its tensors, its own or shared with the comparison.
+pub struct HeldRun<'t> {
+    kept: HashSet<String>,
+    shared: Option<&'t HashMap<String, Tensor>>,
+    tensors: HashMap<String, Tensor>,
+}
+
+impl<'t> HeldRun<'t> {
+    /// The candidate's tensors from the comparison (nothing kept).
+    pub fn of_comparison(tensors: &'t HashMap<String, Tensor>) -> HeldRun<'t> {
+        HeldRun { kept: HashSet::new(), shared: Some(tensors), tensors: HashMap::new() }
+    }
+
+    /// A run keeping `keep` (as the runner writes it) of which no tensor is held yet.
+    pub fn nothing_yet(runner: &mut KeepRunner, keep: &[String]) -> HeldRun<'t> {
+        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors: HashMap::new() }
+    }
+
+    /// A whole run of the candidate keeping `keep`, which returned `tensors`.
+    pub fn whole(runner: &mut KeepRunner, keep: &[String], tensors: HashMap<String, Tensor>) -> HeldRun<'t> {
+        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors }
+    }
+
+    pub fn get(&self, tensor: &str) -> Option<&Tensor> {
+        self.tensors.get(tensor).or_else(|| self.shared?.get(tensor))
+    }
+
+    fn tensors(&self) -> impl Iterator<Item = (&String, &Tensor)> {
+        self.tensors.iter().chain(self.shared.into_iter().flatten().filter(|(t, _)| !self.tensors.contains_key(*t)))
+    }
+
+    /// Every tensor held.
+    pub fn into_tensors(self) -> HashMap<String, Tensor> {
+        let mut all: HashMap<String, Tensor> = self.shared.cloned().unwrap_or_default();
+        all.extend(self.tensors);
+        all
+    }
+
+    pub fn tensor_map(&self) -> &HashMap<String, Tensor> {
+        &self.tensors
     }
 }
 

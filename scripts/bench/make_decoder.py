@@ -7,9 +7,14 @@ left out, as exporters fold them), attention 7 (Q, K, V MatMuls, Transpose, MatM
 1/sqrt(64) folded into Wq), residual Add, LayerNorm 7, FFN 5 (MatMul, Erf, Add, Mul, MatMul: GELU
 u * 0.5 * (1 + erf(u / sqrt(2))) with 1/sqrt(2) folded into W1 and sqrt(2) * 0.5 into W2), residual Add.
 
-usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK] [--inputs IN.npz]
+usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK]... [--overflow-every K] [--inputs IN.npz]
   --overflow BLOCK  scale that block's FFN input weights so that its activations exceed FP16's
-                    range (65504): the model then diverges under sim:fp16 at that block.
+                    range (65504), and its output weights so that what it adds to the residual
+                    stays as small as the other blocks' (the blocks after it do not overflow):
+                    the model then diverges under sim:fp16 at that block. May be
+                    given several times: each block overflows on its own (`fix` must keep each).
+  --overflow-every K
+                    the same for every K-th block (K-1, 2K-1, ...): BLOCKS / K independent overflows.
   --inputs IN.npz   also write the input ("x", float32 1x16x64, seeded) for `bisect --inputs`.
 """
 import argparse
@@ -21,10 +26,14 @@ from onnx import TensorProto, helper, numpy_helper
 parser = argparse.ArgumentParser()
 parser.add_argument("out")
 parser.add_argument("blocks", type=int)
-parser.add_argument("--overflow", type=int, default=None)
+parser.add_argument("--overflow", type=int, action="append", default=[])
+parser.add_argument("--overflow-every", type=int, default=None)
 parser.add_argument("--inputs")
 args = parser.parse_args()
 H, FF, SEQ = 64, 256, 16
+overflowing = set(args.overflow)
+if args.overflow_every:
+    overflowing.update(range(args.overflow_every - 1, args.blocks, args.overflow_every))
 rng = np.random.default_rng(0)
 inits, nodes = [], []
 
@@ -70,11 +79,11 @@ for b in range(args.blocks):
     probs = node("Softmax", [node("MatMul", [q, kt], f"{p}/attn/scores")], f"{p}/attn/Softmax", axis=-1)
     x = node("Add", [x, node("MatMul", [probs, v], f"{p}/attn/context")], f"{p}/attn/residual")
     h = layer_norm(x, f"{p}/ln2")
-    w_in = 0.1 if b != args.overflow else 3000.0
+    w_in = 0.1 if b not in overflowing else 6000.0
     u = node("MatMul", [h, weight(f"{p}/W1", (H, FF), w_in / np.sqrt(2.0))], f"{p}/ffn/in")
     erf = node("Erf", [u], f"{p}/ffn/gelu_erf")
     gelu = node("Mul", [u, node("Add", [erf, one], f"{p}/ffn/gelu_add")], f"{p}/ffn/gelu")
-    w_out = np.sqrt(2.0) * 0.5 * (0.05 if b != args.overflow else 1e-4)
+    w_out = np.sqrt(2.0) * 0.5 * (0.05 if b not in overflowing else 1e-6)
     f = node("MatMul", [gelu, weight(f"{p}/W2", (FF, H), w_out)], f"{p}/ffn/out")
     x = node("Add", [x, f], f"{p}/ffn/residual")
 nodes.append(helper.make_node("Identity", [x], ["y"], name="output"))

@@ -7,7 +7,9 @@
 #
 # Usage: scripts/bench/scale.sh RUNS SPEC...
 #   SPEC: decoder:BLOCKS (passes), decoder-overflow:BLOCKS (one block in the middle overflows FP16,
-#   so the verdict diverges and the follow-up steps run), relu:N.
+#   so the verdict diverges and the follow-up steps run), decoder-overflows:BLOCKS (every 6th block
+#   overflows on its own: BLOCKS / 6 independent overflows, for `fix`), relu:N.
+#   COMMAND=fix times `layerwise fix` instead of `bisect`.
 #   LAYERWISE=path (default target/release/layerwise, built here), EXTRA="--separate-runs ..."
 #   (more bisect arguments), WORK=dir (default a temporary folder; models are kept there).
 # numpy, onnx and onnxruntime (the version layerwise loads) go into target/venv, never the product.
@@ -33,6 +35,7 @@ for spec in "$@"; do
         case $kind in
             decoder) "$py" scripts/bench/make_decoder.py "$model" "$size" --inputs "$inputs" >/dev/null ;;
             decoder-overflow) "$py" scripts/bench/make_decoder.py "$model" "$size" --overflow $((size / 2)) --inputs "$inputs" >/dev/null ;;
+            decoder-overflows) "$py" scripts/bench/make_decoder.py "$model" "$size" --overflow-every 6 --inputs "$inputs" >/dev/null ;;
             relu) "$py" scripts/bench/make_relu_chain.py "$model" "$size" --inputs "$inputs" >/dev/null ;;
             *) echo "unknown model kind: $kind" >&2; exit 2 ;;
         esac
@@ -41,16 +44,23 @@ for spec in "$@"; do
         floor=$("$py" scripts/bench/floor.py "$model" "$inputs" | "$py" -c "import json,sys; print(f'{json.load(sys.stdin)[\"floor_s\"]:.2f}')")
         rc=0
         # shellcheck disable=SC2086
-        /usr/bin/time -f "%e %M" -o "$work/time" "$LAYERWISE" bisect "$model" --inputs "$inputs" --json "$work/report.json" --quiet ${EXTRA:-} >"$work/out" 2>&1 || rc=$?
+        /usr/bin/time -f "%e %M" -o "$work/time" "$LAYERWISE" "${COMMAND:-bisect}" "$model" --inputs "$inputs" --json "$work/report.json" --quiet ${EXTRA:-} >"$work/out" 2>&1 || rc=$?
         if [ "$rc" -gt 1 ]; then echo "FAILED ($rc): $model" >&2; tail -20 "$work/out" >&2; exit 1; fi
         read -r wall rss < <(tail -1 "$work/time")
         "$py" - "$work/report.json" "$kind:$size" "$floor" "$wall" "$rss" <<'PY'
 import json, sys
 path, name, floor, wall, rss = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
 r = json.load(open(path))
-nodes = r["model"]["node_count"]
-steps = " ".join(f"{k.split(' (')[0].replace(' ', '_')}={v:.2f}" for k, v in r["run_info"]["durations_s"] if k != "total")
-verdict = r["verdict"] if isinstance(r["verdict"], str) else r["verdict"].get("status", "?")
+nodes = r["model"]["node_count"] if "verdict" in r else r["node_count"]
+import re
+sums = {}
+for k, v in r["run_info"]["durations_s"]:
+    if k != "total":  # fix's "candidate run N" steps are summed: candidate_run=seconds(count)
+        step = re.sub(r" \d+$", "", k.split(" (")[0]).replace(" ", "_")
+        total, count = sums.get(step, (0.0, 0))
+        sums[step] = (total + v, count + 1)
+steps = " ".join(f"{k}={v:.2f}" + (f"({n})" if n > 1 else "") for k, (v, n) in sums.items())
+verdict = r.get("status") if "verdict" not in r else r["verdict"] if isinstance(r["verdict"], str) else r["verdict"].get("status", "?")
 print(f"{name:22} {nodes:7} {floor:8.2f} {wall:9.2f} {rss / 1024:9.0f} {wall / floor:6.1f} {verdict:9} {steps}")
 PY
     done

@@ -1,5 +1,6 @@
 //! Does fixing it help: the candidate re-run with each break kept at reference precision.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use anyhow::Result;
@@ -8,7 +9,7 @@ use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
 use super::compare::Job;
-use crate::keep::KeepRunner;
+use crate::keep::{HeldRun, KeepRunner};
 
 /// Most breaks checked by re-running the candidate.
 const COUNTERFACTUAL_MAX: usize = 6;
@@ -43,7 +44,14 @@ pub(super) fn counterfactual(
     if let Some(n) = isolation.and_then(|i| i.introducing.clone()) {
         candidates.push((n, "introducing"));
     }
-    let trial = Trial { feeds, reference, candidate_tensors, worst: &worst, before };
+    // The run the checks change: the comparison's candidate tensors where held, else filled in
+    // as the checks need them (an emulation computes them once for every check).
+    let baseline = match candidate_tensors {
+        _ if !keeper.emulated() => None,
+        Some(tensors) => Some(HeldRun::of_comparison(tensors)),
+        None => Some(HeldRun::nothing_yet(&mut keeper, &[])),
+    };
+    let trial = Trial { feeds, reference, candidate_tensors, baseline: baseline.map(RefCell::new), worst: &worst, before };
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
@@ -158,6 +166,8 @@ struct Trial<'a> {
     feeds: &'a [(String, Tensor)],
     reference: &'a RunOutput,
     candidate_tensors: Option<&'a HashMap<String, Tensor>>,
+    /// For an emulating candidate, the run every check is computed from.
+    baseline: Option<RefCell<HeldRun<'a>>>,
     worst: &'a str,
     before: f64,
 }
@@ -169,9 +179,15 @@ impl Trial<'_> {
         // Only the part of the model the keep list changes runs again, on the candidate's own
         // values at its border, where they are held; else (or where the part cannot run) the
         // whole converted model, as before, and `nodes_rerun` stays empty.
-        let part = self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten());
+        // An emulation computes the same outputs by parts, bit for bit; the report does not tell
+        // the two apart (`nodes_rerun` is for converted models).
+        let part = if let Some(baseline) = &self.baseline {
+            keeper.outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
+        } else {
+            self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten()).map(|(out, rerun)| (out, Some(rerun)))
+        };
         let (out, nodes_rerun) = match part {
-            Some((out, rerun)) => (out, Some(rerun)),
+            Some(done) => done,
             None => (keeper.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None),
         };
         let after = compare_all(index, &index.outputs, &self.reference.tensors, &out.tensors, tolerances);

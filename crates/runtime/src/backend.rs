@@ -46,6 +46,18 @@ pub trait Backend: Send {
         let _ = nodes;
         false
     }
+    /// Computes tensors of `request.model` as this backend's run of it computes them (its keep
+    /// list included), in `pieces`, one after the other: each piece is a list of tensors, and
+    /// only the nodes of this backend's program that they need run, a tensor held in `known` or
+    /// computed by an earlier piece being fed rather than computed again. Every value `known`
+    /// gives must be the one this run computes. A piece asked again with the same program (the same
+    /// nodes, keep list and border) runs in the session it ran in. `request.selection` is not
+    /// read. `None` where this backend cannot run parts of its program bit for bit as a whole
+    /// run computes them.
+    fn run_pieces<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
+        let _ = (request, known, pieces);
+        None
+    }
     /// Whether float32 matrix products and convolutions run with TF32 on this backend.
     fn tf32(&self) -> bool {
         false

@@ -31,6 +31,9 @@ pub struct OrtBackend {
     /// The last session of a GPU provider and what it runs (model, selection, keep list), kept
     /// for the next run of the same program.
     gpu_session: Option<(String, Session)>,
+    /// Sessions of the pieces `run_pieces` ran, by the hash of their program, the most recently
+    /// used last: `fix`'s runs and the counterfactual's checks run the same pieces again.
+    piece_sessions: Vec<(String, Session, usize)>,
     /// The log id of this backend's sessions, so that what ONNX Runtime logs lands in this
     /// backend's run notes.
     log_id: String,
@@ -42,7 +45,7 @@ impl OrtBackend {
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let label = spec.to_string();
         let log_id = format!("{label}#{n}");
-        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, log_id }
+        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, piece_sessions: Vec::new(), log_id }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -79,6 +82,32 @@ impl OrtBackend {
         Ok(layerwise_model::Model::read_proto(&path)?)
     }
 }
+
+/// What tells one piece's program from another without writing its weights out: the model, and
+/// the piece's nodes, inputs (with their pinned shapes), outputs and the names, types and dimensions
+/// of its weights. Within one model and emulation a weight's values follow from its name (rounded
+/// in place, or an unrounded `__lw_keep32` copy for a kept node).
+fn piece_key(model: &str, part: &layerwise_model::onnx::GraphProto) -> String {
+    use prost::Message;
+    use sha2::Digest;
+    let mut hash = sha2::Sha256::new();
+    hash.update(model.as_bytes());
+    for n in &part.node {
+        hash.update(n.encode_to_vec());
+    }
+    for v in part.input.iter().chain(&part.output) {
+        hash.update(v.encode_to_vec());
+    }
+    for w in &part.initializer {
+        hash.update(format!("{}|{}|{:?};", w.name(), w.data_type(), w.dims));
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Most piece sessions an emulation keeps for later runs (`run_pieces`).
+const PIECE_SESSIONS: usize = 32;
+/// Most bytes of program (weights mostly) the kept piece sessions may hold together.
+const PIECE_SESSION_BYTES: usize = 1 << 30;
 
 /// External weights up to this size are read into a paired program so that ONNX Runtime can
 /// optimize it; above it the program runs unoptimized, its weights mapped from their file.
@@ -267,6 +296,19 @@ impl Backend for OrtBackend {
         Some(&self.options)
     }
 
+    fn run_pieces<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
+        // An emulation runs unoptimized, node by node, so a part of its program computes what the
+        // whole does; an optimized program may fuse across a piece's border. Bodies read outer
+        // names the cut below does not follow; TensorRT-style storage folds nodes together.
+        if self.emulate.is_none() || self.options.opt_level != OptLevel::Disable || self.trt_style || request.index.nodes.iter().any(|n| n.has_subgraphs) {
+            return None;
+        }
+        let result = self.run_pieces_of_program(request, known, pieces);
+        // What ONNX Runtime logs about parts is not a run's to report.
+        crate::backend_log::take(&self.log_id);
+        Some(result)
+    }
+
     fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<OnnxProgram, RuntimeError>> {
         let mut output = RunOutput::default();
         let result = self.program(request, &mut output).and_then(|(mut proto, _)| {
@@ -390,6 +432,95 @@ impl OrtBackend {
             g.output.retain(|o| outputs.contains(o.name()) || !gone.contains(o.name()));
         }
         Ok((proto, names))
+    }
+
+    /// See [`Backend::run_pieces`]: the program is built once for every piece's tensors, then each
+    /// piece is cut out of it, walking back from its tensors to what is known.
+    fn run_pieces_of_program<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        use layerwise_model::builder::{tensor_type, Dim};
+        use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
+        let selection = layerwise_model::Selection::Names(pieces.concat());
+        let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
+        let (mut program, _) = self.program(&whole, &mut RunOutput::default())?;
+        let graph = program.graph.take().expect("a program has a graph");
+        let shell = ModelProto { graph: None, ..program };
+        let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+        let mut computed: HashMap<String, Tensor> = HashMap::new();
+        for piece in pieces {
+            let value_of = |t: &str| known(t).or_else(|| computed.get(t));
+            let mut needed = vec![false; graph.node.len()];
+            let mut stack = Vec::new();
+            for t in piece {
+                stack.push(*producer.get(t.as_str()).ok_or_else(|| self.err(format!("no node computes '{t}'")))?);
+            }
+            let mut border: Vec<&str> = Vec::new();
+            while let Some(i) = stack.pop() {
+                if std::mem::replace(&mut needed[i], true) {
+                    continue;
+                }
+                for t in graph.node[i].input.iter().filter(|t| !t.is_empty()) {
+                    if value_of(t).is_some() {
+                        if !border.contains(&t.as_str()) {
+                            border.push(t);
+                        }
+                    } else if let Some(&p) = producer.get(t.as_str()) {
+                        stack.push(p);
+                    }
+                }
+            }
+            let nodes: Vec<_> = graph.node.iter().zip(&needed).filter(|(_, &n)| n).map(|(n, _)| n.clone()).collect();
+            let read: HashSet<&str> = nodes.iter().flat_map(|n| n.input.iter().map(String::as_str)).collect();
+            let made: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
+            let mut inputs: Vec<ValueInfoProto> = graph.input.iter().filter(|v| read.contains(v.name()) && !border.contains(&v.name())).cloned().collect();
+            let mut feeds: Vec<(String, Tensor)> = request.inputs.iter().filter(|(n, _)| inputs.iter().any(|v| v.name() == n)).cloned().collect();
+            for t in &border {
+                let v = value_of(t).expect("on the border because known");
+                let elem = layerwise_model::DataType::try_from(v.dtype().onnx()).map_err(|_| self.err(format!("'{t}' has no ONNX element type")))?;
+                let dims: Vec<Dim> = v.shape.iter().map(|&d| Dim::Fixed(d as i64)).collect();
+                inputs.push(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, Some(&dims))), ..Default::default() });
+                feeds.push((t.to_string(), v.clone()));
+            }
+            let mut part = GraphProto {
+                name: graph.name.clone(),
+                initializer: graph.initializer.iter().filter(|w| read.contains(w.name()) && !border.contains(&w.name())).cloned().collect(),
+                input: inputs,
+                output: piece.iter().map(|t| ValueInfoProto { name: Some(t.clone()), ..Default::default() }).collect(),
+                value_info: graph.value_info.iter().filter(|v| made.contains(v.name())).cloned().collect(),
+                node: nodes,
+                ..Default::default()
+            };
+            layerwise_model::pair::pin_input_shapes(&mut part, &input_shapes(&RunRequest { model: request.model, index: request.index, inputs: &feeds, selection: &selection }));
+            let key = piece_key(&request.model.sha256, &part);
+            let (mut session, size, external) = match self.piece_sessions.iter().position(|(k, _, _)| *k == key) {
+                Some(i) => {
+                    let (_, session, size) = self.piece_sessions.remove(i);
+                    (session, size, false)
+                }
+                None => {
+                    let cut = ModelProto { graph: Some(part), ..shell.clone() };
+                    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+                    let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
+                    drop(cut);
+                    (self.session(&bytes, folder.as_deref(), self.options.opt_level)?, bytes.len(), folder.is_some())
+                }
+            };
+            let session_inputs = session_feeds(&session, &feeds, &self.label)?;
+            drop(feeds);
+            let (mut results, _) = run_without_optionals(&mut session, session_inputs).map_err(|e| self.err(format!("run failed: {e}")))?;
+            for t in piece {
+                let value = results.remove(t.as_str()).ok_or_else(|| self.err(format!("ONNX Runtime returned no value for '{t}'")))?;
+                computed.insert(t.clone(), from_ort_value(&value).map_err(|why| self.err(format!("'{t}': {why}")))?);
+            }
+            drop(results);
+            // Weights mapped from their file cost no copy; inline ones are held by the session.
+            if !external {
+                self.piece_sessions.push((key, session, size));
+                while self.piece_sessions.len() > PIECE_SESSIONS || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES {
+                    self.piece_sessions.remove(0);
+                }
+            }
+        }
+        Ok(computed)
     }
 
     fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
@@ -569,7 +700,54 @@ pub struct InferredType {
 /// The inferred type of every tensor a main-graph node computes: every tensor is exposed and the
 /// session's output metadata read (no run). `inputs` (name, shape) fix the shapes of dynamic
 /// graph inputs first, so that shapes downstream come out concrete.
+///
+/// The answer is kept per model and input shapes (the last few asked): the session that gives it
+/// exposes every tensor, and its build grows faster than the graph, so a bisect or a fix, which
+/// ask it for one model from several places, build it once.
 pub fn tensor_types(
+    model: &layerwise_model::Model,
+    index: &layerwise_model::GraphIndex,
+    inputs: &[(String, Vec<usize>)],
+) -> Result<HashMap<String, InferredType>, RuntimeError> {
+    let key = format!("{}|{inputs:?}", model.sha256);
+    if let Some((_, types)) = typings().lock().expect("not poisoned").iter().find(|(k, _)| *k == key) {
+        return Ok(types.as_ref().clone());
+    }
+    let types = std::sync::Arc::new(infer_tensor_types(model, index, inputs)?);
+    let mut cache = typings().lock().expect("not poisoned");
+    cache.push((key, types.clone()));
+    if cache.len() > TYPINGS_KEPT {
+        cache.remove(0);
+    }
+    Ok(types.as_ref().clone())
+}
+
+/// Typings kept by [`tensor_types`] (models and shapes asked for in one process are few).
+const TYPINGS_KEPT: usize = 4;
+
+type Typings = Vec<(String, std::sync::Arc<HashMap<String, InferredType>>)>;
+
+fn typings() -> &'static std::sync::Mutex<Typings> {
+    static TYPINGS: std::sync::OnceLock<std::sync::Mutex<Typings>> = std::sync::OnceLock::new();
+    TYPINGS.get_or_init(Default::default)
+}
+
+/// Whether ONNX Runtime accepts the types of `model` (every node has a kernel signature for its
+/// inputs' types): a session built with optimizations disabled, its large weights as typed inputs,
+/// and nothing run. Cheaper than [`tensor_types`], whose session exposes every tensor.
+pub fn check_types(model: &layerwise_model::Model) -> Result<(), RuntimeError> {
+    let mut proto = model.proto.clone();
+    if let Some(graph) = proto.graph.as_mut() {
+        weights_as_inputs(graph);
+    }
+    let options = OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true };
+    let backend = OrtBackend::new(&BackendSpec::Ort(options.clone()), options, None);
+    let session = backend.session_for(model, &proto, OptLevel::Disable);
+    crate::backend_log::take(&backend.log_id);
+    session.map(drop)
+}
+
+fn infer_tensor_types(
     model: &layerwise_model::Model,
     index: &layerwise_model::GraphIndex,
     inputs: &[(String, Vec<usize>)],
