@@ -159,3 +159,49 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     assert!(floor["ratio"].as_f64().unwrap() < 3.0, "{floor}");
     assert!(t.contains("No quantizer is at fault: the error is the quantizers' resolution"), "{t}");
 }
+
+/// The MLP with its activations quantized to float8 e4m3fn (scale 1/64, so the largest finite
+/// value is 7): judged by FP8's defaults, and its floor is float8's relative step, not the scale.
+fn fp8_model(w1: &[f32], w2: &[f32]) -> ModelProto {
+    let mut b = ModelBuilder::new("mlp_fp8", 19);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("w1", &[8, 8], w1));
+    b.initializer(f32_tensor("w2", &[8, 4], w2));
+    b.initializer(f32_tensor("s", &[], &[1.0 / 64.0]));
+    b.initializer(TensorProto { name: Some("z8".into()), dims: vec![], data_type: Some(DataType::Float8e4m3fn as i32), int32_data: vec![0], ..Default::default() });
+    b.node("QuantizeLinear", "x_q", &["x", "s", "z8"], &["x_q8"], vec![]);
+    b.node("DequantizeLinear", "x_dq", &["x_q8", "s", "z8"], &["x_f"], vec![]);
+    b.node("MatMul", "mm1", &["x_f", "w1"], &["h"], vec![]);
+    b.node("Relu", "relu", &["h"], &["r"], vec![]);
+    b.node("QuantizeLinear", "r_q", &["r", "s", "z8"], &["r_q8"], vec![]);
+    b.node("DequantizeLinear", "r_dq", &["r_q8", "s", "z8"], &["r_f"], vec![]);
+    b.node("MatMul", "mm2", &["r_f", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn an_fp8_candidate_is_judged_with_fp8_tolerances_and_floor() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    let mut float = float_model(&w1, &w2);
+    float.opset_import[0].version = Some(19);
+    save(&float, &dir.path().join("m.onnx"));
+    save(&fp8_model(&w1, &w2), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    let report = json(&dir.path().join("r.json"));
+    assert_eq!(report["tolerances"]["defaults_for"], "FP8 E4M3", "{t}");
+    assert!(report["cand"]["notes"].to_string().contains("2 activation quantizers (2 float8 e4m3fn per tensor)"), "{t}");
+    assert!(!t.contains("FP16"), "{t}");
+    // At float32's tolerances it diverges; float8's own rounding (relative: up to half a step,
+    // at most 2^-4 of each value) accounts for it. The floor moves each value by up to that bound,
+    // so it is above the candidate (measured 5.6e-2 against 1.6e-2); a floor of the scale's size
+    // (1/128 absolute) was below it (1.4e-2).
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "f.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let floor = &json(&dir.path().join("f.json"))["noise_floor"];
+    assert_eq!(floor["rounds"], "one step of each quantizer", "{floor}");
+    assert!(floor["ratio"].as_f64().unwrap() < 1.0, "{floor}");
+}

@@ -224,6 +224,8 @@ fn perturb_tensor(model: &Model, t: &mut TensorProto, rng: &mut ChaCha8Rng, mut 
     Ok(())
 }
 
+use crate::quant::Step;
+
 /// What [`perturb_by_quantizer_steps`] moved.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QuantizerPerturbed {
@@ -251,9 +253,12 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
         let channels = dims.get(w.axis).copied().unwrap_or(1).max(1);
         perturb_tensor(model, t, &mut rng, |values, rng| {
             for (i, v) in values.iter_mut().enumerate() {
-                let step = if w.steps.len() == 1 { w.steps[0] } else { w.steps.get((i / inner.max(1)) % channels).copied().unwrap_or(0.0) };
+                let step = if w.steps.len() == 1 { w.steps[0] } else { w.steps.get((i / inner.max(1)) % channels).copied().unwrap_or(Step::Absolute(0.0)) };
                 let r: f32 = rng.random_range(-1.0..1.0);
-                let next = *v + r * step / 2.0;
+                let next = match step {
+                    Step::Absolute(step) => *v + r * step / 2.0,
+                    Step::Relative(step) => *v * (1.0 + r * step / 2.0),
+                };
                 if next.is_finite() {
                     *v = next;
                     moved.weight_values += 1;
@@ -264,25 +269,36 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
     // Noise after each quantized activation, in graph order: right after its producer (or first,
     // for a graph input), read by every node that read the tensor.
     let mut nodes = Vec::with_capacity(graph.node.len() + 2 * steps.activations.len());
-    let noisy: std::collections::HashMap<&str, (usize, f32)> = steps.activations.iter().enumerate().map(|(i, (t, s))| (t.as_str(), (i, *s))).collect();
+    let noisy: std::collections::HashMap<&str, (usize, Step)> = steps.activations.iter().enumerate().map(|(i, (t, s))| (t.as_str(), (i, *s))).collect();
     let renamed = |t: &str| format!("{t}__lw_quantizer_noise");
-    let noise_nodes = |t: &str, i: usize, step: f32| -> [crate::onnx::NodeProto; 2] {
+    // Absolute: t + u with u uniform within half the step; relative (float8): t + t * u.
+    let noise_nodes = |t: &str, i: usize, step: Step| -> Vec<crate::onnx::NodeProto> {
         let noise = format!("{t}__lw_noise");
-        [
-            crate::builder::node(
-                "RandomUniformLike",
-                &format!("{t}__lw_noise_node"),
-                &[t],
-                &[&noise],
-                vec![
-                    crate::builder::attr::float("low", -step / 2.0),
-                    crate::builder::attr::float("high", step / 2.0),
-                    crate::builder::attr::float("seed", ((seed as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) % 1_000_000) as f32),
-                    crate::builder::attr::int("dtype", DataType::Float as i64),
-                ],
-            ),
-            crate::builder::node("Add", &format!("{t}__lw_add_noise"), &[t, &noise], &[&renamed(t)], vec![]),
-        ]
+        let half = match step {
+            Step::Absolute(s) | Step::Relative(s) => s / 2.0,
+        };
+        let mut nodes = vec![crate::builder::node(
+            "RandomUniformLike",
+            &format!("{t}__lw_noise_node"),
+            &[t],
+            &[&noise],
+            vec![
+                crate::builder::attr::float("low", -half),
+                crate::builder::attr::float("high", half),
+                crate::builder::attr::float("seed", ((seed as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) % 1_000_000) as f32),
+                crate::builder::attr::int("dtype", DataType::Float as i64),
+            ],
+        )];
+        let added = match step {
+            Step::Absolute(_) => noise,
+            Step::Relative(_) => {
+                let scaled = format!("{t}__lw_relative_noise");
+                nodes.push(crate::builder::node("Mul", &format!("{t}__lw_scale_noise"), &[t, &noise], &[&scaled], vec![]));
+                scaled
+            }
+        };
+        nodes.push(crate::builder::node("Add", &format!("{t}__lw_add_noise"), &[t, &added], &[&renamed(t)], vec![]));
+        nodes
     };
     for input in graph.input.iter().map(|v| v.name().to_string()).collect::<Vec<_>>() {
         if let Some(&(i, step)) = noisy.get(input.as_str()) {

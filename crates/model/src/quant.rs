@@ -194,7 +194,7 @@ fn granularity(graph: &GraphProto, node: &NodeProto) -> Granularity {
 pub struct QuantizerSteps {
     /// Reference tensors a candidate quantizer reads, with its step (the largest of a
     /// per-channel quantizer's).
-    pub activations: Vec<(String, f32)>,
+    pub activations: Vec<(String, Step)>,
     /// Reference weights the candidate stores quantized, with the step of each channel.
     pub weights: Vec<WeightSteps>,
     /// Quantizers whose reference tensor or weight was not found (another structure).
@@ -204,9 +204,28 @@ pub struct QuantizerSteps {
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightSteps {
     pub weight: String,
-    /// One step per channel along `axis` (one value: per tensor).
-    pub steps: Vec<f32>,
+    /// One step per channel along `axis` (one value: per tensor); a float8 format's is relative.
+    pub steps: Vec<Step>,
     pub axis: usize,
+}
+
+/// One quantizer step: absolute for the integer formats (the scale), relative to the value for
+/// float8, whose step grows with the magnitude (e4m3fn: 2^-3 of it, e5m2: 2^-2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Step {
+    Absolute(f32),
+    Relative(f32),
+}
+
+impl QuantFormat {
+    /// A quantizer's step in this format with scale `scale`.
+    pub fn step(self, scale: f32) -> Step {
+        match self {
+            QuantFormat::Float8E4M3 => Step::Relative(0.125),
+            QuantFormat::Float8E5M2 => Step::Relative(0.25),
+            _ => Step::Absolute(scale.abs()),
+        }
+    }
 }
 
 /// The quantizers of `candidate` on `reference`'s tensors. `reference_of` names the reference
@@ -228,7 +247,10 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
         let input = node.input.first().cloned().unwrap_or_default();
         match info.op_type.as_str() {
             "QuantizeLinear" if !cand_index.is_constant_like(&input) => match reference_of(&input).filter(|r| ref_index.producer_index(r).is_some() || ref_index.is_graph_input(r)) {
-                Some(r) => steps.activations.push((r, scale.iter().fold(0f32, |m, s| m.max(s.abs())))),
+                Some(r) => {
+                    let format = quantized_type(candidate, node).and_then(QuantFormat::of).unwrap_or(QuantFormat::Uint8);
+                    steps.activations.push((r, format.step(scale.iter().fold(0f32, |m, s| m.max(s.abs())))));
+                }
                 None => steps.not_found += 1,
             },
             "DequantizeLinear" if cand_index.is_initializer(&input) => {
@@ -243,7 +265,9 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
                     let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else { continue };
                     let Some(weight) = twin.inputs.get(slot).filter(|w| ref_index.is_initializer(w)) else { continue };
                     if !steps.weights.iter().any(|w| &w.weight == weight) {
-                        steps.weights.push(WeightSteps { weight: weight.clone(), steps: scale.iter().map(|s| s.abs()).collect(), axis });
+                        let stored = candidate.initializer.iter().find(|w| w.name() == input).map_or(0, |w| w.data_type());
+                        let format = QuantFormat::of(stored).unwrap_or(QuantFormat::Int8);
+                        steps.weights.push(WeightSteps { weight: weight.clone(), steps: scale.iter().map(|s| format.step(*s)).collect(), axis });
                     }
                     found = true;
                 }
