@@ -233,3 +233,38 @@ fn a_function_op_that_onnx_runtime_inlines_pairs() {
     assert_eq!(paired["tensors"], separate["tensors"]);
     assert!(paired["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "h2"));
 }
+
+/// Issue 38: a paired graph split into segments (each its own ONNX Runtime session, fed at its
+/// border with what the segments before it computed) reports what one session reports, record
+/// for record, and says it ran in several. Segments of 7 nodes cut these graphs (2 x 60 to 2 x
+/// 180 nodes plus reductions) dozens of times, through both chains and their merge.
+#[test]
+fn a_paired_graph_split_into_segments_reports_what_one_session_reports() {
+    let mut models = breaking_models();
+    models.push(("planted healthy", planted(Ending::Healthy)));
+    for (label, proto) in models {
+        let dir = tempfile::tempdir().unwrap();
+        save(&proto, &dir.path().join("m.onnx"));
+        let bisect = |segment_nodes: &str, json: &str| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+                .args(["bisect", "m.onnx", "--json", json, "--quiet"])
+                .env("LAYERWISE_PAIRED_SEGMENT_NODES", segment_nodes)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.code().is_some_and(|c| c <= 1), "{label}: {}", common::text(&out));
+            let mut report = common::json_without_run_info(&dir.path().join(json));
+            let notes = report["ref"]["notes"].as_array_mut().unwrap();
+            let at = notes.iter().position(|n| n.as_str().unwrap().starts_with("compared in ")).unwrap_or_else(|| panic!("{label}: no pairing note in {notes:?}"));
+            (notes.remove(at).as_str().unwrap().to_string(), report)
+        };
+        let (one_note, one) = bisect("0", "one.json");
+        let (split_note, split) = bisect("7", "split.json");
+        assert!(one_note.starts_with("compared in one ONNX Runtime session"), "{label}: {one_note}");
+        let sessions: usize = split_note.strip_prefix("compared in ").and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(sessions > 10, "{label}: {split_note}");
+        assert_eq!(one["memory"]["comparison"], "paired", "{label}");
+        assert!(!one["tensors"].as_array().unwrap().is_empty(), "{label}");
+        assert_eq!(one, split, "{label}: the split run's report differs");
+    }
+}

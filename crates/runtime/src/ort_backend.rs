@@ -473,27 +473,23 @@ pub(crate) fn run_without_optionals(session: &mut Session, feeds: Vec<(String, D
 /// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:
 /// they get the same values, converted. `spec` names the backend in errors.
 pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)], spec: &str) -> Result<Vec<(String, DynValue)>, RuntimeError> {
-    let mut feeds: Vec<(String, DynValue)> = Vec::new();
-    for input in session.inputs() {
-        let name = input.name();
-        let tensor = inputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
-        let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
-        let converted;
-        let tensor = match (&tensor.data, wants_f16) {
-            (TensorData::F32(v), true) => {
-                converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
-                &converted
-            }
-            _ => tensor,
-        };
-        let value = to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })?;
-        feeds.push((name.to_string(), value));
-    }
-    Ok(feeds)
+    session.inputs().iter().map(|input| Ok((input.name().to_string(), feed(input, inputs, spec)?))).collect()
+}
+
+/// The value of `inputs` that the session input `input` takes, converted to the type it declares.
+pub(crate) fn feed(input: &ort::value::Outlet, inputs: &[(String, Tensor)], spec: &str) -> Result<DynValue, RuntimeError> {
+    let name = input.name();
+    let tensor = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+    let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
+    let converted;
+    let tensor = match (&tensor.data, wants_f16) {
+        (TensorData::F32(v), true) => {
+            converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+            &converted
+        }
+        _ => tensor,
+    };
+    to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })
 }
 
 /// What the TensorRT-style rewrite did.
