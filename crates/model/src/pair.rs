@@ -485,6 +485,12 @@ pub fn split_paired(paired: &ModelProto, max_nodes: usize) -> Option<Vec<Segment
             }
             g.node.push(node.clone());
         }
+        // As in the whole graph, the segment's reductions go last, last-first: ONNX Runtime's
+        // execution order walks from them, and so reduces each pair soon after it exists.
+        let (mut reductions, mut nodes): (Vec<NodeProto>, Vec<NodeProto>) = g.node.drain(..).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
+        reductions.reverse();
+        nodes.extend(reductions);
+        g.node = nodes;
         if border_outputs.is_empty() {
             let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
             border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
@@ -611,9 +617,10 @@ mod split_tests {
         expected.sort();
         nodes.sort();
         assert_eq!(nodes, expected, "every node in exactly one segment");
-        // The reference's and candidate's tensors are reduced right after both exist.
-        let first = &segments[0].proto.graph.as_ref().unwrap().node;
-        assert_eq!(first.iter().map(|n| n.name()).collect::<Vec<_>>()[..3], ["sum0", "lw_cand/sum0", "lw_pair/t0"]);
+        // Each pair's reduction follows its two tensors (in the segment, the reductions go last
+        // in reverse: ONNX Runtime's execution order walks from them, last first).
+        let first: Vec<&str> = segments[0].proto.graph.as_ref().unwrap().node.iter().map(|n| n.name()).collect();
+        assert_eq!(first, ["sum0", "lw_cand/sum0", "relu1", "lw_cand/relu1", "relu2", "lw_pair/t1", "lw_pair/t0"]);
     }
 
     #[test]

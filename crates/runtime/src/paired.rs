@@ -42,7 +42,7 @@ pub struct PairedRun {
 /// Nodes per segment where a paired graph is split ([`PairedSession::build`]): ONNX Runtime's
 /// session build grows faster than the graph, and pieces of this size build at about the same
 /// time per node as small graphs (docs/performance.md, "Graph size").
-pub const SEGMENT_NODES: usize = 4000;
+pub const SEGMENT_NODES: usize = 1000;
 
 /// The segment size: [`SEGMENT_NODES`], or `LAYERWISE_PAIRED_SEGMENT_NODES` where set (for
 /// benchmarks and checks of the split; 0 keeps every graph in one session).
