@@ -71,7 +71,7 @@ impl OrtBackend {
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         let path = scratch.path().join("optimized.onnx");
-        let extras = SessionExtras { optimized_path: Some(&path), operators: None };
+        let extras = SessionExtras { optimized_path: Some(&path), ..Default::default() };
         let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
         drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
         drop(source);
@@ -135,6 +135,11 @@ pub(crate) struct SessionExtras<'a> {
     pub optimized_path: Option<&'a Path>,
     /// Custom operators the model uses.
     pub operators: Option<ort::operator::OperatorDomain>,
+    /// Allocate each tensor on its own, without the per-session arena (CPU) and the memory pattern,
+    /// which keep a session's peak after its run: for the many sessions of a paired graph split
+    /// into segments, run one at a time (on a ViT of 5,581 paired nodes in 6 segments, peak
+    /// memory 488 MB with them, 434 MB without, 400 MB as one session).
+    pub without_arena: bool,
 }
 
 /// A session for the model in `bytes`, with `options`' provider and threads at `level`. ONNX
@@ -163,11 +168,15 @@ pub(crate) fn build_session(
         .map_err(|e| err(e.to_string()))?
         .with_optimization_level(level)
         .map_err(|e| err(e.to_string()))?;
+    if extras.without_arena {
+        builder = builder.with_memory_pattern(false).map_err(|e| err(e.to_string()))?;
+    }
     if let Some(n) = options.threads {
         builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
     let provider = match options.ep {
+        ExecutionProvider::Cpu if extras.without_arena => Some(ort::ep::CPU::default().with_arena_allocator(false).build()),
         ExecutionProvider::Cpu => None,
         ExecutionProvider::Cuda { device, tf32, conv_search } => {
             let search = match conv_search {

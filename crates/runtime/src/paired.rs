@@ -169,6 +169,7 @@ impl PairedSession {
             None => vec![(graph.proto, Vec::new(), Vec::new())],
         };
         template.segments = pieces.len();
+        let split = pieces.len() > 1;
         // The last segment reading each border value.
         let mut last_reader: HashMap<&str, usize> = HashMap::new();
         for (k, (_, reads, _)) in pieces.iter().enumerate() {
@@ -204,7 +205,7 @@ impl PairedSession {
             let domain = OperatorDomain::new(PAIR_DOMAIN)
                 .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
                 .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-            let extras = SessionExtras { optimized_path: None, operators: Some(domain) };
+            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split };
             let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
             let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
             for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
@@ -253,6 +254,7 @@ impl PairedSession {
         let mut border: HashMap<String, DynValue> = HashMap::new();
         // Graph inputs, converted once however many segments read them.
         let mut fed: HashMap<String, DynValue> = HashMap::new();
+        let split = self.segments.len() > 1;
         for segment in &mut self.segments {
             for input in segment.session.inputs() {
                 if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
@@ -275,6 +277,10 @@ impl PairedSession {
                 border.remove(name);
             }
             border.extend(passed);
+            if split {
+                // What the segment's kernels freed goes back to the system before the next one runs.
+                crate::ort_backend::release_freed_memory();
+            }
         }
         Ok(())
     }
