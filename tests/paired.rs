@@ -10,7 +10,7 @@ use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{PairedComparison, Tolerance};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputOptions};
-use layerwise_runtime::paired::run_paired;
+use layerwise_runtime::paired::{run_paired, PairedSession, Programs};
 use layerwise_runtime::{create_backend, RunRequest};
 
 fn report(model: &Model, separate_runs: bool) -> serde_json::Value {
@@ -57,6 +57,20 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into()));
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
+    assert_eq!(comparison.arrival(), order);
+    // And where the graph is split into segments (issue 38): in order within each segment too.
+    let programs = Programs {
+        model: &m,
+        candidate_model: &m,
+        reference: create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap(),
+        candidate: create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap(),
+        candidate_names: &Default::default(),
+    };
+    let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+    let mut session = PairedSession::build_in_segments(programs, &order, &shapes, 25).unwrap();
+    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into()));
+    let run = session.run(&feeds, comparison.clone()).unwrap();
+    assert!(run.segments > 10, "{}", run.segments);
     assert_eq!(comparison.arrival(), order);
 }
 
@@ -232,4 +246,39 @@ fn a_function_op_that_onnx_runtime_inlines_pairs() {
     assert_eq!(paired["memory"]["comparison"], "paired", "{}", paired["memory"]);
     assert_eq!(paired["tensors"], separate["tensors"]);
     assert!(paired["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "h2"));
+}
+
+/// Issue 38: a paired graph split into segments (each its own ONNX Runtime session, fed at its
+/// border with what the segments before it computed) reports what one session reports, record
+/// for record, and says it ran in several. Segments of 7 nodes cut these graphs (20 to about
+/// 1,000 nodes) up to hundreds of times, through both chains and their merge.
+#[test]
+fn a_paired_graph_split_into_segments_reports_what_one_session_reports() {
+    let mut models = breaking_models();
+    models.push(("planted healthy", planted(Ending::Healthy)));
+    for (label, proto) in models {
+        let dir = tempfile::tempdir().unwrap();
+        save(&proto, &dir.path().join("m.onnx"));
+        let bisect = |segment_nodes: &str, json: &str| {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+                .args(["bisect", "m.onnx", "--json", json, "--quiet"])
+                .env("LAYERWISE_PAIRED_SEGMENT_NODES", segment_nodes)
+                .current_dir(dir.path())
+                .output()
+                .unwrap();
+            assert!(out.status.code().is_some_and(|c| c <= 1), "{label}: {}", common::text(&out));
+            let mut report = common::json_without_run_info(&dir.path().join(json));
+            let notes = report["ref"]["notes"].as_array_mut().unwrap();
+            let at = notes.iter().position(|n| n.as_str().unwrap().starts_with("compared in ")).unwrap_or_else(|| panic!("{label}: no pairing note in {notes:?}"));
+            (notes.remove(at).as_str().unwrap().to_string(), report)
+        };
+        let (one_note, one) = bisect("0", "one.json");
+        let (split_note, split) = bisect("7", "split.json");
+        assert!(one_note.starts_with("compared in one ONNX Runtime session"), "{label}: {one_note}");
+        let sessions: usize = split_note.strip_prefix("compared in ").and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+        assert!(sessions > 1, "{label}: {split_note}");
+        assert_eq!(one["memory"]["comparison"], "paired", "{label}");
+        assert!(!one["tensors"].as_array().unwrap().is_empty(), "{label}");
+        assert_eq!(one, split, "{label}: the split run's report differs");
+    }
 }

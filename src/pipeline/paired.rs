@@ -94,11 +94,18 @@ impl Job<'_> {
             separate_because: None,
         };
         let mut ref_notes = run.ref_notes;
-        ref_notes.push(format!(
-            "compared in one ONNX Runtime session with the candidate ({} nodes): each of {} tensor pairs reduced to its metrics where computed, no tensor returned",
-            run.nodes,
-            run.paired.len()
-        ));
+        ref_notes.push(match run.segments {
+            0 | 1 => format!(
+                "compared in one ONNX Runtime session with the candidate ({} nodes): each of {} tensor pairs reduced to its metrics where computed, no tensor returned",
+                run.nodes,
+                run.paired.len()
+            ),
+            n => format!(
+                "compared in {n} ONNX Runtime sessions with the candidate ({} nodes split into {n} segments, each fed at its border with the values the segments before it computed): each of {} tensor pairs reduced to its metrics where computed, no tensor returned",
+                run.nodes,
+                run.paired.len()
+            ),
+        });
         Ok(Some(Compared {
             comparison,
             tensors: None,

@@ -406,3 +406,228 @@ pub struct Operand<'a> {
 pub trait PairReducer: Send + Sync {
     fn reduce(&self, tensor: &str, reference: Operand<'_>, candidate: Operand<'_>);
 }
+
+/// One piece of a paired graph split in [`split_paired`]: its own graph, fed at its border.
+#[derive(Debug)]
+pub struct Segment {
+    /// The piece as a model: the paired model's opsets and functions, its nodes, the
+    /// initializers they read, and as graph inputs the paired graph's inputs it reads. The
+    /// tensors in `border_inputs` are read but declared nowhere: the caller declares them with
+    /// the types the segment computing them has.
+    pub proto: ModelProto,
+    /// Tensors earlier segments compute that this one reads.
+    pub border_inputs: Vec<String>,
+    /// Tensors this segment computes that later segments read: its graph outputs (with one
+    /// reduction's where there are none, as a graph needs an output to run).
+    pub border_outputs: Vec<String>,
+}
+
+/// Splits `paired` (a [`paired_graph`]'s model, reductions included) into segments of at most
+/// `max_nodes` nodes, in an order that reduces each pair right after both sides computed it
+/// (the reductions' order, each preceded by what it needs, reference side first), so that few
+/// tensors cross a border: the tensors still to be read later, typically the two sides' current
+/// activations. Why: ONNX Runtime's session build grows faster than the graph (its allocation
+/// planner), so segments of a bounded size keep the paired step linear in the model's size.
+///
+/// `None` where the graph fits one segment, or has control flow (a subgraph reads outer tensors
+/// the split would have to follow; such graphs run in one session, as before).
+pub fn split_paired(paired: &ModelProto, max_nodes: usize) -> Option<Vec<Segment>> {
+    let graph = paired.graph.as_ref()?;
+    let max_nodes = max_nodes.max(1);
+    if graph.node.len() <= max_nodes || graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())) {
+        return None;
+    }
+    let order = reduction_order(graph);
+    let chunks: Vec<&[usize]> = order.chunks(max_nodes).collect();
+    // The segment computing each tensor, and the last segment reading it.
+    let mut made_in: HashMap<&str, usize> = HashMap::new();
+    let mut last_read: HashMap<&str, usize> = HashMap::new();
+    for (k, chunk) in chunks.iter().enumerate() {
+        for &i in *chunk {
+            for input in graph.node[i].input.iter().filter(|n| !n.is_empty()) {
+                last_read.insert(input.as_str(), k);
+            }
+            for output in graph.node[i].output.iter().filter(|n| !n.is_empty()) {
+                made_in.insert(output.as_str(), k);
+            }
+        }
+    }
+    let initializers: HashMap<&str, &crate::onnx::TensorProto> = graph.initializer.iter().map(|t| (t.name(), t)).collect();
+    let sparse: HashMap<&str, &crate::onnx::SparseTensorProto> =
+        graph.sparse_initializer.iter().filter_map(|s| s.values.as_ref().map(|v| (v.name(), s))).collect();
+    let inputs: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
+    let value_info: HashMap<&str, &ValueInfoProto> = graph.value_info.iter().map(|v| (v.name(), v)).collect();
+    let mut segments = Vec::with_capacity(chunks.len());
+    for (k, chunk) in chunks.iter().enumerate() {
+        let mut g = crate::onnx::GraphProto { name: Some(format!("{}_segment_{k}", graph.name())), ..Default::default() };
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut border_inputs = Vec::new();
+        let mut border_outputs = Vec::new();
+        for &i in *chunk {
+            let node = &graph.node[i];
+            for input in node.input.iter().filter(|n| !n.is_empty()) {
+                if !seen.insert(input.as_str()) {
+                    continue;
+                }
+                match made_in.get(input.as_str()) {
+                    Some(&at) if at == k => {}
+                    Some(_) => border_inputs.push(input.clone()),
+                    None if initializers.contains_key(input.as_str()) => g.initializer.push(initializers[input.as_str()].clone()),
+                    None if sparse.contains_key(input.as_str()) => g.sparse_initializer.push(sparse[input.as_str()].clone()),
+                    None => g.input.extend(inputs.get(input.as_str()).map(|v| (*v).clone())),
+                }
+            }
+            for output in node.output.iter().filter(|n| !n.is_empty()) {
+                if last_read.get(output.as_str()).is_some_and(|&r| r > k) {
+                    border_outputs.push(output.clone());
+                }
+                g.value_info.extend(value_info.get(output.as_str()).map(|v| (*v).clone()));
+            }
+            g.node.push(node.clone());
+        }
+        // As in the whole graph, the segment's reductions go last, last-first: ONNX Runtime's
+        // execution order walks from them, and so reduces each pair soon after it exists.
+        let (mut reductions, mut nodes): (Vec<NodeProto>, Vec<NodeProto>) = g.node.drain(..).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
+        reductions.reverse();
+        nodes.extend(reductions);
+        g.node = nodes;
+        if border_outputs.is_empty() {
+            let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
+            border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
+        }
+        g.output = border_outputs.iter().map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() }).collect();
+        let proto = ModelProto { graph: Some(g), ..paired_without_graph(paired) };
+        segments.push(Segment { proto, border_inputs, border_outputs });
+    }
+    Some(segments)
+}
+
+/// What a segment keeps of the paired model besides its graph: what its nodes' meaning rests on.
+fn paired_without_graph(model: &ModelProto) -> ModelProto {
+    ModelProto {
+        ir_version: model.ir_version,
+        opset_import: model.opset_import.clone(),
+        functions: model.functions.clone(),
+        producer_name: model.producer_name.clone(),
+        ..Default::default()
+    }
+}
+
+/// The nodes of `graph` (indices) in topological order: for each reduction in the order of the
+/// tensors it compares (the graph holds them last-first), what it needs that is not placed yet,
+/// depth first with each node's inputs in order (the reference's before the candidate's), then the
+/// reduction; then what feeds no reduction. Iterative: a chain of 200,000 nodes is as deep.
+fn reduction_order(graph: &crate::onnx::GraphProto) -> Vec<usize> {
+    let producer: HashMap<&str, usize> =
+        graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let reductions = graph.node.iter().enumerate().filter(|(_, n)| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN).map(|(i, _)| i).rev();
+    let rest = graph.node.iter().enumerate().filter(|(_, n)| !(n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN)).map(|(i, _)| i);
+    let mut placed = vec![false; graph.node.len()];
+    let mut order = Vec::with_capacity(graph.node.len());
+    // (node, next input to look at)
+    let mut stack: Vec<(usize, usize)> = Vec::new();
+    for root in reductions.chain(rest) {
+        if placed[root] {
+            continue;
+        }
+        placed[root] = true;
+        stack.push((root, 0));
+        while let Some(top) = stack.last_mut() {
+            let (node, next) = *top;
+            if let Some(input) = graph.node[node].input.get(next) {
+                top.1 += 1;
+                if let Some(&p) = producer.get(input.as_str()) {
+                    if !placed[p] {
+                        placed[p] = true;
+                        stack.push((p, 0));
+                    }
+                }
+            } else {
+                order.push(node);
+                stack.pop();
+            }
+        }
+    }
+    order
+}
+
+#[cfg(test)]
+mod split_tests {
+    use super::*;
+    use crate::builder::ModelBuilder;
+    use crate::DataType;
+
+    /// A chain of `n` Relu nodes, paired with itself, every tensor compared.
+    fn paired_chain(n: usize) -> PairedGraph {
+        let mut b = ModelBuilder::new("chain", 13);
+        b.input("x", DataType::Float, &[4i64.into()]);
+        b.initializer(crate::builder::f32_tensor("w", &[4], &[1.0; 4]));
+        let mut current = "x".to_string();
+        let mut names = Vec::new();
+        for i in 0..n {
+            let next = format!("t{i}");
+            // Every fifth node also reads the input and the weight: values read far from where
+            // they are made cross many borders.
+            if i % 5 == 0 {
+                b.node("Sum", &format!("sum{i}"), &[&current, "x", "w"], &[&next], vec![]);
+            } else {
+                b.node("Relu", &format!("relu{i}"), &[&current], &[&next], vec![]);
+            }
+            names.push(next.clone());
+            current = next;
+        }
+        b.output(&current, DataType::Float);
+        let m = b.build();
+        paired_graph(&m, &m, &names, &HashMap::new()).unwrap()
+    }
+
+    #[test]
+    fn segments_hold_every_node_once_in_an_order_that_computes_what_each_reads_first() {
+        let paired = paired_chain(100);
+        let all = paired.proto.graph.as_ref().unwrap();
+        assert!(split_paired(&paired.proto, all.node.len()).is_none(), "a graph that fits one segment stays whole");
+        let segments = split_paired(&paired.proto, 7).unwrap();
+        assert_eq!(segments.len(), all.node.len().div_ceil(7));
+        let mut computed: HashSet<String> = HashSet::new();
+        let mut passed_on: HashSet<String> = HashSet::new();
+        let mut nodes = Vec::new();
+        for s in &segments {
+            let g = s.proto.graph.as_ref().unwrap();
+            assert!(g.node.len() <= 7);
+            let declared: HashSet<&str> = g.input.iter().map(|v| v.name()).chain(g.initializer.iter().map(|t| t.name())).chain(s.border_inputs.iter().map(String::as_str)).collect();
+            let mut here: HashSet<&str> = HashSet::new();
+            for n in &g.node {
+                for i in &n.input {
+                    assert!(here.contains(i.as_str()) || declared.contains(i.as_str()), "'{i}' read before it is computed or declared");
+                }
+                here.extend(n.output.iter().map(String::as_str));
+                nodes.push(n.name().to_string());
+            }
+            for b in &s.border_inputs {
+                assert!(passed_on.contains(b), "'{b}' is read at a border that no earlier segment passes on");
+            }
+            // Both sides' current activation crosses a border, and the input read every fifth node.
+            assert!(s.border_inputs.len() <= 3, "{:?}", s.border_inputs);
+            assert!(g.input.iter().all(|v| v.name() == "x"));
+            assert_eq!(g.output.iter().map(|o| o.name()).collect::<Vec<_>>(), s.border_outputs.iter().map(String::as_str).collect::<Vec<_>>());
+            passed_on.extend(s.border_outputs.iter().cloned());
+            computed.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
+        }
+        let mut expected: Vec<String> = all.node.iter().map(|n| n.name().to_string()).collect();
+        expected.sort();
+        nodes.sort();
+        assert_eq!(nodes, expected, "every node in exactly one segment");
+        // Each pair's reduction follows its two tensors (in the segment, the reductions go last
+        // in reverse: ONNX Runtime's execution order walks from them, last first).
+        let first: Vec<&str> = segments[0].proto.graph.as_ref().unwrap().node.iter().map(|n| n.name()).collect();
+        assert_eq!(first, ["sum0", "lw_cand/sum0", "relu1", "lw_cand/relu1", "relu2", "lw_pair/t1", "lw_pair/t0"]);
+    }
+
+    #[test]
+    fn a_graph_with_control_flow_is_not_split() {
+        let mut paired = paired_chain(30);
+        let g = paired.proto.graph.as_mut().unwrap();
+        g.node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
+        assert!(split_paired(&paired.proto, 7).is_none());
+    }
+}

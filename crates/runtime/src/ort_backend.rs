@@ -74,7 +74,7 @@ impl OrtBackend {
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         let path = scratch.path().join("optimized.onnx");
-        let extras = SessionExtras { optimized_path: Some(&path), operators: None };
+        let extras = SessionExtras { optimized_path: Some(&path), ..Default::default() };
         let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
         drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
         drop(source);
@@ -164,6 +164,11 @@ pub(crate) struct SessionExtras<'a> {
     pub optimized_path: Option<&'a Path>,
     /// Custom operators the model uses.
     pub operators: Option<ort::operator::OperatorDomain>,
+    /// Allocate each tensor on its own, without the per-session arena (CPU) and the memory pattern,
+    /// which keep a session's peak after its run: for the many sessions of a paired graph split
+    /// into segments, run one at a time (on a ViT of 5,581 paired nodes in 6 segments, peak
+    /// memory 488 MB with them, 434 MB without, 400 MB as one session).
+    pub without_arena: bool,
 }
 
 /// A session for the model in `bytes`, with `options`' provider and threads at `level`. ONNX
@@ -192,11 +197,15 @@ pub(crate) fn build_session(
         .map_err(|e| err(e.to_string()))?
         .with_optimization_level(level)
         .map_err(|e| err(e.to_string()))?;
+    if extras.without_arena {
+        builder = builder.with_memory_pattern(false).map_err(|e| err(e.to_string()))?;
+    }
     if let Some(n) = options.threads {
         builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
     let provider = match options.ep {
+        ExecutionProvider::Cpu if extras.without_arena => Some(ort::ep::CPU::default().with_arena_allocator(false).build()),
         ExecutionProvider::Cpu => None,
         ExecutionProvider::Cuda { device, tf32, conv_search } => {
             let search = match conv_search {
@@ -604,27 +613,23 @@ pub(crate) fn run_without_optionals(session: &mut Session, feeds: Vec<(String, D
 /// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:
 /// they get the same values, converted. `spec` names the backend in errors.
 pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)], spec: &str) -> Result<Vec<(String, DynValue)>, RuntimeError> {
-    let mut feeds: Vec<(String, DynValue)> = Vec::new();
-    for input in session.inputs() {
-        let name = input.name();
-        let tensor = inputs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, t)| t)
-            .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
-        let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
-        let converted;
-        let tensor = match (&tensor.data, wants_f16) {
-            (TensorData::F32(v), true) => {
-                converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
-                &converted
-            }
-            _ => tensor,
-        };
-        let value = to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })?;
-        feeds.push((name.to_string(), value));
-    }
-    Ok(feeds)
+    session.inputs().iter().map(|input| Ok((input.name().to_string(), feed(input, inputs, spec)?))).collect()
+}
+
+/// The value of `inputs` that the session input `input` takes, converted to the type it declares.
+pub(crate) fn feed(input: &ort::value::Outlet, inputs: &[(String, Tensor)], spec: &str) -> Result<DynValue, RuntimeError> {
+    let name = input.name();
+    let tensor = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+    let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
+    let converted;
+    let tensor = match (&tensor.data, wants_f16) {
+        (TensorData::F32(v), true) => {
+            converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+            &converted
+        }
+        _ => tensor,
+    };
+    to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })
 }
 
 /// What the TensorRT-style rewrite did.

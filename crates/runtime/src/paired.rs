@@ -11,15 +11,15 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use layerwise_model::onnx::ModelProto;
-use layerwise_model::pair::{paired_graph, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
+use layerwise_model::onnx::{ModelProto, TypeProto, ValueInfoProto};
+use layerwise_model::pair::{paired_graph, split_paired, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
 use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput};
-use ort::session::Session;
-use ort::value::{TensorElementType, ValueType};
+use ort::session::{Session, SessionInputValue};
+use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::OnnxProgram;
 use crate::spec::{OptLevel, OrtOptions};
-use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
+use crate::ort_backend::{build_session, feed, from_ort_value, ModelSource, SessionExtras};
 use crate::{DType, RuntimeError, Tensor};
 
 pub use layerwise_model::pair::{Operand, PairReducer};
@@ -35,6 +35,23 @@ pub struct PairedRun {
     pub cand_notes: Vec<String>,
     /// Nodes in the paired graph (both programs and the reductions).
     pub nodes: usize,
+    /// ONNX Runtime sessions the paired graph ran in: 1, or the segments it was split into.
+    pub segments: usize,
+}
+
+/// Nodes per segment where a paired graph is split ([`PairedSession::build`]): ONNX Runtime's
+/// session build grows faster than the graph, and pieces of this size build at about the same
+/// time per node as small graphs (docs/performance.md, "Graph size").
+pub const SEGMENT_NODES: usize = 1000;
+
+/// The segment size: [`SEGMENT_NODES`], or `LAYERWISE_PAIRED_SEGMENT_NODES` where set (for
+/// benchmarks and checks of the split; 0 keeps every graph in one session).
+fn segment_nodes() -> usize {
+    match std::env::var("LAYERWISE_PAIRED_SEGMENT_NODES").ok().and_then(|v| v.trim().parse::<usize>().ok()) {
+        Some(0) => usize::MAX,
+        Some(n) => n,
+        None => SEGMENT_NODES,
+    }
 }
 
 /// Runs `reference` and `candidate` as one session on `inputs`, handing each tensor of `tensors`
@@ -66,9 +83,11 @@ pub struct Programs<'a> {
 /// The reducer the next run hands its pairs to (a session outlives one run's reducer).
 type ReducerSlot = Arc<Mutex<Option<Arc<dyn PairReducer>>>>;
 
-/// A paired session, built once and run for as many samples as share its programs.
+/// A paired session, built once and run for as many samples as share its programs: one ONNX
+/// Runtime session, or several run one after the other, each fed at its border with the values
+/// the earlier ones computed.
 pub struct PairedSession {
-    session: Session,
+    segments: Vec<SegmentSession>,
     reducer: ReducerSlot,
     label: String,
     log_id: String,
@@ -78,11 +97,26 @@ pub struct PairedSession {
     _scratch: layerwise_model::scratch::ScratchDir,
 }
 
+/// One ONNX Runtime session of a paired graph, and what crosses its borders.
+struct SegmentSession {
+    session: Session,
+    /// Its outputs that later segments read.
+    passed_on: Vec<String>,
+    /// Values from earlier segments that no later segment reads: freed once this one ran.
+    last_read_here: Vec<String>,
+}
+
 impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
     /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
     pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)]) -> Result<PairedSession, RuntimeError> {
+        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes())
+    }
+
+    /// [`PairedSession::build`], with a paired graph of more than `max_nodes` nodes split into
+    /// segments of at most that many ([`split_paired`]), each its own session.
+    pub fn build_in_segments(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], max_nodes: usize) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
@@ -124,31 +158,70 @@ impl PairedSession {
         // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
         // parsing copies.
         drop((reference.proto, candidate.proto));
-        let (bytes, folder) = if weights_in_place {
-            // Both sides map the model's own weight file; nothing is copied.
-            let (bytes, folder) = model.runtime_bytes(&graph.proto, scratch.path())?;
-            (bytes, folder.unwrap_or_else(|| scratch.path().to_path_buf()))
-        } else {
-            model.runtime_bytes_weights_apart(graph.proto, scratch.path())?
-        };
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
-        let domain = OperatorDomain::new(PAIR_DOMAIN)
-            .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
-            .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
         let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
-        let extras = SessionExtras { optimized_path: None, operators: Some(domain) };
+        let pieces = match split_paired(&graph.proto, max_nodes) {
+            Some(segments) => {
+                // The segments share the weights' bytes: each weight goes once its last is written.
+                drop(graph.proto);
+                segments.into_iter().map(|s| (s.proto, s.border_inputs, s.border_outputs)).collect()
+            }
+            None => vec![(graph.proto, Vec::new(), Vec::new())],
+        };
+        template.segments = pieces.len();
+        let split = pieces.len() > 1;
+        // The last segment reading each border value.
+        let mut last_reader: HashMap<&str, usize> = HashMap::new();
+        for (k, (_, reads, _)) in pieces.iter().enumerate() {
+            for name in reads {
+                last_reader.insert(name, k);
+            }
+        }
+        let mut last_read_here: Vec<Vec<String>> = vec![Vec::new(); pieces.len()];
+        for (name, k) in last_reader {
+            last_read_here[k].push(name.to_string());
+        }
         crate::ort_backend::release_freed_memory();
-        let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
-        let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
-        Ok(PairedSession { session, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
+        // The types ONNX Runtime gave the values crossing a border, declared where they are read.
+        let mut border_types: HashMap<String, TypeProto> = HashMap::new();
+        let mut segments = Vec::with_capacity(pieces.len());
+        for (k, ((mut proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
+            if let Some(g) = proto.graph.as_mut() {
+                for name in &reads {
+                    let ty = border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
+                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
+                }
+            }
+            // Each segment writes its weights in its own folder.
+            let folder = scratch.path().join(format!("segment-{k}"));
+            std::fs::create_dir_all(&folder).map_err(|e| RuntimeError::Io { path: folder.clone(), cause: e })?;
+            let (bytes, folder) = if weights_in_place {
+                // Both sides map the model's own weight file; nothing is copied.
+                let (bytes, external) = model.runtime_bytes(&proto, &folder)?;
+                (bytes, external.unwrap_or(folder))
+            } else {
+                model.runtime_bytes_weights_apart(proto, &folder)?
+            };
+            let domain = OperatorDomain::new(PAIR_DOMAIN)
+                .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
+                .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split };
+            let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
+            let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
+            for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
+                if let Some(ty) = tensor_type(output.dtype()) {
+                    border_types.insert(output.name().to_string(), ty);
+                }
+            }
+            segments.push(SegmentSession { session, passed_on, last_read_here });
+        }
+        Ok(PairedSession { segments, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
     }
 
     /// Runs the session on `inputs`, handing each pair to `reducer`.
     pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
-        let err = |why: String| RuntimeError::Ort { backend: self.label.clone(), why };
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = Some(reducer);
-        let feeds = session_feeds(&self.session, inputs, &self.label)?;
-        let result = self.session.run(feeds).map(drop).map_err(|e| err(format!("run failed: {e}")));
+        let result = self.run_segments(inputs);
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = None;
         result?;
         let mut run = self.template.clone();
@@ -170,6 +243,68 @@ impl PairedSession {
         self.template.cand_notes.clone_from(&run.cand_notes);
         Ok(run)
     }
+}
+
+impl PairedSession {
+    /// Runs the segments in order, each fed with the graph inputs it reads and the values earlier
+    /// segments passed on; a value is freed after the last segment that reads it.
+    fn run_segments(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
+        let label = &self.label;
+        let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
+        let mut border: HashMap<String, DynValue> = HashMap::new();
+        // Graph inputs, converted once however many segments read them.
+        let mut fed: HashMap<String, DynValue> = HashMap::new();
+        let split = self.segments.len() > 1;
+        for segment in &mut self.segments {
+            for input in segment.session.inputs() {
+                if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
+                    fed.insert(input.name().to_string(), feed(input, inputs, label)?);
+                }
+            }
+            let feeds: Vec<(String, SessionInputValue<'_>)> = segment
+                .session
+                .inputs()
+                .iter()
+                .map(|i| {
+                    let value = border.get(i.name()).or_else(|| fed.get(i.name())).expect("every input has a value above");
+                    (i.name().to_string(), SessionInputValue::from(value))
+                })
+                .collect();
+            let mut outputs = segment.session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
+            let passed: Vec<(String, DynValue)> = segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
+            drop(outputs);
+            for name in &segment.last_read_here {
+                border.remove(name);
+            }
+            border.extend(passed);
+            if split {
+                // What the segment's kernels freed goes back to the system before the next one runs.
+                crate::ort_backend::release_freed_memory();
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The ONNX type of a value that crosses a segment border, as ONNX Runtime inferred it (`None` for
+/// what is not a tensor: the segment reading it then says so).
+fn tensor_type(value: &ValueType) -> Option<TypeProto> {
+    use layerwise_model::onnx::{tensor_shape_proto::dimension::Value as Dim, tensor_shape_proto::Dimension, type_proto, TensorShapeProto};
+    let ValueType::Tensor { ty, shape, dimension_symbols } = value else { return None };
+    let dim = shape
+        .iter()
+        .zip(dimension_symbols.iter())
+        .map(|(&d, symbol)| Dimension {
+            value: match (d, symbol.is_empty()) {
+                (d, _) if d >= 0 => Some(Dim::DimValue(d)),
+                (_, false) => Some(Dim::DimParam(symbol.clone())),
+                _ => None,
+            },
+            ..Default::default()
+        })
+        .collect();
+    let elem_type = ort::sys::ONNXTensorElementDataType::from(*ty) as i32;
+    Some(TypeProto { value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem_type), shape: Some(TensorShapeProto { dim }) })), ..Default::default() })
 }
 
 /// The reduction node: two tensors of any type in, a scalar out (the graph needs an output to
