@@ -205,3 +205,37 @@ fn an_fp8_candidate_is_judged_with_fp8_tolerances_and_floor() {
     assert_eq!(floor["rounds"], "one step of each quantizer", "{floor}");
     assert!(floor["ratio"].as_f64().unwrap() < 1.0, "{floor}");
 }
+
+/// A floor that is itself inf/NaN decides nothing: noise of half a step on a small square makes
+/// it negative, and the reference's Sqrt of it NaN (an independent tester's quantized magika: a
+/// LayerNorm variance). The verdict says the floor is unknown, not "no quantizer is at fault".
+#[test]
+fn a_floor_that_overflows_decides_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let float = |name: &str, quantized: bool| {
+        let mut b = ModelBuilder::new(name, 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+        b.node("Mul", "square", &["x", "x"], &["v"], vec![]);
+        let read = if quantized {
+            b.initializer(f32_tensor("s", &[], &[0.01]));
+            b.initializer(int8_tensor("z", &[], &[0]));
+            b.node("QuantizeLinear", "v_q", &["v", "s", "z"], &["v8"], vec![]);
+            b.node("DequantizeLinear", "v_dq", &["v8", "s", "z"], &["v_f"], vec![]);
+            "v_f"
+        } else {
+            "v"
+        };
+        b.node("Sqrt", "root", &[read], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    save(&float("m", false), &dir.path().join("m.onnx"));
+    save(&float("q", true), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    assert_eq!(report["noise_floor"]["ill_conditioned"], false, "{}", report["noise_floor"]);
+    assert!(t.contains("noise floor: one step of each quantizer itself leaves inf/NaN in 'y' (the perturbed reference overflows), so it decides nothing"), "{t}");
+    assert!(!t.contains("No quantizer is at fault") && !t.contains("1/inf"), "{t}");
+}

@@ -158,26 +158,33 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             };
             verdict.summary = if floor.ratio < 1.0 {
                 format!(
-                    "output '{}': the candidate's error (rel L2 {}) is within what {} causes (noise floor rel L2 {}; the candidate is {} of it). {no_fault}",
+                    "output '{}': the candidate's error (rel L2 {}) is within what {} causes (noise floor rel L2 {}, the largest of {} seeded draws; the candidate is {} of it). {no_fault}",
                     floor.output,
                     n(floor.candidate_error),
                     floor.rounds,
                     n(floor.output_error),
+                    floor.seeds.len(),
                     // 0.86 reads as "0.86x"; 1/1 would say they are equal.
                     if floor.ratio >= 0.5 { format!("{:.2}x", floor.ratio) } else { format!("1/{:.0}", 1.0 / floor.ratio) }
                 )
             } else {
                 format!(
-                    "output '{}' is as sensitive to {} as to this backend: noise floor rel L2 {}, candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). {}",
+                    "output '{}' is as sensitive to {} as to this backend: noise floor rel L2 {} (the largest of {} seeded draws), candidate {} ({:.1}x, within {ILL_CONDITIONED_FACTOR}x). {}",
                     floor.output,
                     floor.rounds,
                     n(floor.output_error),
+                    floor.seeds.len(),
                     n(floor.candidate_error),
                     floor.ratio,
                     no_fault
                 )
             };
             out.push("chain nodes were not run alone and no break was kept at reference precision: with an ill-conditioned output no layer is at fault".to_string());
+        } else if !floor.output_error.is_finite() {
+            out.push(format!(
+                "noise floor: {} itself leaves inf/NaN in '{}' (the perturbed reference overflows), so it decides nothing: whether the output is this sensitive anyway is unknown",
+                floor.rounds, floor.output
+            ));
         } else {
             out.push(if floor.moved_values == 0 && !floor.left_for_the_fix.is_empty() {
                 format!(

@@ -46,7 +46,7 @@ fn near_the_line(candidate_error: f64, floor: f64) -> bool {
 
 /// The words for `perturbation`: the long form for the report, the short one for sentences.
 fn words(perturbation: Perturbation, count: Perturbed, seeds: usize) -> (String, String, f64) {
-    let seeds = if seeds > SEEDS { format!("{seeds} seeds (more than {SEEDS}: the first left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)") } else if seeds == 1 { "1 seed".to_string() } else { format!("{seeds} seeds") };
+    let seeds = if seeds > SEEDS { format!("{seeds} seeds (more than {SEEDS}: the first {SEEDS} left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)") } else if seeds == 1 { "1 seed".to_string() } else { format!("{seeds} seeds") };
     let name = |r: Rounding| r.name().to_uppercase();
     match perturbation {
         Perturbation::Storage(r) => (
@@ -137,7 +137,7 @@ pub fn noise_floor(
         output_error: floor,
         candidate_error: target.candidate_error,
         ratio,
-        ill_conditioned: target.candidate_error.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
+        ill_conditioned: target.candidate_error.is_finite() && floor.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
         left_for_the_fix: target.left_for_the_fix.to_vec(),
     })
 }
@@ -196,7 +196,7 @@ fn quantizer_floor(
         output_error: floor,
         candidate_error: target.candidate_error,
         ratio,
-        ill_conditioned: target.candidate_error.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
+        ill_conditioned: target.candidate_error.is_finite() && floor.is_finite() && ratio <= ILL_CONDITIONED_FACTOR,
         left_for_the_fix: Vec::new(),
     })
 }

@@ -100,7 +100,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         // FP16's range in the reference: the node's inf alone comes from upstream).
         for n in iso.nodes.iter().filter(|n| v.chain.iter().any(|s| s.node == n.node)) {
             if let Some(note) = &n.note {
-                let _ = writeln!(out, "  {} {}: {note}", n.role, n.node);
+                let _ = writeln!(out, "  {} {} ({}): {note}", n.role, n.tensor, n.node);
             }
         }
         for (node, why) in &iso.skipped {
