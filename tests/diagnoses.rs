@@ -423,11 +423,11 @@ fn a_long_chain_runs_the_nodes_nearest_the_break_alone_and_says_which_it_did_not
 /// Issue 39, item 2: inf/NaN born at two independent places far apart (a Mul by 7e4 near the
 /// input, another near the output), both reaching the output: the headline says both are needed,
 /// names each in graph order with its cause, and keeping them together is measured.
-#[test]
-fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
+/// Two origins far apart (see the test below); with `tail`, a node after their join whose
+/// reference leaves FP16's range too, which is born there only once both origins are kept.
+fn two_origins(tail: bool) -> layerwise_model::onnx::ModelProto {
     use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
     use layerwise_model::DataType;
-    let dir = tempfile::tempdir().unwrap();
     let mut b = ModelBuilder::new("two_origins", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
     b.initializer(f32_tensor("big", &[1], &[7e4]));
@@ -446,9 +446,36 @@ fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
     }
     b.node("Mul", "late/grow", &[&late, "big"], &["l_big"], vec![]);
     b.node("Mul", "late/shrink", &["l_big", "small"], &["l_end"], vec![]);
-    b.node("Add", "join", &[&early, "l_end"], &["y"], vec![]);
+    if tail {
+        b.initializer(f32_tensor("five_k", &[1], &[5e3]));
+        b.node("Add", "join", &[&early, "l_end"], &["joined"], vec![]);
+        b.node("Mul", "tail/grow", &["joined", "five_k"], &["t_big"], vec![]);
+        b.node("Mul", "tail/shrink", &["t_big", "small"], &["y"], vec![]);
+    } else {
+        b.node("Add", "join", &[&early, "l_end"], &["y"], vec![]);
+    }
     b.output("y", DataType::Float);
-    common::save(&b.build(), &dir.path().join("m.onnx"));
+    b.build()
+}
+
+/// With a third overflow that is born only once both origins are kept, keeping them together
+/// still leaves inf; where it arises next is named from the reference's own range (measured),
+/// not from that run.
+#[test]
+fn origins_kept_together_that_still_leave_inf_name_where_the_reference_leaves_fp16() {
+    let dir = tempfile::tempdir().unwrap();
+    common::save(&two_origins(true), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["bisect", "m.onnx", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains("keeping the origins together still leaves inf/NaN"), "{t}");
+    assert!(t.contains("the reference itself leaves FP16's range at 1 tensor outside the kept nodes, the first in graph order 't_big' (Mul, max |value| "), "{t}");
+}
+
+#[test]
+fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
+    let dir = tempfile::tempdir().unwrap();
+    common::save(&two_origins(false), &dir.path().join("m.onnx"));
     let out = common::layerwise(&["bisect", "m.onnx", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
     let t = common::text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");

@@ -81,11 +81,12 @@ pub(super) fn counterfactual(
     let conclusion = if let Some(t) = together {
         let alone = checks.len() - 1;
         format!(
-            "inf/NaN are born at {} independent places ({}); keeping {} of the checked breaks alone at reference precision leaves inf/NaN in '{worst}', and keeping the origins together {} (measured)",
+            "inf/NaN are born at {} independent places ({}); keeping {} of the checked breaks alone at reference precision leaves inf/NaN in '{worst}', and keeping the origins together {} (measured){}",
             origins.len(),
             t.node,
             if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
-            together_outcome(t)
+            together_outcome(t),
+            if t.output_error_after.is_finite() { String::new() } else { beyond_the_kept(&job.index, comparison, &t.kept, job.judging.precision) }
         )
     } else {
         match best {
@@ -145,6 +146,28 @@ pub(crate) fn together_outcome(check: &KeepCheck) -> String {
         format!("clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)", layerwise_report::format_number(check.output_error_after))
     } else {
         "still leaves inf/NaN: they arise elsewhere too (where is not known from this check, which reads the outputs only; fix keeps them round by round)".to_string()
+    }
+}
+
+/// Where the reference itself leaves FP16's range outside `kept`, from the comparison: the places
+/// inf can still arise once `kept` is kept (measured of the reference, not of that run).
+fn beyond_the_kept(index: &GraphIndex, comparison: &Comparison, kept: &[String], precision: Precision) -> String {
+    if precision != Precision::Fp16 {
+        return String::new();
+    }
+    let kept: std::collections::HashSet<&str> = kept.iter().map(String::as_str).collect();
+    let beyond: Vec<&layerwise_analysis::TensorRecord> =
+        comparison.records.iter().filter(|r| r.metrics.ref_fp16_overflow > 0 && !r.constant_like && !kept.contains(r.node.as_str()) && index.node(&r.node).is_some()).collect();
+    match beyond.first() {
+        None => String::new(),
+        Some(first) => format!(
+            "; the reference itself leaves FP16's range at {} tensor{} outside the kept nodes, the first in graph order '{}' ({}, max |value| {})",
+            beyond.len(),
+            if beyond.len() == 1 { "" } else { "s" },
+            first.name,
+            first.op_type,
+            layerwise_report::format_number(first.metrics.ref_max_abs)
+        ),
     }
 }
 
