@@ -149,6 +149,11 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     assert!(detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,") && detail.contains("zero point -128") && detail.contains("values beyond it are clipped"), "{detail}");
+    // Run alone with its own quantizers: the Relu the quantizer took over is that quantizer, fed
+    // the reference's 'h'; it alone introduces the error (before, no chain node could be run alone:
+    // "no type and shape known for 'r_f'").
+    assert_eq!(report["isolation"]["introducing"], "relu", "{}", report["isolation"]);
+    assert!(!t.contains("could not be run alone"), "{t}");
     assert!(!t.contains("FP16") && !t.contains("ill-conditioned"), "{t}");
 
     // The faithful model judged at float32's tolerances: its error is the quantizers' own.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use layerwise_analysis::{Isolation, LocalError, Verdict};
-use layerwise_model::extract::{extract_groups_fed, TensorType};
+use layerwise_model::extract::{extract_groups_pulling, TensorType};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{tensor_types, Precision, RunRequest, Tensor};
 
@@ -30,11 +30,22 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));
             continue;
         }
-        if job.cand_model.as_ref().is_some_and(|(_, ci)| ci.node(&node.name).is_none()) {
-            skipped.push((node.name.clone(), "not in the candidate model".into()));
-            continue;
+        // The candidate's node: of the same name, else (a Relu a quantizer took over) the one
+        // computing the twin of the chain tensor.
+        let mut name = node.name.clone();
+        if let Some((_, ci)) = &job.cand_model {
+            if ci.node(&node.name).is_none() {
+                let twin = job.cand_names.get(&step.tensor).filter(|_| job.judging.quantization.is_some());
+                match twin.and_then(|t| ci.producer(t)) {
+                    Some(p) => name = p.name.clone(),
+                    None => {
+                        skipped.push((node.name.clone(), "not in the candidate model".into()));
+                        continue;
+                    }
+                }
+            }
         }
-        groups.push(vec![node.name.clone()]);
+        groups.push(vec![name]);
         steps_by_node.push(step.clone());
     }
     if groups.is_empty() {
@@ -42,9 +53,21 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     }
     // Reference values of every input and output of the chain nodes.
     let mut wanted: Vec<String> = Vec::new();
-    for g in &groups {
-        let node = job.index.node(&g[0]).expect("checked");
+    for step in &steps_by_node {
+        let node = job.index.node(&step.node).expect("checked");
         wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+    }
+    // A quantized candidate's nodes read through their quantizers, which are fed what they
+    // quantize: the reference's twin of each quantizer's input.
+    if let (Some(_), Some((_, ci))) = (&job.judging.quantization, &job.cand_model) {
+        let twin: HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
+        for q in ci.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
+            let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)) else { continue };
+            let r = twin.get(x.as_str()).copied().unwrap_or(x.as_str());
+            if job.index.producer_index(r).is_some() {
+                wanted.push(r.to_string());
+            }
+        }
     }
     wanted.sort();
     wanted.dedup();
@@ -56,7 +79,12 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
     };
     let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
+    // A candidate model's tensor holds the value of the reference tensor the matching paired it with.
+    let reference_of: HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
+    let value = |t: &str| {
+        let t = reference_of.get(t).copied().unwrap_or(t);
+        reference.get(t).or_else(|| graph_inputs.get(t).copied())
+    };
     // Types as the candidate's model declares them (a converted model reads FP16).
     let cand_types = match &job.cand_model {
         Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
@@ -75,7 +103,14 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     // A weight-only tensor on the chain (a rotary angle) has the reference's value to read: fed
     // that, each node is run alone rather than with the weight-only nodes before it.
     let on_chain = |t: &str| verdict.chain.iter().any(|s| s.tensor == t) && value(t).is_some();
-    let extraction = extract_groups_fed(source, source_index, &groups, &type_of, &on_chain)?;
+    // A quantized candidate's node is run alone with its own quantizers: its inputs' Q/DQ pairs
+    // come along, fed the reference's value of what they quantize.
+    // A quantizer whose output holds another chain tensor is that chain step's own, run alone
+    // there: the node reading it is fed the reference's value instead (no fault counted twice).
+    let chain_twin = |t: &str| reference_of.get(t).is_some_and(|r| verdict.chain.iter().any(|s| s.tensor == *r));
+    let quantizer = |t: &str| job.judging.quantization.is_some() && !chain_twin(t) && source_index.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear");
+    let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t);
+    let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;
     let extracted = source.derived(extraction.proto, "isolated.onnx");
     let extracted_index = GraphIndex::build(extracted.graph())?;
     let mut local_feeds = Vec::new();
@@ -89,7 +124,11 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
     let mut nodes = Vec::new();
     for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
-        let Some((local, _)) = group.outputs.iter().find(|(_, o)| *o == step.tensor) else { continue };
+        let twin = job.cand_names.get(&step.tensor).unwrap_or(&step.tensor);
+        let Some((local, _)) = group.outputs.iter().find(|(_, o)| o == twin || *o == step.tensor) else {
+            skipped.push((step.node.clone(), format!("the candidate's value of '{}' is not computed by that node alone", step.tensor)));
+            continue;
+        };
         let (Some(r), Some(c)) = (reference.get(&step.tensor), out.tensors.get(local)) else {
             skipped.push((step.node.clone(), "the candidate returned no value".into()));
             continue;

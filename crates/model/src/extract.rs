@@ -43,18 +43,20 @@ pub fn extract_groups(
     groups: &[Vec<String>],
     types: &dyn Fn(&str) -> Option<TensorType>,
 ) -> Result<Extraction, ModelError> {
-    extract_groups_fed(model, index, groups, types, &|_| false)
+    extract_groups_pulling(model, index, groups, types, &|t| index.is_constant_like(t))
 }
 
-/// [`extract_groups`], where the weight-only tensors `fed` names are group inputs like any other
-/// instead of being computed inside the group: a node run alone on a value computed from weights
-/// (a rotary embedding's angle) reads that value as given.
-pub fn extract_groups_fed(
+/// [`extract_groups`], where `pull` says which computed inputs are computed inside the group (their
+/// producers join it, and so on back) rather than fed as group inputs: a node run alone on a value
+/// computed from weights (a rotary angle) reads that value as given where `pull` says no, and a
+/// quantized model's node reads its input through its own QuantizeLinear/DequantizeLinear pair
+/// where `pull` says yes.
+pub fn extract_groups_pulling(
     model: &Model,
     index: &GraphIndex,
     groups: &[Vec<String>],
     types: &dyn Fn(&str) -> Option<TensorType>,
-    fed: &dyn Fn(&str) -> bool,
+    pull: &dyn Fn(&str) -> bool,
 ) -> Result<Extraction, ModelError> {
     let graph = model.graph();
     let mut out_graph = GraphProto { name: Some(format!("{}-extracted", graph.name())), ..Default::default() };
@@ -71,7 +73,7 @@ pub fn extract_groups_fed(
         while let Some(i) = stack.pop() {
             for input in index.nodes[i].inputs.iter().filter(|t| !t.is_empty()) {
                 if let Some(p) = index.producer_index(input) {
-                    if index.is_constant_like(input) && !fed(input) && members.insert(p) {
+                    if pull(input) && members.insert(p) {
                         stack.push(p);
                     }
                 }
