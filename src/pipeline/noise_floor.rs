@@ -87,32 +87,14 @@ pub fn noise_floor(
     if let Some(steps) = target.quantizers {
         return quantizer_floor(reference, model, index, feeds, reference_outputs, tolerance, &target, steps);
     }
-    let mut seeds = Vec::new();
-    let mut floor: f64 = 0.0;
+    let exact: HashSet<String> = target.exact.iter().cloned().chain(target.left_for_the_fix.iter().cloned()).collect();
     let mut count = Perturbed::default();
-    for i in 0..SEEDS_NEAR_THE_LINE as u64 {
-        if i as usize >= SEEDS && !near_the_line(target.candidate_error, floor) {
-            break;
-        }
-        // Seeds of their own, apart from the input generator's.
-        let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x6e6f_6973_6500 + i);
-        seeds.push(seed);
-        let exact: HashSet<String> = target.exact.iter().cloned().chain(target.left_for_the_fix.iter().cloned()).collect();
+    let (seeds, floor) = largest_over_seeds(reference, model, index, feeds, reference_outputs, tolerance, &target, 0x6e6f_6973_6500, |seed| {
         let (proto, moved) = perturb_weights(model, target.perturbation, &exact, seed)?;
         count = moved;
-        if moved.moved == 0 {
-            // Nothing the candidate rounds: the floor is zero without a run.
-            break;
-        }
-        let perturbed = model.derived(proto, "noise-floor.onnx");
-        let outputs = Selection::Names(Vec::new());
-        let out = reference.run(&RunRequest { model: &perturbed, index, inputs: feeds, selection: &outputs })?;
-        let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
-            bail!("the perturbed run returned no '{}'", target.output);
-        };
-        let error = layerwise_analysis::compute(&r.to_f32(), &p.to_f32(), tolerance).error_level();
-        floor = floor.max(error);
-    }
+        // Nothing the candidate rounds: the floor is zero without a run.
+        Ok((moved.moved > 0).then_some((proto, false)))
+    })?;
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
     let (mut perturbation, mut rounds, relative) = words(target.perturbation, count, seeds.len());
     if !target.left_for_the_fix.is_empty() {
@@ -142,6 +124,43 @@ pub fn noise_floor(
     })
 }
 
+/// The largest error of `target.output` over seeded perturbed runs of the reference: two seeds,
+/// six where the first two leave the candidate near the ill-conditioned line. `perturb` makes the
+/// model for a seed (and whether its graph changed, so that it is indexed anew), or `None` where
+/// it moves nothing: the floor is then zero without a run. Returns the seeds used and the floor.
+#[allow(clippy::too_many_arguments)]
+fn largest_over_seeds(
+    reference: &mut dyn Backend,
+    model: &Model,
+    index: &GraphIndex,
+    feeds: &[(String, Tensor)],
+    reference_outputs: &HashMap<String, Tensor>,
+    tolerance: Tolerance,
+    target: &FloorTarget,
+    salt: u64,
+    mut perturb: impl FnMut(u64) -> Result<Option<(layerwise_model::onnx::ModelProto, bool)>>,
+) -> Result<(Vec<u64>, f64)> {
+    let (mut seeds, mut floor) = (Vec::new(), 0f64);
+    for i in 0..SEEDS_NEAR_THE_LINE as u64 {
+        if i as usize >= SEEDS && !near_the_line(target.candidate_error, floor) {
+            break;
+        }
+        // Seeds of their own, apart from the input generator's.
+        let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(salt + i);
+        seeds.push(seed);
+        let Some((proto, new_graph)) = perturb(seed)? else { break };
+        let perturbed = model.derived(proto, "noise-floor.onnx");
+        let own_index = if new_graph { Some(GraphIndex::build(perturbed.graph())?) } else { None };
+        let selection = Selection::Names(Vec::new());
+        let out = reference.run(&RunRequest { model: &perturbed, index: own_index.as_ref().unwrap_or(index), inputs: feeds, selection: &selection })?;
+        let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
+            bail!("the perturbed run returned no '{}'", target.output);
+        };
+        floor = floor.max(layerwise_analysis::compute(&r.to_f32(), &p.to_f32(), tolerance).error_level());
+    }
+    Ok((seeds, floor))
+}
+
 /// The floor of a quantized candidate: the reference moved by one step of each of its quantizers
 /// (`perturb_by_quantizer_steps`), the largest output error over the seeds.
 #[allow(clippy::too_many_arguments)]
@@ -155,27 +174,13 @@ fn quantizer_floor(
     target: &FloorTarget,
     steps: &layerwise_model::quant::QuantizerSteps,
 ) -> Result<NoiseFloor> {
-    let (mut seeds, mut floor, mut moved) = (Vec::new(), 0f64, layerwise_model::perturb::QuantizerPerturbed::default());
-    for i in 0..SEEDS_NEAR_THE_LINE as u64 {
-        if i as usize >= SEEDS && !near_the_line(target.candidate_error, floor) {
-            break;
-        }
-        let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(0x7175_616e_7400 + i);
-        seeds.push(seed);
+    let mut moved = layerwise_model::perturb::QuantizerPerturbed::default();
+    let (seeds, floor) = largest_over_seeds(reference, model, index, feeds, reference_outputs, tolerance, target, 0x7175_616e_7400, |seed| {
         let (proto, m) = layerwise_model::perturb::perturb_by_quantizer_steps(model, steps, seed)?;
         moved = m;
-        if m.weight_values == 0 && m.activations == 0 {
-            break;
-        }
-        let perturbed = model.derived(proto, "noise-floor.onnx");
-        let perturbed_index = GraphIndex::build(perturbed.graph())?;
-        let out = reference.run(&RunRequest { model: &perturbed, index: &perturbed_index, inputs: feeds, selection: &Selection::Names(Vec::new()) })?;
-        let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
-            bail!("the perturbed run returned no '{}'", target.output);
-        };
-        floor = floor.max(layerwise_analysis::compute(&r.to_f32(), &p.to_f32(), tolerance).error_level());
-    }
-    let _ = index;
+        // The noise nodes are new: the perturbed model is indexed anew.
+        Ok((m.weight_values > 0 || m.activations > 0).then_some((proto, true)))
+    })?;
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
     let missing = if steps.not_found > 0 { format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found) } else { String::new() };
     Ok(NoiseFloor {
