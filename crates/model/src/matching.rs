@@ -78,6 +78,8 @@ impl View<'_> {
     /// zero point is its type's minimum (it clips at 0: ONNX Runtime's quantize_static drops a
     /// Relu into it).
     fn relus(&self) -> HashMap<String, String> {
+        let stored: HashMap<&str, &crate::onnx::TensorProto> = self.graph.initializer.iter().map(|w| (w.name(), w)).collect();
+        let clips = |q: &NodeProto| q.input.get(2).and_then(|z| stored.get(z.as_str())).is_some_and(|zp| crate::quant::clips_at_zero(zp));
         let mut found: HashMap<String, String> = HashMap::new();
         for info in &self.index.nodes {
             let node = &self.graph.node[info.proto_index];
@@ -88,7 +90,7 @@ impl View<'_> {
             } else if info.op_type == "DequantizeLinear" {
                 let Some(q) = self.index.producer(input).map(|q| &self.graph.node[q.proto_index]).filter(|q| q.op_type() == "QuantizeLinear") else { continue };
                 let Some(x) = q.input.first() else { continue };
-                if clips_at_zero(self.graph, q) {
+                if clips(q) {
                     found.entry(self.source(x)).or_insert_with(|| output.clone());
                 }
             }
@@ -147,23 +149,6 @@ impl View<'_> {
         attrs.sort();
         attrs
     }
-}
-
-/// Whether a QuantizeLinear's zero point is the least value of its type (int8 -128, uint8 0,
-/// int16 -32768, uint16 0) in every channel: its range starts at 0, so it clips negative values
-/// as a Relu does.
-fn clips_at_zero(graph: &GraphProto, q: &NodeProto) -> bool {
-    let Some(zp) = q.input.get(2).filter(|t| !t.is_empty()).and_then(|z| graph.initializer.iter().find(|w| w.name() == z)) else { return false };
-    let raw: &[u8] = zp.raw_data.as_deref().unwrap_or_default();
-    let (least, values): (i32, Vec<i32>) = match DataType::try_from(zp.data_type()) {
-        Ok(DataType::Int8) => (-128, raw.iter().map(|&b| b as i8 as i32).collect()),
-        Ok(DataType::Uint8) => (0, raw.iter().map(|&b| b as i32).collect()),
-        Ok(DataType::Int16) => (-32768, raw.chunks_exact(2).map(|b| i16::from_le_bytes([b[0], b[1]]) as i32).collect()),
-        Ok(DataType::Uint16) => (0, raw.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]]) as i32).collect()),
-        _ => return false,
-    };
-    let values = if raw.is_empty() { zp.int32_data.clone() } else { values };
-    !values.is_empty() && values.iter().all(|&v| v == least)
 }
 
 /// Ops whose data inputs may come in either order.

@@ -4,10 +4,10 @@
 //! candidate of this kind computes in float32 between its quantizers: it is judged by the
 //! quantizers' step, not as FP16 (issue 40).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use crate::onnx::{GraphProto, NodeProto};
-use crate::{DataType, GraphIndex};
+use crate::onnx::{GraphProto, NodeProto, TensorProto};
+use crate::{DataType, GraphIndex, Tensor};
 
 /// One quantizer's storage format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -128,25 +128,24 @@ impl Quantization {
 
 /// The quantizers of `graph`; `None` where it has no QuantizeLinear or DequantizeLinear node.
 pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantization> {
-    let initializer = |t: &str| graph.initializer.iter().find(|w| w.name() == t);
+    let stored = Stored::of(graph, index);
     let mut found = Quantization::default();
     let mut any = false;
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
-        let reads_stored = node.input.first().is_some_and(|t| initializer(t).is_some());
+        let weight = node.input.first().and_then(|t| stored.get(t));
         match node.op_type() {
-            "DequantizeLinear" if reads_stored => {
+            "DequantizeLinear" if weight.is_some() => {
                 any = true;
-                let stored = initializer(&node.input[0]).expect("checked").data_type();
-                if let Some(format) = QuantFormat::of(stored) {
-                    *found.weights.entry((format, granularity(graph, node))).or_default() += 1;
+                if let Some(format) = weight.and_then(|w| QuantFormat::of(w.data_type())) {
+                    *found.weights.entry((format, stored.granularity(node))).or_default() += 1;
                 }
             }
             "DequantizeLinear" => any = true,
             "QuantizeLinear" if !node.input.first().is_some_and(|t| index.is_constant_like(t)) => {
                 any = true;
-                if let Some(format) = quantized_type(graph, node).and_then(QuantFormat::of) {
-                    *found.activations.entry((format, granularity(graph, node))).or_default() += 1;
+                if let Some(format) = stored.quantized_type(node).and_then(QuantFormat::of) {
+                    *found.activations.entry((format, stored.granularity(node))).or_default() += 1;
                 }
             }
             "QuantizeLinear" => any = true,
@@ -156,36 +155,68 @@ pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantiz
     any.then_some(found)
 }
 
-/// The type a QuantizeLinear stores in: its zero point's, else its `output_dtype` attribute
-/// (opset 21), else uint8 (the default).
-fn quantized_type(graph: &GraphProto, node: &NodeProto) -> Option<i32> {
-    if let Some(zp) = node.input.get(2).filter(|t| !t.is_empty()) {
-        if let Some(w) = graph.initializer.iter().find(|w| w.name() == zp) {
-            return Some(w.data_type());
-        }
-        // A zero point from a Constant node: its value's type.
-        for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.output.iter().any(|o| o == zp)) {
-            if let Some(t) = n.attribute.iter().find_map(|a| a.t.as_ref()) {
-                return Some(t.data_type());
-            }
-        }
-        return None;
-    }
-    let attr = node.attribute.iter().find(|a| a.name() == "output_dtype").and_then(|a| a.i).filter(|&i| i != 0);
-    Some(attr.map_or(DataType::Uint8 as i32, |i| i as i32))
+/// A graph's initializers by name, found once per pass over its quantizers rather than searched
+/// for at each node (a model holds thousands of both).
+struct Stored<'g> {
+    graph: &'g GraphProto,
+    index: &'g GraphIndex,
+    by_name: HashMap<&'g str, &'g TensorProto>,
 }
 
-/// Per block where a `block_size` is given, per channel where the scale has more than one value,
-/// per tensor otherwise.
-fn granularity(graph: &GraphProto, node: &NodeProto) -> Granularity {
-    if node.attribute.iter().any(|a| a.name() == "block_size" && a.i.is_some_and(|b| b > 0)) {
-        return Granularity::PerBlock;
+impl<'g> Stored<'g> {
+    fn of(graph: &'g GraphProto, index: &'g GraphIndex) -> Stored<'g> {
+        Stored { graph, index, by_name: graph.initializer.iter().map(|w| (w.name(), w)).collect() }
     }
-    let scale = node.input.get(1).and_then(|s| graph.initializer.iter().find(|w| w.name() == s));
-    match scale.map(|s| s.dims.iter().product::<i64>()) {
-        Some(n) if n > 1 => Granularity::PerChannel,
-        _ => Granularity::PerTensor,
+
+    fn get(&self, t: &str) -> Option<&'g TensorProto> {
+        self.by_name.get(t).copied()
     }
+
+    /// A float32 initializer's values (`None` for another type or values it does not hold).
+    fn floats(&self, t: &str) -> Option<Vec<f32>> {
+        let w = self.get(t).filter(|w| w.data_type() == DataType::Float as i32)?;
+        Tensor::from_proto(w).ok().map(|v| v.to_f32().into_owned())
+    }
+
+    /// The type a QuantizeLinear stores in: its zero point's, else its `output_dtype` attribute
+    /// (opset 21), else uint8 (the default).
+    fn quantized_type(&self, node: &NodeProto) -> Option<i32> {
+        if let Some(zp) = node.input.get(2).filter(|t| !t.is_empty()) {
+            if let Some(w) = self.get(zp) {
+                return Some(w.data_type());
+            }
+            // A zero point from a Constant node: its value's type.
+            let producer = self.index.producer(zp).map(|p| &self.graph.node[p.proto_index]).filter(|n| n.op_type() == "Constant")?;
+            return producer.attribute.iter().find_map(|a| a.t.as_ref()).map(|t| t.data_type());
+        }
+        let attr = node.attribute.iter().find(|a| a.name() == "output_dtype").and_then(|a| a.i).filter(|&i| i != 0);
+        Some(attr.map_or(DataType::Uint8 as i32, |i| i as i32))
+    }
+
+    /// Per block where a `block_size` is given, per channel where the scale has more than one
+    /// value, per tensor otherwise.
+    fn granularity(&self, node: &NodeProto) -> Granularity {
+        if node.attribute.iter().any(|a| a.name() == "block_size" && a.i.is_some_and(|b| b > 0)) {
+            return Granularity::PerBlock;
+        }
+        match node.input.get(1).and_then(|s| self.get(s)).map(|s| s.dims.iter().product::<i64>()) {
+            Some(n) if n > 1 => Granularity::PerChannel,
+            _ => Granularity::PerTensor,
+        }
+    }
+}
+
+/// Whether a zero point is the least value of its type (int8 -128, uint8 0, int16 -32768,
+/// uint16 0) in every channel: a quantizer's range then starts at 0, so it clips negative values
+/// as a Relu does.
+pub fn clips_at_zero(zp: &TensorProto) -> bool {
+    let least = match DataType::try_from(zp.data_type()) {
+        Ok(DataType::Int8) => -128.0,
+        Ok(DataType::Uint8 | DataType::Uint16) => 0.0,
+        Ok(DataType::Int16) => -32768.0,
+        _ => return false,
+    };
+    Tensor::from_proto(zp).is_ok_and(|v| !v.to_f32().is_empty() && v.to_f32().iter().all(|&z| z == least))
 }
 
 /// One step of each of a Q/DQ candidate's quantizers, on the reference's tensors: what the noise
@@ -233,29 +264,23 @@ impl QuantFormat {
 /// weight is found through the node that reads its DequantizeLinear: the reference node of the
 /// same name reads the float weight in the same slot.
 pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> QuantizerSteps {
-    let floats = |g: &GraphProto, t: &str| -> Option<Vec<f32>> {
-        let w = g.initializer.iter().find(|w| w.name() == t)?;
-        (w.data_type() == DataType::Float as i32).then(|| match w.raw_data.as_deref() {
-            Some(raw) if !raw.is_empty() => raw.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            _ => w.float_data.clone(),
-        })
-    };
+    let stored = Stored::of(candidate, cand_index);
     let mut steps = QuantizerSteps::default();
     for info in &cand_index.nodes {
         let node = &candidate.node[info.proto_index];
-        let Some(scale) = node.input.get(1).and_then(|s| floats(candidate, s)).filter(|s| !s.is_empty()) else { continue };
+        let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| !s.is_empty()) else { continue };
         let input = node.input.first().cloned().unwrap_or_default();
         match info.op_type.as_str() {
             "QuantizeLinear" if !cand_index.is_constant_like(&input) => match reference_of(&input).filter(|r| ref_index.producer_index(r).is_some() || ref_index.is_graph_input(r)) {
                 Some(r) => {
-                    let format = quantized_type(candidate, node).and_then(QuantFormat::of).unwrap_or(QuantFormat::Uint8);
+                    let format = stored.quantized_type(node).and_then(QuantFormat::of).unwrap_or(QuantFormat::Uint8);
                     steps.activations.push((r, format.step(scale.iter().fold(0f32, |m, s| m.max(s.abs())))));
                 }
                 None => steps.not_found += 1,
             },
             "DequantizeLinear" if cand_index.is_initializer(&input) => {
                 let Some(output) = node.output.first() else { continue };
-                let rank = candidate.initializer.iter().find(|w| w.name() == input).map_or(0, |w| w.dims.len() as i64);
+                let rank = stored.get(&input).map_or(0, |w| w.dims.len() as i64);
                 let axis = node.attribute.iter().find(|a| a.name() == "axis").and_then(|a| a.i).unwrap_or(1);
                 let axis = if axis < 0 { axis + rank } else { axis }.max(0) as usize;
                 let mut found = false;
@@ -265,8 +290,7 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
                     let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else { continue };
                     let Some(weight) = twin.inputs.get(slot).filter(|w| ref_index.is_initializer(w)) else { continue };
                     if !steps.weights.iter().any(|w| &w.weight == weight) {
-                        let stored = candidate.initializer.iter().find(|w| w.name() == input).map_or(0, |w| w.data_type());
-                        let format = QuantFormat::of(stored).unwrap_or(QuantFormat::Int8);
+                        let format = stored.get(&input).and_then(|w| QuantFormat::of(w.data_type())).unwrap_or(QuantFormat::Int8);
                         steps.weights.push(WeightSteps { weight: weight.clone(), steps: scale.iter().map(|s| format.step(*s)).collect(), axis });
                     }
                     found = true;
@@ -312,26 +336,12 @@ impl QuantFormat {
 /// it holds: the one it quantizes and the one its DequantizeLinear's output holds
 /// (`reference_of`, the matching's pairs read backwards).
 pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> std::collections::HashMap<String, QuantizerRange> {
-    let scalar = |t: &str| -> Option<f32> {
-        let w = candidate.initializer.iter().find(|w| w.name() == t)?;
-        if w.dims.iter().product::<i64>() != 1 || w.data_type() != DataType::Float as i32 {
-            return None;
-        }
-        match w.raw_data.as_deref() {
-            Some(r) if r.len() >= 4 => Some(f32::from_le_bytes([r[0], r[1], r[2], r[3]])),
-            _ => w.float_data.first().copied(),
-        }
-    };
+    let stored = Stored::of(candidate, cand_index);
+    let scalar = |t: &str| stored.get(t).filter(|w| w.dims.iter().product::<i64>() == 1).and_then(|_| stored.floats(t)).and_then(|v| v.first().copied());
+    // Through Tensor::from_proto; the int32_data entry as written for the types it does not carry.
     let zero_point = |t: &str| -> Option<i32> {
-        let w = candidate.initializer.iter().find(|w| w.name() == t)?;
-        let raw = w.raw_data.as_deref().unwrap_or_default();
-        match DataType::try_from(w.data_type()).ok()? {
-            DataType::Int8 => raw.first().map(|&b| b as i8 as i32).or(w.int32_data.first().copied()),
-            DataType::Uint8 => raw.first().map(|&b| b as i32).or(w.int32_data.first().copied()),
-            DataType::Int16 => raw.get(..2).map(|b| i16::from_le_bytes([b[0], b[1]]) as i32).or(w.int32_data.first().copied()),
-            DataType::Uint16 => raw.get(..2).map(|b| u16::from_le_bytes([b[0], b[1]]) as i32).or(w.int32_data.first().copied()),
-            _ => w.int32_data.first().copied(),
-        }
+        let w = stored.get(t)?;
+        Tensor::from_proto(w).ok().and_then(|v| v.to_f32().first().map(|&z| z as i32)).or(w.int32_data.first().copied())
     };
     let mut ranges = std::collections::HashMap::new();
     for info in cand_index.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
@@ -340,7 +350,7 @@ pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, refere
         if cand_index.is_constant_like(x) {
             continue;
         }
-        let Some(format) = quantized_type(candidate, node).and_then(QuantFormat::of) else { continue };
+        let Some(format) = stored.quantized_type(node).and_then(QuantFormat::of) else { continue };
         let zp = node.input.get(2).filter(|t| !t.is_empty()).map_or(Some(0), |z| zero_point(z)).unwrap_or(0);
         let (qmin, qmax) = format.limits();
         let range = if matches!(format, QuantFormat::Float8E4M3 | QuantFormat::Float8E5M2) {
