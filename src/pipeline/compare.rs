@@ -61,6 +61,12 @@ pub(super) struct Compared {
 }
 
 impl<'a> Job<'a> {
+    /// Candidate model tensor -> the reference tensor whose value it holds (the matching's pairs
+    /// read backwards).
+    pub(super) fn reference_names(&self) -> HashMap<String, String> {
+        self.cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect()
+    }
+
     /// The job that runs `setup`'s backends on its model (borrowed from the caller).
     pub(super) fn new(options: &'a BisectOptions, model: &'a Model, setup: Setup<'_>) -> Job<'a> {
         let budget = options.max_memory.unwrap_or_else(default_memory_budget);

@@ -57,13 +57,14 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         let node = job.index.node(&step.node).expect("checked");
         wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
     }
+    // A candidate model's tensor holds the value of the reference tensor the matching paired it with.
+    let reference_of = job.reference_names();
     // A quantized candidate's nodes read through their quantizers, which are fed what they
     // quantize: the reference's twin of each quantizer's input.
     if let (Some(_), Some((_, ci))) = (&job.judging.quantization, &job.cand_model) {
-        let twin: HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
         for q in ci.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
             let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)) else { continue };
-            let r = twin.get(x.as_str()).copied().unwrap_or(x.as_str());
+            let r = reference_of.get(x.as_str()).map_or(x.as_str(), String::as_str);
             if job.index.producer_index(r).is_some() {
                 wanted.push(r.to_string());
             }
@@ -79,10 +80,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
     };
     let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    // A candidate model's tensor holds the value of the reference tensor the matching paired it with.
-    let reference_of: HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
     let value = |t: &str| {
-        let t = reference_of.get(t).copied().unwrap_or(t);
+        let t = reference_of.get(t).map_or(t, String::as_str);
         reference.get(t).or_else(|| graph_inputs.get(t).copied())
     };
     // Types as the candidate's model declares them (a converted model reads FP16).
@@ -107,7 +106,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     // come along, fed the reference's value of what they quantize.
     // A quantizer whose output holds another chain tensor is that chain step's own, run alone
     // there: the node reading it is fed the reference's value instead (no fault counted twice).
-    let chain_twin = |t: &str| reference_of.get(t).is_some_and(|r| verdict.chain.iter().any(|s| s.tensor == *r));
+    let chain_twin = |t: &str| reference_of.get(t).is_some_and(|r| verdict.chain.iter().any(|s| &s.tensor == r));
     let quantizer = |t: &str| job.judging.quantization.is_some() && !chain_twin(t) && source_index.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear");
     let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t);
     let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;

@@ -280,9 +280,8 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     // tensors (the matching's pairs, read backwards).
     let quantizer_steps = match (&job.judging.quantization, &job.cand_model) {
         (Some(_), Some((cm, ci))) if options.noise_floor => {
-            let reference_of: std::collections::HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
-            let index = &job.index;
-            let of = |t: &str| reference_of.get(t).map(|r| r.to_string()).or_else(|| index.is_graph_input(t).then(|| t.to_string()));
+            let names = job.reference_names();
+            let of = reference_of(job, &names);
             Some(layerwise_model::quant::quantizer_steps(&job.index, cm.graph(), ci, &of))
         }
         _ => None,
@@ -499,9 +498,15 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
 /// for any other candidate).
 fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerRange> {
     let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Default::default() };
-    let reference_of: std::collections::HashMap<&str, &str> = job.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect();
-    let of = |t: &str| reference_of.get(t).map(|r| r.to_string()).or_else(|| job.index.is_graph_input(t).then(|| t.to_string()));
+    let names = job.reference_names();
+    let of = reference_of(job, &names);
     layerwise_model::quant::activation_ranges(cm.graph(), ci, &of)
+}
+
+/// The reference tensor a candidate tensor holds, for the quantizer readers: its pair
+/// (`names`, `Job::reference_names`), or a graph input, which both sides are fed.
+fn reference_of<'j>(job: &'j Job, names: &'j std::collections::HashMap<String, String>) -> impl Fn(&str) -> Option<String> + 'j {
+    move |t: &str| names.get(t).cloned().or_else(|| job.index.is_graph_input(t).then(|| t.to_string()))
 }
 
 /// The weights that keeping the first divergent node's pattern at reference precision keeps
