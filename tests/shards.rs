@@ -138,3 +138,49 @@ fn a_data_loader_script_gives_the_samples() {
     let both = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--inputs", "x.npz"], d);
     assert_eq!(both.status.code(), Some(2), "{}", text(&both));
 }
+
+/// `--devices` on the CPU: the same spreading over jobs run at once (there one per GPU), so that
+/// the shared queue, the one follow-up run and the merged report are checked without a GPU.
+fn spread_options(dir: &Path) -> layerwise::pipeline::BisectOptions {
+    let mut options = layerwise::pipeline::BisectOptions::new(dir.join("demo.onnx"), common::spec("ort:cpu"), common::spec("sim:fp16"));
+    options.inputs.npz = Some(dir.join("samples"));
+    options
+}
+
+#[test]
+fn samples_spread_over_jobs_at_once_report_what_one_run_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
+    write_demo_samples(&dir.path().join("samples"));
+    let options = spread_options(dir.path());
+    let single = layerwise::pipeline::bisect(&options).unwrap().report;
+    let jobs = (0..3).map(|j| (format!("job {j}"), options.clone())).collect();
+    let mut spread = layerwise::pipeline::devices::spread_over_jobs(&options, jobs).unwrap();
+    let note = spread.cand.notes.pop().unwrap();
+    assert!(note.starts_with("7 samples spread over 3 jobs at once with --devices, taken from one queue (job 0 ran "), "{note}");
+    let counts = note.split_once('(').and_then(|(_, rest)| rest.split_once(')')).unwrap().0;
+    let ran: usize = counts.split(" ran ").skip(1).map(|s| s.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse::<usize>().unwrap()).sum();
+    assert_eq!(ran, 7, "every sample once: {note}");
+    assert!(note.contains("the steps after the walk ran once, on job "), "{note}");
+    let without_run_info = |r: &layerwise_report::Report| {
+        let mut v = serde_json::to_value(r).unwrap();
+        v.as_object_mut().unwrap().remove("run_info");
+        v
+    };
+    let (a, b) = (without_run_info(&single), without_run_info(&spread));
+    assert_eq!(a["samples"]["worst_sample"], "s1.npz", "the earliest of the equally loud samples");
+    assert_eq!(serde_json::to_string(&a).unwrap(), serde_json::to_string(&b).unwrap(), "spread over jobs = one run");
+}
+
+#[test]
+fn a_job_that_fails_stops_the_others_and_its_error_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
+    write_demo_samples(&dir.path().join("samples"));
+    let options = spread_options(dir.path());
+    let broken = layerwise::pipeline::BisectOptions { cand_model: Some(dir.path().join("absent.onnx")), ..options.clone() };
+    let jobs = vec![("job 0".to_string(), options.clone()), ("job 1".to_string(), broken), ("job 2".to_string(), options.clone())];
+    let error = layerwise::pipeline::devices::spread_over_jobs(&options, jobs).unwrap_err();
+    let text = format!("{error:#}");
+    assert!(text.starts_with("the job on job 1: ") && text.contains("absent.onnx"), "{text}");
+}

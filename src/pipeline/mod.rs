@@ -37,13 +37,34 @@ pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     let mut steps = Steps::new(options.progress, options.progress_lines);
     check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
-    run_bisect(&model, options, steps)
+    run_bisect(&model, options, steps, None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
 }
 
 /// The bisect job on an already loaded model (the demo builds its model in memory).
 pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
     check_outputs(options)?;
-    run_bisect(model, options, Steps::new(options.progress, options.progress_lines))
+    run_bisect(model, options, Steps::new(options.progress, options.progress_lines), None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
+}
+
+/// One of several jobs over the same sample folder at once (`--devices`, one per GPU): it takes
+/// its samples from a queue they share, so a faster GPU takes more, and hands their numbers over
+/// when the queue is empty. Only the job holding the whole set's verdict sample goes on to the
+/// steps after the walk (noise floor, run alone, counterfactual) and the report; the others stop,
+/// so those steps run once, not once per GPU.
+pub(crate) trait SampleQueue {
+    /// The next sample to run (its index in the folder's order), or `None` when none is left.
+    fn next(&mut self) -> Option<usize>;
+    /// This job's samples' numbers; back come every job's (in the folder's order) where this job
+    /// carries the verdict, `None` where it stops here.
+    fn hand_over(&mut self, data: Vec<SampleData>) -> Result<Option<Vec<SampleData>>>;
+}
+
+/// [`bisect`] as one job of a shared queue: `None` where another job carries the verdict.
+pub(crate) fn bisect_from_queue(options: &BisectOptions, queue: &mut dyn SampleQueue) -> Result<Option<BisectOutcome>> {
+    let mut steps = Steps::new(options.progress, options.progress_lines);
+    check_outputs(options)?;
+    let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
+    run_bisect(&model, options, steps, Some(queue))
 }
 
 
@@ -55,7 +76,7 @@ struct SampleOutcome {
     verdict: Verdict,
 }
 
-fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Result<BisectOutcome> {
+fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut queue: Option<&mut dyn SampleQueue>) -> Result<Option<BisectOutcome>> {
     options::check_not_external_data(original, "the input model's external data", options, &[])?;
     // 1. Plan: backends, samples, control flow, the candidate model, precision and tolerances.
     let mut setup = setup::set_up(original, options, &mut steps)?;
@@ -92,9 +113,15 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
         Some(dir) => Some(TensorSaver::new(dir, total_samples > 1)?),
         None => None,
     };
-    for (k, (name, sample_options)) in samples.iter().enumerate() {
+    let mut taken = 0;
+    while let Some(k) = match queue.as_deref_mut() {
+        Some(queue) => queue.next().filter(|&k| k < samples.len()),
+        None => (taken < samples.len()).then_some(taken),
+    } {
+        taken += 1;
+        let (name, sample_options) = &samples[k];
         if samples.len() > 1 {
-            steps.count("sample", k + 1, samples.len(), name);
+            steps.count("sample", taken, samples.len(), name);
         }
         let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
         let feeds = setup::feeds_of(&inputs);
@@ -118,7 +145,13 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     }
     // What follows runs other programs: the paired session's memory goes now.
     job.paired_session = None;
-    let chosen = choose_sample(&job, per_sample, total_samples, options.shard, &mut extras);
+    let chosen = match queue {
+        None => choose_sample(&job, per_sample, total_samples, options.shard, &mut extras),
+        Some(queue) => match choose_shared_sample(&job, per_sample, total_samples, queue, &mut extras)? {
+            Some(chosen) => chosen,
+            None => return Ok(None),
+        },
+    };
     extras.memory = chosen.compared.memory.clone();
     let feeds = setup::feeds_of(&chosen.inputs);
 
@@ -130,7 +163,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps) -> Re
     }
 
     // 8. Report.
-    report(original, &job, chosen, verdict, conclusions, input_notes, &weights, extras, steps)
+    report(original, &job, chosen, verdict, conclusions, input_notes, &weights, extras, steps).map(Some)
 }
 
 /// Stages 2 to 4 on one sample: both sides run (paired or separately, or a few tensors per
@@ -248,6 +281,22 @@ fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: u
         None => {}
     }
     per_sample.swap_remove(chosen)
+}
+
+/// [`choose_sample`] over every job of a shared queue: this job's samples' numbers are handed
+/// over, and where the whole set's verdict sample is among them, it carries the verdict with the
+/// aggregation over every sample (what one run over the folder computes, in its order).
+fn choose_shared_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, queue: &mut dyn SampleQueue, extras: &mut Extras) -> Result<Option<SampleOutcome>> {
+    let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
+    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
+    let Some(every) = queue.hand_over(data)? else { return Ok(None) };
+    let chosen = chosen_sample(&every).ok_or_else(|| anyhow::anyhow!("no sample was run"))?;
+    let name = &every[chosen].run.sample;
+    let local = per_sample.iter().position(|s| &s.name == name).ok_or_else(|| anyhow::anyhow!("the verdict's sample {name} was given to a job that did not run it"))?;
+    if total_samples > 1 {
+        extras.samples = Some(aggregate_samples(&every, chosen, &job.order));
+    }
+    Ok(Some(per_sample.swap_remove(local)))
 }
 
 /// Stages 5 to 7 on a diverged verdict: the noise floor (is the output this sensitive to one

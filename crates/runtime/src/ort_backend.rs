@@ -171,6 +171,34 @@ pub(crate) struct SessionExtras<'a> {
     pub without_arena: bool,
 }
 
+/// How many jobs build and run CPU sessions in this process at once (`--devices`' shards). Above
+/// one, a session without its own thread count gets an equal share of the cores instead of all of
+/// them each: measured with two shards on one host, every session taking every core made two GPUs
+/// 1.24x one (issue 41).
+static CPU_SHARERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One more job sharing the CPU until the returned guard drops.
+pub fn share_cpu() -> CpuShare {
+    CPU_SHARERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    CpuShare(())
+}
+
+/// A job's part of the CPU (see [`share_cpu`]); dropping it gives the part back.
+#[must_use = "the share ends when this guard drops"]
+pub struct CpuShare(());
+
+impl Drop for CpuShare {
+    fn drop(&mut self) {
+        CPU_SHARERS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The intra-op threads of a session without its own count while several jobs share the CPU.
+fn shared_cpu_threads() -> Option<usize> {
+    let sharers = CPU_SHARERS.load(std::sync::atomic::Ordering::SeqCst);
+    (sharers > 1).then(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / sharers).max(1))
+}
+
 /// A session for the model in `bytes`, with `options`' provider and threads at `level`. ONNX
 /// Runtime's log lines go under `log_id`, so they land in that backend's run notes.
 pub(crate) fn build_session(
@@ -200,8 +228,12 @@ pub(crate) fn build_session(
     if extras.without_arena {
         builder = builder.with_memory_pattern(false).map_err(|e| err(e.to_string()))?;
     }
-    if let Some(n) = options.threads {
+    if let Some(n) = options.threads.or_else(shared_cpu_threads) {
         builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
+    }
+    if options.threads.is_none() && shared_cpu_threads().is_some() {
+        // Threads that spin while waiting take the cores the other shards' sessions need.
+        builder = builder.with_config_entry("session.intra_op.allow_spinning", "0").map_err(|e| err(e.to_string()))?;
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
     let provider = match options.ep {
