@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Issue 41: sample sets over one and two GPUs. The FP16 recognizer (`--cand ort:cuda --cand-model
+# rec_fp16.onnx`, 1x3x48x320 in [0,255], seeded) on N samples for each N in $SIZES: one GPU, then
+# `--devices` over every GPU of the machine; wall time, per-sample time after the first (progress
+# lines of the one-GPU run), peak GPU memory per GPU (nvidia-smi, sampled every 100 ms), and whether
+# the two reports are identical (run_info and the --devices note aside). Then one plain candidate
+# run per sample (a warm CUDA session of the FP16 file, in Python) for the per-sample ratio.
+# On the lent GPU machine, repository root, after `source scripts/gpu/unstage.sh`:
+# R=DIR SIZES="64 256" bash scripts/gpu/devices_scale.sh (R holds layerwise and rec.onnx).
+source "$(dirname "$0")/setup.sh"
+SIZES=${SIZES:-64 256}
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+echo "GPUs: $GPUS; CPU cores: $(nproc)"
+"$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
+# peak TAG CMD...: runs CMD with nvidia-smi sampling memory, prints each GPU's peak MiB.
+peak() {
+    local tag=$1; shift
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -lms 100 > "$OUT/$tag.mem" &
+    local smi=$!
+    "$@"
+    kill $smi; wait $smi 2>/dev/null
+    python3 - "$OUT/$tag.mem" <<'PY'
+import sys, collections
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 2 and parts[1].isdigit():
+        peak[parts[0]] = max(peak[parts[0]], int(parts[1]))
+print("peak GPU memory (MiB, whole GPU):", dict(peak))
+PY
+}
+for N in $SIZES; do
+    samples "$N"
+    REC="$R/rec.onnx --inputs samples --cand ort:cuda --cand-model rec_fp16.onnx"
+    peak one_$N run one_$N "$R/layerwise" bisect $REC --json "$OUT/one_$N.json"
+    python3 - "$OUT/one_$N.err" "$N" <<'PY'
+import re, sys
+n = int(sys.argv[2])
+starts = [float(m.group(2)) for m in re.finditer(r"sample (\d+) of %d \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d+) s\)" % n, open(sys.argv[1]).read())]
+gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:]))
+if gaps:
+    print(f"one GPU, {n} samples: progress lines seen {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
+PY
+    peak devices_$N run devices_$N "$R/layerwise" bisect $REC --devices "$GPUS" --json "$OUT/devices_$N.json"
+    python3 - "$OUT/one_$N.json" "$OUT/devices_$N.json" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for r in (a, b):
+    r.pop("run_info", None)
+note = [n for n in b["cand"]["notes"] if "--devices" in n]
+b["cand"]["notes"] = [n for n in b["cand"]["notes"] if "--devices" not in n]
+print("devices note:", note)
+print("report over the GPUs identical to the one-GPU run's (run_info and that note aside):", a == b)
+if a != b:
+    print("differing keys:", [k for k in a if a[k] != b.get(k)])
+PY
+done
+# One plain candidate run of each sample: a CUDA session of the FP16 file created once, then each
+# sample run once (the first run apart), as a user's own loop pays it.
+python3 - <<'PY' | tee "$OUT/plain.txt"
+import glob, time, numpy as np, onnxruntime as ort
+t = time.perf_counter()
+s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
+name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
+files = sorted(glob.glob("samples/*.npz"))
+times = []
+for f in files:
+    x = np.load(f)["x"]
+    x = x.astype(np.float16) if half else x
+    t0 = time.perf_counter()
+    s.run(None, {name: x})
+    times.append(time.perf_counter() - t0)
+print(f"plain candidate: first run {times[0]:.3f} s; each later run median {sorted(times[1:])[len(times[1:]) // 2] * 1000:.2f} ms over {len(times) - 1} samples ({s.get_providers()[0]})")
+PY
