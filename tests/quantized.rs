@@ -281,3 +281,46 @@ fn the_counterfactual_of_a_quantized_candidate_keeps_the_break_unquantized() {
     assert!(conclusion.contains("keeping relu") && conclusion.contains("unquantized (its quantizers removed)"), "{conclusion}");
     assert!(!t.contains("FP16"), "{t}");
 }
+
+/// `fix --cand-model QDQ.onnx` leaves the smallest set of nodes unquantized: on the planted
+/// clipped quantizer, the Relu it took over (that quantizer computed as a Relu). The written
+/// model, read back and run on ONNX Runtime's CPU provider, passes; the exclusion list beside it
+/// names the float model's node for quantize_static and ModelOpt. The input is not modified.
+#[test]
+fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
+    let before = std::fs::read(dir.path().join("clipped.onnx")).unwrap();
+    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let report = json(&dir.path().join("f.json"));
+    assert_eq!(report["status"], "fixed", "{t}");
+    assert_eq!(report["keep_fp32"], serde_json::json!(["relu"]), "{t}");
+    assert_eq!(report["fixed_model_check"]["pass"], true, "{t}");
+    assert_eq!(std::fs::read(dir.path().join("clipped.onnx")).unwrap(), before);
+    // The written model: the clipped quantizer is a Relu, every other quantizer stays.
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let ops: Vec<&str> = fixed.graph().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 1, "{ops:?}");
+    assert!(ops.contains(&"Relu"), "{ops:?}");
+    let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
+    assert_eq!(list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"], serde_json::json!(["relu"]), "{list}");
+    assert_eq!(list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"], serde_json::json!(["^relu$"]), "{list}");
+}
+
+/// A --cand-model that is no Q/DQ version of the model is refused with exit 2, before any output.
+#[test]
+fn fix_refuses_a_candidate_model_that_is_not_quantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&float_model(&w2.repeat(2), &w1[..32]), &dir.path().join("other.onnx"));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "other.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("fix --cand-model takes a Q/DQ version of the model") && t.contains("has none"), "{t}");
+    assert!(!dir.path().join("fixed.onnx").exists());
+}
