@@ -871,7 +871,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
             stuck = Some(format!("'{}' is already unquantized, or has no counterpart in the candidate ({}), and the outputs still diverge", fd.node, plan.without_counterpart.join(", ")));
             break;
         }
-        patterns.push(KeptPattern { kind: pattern.kind.to_string(), because: format!("first divergent layer '{}' with every output unquantized before it left as it was", fd.node), nodes: new });
+        patterns.push(KeptPattern { kind: pattern.kind.to_string(), because: format!("'{}' is the first divergent layer with the earlier rounds' nodes unquantized", fd.node), nodes: new });
         let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
         last = judge(&keep, &mut steps)?;
         rounds.push(round(FixStage::Pattern, &keep, &last.1));
@@ -964,7 +964,12 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         bytes.push(b'\n');
         write_atomic(json, &bytes)?;
     }
-    let text = render_fix_terminal(&report, family);
+    // The FP16 report's line about the written files names a keep list this fix does not write.
+    let mut text = render_fix_terminal(&report, family);
+    if let Some(path) = &report.fixed_model {
+        let fp16_line = format!("  fixed model: {path} (0 FP32 nodes), keep list: {path}.keep-fp32.json");
+        text = text.replace(&fp16_line, &format!("  fixed model: {path} (the Q/DQ model with the set unquantized), exclusion list: {}", exclusion_list_path(Path::new(path)).display()));
+    }
     Ok(FixOutcome { report, text })
 }
 

@@ -300,6 +300,9 @@ fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
     assert_eq!(report["status"], "fixed", "{t}");
     assert_eq!(report["keep_fp32"], serde_json::json!(["relu"]), "{t}");
     assert_eq!(report["fixed_model_check"]["pass"], true, "{t}");
+    // No keep-fp32 file is written, so none is named.
+    assert!(t.contains("exclusion list: fixed.onnx.nodes-to-exclude.json") && !t.contains("keep-fp32"), "{t}");
+    assert!(!dir.path().join("fixed.onnx.keep-fp32.json").exists());
     assert_eq!(std::fs::read(dir.path().join("clipped.onnx")).unwrap(), before);
     // The written model: the clipped quantizer is a Relu, every other quantizer stays.
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
