@@ -113,6 +113,11 @@ struct FixArgs {
     /// ort:cpu, evaluated in the converted model's own types).
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: BackendSpec,
+    /// A Q/DQ version of the model (QuantizeLinear/DequantizeLinear nodes): the fix is the
+    /// smallest set of nodes to leave unquantized in it, run on --cand (ort:cpu: its integer
+    /// kernels); -o writes it with those nodes unquantized and OUT.nodes-to-exclude.json beside it.
+    #[arg(long, value_name = "QDQ_MODEL")]
+    cand_model: Option<PathBuf>,
     #[command(flatten)]
     inputs: InputArgs,
     #[command(flatten)]
@@ -632,6 +637,7 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
             tensor_tolerances: args.tolerances.by_tensor(),
             outputs: Outputs { json: args.json, ..Outputs::default() },
             progress: !quiet,
+            cand_model: args.cand_model,
             ..BisectOptions::new(&args.model, args.reference, args.candidate)
         },
         output: args.output,

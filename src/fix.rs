@@ -328,8 +328,19 @@ pub fn check_fix_outputs(options: &FixOptions) -> Result<()> {
 /// What `fix -o OUT` writes: the model, and beside it the keep list (an output too, found by the
 /// independent tester: it replaced an input model named like it) and the weights file of a model
 /// over 1 GiB.
-fn files_written_at(out: &Path) -> [(&'static str, PathBuf); 3] {
-    [("-o", out.to_path_buf()), ("the keep list written beside -o", keep_list_path(out)), ("the weights file written beside -o (for a model over 1 GiB)", Model::oversized_data_path(out))]
+fn files_written_at(out: &Path) -> [(&'static str, PathBuf); 4] {
+    [
+        ("-o", out.to_path_buf()),
+        ("the keep list written beside -o", keep_list_path(out)),
+        ("the weights file written beside -o (for a model over 1 GiB)", Model::oversized_data_path(out)),
+        ("the exclusion list written beside -o (a quantized candidate)", exclusion_list_path(out)),
+    ]
+}
+
+/// The exclusion list `fix -o OUT --cand-model QDQ.onnx` writes beside the model:
+/// `OUT.nodes-to-exclude.json`.
+pub(crate) fn exclusion_list_path(out: &Path) -> PathBuf {
+    PathBuf::from(format!("{}.nodes-to-exclude.json", out.display()))
 }
 
 pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
@@ -345,15 +356,22 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // (bodies inlined, so nodes inside can be kept); the fixed model is the original with the keep
     // list resolved into its bodies.
     let setup = set_up(&original, b, &mut steps)?;
-    if setup.cand_model.is_some() {
-        bail!("fix converts the model itself with each keep list; --cand-model is for bisect");
-    }
     let mut sets = Vec::new();
     for (name, sample) in &setup.samples {
         sets.push((name.clone(), feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| setup.owners.explain(name, e))?)));
     }
     if sets.is_empty() {
         bail!("no inputs to run");
+    }
+    if let Some((cm, _)) = &setup.cand_model {
+        // A Q/DQ candidate is fixed by leaving nodes unquantized in its own model.
+        if setup.judging.quantization.is_none() {
+            bail!(
+                "fix --cand-model takes a Q/DQ version of the model (QuantizeLinear/DequantizeLinear nodes), and {} has none: fix converts a float model to FP16 itself (leave --cand-model out), and bisect compares any other candidate model",
+                cm.path.display()
+            );
+        }
+        return fix_quantized(options, setup, sets, steps);
     }
     let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
     // If and Loop nodes left as they are (samples that take different branches, a Loop whose trip
@@ -795,4 +813,188 @@ fn bf16_whole(samples: &[Sample], model: &Model, index: &GraphIndex, options: &B
 
 fn num(v: f64) -> String {
     layerwise_report::format_number(v)
+}
+
+/// `fix --cand-model QDQ.onnx`: the smallest set of nodes to leave unquantized in the Q/DQ
+/// candidate (docs/fix.md, "Quantized candidates"). Each round keeps the first divergent layer's
+/// pattern unquantized ([`crate::keep::UnquantizedRunner`]) until every output is within
+/// tolerance on every sample; then each kept pattern that is not needed is dropped again. The
+/// model with those nodes unquantized is written (with -o, else to a scratch copy), read back and
+/// run on the candidate backend: FIXED needs that run to pass. Beside it goes the exclusion list
+/// the quantizers take (`nodes_to_exclude`, the float model's node names).
+fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(String, Tensor)>)>, mut steps: Steps) -> Result<FixOutcome> {
+    use std::collections::HashMap;
+    let b = &options.bisect;
+    let Setup { model, index, cand_model, cand_names, mut reference, mut candidate, judging, order, .. } = setup;
+    let (model, index): (&Model, &GraphIndex) = (&model, &index);
+    let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
+    let runner = crate::keep::UnquantizedRunner::new(model, index, cm, ci, &cand_names);
+    let mut references = Vec::new();
+    for (name, feeds) in &sets {
+        let mut out = steps.run(&format!("running the reference ({name})"), || Ok(reference.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::All })?))?;
+        add_passed_through(model.graph(), index, feeds, &mut out.tensors);
+        references.push(out.tensors);
+    }
+    let tolerances = judging.tolerances.clone();
+    let mut runs = 0;
+    // The worst sample's comparison and verdict with `keep` unquantized.
+    let mut judge = |keep: &[String], steps: &mut Steps| -> Result<Judged> {
+        runs += 1;
+        let mut worst: Option<(f64, Judged)> = None;
+        for ((name, feeds), reference) in sets.iter().zip(&references) {
+            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds))?;
+            let comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
+            let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
+            let error = comparison.largest_error(&index.outputs);
+            if worse(verdict.status == Status::Diverged, error, worst.as_ref().map(|(e, (_, v))| (v.status == Status::Diverged, *e))) {
+                worst = Some((error, (comparison, verdict)));
+            }
+        }
+        Ok(worst.expect("at least one sample").1)
+    };
+    let round = |stage: FixStage, keep: &[String], v: &Verdict| Round { stage, keep_fp32: keep.len(), status: v.status, worst_output: v.worst_output.clone(), first_divergent: v.first_divergent.as_ref().map(|f| f.node.clone()) };
+    let first = judge(&[], &mut steps)?;
+    let mut rounds = vec![round(FixStage::Diagnose, &[], &first.1)];
+    let mut patterns: Vec<KeptPattern> = Vec::new();
+    let mut last = first.clone();
+    let mut stuck = None;
+    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
+        let Some(fd) = last.1.first_divergent.clone() else {
+            stuck = Some("the outputs diverge with no first divergent layer to leave unquantized".to_string());
+            break;
+        };
+        let pattern = pattern_of(index, &fd.node);
+        let kept: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
+        let plan = runner.translate(&pattern.nodes);
+        let new: Vec<String> = plan.kept.into_iter().filter(|n| !kept.contains(n)).collect();
+        if new.is_empty() {
+            stuck = Some(format!("'{}' is already unquantized, or has no counterpart in the candidate ({}), and the outputs still diverge", fd.node, plan.without_counterpart.join(", ")));
+            break;
+        }
+        patterns.push(KeptPattern { kind: pattern.kind.to_string(), because: format!("'{}' is the first divergent layer with the earlier rounds' nodes unquantized", fd.node), nodes: new });
+        let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
+        last = judge(&keep, &mut steps)?;
+        rounds.push(round(FixStage::Pattern, &keep, &last.1));
+    }
+    // The smallest set: each pattern the others do without is dropped, latest first.
+    if last.1.status != Status::Diverged {
+        for k in (0..patterns.len()).rev() {
+            if patterns.len() == 1 {
+                break;
+            }
+            let without: Vec<String> = patterns.iter().enumerate().filter(|(j, _)| *j != k).flat_map(|(_, p)| p.nodes.clone()).collect();
+            let trial = judge(&without, &mut steps)?;
+            if trial.1.status != Status::Diverged {
+                patterns.remove(k);
+                rounds.push(round(FixStage::Prune, &without, &trial.1));
+                last = trial;
+            }
+        }
+    }
+    let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
+    let searched_fixed = last.1.status != Status::Diverged;
+    // The model as written, read back and run: every FIXED holds in that file.
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-quantized-")?;
+    let path = options.output.clone().unwrap_or_else(|| scratch.path().join("unquantized.onnx"));
+    let rewritten = runner.model(&keep)?;
+    cm.save_standalone(&rewritten.model, &path).with_context(|| format!("writing {}", path.display()))?;
+    let written = Model::load(&path)?;
+    let written_index = GraphIndex::build(written.graph())?;
+    let mut check_outputs = Vec::new();
+    let mut check_pass = true;
+    let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
+    for ((name, feeds), reference) in sets.iter().zip(&references) {
+        let out = steps.run(&format!("running the written model ({name})"), || Ok(candidate.run(&RunRequest { model: &written, index: &written_index, inputs: feeds, selection: &Selection::Names(Vec::new()) })?))?;
+        let tensors: HashMap<String, Tensor> = out.tensors.into_iter().filter_map(|(c, v)| reference_of.get(c.as_str()).map(|r| (r.to_string(), v))).collect();
+        let comparison = compare_all(index, &index.outputs, reference, &tensors, &tolerances);
+        check_pass &= comparison.outputs_pass(index);
+        if check_outputs.is_empty() || !check_pass {
+            check_outputs = output_changes(index, &first.0, &comparison);
+        }
+    }
+    let fixed = searched_fixed && check_pass;
+    let exclusion = if let Some(out) = &options.output {
+        let list = exclusion_list(&keep);
+        let mut bytes = serde_json::to_vec_pretty(&list)?;
+        bytes.push(b'\n');
+        write_atomic(&exclusion_list_path(out), &bytes)?;
+        Some(exclusion_list_path(out))
+    } else {
+        None
+    };
+    let family = judging.quantization.as_ref().and_then(|q| q.coarsest()).map_or("INT8", |f| f.family());
+    let summary = match (&stuck, fixed) {
+        (_, true) if keep.is_empty() => "every output is within tolerance with nothing left unquantized".to_string(),
+        (_, true) => format!(
+            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}",
+            keep.len(),
+            if keep.len() == 1 { "" } else { "s" },
+            keep.join(", "),
+            exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default()
+        ),
+        (Some(why), false) => format!("no set of nodes left unquantized was found: {why}"),
+        (None, false) if searched_fixed => "the search's set passes, but the written model does not: it is not FIXED".to_string(),
+        (None, false) => format!("no set found within {} rounds", options.max_rounds),
+    };
+    let report = FixReport {
+        schema: FIX_SCHEMA.to_string(),
+        model: b.model.display().to_string(),
+        reference: b.reference.to_string(),
+        candidate: format!("{} --cand-model {}", b.candidate, cm.path.display()),
+        status: if fixed { FixStatus::Fixed } else { FixStatus::NotFixed },
+        summary,
+        node_count: index.nodes.len(),
+        trtexec_flags: String::new(),
+        keep_fp32: keep,
+        patterns,
+        rounds,
+        candidate_runs: runs,
+        samples: if sets.len() > 1 { sets.iter().map(|(n, _)| n.clone()).collect() } else { Vec::new() },
+        noise_floor: None,
+        outputs: output_changes(index, &first.0, &last.0),
+        fixed_model: options.output.as_ref().map(|p| p.display().to_string()),
+        fixed_model_fp32_nodes: Vec::new(),
+        fixed_model_check: Some(ModelCheck { backend: b.candidate.to_string(), structural_problems: Vec::new(), outputs: check_outputs, pass: check_pass, not_run: None }),
+        fixed_model_load: None,
+        other_precision: None,
+        run_info: layerwise_report::RunInfo::now(steps.finish()),
+    };
+    if let Some(json) = &b.outputs.json {
+        let mut bytes = serde_json::to_vec_pretty(&report)?;
+        bytes.push(b'\n');
+        write_atomic(json, &bytes)?;
+    }
+    // The FP16 report's line about the written files names a keep list this fix does not write.
+    let mut text = render_fix_terminal(&report, family);
+    if let Some(path) = &report.fixed_model {
+        let fp16_line = format!("  fixed model: {path} (0 FP32 nodes), keep list: {path}.keep-fp32.json");
+        text = text.replace(&fp16_line, &format!("  fixed model: {path} (the Q/DQ model with the set unquantized), exclusion list: {}", exclusion_list_path(Path::new(path)).display()));
+    }
+    Ok(FixOutcome { report, text })
+}
+
+/// The nodes to leave unquantized as the quantizers take them: ONNX Runtime's `quantize_static`
+/// (`nodes_to_exclude`, node names of the float model) and ModelOpt's
+/// `modelopt.onnx.quantization.quantize` (`nodes_to_exclude`, read as regular expressions: each
+/// name escaped and anchored).
+fn exclusion_list(keep: &[String]) -> serde_json::Value {
+    serde_json::json!({
+        "nodes_to_exclude": keep,
+        "onnxruntime.quantization.quantize_static": { "nodes_to_exclude": keep },
+        "modelopt.onnx.quantization.quantize": { "nodes_to_exclude": keep.iter().map(|n| python_regex_exact(n)).collect::<Vec<_>>() },
+    })
+}
+
+/// A Python regular expression matching exactly `name`: every ASCII character other than a letter,
+/// digit or '_' escaped (Python's `re` takes an escaped punctuation character as itself).
+fn python_regex_exact(name: &str) -> String {
+    let mut out = String::from("^");
+    for c in name.chars() {
+        if c.is_ascii() && !c.is_ascii_alphanumeric() && c != '_' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('$');
+    out
 }

@@ -511,3 +511,87 @@ fn run_converted(candidate: &mut dyn Backend, model: &Model, index: &GraphIndex,
     }
     Ok(candidate.run(&RunRequest { model, index, inputs, selection })?)
 }
+
+/// A Q/DQ candidate model run with chosen reference nodes kept unquantized
+/// ([`layerwise_model::unquantize`]): the counterfactual and `fix` of a quantized candidate. The
+/// rewritten model runs on the candidate backend itself (ONNX Runtime's CPU provider runs it
+/// with its integer kernels where Q/DQ pairs remain), never emulated.
+pub struct UnquantizedRunner<'a> {
+    reference: &'a Model,
+    ref_index: &'a GraphIndex,
+    candidate: &'a Model,
+    cand_index: &'a GraphIndex,
+    /// Reference tensor -> the candidate tensor holding its value (the matching's pairs).
+    cand_names: &'a HashMap<String, String>,
+}
+
+/// What keeping a set of reference nodes unquantized does in the candidate.
+pub struct Unquantizing {
+    /// Candidate nodes (same name and op as the reference's) whose input quantizers are bypassed.
+    pub nodes: Vec<String>,
+    /// Quantizers that took a reference activation over, computed as that activation instead.
+    pub quantizers: Vec<layerwise_model::unquantize::BypassedQuantizer>,
+    /// Reference nodes of the keep list that do this, and those with no counterpart in the
+    /// candidate (fused away, renamed): nothing is kept for them.
+    pub kept: Vec<String>,
+    pub without_counterpart: Vec<String>,
+}
+
+impl<'a> UnquantizedRunner<'a> {
+    pub fn new(reference: &'a Model, ref_index: &'a GraphIndex, candidate: &'a Model, cand_index: &'a GraphIndex, cand_names: &'a HashMap<String, String>) -> UnquantizedRunner<'a> {
+        UnquantizedRunner { reference, ref_index, candidate, cand_index, cand_names }
+    }
+
+    /// The candidate's counterparts of the reference nodes `keep`: the node of the same name and
+    /// op, else (a Relu a quantizer took over) the quantizer whose output holds its value.
+    pub fn translate(&self, keep: &[String]) -> Unquantizing {
+        let mut out = Unquantizing { nodes: Vec::new(), quantizers: Vec::new(), kept: Vec::new(), without_counterpart: Vec::new() };
+        for name in keep {
+            let Some(node) = self.ref_index.node(name) else {
+                out.without_counterpart.push(name.clone());
+                continue;
+            };
+            if self.cand_index.node(name).is_some_and(|c| c.op_type == node.op_type) {
+                out.nodes.push(name.clone());
+                out.kept.push(name.clone());
+                continue;
+            }
+            let held = node.outputs.first().and_then(|o| self.cand_names.get(o)).filter(|c| self.cand_index.producer(c).is_some_and(|p| p.op_type == "DequantizeLinear"));
+            match held {
+                Some(c) if node.op_type == "Relu" => {
+                    out.quantizers.push(layerwise_model::unquantize::BypassedQuantizer { dequantized: c.clone(), activation: Some("Relu".into()) });
+                    out.kept.push(name.clone());
+                }
+                _ => out.without_counterpart.push(name.clone()),
+            }
+        }
+        out
+    }
+
+    /// The candidate model with `keep` (reference nodes) unquantized.
+    pub fn model(&self, keep: &[String]) -> Result<layerwise_model::unquantize::Unquantized> {
+        let plan = self.translate(keep);
+        Ok(layerwise_model::unquantize::keep_unquantized(&self.candidate.proto, &plan.nodes, &plan.quantizers, Some(&self.reference.proto))?)
+    }
+
+    /// One run of the candidate with `keep` unquantized: every tensor it returns under the
+    /// reference names it holds.
+    pub fn run(&self, backend: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)]) -> Result<RunOutput> {
+        let rewritten = self.model(keep)?;
+        let dir = layerwise_model::scratch::ScratchDir::new("layerwise-unquantized-")?;
+        let path = dir.path().join("candidate.onnx");
+        self.candidate.save_standalone(&rewritten.model, &path)?;
+        let cm = Model::load(&path)?;
+        let ci = GraphIndex::build(cm.graph())?;
+        let mut out = backend.run(&RunRequest { model: &cm, index: &ci, inputs, selection: &Selection::All })?;
+        let mut renamed = HashMap::with_capacity(self.cand_names.len());
+        for (r, c) in self.cand_names {
+            if let Some(v) = out.tensors.get(c) {
+                renamed.insert(r.clone(), v.clone());
+            }
+        }
+        out.tensors = renamed;
+        layerwise_analysis::add_passed_through(self.reference.graph(), self.ref_index, inputs, &mut out.tensors);
+        Ok(out)
+    }
+}

@@ -244,3 +244,86 @@ fn a_floor_that_overflows_decides_nothing() {
     assert!(t.contains("noise floor: one step of each quantizer itself leaves inf/NaN in 'y' (the perturbed reference overflows), so it decides nothing"), "{t}");
     assert!(!t.contains("No quantizer is at fault") && !t.contains("1/inf"), "{t}");
 }
+
+/// The planted fault of the floor test (the scale of the quantizer after mm1 shrunk 16x).
+fn clipped_model(w1: &[f32], w2: &[f32]) -> ModelProto {
+    let mut clipped = qdq_model(w1, w2);
+    for w in clipped.graph.as_mut().unwrap().initializer.iter_mut().filter(|w| w.name() == "sr") {
+        let s = f32::from_le_bytes(w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()));
+        *w = f32_tensor("sr", &[], &[s / 16.0]);
+    }
+    clipped
+}
+
+/// The counterfactual of a Q/DQ candidate keeps the break unquantized: its quantizers removed
+/// from the candidate's own model, re-run on ONNX Runtime's CPU provider. Keeping the Relu the
+/// clipped quantizer took over (that quantizer computed as a Relu) removes nearly all the error
+/// (before, the check ran the float model converted to FP16, which has no such quantizer).
+#[test]
+fn the_counterfactual_of_a_quantized_candidate_keeps_the_break_unquantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    let cf = &report["counterfactual"];
+    assert!(cf["checks"].is_array(), "{t}\n{cf}");
+    let check = cf["checks"].as_array().unwrap().iter().find(|c| c["node"] == "relu").unwrap_or_else(|| panic!("relu not checked: {cf}"));
+    assert!(check["explained"].as_f64().unwrap() > 0.9, "{cf}");
+    // Measured 9.8e-1 and 8.5e-3: the other quantizers stay, so some error does (the float model
+    // converted to FP16, which the check ran before, claimed 100%).
+    let after = check["output_error_after"].as_f64().unwrap();
+    assert!(after < 0.05 && after > 1e-3, "{cf}");
+    let conclusion = cf["conclusion"].as_str().unwrap();
+    assert!(conclusion.contains("keeping relu") && conclusion.contains("unquantized (its quantizers removed)"), "{conclusion}");
+    assert!(!t.contains("FP16"), "{t}");
+}
+
+/// `fix --cand-model QDQ.onnx` leaves the smallest set of nodes unquantized: on the planted
+/// clipped quantizer, the Relu it took over (that quantizer computed as a Relu). The written
+/// model, read back and run on ONNX Runtime's CPU provider, passes; the exclusion list beside it
+/// names the float model's node for quantize_static and ModelOpt. The input is not modified.
+#[test]
+fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
+    let before = std::fs::read(dir.path().join("clipped.onnx")).unwrap();
+    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let report = json(&dir.path().join("f.json"));
+    assert_eq!(report["status"], "fixed", "{t}");
+    assert_eq!(report["keep_fp32"], serde_json::json!(["relu"]), "{t}");
+    assert_eq!(report["fixed_model_check"]["pass"], true, "{t}");
+    // No keep-fp32 file is written, so none is named.
+    assert!(t.contains("exclusion list: fixed.onnx.nodes-to-exclude.json") && !t.contains("keep-fp32"), "{t}");
+    assert!(!dir.path().join("fixed.onnx.keep-fp32.json").exists());
+    assert_eq!(std::fs::read(dir.path().join("clipped.onnx")).unwrap(), before);
+    // The written model: the clipped quantizer is a Relu, every other quantizer stays.
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let ops: Vec<&str> = fixed.graph().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 1, "{ops:?}");
+    assert!(ops.contains(&"Relu"), "{ops:?}");
+    let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
+    assert_eq!(list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"], serde_json::json!(["relu"]), "{list}");
+    assert_eq!(list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"], serde_json::json!(["^relu$"]), "{list}");
+}
+
+/// A --cand-model that is no Q/DQ version of the model is refused with exit 2, before any output.
+#[test]
+fn fix_refuses_a_candidate_model_that_is_not_quantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&float_model(&w2.repeat(2), &w1[..32]), &dir.path().join("other.onnx"));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "other.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("fix --cand-model takes a Q/DQ version of the model") && t.contains("has none"), "{t}");
+    assert!(!dir.path().join("fixed.onnx").exists());
+}

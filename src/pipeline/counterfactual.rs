@@ -9,7 +9,7 @@ use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
 use super::compare::Job;
-use crate::keep::{HeldRun, KeepRunner};
+use crate::keep::{HeldRun, KeepRunner, UnquantizedRunner};
 
 /// Most breaks checked by re-running the candidate.
 const COUNTERFACTUAL_MAX: usize = 6;
@@ -26,6 +26,12 @@ pub(super) fn counterfactual(
 ) -> Result<Option<Counterfactual>> {
     let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
     let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+    // A Q/DQ candidate keeps a break unquantized: its quantizers removed from the candidate's own
+    // model, which runs again on the candidate backend (docs/quantization.md).
+    let unquantized = match (&job.judging.quantization, &job.cand_model) {
+        (Some(_), Some((cm, ci))) => Some(UnquantizedRunner::new(job.model, &job.index, cm, ci, &job.cand_names)),
+        _ => None,
+    };
     let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
     // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
     if !keeper.emulated() && job.cand_model.is_none() {
@@ -51,7 +57,7 @@ pub(super) fn counterfactual(
         Some(tensors) => Some(HeldRun::of_comparison(tensors)),
         None => Some(HeldRun::nothing_yet(&mut keeper, &[])),
     };
-    let trial = Trial { feeds, reference, candidate_tensors, baseline: baseline.map(RefCell::new), worst: &worst, before };
+    let trial = Trial { feeds, reference, candidate_tensors, baseline: baseline.map(RefCell::new), worst: &worst, before, unquantized: unquantized.as_ref() };
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
@@ -91,9 +97,10 @@ pub(super) fn counterfactual(
     } else {
         match best {
         Some(b) if b.explained >= 0.5 => format!(
-            "keeping {} ({}) at reference precision removes {:.0}% of the error of '{worst}'{}",
+            "keeping {} ({}) {} removes {:.0}% of the error of '{worst}'{}",
             b.node,
             b.pattern,
+            if unquantized.is_some() { "unquantized (its quantizers removed)" } else { "at reference precision" },
             100.0 * b.explained,
             if b.fixes { " and brings every output within tolerance" } else { "" }
         ),
@@ -193,6 +200,8 @@ struct Trial<'a> {
     baseline: Option<RefCell<HeldRun<'a>>>,
     worst: &'a str,
     before: f64,
+    /// A Q/DQ candidate: checks run its own model with the kept nodes unquantized.
+    unquantized: Option<&'a UnquantizedRunner<'a>>,
 }
 
 impl Trial<'_> {
@@ -204,7 +213,9 @@ impl Trial<'_> {
         // whole converted model, as before, and `nodes_rerun` stays empty.
         // An emulation computes the same outputs by parts, bit for bit; the report does not tell
         // the two apart (`nodes_rerun` is for converted models).
-        let part = if let Some(baseline) = &self.baseline {
+        let part = if let Some(unquantized) = self.unquantized {
+            Some((unquantized.run(candidate, &kept, self.feeds)?, None))
+        } else if let Some(baseline) = &self.baseline {
             keeper.outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
         } else {
             self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten()).map(|(out, rerun)| (out, Some(rerun)))

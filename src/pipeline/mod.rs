@@ -316,7 +316,9 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     // A keep list is checked on the reference's model converted: where the candidate model took
     // other branches, that is not the candidate's computation (the conclusions say so).
     let other_branches = extras.control_flow.as_ref().is_some_and(|cf| cf.inlined.iter().any(|i| i.candidate_taken.is_some()));
-    let counterfactual_runs = options.counterfactual && !other_branches && (job.judging.precision == Precision::Fp16 || options.candidate.is_emulation());
+    // A Q/DQ candidate's checks keep nodes unquantized in its own model (issue 40).
+    let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
+    let counterfactual_runs = options.counterfactual && !other_branches && (job.judging.precision == Precision::Fp16 || options.candidate.is_emulation() || quantized);
     // The reference's outputs, once, for the noise floor and every counterfactual check, and only
     // when one of them runs.
     let reference_outputs = if options.reference.is_saved() || !(options.noise_floor || counterfactual_runs) {

@@ -23,6 +23,7 @@ pub mod perturb;
 pub mod quant;
 pub mod rounding;
 pub mod scratch;
+pub mod unquantize;
 pub mod tensor;
 pub mod terminal_text;
 mod graph;
