@@ -158,6 +158,7 @@ fn compare_and_walk(
             refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
             let mut compared = compared;
             compared.comparison.quantizers = quantizer_ranges(job);
+            measure_quantizers(job, feeds, &mut compared, steps)?;
             let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
             (compared, verdict)
         }
@@ -501,6 +502,38 @@ fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_mo
     let names = job.reference_names();
     let of = reference_of(job, &names);
     layerwise_model::quant::activation_ranges(cm.graph(), ci, &of)
+}
+
+/// What a quantized candidate's quantizers do to the reference's values, for the causes: each
+/// activation quantizer that holds a failing tensor or one a failing node reads, measured on the
+/// reference's values (kept from the comparison, else from one reference run of those tensors
+/// alone), and every weight stored with one scale.
+fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut Compared, steps: &mut Steps) -> Result<()> {
+    let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Ok(()) };
+    let comparison = &mut compared.comparison;
+    comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
+    let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
+    let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
+    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t)).cloned().collect();
+    wanted.sort();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let fed = |t: &str| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v.clone());
+    let kept = compared.tensors.as_ref().map(|(r, _)| r);
+    let computed: Vec<String> = wanted.iter().filter(|t| fed(t).is_none() && !kept.is_some_and(|k| k.contains_key(t.as_str()))).cloned().collect();
+    let run = if computed.is_empty() {
+        std::collections::HashMap::new()
+    } else {
+        steps.run("measuring the quantizers on the reference", || job.run_reference(feeds, &Selection::Names(computed.clone())))?.tensors
+    };
+    let comparison = &mut compared.comparison;
+    for t in &wanted {
+        let Some(values) = fed(t).or_else(|| run.get(t).cloned()).or_else(|| compared.tensors.as_ref().and_then(|(r, _)| r.get(t).cloned())) else { continue };
+        let range = comparison.quantizers[t];
+        comparison.quantizer_effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(&range, &values.to_f32(), &values.shape));
+    }
+    Ok(())
 }
 
 /// The reference tensor a candidate tensor holds, for the quantizer readers: its pair
