@@ -247,47 +247,35 @@ fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
     })
 }
 
-/// How many times the bulk of a tensor (its 99th percentile of |x|) must be below its largest
-/// value for that value to be called an outlier that sets a quantizer's step.
-pub const OUTLIER_RATIO: f64 = 10.0;
-
 /// A per-tensor integer quantizer whose range a few outliers set: its step is so coarse against
 /// the bulk of the values that they keep a few levels, or round to 0 (one channel far larger
 /// than the others, as LLM activations have). Measured on the reference's values: the bulk's
 /// rounding error with this step and with a step fit to the bulk.
 fn quantizer_outlier_step(s: &Site) -> Option<Mechanism> {
     quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
-        let e = effect?;
+        let e = effect.filter(|e| e.step_forced_by_outliers())?;
         let (bulk, fit) = (e.bulk_rel_l2?, e.bulk_rel_l2_fit?);
-        let ratio = e.max_abs as f64 / e.p99 as f64;
-        // The bulk must lose materially, and several times what a step fit to it would lose.
-        if !(e.p99 > 0.0 && ratio >= OUTLIER_RATIO && bulk >= 0.05 && bulk >= 4.0 * fit) {
-            return None;
-        }
-        let channel = match e.outlier_channel {
-            Some((c, rest)) if rest > 0.0 && e.max_abs as f64 >= OUTLIER_RATIO * rest as f64 => {
-                format!(" in channel {c} (every other channel stays below {rest:.4e}, {:.0}x less)", e.max_abs / rest)
-            }
-            Some((c, rest)) if rest == 0.0 => format!(" in channel {c} (every other channel is 0)"),
-            _ => String::new(),
+        let (where_, rest_are) = match e.dominant_channel() {
+            Some((c, rest)) => (format!(" in channel {c}"), format!("every other channel ({} values) stays within {rest:.4e}", e.bulk_count)),
+            None => (String::new(), format!("{} values (99%) stay within {:.4e}", e.bulk_count, e.bulk)),
         };
         let whole = e.rel_l2.map_or(String::new(), |r| format!(", the whole tensor's {r:.2e}"));
         mechanism(
             CauseKind::QuantizerOutlierStep,
             Some(s.share(bulk)),
             format!(
-                "the candidate's {} per-tensor {} has one step of {:.4e} for the whole tensor (range [{:.4e}, {:.4e}]), which its largest value |x| = {:.4e}{channel} forces: 99% of the values are below {:.4e} ({ratio:.0}x less), where that step rounds {} of its {} values ({:.1}%) to 0; the bulk's (|x| <= {:.4e}) quantization error is relative L2 {bulk:.2e}, against {fit:.2e} with a step fit to the bulk{whole} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
+                "the candidate's {} per-tensor {} has one step of {:.4e} for the whole tensor: its range [{:.4e}, {:.4e}] covers its largest value |x| = {:.4e}{where_}, while {rest_are}, {:.0}x less, and that step rounds {} of its {} values ({:.1}%) to 0; the bulk's quantization error is relative L2 {bulk:.2e}, against {fit:.2e} with a step fit to the bulk ({:.4e}){whole} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
                 q.format.name(),
                 quantizer_of(tensor, is_output),
                 q.scale,
                 q.lo,
                 q.hi,
                 e.max_abs,
-                e.p99,
+                e.max_abs / e.bulk,
                 e.to_zero,
                 e.count,
                 percent(e.to_zero, e.count),
-                e.p99,
+                e.bulk_scale,
                 s.output.name,
                 s.out_rel,
             ),
@@ -295,33 +283,39 @@ fn quantizer_outlier_step(s: &Site) -> Option<Mechanism> {
     })
 }
 
-/// How many times apart a per-tensor weight's output channels must be (largest max |w| over the
-/// smallest) to be called unequal.
-pub const UNEQUAL_CHANNELS: f64 = 100.0;
-
 /// A weight stored with one scale whose output channels differ by orders of magnitude: the step
 /// the largest channel needs leaves the small ones a few levels, or none. Measured on the
 /// stored weight against the reference's.
 fn per_tensor_weight(s: &Site) -> Option<Mechanism> {
-    s.node.inputs.iter().filter_map(|i| s.comparison.per_tensor_weights.get(i)).find_map(|w| {
+    // The node's own weights, then those of the nodes computing its data inputs: a layer whose
+    // channels a later Mul or normalization evens out breaks there, where the small channels'
+    // loss stops hiding under the large one's range.
+    let own = s.node.inputs.iter().filter_map(|i| s.comparison.per_tensor_weights.get(i).map(|w| (w, None)));
+    let upstream = s.node.inputs.iter().filter(|i| !s.index.is_constant_like(i)).filter_map(|i| s.index.producer(i)).flat_map(|p| {
+        p.inputs.iter().filter_map(move |w| s.comparison.per_tensor_weights.get(w).map(|w| (w, Some(p))))
+    });
+    own.chain(upstream).find(|(w, _)| w.unequal()).and_then(|(w, reader)| {
         let live: Vec<(usize, f32)> = w.channel_max.iter().copied().enumerate().filter(|(_, m)| *m > 0.0).collect();
         let (small, smallest) = live.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
         let (large, largest) = live.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
         let coarse: Vec<usize> = (0..w.channel_max.len()).filter(|&c| w.channel_max[c] < 2.0 * w.scale).collect();
-        if !((largest / smallest) as f64 >= UNEQUAL_CHANNELS && !coarse.is_empty()) {
-            return None;
-        }
-        let zeroed = coarse.iter().filter(|&&c| w.channel_steps[c] == 0.0 && w.channel_max[c] > 0.0).count();
+        let zeroed = coarse.iter().filter(|&&c| w.channel_steps[c] == 0.0).count();
         let worst = w.channel_rel_l2.iter().copied().fold(0f64, f64::max);
         let mut sorted = w.channel_rel_l2.clone();
         sorted.sort_by(f64::total_cmp);
         let median = sorted[sorted.len() / 2];
+        let whose = match reader {
+            Some(p) => format!("{} '{}', which computes this node's input, reads weight '{}'", p.op_type, p.name, w.weight),
+            None => format!("weight '{}'", w.weight),
+        };
+        // Its own weight: the weight's relative error is what a product passes on; a weight
+        // upstream: how the node weighs the channels is not measured.
+        let explains = if reader.is_none() { Some(s.share(w.rel_l2)) } else { None };
         mechanism(
             CauseKind::PerTensorWeight,
-            Some(s.share(w.rel_l2)),
+            explains,
             format!(
-                "weight '{}' is stored {} with one scale for the whole tensor (step {:.4e}), while its {} output channels (axis {}) reach max |w| from {smallest:.4e} (channel {small}) to {largest:.4e} (channel {large}), {:.0}x apart: {} of them stay below 2 steps (at most 5 distinct values), {zeroed} round entirely to 0; the stored channels err by relative L2 up to {worst:.2e} (median {median:.2e}), the whole weight by {:.2e} (measured on the stored weight); measured relative L2 of '{}' {:.2e}",
-                w.weight,
+                "{whose}, stored {} with one scale for the whole tensor (step {:.4e}), while its {} output channels (axis {}) reach max |w| from {smallest:.4e} (channel {small}) to {largest:.4e} (channel {large}), {:.0}x apart: {} of them stay below 2 steps (at most 5 distinct values), {zeroed} round entirely to 0; the stored channels err by relative L2 up to {worst:.2e} (median {median:.2e}), the whole weight by {:.2e} (measured on the stored weight); measured relative L2 of '{}' {:.2e}",
                 w.format.name(),
                 w.scale,
                 w.channel_max.len(),

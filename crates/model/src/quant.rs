@@ -403,16 +403,39 @@ pub struct QuantizerEffect {
     /// Relative L2 error of the quantized values against the reference's, over the tensor;
     /// `None` for float8, whose rounding is not emulated here.
     pub rel_l2: Option<f64>,
-    /// The largest |x|, and the |x| below which 99% of the values lie (the bulk).
+    /// The largest |x|.
     pub max_abs: f32,
-    pub p99: f32,
     /// Where one channel (axis 1) holds the largest value: that channel and the largest |x| of
     /// every other channel.
     pub outlier_channel: Option<(usize, f32)>,
-    /// Relative L2 of the quantization error on the bulk (|x| <= p99) with this quantizer's step,
-    /// and with a step fit to the bulk (the same range shrunk to reach p99): what the outliers cost.
+    /// The bulk of the values: every channel but the outlier one where one channel holds values
+    /// `OUTLIER_RATIO` times the others', else the 99% of smallest |x|. Its bound and count.
+    pub bulk: f32,
+    pub bulk_count: usize,
+    /// Relative L2 of the quantization error on the bulk with this quantizer's step, and with a
+    /// step fit to the bulk (`bulk_scale`: the same range shrunk to reach it): what outliers cost.
     pub bulk_rel_l2: Option<f64>,
     pub bulk_rel_l2_fit: Option<f64>,
+    pub bulk_scale: f32,
+}
+
+/// How many times the bulk of a tensor must be below its largest value (or one channel above
+/// every other) for that value to be called an outlier that sets a quantizer's step.
+pub const OUTLIER_RATIO: f64 = 10.0;
+
+impl QuantizerEffect {
+    /// Whether a few outliers set this quantizer's step: the bulk is `OUTLIER_RATIO` times below
+    /// the largest value, and with this step it loses materially (relative L2 at least 5%) and at
+    /// least 4x what a step fit to it would lose.
+    pub fn step_forced_by_outliers(&self) -> bool {
+        let (Some(bulk), Some(fit)) = (self.bulk_rel_l2, self.bulk_rel_l2_fit) else { return false };
+        self.bulk > 0.0 && self.max_abs as f64 >= OUTLIER_RATIO * self.bulk as f64 && bulk >= 0.05 && bulk >= 4.0 * fit
+    }
+
+    /// One channel `OUTLIER_RATIO` times above every other: it and the others' largest |x|.
+    pub fn dominant_channel(&self) -> Option<(usize, f32)> {
+        self.outlier_channel.filter(|&(_, rest)| self.max_abs as f64 >= OUTLIER_RATIO * rest as f64)
+    }
 }
 
 /// The effect of the quantizer `range` on `values` (the reference tensor it holds, of `shape`).
@@ -427,10 +450,17 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
             max_overshoot = max_overshoot.max(beyond);
         }
     }
-    let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).collect();
-    magnitudes.sort_unstable_by(f32::total_cmp);
-    let max_abs = magnitudes.last().copied().unwrap_or(0.0);
-    let p99 = magnitudes.get(((magnitudes.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0);
+    let max_abs = finite.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let outlier_channel = outlier_channel(values, shape);
+    // The bulk: the other channels where one dominates, else the 99% of smallest |x|.
+    let bulk = match outlier_channel {
+        Some((_, rest)) if max_abs as f64 >= OUTLIER_RATIO * rest as f64 => rest,
+        _ => {
+            let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).collect();
+            magnitudes.sort_unstable_by(f32::total_cmp);
+            magnitudes.get(((magnitudes.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0)
+        }
+    };
     // Relative L2 of the round trip over the values with |x| <= `bound`, with step `scale`.
     let rel_l2 = |scale: f32, bound: f32| -> Option<f64> {
         if range.format.is_float8() || !(scale > 0.0) {
@@ -444,6 +474,7 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         (norm > 0.0).then(|| (err / norm).sqrt())
     };
     let reach = range.hi.abs().max(range.lo.abs());
+    let bulk_scale = if reach > 0.0 { range.scale * bulk / reach } else { range.scale };
     let to_zero = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count() };
     QuantizerEffect {
         count: values.len(),
@@ -453,10 +484,12 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         to_zero,
         rel_l2: rel_l2(range.scale, f32::INFINITY),
         max_abs,
-        p99,
-        outlier_channel: outlier_channel(values, shape),
-        bulk_rel_l2: rel_l2(range.scale, p99),
-        bulk_rel_l2_fit: if reach > 0.0 && p99 > 0.0 { rel_l2(range.scale * p99 / reach, p99) } else { None },
+        outlier_channel,
+        bulk,
+        bulk_count: finite.iter().filter(|x| x.abs() <= bulk).count(),
+        bulk_rel_l2: rel_l2(range.scale, bulk),
+        bulk_rel_l2_fit: if bulk > 0.0 { rel_l2(bulk_scale, bulk) } else { None },
+        bulk_scale,
     }
 }
 
@@ -497,6 +530,28 @@ pub struct WeightChannels {
     pub channel_rel_l2: Vec<f64>,
     /// The relative L2 error of the whole stored weight.
     pub rel_l2: f64,
+}
+
+/// How many times apart a per-tensor weight's output channels must be (largest max |w| over the
+/// smallest non-zero one) to be called unequal.
+pub const UNEQUAL_CHANNELS: f64 = 100.0;
+
+impl WeightChannels {
+    /// Channels `UNEQUAL_CHANNELS` times apart, some of them below 2 steps: the one scale the
+    /// largest needs leaves the small ones a few levels, or none.
+    pub fn unequal(&self) -> bool {
+        let live = || self.channel_max.iter().copied().filter(|m| *m > 0.0);
+        let (Some(small), Some(large)) = (live().min_by(f32::total_cmp), live().max_by(f32::total_cmp)) else { return false };
+        (large / small) as f64 >= UNEQUAL_CHANNELS && self.channel_max.iter().any(|&m| m < 2.0 * self.scale)
+    }
+
+    /// The step each channel would have with a scale of its own (its max |w| over the format's
+    /// largest level): the floor's, where one scale is a fault the causes name.
+    pub fn own_steps(&self) -> Vec<Step> {
+        let (lo, hi) = self.format.limits();
+        let top = (hi - lo) / 2.0;
+        self.channel_max.iter().map(|m| Step::Absolute(m / top)).collect()
+    }
 }
 
 /// Every weight `candidate` stores in an integer format with a single scale, under the name of
