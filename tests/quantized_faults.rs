@@ -82,7 +82,10 @@ fn bisect(float: &ModelProto, quantized: &ModelProto) -> (serde_json::Value, Str
     let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
-    (json(&dir.path().join("r.json")), t)
+    let report = json(&dir.path().join("r.json"));
+    // The fault is far above the floor: a step the fault forces is not counted in it.
+    assert!(report["noise_floor"]["ratio"].as_f64().unwrap() > 10.0, "{}", report["noise_floor"]);
+    (report, t)
 }
 
 /// Nothing in the verdict says FP16: the models hold no FP16 tensor.
@@ -129,6 +132,7 @@ fn one_channel_1000x_larger_before_a_per_tensor_quantizer_is_an_outlier_step() {
     eprintln!("{detail}");
     assert!(detail.contains("int8 per-tensor quantizer of its input 'hs' has one step of") && detail.contains("in channel 0, while every other channel (28 values) stays within"), "{detail}");
     assert!(detail.contains("and that step rounds 28 of its 32 values (87.5%) to 0") && detail.contains("with a step fit to the bulk"), "{detail}");
+    assert!(report["verdict"]["conclusions"].to_string().contains("'hs' (step 6.09e1 forced by outliers, taken as 1.21e-2)"), "{t}");
     no_fp16(&report, &t);
 }
 
@@ -152,6 +156,7 @@ fn a_per_tensor_weight_with_one_channel_1000x_larger_is_named_with_its_channels(
     eprintln!("{detail}");
     assert!(detail.contains("MatMul 'mm1', which computes this node's input, reads weight 'w1', stored int8 with one scale for the whole tensor") && detail.contains("8 output channels (axis 1)"), "{detail}");
     assert!(detail.contains("7 of them stay below 2 steps"), "{detail}");
+    assert!(report["verdict"]["conclusions"].to_string().contains("'w1' (one scale 7.61e0 for channels 1401x apart, taken per channel)"), "{t}");
     no_fp16(&report, &t);
 }
 
