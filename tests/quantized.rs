@@ -148,7 +148,7 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     // Named as what it is: the reference leaves the quantizer's range and is clipped.
     assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
-    assert!(detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,") && detail.contains("zero point -128") && detail.contains("values beyond it are clipped"), "{detail}");
+    assert!(detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,") && detail.contains("zero point -128") && detail.contains("2 of its 8 values (25.0%) are beyond it and clipped to its end, by up to"), "{detail}");
     // Run alone with its own quantizers: the Relu the quantizer took over is that quantizer, fed
     // the reference's 'h'; it alone introduces the error (before, no chain node could be run alone:
     // "no type and shape known for 'r_f'").

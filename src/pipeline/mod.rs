@@ -191,6 +191,7 @@ fn compare_and_walk(
             refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
             let mut compared = compared;
             compared.comparison.quantizers = quantizer_ranges(job);
+            measure_quantizers(job, feeds, &mut compared, steps)?;
             let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
             (compared, verdict)
         }
@@ -333,7 +334,16 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         (Some(_), Some((cm, ci))) if options.noise_floor => {
             let names = job.reference_names();
             let of = reference_of(job, &names);
-            Some(layerwise_model::quant::quantizer_steps(&job.index, cm.graph(), ci, &of))
+            let mut steps = layerwise_model::quant::quantizer_steps(&job.index, cm.graph(), ci, &of);
+            let refit = refit_faulty_steps(&mut steps, &compared.comparison);
+            if !refit.is_empty() {
+                conclusions.push(format!(
+                    "noise floor: {} at the step their own values need, not the one a fault forces (the causes name that fault): {}",
+                    if refit.len() == 1 { "one quantizer is taken" } else { "these quantizers are taken" },
+                    refit.join("; ")
+                ));
+            }
+            Some(steps)
         }
         _ => None,
     };
@@ -552,6 +562,65 @@ fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_mo
     let names = job.reference_names();
     let of = reference_of(job, &names);
     layerwise_model::quant::activation_ranges(cm.graph(), ci, &of)
+}
+
+/// What a quantized candidate's quantizers do to the reference's values, for the causes: each
+/// activation quantizer that holds a failing tensor or one a failing node reads, measured on the
+/// reference's values (kept from the comparison, else from one reference run of those tensors
+/// alone), and every weight stored with one scale.
+fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut Compared, steps: &mut Steps) -> Result<()> {
+    let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Ok(()) };
+    let comparison = &mut compared.comparison;
+    comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
+    let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
+    let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
+    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t)).cloned().collect();
+    wanted.sort();
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let fed = |t: &str| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v.clone());
+    let kept = compared.tensors.as_ref().map(|(r, _)| r);
+    let computed: Vec<String> = wanted.iter().filter(|t| fed(t).is_none() && !kept.is_some_and(|k| k.contains_key(t.as_str()))).cloned().collect();
+    let run = if computed.is_empty() {
+        std::collections::HashMap::new()
+    } else {
+        steps.run("measuring the quantizers on the reference", || job.run_reference(feeds, &Selection::Names(computed.clone())))?.tensors
+    };
+    let comparison = &mut compared.comparison;
+    for t in &wanted {
+        let Some(values) = fed(t).or_else(|| run.get(t).cloned()).or_else(|| compared.tensors.as_ref().and_then(|(r, _)| r.get(t).cloned())) else { continue };
+        let range = comparison.quantizers[t];
+        comparison.quantizer_effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(&range, &values.to_f32(), &values.shape));
+    }
+    Ok(())
+}
+
+/// A quantized candidate's floor is what its quantizers' resolution does, each at the step its
+/// values need: a step that outliers force on an activation, or that one large channel forces on
+/// a weight stored with one scale, is the fault the causes name, and left in the floor it hides
+/// that fault under a floor far above the candidate (measured: floor 3.4e1 against a candidate's
+/// 9.5e-1). Those take the step fit to their bulk, or one per channel; returns what was refit.
+fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
+    use layerwise_model::quant::Step;
+    let mut refit = Vec::new();
+    for (tensor, step) in &mut steps.activations {
+        if let (Some(e), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.step_forced_by_outliers()), *step) {
+            refit.push(format!("'{tensor}' (step {s:.2e} forced by outliers, taken as {:.2e})", e.bulk_scale));
+            *step = Step::Absolute(e.bulk_scale);
+        }
+    }
+    for w in &mut steps.weights {
+        if let Some(channels) = comparison.per_tensor_weights.get(&w.weight).filter(|c| c.unequal() && w.steps.len() == 1) {
+            refit.push(format!("'{}' (one scale {:.2e} for channels {:.0}x apart, taken per channel)", w.weight, channels.scale, {
+                let live = channels.channel_max.iter().copied().filter(|m| *m > 0.0);
+                live.clone().fold(0f32, f32::max) / live.fold(f32::INFINITY, f32::min)
+            }));
+            w.steps = channels.own_steps();
+            w.axis = channels.axis;
+        }
+    }
+    refit
 }
 
 /// The reference tensor a candidate tensor holds, for the quantizer readers: its pair

@@ -4,6 +4,7 @@
 //! `CATALOGUE`, not a branch in a shared one.
 
 use layerwise_model::fp16::{FP16_MAX, FP16_UNIT_ROUNDOFF};
+use layerwise_model::quant::{QuantizerEffect, QuantizerRange};
 use layerwise_model::{GraphIndex, NodeInfo, WeightRange};
 
 use crate::compare::{Comparison, TensorRecord};
@@ -55,6 +56,8 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Fp16], detect: accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: value_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
     CauseRule { applies_to: ANY, detect: large_logits },
@@ -161,33 +164,170 @@ fn mechanism(kind: CauseKind, explains: Option<f64>, detail: String) -> Option<M
     Some(Mechanism { kind, weight: None, explains, detail })
 }
 
-/// A quantizer whose range the reference's values leave: everything beyond it is clipped to its
-/// end (a scale calibrated too small, or a few samples that never reached these values).
-fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
-    let q = s.comparison.quantizers.get(&s.output.name)?;
-    let reach = s.output.metrics.ref_max_abs;
-    let bound = q.hi.abs().max(q.lo.abs()) as f64;
-    // A quantizer starting at 0 holds a Relu's output, which the reference never takes below 0.
-    let beyond = if q.lo >= 0.0 { reach - q.hi as f64 } else { reach - bound };
-    if !(beyond > 0.5 * q.scale as f64) {
-        return None;
+/// The activation quantizers at a node: the one holding its output, then those on its data
+/// inputs (the candidate's node reads their dequantized values), each with what it does to the
+/// reference's values where that was measured, and whether it is the output's.
+fn quantizers_at<'s>(s: &'s Site) -> Vec<(&'s str, &'s QuantizerRange, Option<&'s QuantizerEffect>, bool)> {
+    let output = std::iter::once(s.output.name.as_str()).map(|t| (t, true));
+    let inputs = s.node.inputs.iter().filter(|i| !i.is_empty() && !s.index.is_constant_like(i) && **i != s.output.name).map(|t| (t.as_str(), false));
+    output
+        .chain(inputs)
+        .filter_map(|(t, is_output)| s.comparison.quantizers.get(t).map(|q| (t, q, s.comparison.quantizer_effects.get(t), is_output)))
+        .collect()
+}
+
+/// "quantizer of 'r'" for the node's output, "quantizer of its input 'x'" for an input.
+fn quantizer_of(tensor: &str, is_output: bool) -> String {
+    if is_output {
+        format!("quantizer of '{tensor}'")
+    } else {
+        format!("quantizer of its input '{tensor}'")
     }
-    let err = s.output.metrics.max_abs_err;
-    let explains = if err > 0.0 { (beyond / err).min(1.0) } else { 0.0 };
-    mechanism(
-        CauseKind::QuantizerClipping,
-        Some(explains),
-        format!(
-            "the candidate's {} quantizer of '{}' holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: values beyond it are clipped, by up to {beyond:.4e}, against a measured max abs error of {err:.4e} (how many values are clipped is not counted)",
-            q.format.name(),
-            s.output.name,
-            q.lo,
-            q.hi,
-            q.scale,
-            q.zero_point,
-            reach / (if q.lo >= 0.0 { q.hi as f64 } else { bound }).max(f64::MIN_POSITIVE)
-        ),
-    )
+}
+
+fn percent(part: usize, whole: usize) -> f64 {
+    100.0 * part as f64 / whole.max(1) as f64
+}
+
+/// A quantizer whose range the reference's values leave: everything beyond it is clipped to its
+/// end (a scale calibrated too small, or a few samples that never reached these values). How many
+/// values and how far, measured on the reference's values where they were read.
+fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
+    quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
+        let bound = q.hi.abs().max(q.lo.abs()) as f64;
+        // A quantizer starting at 0 holds a Relu's output, which the reference never takes below 0.
+        let end = if q.lo >= 0.0 { q.hi as f64 } else { bound };
+        let err = s.output.metrics.max_abs_err;
+        let (reach, beyond, counted) = match effect {
+            Some(e) if e.clipped > 0 => {
+                let counted = format!(
+                    "{} of its {} values ({:.1}%) are beyond it and clipped to its end, by up to {:.4e} (mean {:.4e})",
+                    e.clipped,
+                    e.count,
+                    percent(e.clipped, e.count),
+                    e.max_overshoot,
+                    e.mean_overshoot
+                );
+                (e.max_abs as f64, e.max_overshoot as f64, counted)
+            }
+            Some(_) => return None,
+            // Not measured: the output's reach, from the comparison, is all that is known.
+            None if is_output => {
+                let reach = s.output.metrics.ref_max_abs;
+                let beyond = reach - end;
+                (reach, beyond, format!("values beyond it are clipped, by up to {beyond:.4e} (how many was not measured)"))
+            }
+            None => return None,
+        };
+        if !(beyond > 0.5 * q.scale as f64) {
+            return None;
+        }
+        // Its own output: the clipped amount against the max abs error there; an input: the
+        // quantized input's relative L2 error (measured on the reference) against the output's.
+        let explains = match (is_output, effect.and_then(|e| e.rel_l2)) {
+            (true, _) => Some(if err > 0.0 { (beyond / err).min(1.0) } else { 0.0 }),
+            (false, Some(rel)) => Some(s.share(rel)),
+            (false, None) => None,
+        };
+        mechanism(
+            CauseKind::QuantizerClipping,
+            explains,
+            format!(
+                "the candidate's {} {} holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: {counted}; the measured max abs error of '{}' is {err:.4e}",
+                q.format.name(),
+                quantizer_of(tensor, is_output),
+                q.lo,
+                q.hi,
+                q.scale,
+                q.zero_point,
+                reach / end.max(f64::MIN_POSITIVE),
+                s.output.name,
+            ),
+        )
+    })
+}
+
+/// A per-tensor integer quantizer whose range a few outliers set: its step is so coarse against
+/// the bulk of the values that they keep a few levels, or round to 0 (one channel far larger
+/// than the others, as LLM activations have). Measured on the reference's values: the bulk's
+/// rounding error with this step and with a step fit to the bulk.
+fn quantizer_outlier_step(s: &Site) -> Option<Mechanism> {
+    quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
+        let e = effect.filter(|e| e.step_forced_by_outliers())?;
+        let (bulk, fit) = (e.bulk_rel_l2?, e.bulk_rel_l2_fit?);
+        let (where_, rest_are) = match e.dominant_channel() {
+            Some((c, rest)) => (format!(" in channel {c}"), format!("every other channel ({} values) stays within {rest:.4e}", e.bulk_count)),
+            None => (String::new(), format!("{} values (99%) stay within {:.4e}", e.bulk_count, e.bulk)),
+        };
+        let whole = e.rel_l2.map_or(String::new(), |r| format!(", the whole tensor's {r:.2e}"));
+        mechanism(
+            CauseKind::QuantizerOutlierStep,
+            Some(s.share(bulk)),
+            format!(
+                "the candidate's {} per-tensor {} has one step of {:.4e} for the whole tensor: its range [{:.4e}, {:.4e}] covers its largest value |x| = {:.4e}{where_}, while {rest_are}, {:.0}x less, and that step rounds {} of its {} values ({:.1}%) to 0; the bulk's quantization error is relative L2 {bulk:.2e}, against {fit:.2e} with a step fit to the bulk ({:.4e}){whole} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
+                q.format.name(),
+                quantizer_of(tensor, is_output),
+                q.scale,
+                q.lo,
+                q.hi,
+                e.max_abs,
+                e.max_abs / e.bulk,
+                e.to_zero,
+                e.count,
+                percent(e.to_zero, e.count),
+                e.bulk_scale,
+                s.output.name,
+                s.out_rel,
+            ),
+        )
+    })
+}
+
+/// A weight stored with one scale whose output channels differ by orders of magnitude: the step
+/// the largest channel needs leaves the small ones a few levels, or none. Measured on the
+/// stored weight against the reference's.
+fn per_tensor_weight(s: &Site) -> Option<Mechanism> {
+    // The node's own weights, then those of the nodes computing its data inputs: a layer whose
+    // channels a later Mul or normalization evens out breaks there, where the small channels'
+    // loss stops hiding under the large one's range.
+    let own = s.node.inputs.iter().filter_map(|i| s.comparison.per_tensor_weights.get(i).map(|w| (w, None)));
+    let upstream = s.node.inputs.iter().filter(|i| !s.index.is_constant_like(i)).filter_map(|i| s.index.producer(i)).flat_map(|p| {
+        p.inputs.iter().filter_map(move |w| s.comparison.per_tensor_weights.get(w).map(|w| (w, Some(p))))
+    });
+    own.chain(upstream).find(|(w, _)| w.unequal()).and_then(|(w, reader)| {
+        let live: Vec<(usize, f32)> = w.channel_max.iter().copied().enumerate().filter(|(_, m)| *m > 0.0).collect();
+        let (small, smallest) = live.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        let (large, largest) = live.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))?;
+        let coarse: Vec<usize> = (0..w.channel_max.len()).filter(|&c| w.channel_max[c] < 2.0 * w.scale).collect();
+        let zeroed = coarse.iter().filter(|&&c| w.channel_steps[c] == 0.0).count();
+        let worst = w.channel_rel_l2.iter().copied().fold(0f64, f64::max);
+        let mut sorted = w.channel_rel_l2.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        let whose = match reader {
+            Some(p) => format!("{} '{}', which computes this node's input, reads weight '{}'", p.op_type, p.name, w.weight),
+            None => format!("weight '{}'", w.weight),
+        };
+        // Its own weight: the weight's relative error is what a product passes on; a weight
+        // upstream: how the node weighs the channels is not measured.
+        let explains = if reader.is_none() { Some(s.share(w.rel_l2)) } else { None };
+        mechanism(
+            CauseKind::PerTensorWeight,
+            explains,
+            format!(
+                "{whose}, stored {} with one scale for the whole tensor (step {:.4e}), while its {} output channels (axis {}) reach max |w| from {smallest:.4e} (channel {small}) to {largest:.4e} (channel {large}), {:.0}x apart: {} of them stay below 2 steps (at most 5 distinct values), {zeroed} round entirely to 0; the stored channels err by relative L2 up to {worst:.2e} (median {median:.2e}), the whole weight by {:.2e} (measured on the stored weight); measured relative L2 of '{}' {:.2e}",
+                w.format.name(),
+                w.scale,
+                w.channel_max.len(),
+                w.axis,
+                largest / smallest,
+                coarse.len(),
+                w.rel_l2,
+                s.output.name,
+                s.out_rel,
+            ),
+        )
+    })
 }
 
 /// A weight (or weight-derived input) beyond the FP16 range.

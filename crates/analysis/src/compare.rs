@@ -55,6 +55,11 @@ pub struct Comparison {
     /// A quantized candidate's activation quantizers, under the reference tensors they hold: what
     /// its causes compare the reference's values with.
     pub quantizers: HashMap<String, layerwise_model::quant::QuantizerRange>,
+    /// What each of those quantizers does to the reference's values (clipped, rounded to 0, the
+    /// step outliers force), where measured: the quantizers near a failing tensor.
+    pub quantizer_effects: HashMap<String, layerwise_model::quant::QuantizerEffect>,
+    /// The weights a quantized candidate stores with one scale, under the reference weight's name.
+    pub per_tensor_weights: HashMap<String, layerwise_model::quant::WeightChannels>,
     position: HashMap<String, usize>,
 }
 
@@ -65,7 +70,7 @@ impl Comparison {
         let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
         records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        Comparison { records, not_compared, position, quantizers: HashMap::new() }
+        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
@@ -199,7 +204,7 @@ pub fn compare_all(
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-    Comparison { records, not_compared, position, quantizers: HashMap::new() }
+    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }
 }
 
 /// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
@@ -262,7 +267,7 @@ impl PairedComparison {
             }
         }
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        (Comparison { records, not_compared, position, quantizers: HashMap::new() }, histograms)
+        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }, histograms)
     }
 }
 

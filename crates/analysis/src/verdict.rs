@@ -104,6 +104,12 @@ pub enum CauseKind {
     /// A quantizer of the candidate whose range the reference's values leave: they are clipped
     /// to its end (a scale calibrated too small).
     QuantizerClipping,
+    /// A per-tensor quantizer whose step a few outliers set (one channel far larger than the
+    /// rest): the bulk of the values keeps a few levels, or rounds to 0.
+    QuantizerOutlierStep,
+    /// A weight stored with one scale whose output channels differ by orders of magnitude: the
+    /// small channels keep a few levels, or round to 0.
+    PerTensorWeight,
 }
 
 impl CauseKind {

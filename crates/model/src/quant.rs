@@ -370,3 +370,250 @@ pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, refere
     }
     ranges
 }
+
+impl QuantFormat {
+    fn is_float8(self) -> bool {
+        matches!(self, QuantFormat::Float8E4M3 | QuantFormat::Float8E5M2)
+    }
+}
+
+impl QuantizerRange {
+    /// `x` through this quantizer: rounded to the nearest step (ties to even, as ONNX defines
+    /// QuantizeLinear) and clamped to the range. Integer formats only (float8's step is relative).
+    fn round_trip(&self, x: f32, scale: f32) -> f32 {
+        let (qmin, qmax) = self.format.limits();
+        let q = ((x / scale).round_ties_even() + self.zero_point as f32).clamp(qmin, qmax);
+        (q - self.zero_point as f32) * scale
+    }
+}
+
+/// What one activation quantizer does to the reference's values of the tensor it holds, measured
+/// by quantizing them with its scale and zero point: how many it clips and by how much, how many
+/// it rounds to 0, and whether a few outliers set its step (issue 40).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizerEffect {
+    pub count: usize,
+    /// Values beyond the range (clipped to its end), and by how much (largest, mean over those).
+    pub clipped: usize,
+    pub max_overshoot: f32,
+    pub mean_overshoot: f32,
+    /// Values that are not 0 in the reference and that the quantizer rounds to exactly 0 (integer
+    /// formats: |x| below half a step around the zero point).
+    pub to_zero: usize,
+    /// Relative L2 error of the quantized values against the reference's, over the tensor;
+    /// `None` for float8, whose rounding is not emulated here.
+    pub rel_l2: Option<f64>,
+    /// The largest |x|.
+    pub max_abs: f32,
+    /// Where one channel (axis 1) holds the largest value: that channel and the largest |x| of
+    /// every other channel.
+    pub outlier_channel: Option<(usize, f32)>,
+    /// The bulk of the values: every channel but the outlier one where one channel holds values
+    /// `OUTLIER_RATIO` times the others', else the 99% of smallest |x|. Its bound and count.
+    pub bulk: f32,
+    pub bulk_count: usize,
+    /// Relative L2 of the quantization error on the bulk with this quantizer's step, and with a
+    /// step fit to the bulk (`bulk_scale`: the same range shrunk to reach it): what outliers cost.
+    pub bulk_rel_l2: Option<f64>,
+    pub bulk_rel_l2_fit: Option<f64>,
+    pub bulk_scale: f32,
+}
+
+/// How many times the bulk of a tensor must be below its largest value (or one channel above
+/// every other) for that value to be called an outlier that sets a quantizer's step.
+pub const OUTLIER_RATIO: f64 = 10.0;
+
+impl QuantizerEffect {
+    /// Whether a few outliers set this quantizer's step: the bulk is `OUTLIER_RATIO` times below
+    /// the largest value, and with this step it loses materially (relative L2 at least 5%) and at
+    /// least 4x what a step fit to it would lose.
+    pub fn step_forced_by_outliers(&self) -> bool {
+        let (Some(bulk), Some(fit)) = (self.bulk_rel_l2, self.bulk_rel_l2_fit) else { return false };
+        self.bulk > 0.0 && self.max_abs as f64 >= OUTLIER_RATIO * self.bulk as f64 && bulk >= 0.05 && bulk >= 4.0 * fit
+    }
+
+    /// One channel `OUTLIER_RATIO` times above every other: it and the others' largest |x|.
+    pub fn dominant_channel(&self) -> Option<(usize, f32)> {
+        self.outlier_channel.filter(|&(_, rest)| self.max_abs as f64 >= OUTLIER_RATIO * rest as f64)
+    }
+}
+
+/// The effect of the quantizer `range` on `values` (the reference tensor it holds, of `shape`).
+pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize]) -> QuantizerEffect {
+    let finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    let (mut clipped, mut overshoot_sum, mut max_overshoot) = (0usize, 0f64, 0f32);
+    for &x in &finite {
+        let beyond = (x - range.hi).max(range.lo - x);
+        if beyond > 0.0 {
+            clipped += 1;
+            overshoot_sum += beyond as f64;
+            max_overshoot = max_overshoot.max(beyond);
+        }
+    }
+    let max_abs = finite.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let outlier_channel = outlier_channel(values, shape);
+    // The bulk: the other channels where one dominates, else the 99% of smallest |x|.
+    let bulk = match outlier_channel {
+        Some((_, rest)) if max_abs as f64 >= OUTLIER_RATIO * rest as f64 => rest,
+        _ => {
+            let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).collect();
+            magnitudes.sort_unstable_by(f32::total_cmp);
+            magnitudes.get(((magnitudes.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0)
+        }
+    };
+    // Relative L2 of the round trip over the values with |x| <= `bound`, with step `scale`.
+    let rel_l2 = |scale: f32, bound: f32| -> Option<f64> {
+        if range.format.is_float8() || !(scale > 0.0) {
+            return None;
+        }
+        let (mut err, mut norm) = (0f64, 0f64);
+        for &x in finite.iter().filter(|x| x.abs() <= bound) {
+            err += ((range.round_trip(x, scale) - x) as f64).powi(2);
+            norm += (x as f64).powi(2);
+        }
+        (norm > 0.0).then(|| (err / norm).sqrt())
+    };
+    let reach = range.hi.abs().max(range.lo.abs());
+    let bulk_scale = if reach > 0.0 { range.scale * bulk / reach } else { range.scale };
+    let to_zero = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count() };
+    QuantizerEffect {
+        count: values.len(),
+        clipped,
+        max_overshoot,
+        mean_overshoot: if clipped > 0 { (overshoot_sum / clipped as f64) as f32 } else { 0.0 },
+        to_zero,
+        rel_l2: rel_l2(range.scale, f32::INFINITY),
+        max_abs,
+        outlier_channel,
+        bulk,
+        bulk_count: finite.iter().filter(|x| x.abs() <= bulk).count(),
+        bulk_rel_l2: rel_l2(range.scale, bulk),
+        bulk_rel_l2_fit: if bulk > 0.0 { rel_l2(bulk_scale, bulk) } else { None },
+        bulk_scale,
+    }
+}
+
+/// The channel (axis 1 of a tensor of rank 2 or more) holding the largest |x|, and the largest
+/// |x| of all the others; `None` for a tensor without channels.
+fn outlier_channel(values: &[f32], shape: &[usize]) -> Option<(usize, f32)> {
+    let channels = *shape.get(1).filter(|_| shape.len() >= 2)?;
+    let inner: usize = shape[2..].iter().product();
+    if channels < 2 || inner == 0 || values.len() != shape.iter().product::<usize>() {
+        return None;
+    }
+    let mut per_channel = vec![0f32; channels];
+    for (i, v) in values.iter().enumerate().filter(|(_, v)| v.is_finite()) {
+        let c = (i / inner) % channels;
+        per_channel[c] = per_channel[c].max(v.abs());
+    }
+    let top = (0..channels).max_by(|&a, &b| per_channel[a].total_cmp(&per_channel[b]))?;
+    let rest = per_channel.iter().enumerate().filter(|(c, _)| *c != top).fold(0f32, |m, (_, v)| m.max(*v));
+    Some((top, rest))
+}
+
+/// A weight the candidate stores quantized with one scale for the whole tensor, read channel by
+/// channel along the output channels of the node that reads it: how unequal those channels are,
+/// and what the one step does to the small ones (issue 40).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightChannels {
+    /// The reference's float weight.
+    pub weight: String,
+    pub format: QuantFormat,
+    pub scale: f32,
+    /// The output-channel axis of the node reading it (Conv 0, ConvTranspose 1, MatMul its last,
+    /// Gemm 0 or 1 by transB).
+    pub axis: usize,
+    /// Per output channel: the reference's largest |w|, the largest stored |q - zero point| (in
+    /// steps), and the relative L2 error of the stored channel against the reference's.
+    pub channel_max: Vec<f32>,
+    pub channel_steps: Vec<f32>,
+    pub channel_rel_l2: Vec<f64>,
+    /// The relative L2 error of the whole stored weight.
+    pub rel_l2: f64,
+}
+
+/// How many times apart a per-tensor weight's output channels must be (largest max |w| over the
+/// smallest non-zero one) to be called unequal.
+pub const UNEQUAL_CHANNELS: f64 = 100.0;
+
+impl WeightChannels {
+    /// Channels `UNEQUAL_CHANNELS` times apart, some of them below 2 steps: the one scale the
+    /// largest needs leaves the small ones a few levels, or none.
+    pub fn unequal(&self) -> bool {
+        let live = || self.channel_max.iter().copied().filter(|m| *m > 0.0);
+        let (Some(small), Some(large)) = (live().min_by(f32::total_cmp), live().max_by(f32::total_cmp)) else { return false };
+        (large / small) as f64 >= UNEQUAL_CHANNELS && self.channel_max.iter().any(|&m| m < 2.0 * self.scale)
+    }
+
+    /// The step each channel would have with a scale of its own (its max |w| over the format's
+    /// largest level): the floor's, where one scale is a fault the causes name.
+    pub fn own_steps(&self) -> Vec<Step> {
+        let (lo, hi) = self.format.limits();
+        let top = (hi - lo) / 2.0;
+        self.channel_max.iter().map(|m| Step::Absolute(m / top)).collect()
+    }
+}
+
+/// Every weight `candidate` stores in an integer format with a single scale, under the name of
+/// the reference's float weight it replaces (found as `quantizer_steps` finds it: the reference
+/// node of the same name reads it in the same slot).
+pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex) -> Vec<WeightChannels> {
+    let stored = Stored::of(candidate, cand_index);
+    let ref_stored = Stored::of(reference, ref_index);
+    let mut found: Vec<WeightChannels> = Vec::new();
+    for info in cand_index.nodes.iter().filter(|n| n.op_type == "DequantizeLinear") {
+        let node = &candidate.node[info.proto_index];
+        let (Some(input), Some(output)) = (node.input.first(), node.output.first()) else { continue };
+        let Some(q) = stored.get(input) else { continue };
+        let Some(format) = QuantFormat::of(q.data_type()).filter(|f| !f.is_float8()) else { continue };
+        let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| s.len() == 1).map(|s| s[0]) else { continue };
+        let zero_point = node.input.get(2).filter(|t| !t.is_empty()).and_then(|z| stored.get(z)).and_then(|z| Tensor::from_proto(z).ok()).and_then(|z| z.to_f32().first().copied()).unwrap_or(0.0);
+        let Ok(levels) = Tensor::from_proto(q).map(|t| t.to_f32().into_owned()) else { continue };
+        for c in cand_index.consumers(output) {
+            let reader = &cand_index.nodes[*c];
+            let Some(slot) = reader.inputs.iter().position(|t| t == output) else { continue };
+            let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else { continue };
+            let Some(weight) = twin.inputs.get(slot).filter(|w| ref_index.is_initializer(w)) else { continue };
+            if found.iter().any(|w| &w.weight == weight) {
+                continue;
+            }
+            let (Some(values), Some(proto)) = (ref_stored.floats(weight), ref_stored.get(weight)) else { continue };
+            let dims: Vec<usize> = proto.dims.iter().map(|&d| d.max(0) as usize).collect();
+            if values.len() != levels.len() || dims.iter().product::<usize>() != values.len() || dims.is_empty() {
+                continue;
+            }
+            let rank = dims.len();
+            let trans_b = || candidate.node[reader.proto_index].attribute.iter().any(|a| a.name() == "transB" && a.i == Some(1));
+            let axis = match (reader.op_type.as_str(), slot) {
+                ("Conv", 1) => 0,
+                ("ConvTranspose", 1) if rank >= 2 => 1,
+                ("MatMul", 1) if rank >= 2 => rank - 1,
+                ("Gemm", 1) if rank == 2 => usize::from(!trans_b()),
+                _ => continue,
+            };
+            let (channels, inner) = (dims[axis], dims[axis + 1..].iter().product::<usize>());
+            let mut channel_max = vec![0f32; channels];
+            let mut channel_steps = vec![0f32; channels];
+            let (mut err, mut norm) = (vec![0f64; channels], vec![0f64; channels]);
+            for (i, (&w, &l)) in values.iter().zip(&levels).enumerate() {
+                let c = (i / inner.max(1)) % channels;
+                channel_max[c] = channel_max[c].max(w.abs());
+                channel_steps[c] = channel_steps[c].max((l - zero_point).abs());
+                err[c] += (((l - zero_point) * scale - w) as f64).powi(2);
+                norm[c] += (w as f64).powi(2);
+            }
+            let rel = |e: f64, n: f64| if n > 0.0 { (e / n).sqrt() } else { 0.0 };
+            found.push(WeightChannels {
+                weight: weight.clone(),
+                format,
+                scale,
+                axis,
+                channel_rel_l2: err.iter().zip(&norm).map(|(e, n)| rel(*e, *n)).collect(),
+                rel_l2: rel(err.iter().sum(), norm.iter().sum()),
+                channel_max,
+                channel_steps,
+            });
+        }
+    }
+    found
+}
