@@ -412,7 +412,8 @@ fn run_alike(
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => {
             let (bytes, folder) = model.runtime_bytes(&shared, scratch)?;
-            e.insert(build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())?)
+            let extras = SessionExtras { without_spinning: true, ..Default::default() };
+            e.insert(build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, extras)?)
         }
     };
     let mut out = run_session(session, &shared_feeds, spec)?;
