@@ -276,6 +276,33 @@ fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -
         .collect()
 }
 
+/// The written file at `path`, read back and evaluated in its own types on every sample: it must
+/// hold on each. The worst sample's outputs (the first failing one, else the largest error), or
+/// why the evaluation could not run.
+fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64, Comparison)>, String>> {
+    let written = Model::load(path)?;
+    let wi = GraphIndex::build(written.graph())?;
+    let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
+    let mut checked: Result<Option<(bool, f64, Comparison)>, String> = Ok(None);
+    for k in 0..search.samples.len() {
+        match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.samples[k].feeds, selection: &Selection::Names(Vec::new()) }) {
+            Ok(out) => {
+                let (comparison, pass) = search.judge_outputs(k, &out);
+                let error = comparison.largest_error(&search.index.outputs);
+                let so_far = match &checked {
+                    Ok(Some((p, e, _))) => Some((!p, *e)),
+                    _ => None,
+                };
+                if worse(!pass, error, so_far) {
+                    checked = Ok(Some((pass, error, comparison)));
+                }
+            }
+            Err(e) => return Ok(Err(e.to_string())),
+        }
+    }
+    Ok(checked)
+}
+
 /// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build, as they
 /// are pasted into a shell (the `--layerPrecisions` value one quoted word). A node inside an If or
 /// Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its own name in
@@ -596,13 +623,6 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
         let options_for_keep = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
-        // The file is checked in a child process with ONNX Runtime's defaults first (an FP16 model
-        // can crash ONNX Runtime); op types that crash it are kept in FP32.
-        let staged = scratch.path().join("staged.onnx");
-        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0);
-        let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &staged, Some(&search.samples[0].feeds), &mut convert)?;
-        let problems = check_float_types(&conversion.proto, &float);
-        load_check = Some(load);
         // Written beside -o and moved there only once it holds: a fix that fails leaves the
         // user's file at -o as it was.
         let staging = match &options.output {
@@ -613,34 +633,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             (Some(out), Some(staging)) => staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx"))),
             _ => scratch.path().join("fixed.onnx"),
         };
-        source.save_standalone(&conversion.proto, &path)?;
-        fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
-        let written = Model::load(&path)?;
-        let wi = GraphIndex::build(written.graph())?;
-        let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
         let backend = format!("typed evaluation of {}", if let Some(out) = &options.output { out.display().to_string() } else { "the fixed model (not written: no -o)".into() });
-        // Every sample: the written file must hold on each; the outputs shown are the worst
-        // sample's (the first failing one, else the largest error).
-        let mut checked: Result<Option<(bool, f64, Comparison)>, String> = Ok(None);
-        for k in 0..search.samples.len() {
-            match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.samples[k].feeds, selection: &Selection::Names(Vec::new()) }) {
-                Ok(out) => {
-                    let (comparison, pass) = search.judge_outputs(k, &out);
-                    let error = comparison.largest_error(&index.outputs);
-                    let so_far = match &checked {
-                        Ok(Some((p, e, _))) => Some((!p, *e)),
-                        _ => None,
-                    };
-                    if worse(!pass, error, so_far) {
-                        checked = Ok(Some((pass, error, comparison)));
-                    }
-                }
-                Err(e) => {
-                    checked = Err(e.to_string());
-                    break;
-                }
-            }
-        }
+        // The file is written once, where it is moved to, and checked in a child process with
+        // ONNX Runtime's defaults first (an FP16 model can crash ONNX Runtime, and so this process
+        // in the typed evaluation); op types that crash it are kept in FP32.
+        let started = std::time::Instant::now();
+        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0);
+        let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &path, Some(&search.samples[0].feeds), &mut convert)?;
+        search.steps.record("writing the fixed model and loading it in a child process", started.elapsed().as_secs_f64());
+        let started = std::time::Instant::now();
+        let checked = typed_check(&search, &path)?;
+        search.steps.record("evaluating the fixed model in its own types", started.elapsed().as_secs_f64());
+        let problems = check_float_types(&conversion.proto, &float);
+        load_check = Some(load);
+        fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let check = match checked {
             Ok(Some((pass, _, comparison))) => ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass, not_run: None },
             Ok(None) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some("no sample to run".into()) },

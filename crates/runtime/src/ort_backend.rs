@@ -169,6 +169,9 @@ pub(crate) struct SessionExtras<'a> {
     /// into segments, run one at a time (on a ViT of 5,581 paired nodes in 6 segments, peak
     /// memory 488 MB with them, 434 MB without, 400 MB as one session).
     pub without_arena: bool,
+    /// Threads that sleep between runs instead of spinning: for sessions kept alive side by side
+    /// (the typed evaluation's shared one-node sessions), whose spinning pools starve each other.
+    pub without_spinning: bool,
 }
 
 /// How many jobs build and run CPU sessions in this process at once (`--devices`' shards). Above
@@ -231,8 +234,9 @@ pub(crate) fn build_session(
     if let Some(n) = options.threads.or_else(shared_cpu_threads) {
         builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
     }
-    if options.threads.is_none() && shared_cpu_threads().is_some() {
-        // Threads that spin while waiting take the cores the other shards' sessions need.
+    // Threads that spin while waiting take the cores that other sessions running at once need
+    // (other GPUs' jobs, or the typed check's many kept sessions).
+    if extras.without_spinning || (options.threads.is_none() && shared_cpu_threads().is_some()) {
         builder = builder.with_config_entry("session.intra_op.allow_spinning", "0").map_err(|e| err(e.to_string()))?;
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.

@@ -205,7 +205,7 @@ impl PairedSession {
             let domain = OperatorDomain::new(PAIR_DOMAIN)
                 .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
                 .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split };
+            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: false };
             let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
             let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
             for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {

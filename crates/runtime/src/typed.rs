@@ -31,7 +31,14 @@ pub struct TypedBackend {
     label: String,
     options: OrtOptions,
     log_id: String,
+    sessions: Sessions,
 }
+
+/// Sessions of one-node models, by the model's bytes with its tensors renamed by position and its
+/// large float weights fed as inputs ([`alike`]): the nodes a model repeats (the same op, attributes,
+/// types and shapes in every block) share one session instead of building one each.
+#[derive(Default)]
+pub struct Sessions(HashMap<Vec<u8>, ort::session::Session>);
 
 impl TypedBackend {
     pub fn new(spec: &BackendSpec, threads: Option<usize>) -> TypedBackend {
@@ -41,6 +48,7 @@ impl TypedBackend {
             options: OrtOptions { opt_level: OptLevel::Disable, threads, ep: ExecutionProvider::Cpu, typed: true },
             log_id: format!("{label}#typed"),
             label,
+            sessions: Sessions::default(),
         }
     }
 }
@@ -58,7 +66,7 @@ impl Backend for TypedBackend {
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
-        let result = evaluate_typed(&self.label, &self.options, &self.log_id, request);
+        let result = evaluate_typed(&self.label, &self.options, &self.log_id, request, &mut self.sessions);
         let logged = crate::backend_log::take(&self.log_id);
         let mut output = result?;
         output.notes.extend(logged.iter().map(|l| l.note()));
@@ -86,8 +94,9 @@ pub fn has_reduced_precision(model: &Model) -> bool {
 }
 
 /// Runs `request.model` one node at a time (see the module documentation) and returns the
-/// selected tensors in the types the model gives them.
-pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+/// selected tensors in the types the model gives them. `sessions` may hold sessions of an earlier
+/// run's nodes.
+pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &RunRequest, sessions: &mut Sessions) -> Result<RunOutput, RuntimeError> {
     let err = |why: String| RuntimeError::Ort { backend: spec.to_string(), why };
     let model = request.model;
     let index = request.index;
@@ -159,7 +168,10 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             ..Default::default()
         };
         let node_err = |why: String| err(format!("node '{}' ({}) run alone in its own types: {why}", info.name, info.op_type));
-        let (mut results, widened) = match run_node(spec, options, log_id, model, &proto, &feeds, scratch.path()) {
+        // The node as a model like its repeats, in a shared session; where that fails, run as it
+        // is, so that what is said about a failure names the node's own tensors.
+        let shared = run_alike(spec, options, log_id, model, &proto, &feeds, scratch.path(), sessions);
+        let (mut results, widened) = match shared.or_else(|_| run_node(spec, options, log_id, model, &proto, &feeds, scratch.path())) {
             Ok(r) => (r, None),
             // ONNX Runtime's CPU provider has no kernel for many ops in BF16 (and some in FP16):
             // the op runs in float32 on its reduced-precision values, and its outputs are stored
@@ -318,11 +330,94 @@ fn run_node(
 ) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
     let (bytes, folder) = model.runtime_bytes(proto, scratch)?;
     let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())?;
-    let session_inputs = session_feeds(&session, feeds, spec)?;
-    let (results, optional) = crate::ort_backend::run_without_optionals(&mut session, session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
+    run_session(&mut session, feeds, spec)
+}
+
+/// One run of a one-node model's session: its outputs by name, each a host tensor or why not.
+fn run_session(session: &mut ort::session::Session, feeds: &[(String, Tensor)], spec: &str) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
+    let session_inputs = session_feeds(session, feeds, spec)?;
+    let (results, optional) = crate::ort_backend::run_without_optionals(session, session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
     let mut out: HashMap<String, Result<Tensor, String>> = results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
     out.extend(optional.into_iter().map(|n| (n, Err("an optional value, not a tensor (it may hold none): not compared".to_string()))));
     Ok(out)
+}
+
+/// Float weights with more elements than this are fed to a shared one-node session as inputs
+/// (each block's own weight); smaller ones and other types (shapes, axes, scales that shape
+/// inference reads) stay in the model, and so in what tells sessions apart.
+const FED_WEIGHT_ELEMENTS: usize = 64;
+
+/// The one-node model `proto` in the form its repeats share: tensors named by position, the node
+/// and graph named alike, large float weights turned into inputs fed their values. Returns the
+/// model, its feeds, and each output's name in it with the node's own name.
+fn alike(proto: &ModelProto, feeds: &[(String, Tensor)]) -> Option<(ModelProto, Vec<(String, Tensor)>, Vec<(String, String)>)> {
+    let graph = proto.graph.as_ref()?;
+    let mut node = graph.node.first()?.clone();
+    let mut names: HashMap<String, String> = HashMap::new();
+    for (k, t) in node.input.iter_mut().enumerate().filter(|(_, t)| !t.is_empty()) {
+        let name = names.entry(t.clone()).or_insert_with(|| format!("i{k}")).clone();
+        *t = name;
+    }
+    let mut outputs = Vec::new();
+    for (k, t) in node.output.iter_mut().enumerate().filter(|(_, t)| !t.is_empty()) {
+        let name = format!("o{k}");
+        outputs.push((name.clone(), std::mem::replace(t, name)));
+    }
+    node.name = Some("typed".into());
+    let renamed = |t: &str| names.get(t).cloned();
+    let mut sub = GraphProto { name: Some("typed".into()), node: vec![node], ..Default::default() };
+    let mut alike_feeds = Vec::new();
+    for v in &graph.input {
+        sub.input.push(ValueInfoProto { name: Some(renamed(v.name())?), ..v.clone() });
+        let (_, value) = feeds.iter().find(|(n, _)| n == v.name())?;
+        alike_feeds.push((renamed(v.name())?, value.clone()));
+    }
+    for t in &graph.initializer {
+        let name = renamed(t.name())?;
+        let fed = matches!(t.data_type(), 1 | 10 | 16) && !layerwise_model::is_external(t) && t.dims.iter().product::<i64>() > FED_WEIGHT_ELEMENTS as i64;
+        match fed.then(|| Tensor::from_proto(t).ok()).flatten() {
+            Some(value) => {
+                sub.input.push(value_info(&name, &value));
+                alike_feeds.push((name, value));
+            }
+            None => {
+                let mut t = t.clone();
+                t.name = Some(name);
+                sub.initializer.push(t);
+            }
+        }
+    }
+    sub.output = outputs.iter().map(|(o, _)| ValueInfoProto { name: Some(o.clone()), ..Default::default() }).collect();
+    Some((ModelProto { graph: Some(sub), ..proto.clone() }, alike_feeds, outputs))
+}
+
+/// [`run_node`] for the node's [`alike`] form, in the session its repeats share (built on the
+/// first). Outputs by the node's own names.
+#[allow(clippy::too_many_arguments)]
+fn run_alike(
+    spec: &str,
+    options: &OrtOptions,
+    log_id: &str,
+    model: &Model,
+    proto: &ModelProto,
+    feeds: &[(String, Tensor)],
+    scratch: &std::path::Path,
+    sessions: &mut Sessions,
+) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
+    let Some((shared, shared_feeds, outputs)) = alike(proto, feeds) else {
+        return Err(RuntimeError::Ort { backend: spec.to_string(), why: "no shared form".into() });
+    };
+    let key = prost::Message::encode_to_vec(&shared);
+    let session = match sessions.0.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            let (bytes, folder) = model.runtime_bytes(&shared, scratch)?;
+            let extras = SessionExtras { without_spinning: true, ..Default::default() };
+            e.insert(build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, extras)?)
+        }
+    };
+    let mut out = run_session(session, &shared_feeds, spec)?;
+    Ok(outputs.into_iter().filter_map(|(shared, own)| Some((own, out.remove(&shared)?))).collect())
 }
 
 /// The one-node model with its FP16/BF16 inputs and initializers made float32 (values converted
