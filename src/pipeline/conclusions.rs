@@ -7,7 +7,7 @@ use layerwise_analysis::{Candidate, CauseKind, Comparison, FirstDivergent, Statu
 use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::BackendSpec;
 
-fn n(v: f64) -> String {
+pub(super) fn n(v: f64) -> String {
     layerwise_report::format_number(v)
 }
 
@@ -185,6 +185,9 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                 "noise floor: {} itself leaves inf/NaN in '{}' (the perturbed reference overflows), so it decides nothing: whether the output is this sensitive anyway is unknown",
                 floor.rounds, floor.output
             ));
+        } else if floor.ratio <= ILL_CONDITIONED_FACTOR && floor.moved_values > 0 {
+            // Within the floor yet not ill-conditioned: a quantizer measured alone overruled it,
+            // and the line saying so stands in for this one.
         } else {
             out.push(if floor.moved_values == 0 && !floor.left_for_the_fix.is_empty() {
                 format!(
@@ -239,4 +242,68 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
         out.push(cf.conclusion.clone());
     }
     verdict.conclusions = out;
+}
+
+/// What measuring a Q/DQ candidate's quantizers one at a time found, in words: the largest alone
+/// against all together, the ones at fault with what their values show (`effects`, measured on the
+/// reference's values), and how much of the candidate's error the activation quantizers explain.
+pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone, effects: &std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect>) -> Vec<String> {
+    let mut out = Vec::new();
+    let share = |e: f64| if found.together > 0.0 { format!("{:.0}%", 100.0 * e / found.together) } else { "-".to_string() };
+    let largest: Vec<String> = found.each.iter().take(3).map(|q| format!("'{}' (QuantizeLinear '{}') {} ({} of together)", q.tensor, q.node, n(q.error), share(q.error))).collect();
+    out.push(format!(
+        "quantizers one at a time on the reference (each alone, float32 between, weights float; {} measured in one session): all of them together give '{}' rel L2 {} (the candidate: {}); alone, {}",
+        found.each.len(),
+        found.output,
+        n(found.together),
+        n(found.candidate_error),
+        largest.join(", ")
+    ));
+    let at_fault: Vec<&layerwise_analysis::QuantizerAlone> = found.at_fault().collect();
+    if at_fault.is_empty() {
+        if let Some(top) = found.each.first() {
+            out.push(format!("no activation quantizer alone gives half of what they give together (the largest, '{}', {}): their error adds up over the model", top.tensor, share(top.error)));
+        }
+    }
+    for q in &at_fault {
+        let why = effects.get(&q.tensor).map(|e| {
+            let mut why = Vec::new();
+            if e.step_forced_by_outliers() {
+                why.push(format!("its step is set by outliers: |x| reaches {:.4e} while {} values stay within {:.4e}, and {} of {} values round to 0", e.max_abs, e.bulk_count, e.bulk, e.to_zero, e.count));
+            }
+            if e.clipped > 0 {
+                why.push(format!("it clips {} of {} values, by up to {:.4e}", e.clipped, e.count, e.max_overshoot));
+            }
+            if why.is_empty() {
+                why.push(format!("on the reference's values it rounds {} of {} values to 0{}", e.to_zero, e.count, e.rel_l2.map_or(String::new(), |r| format!(" and errs by rel L2 {r:.2e}"))));
+            }
+            format!(" ({})", why.join("; "))
+        });
+        out.push(format!(
+            "the quantizer of '{}' (QuantizeLinear '{}') is at fault: alone it gives rel L2 {}, {} of what every activation quantizer gives together{}; leaving the nodes that read it unquantized is what removes it",
+            q.tensor,
+            q.node,
+            n(q.error),
+            share(q.error),
+            why.unwrap_or_default()
+        ));
+    }
+    if found.together < 0.5 * found.candidate_error {
+        out.push(format!(
+            "the activation quantizers together give {}, less than half the candidate's {}: the rest is the quantized weights' rounding or the integer kernels' arithmetic, not measured one at a time",
+            n(found.together),
+            n(found.candidate_error)
+        ));
+    }
+    if !found.not_measured.is_empty() {
+        let mut reasons: Vec<(String, usize)> = Vec::new();
+        for (_, why) in &found.not_measured {
+            match reasons.iter_mut().find(|(r, _)| r == why) {
+                Some((_, k)) => *k += 1,
+                None => reasons.push((why.clone(), 1)),
+            }
+        }
+        out.push(format!("quantizers not measured one at a time: {}", reasons.iter().map(|(r, k)| format!("{k}: {r}")).collect::<Vec<_>>().join("; ")));
+    }
+    out
 }

@@ -20,6 +20,7 @@ mod isolate;
 pub mod noise_floor;
 mod options;
 mod paired;
+mod quantizers;
 pub mod repro;
 mod samples;
 mod search;
@@ -407,6 +408,32 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         Some(Err(e)) => conclusions.push(format!("noise floor not measured: {e:#}")),
         None => {}
     }
+    // A Q/DQ candidate's quantizers, one at a time: which of them makes the error.
+    if quantized {
+        let worst = verdict.worst_output.clone();
+        let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
+        if let (Some(worst), Some(cand_error)) = (worst, cand_error) {
+            match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
+                Ok(Some(found)) => {
+                    let effects = effects_of_the_faulty(job, feeds, compared, &found);
+                    conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
+                    if found.at_fault().next().is_some() {
+                        if let Some(floor) = extras.noise_floor.as_mut().filter(|f| f.ill_conditioned) {
+                            // The floor moved the faulty quantizers' coarse steps too.
+                            floor.ill_conditioned = false;
+                            conclusions.push(format!(
+                                "noise floor: one step of each quantizer at once moves '{}' by rel L2 {}, as much as the candidate's {}, but it moves the faulty quantizers by their coarse steps too: it does not tell resolution from a fault, and the quantizers measured one at a time name the fault",
+                                floor.output, conclusions::n(floor.output_error), conclusions::n(floor.candidate_error)
+                            ));
+                        }
+                    }
+                    extras.quantizers_alone = Some(found);
+                }
+                Ok(None) => {}
+                Err(e) => conclusions.push(format!("quantizers were not measured one at a time: {e:#}")),
+            }
+        }
+    }
     let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
     if ill_conditioned {
         // No layer is at fault: the walk's finding stays among the breaks, not as the culprit,
@@ -430,6 +457,35 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         }
     }
     Ok(conclusions)
+}
+
+/// What the quantizers at fault do to the reference's values: from the comparison's
+/// measurements where made, else measured here on one reference run of those tensors.
+fn effects_of_the_faulty(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, found: &layerwise_analysis::QuantizersAlone) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect> {
+    let mut effects = std::collections::HashMap::new();
+    let mut missing = Vec::new();
+    for q in found.at_fault() {
+        match compared.comparison.quantizer_effects.get(&q.tensor) {
+            Some(e) => {
+                effects.insert(q.tensor.clone(), e.clone());
+            }
+            None => missing.push(q.tensor.clone()),
+        }
+    }
+    if missing.is_empty() {
+        return effects;
+    }
+    let kept = compared.tensors.as_ref().map(|(r, _)| r);
+    let ran = if missing.iter().all(|t| kept.is_some_and(|k| k.contains_key(t))) {
+        None
+    } else {
+        job.run_reference(feeds, &Selection::Names(missing.clone())).ok().map(|r| r.tensors)
+    };
+    for t in missing {
+        let (Some(value), Some(range)) = (ran.as_ref().and_then(|r| r.get(&t)).or_else(|| kept.and_then(|k| k.get(&t))), compared.comparison.quantizers.get(&t)) else { continue };
+        effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(range, &value.to_f32(), &value.shape));
+    }
+    effects
 }
 
 /// Each chain node run alone; a failure is reported as nodes skipped, not as the job's error.
@@ -471,6 +527,18 @@ fn report(
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
     if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison, weights) {
         verdict.summary = headline;
+    }
+    if let Some(top) = extras.quantizers_alone.as_ref().and_then(|found| found.at_fault().next().map(|top| (top, found))) {
+        let (top, found) = top;
+        let more = found.at_fault().count() - 1;
+        verdict.summary = format!(
+            "{}; the quantizer of '{}' is at fault: alone it gives rel L2 {} of the {} every activation quantizer gives together{}",
+            verdict.summary,
+            top.tensor,
+            conclusions::n(top.error),
+            conclusions::n(found.together),
+            if more > 0 { format!(" ({more} more at fault, below)") } else { String::new() }
+        );
     }
     let histogram = verdict.first_divergent.as_ref().and_then(|fd| {
         if let Some(h) = compared.histograms.get(&fd.tensor) {

@@ -559,6 +559,22 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
     if s.non_finite() || s.input_error != 0.0 || s.is_tf32_op() {
         return None;
     }
+    if s.candidate.quantized {
+        // Between its quantizers a Q/DQ candidate computes in float32: what a node adds to exact
+        // inputs is the quantizers' rounding of what it reads, not a float32 rounding.
+        let steps: Vec<String> = s
+            .node
+            .inputs
+            .iter()
+            .filter_map(|t| s.comparison.quantizers.get(t).map(|q| format!("'{t}' by a {} quantizer of step {:.3e}", q.format.name(), q.scale)))
+            .collect();
+        let read = if steps.is_empty() { "its inputs' quantizers (not found among the candidate's per-tensor ones)".to_string() } else { steps.join(", ") };
+        return mechanism(
+            CauseKind::PrecisionLoss,
+            None,
+            format!("{} introduces a relative L2 error of {:.2e} from exact inputs: the candidate quantizes what it reads ({read}); how much of the output's error that is, the quantizers measured one at a time say", s.op, s.out_rel),
+        );
+    }
     let u = s.candidate.arithmetic.unit_roundoff(false);
     mechanism(
         CauseKind::PrecisionLoss,

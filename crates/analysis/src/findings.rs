@@ -25,6 +25,8 @@ pub struct Extras {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub noise_floor: Option<NoiseFloor>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantizers_alone: Option<QuantizersAlone>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_flow: Option<ControlFlow>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matching: Option<TensorMatching>,
@@ -133,6 +135,50 @@ pub struct NoiseFloor {
     /// of what its fix removes, not of the floor.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_for_the_fix: Vec<String>,
+}
+
+/// A Q/DQ candidate's activation quantizers measured one at a time (issue 40): the reference model
+/// with one quantizer's rounding and clipping and nothing else (float32 between, weights float), all
+/// in one ONNX Runtime CPU session switched by a fed input, against the same model with none on.
+/// A quantizer that alone gives most of what they give together is at fault, whatever the noise
+/// floor says of their joint resolution.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct QuantizersAlone {
+    /// The output measured: the verdict's worst.
+    pub output: String,
+    /// Its relative L2 error with every measured quantizer on at once.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub together: f64,
+    /// The candidate's relative L2 error on the same output, for scale.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub candidate_error: f64,
+    /// Each measured quantizer alone, the largest error first.
+    pub each: Vec<QuantizerAlone>,
+    /// Quantizers not measured, with the reason (float8, no reference tensor by that value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_measured: Vec<(String, String)>,
+}
+
+/// One activation quantizer alone on the reference.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct QuantizerAlone {
+    /// The candidate's QuantizeLinear node.
+    pub node: String,
+    /// The reference tensor it quantizes.
+    pub tensor: String,
+    /// The output's relative L2 error with this quantizer alone.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub error: f64,
+}
+
+impl QuantizersAlone {
+    /// The quantizers at fault: each alone gives at least half of what all give together.
+    pub fn at_fault(&self) -> impl Iterator<Item = &QuantizerAlone> {
+        self.each.iter().filter(|q| self.together > 0.0 && q.error >= 0.5 * self.together)
+    }
 }
 
 /// A candidate error at most this many times the noise floor is the model's sensitivity, not a layer.

@@ -13,7 +13,7 @@ mod storage;
 mod verdict;
 mod walk;
 
-pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
+pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
 pub use compare::{add_passed_through, compare_all, fed_value, is_weight_output, passed_through, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT};
 pub use histogram::{histogram, Histogram};
 pub use metrics::{compute, Metrics, Tolerance, ToleranceSet};

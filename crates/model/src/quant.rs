@@ -332,10 +332,20 @@ impl QuantFormat {
     }
 }
 
-/// The range of each per-tensor activation quantizer of `candidate`, under the reference tensors
-/// it holds: the one it quantizes and the one its DequantizeLinear's output holds
-/// (`reference_of`, the matching's pairs read backwards).
-pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> std::collections::HashMap<String, QuantizerRange> {
+/// One per-tensor activation quantizer of a candidate: its QuantizeLinear node, its range, the
+/// reference tensor it quantizes (`None` where the reference has none by that value) and the
+/// reference tensors its DequantizeLinear outputs hold.
+#[derive(Debug, Clone)]
+pub struct ActivationQuantizer {
+    pub node: String,
+    pub range: QuantizerRange,
+    pub quantizes: Option<String>,
+    pub holds: Vec<String>,
+}
+
+/// Every per-tensor activation quantizer of `candidate`, in graph order, with the reference
+/// tensors it stands for (`reference_of`, the matching's pairs read backwards).
+pub fn activation_quantizers(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> Vec<ActivationQuantizer> {
     let stored = Stored::of(candidate, cand_index);
     let scalar = |t: &str| stored.get(t).filter(|w| w.dims.iter().product::<i64>() == 1).and_then(|_| stored.floats(t)).and_then(|v| v.first().copied());
     // Through Tensor::from_proto; the int32_data entry as written for the types it does not carry.
@@ -343,7 +353,7 @@ pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, refere
         let w = stored.get(t)?;
         Tensor::from_proto(w).ok().and_then(|v| v.to_f32().first().map(|&z| z as i32)).or(w.int32_data.first().copied())
     };
-    let mut ranges = std::collections::HashMap::new();
+    let mut quantizers = Vec::new();
     for info in cand_index.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
         let node = &candidate.node[info.proto_index];
         let (Some(x), Some(s)) = (node.input.first(), node.input.get(1).and_then(|s| scalar(s))) else { continue };
@@ -358,14 +368,25 @@ pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, refere
         } else {
             QuantizerRange { format, scale: s, zero_point: zp, lo: (qmin - zp as f32) * s, hi: (qmax - zp as f32) * s }
         };
-        let mut held: Vec<String> = reference_of(x).into_iter().collect();
+        let mut holds = Vec::new();
         for out in &node.output {
             for c in cand_index.consumers(out).iter().map(|&c| &cand_index.nodes[c]).filter(|c| c.op_type == "DequantizeLinear") {
-                held.extend(c.outputs.first().and_then(|d| reference_of(d)));
+                holds.extend(c.outputs.first().and_then(|d| reference_of(d)));
             }
         }
-        for t in held {
-            ranges.entry(t).or_insert(range);
+        quantizers.push(ActivationQuantizer { node: info.name.clone(), range, quantizes: reference_of(x), holds });
+    }
+    quantizers
+}
+
+/// The range of each per-tensor activation quantizer of `candidate`, under the reference tensors
+/// it holds: the one it quantizes and the one its DequantizeLinear's output holds
+/// (`reference_of`, the matching's pairs read backwards).
+pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> std::collections::HashMap<String, QuantizerRange> {
+    let mut ranges = std::collections::HashMap::new();
+    for q in activation_quantizers(candidate, cand_index, reference_of) {
+        for t in q.quantizes.into_iter().chain(q.holds) {
+            ranges.entry(t).or_insert(q.range);
         }
     }
     ranges
@@ -616,4 +637,75 @@ pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candid
         }
     }
     found
+}
+
+/// The fed input of [`switchable_quantizers`]' model: one boolean a quantizer.
+pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
+
+/// The reference model with a candidate's activation quantizers emulated on the tensors they hold
+/// (`quantizers`: reference tensor and the quantizer's range), each switched on by one element of
+/// the fed boolean vector [`QUANTIZER_SWITCHES`] (in `quantizers`' order): all off computes the
+/// reference, one on the reference with only that quantizer's rounding and clipping, all on every
+/// activation quantizer with float weights. A quantizer is `(round(x / scale) + zero point)`
+/// clamped to its format's limits, less the zero point, times the scale, in float32, as a Q/DQ
+/// pair computes where ONNX Runtime does not fuse it. Integer formats only: the caller leaves
+/// float8 out (its step is relative).
+pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+    use crate::builder::{node, tensor_type, Dim};
+    let mut proto = reference.clone();
+    let graph = proto.graph.as_mut().ok_or_else(|| crate::ModelError::InvalidGraph("no graph".into()))?;
+    let at: HashMap<&str, usize> = quantizers.iter().enumerate().map(|(i, (t, _))| (t.as_str(), i)).collect();
+    let raw = |t: &str| format!("{t}__lw_unquantized");
+    let mut initializers = Vec::new();
+    // The nodes that give `out` = switch i ? quantizer(input) : input.
+    let mut chain = |i: usize, input: &str, out: &str| -> Vec<NodeProto> {
+        let range = &quantizers[i].1;
+        let (qmin, qmax) = range.format.limits();
+        let name = |what: &str| format!("{out}__lw_q{i}_{what}");
+        let scalar = |what: &str, v: f32| Tensor::f32(vec![], vec![v]).to_proto(&name(what));
+        initializers.push(scalar("scale", range.scale));
+        initializers.push(scalar("zero_point", range.zero_point as f32));
+        initializers.push(scalar("qmin", qmin));
+        initializers.push(scalar("qmax", qmax));
+        initializers.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&name("index")));
+        let step = |what: &str| name(what);
+        vec![
+            node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &name("index")], &[&step("switch")], vec![]),
+            node("Div", &step("div_node"), &[input, &name("scale")], &[&step("div")], vec![]),
+            node("Round", &step("round_node"), &[&step("div")], &[&step("round")], vec![]),
+            node("Add", &step("shift_node"), &[&step("round"), &name("zero_point")], &[&step("shift")], vec![]),
+            node("Max", &step("low_node"), &[&step("shift"), &name("qmin")], &[&step("low")], vec![]),
+            node("Min", &step("high_node"), &[&step("low"), &name("qmax")], &[&step("high")], vec![]),
+            node("Sub", &step("unshift_node"), &[&step("high"), &name("zero_point")], &[&step("unshift")], vec![]),
+            node("Mul", &step("scale_node"), &[&step("unshift"), &name("scale")], &[&step("quantized")], vec![]),
+            node("Where", &step("where_node"), &[&step("switch"), &step("quantized"), input], &[out], vec![]),
+        ]
+    };
+    let mut nodes = Vec::with_capacity(graph.node.len() + 9 * quantizers.len());
+    // A graph input keeps its name (it is fed): its readers read the switched copy.
+    let fed: Vec<String> = graph.input.iter().map(|v| v.name().to_string()).filter(|n| at.contains_key(n.as_str())).collect();
+    let switched_input = |t: &str| format!("{t}__lw_switched");
+    for t in &fed {
+        nodes.extend(chain(at[t.as_str()], t, &switched_input(t)));
+    }
+    // A computed tensor keeps its name on the switch's output: its producer writes the raw value.
+    for mut n in std::mem::take(&mut graph.node) {
+        for input in n.input.iter_mut().filter(|t| fed.iter().any(|f| f == *t)) {
+            *input = switched_input(input);
+        }
+        let mut after = Vec::new();
+        for o in n.output.iter_mut() {
+            if let Some(&i) = at.get(o.as_str()) {
+                let t = o.clone();
+                *o = raw(&t);
+                after.extend(chain(i, &raw(&t), &t));
+            }
+        }
+        nodes.push(n);
+        nodes.extend(after);
+    }
+    graph.node = nodes;
+    graph.initializer.extend(initializers);
+    graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+    Ok(proto)
 }

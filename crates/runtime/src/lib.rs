@@ -13,7 +13,7 @@ mod error;
 pub mod inputs;
 pub mod npy;
 mod ort_backend;
-pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, CpuShare, InferredType};
+pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, CpuShare, InferredType, ModelSession};
 pub mod ortlib;
 pub mod paired;
 pub mod saved;

@@ -934,3 +934,31 @@ pub(crate) fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
         other => Err(format!("element type {other:?} is not compared")),
     }
 }
+
+/// One ONNX Runtime CPU session of a rewritten model, run many times with different feeds: a
+/// model whose behaviour a fed switch selects (issue 40's quantizers applied one at a time) pays
+/// one session build, not one per setting.
+pub struct ModelSession {
+    session: Session,
+    label: String,
+}
+
+impl ModelSession {
+    /// A CPU session (every optimization, ONNX Runtime's own threads) of `proto`, a rewrite of
+    /// `model` (whose external data it may read).
+    pub fn cpu(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str) -> Result<ModelSession, RuntimeError> {
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+        let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
+        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::All, SessionExtras::default())?;
+        crate::backend_log::take(label);
+        Ok(ModelSession { session, label: label.to_string() })
+    }
+
+    /// The model's outputs for `feeds`, by name.
+    pub fn run(&mut self, feeds: &[(String, Tensor)]) -> Result<HashMap<String, Tensor>, RuntimeError> {
+        let inputs = session_feeds(&self.session, feeds, &self.label)?;
+        let (results, _) = run_without_optionals(&mut self.session, inputs).map_err(|e| RuntimeError::Ort { backend: self.label.clone(), why: format!("run failed: {e}") })?;
+        crate::backend_log::take(&self.label);
+        results.iter().map(|(name, value)| from_ort_value(value).map(|t| (name.clone(), t)).map_err(|why| RuntimeError::Ort { backend: self.label.clone(), why: format!("'{name}': {why}") })).collect()
+    }
+}

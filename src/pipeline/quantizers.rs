@@ -1,0 +1,65 @@
+//! A Q/DQ candidate's activation quantizers, one at a time on the reference (issue 40): which of
+//! them makes the error. The noise floor moves every quantizer by up to half its step at once, so
+//! a quantizer whose step is far too coarse (its range set by a mask value or a few outliers)
+//! raises the floor as much as it raises the candidate's error, and the floor alone would call
+//! the output ill-conditioned. Measured one at a time, such a quantizer gives most of the error by
+//! itself.
+
+use anyhow::Result;
+use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
+use layerwise_model::quant::{activation_quantizers, switchable_quantizers, QUANTIZER_SWITCHES};
+use layerwise_runtime::{ModelSession, Tensor};
+
+use super::compare::Job;
+use super::reference_of;
+
+/// Measures each activation quantizer of the candidate alone on the reference, and all of them at
+/// once, on `output`; `None` where the candidate has none to measure.
+pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
+    let Some((cm, ci)) = &job.cand_model else { return Ok(None) };
+    let names = job.reference_names();
+    let of = reference_of(job, &names);
+    let mut measured: Vec<(String, layerwise_model::quant::QuantizerRange)> = Vec::new();
+    let mut nodes = Vec::new();
+    let mut not_measured = Vec::new();
+    let fed: std::collections::HashSet<&str> = feeds.iter().map(|(n, _)| n.as_str()).collect();
+    for q in activation_quantizers(cm.graph(), ci, &of) {
+        if q.range.format.family().starts_with("FP8") {
+            not_measured.push((q.node, "a float8 quantizer (its step is relative; only integer formats are measured one at a time)".to_string()));
+            continue;
+        }
+        let Some(tensor) = q.quantizes.filter(|t| job.index.producer(t).is_some() || fed.contains(t.as_str())) else {
+            not_measured.push((q.node, "the reference computes no tensor of the value it quantizes".to_string()));
+            continue;
+        };
+        if measured.iter().any(|(t, _)| *t == tensor) {
+            continue;
+        }
+        measured.push((tensor, q.range));
+        nodes.push(q.node);
+    }
+    if measured.is_empty() {
+        return Ok(None);
+    }
+    let proto = switchable_quantizers(&job.model.proto, &measured)?;
+    let mut session = ModelSession::cpu(job.model, &proto, "quantizers alone")?;
+    let tolerance = job.judging.tolerances.of(output);
+    let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
+        let switches = Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool((0..measured.len()).map(on).collect()));
+        let mut inputs = feeds.to_vec();
+        inputs.push((QUANTIZER_SWITCHES.to_string(), switches));
+        let mut outputs = session.run(&inputs)?;
+        let value = outputs.remove(output).ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?;
+        Ok(value.to_f32().into_owned())
+    };
+    let reference = run(&|_| false)?;
+    let error = |values: &[f32]| layerwise_analysis::compute(&reference, values, tolerance).error_level();
+    let together = error(&run(&|_| true)?);
+    let mut each = Vec::with_capacity(measured.len());
+    for (i, ((tensor, _), node)) in measured.iter().zip(&nodes).enumerate() {
+        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), error: error(&run(&|k| k == i)?) });
+    }
+    // Largest first; graph order on ties (a stable sort keeps it).
+    each.sort_by(|a, b| b.error.total_cmp(&a.error));
+    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, each, not_measured }))
+}
