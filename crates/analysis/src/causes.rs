@@ -438,16 +438,17 @@ fn saturation(s: &Site) -> Option<Mechanism> {
         return None;
     }
     let inp = s.finite_input()?;
-    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    let (x_max, dx) = (inp.metrics.compared_max_abs(), inp.metrics.max_abs_err);
     // Beyond |x| = 4 a Sigmoid's slope is below 2% of its peak: the flat region.
     let region = if x_max > 4.0 { " in its flat region" } else { "" };
     mechanism(
         CauseKind::Saturation,
         Some(s.share(dx)),
         format!(
-            "{}{region} (inputs reach |x| = {x_max:.3e}, outputs at most {:.3e}) turns the input's absolute error {dx:.2e} (relative only {:.2e}) into a relative output error of up to {dx:.2e}; measured {:.2e}; {}",
+            "{}{region} (inputs reach |x| = {x_max:.3e}{}, outputs at most {:.3e}) turns the input's absolute error {dx:.2e} (relative only {:.2e}) into a relative output error of up to {dx:.2e}; measured {:.2e}; {}",
             s.op,
-            s.m().ref_max_abs,
+            masked_note(&inp.metrics),
+            s.m().compared_max_abs(),
             inp.error_level(),
             s.out_rel,
             s.materiality()
@@ -460,7 +461,7 @@ fn large_logits(s: &Site) -> Option<Mechanism> {
         return None;
     }
     let inp = s.finite_input()?;
-    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    let (x_max, dx) = (inp.metrics.compared_max_abs(), inp.metrics.max_abs_err);
     let predicted = ((2.0 * dx).min(700.0)).exp_m1();
     let spacing = match s.candidate.arithmetic.spacing(x_max) {
         Some(ulp) => format!(" ({}'s spacing there is {})", s.candidate.arithmetic.name(), step_text(ulp)),
@@ -470,13 +471,22 @@ fn large_logits(s: &Site) -> Option<Mechanism> {
         CauseKind::LargeLogits,
         Some(s.share(predicted)),
         format!(
-            "{} depends on the absolute differences of its inputs: its logits reach {x_max:.3e}{spacing}, so a relative input error of {:.2e} is an absolute error of up to {dx:.3e}, which changes probabilities by a factor up to e^{:.2e}; measured output relative L2 {:.2e}",
+            "{} depends on the absolute differences of its inputs: its logits reach {x_max:.3e}{}{spacing}, so a relative input error of {:.2e} is an absolute error of up to {dx:.3e}, which changes probabilities by a factor up to e^{:.2e}; measured output relative L2 {:.2e}",
             s.op,
+            masked_note(&inp.metrics),
             inp.error_level(),
             2.0 * dx,
             s.out_rel
         ),
     )
+}
+
+/// What a tensor's largest |x| leaves out, where it has mask sentinels: " (not counting N mask
+/// values ...)", else nothing.
+fn masked_note(m: &Metrics) -> String {
+    m.mask_sentinels.map_or_else(String::new, |ms| {
+        format!(" (not counting {} mask values of |x| >= {:.0e}, the same on both sides)", ms.count, crate::metrics::MASK_SENTINEL_MIN_ABS)
+    })
 }
 
 /// A storage step as people read it: whole numbers from 1 up, else two digits.
@@ -496,7 +506,8 @@ fn kernel_rounding(s: &Site) -> Option<Mechanism> {
         Arithmetic::Fp16 => op == "Softplus",
         Arithmetic::Fp32 => false,
     };
-    if s.non_finite() || !stepwise || m.ref_max_abs <= 0.0 {
+    let reach = m.compared_max_abs();
+    if s.non_finite() || !stepwise || reach <= 0.0 {
         return None;
     }
     // The small branch (x <= 0) ends in 1 - 1/(1 + e^x) or ln(1 + e^x) with 1 + e^x
@@ -506,11 +517,11 @@ fn kernel_rounding(s: &Site) -> Option<Mechanism> {
     let arithmetic = s.candidate.arithmetic.name();
     mechanism(
         CauseKind::KernelRounding,
-        Some(s.share((absolute / m.ref_max_abs).min(1.0))),
+        Some(s.share((absolute / reach).min(1.0))),
         format!(
             "ONNX Runtime's CUDA kernel computes a {arithmetic} {op} as {formula} for x <= 0, rounding every step to {arithmetic} (measured bit for bit on an H100, docs/emulation.md): each output can be off by up to {absolute:.1e} absolute, and this tensor's outputs are at most {:.3e}, so up to {:.1e} relative; measured relative L2 {:.2e}; keep this node in FP32",
-            m.ref_max_abs,
-            (absolute / m.ref_max_abs).min(1.0),
+            reach,
+            (absolute / reach).min(1.0),
             s.out_rel
         ),
     )
@@ -594,7 +605,7 @@ fn cancellation(s: &Site) -> Option<Mechanism> {
         return None;
     }
     let inp = s.finite_input()?;
-    let (operand, result) = (inp.metrics.ref_max_abs, s.m().ref_max_abs);
+    let (operand, result) = (inp.metrics.compared_max_abs(), s.m().compared_max_abs());
     let (dx, dy) = (inp.metrics.max_abs_err, s.m().max_abs_err);
     let step = s.candidate.arithmetic.spacing(operand)?;
     // The output's absolute error must be the operand's, passed on: else the Sub adds its own.
@@ -623,7 +634,7 @@ fn periodic_argument(s: &Site) -> Option<Mechanism> {
         return None;
     }
     let inp = s.finite_input()?;
-    let (x_max, dx) = (inp.metrics.ref_max_abs, inp.metrics.max_abs_err);
+    let (x_max, dx) = (inp.metrics.compared_max_abs(), inp.metrics.max_abs_err);
     let step = s.candidate.arithmetic.spacing(x_max)?;
     if dx <= 0.0 {
         return None;

@@ -89,6 +89,32 @@ impl From<Tolerance> for ToleranceSet {
     }
 }
 
+/// Magnitude from which a value the reference and the candidate both hold, exactly the same, is a
+/// mask sentinel rather than a computed value: an attention mask's `finfo(float32).min` =
+/// -3.4028e38 (what Hugging Face models add to masked scores), a `-1e30`, or `±inf`. No healthy
+/// activation comes near it (FP16 stops at 6.55e4; an overflowing float32 value is inf, counted
+/// apart), yet one such value outweighs every real one in a norm: a score tensor whose real values
+/// are all 100% off reads as a relative L2 of 1e-38. Smaller masks (-1e9, -1e4) are not told from
+/// values and count as values.
+pub const MASK_SENTINEL_MIN_ABS: f64 = 1e30;
+
+/// The mask sentinels of a tensor (see [`MASK_SENTINEL_MIN_ABS`]): elements where the reference and
+/// the candidate hold the same value of `|x| >= 1e30` (infinities included). Both sides agree there,
+/// so they add no error; they are left out of the norms (relative L2, cosine, SNR), of the mean
+/// absolute error and of the range `range_tol` scales, so that the tensor's other values are
+/// judged on their own. A sentinel the candidate does not keep (-3.4e38 stored as -inf by FP16,
+/// or lost to a quantizer) is no sentinel here: it counts as an error as any other value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MaskSentinels {
+    /// How many elements hold a sentinel, the same on both sides.
+    pub count: usize,
+    /// max |r| over the finite reference values outside the sentinels: the tensor's range as the
+    /// relative metrics, the tolerance's `range_tol` and the causes read it.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub ref_max_abs_outside: f64,
+}
+
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Metrics {
@@ -125,10 +151,15 @@ pub struct Metrics {
     /// Elements where the candidate is non-finite and the reference is not, or both are non-finite
     /// but differ (inf vs NaN, +inf vs -inf), or the reference is non-finite and the candidate not.
     pub nonfinite_mismatch: usize,
-    /// max |r| over finite reference values.
+    /// max |r| over finite reference values, mask sentinels included (a fact of the reference: what
+    /// FP16 storage would overflow on); the range the errors are judged against is
+    /// [`Metrics::compared_max_abs`].
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub ref_max_abs: f64,
+    /// Mask sentinels left out of the relative metrics, where the tensor has any (see [`MaskSentinels`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_sentinels: Option<MaskSentinels>,
     /// Reference values beyond the FP16 range (|r| > 65504): they overflow when stored as FP16.
     pub ref_fp16_overflow: usize,
     /// Share of non-zero reference values in the FP16 subnormal range (|r| < 6.1e-5), where FP16
@@ -146,6 +177,12 @@ impl Metrics {
     /// Whether the tensor is within `tol` (see [`Tolerance`]).
     pub fn passes(&self) -> bool {
         self.violations == 0 && self.nonfinite_mismatch == 0
+    }
+
+    /// max |r| over the finite reference values compared: [`Metrics::ref_max_abs`] without the mask
+    /// sentinels (a mask is no logit, no operand). The range `range_tol` scales and the causes read.
+    pub fn compared_max_abs(&self) -> f64 {
+        self.mask_sentinels.map_or(self.ref_max_abs, |s| s.ref_max_abs_outside)
     }
 
     /// The scalar used to rank tensors and to walk back: relative L2 error, inf for non-finite
@@ -204,6 +241,9 @@ struct Totals {
     nonzero: usize,
     subnormal: usize,
     worst: f64,
+    /// Mask sentinels seen, and max |r| over the finite reference values outside them.
+    sentinels: usize,
+    compared_max: f64,
 }
 
 #[inline(always)]
@@ -226,6 +266,7 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
                 t.subnormal += f.subnormal;
                 m.ref_fp16_overflow += f.overflow;
                 m.ref_max_abs = m.ref_max_abs.max(f.max_r);
+                t.compared_max = t.compared_max.max(f.max_r);
                 m.max_rel_err = m.max_rel_err.max(f.max_rel);
                 if f.max_d > t.worst {
                     // The first element holding the block's largest error (rare: the maximum moves),
@@ -242,8 +283,11 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
             }
         }
     }
+    if t.sentinels > 0 {
+        m.mask_sentinels = Some(MaskSentinels { count: t.sentinels, ref_max_abs_outside: t.compared_max });
+    }
     // The allowed error depends on the reference's range, known only now.
-    let allowance = tol.atol + tol.range_tol * m.ref_max_abs;
+    let allowance = tol.atol + tol.range_tol * m.compared_max_abs();
     m.violations = m.nonfinite_mismatch;
     for (b, e) in excess.iter().enumerate() {
         if let Some((max_excess, slack)) = e {
@@ -262,7 +306,8 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
             })
             .count();
     }
-    let n = m.numel.max(1) as f64;
+    // The mean is over the values compared: sentinels agree by definition.
+    let n = (m.numel - t.sentinels).max(1) as f64;
     if m.nonfinite_mismatch > 0 {
         m.max_abs_err = f64::INFINITY;
         m.mean_abs_err = f64::INFINITY;
@@ -412,6 +457,14 @@ fn exact_block(reference: &[f32], candidate: &[f32], offset: usize, m: &mut Metr
                     t.subnormal += 1;
                 }
             }
+        }
+        // A sentinel both sides hold: no error, and no part of the norms (see `MaskSentinels`).
+        if r == c && r.abs() >= MASK_SENTINEL_MIN_ABS {
+            t.sentinels += 1;
+            continue;
+        }
+        if r.is_finite() {
+            t.compared_max = t.compared_max.max(r.abs());
         }
         let d = if r.is_finite() && c.is_finite() {
             let d = (c - r).abs();

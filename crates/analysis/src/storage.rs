@@ -57,7 +57,7 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
         }
     };
     let arithmetic = candidate.arithmetic;
-    let (magnitude, lost) = (lossy.metrics.ref_max_abs, lossy.metrics.max_abs_err);
+    let (magnitude, lost) = (lossy.metrics.compared_max_abs(), lossy.metrics.max_abs_err);
     let step = arithmetic.spacing(magnitude)?;
     if lossy.metrics.nonfinite_mismatch > 0 || lost > STEPS * step {
         return None;
@@ -75,12 +75,12 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
     // What an Add or Sub adds, where it is much smaller than the result: the operand it absorbs.
     let added = ["Add", "Sub"]
         .contains(&node.op_type.as_str())
-        .then(|| node.inputs.iter().filter_map(|t| comparison.get(t)).min_by(|a, b| a.metrics.ref_max_abs.total_cmp(&b.metrics.ref_max_abs)))
+        .then(|| node.inputs.iter().filter_map(|t| comparison.get(t)).min_by(|a, b| a.metrics.compared_max_abs().total_cmp(&b.metrics.compared_max_abs())))
         .flatten()
-        .filter(|small| small.metrics.ref_max_abs * CANCELLATION_RATIO <= magnitude);
+        .filter(|small| small.metrics.compared_max_abs() * CANCELLATION_RATIO <= magnitude);
     let (kind, detail) = match added {
         Some(small) => {
-            let size = small.metrics.ref_max_abs;
+            let size = small.metrics.compared_max_abs();
             let fate = if size < step / 2.0 { "under half a step: it is absorbed, rounded away entirely" } else { "so its low bits are rounded away" };
             (
                 CauseKind::Absorption,
@@ -117,7 +117,7 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
         input_error: inputs.error(),
         output_error: lossy.error_level(),
         evidence: Evidence {
-            input_max_abs: worst_input.map(|r| r.metrics.ref_max_abs),
+            input_max_abs: worst_input.map(|r| r.metrics.compared_max_abs()),
             input_max_abs_err: worst_input.map(|r| r.metrics.max_abs_err),
             output_max_abs: magnitude,
             output_max_abs_err: lost,

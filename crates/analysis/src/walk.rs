@@ -138,9 +138,9 @@ pub fn judge_node(
     }
     let worst_input = inputs.worst();
     let evidence = Evidence {
-        input_max_abs: worst_input.map(|r| r.metrics.ref_max_abs),
+        input_max_abs: worst_input.map(|r| r.metrics.compared_max_abs()),
         input_max_abs_err: worst_input.map(|r| r.metrics.max_abs_err),
-        output_max_abs: output.metrics.ref_max_abs,
+        output_max_abs: output.metrics.compared_max_abs(),
         output_max_abs_err: output.metrics.max_abs_err,
     };
     let cause = crate::causes::classify(&crate::causes::Site::new(index, comparison, weight_ranges, node, output, worst_input, input_error, candidate));

@@ -151,3 +151,54 @@ fn blocked_kernel_matches_naive_float64_on_large_mixed_tensors() {
     assert_eq!((m.nonfinite_mismatch, m.violations), (mismatch, violations));
     assert_eq!(m.rel_l2_err, f64::INFINITY);
 }
+
+/// An attention score tensor masked with `finfo(float32).min` (issue 40, MiniLM quantized by
+/// MinMax): the mask entries are the same on both sides, every real score is 100% off. The error
+/// is that of the real scores, ~1, not 1e-38 (the mask's -3.4e38 dominating the norm).
+#[test]
+fn mask_sentinels_equal_on_both_sides_are_left_out_of_the_relative_error() {
+    let mask = f32::MIN;
+    // Half the 2 x 4096 elements masked, spread over both kinds of block (fast and exact).
+    let reference: Vec<f32> = (0..8192).map(|i| if i % 2 == 0 { mask } else { 1.0 + (i % 7) as f32 }).collect();
+    let candidate: Vec<f32> = reference.iter().map(|&r| if r == mask { mask } else { 2.0 * r }).collect();
+    let m = compute(&reference, &candidate, Tolerance::INT8);
+    assert!(close(m.rel_l2_err, 1.0), "real scores off by 100%: rel L2 {}", m.rel_l2_err);
+    assert!(close(m.cosine, 1.0), "2x the real scores points the same way: cosine {}", m.cosine);
+    assert!(close(m.snr_db, 0.0), "SNR {}", m.snr_db);
+    let sentinels = m.mask_sentinels.expect("the mask entries are counted");
+    assert_eq!(sentinels.count, 4096);
+    assert_eq!(sentinels.ref_max_abs_outside, 7.0);
+    assert_eq!(m.compared_max_abs(), 7.0, "a mask is no logit: the range the causes read");
+    assert_eq!(m.ref_max_abs, f32::MAX as f64, "the reference's own reach is kept (FP16 storage would overflow on it)");
+    let real_mean = reference.iter().filter(|&&r| r != mask).map(|&r| r as f64).sum::<f64>() / 4096.0;
+    assert!(close(m.mean_abs_err, real_mean), "mean over the real scores: {} against {real_mean}", m.mean_abs_err);
+    assert_eq!(m.violations, 4096, "range_tol scales the real scores' range, not 3.4e38");
+    assert_eq!(m.nonfinite_mismatch, 0);
+}
+
+/// A mask the candidate does not keep is an error: -3.4e38 stored as -inf (FP16), or moved.
+#[test]
+fn a_mask_sentinel_the_candidate_loses_counts_as_an_error() {
+    let reference = [f32::MIN, 1.0, f32::MIN, 2.0];
+    let as_fp16 = compute(&reference, &[f32::NEG_INFINITY, 1.0, f32::NEG_INFINITY, 2.0], LOOSE);
+    assert_eq!(as_fp16.mask_sentinels, None);
+    assert_eq!(as_fp16.nonfinite_mismatch, 2);
+    assert_eq!(as_fp16.rel_l2_err, f64::INFINITY);
+    let moved = compute(&reference, &[-1.0, 1.0, f32::MIN, 2.0], LOOSE);
+    assert_eq!(moved.mask_sentinels.map(|s| s.count), Some(1), "only the kept entry is a sentinel");
+    assert!(close(moved.rel_l2_err, 1.0), "the lost mask is all of the error: rel L2 {}", moved.rel_l2_err);
+    // Matching infinities were already left out of the norms; they are now counted as sentinels.
+    let inf = compute(&[f32::NEG_INFINITY, 1.0], &[f32::NEG_INFINITY, 1.0], LOOSE);
+    assert_eq!((inf.mask_sentinels.map(|s| s.count), inf.rel_l2_err), (Some(1), 0.0));
+}
+
+/// Tensors without sentinels read as before: no `mask_sentinels`, and a huge value that differs
+/// between the sides is a value.
+#[test]
+fn tensors_without_sentinels_have_none() {
+    let m = compute(&[1e31, 1.0], &[1.1e31, 1.0], LOOSE);
+    assert_eq!(m.mask_sentinels, None);
+    assert_eq!(m.compared_max_abs(), m.ref_max_abs);
+    let plain = compute(&[1.0, 2.0, 3.0], &[1.0, 2.0, 3.5], LOOSE);
+    assert_eq!(plain.mask_sentinels, None);
+}
