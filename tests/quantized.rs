@@ -4,69 +4,11 @@
 
 mod common;
 
+use common::quantized::{clipped_model, float_model, int8_tensor, qdq_model, weights};
 use common::{json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::DataType;
-
-fn int8_tensor(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
-}
-
-/// Seeded weights in [-1, 1).
-fn weights(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
-
-/// x[1,8] -> MatMul(w1) -> h -> Relu -> r -> MatMul(w2) -> y.
-fn float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
-    let mut b = ModelBuilder::new("mlp", 17);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
-    b.initializer(f32_tensor("w1", &[8, 8], w1));
-    b.initializer(f32_tensor("w2", &[8, 4], w2));
-    b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
-    b.node("Relu", "relu", &["h"], &["r"], vec![]);
-    b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
-    b.output("y", DataType::Float);
-    b.build()
-}
-
-/// The same model quantized as ONNX Runtime's quantize_static writes it (QDQ, int8): weights
-/// stored in int8 with a per-tensor scale, activations quantized, and the Relu taken over by the
-/// quantizer after mm1 (zero point -128: it clips at 0), which leaves the name 'r' on mm1's output.
-fn qdq_model(w1: &[f32], w2: &[f32]) -> ModelProto {
-    let scale = |w: &[f32]| w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-    let quantize = |w: &[f32], s: f32| w.iter().map(|v| (v / s).round() as i32).collect::<Vec<_>>();
-    let (s1, s2) = (scale(w1), scale(w2));
-    // |h| <= 8 * max|w1| for x in [-1, 1].
-    let sr = 8.0 * s1 * 127.0 / 255.0;
-    let mut b = ModelBuilder::new("mlp_int8", 17);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
-    b.initializer(int8_tensor("w1_q", &[8, 8], &quantize(w1, s1)));
-    b.initializer(int8_tensor("w2_q", &[8, 4], &quantize(w2, s2)));
-    b.initializer(f32_tensor("s1", &[], &[s1]));
-    b.initializer(f32_tensor("s2", &[], &[s2]));
-    b.initializer(f32_tensor("sx", &[], &[1.0 / 127.0]));
-    b.initializer(f32_tensor("sr", &[], &[sr]));
-    b.initializer(int8_tensor("z0", &[], &[0]));
-    b.initializer(int8_tensor("zmin", &[], &[-128]));
-    b.node("DequantizeLinear", "w1_dq", &["w1_q", "s1", "z0"], &["w1_f"], vec![]);
-    b.node("DequantizeLinear", "w2_dq", &["w2_q", "s2", "z0"], &["w2_f"], vec![]);
-    b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x_q8"], vec![]);
-    b.node("DequantizeLinear", "x_dq", &["x_q8", "sx", "z0"], &["x_f"], vec![]);
-    b.node("MatMul", "mm1", &["x_f", "w1_f"], &["r"], vec![]);
-    b.node("QuantizeLinear", "r_q", &["r", "sr", "zmin"], &["r_q8"], vec![]);
-    b.node("DequantizeLinear", "r_dq", &["r_q8", "sr", "zmin"], &["r_f"], vec![]);
-    b.node("MatMul", "mm2", &["r_f", "w2_f"], &["y"], vec![]);
-    b.output("y", DataType::Float);
-    b.build()
-}
 
 #[test]
 fn a_qdq_candidate_is_judged_as_int8_and_a_relu_its_quantizer_took_over_is_paired_with_it() {
@@ -245,16 +187,6 @@ fn a_floor_that_overflows_decides_nothing() {
     assert!(!t.contains("No quantizer is at fault") && !t.contains("1/inf"), "{t}");
 }
 
-/// The planted fault of the floor test (the scale of the quantizer after mm1 shrunk 16x).
-fn clipped_model(w1: &[f32], w2: &[f32]) -> ModelProto {
-    let mut clipped = qdq_model(w1, w2);
-    for w in clipped.graph.as_mut().unwrap().initializer.iter_mut().filter(|w| w.name() == "sr") {
-        let s = f32::from_le_bytes(w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()));
-        *w = f32_tensor("sr", &[], &[s / 16.0]);
-    }
-    clipped
-}
-
 /// The counterfactual of a Q/DQ candidate keeps the break unquantized: its quantizers removed
 /// from the candidate's own model, re-run on ONNX Runtime's CPU provider. Keeping the Relu the
 /// clipped quantizer took over (that quantizer computed as a Relu) removes nearly all the error
@@ -326,4 +258,27 @@ fn fix_refuses_a_candidate_model_that_is_not_quantized() {
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("fix --cand-model takes a Q/DQ version of the model") && t.contains("has none"), "{t}");
     assert!(!dir.path().join("fixed.onnx").exists());
+}
+
+/// Each activation quantizer measured alone on the reference (issue 40): the planted clipped
+/// quantizer alone gives most of what every quantizer gives together, and the verdict names it;
+/// the one on the input, whose step fits its values, is not at fault.
+#[test]
+fn the_quantizer_that_alone_gives_the_error_is_named_at_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&clipped_model(&w1, &w2), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let alone = &r["quantizers_alone"];
+    let each = alone["each"].as_array().unwrap_or_else(|| panic!("no quantizers_alone: {t}"));
+    assert_eq!(each.len(), 2, "the input's and the clipped one: {alone}");
+    assert_eq!(each[0]["node"], "r_q", "{alone}");
+    let (top, together) = (each[0]["error"].as_f64().unwrap(), alone["together"].as_f64().unwrap());
+    assert!(top >= 0.5 * together && together > 0.1, "{alone}");
+    assert!(each[1]["error"].as_f64().unwrap() < 0.1 * together, "the input's quantizer is not at fault: {alone}");
+    assert!(r["verdict"]["summary"].as_str().unwrap().contains("(QuantizeLinear 'r_q')") || t.contains("the quantizer of") && t.contains("(QuantizeLinear 'r_q') is at fault"), "{t}");
 }

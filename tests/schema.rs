@@ -148,11 +148,15 @@ fn reports_with_every_optional_section_match_the_schema() {
     run(&["convert", "demo.onnx", "-o", "demo16.onnx"], d);
     run(&["bisect", "demo.onnx", "--cand", "ort:cpu", "--cand-model", "demo16.onnx", "--json", "matching.json"], d);
     run(&["bisect", "loop.onnx", "--json", "loop.json"], d);
+    let (w1, w2) = (common::quantized::weights(64, 1), common::quantized::weights(32, 2));
+    save(&common::quantized::float_model(&w1, &w2), &d.join("mlp.onnx"));
+    save(&common::quantized::clipped_model(&w1, &w2), &d.join("mlp_int8.onnx"));
+    run(&["bisect", "mlp.onnx", "--cand", "ort:cpu", "--cand-model", "mlp_int8.onnx", "--val-range", "x:-1,1", "--json", "quantized.json"], d);
     run(&["fix", "demo.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
 
     let report = validator(&layerwise_report::report_schema());
     let mut seen = BTreeSet::new();
-    for name in ["samples.json", "part0.json", "part1.json", "merged.json", "search.json", "matching.json", "loop.json"] {
+    for name in ["samples.json", "part0.json", "part1.json", "merged.json", "search.json", "matching.json", "loop.json", "quantized.json"] {
         let doc = json(&d.join(name));
         assert_valid(&report, &doc, name);
         seen.extend(doc.as_object().unwrap().iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k.clone()));

@@ -262,11 +262,17 @@ pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone
     let at_fault: Vec<&layerwise_analysis::QuantizerAlone> = found.at_fault().collect();
     if at_fault.is_empty() {
         if let Some(top) = found.each.first() {
-            out.push(format!("no activation quantizer alone gives half of what they give together (the largest, '{}', {}): their error adds up over the model", top.tensor, share(top.error)));
+            out.push(format!(
+                "no activation quantizer is at fault: none alone gives both half of what they give together and {} (the walk's least break); the largest, '{}', gives {} ({})",
+                n(found.fault_threshold),
+                top.tensor,
+                n(top.error),
+                share(top.error)
+            ));
         }
     }
     for q in &at_fault {
-        let why = effects.get(&q.tensor).map(|e| {
+        let why = effects.get(q.holds.as_ref().unwrap_or(&q.tensor)).map(|e| {
             let mut why = Vec::new();
             if e.step_forced_by_outliers() {
                 why.push(format!("its step is set by outliers: |x| reaches {:.4e} while {} values stay within {:.4e}, and {} of {} values round to 0", e.max_abs, e.bulk_count, e.bulk, e.to_zero, e.count));

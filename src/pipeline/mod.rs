@@ -464,12 +464,14 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
 fn effects_of_the_faulty(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, found: &layerwise_analysis::QuantizersAlone) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect> {
     let mut effects = std::collections::HashMap::new();
     let mut missing = Vec::new();
-    for q in found.at_fault() {
-        match compared.comparison.quantizer_effects.get(&q.tensor) {
+    // What its DequantizeLinear holds where that is another tensor: a quantizer that took a Relu
+    // over is read on the Relu's output, whose negatives it does not clip.
+    for t in found.at_fault().map(|q| q.holds.as_ref().unwrap_or(&q.tensor)) {
+        match compared.comparison.quantizer_effects.get(t) {
             Some(e) => {
-                effects.insert(q.tensor.clone(), e.clone());
+                effects.insert(t.clone(), e.clone());
             }
-            None => missing.push(q.tensor.clone()),
+            None => missing.push(t.clone()),
         }
     }
     if missing.is_empty() {

@@ -35,8 +35,9 @@ pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &s
         if measured.iter().any(|(t, _)| *t == tensor) {
             continue;
         }
+        let holds = q.holds.into_iter().find(|h| *h != tensor);
         measured.push((tensor, q.range));
-        nodes.push(q.node);
+        nodes.push((q.node, holds));
     }
     if measured.is_empty() {
         return Ok(None);
@@ -56,10 +57,10 @@ pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &s
     let error = |values: &[f32]| layerwise_analysis::compute(&reference, values, tolerance).error_level();
     let together = error(&run(&|_| true)?);
     let mut each = Vec::with_capacity(measured.len());
-    for (i, ((tensor, _), node)) in measured.iter().zip(&nodes).enumerate() {
-        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), error: error(&run(&|k| k == i)?) });
+    for (i, ((tensor, _), (node, holds))) in measured.iter().zip(&nodes).enumerate() {
+        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), holds: holds.clone(), error: error(&run(&|k| k == i)?) });
     }
     // Largest first; graph order on ties (a stable sort keeps it).
     each.sort_by(|a, b| b.error.total_cmp(&a.error));
-    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, each, not_measured }))
+    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: job.judging.rule.min_break, each, not_measured }))
 }

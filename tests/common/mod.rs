@@ -5,6 +5,8 @@ use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::DataType;
 
+pub mod quantized;
+
 /// Appends `steps` pairs of Mul/Add to `from`, each rounding to FP16 under emulation, so the error
 /// grows a little at every layer (drift) and never jumps. Returns the last tensor.
 pub fn drift_chain(b: &mut ModelBuilder, prefix: &str, from: &str, steps: usize) -> String {

@@ -154,6 +154,12 @@ pub struct QuantizersAlone {
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub candidate_error: f64,
+    /// The error alone from which a quantizer is at fault (with at least half of `together`):
+    /// the walk's least break for the candidate's format (INT8: 5e-2), so that a quantizer whose
+    /// rounding alone stays within what one node may add is never called a fault.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub fault_threshold: f64,
     /// Each measured quantizer alone, the largest error first.
     pub each: Vec<QuantizerAlone>,
     /// Quantizers not measured, with the reason (float8, no reference tensor by that value).
@@ -168,6 +174,10 @@ pub struct QuantizerAlone {
     pub node: String,
     /// The reference tensor it quantizes.
     pub tensor: String,
+    /// The reference tensor its DequantizeLinear's output holds, where that is another one (a
+    /// Relu the quantizer took over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<String>,
     /// The output's relative L2 error with this quantizer alone.
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
@@ -175,9 +185,10 @@ pub struct QuantizerAlone {
 }
 
 impl QuantizersAlone {
-    /// The quantizers at fault: each alone gives at least half of what all give together.
+    /// The quantizers at fault: each alone gives at least half of what all give together, and
+    /// at least `fault_threshold`.
     pub fn at_fault(&self) -> impl Iterator<Item = &QuantizerAlone> {
-        self.each.iter().filter(|q| self.together > 0.0 && q.error >= 0.5 * self.together)
+        self.each.iter().filter(|q| self.together > 0.0 && q.error >= 0.5 * self.together && q.error >= self.fault_threshold)
     }
 }
 

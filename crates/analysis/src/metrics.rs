@@ -89,14 +89,8 @@ impl From<Tolerance> for ToleranceSet {
     }
 }
 
-/// Magnitude from which a value the reference and the candidate both hold, exactly the same, is a
-/// mask sentinel rather than a computed value: an attention mask's `finfo(float32).min` =
-/// -3.4028e38 (what Hugging Face models add to masked scores), a `-1e30`, or `±inf`. No healthy
-/// activation comes near it (FP16 stops at 6.55e4; an overflowing float32 value is inf, counted
-/// apart), yet one such value outweighs every real one in a norm: a score tensor whose real values
-/// are all 100% off reads as a relative L2 of 1e-38. Smaller masks (-1e9, -1e4) are not told from
-/// values and count as values.
-pub const MASK_SENTINEL_MIN_ABS: f64 = 1e30;
+// Defined beside the quantizers, whose bulk leaves mask values out too.
+pub use layerwise_model::quant::MASK_SENTINEL_MIN_ABS;
 
 /// The mask sentinels of a tensor (see [`MASK_SENTINEL_MIN_ABS`]): elements where the reference and
 /// the candidate hold the same value of `|x| >= 1e30` (infinities included). Both sides agree there,

@@ -305,6 +305,16 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
     steps
 }
 
+/// Magnitude from which a value the reference and the candidate both hold, exactly the same, is a
+/// mask sentinel rather than a computed value: an attention mask's `finfo(float32).min` =
+/// -3.4028e38 (what Hugging Face models add to masked scores), a `-1e30`, or `±inf`. No healthy
+/// activation comes near it (FP16 stops at 6.55e4; an overflowing float32 value is inf, counted
+/// apart), yet one such value outweighs every real one in a norm: a score tensor whose real values
+/// are all 100% off reads as a relative L2 of 1e-38. Smaller masks (-1e9, -1e4) are not told from
+/// values and count as values.
+/// A quantizer's bulk leaves such values out too ([`quantizer_effect`]).
+pub const MASK_SENTINEL_MIN_ABS: f64 = 1e30;
+
 /// The values one activation quantizer can represent: `[lo, hi]` = `(qmin - zero point) * scale`
 /// to `(qmax - zero point) * scale`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -477,7 +487,9 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     let bulk = match outlier_channel {
         Some((_, rest)) if max_abs as f64 >= OUTLIER_RATIO * rest as f64 => rest,
         _ => {
-            let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).collect();
+            // A mask value (-3.4e38 where attention must not look) sets the step as an outlier
+            // does, and is no part of the bulk even where it fills more than 1% of the tensor.
+            let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).filter(|&m| (m as f64) < MASK_SENTINEL_MIN_ABS).collect();
             magnitudes.sort_unstable_by(f32::total_cmp);
             magnitudes.get(((magnitudes.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0)
         }
