@@ -120,7 +120,7 @@ fn bisect_reports_the_output_error_of_the_candidate_as_deployed() {
     assert!(close(reported, deployed), "reported {reported:.4e}, deployed {deployed:.4e}, exposed {exposed:.4e}");
     let notes = report["cand"]["notes"].to_string();
     let both = format!("'y' {deployed:.2e} as deployed, {exposed:.2e} exposed");
-    assert!(notes.contains("Q/DQ fused into integer kernels") && notes.contains(&both), "{both} not in {notes}");
+    assert!(notes.contains("Q/DQ fusions and integer kernels, as the user runs it") && notes.contains(&both), "{both} not in {notes}");
 }
 
 /// fix's check of the written model is a deployed run, and its before/after numbers are the

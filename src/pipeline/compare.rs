@@ -371,10 +371,10 @@ impl Job<'_> {
             }
         }
         compared.notes.1.push(if differ.is_empty() {
-            "output errors are the candidate's as deployed (only its outputs, Q/DQ fused into integer kernels), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise".to_string()
+            "output errors are the candidate's as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise".to_string()
         } else {
             format!(
-                "the candidate as deployed (only its outputs, Q/DQ fused into integer kernels) and with every tensor exposed (fusions blocked, the quantizers computed in float32 between them) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
+                "the candidate as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it) and with every tensor exposed (fusions blocked, the quantizers computed in float32 between them) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
                 differ.join(", ")
             )
         });
