@@ -848,7 +848,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         runs += 1;
         let mut worst: Option<(f64, Judged)> = None;
         for ((name, feeds), reference) in sets.iter().zip(&references) {
-            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds))?;
+            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
             let comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
             let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
             let error = comparison.largest_error(&index.outputs);
