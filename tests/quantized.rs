@@ -216,6 +216,9 @@ fn an_fp8_candidate_is_judged_with_fp8_tolerances_and_floor() {
     assert!(floor["candidate_error"].as_f64().unwrap() > 0.5, "{floor}");
     let notes = report["cand"]["notes"].to_string();
     assert!(notes.contains("e-1 as deployed, 1.56e-2 exposed"), "{notes}");
+    // The walk reads the exposed run's tensors, which cannot place that: no layer is named.
+    assert!(report["verdict"]["first_divergent"].is_null(), "{t}");
+    assert!(report["verdict"]["summary"].as_str().unwrap().contains("diverges as deployed"), "{t}");
 }
 
 /// A floor that is itself inf/NaN decides nothing: noise of half a step on a small square makes

@@ -58,6 +58,9 @@ pub(super) struct Compared {
     pub unavailable: Vec<(String, String)>,
     pub engine_layers: Vec<(String, Vec<String>)>,
     pub memory: Option<MemoryPlan>,
+    /// A Q/DQ candidate's outputs whose error as deployed differs from the exposed run's:
+    /// (output, deployed rel L2, exposed rel L2).
+    pub deployed_differs: Vec<(String, f64, f64)>,
 }
 
 impl<'a> Job<'a> {
@@ -262,6 +265,7 @@ impl<'a> Job<'a> {
             unavailable: Vec::new(),
             engine_layers: Vec::new(),
             memory: memory.clone(),
+            deployed_differs: Vec::new(),
         };
         let split = groups.len() > 1;
         if split && self.options.save_tensors.is_some() {
@@ -348,6 +352,7 @@ impl Job<'_> {
                 let (a, b) = (d.error_level(), exposed.error_level());
                 if !((a - b).abs() <= DEPLOYED_NOISE || a == b) {
                     differ.push(format!("'{}' {a:.2e} as deployed, {b:.2e} exposed", d.name));
+                    compared.deployed_differs.push((d.name.clone(), a, b));
                 }
             }
         }
@@ -379,6 +384,21 @@ impl Job<'_> {
             )
         });
         Ok(())
+    }
+}
+
+impl Job<'_> {
+    /// Where the walk's first divergent tensor is an output that the deployed run computes
+    /// otherwise than the exposed one, its finding would weigh the exposed run's inputs against
+    /// the deployed run's output: no layer of the unfused model is named, and the summary says
+    /// where the error arises instead.
+    pub(super) fn unmix_deployed_finding(&self, compared: &Compared, verdict: &mut layerwise_analysis::Verdict) {
+        let Some(fd) = &verdict.first_divergent else { return };
+        let Some((output, deployed, exposed)) = compared.deployed_differs.iter().find(|(o, _, _)| *o == fd.tensor) else { return };
+        verdict.summary = format!(
+            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between the quantizers is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
+        );
+        verdict.first_divergent = None;
     }
 }
 
