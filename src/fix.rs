@@ -848,7 +848,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         runs += 1;
         let mut worst: Option<(f64, Judged)> = None;
         for ((name, feeds), reference) in sets.iter().zip(&references) {
-            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds))?;
+            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
             let comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
             let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
             let error = comparison.largest_error(&index.outputs);
@@ -909,14 +909,23 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let mut check_outputs = Vec::new();
     let mut check_pass = true;
     let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
-    for ((name, feeds), reference) in sets.iter().zip(&references) {
-        let out = steps.run(&format!("running the written model ({name})"), || Ok(candidate.run(&RunRequest { model: &written, index: &written_index, inputs: feeds, selection: &Selection::Names(Vec::new()) })?))?;
+    // Both models as deployed: only their outputs, so that ONNX Runtime fuses the Q/DQ pairs into
+    // integer kernels, as exposing the tensors between them (the search's runs) prevents. The
+    // check's before and after are the given and the written model so run, on the same sample.
+    let mut deployed = |m: &Model, mi: &GraphIndex, feeds: &[(String, Tensor)], reference: &HashMap<String, Tensor>, label: String, steps: &mut Steps| -> Result<Comparison> {
+        let out = steps.run(&label, || Ok(candidate.run(&RunRequest { model: m, index: mi, inputs: feeds, selection: &Selection::Names(Vec::new()) })?))?;
         let tensors: HashMap<String, Tensor> = out.tensors.into_iter().filter_map(|(c, v)| reference_of.get(c.as_str()).map(|r| (r.to_string(), v))).collect();
-        let comparison = compare_all(index, &index.outputs, reference, &tensors, &tolerances);
-        check_pass &= comparison.outputs_pass(index);
-        if check_outputs.is_empty() || !check_pass {
-            check_outputs = output_changes(index, &first.0, &comparison);
+        Ok(compare_all(index, &index.outputs, reference, &tensors, &tolerances))
+    };
+    for ((name, feeds), reference) in sets.iter().zip(&references) {
+        let given = deployed(cm, ci, feeds, reference, format!("running the candidate model as deployed ({name})"), &mut steps)?;
+        let comparison = deployed(&written, &written_index, feeds, reference, format!("running the written model ({name})"), &mut steps)?;
+        // The first sample, replaced by the first failing one.
+        let passes = comparison.outputs_pass(index);
+        if check_outputs.is_empty() || (check_pass && !passes) {
+            check_outputs = output_changes(index, &given, &comparison);
         }
+        check_pass &= passes;
     }
     let fixed = searched_fixed && check_pass;
     let exclusion = if let Some(out) = &options.output {

@@ -574,16 +574,17 @@ impl<'a> UnquantizedRunner<'a> {
         Ok(layerwise_model::unquantize::keep_unquantized(&self.candidate.proto, &plan.nodes, &plan.quantizers, Some(&self.reference.proto))?)
     }
 
-    /// One run of the candidate with `keep` unquantized: every tensor it returns under the
-    /// reference names it holds.
-    pub fn run(&self, backend: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)]) -> Result<RunOutput> {
+    /// One run of the candidate with `keep` unquantized: the tensors of `selection` (in its own
+    /// names; `Selection::Names(vec![])` runs it as deployed, only its outputs, its Q/DQ pairs
+    /// fused) under the reference names they hold.
+    pub fn run(&self, backend: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         let rewritten = self.model(keep)?;
         let dir = layerwise_model::scratch::ScratchDir::new("layerwise-unquantized-")?;
         let path = dir.path().join("candidate.onnx");
         self.candidate.save_standalone(&rewritten.model, &path)?;
         let cm = Model::load(&path)?;
         let ci = GraphIndex::build(cm.graph())?;
-        let mut out = backend.run(&RunRequest { model: &cm, index: &ci, inputs, selection: &Selection::All })?;
+        let mut out = backend.run(&RunRequest { model: &cm, index: &ci, inputs, selection })?;
         let mut renamed = HashMap::with_capacity(self.cand_names.len());
         for (r, c) in self.cand_names {
             if let Some(v) = out.tensors.get(c) {

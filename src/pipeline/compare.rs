@@ -58,6 +58,9 @@ pub(super) struct Compared {
     pub unavailable: Vec<(String, String)>,
     pub engine_layers: Vec<(String, Vec<String>)>,
     pub memory: Option<MemoryPlan>,
+    /// A Q/DQ candidate's outputs whose error as deployed differs from the exposed run's:
+    /// (output, deployed rel L2, exposed rel L2).
+    pub deployed_differs: Vec<(String, f64, f64)>,
 }
 
 impl<'a> Job<'a> {
@@ -262,6 +265,7 @@ impl<'a> Job<'a> {
             unavailable: Vec::new(),
             engine_layers: Vec::new(),
             memory: memory.clone(),
+            deployed_differs: Vec::new(),
         };
         let split = groups.len() > 1;
         if split && self.options.save_tensors.is_some() {
@@ -312,6 +316,89 @@ impl<'a> Job<'a> {
         result.comparison = Comparison::from_records(records, not_compared, &self.order);
         result.histograms = histograms;
         Ok(result)
+    }
+}
+
+/// How far apart (in relative L2) an output's error as deployed and with every tensor exposed may
+/// be and still be one result: float32 reordering moves a relative L2 by about 1e-7 a value, well
+/// below this; one int8 step of a softmax output (1/255) moves it by about 4e-3.
+const DEPLOYED_NOISE: f64 = 1e-5;
+
+impl Job<'_> {
+    /// A Q/DQ candidate model as the user runs it: only its declared outputs, so that ONNX Runtime
+    /// fuses its quantizers into integer kernels, which exposing a tensor between them prevents
+    /// (issue 40: a CNN's probability was 254/255 fused and 1.0 with one more tensor exposed).
+    /// Both sides run once more with only their outputs; the outputs' records become the deployed
+    /// run's, the intermediate tensors stay the exposed run's (what the walk reads), and a note
+    /// gives both numbers where they differ. Nothing for any other candidate.
+    pub(super) fn compare_deployed(&mut self, feeds: &[(String, Tensor)], compared: &mut Compared, steps: &mut Steps) -> Result<()> {
+        if self.judging.quantization.is_none() || self.cand_model.is_none() {
+            return Ok(());
+        }
+        let outputs_only = Selection::Names(Vec::new());
+        let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || self.run_reference(feeds, &outputs_only))?;
+        let cand_out = steps.run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || self.run_candidate(feeds, &outputs_only))?;
+        let mut outputs: Vec<String> = Vec::new();
+        for o in &self.index.outputs {
+            if !outputs.contains(o) {
+                outputs.push(o.clone());
+            }
+        }
+        let deployed = compare_all(&self.index, &outputs, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances);
+        let comparison = std::mem::take(&mut compared.comparison);
+        let mut differ = Vec::new();
+        for d in &deployed.records {
+            if let Some(exposed) = comparison.get(&d.name) {
+                let (a, b) = (d.error_level(), exposed.error_level());
+                if !((a - b).abs() <= DEPLOYED_NOISE || a == b) {
+                    differ.push(format!("'{}' {a:.2e} as deployed, {b:.2e} exposed", d.name));
+                    compared.deployed_differs.push((d.name.clone(), a, b));
+                }
+            }
+        }
+        let mut records: Vec<_> = comparison.records.into_iter().filter(|r| !outputs.contains(&r.name)).collect();
+        records.extend(deployed.records.iter().cloned());
+        let mut not_compared: Vec<_> = comparison.not_compared.into_iter().filter(|(t, _)| !outputs.contains(t)).collect();
+        not_compared.extend(deployed.not_compared.iter().map(|(t, why)| (t.clone(), format!("{why} (in the candidate's run as deployed, only its outputs)"))));
+        compared.comparison = layerwise_analysis::Comparison::from_records(records, not_compared, &self.order);
+        // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
+        if let Some((r, c)) = &mut compared.tensors {
+            for o in &outputs {
+                if let (Some(rv), Some(cv)) = (ref_out.tensors.get(o), cand_out.tensors.get(o)) {
+                    r.insert(o.clone(), rv.clone());
+                    c.insert(o.clone(), cv.clone());
+                }
+            }
+        }
+        for o in &outputs {
+            if let (Some(h), Some(rv), Some(cv)) = (compared.histograms.get_mut(o), ref_out.tensors.get(o), cand_out.tensors.get(o)) {
+                *h = layerwise_analysis::histogram(&rv.to_f32(), &cv.to_f32(), HISTOGRAM_BINS);
+            }
+        }
+        compared.notes.1.push(if differ.is_empty() {
+            "output errors are the candidate's as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise".to_string()
+        } else {
+            format!(
+                "the candidate as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it) and with every tensor exposed (fusions blocked, the quantizers computed in float32 between them) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
+                differ.join(", ")
+            )
+        });
+        Ok(())
+    }
+}
+
+impl Job<'_> {
+    /// Where the walk's first divergent tensor is an output that the deployed run computes
+    /// otherwise than the exposed one, its finding would weigh the exposed run's inputs against
+    /// the deployed run's output: no layer of the unfused model is named, and the summary says
+    /// where the error arises instead.
+    pub(super) fn unmix_deployed_finding(&self, compared: &Compared, verdict: &mut layerwise_analysis::Verdict) {
+        let Some(fd) = &verdict.first_divergent else { return };
+        let Some((output, deployed, exposed)) = compared.deployed_differs.iter().find(|(o, _, _)| *o == fd.tensor) else { return };
+        verdict.summary = format!(
+            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between the quantizers is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
+        );
+        verdict.first_divergent = None;
     }
 }
 

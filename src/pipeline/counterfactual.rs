@@ -214,7 +214,8 @@ impl Trial<'_> {
         // An emulation computes the same outputs by parts, bit for bit; the report does not tell
         // the two apart (`nodes_rerun` is for converted models).
         let part = if let Some(unquantized) = self.unquantized {
-            Some((unquantized.run(candidate, &kept, self.feeds)?, None))
+            // As deployed (only its outputs), as the output error it is weighed against.
+            Some((unquantized.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None))
         } else if let Some(baseline) = &self.baseline {
             keeper.outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
         } else {

@@ -191,9 +191,11 @@ fn compare_and_walk(
             }
             refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
             let mut compared = compared;
+            job.compare_deployed(feeds, &mut compared, steps)?;
             compared.comparison.quantizers = quantizer_ranges(job);
             measure_quantizers(job, feeds, &mut compared, steps)?;
-            let verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
+            let mut verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
+            job.unmix_deployed_finding(&compared, &mut verdict);
             (compared, verdict)
         }
         Marking::Search => {

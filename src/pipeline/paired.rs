@@ -114,6 +114,7 @@ impl Job<'_> {
             unavailable: run.unavailable,
             engine_layers: Vec::new(),
             memory: Some(memory),
+            deployed_differs: Vec::new(),
         }))
     }
 

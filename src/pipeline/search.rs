@@ -50,6 +50,7 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
         unavailable,
         engine_layers,
         memory: None,
+        deployed_differs: Vec::new(),
     };
     Ok((compared, verdict, result))
 }
