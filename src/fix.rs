@@ -843,17 +843,20 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     }
     let tolerances = judging.tolerances.clone();
     let mut runs = 0;
+    // Which sample the last judgement was worst on.
+    let worst_sample = std::cell::Cell::new(0);
     // The worst sample's comparison and verdict with `keep` unquantized.
     let mut judge = |keep: &[String], steps: &mut Steps| -> Result<Judged> {
         runs += 1;
         let mut worst: Option<(f64, Judged)> = None;
-        for ((name, feeds), reference) in sets.iter().zip(&references) {
+        for (k, ((name, feeds), reference)) in sets.iter().zip(&references).enumerate() {
             let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
             let comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
             let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
             let error = comparison.largest_error(&index.outputs);
             if worse(verdict.status == Status::Diverged, error, worst.as_ref().map(|(e, (_, v))| (v.status == Status::Diverged, *e))) {
                 worst = Some((error, (comparison, verdict)));
+                worst_sample.set(k);
             }
         }
         Ok(worst.expect("at least one sample").1)
@@ -864,7 +867,54 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = first.clone();
     let mut stuck = None;
+    // The quantizers measured one at a time on the worst sample: those at fault are left out
+    // first, the largest error alone first, before the walk's first divergent layers.
+    use layerwise_analysis::QuantizerAlone;
+    let mut by_error: std::collections::VecDeque<(QuantizerAlone, bool)> = match (&first.1.worst_output, first.1.status) {
+        (Some(output), Status::Diverged) => {
+            let names: HashMap<String, String> = cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect();
+            let of = |t: &str| names.get(t).cloned().or_else(|| index.is_graph_input(t).then(|| t.to_string()));
+            let pair = crate::pipeline::quantizers::QuantizedPair { model, index, candidate: cand_model.as_ref().expect("checked by the caller"), reference_of: &of, tolerance: tolerances.of(output), fault_threshold: judging.rule.min_break };
+            let error = first.0.get(output).map_or(f64::INFINITY, |r| r.error_level());
+            let found = steps.run("measuring each quantizer alone", || crate::pipeline::quantizers::measure(&pair, &sets[worst_sample.get()].1, output, error))?;
+            // Those at fault first, then the others by their error alone: where leaving the faulty
+            // ones out is not enough, the next largest follow.
+            found.map(|f| {
+                let faulty: Vec<QuantizerAlone> = f.at_fault().cloned().collect();
+                let rest = f.each.iter().filter(|q| q.error > 0.0 && !faulty.iter().any(|a| a.node == q.node)).cloned();
+                faulty.iter().cloned().map(|q| (q, true)).chain(rest.map(|q| (q, false))).collect()
+            }).unwrap_or_default()
+        }
+        _ => Default::default(),
+    };
     while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
+        if let Some((q, faulty)) = by_error.pop_front() {
+            // Every node that reads what the quantizer holds is left unquantized: its DequantizeLinear
+            // then has no reader.
+            let held = q.holds.as_ref().unwrap_or(&q.tensor);
+            let readers: Vec<String> = index.consumers(held).iter().map(|&c| index.nodes[c].name.clone()).collect();
+            let kept: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
+            let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| !kept.contains(n)).collect();
+            if new.is_empty() {
+                continue;
+            }
+            patterns.push(KeptPattern {
+                kind: "quantizer".to_string(),
+                because: format!(
+                    "the quantizer of '{}' (QuantizeLinear '{}') alone gives '{}' rel L2 {:.2e}{}: its readers are left unquantized",
+                    q.tensor,
+                    q.node,
+                    first.1.worst_output.as_deref().unwrap_or_default(),
+                    q.error,
+                    if faulty { ", at fault" } else { ", the largest alone of those left" }
+                ),
+                nodes: new,
+            });
+            let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
+            last = judge(&keep, &mut steps)?;
+            rounds.push(round(FixStage::Pattern, &keep, &last.1));
+            continue;
+        }
         let Some(fd) = last.1.first_divergent.clone() else {
             stuck = Some("the outputs diverge with no first divergent layer to leave unquantized".to_string());
             break;

@@ -20,7 +20,7 @@ mod isolate;
 pub mod noise_floor;
 mod options;
 mod paired;
-mod quantizers;
+pub(crate) mod quantizers;
 pub mod repro;
 mod samples;
 mod search;

@@ -8,6 +8,8 @@
 use anyhow::Result;
 use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
 use layerwise_model::quant::{activation_quantizers, switchable_quantizers, QUANTIZER_SWITCHES};
+use layerwise_analysis::Tolerance;
+use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::{ModelSession, Tensor};
 
 use super::compare::Job;
@@ -16,19 +18,37 @@ use super::reference_of;
 /// Measures each activation quantizer of the candidate alone on the reference, and all of them at
 /// once, on `output`; `None` where the candidate has none to measure.
 pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
-    let Some((cm, ci)) = &job.cand_model else { return Ok(None) };
+    let Some(candidate) = &job.cand_model else { return Ok(None) };
     let names = job.reference_names();
     let of = reference_of(job, &names);
+    let pair = QuantizedPair { model: job.model, index: &job.index, candidate, reference_of: &of, tolerance: job.judging.tolerances.of(output), fault_threshold: job.judging.rule.min_break };
+    measure(&pair, feeds, output, candidate_error)
+}
+
+/// What measuring quantizers one at a time reads: the float model, the Q/DQ candidate, the
+/// matching's pairs read backwards, the output's tolerance and the error from which one is at fault.
+pub(crate) struct QuantizedPair<'a> {
+    pub model: &'a Model,
+    pub index: &'a GraphIndex,
+    pub candidate: &'a (Model, GraphIndex),
+    pub reference_of: &'a dyn Fn(&str) -> Option<String>,
+    pub tolerance: Tolerance,
+    pub fault_threshold: f64,
+}
+
+/// [`quantizers_alone`] on its parts (`fix` has no bisect job).
+pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
+    let (cm, ci) = pair.candidate;
     let mut measured: Vec<(String, layerwise_model::quant::QuantizerRange)> = Vec::new();
     let mut nodes = Vec::new();
     let mut not_measured = Vec::new();
     let fed: std::collections::HashSet<&str> = feeds.iter().map(|(n, _)| n.as_str()).collect();
-    for q in activation_quantizers(cm.graph(), ci, &of) {
+    for q in activation_quantizers(cm.graph(), ci, pair.reference_of) {
         if q.range.format.family().starts_with("FP8") {
             not_measured.push((q.node, "a float8 quantizer (its step is relative; only integer formats are measured one at a time)".to_string()));
             continue;
         }
-        let Some(tensor) = q.quantizes.filter(|t| job.index.producer(t).is_some() || fed.contains(t.as_str())) else {
+        let Some(tensor) = q.quantizes.filter(|t| pair.index.producer(t).is_some() || fed.contains(t.as_str())) else {
             not_measured.push((q.node, "the reference computes no tensor of the value it quantizes".to_string()));
             continue;
         };
@@ -42,9 +62,9 @@ pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &s
     if measured.is_empty() {
         return Ok(None);
     }
-    let proto = switchable_quantizers(&job.model.proto, &measured)?;
-    let mut session = ModelSession::cpu(job.model, &proto, "quantizers alone")?;
-    let tolerance = job.judging.tolerances.of(output);
+    let proto = switchable_quantizers(&pair.model.proto, &measured)?;
+    let mut session = ModelSession::cpu(pair.model, &proto, "quantizers alone")?;
+    let tolerance = pair.tolerance;
     let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
         let switches = Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool((0..measured.len()).map(on).collect()));
         let mut inputs = feeds.to_vec();
@@ -62,5 +82,5 @@ pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &s
     }
     // Largest first; graph order on ties (a stable sort keeps it).
     each.sort_by(|a, b| b.error.total_cmp(&a.error));
-    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: job.judging.rule.min_break, each, not_measured }))
+    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: pair.fault_threshold, each, not_measured }))
 }

@@ -81,6 +81,10 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
     let mut new_weights: Vec<TensorProto> = Vec::new();
     // A dequantized weight is made once per DequantizeLinear, whatever number of kept readers.
     let mut float_of_dq: HashMap<String, String> = HashMap::new();
+    // Relus that stand for clipping quantizers bypassed for a kept reader, placed right after the
+    // quantizer they stand for (by its position), one per float tensor.
+    let mut relus: Vec<(usize, NodeProto)> = Vec::new();
+    let mut relu_of: HashMap<String, String> = HashMap::new();
     for name in nodes {
         let info = index.node(name).ok_or_else(|| ModelError::UnknownNode(name.clone()))?;
         for (slot, input) in info.inputs.iter().enumerate() {
@@ -112,7 +116,26 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
             } else if producer_op(&quantized) == Some("QuantizeLinear") {
                 let q = index.producer(&quantized).expect("just checked");
                 done.bypassed_inputs.push((name.clone(), slot));
-                q.inputs.first().cloned().unwrap_or_default()
+                let float = q.inputs.first().cloned().unwrap_or_default();
+                // A quantizer whose zero point is its type's least value clips at 0: it holds a
+                // Relu (quantize_static drops the Relu after a Conv into it, and the Conv's output
+                // is then the float tensor). Its clipping is part of the value, not of the
+                // rounding, so the kept node reads Relu(float).
+                let zero_point = q.inputs.get(2).filter(|z| !z.is_empty()).map(|z| initializers.get(z).is_some_and(crate::quant::clips_at_zero));
+                let clips = zero_point.unwrap_or_else(|| !graph.node[q.proto_index].attribute.iter().any(|a| a.name() == "output_dtype"));
+                if clips {
+                    match relu_of.get(&float) {
+                        Some(relu) => relu.clone(),
+                        None => {
+                            let relu = fresh(&format!("{float}_relu"));
+                            relus.push((q.proto_index, NodeProto { name: Some(fresh(&format!("{}_as_relu", q.name))), op_type: Some("Relu".into()), input: vec![float.clone()], output: vec![relu.clone()], ..Default::default() }));
+                            relu_of.insert(float, relu.clone());
+                            relu
+                        }
+                    }
+                } else {
+                    float
+                }
             } else {
                 continue;
             };
@@ -127,6 +150,17 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
         let dq_name = dq.name.clone();
         graph.node[dq.proto_index] = NodeProto { name: Some(format!("{dq_name}_as_{}", op.to_lowercase())), op_type: Some(op.to_string()), input: vec![float], output: vec![bypass.dequantized.clone()], ..Default::default() };
         done.removed.push(dq_name);
+    }
+    if !relus.is_empty() {
+        let mut after: HashMap<usize, Vec<NodeProto>> = HashMap::new();
+        for (position, relu) in relus {
+            after.entry(position).or_default().push(relu);
+        }
+        let nodes = std::mem::take(&mut graph.node);
+        for (i, n) in nodes.into_iter().enumerate() {
+            graph.node.push(n);
+            graph.node.extend(after.remove(&i).unwrap_or_default());
+        }
     }
     graph.initializer.extend(new_weights);
     // Quantizer nodes nothing reads any more go, then the initializers only they read.
