@@ -448,14 +448,19 @@ impl OrtBackend {
     fn run_pieces_of_program<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Result<HashMap<String, Tensor>, RuntimeError> {
         use layerwise_model::builder::{tensor_type, Dim};
         use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
+        let timing = std::env::var_os("LAYERWISE_TIMING").is_some();
+        let t0 = std::time::Instant::now();
+        let (mut t_cut, mut t_build, mut t_run, mut builds, mut piece_nodes) = (0.0, 0.0, 0.0, 0usize, 0usize);
         let selection = layerwise_model::Selection::Names(pieces.concat());
         let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
         let (mut program, _) = self.program(&whole, &mut RunOutput::default())?;
+        let t_program = t0.elapsed().as_secs_f64();
         let graph = program.graph.take().expect("a program has a graph");
         let shell = ModelProto { graph: None, ..program };
         let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
         let mut computed: HashMap<String, Tensor> = HashMap::new();
         for piece in pieces {
+            let tc = std::time::Instant::now();
             let value_of = |t: &str| known(t).or_else(|| computed.get(t));
             let mut needed = vec![false; graph.node.len()];
             let mut stack = Vec::new();
@@ -500,6 +505,9 @@ impl OrtBackend {
             };
             layerwise_model::pair::pin_input_shapes(&mut part, &input_shapes(&RunRequest { model: request.model, index: request.index, inputs: &feeds, selection: &selection }));
             let key = piece_key(&request.model.sha256, &part);
+            piece_nodes += part.node.len();
+            t_cut += tc.elapsed().as_secs_f64();
+            let tb = std::time::Instant::now();
             let (mut session, size, external) = match self.piece_sessions.iter().position(|(k, _, _)| *k == key) {
                 Some(i) => {
                     let (_, session, size) = self.piece_sessions.remove(i);
@@ -510,9 +518,12 @@ impl OrtBackend {
                     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
                     let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
                     drop(cut);
+                    builds += 1;
                     (self.session(&bytes, folder.as_deref(), self.options.opt_level)?, bytes.len(), folder.is_some())
                 }
             };
+            t_build += tb.elapsed().as_secs_f64();
+            let tr = std::time::Instant::now();
             let session_inputs = session_feeds(&session, &feeds, &self.label)?;
             drop(feeds);
             let (mut results, _) = run_without_optionals(&mut session, session_inputs).map_err(|e| self.err(format!("run failed: {e}")))?;
@@ -521,6 +532,7 @@ impl OrtBackend {
                 computed.insert(t.clone(), from_ort_value(&value).map_err(|why| self.err(format!("'{t}': {why}")))?);
             }
             drop(results);
+            t_run += tr.elapsed().as_secs_f64();
             // Weights mapped from their file cost no copy; inline ones are held by the session.
             if !external {
                 self.piece_sessions.push((key, session, size));
@@ -528,6 +540,9 @@ impl OrtBackend {
                     self.piece_sessions.remove(0);
                 }
             }
+        }
+        if timing {
+            eprintln!("[timing] run_pieces: {} pieces, {} program nodes, {} piece nodes, {builds} builds; program {t_program:.2}s cut {t_cut:.2}s build {t_build:.2}s run {t_run:.2}s total {:.2}s", pieces.len(), graph.node.len(), piece_nodes, t0.elapsed().as_secs_f64());
         }
         Ok(computed)
     }
