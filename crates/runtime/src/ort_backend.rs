@@ -1002,3 +1002,67 @@ pub(crate) fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
         other => Err(format!("element type {other:?} is not compared")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerwise_model::builder::{attr, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+
+    /// A chain of `n` nodes on a [batch, 8] input (batch symbolic): Relu, a round trip through
+    /// FP16 (Casts), Sigmoid; with `shape_at`, a Shape whose int64 value a Reshape reads from the
+    /// next piece (a value the piece's border would not carry).
+    fn chain(n: usize, shape_at: Option<usize>) -> (layerwise_model::Model, layerwise_model::onnx::ModelProto) {
+        let mut b = ModelBuilder::new("chain", 17);
+        b.input("x", DataType::Float, &[Dim::Symbolic("batch".into()), Dim::Fixed(8)]);
+        let mut prev = "x".to_string();
+        let mut i = 0;
+        while i < n {
+            let out = format!("t{i}");
+            if Some(i) == shape_at {
+                b.node("Shape", &format!("n{i}"), &[&prev], &[&format!("s{i}")], vec![]);
+                i += 1;
+                // Far enough on that the Reshape lies in a later piece.
+                for j in 0..TYPING_PIECE_NODES {
+                    b.node("Relu", &format!("n{i}"), &[&prev], &[&format!("t{i}")], vec![]);
+                    prev = format!("t{i}");
+                    i += 1;
+                    let _ = j;
+                }
+                b.node("Reshape", &format!("n{i}"), &[&prev, &format!("s{}", shape_at.unwrap())], &[&format!("t{i}")], vec![]);
+            } else {
+                match i % 4 {
+                    0 => b.node("Relu", &format!("n{i}"), &[&prev], &[&out], vec![]),
+                    1 => b.node("Cast", &format!("n{i}"), &[&prev], &[&out], vec![attr::int("to", DataType::Float16 as i64)]),
+                    2 => b.node("Cast", &format!("n{i}"), &[&prev], &[&out], vec![attr::int("to", DataType::Float as i64)]),
+                    _ => b.node("Sigmoid", &format!("n{i}"), &[&prev], &[&out], vec![]),
+                };
+            }
+            prev = format!("t{i}");
+            i += 1;
+        }
+        b.output(&prev, DataType::Float);
+        let model = layerwise_model::Model::from_proto(b.build(), "chain.onnx").unwrap();
+        let index = layerwise_model::GraphIndex::build(model.graph()).unwrap();
+        let (exposed, _) = expose(&model.proto, &index, &layerwise_model::Selection::All).unwrap();
+        (model, exposed)
+    }
+
+    #[test]
+    fn typing_in_pieces_gives_the_whole_models_types() {
+        let (model, exposed) = chain(3 * TYPING_PIECE_NODES + 17, None);
+        let whole = exposed_types(&model, &exposed).unwrap();
+        let pieces = types_in_pieces(&model, &exposed).unwrap();
+        assert_eq!(pieces.len(), whole.len());
+        assert_eq!(pieces, whole);
+        // The FP16 tensors and the unknown batch dimension are what a border must carry.
+        assert_eq!(pieces["t2001"], InferredType { dtype: Some(DType::F16), dims: vec![None, Some(8)] });
+    }
+
+    #[test]
+    fn typing_is_not_cut_where_a_shape_value_crosses_a_border() {
+        let (model, exposed) = chain(3 * TYPING_PIECE_NODES, Some(900));
+        let why = types_in_pieces(&model, &exposed).unwrap_err();
+        assert!(why.contains("'s900', not a floating tensor"), "{why}");
+    }
+}
