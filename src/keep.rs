@@ -594,3 +594,42 @@ fn run_converted(candidate: &mut dyn Backend, model: &Model, index: &GraphIndex,
     }
     Ok(candidate.run(&RunRequest { model, index, inputs, selection })?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::convert::{float_tensor_set, ConvertOptions, Target};
+
+    /// A chain of Add (of a weight) and Relu, long enough to be checked in pieces: converted to
+    /// FP16, FP16 tensors cross every border into an Add that also reads an FP16 weight, so a
+    /// border declared in any other type makes ONNX Runtime refuse the piece.
+    #[test]
+    fn a_converted_model_type_checks_in_pieces() {
+        let mut b = ModelBuilder::new("chain", 17);
+        b.input("x", DataType::Float, &[Dim::Fixed(1), Dim::Fixed(8)]);
+        b.initializer(f32_tensor("w", &[8], &[0.5; 8]));
+        let n = 3 * TYPE_CHECK_NODES + 10;
+        let mut prev = "x".to_string();
+        for i in 0..n {
+            let out = format!("t{i}");
+            if i % 2 == 0 {
+                b.node("Add", &format!("n{i}"), &[&prev, "w"], &[&out], vec![]);
+            } else {
+                b.node("Relu", &format!("n{i}"), &[&prev], &[&out], vec![]);
+            }
+            prev = out;
+        }
+        b.output(&prev, DataType::Float);
+        let model = Model::from_proto(b.build(), "chain.onnx").unwrap();
+        let index = GraphIndex::build(model.graph()).unwrap();
+        let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
+        let conversion = convert_fp16(&model, &index, &float, &ConvertOptions::default()).unwrap();
+        let converted = model.derived(conversion.proto.clone(), "converted.onnx");
+        // Piece borders fall inside the converted chain (a Cast of the input comes first).
+        assert!(conversion.reduced_tensors.contains("t998") && conversion.reduced_tensors.contains("t1998"));
+        let checked = check_types_in_pieces(&model, &index, &converted, &conversion, Target::Fp16).expect("every border type known");
+        assert!(checked.is_ok(), "{checked:?}");
+        assert!(layerwise_runtime::check_types(&converted).is_ok());
+    }
+}
