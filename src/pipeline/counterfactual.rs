@@ -213,6 +213,7 @@ impl Trial<'_> {
         // whole converted model, as before, and `nodes_rerun` stays empty.
         // An emulation computes the same outputs by parts, bit for bit; the report does not tell
         // the two apart (`nodes_rerun` is for converted models).
+        let started = std::time::Instant::now();
         let part = if let Some(unquantized) = self.unquantized {
             // As deployed (only its outputs), as the output error it is weighed against.
             Some((unquantized.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None))
@@ -225,6 +226,9 @@ impl Trial<'_> {
             Some(done) => done,
             None => (keeper.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None),
         };
+        if std::env::var_os("LAYERWISE_TIMING").is_some() {
+            eprintln!("[timing] counterfactual check {node} ({} kept): {:.2}s", kept.len(), started.elapsed().as_secs_f64());
+        }
         let after = compare_all(index, &index.outputs, &self.reference.tensors, &out.tensors, tolerances);
         let after_error = after.get(self.worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
         let explained = KeepCheck::explained_share(self.before, after_error);
