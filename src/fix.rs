@@ -870,7 +870,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // The quantizers measured one at a time on the worst sample: those at fault are left out
     // first, the largest error alone first, before the walk's first divergent layers.
     use layerwise_analysis::QuantizerAlone;
-    let mut by_error: std::collections::VecDeque<(QuantizerAlone, bool)> = match (&first.1.worst_output, first.1.status) {
+    let by_error: std::collections::VecDeque<(QuantizerAlone, bool)> = match (&first.1.worst_output, first.1.status) {
         (Some(output), Status::Diverged) => {
             let names: HashMap<String, String> = cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect();
             let of = |t: &str| names.get(t).cloned().or_else(|| index.is_graph_input(t).then(|| t.to_string()));
@@ -887,34 +887,63 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         }
         _ => Default::default(),
     };
-    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
-        if let Some((q, faulty)) = by_error.pop_front() {
-            // Every node that reads what the quantizer holds is left unquantized: its DequantizeLinear
-            // then has no reader.
-            let held = q.holds.as_ref().unwrap_or(&q.tensor);
-            let readers: Vec<String> = index.consumers(held).iter().map(|&c| index.nodes[c].name.clone()).collect();
-            let kept: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
-            let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| !kept.contains(n)).collect();
-            if new.is_empty() {
-                continue;
-            }
-            patterns.push(KeptPattern {
-                kind: "quantizer".to_string(),
-                because: format!(
-                    "the quantizer of '{}' (QuantizeLinear '{}') alone gives '{}' rel L2 {:.2e}{}: its readers are left unquantized",
-                    q.tensor,
-                    q.node,
-                    first.1.worst_output.as_deref().unwrap_or_default(),
-                    q.error,
-                    if faulty { ", at fault" } else { ", the largest alone of those left" }
-                ),
-                nodes: new,
-            });
-            let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
-            last = judge(&keep, &mut steps)?;
-            rounds.push(round(FixStage::Pattern, &keep, &last.1));
+    // Each quantizer's readers left unquantized, in that order: the smallest leading part of the
+    // list that brings the outputs within tolerance, found by bisection over its length (a few
+    // candidate runs, not one a quantizer), where the whole list does.
+    let mut groups: Vec<KeptPattern> = Vec::new();
+    for (q, faulty) in by_error {
+        // Every node that reads what the quantizer holds (its DequantizeLinear then has no reader),
+        // and the node that computes what it quantizes: quantize_static quantizes a node's output
+        // for its own sake unless that node is excluded too, so without it the exclusion list
+        // would not give the model written (a MiniLM's attention scores stayed quantized).
+        let held = q.holds.as_ref().unwrap_or(&q.tensor);
+        let producer = index.producer(&q.tensor).map(|p| p.name.clone());
+        let readers: Vec<String> = index.consumers(held).iter().map(|&c| index.nodes[c].name.clone()).chain(producer).collect();
+        let taken: Vec<&String> = groups.iter().flat_map(|p| &p.nodes).collect();
+        let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| !taken.contains(&n)).collect();
+        if new.is_empty() {
             continue;
         }
+        groups.push(KeptPattern {
+            kind: "quantizer".to_string(),
+            because: format!(
+                "the quantizer of '{}' (QuantizeLinear '{}') alone gives '{}' rel L2 {:.2e}{}: the nodes that read it and the one that computes what it quantizes are left unquantized",
+                q.tensor,
+                q.node,
+                first.1.worst_output.as_deref().unwrap_or_default(),
+                q.error,
+                if faulty { ", at fault" } else { ", the largest alone of those left" }
+            ),
+            nodes: new,
+        });
+    }
+    if !groups.is_empty() && last.1.status == Status::Diverged {
+        let keep_of = |k: usize| -> Vec<String> { groups[..k].iter().flat_map(|p| p.nodes.clone()).collect() };
+        let whole = judge(&keep_of(groups.len()), &mut steps)?;
+        rounds.push(round(FixStage::Pattern, &keep_of(groups.len()), &whole.1));
+        let (mut failing, mut passing) = (0, groups.len());
+        if whole.1.status != Status::Diverged {
+            let mut best = whole;
+            while passing - failing > 1 {
+                let mid = (failing + passing) / 2;
+                let trial = judge(&keep_of(mid), &mut steps)?;
+                rounds.push(round(FixStage::Pattern, &keep_of(mid), &trial.1));
+                if trial.1.status == Status::Diverged {
+                    failing = mid;
+                } else {
+                    passing = mid;
+                    best = trial;
+                }
+            }
+            last = best;
+        } else {
+            // Not enough alone: the walk goes on from there.
+            last = whole;
+        }
+        groups.truncate(passing);
+        patterns = groups;
+    }
+    while last.1.status == Status::Diverged && rounds.len() <= options.max_rounds {
         let Some(fd) = last.1.first_divergent.clone() else {
             stuck = Some("the outputs diverge with no first divergent layer to leave unquantized".to_string());
             break;

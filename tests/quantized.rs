@@ -226,7 +226,9 @@ fn the_counterfactual_of_a_quantized_candidate_keeps_the_break_unquantized() {
 
 /// `fix --cand-model QDQ.onnx` leaves the smallest set of nodes unquantized: on the planted
 /// clipped quantizer, measured at fault alone, the node that reads it (mm2), which then reads the
-/// Relu the quantizer took over computed in float (its clipping at 0 kept). The written
+/// Relu the quantizer took over computed in float (its clipping at 0 kept), and the node that
+/// computes what it quantizes (mm1), without which quantize_static would quantize mm1's output
+/// again for its own sake. The written
 /// model, read back and run on ONNX Runtime's CPU provider, passes; the exclusion list beside it
 /// names the float model's node for quantize_static and ModelOpt. The input is not modified.
 #[test]
@@ -241,20 +243,20 @@ fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     let report = json(&dir.path().join("f.json"));
     assert_eq!(report["status"], "fixed", "{t}");
-    assert_eq!(report["keep_fp32"], serde_json::json!(["mm2"]), "{t}");
+    assert_eq!(report["keep_fp32"], serde_json::json!(["mm2", "mm1"]), "{t}");
     assert_eq!(report["fixed_model_check"]["pass"], true, "{t}");
     // No keep-fp32 file is written, so none is named.
     assert!(t.contains("exclusion list: fixed.onnx.nodes-to-exclude.json") && !t.contains("keep-fp32"), "{t}");
     assert!(!dir.path().join("fixed.onnx.keep-fp32.json").exists());
     assert_eq!(std::fs::read(dir.path().join("clipped.onnx")).unwrap(), before);
-    // The written model: the clipped quantizer is a Relu, every other quantizer stays.
+    // The written model: the clipped quantizer is a Relu, and x's quantizer, which only mm1 read, is gone.
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     let ops: Vec<&str> = fixed.graph().node.iter().map(|n| n.op_type()).collect();
-    assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 1, "{ops:?}");
+    assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 0, "{ops:?}");
     assert!(ops.contains(&"Relu"), "{ops:?}");
     let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
-    assert_eq!(list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"], serde_json::json!(["mm2"]), "{list}");
-    assert_eq!(list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"], serde_json::json!(["^mm2$"]), "{list}");
+    assert_eq!(list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"], serde_json::json!(["mm2", "mm1"]), "{list}");
+    assert_eq!(list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"], serde_json::json!(["^mm2$", "^mm1$"]), "{list}");
 }
 
 /// A --cand-model that is no Q/DQ version of the model is refused with exit 2, before any output.
