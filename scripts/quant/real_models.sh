@@ -42,12 +42,12 @@ for m in nsfw minilm vad; do
   s=$(date +%s.%N)
   "$LAYERWISE" bisect "$d/float.onnx" --cand "$CAND" --cand-model "$d/qdq.onnx" --inputs "$OUT/data/$m/eval" \
     --json "$R/$m.bisect.json" >"$R/$m.bisect.txt" 2>"$R/$m.bisect.err" || echo "$m bisect: exit $?"
-  printf '%s bisect: %.1f s\n' "$m" "$(echo "$(date +%s.%N) - $s" | bc)" | tee -a "$R/timings.txt"
+  printf '%s bisect: %.1f s\n' "$m" "$(awk -v s="$s" -v e="$(date +%s.%N)" 'BEGIN{print e - s}')" | tee -a "$R/timings.txt"
   grep -E '^VERDICT|at fault' "$R/$m.bisect.txt" | head -3 | cut -c1-400
   s=$(date +%s.%N)
   "$LAYERWISE" fix "$d/float.onnx" --cand "$CAND" --cand-model "$d/qdq.onnx" --inputs "$OUT/data/$m/eval" \
     -o "$R/$m.fixed.onnx" --json "$R/$m.fix.json" >"$R/$m.fix.txt" 2>"$R/$m.fix.err" || echo "$m fix: exit $?"
-  printf '%s fix: %.1f s\n' "$m" "$(echo "$(date +%s.%N) - $s" | bc)" | tee -a "$R/timings.txt"
+  printf '%s fix: %.1f s\n' "$m" "$(awk -v s="$s" -v e="$(date +%s.%N)" 'BEGIN{print e - s}')" | tee -a "$R/timings.txt"
   grep -E '^FIX|check:' "$R/$m.fix.txt" | cut -c1-300
   if [[ -f $R/$m.fixed.onnx ]]; then
     cp "$R/$m.fixed.onnx" "$d/written_$TAG.onnx"
