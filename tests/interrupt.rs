@@ -140,7 +140,7 @@ fn an_interrupted_fix_takes_its_load_check_child_with_it() {
     std::fs::create_dir_all(&tmp).unwrap();
     save(&layerwise::demo::demo_model(), &work.join("orphan-check.onnx"));
     let mut parent = Command::new(env!("CARGO_BIN_EXE_layerwise"))
-        .args(["fix", "orphan-check.onnx", "-o", "fixed.onnx"])
+        .args(["fix", "orphan-check.onnx", "-o", "orphan-fixed.onnx"])
         .current_dir(&work)
         .env("TMPDIR", &tmp)
         .env("LAYERWISE_TEST_CHECK_LOAD_SLEEP_MS", "30000")
@@ -148,8 +148,9 @@ fn an_interrupted_fix_takes_its_load_check_child_with_it() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // The child's command line names the staged model in the parent's scratch folder under `tmp`.
-    let needle = tmp.join("layerwise-fix-").display().to_string();
+    // The child's command line names the staged model in the parent's staging folder beside -o
+    // (`.layerwise-fix-*/orphan-fixed.onnx`; the parent's own names it without a folder).
+    let needle = "/orphan-fixed.onnx".to_string();
     let started = Instant::now();
     while processes_with(&needle).is_empty() {
         assert!(parent.try_wait().unwrap().is_none(), "fix ended before its load check started");
@@ -167,8 +168,9 @@ fn an_interrupted_fix_takes_its_load_check_child_with_it() {
     }
     // Its own scratch goes with it (it ends through its SIGTERM handler).
     let deadline = Instant::now();
-    while entries(&tmp).iter().any(|e| e.starts_with("layerwise") || e.starts_with(".layerwise")) {
-        assert!(deadline.elapsed() < Duration::from_secs(5), "temporary files left: {:?}", entries(&tmp));
+    let left = || entries(&tmp).into_iter().chain(entries(&work)).filter(|e| e.starts_with("layerwise") || e.starts_with(".layerwise")).collect::<Vec<_>>();
+    while !left().is_empty() {
+        assert!(deadline.elapsed() < Duration::from_secs(5), "temporary files left: {:?}", left());
         std::thread::sleep(Duration::from_millis(20));
     }
 }
