@@ -295,3 +295,48 @@ fn the_quantizer_that_alone_gives_the_error_is_named_at_fault() {
     assert!(each[1]["error"].as_f64().unwrap() < 0.1 * together, "the input's quantizer is not at fault: {alone}");
     assert!(r["verdict"]["summary"].as_str().unwrap().contains("(QuantizeLinear 'r_q')") || t.contains("the quantizer of") && t.contains("(QuantizeLinear 'r_q') is at fault"), "{t}");
 }
+
+/// Beyond 256 activation quantizers, the 256 with the largest error of their own on the
+/// reference's values are measured alone and the others listed as not measured: on a chain of 300
+/// quantized Adds, the one planted with a scale 1000x too coarse is among them, and at fault.
+#[test]
+fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
+    let n = 300;
+    let planted = 137;
+    let build = |quantized: bool| {
+        let mut b = ModelBuilder::new("chain", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
+        b.initializer(f32_tensor("c", &[], &[0.001]));
+        b.initializer(TensorProto { name: Some("z".into()), dims: vec![], data_type: Some(DataType::Int8 as i32), int32_data: vec![0], ..Default::default() });
+        let mut prev = "x".to_string();
+        for i in 0..n {
+            let out = format!("t{i}");
+            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
+            prev = out.clone();
+            if quantized {
+                // |t| stays below 2: a step of 2/127, 1000x coarser at the planted one.
+                let scale = if i == planted { 2000.0 / 127.0 } else { 2.0 / 127.0 };
+                b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale]));
+                b.node("QuantizeLinear", &format!("q{i}"), &[&out, &format!("s{i}"), "z"], &[&format!("{out}_q")], vec![]);
+                b.node("DequantizeLinear", &format!("dq{i}"), &[&format!("{out}_q"), &format!("s{i}"), "z"], &[&format!("{out}_f")], vec![]);
+                prev = format!("{out}_f");
+            }
+        }
+        b.node("Identity", "out", &[&prev], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    save(&build(false), &dir.path().join("m.onnx"));
+    save(&build(true), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--no-isolate", "--no-counterfactual", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let alone = &json(&dir.path().join("r.json"))["quantizers_alone"];
+    assert_eq!(alone["each"].as_array().unwrap().len(), 256, "{t}");
+    let skipped = alone["not_measured"].as_array().unwrap();
+    assert_eq!(skipped.len(), n - 256, "{alone}");
+    assert!(skipped[0][1].as_str().unwrap().contains("not among the 256 of the 300 with the largest error of their own"), "{alone}");
+    assert_eq!(alone["each"][0]["node"], format!("q{planted}"), "{alone}");
+    assert!(t.contains(&format!("(QuantizeLinear 'q{planted}') is at fault")), "{t}");
+}

@@ -15,6 +15,9 @@ use layerwise_runtime::{ModelSession, Tensor};
 use super::compare::Job;
 use super::reference_of;
 
+/// The most quantizers measured alone, one run each.
+const MOST_ALONE: usize = 256;
+
 /// Measures each activation quantizer of the candidate alone on the reference, and all of them at
 /// once, on `output`; `None` where the candidate has none to measure.
 pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
@@ -62,9 +65,40 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     if measured.is_empty() {
         return Ok(None);
     }
-    let proto = switchable_quantizers(&pair.model.proto, &measured)?;
+    let mut proto = switchable_quantizers(&pair.model.proto, &measured)?;
+    // Beyond MOST_ALONE quantizers, each measured alone would be a run too many: those whose own
+    // error on the reference's values is largest are, read from one run with every quantized
+    // tensor an output.
+    let over = measured.len() > MOST_ALONE;
+    if over {
+        let graph = proto.graph.as_mut().expect("a rewritten model has a graph");
+        for (t, _) in measured.iter().filter(|(t, _)| !fed.contains(t.as_str())) {
+            graph.output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t.clone()), ..Default::default() });
+        }
+    }
     let mut session = ModelSession::cpu(pair.model, &proto, "quantizers alone")?;
     let tolerance = pair.tolerance;
+    let chosen: Vec<bool> = if over {
+        let mut inputs = feeds.to_vec();
+        inputs.push((QUANTIZER_SWITCHES.to_string(), Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool(vec![false; measured.len()]))));
+        let values = session.run(&inputs)?;
+        let own: Vec<f64> = measured
+            .iter()
+            .map(|(t, range)| {
+                let value = values.get(t).or_else(|| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v));
+                value.and_then(|v| layerwise_model::quant::quantizer_effect(range, &v.to_f32(), &v.shape).rel_l2).unwrap_or(0.0)
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..measured.len()).collect();
+        order.sort_by(|&a, &b| own[b].total_cmp(&own[a]));
+        let mut chosen = vec![false; measured.len()];
+        for &i in order.iter().take(MOST_ALONE) {
+            chosen[i] = true;
+        }
+        chosen
+    } else {
+        vec![true; measured.len()]
+    };
     let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
         let switches = Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool((0..measured.len()).map(on).collect()));
         let mut inputs = feeds.to_vec();
@@ -78,6 +112,10 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     let together = error(&run(&|_| true)?);
     let mut each = Vec::with_capacity(measured.len());
     for (i, ((tensor, _), (node, holds))) in measured.iter().zip(&nodes).enumerate() {
+        if !chosen[i] {
+            not_measured.push((node.clone(), format!("not among the {MOST_ALONE} of the {} with the largest error of their own on the reference's values", measured.len())));
+            continue;
+        }
         each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), holds: holds.clone(), error: error(&run(&|k| k == i)?) });
     }
     // Largest first; graph order on ties (a stable sort keeps it).
