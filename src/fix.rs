@@ -398,6 +398,16 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 cm.path.display()
             );
         }
+        // Operators that compute on quantized values themselves (QOperator format) have no
+        // float counterpart to keep: unquantizing them would mean rebuilding the float graph.
+        let integer_ops: std::collections::BTreeSet<&str> = cm.graph().node.iter().map(|n| n.op_type()).filter(|op| op.starts_with("QLinear") || matches!(*op, "ConvInteger" | "MatMulInteger" | "DynamicQuantizeLinear")).collect();
+        if !integer_ops.is_empty() {
+            bail!(
+                "fix --cand-model takes a Q/DQ model (float ops between QuantizeLinear/DequantizeLinear pairs, quantize_static's QuantFormat.QDQ), and {} computes with {} (the QOperator format, or dynamic quantization): its nodes have no float counterpart to leave unquantized; quantize it again in the QDQ format",
+                cm.path.display(),
+                integer_ops.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
         return fix_quantized(options, setup, sets, steps);
     }
     let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
@@ -828,6 +838,9 @@ fn num(v: f64) -> String {
 /// model with those nodes unquantized is written (with -o, else to a scratch copy), read back and
 /// run on the candidate backend: FIXED needs that run to pass. Beside it goes the exclusion list
 /// the quantizers take (`nodes_to_exclude`, the float model's node names).
+/// The most kept patterns of a quantized candidate's set that `fix` tries dropping one at a time.
+const MOST_PRUNED: usize = 24;
+
 fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(String, Tensor)>)>, mut steps: Steps) -> Result<FixOutcome> {
     use std::collections::HashMap;
     let b = &options.bisect;
@@ -891,31 +904,43 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // list that brings the outputs within tolerance, found by bisection over its length (a few
     // candidate runs, not one a quantizer), where the whole list does.
     let mut groups: Vec<KeptPattern> = Vec::new();
-    for (q, faulty) in by_error {
-        // Every node that reads what the quantizer holds (its DequantizeLinear then has no reader),
-        // and the node that computes what it quantizes: quantize_static quantizes a node's output
-        // for its own sake unless that node is excluded too, so without it the exclusion list
-        // would not give the model written (a MiniLM's attention scores stayed quantized).
-        let held = q.holds.as_ref().unwrap_or(&q.tensor);
-        let producer = index.producer(&q.tensor).map(|p| p.name.clone());
-        let readers: Vec<String> = index.consumers(held).iter().map(|&c| index.nodes[c].name.clone()).chain(producer).collect();
+    // Every activation quantizer of the candidate, by its QuantizeLinear: those measured in the
+    // order above, then the others (not measured alone, or nothing alone) in graph order.
+    let (_, ci) = cand_model.as_ref().expect("checked by the caller");
+    let measured: Vec<(String, Option<(QuantizerAlone, bool)>)> = by_error.into_iter().map(|(q, f)| (q.node.clone(), Some((q, f)))).collect();
+    let rest: Vec<(String, Option<(QuantizerAlone, bool)>)> = ci
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == "QuantizeLinear" && !ci.is_constant_like(n.inputs.first().map_or("", String::as_str)) && !measured.iter().any(|(m, _)| *m == n.name))
+        .map(|n| (n.name.clone(), None))
+        .collect();
+    for (q_node, alone) in measured.into_iter().chain(rest) {
+        // In the candidate: the nodes that read its DequantizeLinear's output (which then has no
+        // reader), and the node that computes what it quantizes: quantize_static quantizes a
+        // node's output for its own sake unless that node is excluded too, so without it the
+        // exclusion list would not give the model written (a MiniLM's attention scores stayed
+        // quantized). Candidate nodes keep the float model's names.
+        let Some(q) = ci.node(&q_node) else { continue };
+        let dequantized: Vec<&String> = q.outputs.iter().flat_map(|o| ci.consumers(o)).map(|&c| &ci.nodes[c]).filter(|c| c.op_type == "DequantizeLinear").flat_map(|c| &c.outputs).collect();
+        let producer = q.inputs.first().and_then(|x| ci.producer(x)).map(|p| p.name.clone());
+        let readers: Vec<String> = dequantized.iter().flat_map(|d| ci.consumers(d)).map(|&c| ci.nodes[c].name.clone()).chain(producer).collect();
         let taken: Vec<&String> = groups.iter().flat_map(|p| &p.nodes).collect();
         let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| !taken.contains(&n)).collect();
         if new.is_empty() {
             continue;
         }
-        groups.push(KeptPattern {
-            kind: "quantizer".to_string(),
-            because: format!(
+        let because = match &alone {
+            Some((a, faulty)) => format!(
                 "the quantizer of '{}' (QuantizeLinear '{}') alone gives '{}' rel L2 {:.2e}{}: the nodes that read it and the one that computes what it quantizes are left unquantized",
-                q.tensor,
-                q.node,
+                a.tensor,
+                a.node,
                 first.1.worst_output.as_deref().unwrap_or_default(),
-                q.error,
-                if faulty { ", at fault" } else { ", the largest alone of those left" }
+                a.error,
+                if *faulty { ", at fault" } else { ", the largest alone of those left" }
             ),
-            nodes: new,
-        });
+            None => format!("the quantizer QuantizeLinear '{q_node}' (not measured alone, or nothing alone): the nodes that read it and the one that computes what it quantizes are left unquantized"),
+        };
+        groups.push(KeptPattern { kind: "quantizer".to_string(), because, nodes: new });
     }
     if !groups.is_empty() && last.1.status == Status::Diverged {
         let keep_of = |k: usize| -> Vec<String> { groups[..k].iter().flat_map(|p| p.nodes.clone()).collect() };
@@ -953,7 +978,11 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         let plan = runner.translate(&pattern.nodes);
         let new: Vec<String> = plan.kept.into_iter().filter(|n| !kept.contains(n)).collect();
         if new.is_empty() {
-            stuck = Some(format!("'{}' is already unquantized, or has no counterpart in the candidate ({}), and the outputs still diverge", fd.node, plan.without_counterpart.join(", ")));
+            stuck = Some(if plan.without_counterpart.is_empty() {
+                format!("'{}' is already unquantized and the outputs still diverge", fd.node)
+            } else {
+                format!("'{}' has no counterpart in the candidate ({} fused away or renamed) and the outputs still diverge", fd.node, plan.without_counterpart.join(", "))
+            });
             break;
         }
         patterns.push(KeptPattern { kind: pattern.kind.to_string(), because: format!("'{}' is the first divergent layer with the earlier rounds' nodes unquantized", fd.node), nodes: new });
@@ -961,8 +990,11 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         last = judge(&keep, &mut steps)?;
         rounds.push(round(FixStage::Pattern, &keep, &last.1));
     }
-    // The smallest set: each pattern the others do without is dropped, latest first.
-    if last.1.status != Status::Diverged {
+    // The smallest set: each pattern the others do without is dropped, latest first, one candidate
+    // run a pattern; beyond MOST_PRUNED patterns that would be more runs than the search took, and
+    // the set stays as the bisection left it (the summary says so).
+    let unpruned = (patterns.len() > MOST_PRUNED).then_some(patterns.len());
+    if last.1.status != Status::Diverged && unpruned.is_none() {
         for k in (0..patterns.len()).rev() {
             if patterns.len() == 1 {
                 break;
@@ -1020,11 +1052,12 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let summary = match (&stuck, fixed) {
         (_, true) if keep.is_empty() => "every output is within tolerance with nothing left unquantized".to_string(),
         (_, true) => format!(
-            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}",
+            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}{}",
             keep.len(),
             if keep.len() == 1 { "" } else { "s" },
             keep.join(", "),
-            exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default()
+            exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default(),
+            unpruned.map(|n| format!("; not pruned: {n} patterns, more than the {MOST_PRUNED} dropped one at a time, so a smaller set may exist")).unwrap_or_default()
         ),
         (Some(why), false) => format!("no set of nodes left unquantized was found: {why}"),
         (None, false) if searched_fixed => "the search's set passes, but the written model does not: it is not FIXED".to_string(),

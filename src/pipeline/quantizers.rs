@@ -51,7 +51,11 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
             not_measured.push((q.node, "a float8 quantizer (its step is relative; only integer formats are measured one at a time)".to_string()));
             continue;
         }
-        let Some(tensor) = q.quantizes.filter(|t| pair.index.producer(t).is_some() || fed.contains(t.as_str())) else {
+        // Where the reference has no tensor by the quantized value (quantize_static renames a graph
+        // output's producer so that the DequantizeLinear can carry the output's name), the tensor
+        // the DequantizeLinear holds is that value.
+        let computed = |t: &String| pair.index.producer(t).is_some() || fed.contains(t.as_str());
+        let Some(tensor) = q.quantizes.clone().filter(computed).or_else(|| q.holds.iter().find(|h| computed(h)).cloned()) else {
             not_measured.push((q.node, "the reference computes no tensor of the value it quantizes".to_string()));
             continue;
         };

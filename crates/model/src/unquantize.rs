@@ -81,10 +81,10 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
     let mut new_weights: Vec<TensorProto> = Vec::new();
     // A dequantized weight is made once per DequantizeLinear, whatever number of kept readers.
     let mut float_of_dq: HashMap<String, String> = HashMap::new();
-    // Relus that stand for clipping quantizers bypassed for a kept reader, placed right after the
-    // quantizer they stand for (by its position), one per float tensor.
-    let mut relus: Vec<(usize, NodeProto)> = Vec::new();
-    let mut relu_of: HashMap<String, String> = HashMap::new();
+    // The reference's activations a bypassed quantizer held, for kept readers, placed right after
+    // that quantizer (by its position), one per float tensor.
+    let mut activations: Vec<(usize, NodeProto)> = Vec::new();
+    let mut held_of: HashMap<String, String> = HashMap::new();
     for name in nodes {
         let info = index.node(name).ok_or_else(|| ModelError::UnknownNode(name.clone()))?;
         for (slot, input) in info.inputs.iter().enumerate() {
@@ -117,24 +117,42 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
                 let q = index.producer(&quantized).expect("just checked");
                 done.bypassed_inputs.push((name.clone(), slot));
                 let float = q.inputs.first().cloned().unwrap_or_default();
-                // A quantizer whose zero point is its type's least value clips at 0: it holds a
-                // Relu (quantize_static drops the Relu after a Conv into it, and the Conv's output
-                // is then the float tensor). Its clipping is part of the value, not of the
-                // rounding, so the kept node reads Relu(float).
-                let zero_point = q.inputs.get(2).filter(|z| !z.is_empty()).map(|z| initializers.get(z).is_some_and(crate::quant::clips_at_zero));
-                let clips = zero_point.unwrap_or_else(|| !graph.node[q.proto_index].attribute.iter().any(|a| a.name() == "output_dtype"));
-                if clips {
-                    match relu_of.get(&float) {
-                        Some(relu) => relu.clone(),
+                // Where the reference computes the float tensor's name with an activation the
+                // candidate does not (quantize_static folds a Relu, or a Clip to the quantizer's
+                // range, into the quantizer after a Conv and leaves its output name on the Conv),
+                // that activation is part of the value, not of the rounding: the kept node reads it
+                // computed on the float tensor, as the reference computes it.
+                let held = reference.as_ref().and_then(|(g, ri)| {
+                    let theirs = ri.producer(&float).filter(|p| matches!(p.op_type.as_str(), "Relu" | "Clip"))?;
+                    let ours = index.producer(&float);
+                    ours.is_none_or(|o| o.op_type != theirs.op_type).then(|| (g, &g.node[theirs.proto_index]))
+                });
+                match held {
+                    None => float,
+                    Some((g, activation)) => match held_of.get(&float) {
+                        Some(out) => out.clone(),
                         None => {
-                            let relu = fresh(&format!("{float}_relu"));
-                            relus.push((q.proto_index, NodeProto { name: Some(fresh(&format!("{}_as_relu", q.name))), op_type: Some("Relu".into()), input: vec![float.clone()], output: vec![relu.clone()], ..Default::default() }));
-                            relu_of.insert(float, relu.clone());
-                            relu
+                            let out = fresh(&format!("{float}_{}", activation.op_type().to_lowercase()));
+                            let mut inputs = vec![float.clone()];
+                            // A Clip's bounds: the reference's constants, copied under fresh names.
+                            for bound in activation.input.iter().skip(1) {
+                                if bound.is_empty() {
+                                    inputs.push(String::new());
+                                    continue;
+                                }
+                                let value = g.initializer.iter().find(|w| w.name() == bound.as_str()).cloned().ok_or_else(|| {
+                                    ModelError::InvalidGraph(format!("the reference's {} '{}' reads '{bound}', which is no initializer: its bound cannot be copied", activation.op_type(), activation.name()))
+                                })?;
+                                let name = fresh(&format!("{bound}_reference"));
+                                new_weights.push(TensorProto { name: Some(name.clone()), ..value });
+                                inputs.push(name);
+                            }
+                            let node = NodeProto { name: Some(fresh(&format!("{}_as_reference", activation.name()))), op_type: activation.op_type.clone(), input: inputs, output: vec![out.clone()], attribute: activation.attribute.clone(), ..Default::default() };
+                            activations.push((q.proto_index, node));
+                            held_of.insert(float, out.clone());
+                            out
                         }
-                    }
-                } else {
-                    float
+                    },
                 }
             } else {
                 continue;
@@ -151,10 +169,10 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
         graph.node[dq.proto_index] = NodeProto { name: Some(format!("{dq_name}_as_{}", op.to_lowercase())), op_type: Some(op.to_string()), input: vec![float], output: vec![bypass.dequantized.clone()], ..Default::default() };
         done.removed.push(dq_name);
     }
-    if !relus.is_empty() {
+    if !activations.is_empty() {
         let mut after: HashMap<usize, Vec<NodeProto>> = HashMap::new();
-        for (position, relu) in relus {
-            after.entry(position).or_default().push(relu);
+        for (position, node) in activations {
+            after.entry(position).or_default().push(node);
         }
         let nodes = std::mem::take(&mut graph.node);
         for (i, n) in nodes.into_iter().enumerate() {
@@ -291,23 +309,60 @@ mod tests {
         assert_eq!(node(&done.model, "add").unwrap().input, vec!["r_f", "x_f"]);
     }
 
-    /// A kept reader of a quantizer that clips at 0 (zero point -128: a Relu taken over) reads
-    /// Relu(float), not the float tensor, so that keeping it unquantized keeps the Relu (before, the
-    /// Relu was lost: a real VAD model's output went from 0.35 to 12.8 relative L2 when a Conv
-    /// after such a quantizer was kept).
+    /// The float model of `qdq()` with `activation` ("Relu", or "Clip" to [0, 6], or "" for
+    /// none) between mm1 and the add, under the name the candidate leaves on mm1's output.
+    fn reference_with(activation: &str) -> ModelProto {
+        let mut r = ModelBuilder::new("r", 17);
+        r.input("x", DataType::Float, &[Dim::from(1), Dim::from(2)]);
+        r.initializer(f32_tensor("w1", &[2, 2], &[0.5, -0.75, 1.5, 0.75]));
+        r.initializer(f32_tensor("lo", &[], &[0.0]));
+        r.initializer(f32_tensor("hi", &[], &[6.0]));
+        match activation {
+            "" => r.node("MatMul", "mm1", &["x", "w1"], &["r"], vec![]),
+            "Clip" => r.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]).node("Clip", "clip", &["h", "lo", "hi"], &["r"], vec![]),
+            op => r.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]).node(op, "act", &["h"], &["r"], vec![]),
+        };
+        r.node("Add", "add", &["r", "x"], &["y"], vec![]);
+        r.output("y", DataType::Float);
+        r.build()
+    }
+
+    /// A kept reader of a quantizer that took over the reference's activation (quantize_static
+    /// folds a Relu, or a Clip to the quantizer's range, into it and leaves the activation's output
+    /// name on the MatMul) reads that activation computed on the float tensor; where the reference
+    /// has none there, it reads the float tensor, whatever the zero point (found by the
+    /// independent tester: taking every zero point of -128 for a Relu put 71 Relus into a YOLOv8
+    /// whose SiLU outputs have that zero point, and a Relu in place of a hardswish's Clip to [0, 6]).
+    /// Before, the Relu was lost (a real VAD model's `cn` went from 0.35 to 12.8 relative L2).
     #[test]
-    fn a_kept_reader_of_a_clipping_quantizer_reads_the_relu_it_holds() {
-        let q = qdq();
-        let done = keep_unquantized(&q, &["add".to_string()], &[], None).unwrap();
-        let add = node(&done.model, "add").unwrap();
-        let relu = done.model.graph.as_ref().unwrap().node.iter().find(|n| n.output.first() == Some(&add.input[0])).unwrap();
-        assert_eq!((relu.op_type(), relu.input.as_slice()), ("Relu", &["r".to_string()][..]));
-        // The other input's quantizer does not clip (zero point 0): read as it is.
-        assert_eq!(add.input[1], "x");
-        // In graph order: the Relu after mm1, before the add.
-        let order: Vec<&str> = done.model.graph.as_ref().unwrap().node.iter().map(|n| n.name()).collect();
-        let at = |n: &str| order.iter().position(|o| *o == n).unwrap();
-        assert!(at("mm1") < at(relu.name()) && at(relu.name()) < at("add"), "{order:?}");
+    fn a_kept_reader_reads_the_activation_the_reference_computes_where_the_quantizer_held_it() {
+        let graph = |m: &ModelProto| m.graph.clone().unwrap();
+        for (activation, op) in [("Relu", Some("Relu")), ("Clip", Some("Clip")), ("", None)] {
+            let done = keep_unquantized(&qdq(), &["add".to_string()], &[], Some(&reference_with(activation))).unwrap();
+            let g = graph(&done.model);
+            let add = node(&done.model, "add").unwrap();
+            // The other input's quantizer holds nothing of the kind: read as it is.
+            assert_eq!(add.input[1], "x");
+            match op {
+                None => assert_eq!(add.input[0], "r", "{activation}: no activation in the reference, the float tensor itself"),
+                Some(op) => {
+                    let held = g.node.iter().find(|n| n.output.first() == Some(&add.input[0])).unwrap();
+                    assert_eq!((held.op_type(), held.input[0].as_str()), (op, "r"), "{activation}");
+                    if op == "Clip" {
+                        // Its bounds are the reference's, copied.
+                        let bound = |i: usize| Tensor::from_proto(g.initializer.iter().find(|w| w.name() == held.input[i]).unwrap()).unwrap().to_f32().to_vec();
+                        assert_eq!((bound(1), bound(2)), (vec![0.0], vec![6.0]));
+                    }
+                    // In graph order: after mm1, before the add.
+                    let order: Vec<&str> = g.node.iter().map(|n| n.name()).collect();
+                    let at = |n: &str| order.iter().position(|o| *o == n).unwrap();
+                    assert!(at("mm1") < at(held.name()) && at(held.name()) < at("add"), "{order:?}");
+                }
+            }
+        }
+        // Without the reference nothing is known of it: the float tensor.
+        let done = keep_unquantized(&qdq(), &["add".to_string()], &[], None).unwrap();
+        assert_eq!(node(&done.model, "add").unwrap().input[0], "r");
     }
 
     #[test]
