@@ -1019,6 +1019,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let written_index = GraphIndex::build(written.graph())?;
     let mut check_outputs = Vec::new();
     let mut check_pass = true;
+    // (passes, largest output error) of the sample whose numbers the check reports.
+    let mut check_worst = (true, f64::NEG_INFINITY);
     let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
     // Both models as deployed: only their outputs, so that ONNX Runtime fuses the Q/DQ pairs into
     // integer kernels, as exposing the tensors between them (the search's runs) prevents. The
@@ -1031,10 +1033,13 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     for ((name, feeds), reference) in sets.iter().zip(&references) {
         let given = deployed(cm, ci, feeds, reference, format!("running the candidate model as deployed ({name})"), &mut steps)?;
         let comparison = deployed(&written, &written_index, feeds, reference, format!("running the written model ({name})"), &mut steps)?;
-        // The first sample, replaced by the first failing one.
+        // The worst sample: a failing one before any passing one, then the largest output error
+        // (found by the independent tester: the first sample's numbers were shown as the worst).
         let passes = comparison.outputs_pass(index);
-        if check_outputs.is_empty() || (check_pass && !passes) {
+        let error = comparison.largest_error(&index.outputs);
+        if check_outputs.is_empty() || worse(!passes, error, Some((!check_worst.0, check_worst.1))) {
             check_outputs = output_changes(index, &given, &comparison);
+            check_worst = (passes, error);
         }
         check_pass &= passes;
     }
