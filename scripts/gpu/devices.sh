@@ -11,15 +11,4 @@ GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 REC="$R/rec.onnx --inputs samples --cand ort:cuda --cand-model rec_fp16.onnx"
 run single "$R/layerwise" bisect $REC --json "$OUT/single.json"
 run devices "$R/layerwise" bisect $REC --devices "$GPUS" --json "$OUT/devices.json"
-python3 - "$OUT/single.json" "$OUT/devices.json" <<'PY'
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
-for r in (a, b):
-    r.pop("run_info", None)
-note = [n for n in b["cand"]["notes"] if "--devices" in n]
-b["cand"]["notes"] = [n for n in b["cand"]["notes"] if "--devices" not in n]
-print("devices note:", note)
-print("merged report identical to the single run (run_info and that note aside):", a == b)
-if a != b:
-    print("differing keys:", [k for k in a if a[k] != b.get(k)])
-PY
+same_reports "$OUT/single.json" "$OUT/devices.json"

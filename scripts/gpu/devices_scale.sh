@@ -42,18 +42,7 @@ if gaps:
     print(f"one GPU, {n} samples: progress lines seen {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
 PY
     peak devices_$N run devices_$N "$R/layerwise" bisect $REC --devices "$GPUS" --json "$OUT/devices_$N.json"
-    python3 - "$OUT/one_$N.json" "$OUT/devices_$N.json" <<'PY'
-import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:])
-for r in (a, b):
-    r.pop("run_info", None)
-note = [n for n in b["cand"]["notes"] if "--devices" in n]
-b["cand"]["notes"] = [n for n in b["cand"]["notes"] if "--devices" not in n]
-print("devices note:", note)
-print("report over the GPUs identical to the one-GPU run's (run_info and that note aside):", a == b)
-if a != b:
-    print("differing keys:", [k for k in a if a[k] != b.get(k)])
-PY
+    same_reports "$OUT/one_$N.json" "$OUT/devices_$N.json"
 done
 # One plain candidate run of each sample: a CUDA session of the FP16 file created once, then each
 # sample run once (the first run apart), as a user's own loop pays it.

@@ -37,3 +37,20 @@ for i in range(n):
     np.savez(f"samples/s{i:0{len(str(n - 1))}d}.npz", x=(rng.random((1, 3, 48, 320)) * 255).astype(np.float32))
 PY
 }
+
+# same_reports ONE.json DEVICES.json: whether the --devices report equals the one-GPU report,
+# run_info and the note naming the GPUs aside (printed, with that note and any differing keys).
+same_reports() {
+    python3 - "$1" "$2" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:])
+for r in (a, b):
+    r.pop("run_info", None)
+note = [n for n in b["cand"]["notes"] if "--devices" in n]
+b["cand"]["notes"] = [n for n in b["cand"]["notes"] if "--devices" not in n]
+print("devices note:", note)
+print("report over the GPUs identical to the one-GPU run's (run_info and that note aside):", a == b)
+if a != b:
+    print("differing keys:", [k for k in a if a[k] != b.get(k)])
+PY
+}
