@@ -883,10 +883,10 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // The quantizers measured one at a time on the worst sample: those at fault are left out
     // first, the largest error alone first, before the walk's first divergent layers.
     use layerwise_analysis::QuantizerAlone;
-    let by_error: std::collections::VecDeque<(QuantizerAlone, bool)> = match (&first.1.worst_output, first.1.status) {
+    let by_error: Vec<(QuantizerAlone, bool)> = match (&first.1.worst_output, first.1.status) {
         (Some(output), Status::Diverged) => {
-            let names: HashMap<String, String> = cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect();
-            let of = |t: &str| names.get(t).cloned().or_else(|| index.is_graph_input(t).then(|| t.to_string()));
+            let names = crate::pipeline::reference_names(&cand_names);
+            let of = crate::pipeline::reference_of(index, &names);
             let pair = crate::pipeline::quantizers::QuantizedPair { model, index, candidate: cand_model.as_ref().expect("checked by the caller"), reference_of: &of, tolerance: tolerances.of(output), fault_threshold: judging.rule.min_break };
             let error = first.0.get(output).map_or(f64::INFINITY, |r| r.error_level());
             let found = steps.run("measuring each quantizer alone", || crate::pipeline::quantizers::measure(&pair, &sets[worst_sample.get()].1, output, error))?;
@@ -908,12 +908,16 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // order above, then the others (not measured alone, or nothing alone) in graph order.
     let (_, ci) = cand_model.as_ref().expect("checked by the caller");
     let measured: Vec<(String, Option<(QuantizerAlone, bool)>)> = by_error.into_iter().map(|(q, f)| (q.node.clone(), Some((q, f)))).collect();
+    let measured_nodes: std::collections::HashSet<&str> = measured.iter().map(|(m, _)| m.as_str()).collect();
     let rest: Vec<(String, Option<(QuantizerAlone, bool)>)> = ci
         .nodes
         .iter()
-        .filter(|n| n.op_type == "QuantizeLinear" && !ci.is_constant_like(n.inputs.first().map_or("", String::as_str)) && !measured.iter().any(|(m, _)| *m == n.name))
+        .filter(|n| n.op_type == "QuantizeLinear" && !ci.is_constant_like(n.inputs.first().map_or("", String::as_str)) && !measured_nodes.contains(n.name.as_str()))
         .map(|n| (n.name.clone(), None))
         .collect();
+    drop(measured_nodes);
+    // The nodes already in a group, so that each node is kept by the first quantizer that needs it.
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
     for (q_node, alone) in measured.into_iter().chain(rest) {
         // In the candidate: the nodes that read its DequantizeLinear's output (which then has no
         // reader), and the node that computes what it quantizes: quantize_static quantizes a
@@ -924,8 +928,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         let dequantized: Vec<&String> = q.outputs.iter().flat_map(|o| ci.consumers(o)).map(|&c| &ci.nodes[c]).filter(|c| c.op_type == "DequantizeLinear").flat_map(|c| &c.outputs).collect();
         let producer = q.inputs.first().and_then(|x| ci.producer(x)).map(|p| p.name.clone());
         let readers: Vec<String> = dequantized.iter().flat_map(|d| ci.consumers(d)).map(|&c| ci.nodes[c].name.clone()).chain(producer).collect();
-        let taken: Vec<&String> = groups.iter().flat_map(|p| &p.nodes).collect();
-        let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| !taken.contains(&n)).collect();
+        let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| taken.insert(n.clone())).collect();
         if new.is_empty() {
             continue;
         }

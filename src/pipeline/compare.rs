@@ -67,7 +67,7 @@ impl<'a> Job<'a> {
     /// Candidate model tensor -> the reference tensor whose value it holds (the matching's pairs
     /// read backwards).
     pub(super) fn reference_names(&self) -> HashMap<String, String> {
-        self.cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect()
+        super::reference_names(&self.cand_names)
     }
 
     /// The job that runs `setup`'s backends on its model (borrowed from the caller).

@@ -336,7 +336,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     let quantizer_steps = match (&job.judging.quantization, &job.cand_model) {
         (Some(_), Some((cm, ci))) if options.noise_floor => {
             let names = job.reference_names();
-            let of = reference_of(job, &names);
+            let of = reference_of(&job.index, &names);
             let mut steps = layerwise_model::quant::quantizer_steps(&job.index, cm.graph(), ci, &of);
             let refit = refit_faulty_steps(&mut steps, &compared.comparison);
             if !refit.is_empty() {
@@ -632,7 +632,7 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
 fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerRange> {
     let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Default::default() };
     let names = job.reference_names();
-    let of = reference_of(job, &names);
+    let of = reference_of(&job.index, &names);
     layerwise_model::quant::activation_ranges(cm.graph(), ci, &of)
 }
 
@@ -696,9 +696,16 @@ fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, compar
 }
 
 /// The reference tensor a candidate tensor holds, for the quantizer readers: its pair
-/// (`names`, `Job::reference_names`), or a graph input, which both sides are fed.
-fn reference_of<'j>(job: &'j Job, names: &'j std::collections::HashMap<String, String>) -> impl Fn(&str) -> Option<String> + 'j {
-    move |t: &str| names.get(t).cloned().or_else(|| job.index.is_graph_input(t).then(|| t.to_string()))
+/// (`names`, [`reference_names`]), or a graph input of the reference (`index`), which both sides
+/// are fed.
+pub(crate) fn reference_of<'j>(index: &'j layerwise_model::GraphIndex, names: &'j std::collections::HashMap<String, String>) -> impl Fn(&str) -> Option<String> + 'j {
+    move |t: &str| names.get(t).cloned().or_else(|| index.is_graph_input(t).then(|| t.to_string()))
+}
+
+/// The matching's pairs read backwards: candidate tensor -> reference tensor (`cand_names` maps
+/// each reference tensor to the candidate tensor holding its value).
+pub(crate) fn reference_names(cand_names: &std::collections::HashMap<String, String>) -> std::collections::HashMap<String, String> {
+    cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect()
 }
 
 /// The weights that keeping the first divergent node's pattern at reference precision keeps

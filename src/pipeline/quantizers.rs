@@ -23,7 +23,7 @@ const MOST_ALONE: usize = 256;
 pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
     let Some(candidate) = &job.cand_model else { return Ok(None) };
     let names = job.reference_names();
-    let of = reference_of(job, &names);
+    let of = reference_of(&job.index, &names);
     let pair = QuantizedPair { model: job.model, index: &job.index, candidate, reference_of: &of, tolerance: job.judging.tolerances.of(output), fault_threshold: job.judging.rule.min_break };
     measure(&pair, feeds, output, candidate_error)
 }
@@ -46,6 +46,8 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     let mut nodes = Vec::new();
     let mut not_measured = Vec::new();
     let fed: std::collections::HashSet<&str> = feeds.iter().map(|(n, _)| n.as_str()).collect();
+    // The reference tensors already measured: a value quantized twice is measured once.
+    let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for q in activation_quantizers(cm.graph(), ci, pair.reference_of) {
         if q.range.format.family().starts_with("FP8") {
             not_measured.push((q.node, "a float8 quantizer (its step is relative; only integer formats are measured one at a time)".to_string()));
@@ -59,7 +61,7 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
             not_measured.push((q.node, "the reference computes no tensor of the value it quantizes".to_string()));
             continue;
         };
-        if measured.iter().any(|(t, _)| *t == tensor) {
+        if !seen.insert(tensor.clone()) {
             continue;
         }
         let holds = q.holds.into_iter().find(|h| *h != tensor);
