@@ -118,6 +118,11 @@ struct FixArgs {
     /// kernels); -o writes it with those nodes unquantized and OUT.nodes-to-exclude.json beside it.
     #[arg(long, value_name = "QDQ_MODEL")]
     cand_model: Option<PathBuf>,
+    /// With --cand sim:int8 or sim:fp8: the quantization config (JSON: format, op_types,
+    /// per_channel, nodes_to_exclude, calibration; docs/quantization.md); the fixed model is the
+    /// Q/DQ model re-quantized with the set excluded.
+    #[arg(long, value_name = "FILE")]
+    quant_config: Option<PathBuf>,
     #[command(flatten)]
     inputs: InputArgs,
     #[command(flatten)]
@@ -141,6 +146,8 @@ struct BisectArgs {
     #[arg(long = "ref", default_value = "ort:cpu")]
     reference: BackendSpec,
     /// Candidate backend spec: sim:fp16|bf16|tf32[,engine=trt] (emulated on the CPU),
+    /// sim:int8|fp8 (the model quantized to Q/DQ by layerwise, calibrated on the inputs, run on
+    /// ONNX Runtime's CPU provider; see --quant-config),
     /// ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,device=N],
     /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH (saved tensors).
     #[arg(long = "cand", default_value = "sim:fp16")]
@@ -150,6 +157,10 @@ struct BisectArgs {
     /// are compared as float32. Each model gets the inputs it declares.
     #[arg(long, value_name = "MODEL")]
     cand_model: Option<PathBuf>,
+    /// With --cand sim:int8 or sim:fp8: the quantization config (JSON: format int8|uint8|fp8,
+    /// op_types, per_channel, nodes_to_exclude, calibration "minmax"); defaults where absent.
+    #[arg(long, value_name = "FILE")]
+    quant_config: Option<PathBuf>,
     #[command(flatten)]
     inputs: InputArgs,
     #[command(flatten)]
@@ -469,6 +480,7 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         reference: args.reference,
         candidate: args.candidate,
         cand_model: args.cand_model,
+        quant_config: args.quant_config,
         inputs: InputOptions::default(),
         atol: args.tolerances.global(ToleranceField::Atol),
         rtol: args.tolerances.global(ToleranceField::Rtol),
@@ -638,6 +650,7 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
             outputs: Outputs { json: args.json, ..Outputs::default() },
             progress: !quiet,
             cand_model: args.cand_model,
+            quant_config: args.quant_config,
             ..BisectOptions::new(&args.model, args.reference, args.candidate)
         },
         output: args.output,

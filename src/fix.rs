@@ -844,7 +844,7 @@ const MOST_PRUNED: usize = 24;
 fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(String, Tensor)>)>, mut steps: Steps) -> Result<FixOutcome> {
     use std::collections::HashMap;
     let b = &options.bisect;
-    let Setup { model, index, cand_model, cand_names, mut reference, mut candidate, judging, order, .. } = setup;
+    let Setup { model, index, cand_model, cand_names, mut reference, mut candidate, judging, order, sim_quant, .. } = setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
     let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
     let runner = crate::keep::UnquantizedRunner::new(model, index, cm, ci, &cand_names);
@@ -1016,8 +1016,17 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // The model as written, read back and run: every FIXED holds in that file.
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-quantized-")?;
     let path = options.output.clone().unwrap_or_else(|| scratch.path().join("unquantized.onnx"));
-    let rewritten = runner.model(&keep)?;
-    cm.save_standalone(&rewritten.model, &path).with_context(|| format!("writing {}", path.display()))?;
+    // `sim:int8`/`sim:fp8`: the float model quantized again with the config and the set excluded
+    // (what a user's quantizer given the exclusion list writes), not the search's bypassed copy.
+    let (written_proto, excluded) = match &sim_quant {
+        Some(sq) => {
+            let mut excluded = sq.config.nodes_to_exclude.clone();
+            excluded.extend(keep.iter().filter(|k| !sq.config.nodes_to_exclude.contains(k)).cloned());
+            (steps.run("quantizing the model with the set excluded", || sq.requantize(model, index, &keep))?, excluded)
+        }
+        None => (runner.model(&keep)?.model, keep.clone()),
+    };
+    cm.save_standalone(&written_proto, &path).with_context(|| format!("writing {}", path.display()))?;
     let written = Model::load(&path)?;
     let written_index = GraphIndex::build(written.graph())?;
     let mut check_outputs = Vec::new();
@@ -1048,7 +1057,7 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     }
     let fixed = searched_fixed && check_pass;
     let exclusion = if let Some(out) = &options.output {
-        let list = exclusion_list(&keep);
+        let list = exclusion_list(&excluded);
         let mut bytes = serde_json::to_vec_pretty(&list)?;
         bytes.push(b'\n');
         write_atomic(&exclusion_list_path(out), &bytes)?;
@@ -1075,7 +1084,11 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         schema: FIX_SCHEMA.to_string(),
         model: b.model.display().to_string(),
         reference: b.reference.to_string(),
-        candidate: format!("{} --cand-model {}", b.candidate, cm.path.display()),
+        candidate: match (&sim_quant, &b.quant_config) {
+            (Some(_), Some(config)) => format!("{} --quant-config {}", b.candidate, config.display()),
+            (Some(_), None) => b.candidate.to_string(),
+            (None, _) => format!("{} --cand-model {}", b.candidate, cm.path.display()),
+        },
         status: if fixed { FixStatus::Fixed } else { FixStatus::NotFixed },
         summary,
         node_count: index.nodes.len(),

@@ -61,6 +61,9 @@ impl Reads {
         if let Some(m) = &options.cand_model {
             reads.file("the candidate model", m);
         }
+        if let Some(c) = &options.quant_config {
+            reads.file("the quantization config", c);
+        }
         if let Some(npz) = &options.inputs.npz {
             if npz.is_dir() {
                 // The folder's listing is the samples: nothing is written into it (a report named

@@ -25,6 +25,7 @@ pub mod repro;
 mod samples;
 mod search;
 pub(crate) mod setup;
+pub mod sim_quant;
 mod steps;
 
 use compare::{Compared, Job};

@@ -22,6 +22,8 @@ pub struct BisectOptions {
     /// A different model file for the candidate side (a converted FP16 model); tensors are matched
     /// by name.
     pub cand_model: Option<PathBuf>,
+    /// The quantization config of `--cand sim:int8` / `sim:fp8` (JSON; defaults where `None`).
+    pub quant_config: Option<PathBuf>,
     pub inputs: InputOptions,
     pub atol: Option<f64>,
     pub rtol: Option<f64>,
@@ -97,6 +99,7 @@ impl BisectOptions {
             reference,
             candidate,
             cand_model: None,
+            quant_config: None,
             inputs: InputOptions::default(),
             atol: None,
             rtol: None,

@@ -134,6 +134,8 @@ pub(crate) struct Setup<'m> {
     pub order: Vec<String>,
     pub control_flow: Option<ControlFlow>,
     pub matching: Option<TensorMatching>,
+    /// `sim:int8` / `sim:fp8`: the config and ranges the candidate model was quantized with.
+    pub sim_quant: Option<super::sim_quant::SimQuantized>,
 }
 
 /// Stage 1: the plan of a bisect of `original` with `options`.
@@ -161,7 +163,25 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // A candidate model may declare other inputs than the reference (a twin exported without an
     // input that its sibling takes): each side gets the inputs it declares, the samples hold the
     // union, and an input fed to one side only is noted.
-    let loaded_cand = match &options.cand_model {
+    // `sim:int8` / `sim:fp8` make their own Q/DQ model of the float32 one.
+    let quantized_emulation = options.candidate.quantized_emulation();
+    if quantized_emulation.is_some() {
+        if let Some(path) = &options.cand_model {
+            bail!(
+                "--cand {} quantizes the float32 model itself, so it takes no --cand-model ({}): judge a Q/DQ model you made with --cand ort:cpu --cand-model {}",
+                options.candidate,
+                path.display(),
+                path.display()
+            );
+        }
+    } else if let Some(path) = &options.quant_config {
+        bail!("--quant-config {} is for --cand sim:int8 or sim:fp8, not --cand {}", path.display(), options.candidate);
+    }
+    let quant_config = match quantized_emulation {
+        Some(fp8) => Some(super::sim_quant::load_config(options.quant_config.as_deref(), fp8)?),
+        None => None,
+    };
+    let mut loaded_cand = match &options.cand_model {
         Some(path) => {
             let loaded = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
             super::options::check_not_external_data(&loaded, "the candidate model's external data", options, &[])?;
@@ -202,6 +222,8 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         owners.candidate = Some(theirs.iter().map(|d| d.name.clone()).collect());
     }
     let all_samples = samples(&options.inputs)?;
+    // Calibration reads every sample, whichever shard this run takes.
+    let calibration_samples = if quant_config.is_some() { all_samples.clone() } else { Vec::new() };
     // Decisions that depend on how many samples there are follow the whole set, so that a shard
     // reports exactly what a single run over every sample does.
     let total_samples = all_samples.len();
@@ -241,6 +263,18 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((i, m)) => (i, Cow::Owned(m)),
         None => (index, original),
     };
+    let mut sim_quant = None;
+    if let Some(config) = quant_config {
+        if layerwise_runtime::typed::has_reduced_precision(&model) {
+            bail!("--cand {} quantizes a float32 model, and {} declares FP16/BF16 tensors: give the float32 model", options.candidate, options.model.display());
+        }
+        let feeds = sample_feeds(&decls, &calibration_samples, &owners)?;
+        let (cm, quantized) = steps.run("calibrating and quantizing the model", || super::sim_quant::quantized_candidate(&model, &index, reference.as_mut(), &feeds, config))?;
+        input_notes.push(quantized.note(&options.candidate.to_string()));
+        let ci = GraphIndex::build(cm.graph()).context("the quantized model")?;
+        loaded_cand = Some((cm, ci));
+        sim_quant = Some(quantized);
+    }
     // ONNX Runtime's CPU provider computes an FP16 model in float32: such a candidate runs one
     // node at a time in its own types instead (layerwise_runtime::typed), unless `typed=off`.
     if let Some((cm, _)) = &loaded_cand {
@@ -357,7 +391,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             bail!("a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})", index.outputs.join(", "));
         }
     }
-    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, judging, order, control_flow, matching })
+    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, judging, order, control_flow, matching, sim_quant })
 }
 
 /// Every sample's prepared inputs as the runs see them.

@@ -27,6 +27,10 @@ pub enum ModelError {
     UnknownNode(String),
     #[error("no node of op type '{op}' in the model (its op types: {present})")]
     UnknownOpType { op: String, present: String },
+    #[error("quantization config {path}: {why}")]
+    QuantConfig { path: String, why: String },
+    #[error("cannot quantize the model: {0}")]
+    Quantize(String),
     #[error("cannot write {path}: {cause}")]
     Write { path: PathBuf, cause: std::io::Error },
 }

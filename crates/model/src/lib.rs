@@ -21,6 +21,7 @@ pub mod matching;
 pub mod pair;
 pub mod perturb;
 pub mod quant;
+pub mod quantize;
 pub mod rounding;
 pub mod scratch;
 pub mod unquantize;

@@ -16,6 +16,8 @@ pub fn create_backend(spec: &BackendSpec) -> Result<Box<dyn Backend>, RuntimeErr
             backend.trt_style = *trt_style;
             Box::new(backend)
         }
+        // The Q/DQ model the pipeline wrote runs on ONNX Runtime's CPU provider as any Q/DQ model.
+        BackendSpec::Quantized { options, .. } => Box::new(crate::ort_backend::OrtBackend::new(spec, options.clone(), None)),
         BackendSpec::Saved(path) => Box::new(crate::saved::SavedBackend::open(spec, path)?),
         #[cfg(feature = "tensorrt")]
         BackendSpec::Trt { tf32, opt_level, workspace_mib } => {

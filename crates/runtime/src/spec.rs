@@ -133,6 +133,11 @@ pub enum BackendSpec {
     /// cores, emulated on ONNX Runtime's CPU provider; `engine=trt` (FP16, BF16): as a weakly typed
     /// TensorRT engine stores values (BatchNorm folded, rounding at fused-layer boundaries only).
     Sim { rounding: Rounding, trt_style: bool, options: OrtOptions },
+    /// `sim:int8|fp8[,threads=N]`: the float32 model quantized by layerwise's own quantizer
+    /// (`layerwise_model::quantize`, a config from `--quant-config`, ranges calibrated on the
+    /// samples) and the Q/DQ model run on ONNX Runtime's CPU provider with its default
+    /// optimizations, exactly as `--cand ort:cpu --cand-model` runs a Q/DQ model.
+    Quantized { fp8: bool, options: OrtOptions },
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
     /// `trt[,tf32=on|off][,opt=N][,workspace=MiB]`: native TensorRT (cargo feature `tensorrt`).
@@ -140,7 +145,7 @@ pub enum BackendSpec {
 }
 
 pub const KNOWN_SPECS: &str =
-    "ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,conv_search=exhaustive|heuristic|default][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
+    "ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,conv_search=exhaustive|heuristic|default][,device=N], ort:trt[,fp16][,device=N], ort:nvrtx[,device=N], sim:fp16|bf16|tf32[,engine=trt][,threads=N], sim:int8|fp8[,threads=N], trt[,tf32=on|off][,opt=N][,workspace=MiB], npz:PATH";
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
@@ -171,6 +176,16 @@ impl BackendSpec {
             "sim:fp16" => (Some(Rounding::Fp16), ExecutionProvider::Cpu),
             "sim:bf16" => (Some(Rounding::Bf16), ExecutionProvider::Cpu),
             "sim:tf32" => (Some(Rounding::Tf32), ExecutionProvider::Cpu),
+            "sim:int8" | "sim:fp8" => {
+                let mut options = OrtOptions::cpu();
+                for part in parts {
+                    match part.split_once('=') {
+                        Some(("threads", v)) => options.threads = Some(v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| bad(format!("threads must be a positive number, not '{v}'")))?),
+                        _ => return Err(bad(format!("unknown option '{part}' for {head} (threads=N; the quantization itself is set with --quant-config FILE)"))),
+                    }
+                }
+                return Ok(BackendSpec::Quantized { fp8: head == "sim:fp8", options });
+            }
             "trt" => {
                 let (mut tf32, mut opt_level, mut workspace_mib) = (true, None, None);
                 for part in parts {
@@ -289,6 +304,15 @@ impl BackendSpec {
         self.emulated_rounding().is_some()
     }
 
+    /// `sim:int8` (`Some(false)`) or `sim:fp8` (`Some(true)`): the float32 model quantized by
+    /// layerwise's quantizer; `None` for every other backend.
+    pub fn quantized_emulation(&self) -> Option<bool> {
+        match self {
+            BackendSpec::Quantized { fp8, .. } => Some(*fp8),
+            _ => None,
+        }
+    }
+
     /// Emulates a weakly typed TensorRT engine (`engine=trt`): BatchNorms folded into their Convs
     /// in float32, so their parameters are never stored in reduced precision.
     pub fn folds_batch_norms(&self) -> bool {
@@ -298,7 +322,7 @@ impl BackendSpec {
     /// The ONNX Runtime execution provider, for backends that run on ONNX Runtime.
     pub fn ort_options(&self) -> Option<&OrtOptions> {
         match self {
-            BackendSpec::Ort(options) | BackendSpec::Sim { options, .. } => Some(options),
+            BackendSpec::Ort(options) | BackendSpec::Sim { options, .. } | BackendSpec::Quantized { options, .. } => Some(options),
             _ => None,
         }
     }
@@ -400,6 +424,10 @@ impl fmt::Display for BackendSpec {
                 if *trt_style {
                     f.write_str(",engine=trt")?;
                 }
+                threads(f, options)
+            }
+            BackendSpec::Quantized { fp8, options } => {
+                f.write_str(if *fp8 { "sim:fp8" } else { "sim:int8" })?;
                 threads(f, options)
             }
             BackendSpec::Saved(path) => write!(f, "npz:{}", path.display()),
