@@ -23,11 +23,12 @@ impl SimQuantized {
     /// The report's note: what is modelled, and what is not.
     pub fn note(&self, spec: &str) -> String {
         format!(
-            "{spec} models {}; calibrated by min/max over {} sample{}, the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu --cand-model runs one: {}",
+            "{spec} models {}; calibrated by min/max over {} sample{}, the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu{} --cand-model runs one: {}",
             self.config.describe(),
             self.samples,
             if self.samples == 1 { "" } else { "s" },
-            ARITHMETIC
+            if self.config.format == SimFormat::Fp8 { ",opt=basic" } else { "" },
+            if self.config.format == SimFormat::Fp8 { ARITHMETIC_FP8 } else { ARITHMETIC }
         )
     }
 
@@ -43,11 +44,13 @@ impl SimQuantized {
     }
 }
 
-/// What ONNX Runtime's CPU provider does with the Q/DQ model, as checked with onnxruntime 1.31.1
-/// (docs/quantization.md): it fuses a DequantizeLinear -> Conv/MatMul/Gemm -> QuantizeLinear
-/// group into an integer kernel (int32 accumulation), and computes every other node in float32
-/// on dequantized values.
+/// What ONNX Runtime's CPU provider does with the int8/uint8 Q/DQ model, as checked with
+/// onnxruntime 1.31.1 (docs/quantization.md): it fuses each DequantizeLinear -> Conv/MatMul/Gemm
+/// -> QuantizeLinear group into an integer kernel, and computes every other node in float32 on
+/// dequantized values.
 pub const ARITHMETIC: &str = "int32 accumulation in ONNX Runtime's integer kernels where it fuses a Q/DQ group (QLinearConv, QLinearMatMul, QGemm), float32 elsewhere on dequantized values";
+/// The same for float8, run at `opt=basic` (see `BackendSpec::parse`): no integer kernel.
+pub const ARITHMETIC_FP8: &str = "float8 e4m3fn rounding at each quantizer (round to nearest even, saturating at 448 x scale), every op computed in float32 on dequantized values (no float8 kernels)";
 
 /// The config of `--quant-config` (defaults where none is given) for `sim:int8` (`fp8` false:
 /// int8, or uint8 where the file says so) or `sim:fp8`.

@@ -4,9 +4,10 @@
 //! `--cand-model` is judged, and `fix` re-quantizes with its keep set excluded (issue 40).
 //!
 //! What it writes, for every node of the config's op types that is not excluded:
-//! - each tensor it reads that the model computes (or the user feeds) and each tensor it computes
-//!   (not a graph output), one QuantizeLinear/DequantizeLinear pair per tensor with one scale
-//!   (per tensor) from the calibration's min/max;
+//! - each tensor it reads that the model computes (or the user feeds) and each tensor it computes,
+//!   one QuantizeLinear/DequantizeLinear pair per tensor with one scale (per tensor) from the
+//!   calibration's min/max; a graph output keeps its name on the DequantizeLinear, its producer's
+//!   output renamed `NAME_QuantizeLinear_Input`, as `quantize_static` names it;
 //! - its weight (input 1 of Conv, MatMul, Gemm, when an initializer) quantized symmetrically, per
 //!   output channel (Conv: axis 0; MatMul: the last axis; Gemm: axis 0 with `transB`, else 1) or
 //!   per tensor, stored quantized with a DequantizeLinear;
@@ -166,7 +167,7 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
             config.format.name(),
             if config.per_channel { " with per-channel weights" } else { "" },
             if config.per_channel && config.format.integer() && model.opset() >= 10 { " (per-tensor weights, \"per_channel\": false, need 10)" } else { "" }
-        )));
+        ) + "; raise the model's opset first (onnx.version_converter.convert_version)"));
     }
     for name in &config.nodes_to_exclude {
         if index.node(name).is_none() {
@@ -177,7 +178,6 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
     let mut nodes = Vec::new();
     let mut activations: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
-    let outputs: HashSet<&str> = index.outputs.iter().map(String::as_str).collect();
     for n in &index.nodes {
         if !config.op_types.iter().any(|op| *op == n.op_type) || !n.domain.is_empty() || excluded.contains(n.name.as_str()) {
             continue;
@@ -191,7 +191,7 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
                 activations.push(t.clone());
             }
         }
-        for t in n.outputs.iter().filter(|t| !t.is_empty() && !outputs.contains(t.as_str())) {
+        for t in n.outputs.iter().filter(|t| !t.is_empty()) {
             if seen.insert(t.clone()) {
                 activations.push(t.clone());
             }
@@ -328,6 +328,8 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
     // Activation -> (its quantizer, the DequantizeLinear output the quantized nodes read).
     let mut act: HashMap<String, (Quantizer, String)> = HashMap::new();
     let mut pairs: HashMap<String, Vec<NodeProto>> = HashMap::new();
+    // A quantized graph output's float value, renamed -> the output's name.
+    let mut renamed: HashMap<String, String> = HashMap::new();
     for t in &plan.activations {
         let &(min, max) = ranges.get(t).ok_or_else(|| ModelError::Quantize(format!("no calibrated range for tensor '{t}'")))?;
         if !(min.is_finite() && max.is_finite()) {
@@ -337,11 +339,17 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
         let (scale, zp) = (format!("{t}_scale"), format!("{t}_zero_point"));
         new_inits.push(crate::builder::f32_tensor(&scale, &[], &[q.scale]));
         new_inits.push(quantized_tensor(&zp, &[], q_type, &[quantized_bits(format, q.zero_point as f32)]));
-        let (qo, dqo) = (format!("{t}_QuantizeLinear_Output"), format!("{t}_DequantizeLinear_Output"));
+        let (qo, mut dqo) = (format!("{t}_QuantizeLinear_Output"), format!("{t}_DequantizeLinear_Output"));
+        let mut quantized = t.clone();
+        if index.outputs.contains(t) {
+            quantized = format!("{t}_QuantizeLinear_Input");
+            renamed.insert(quantized.clone(), t.clone());
+            dqo = t.clone();
+        }
         pairs.insert(
             t.clone(),
             vec![
-                node("QuantizeLinear", &format!("{t}_QuantizeLinear"), &[t, &scale, &zp], &[&qo], vec![]),
+                node("QuantizeLinear", &format!("{t}_QuantizeLinear"), &[&quantized, &scale, &zp], &[&qo], vec![]),
                 node("DequantizeLinear", &format!("{t}_DequantizeLinear"), &[&qo, &scale, &zp], &[&dqo], vec![]),
             ],
         );
@@ -364,6 +372,17 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
                 if let Some((_, dqo)) = act.get(t.as_str()) {
                     *t = dqo.clone();
                 }
+            }
+        } else {
+            for t in n.input.iter_mut() {
+                if let Some((float, _)) = renamed.iter().find(|(_, out)| *out == t) {
+                    *t = float.clone();
+                }
+            }
+        }
+        for o in n.output.iter_mut() {
+            if let Some((float, _)) = renamed.iter().find(|(_, out)| *out == o) {
+                *o = float.clone();
             }
         }
         if quantized_nodes.contains(info.name.as_str()) {
@@ -437,7 +456,7 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
         }
     }
     for n in rewired {
-        let after: Vec<NodeProto> = n.output.iter().filter_map(|o| pairs.remove(o)).flatten().collect();
+        let after: Vec<NodeProto> = n.output.iter().filter_map(|o| pairs.remove(renamed.get(o).unwrap_or(o))).flatten().collect();
         nodes.push(n);
         nodes.extend(after);
     }

@@ -136,7 +136,8 @@ pub enum BackendSpec {
     /// `sim:int8|fp8[,threads=N]`: the float32 model quantized by layerwise's own quantizer
     /// (`layerwise_model::quantize`, a config from `--quant-config`, ranges calibrated on the
     /// samples) and the Q/DQ model run on ONNX Runtime's CPU provider with its default
-    /// optimizations, exactly as `--cand ort:cpu --cand-model` runs a Q/DQ model.
+    /// optimizations, exactly as `--cand ort:cpu --cand-model` runs a Q/DQ model (`sim:fp8`: at
+    /// `opt=basic`, see `parse`).
     Quantized { fp8: bool, options: OrtOptions },
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
@@ -178,6 +179,11 @@ impl BackendSpec {
             "sim:tf32" => (Some(Rounding::Tf32), ExecutionProvider::Cpu),
             "sim:int8" | "sim:fp8" => {
                 let mut options = OrtOptions::cpu();
+                if head == "sim:fp8" {
+                    // onnxruntime 1.31.1's Extended fusions turn float8 Q/DQ around a Conv into a
+                    // QLinearConv, which then refuses float8 inputs: the Q/DQ model runs at Basic.
+                    options.opt_level = OptLevel::Basic;
+                }
                 for part in parts {
                     match part.split_once('=') {
                         Some(("threads", v)) => options.threads = Some(v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| bad(format!("threads must be a positive number, not '{v}'")))?),
