@@ -157,6 +157,11 @@ fn excluded_nodes_stay_float() {
     assert!(g.node.iter().any(|n| n.name() == "w1_DequantizeLinear"));
     let relu = g.node.iter().find(|n| n.name() == "relu").unwrap();
     assert_eq!(relu.input, vec!["h_DequantizeLinear_Output"]);
+    // An excluded reader of a tensor quantized for another node (h, mm1's output) reads it float.
+    let config = QuantConfig { nodes_to_exclude: vec!["relu".into()], ..QuantConfig::default() };
+    let q = quantize(&m, &i, &config, &ranges()).unwrap();
+    let relu = q.graph.as_ref().unwrap().node.iter().find(|n| n.name() == "relu").unwrap();
+    assert_eq!(relu.input, vec!["h"]);
     // Excluding a node the model lacks is an error naming it.
     let unknown = QuantConfig { nodes_to_exclude: vec!["nope".into()], ..QuantConfig::default() };
     assert!(matches!(quantize(&m, &i, &unknown, &ranges()), Err(ModelError::UnknownNode(n)) if n == "nope"));
