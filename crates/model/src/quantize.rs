@@ -227,15 +227,25 @@ pub struct Quantizer {
 /// An activation's quantizer from its calibrated range.
 pub fn activation_quantizer(format: SimFormat, min: f32, max: f32) -> Quantizer {
     match format {
-        SimFormat::Int8 => Quantizer { scale: nonzero(min.abs().max(max.abs()) / 127.0), zero_point: 0 },
+        SimFormat::Int8 => Quantizer { scale: symmetric_int8_scale(min.abs().max(max.abs())), zero_point: 0 },
         SimFormat::Fp8 => Quantizer { scale: nonzero(min.abs().max(max.abs()) / FP8_MAX), zero_point: 0 },
         SimFormat::Uint8 => {
-            // The range holds 0, so that 0 (padding, a Relu's floor) is exact.
+            // The range holds 0, so that 0 (padding, a Relu's floor) is exact. In float64 and
+            // then float32, as `quantize_static`'s compute_scale_zp, to its last bit.
             let (lo, hi) = (min.min(0.0), max.max(0.0));
-            let scale = nonzero((hi - lo) / 255.0);
-            Quantizer { scale, zero_point: (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32 }
+            let scale = (hi - lo) as f64 / 255.0;
+            if (scale as f32) <= 0.0 {
+                return Quantizer { scale: 1.0, zero_point: 0 };
+            }
+            Quantizer { scale: scale as f32, zero_point: (-(lo as f64) / scale).round_ties_even().clamp(0.0, 255.0) as i32 }
         }
     }
+}
+
+/// int8's symmetric scale of a largest magnitude: its range [-amax, amax] over the 254 steps
+/// of [-127, 127], divided in float64 and then rounded to float32 as `quantize_static` does.
+fn symmetric_int8_scale(amax: f32) -> f32 {
+    nonzero(((amax + amax) as f64 / 254.0) as f32)
 }
 
 /// A scale of 0 (a tensor that is 0 throughout) would divide by 0: 1, as `quantize_static` takes.
@@ -252,9 +262,9 @@ pub const FP8_MAX: f32 = 448.0;
 
 /// The symmetric weight scale of each channel along `axis` (one scale where `axis` is `None`).
 pub fn weight_scales(format: SimFormat, values: &[f32], shape: &[usize], axis: Option<usize>) -> Vec<f32> {
-    let top = if format == SimFormat::Fp8 { FP8_MAX } else { 127.0 };
+    let scale = |amax: f32| if format == SimFormat::Fp8 { nonzero(amax / FP8_MAX) } else { symmetric_int8_scale(amax) };
     let Some(axis) = axis else {
-        return vec![nonzero(values.iter().fold(0f32, |m, v| m.max(v.abs())) / top)];
+        return vec![scale(values.iter().fold(0f32, |m, v| m.max(v.abs())))];
     };
     let channels = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
@@ -263,7 +273,7 @@ pub fn weight_scales(format: SimFormat, values: &[f32], shape: &[usize], axis: O
         let c = (i / inner) % channels;
         amax[c] = amax[c].max(v.abs());
     }
-    amax.into_iter().map(|a| nonzero(a / top)).collect()
+    amax.into_iter().map(scale).collect()
 }
 
 /// float8 e4m3fn's bits of `x`: round to nearest, ties to even, saturating at ±448 (QuantizeLinear's
