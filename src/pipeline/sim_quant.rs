@@ -71,12 +71,16 @@ pub fn load_config(path: Option<&Path>, fp8: bool) -> Result<QuantConfig> {
     Ok(config)
 }
 
-/// The min and max of every activation the quantizer needs, over every sample (`feeds`), from
-/// the reference's runs: the graph inputs from the feeds, the rest computed.
+/// The min and max of every float32 activation the quantizer needs, over every sample (`feeds`),
+/// from the reference's runs: the graph inputs from the feeds, the rest computed. Tensors of
+/// other types (shapes, indices) get none, and stay unquantized.
 pub fn calibrate(model: &Model, index: &GraphIndex, reference: &mut dyn Backend, feeds: &[Vec<(String, Tensor)>], tensors: &[String]) -> Result<HashMap<String, (f32, f32)>> {
     let mut ranges: HashMap<String, (f32, f32)> = HashMap::new();
     let computed: Vec<String> = tensors.iter().filter(|t| index.producer(t).is_some()).cloned().collect();
     let mut widen = |name: &str, t: &Tensor| {
+        if t.dtype() != layerwise_runtime::DType::F32 {
+            return;
+        }
         let values = t.to_f32();
         let entry = ranges.entry(name.to_string()).or_insert((f32::INFINITY, f32::NEG_INFINITY));
         for &v in values.iter().filter(|v| !v.is_nan()) {

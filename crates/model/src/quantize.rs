@@ -321,7 +321,8 @@ pub fn to_float8e4m3fn(x: f32) -> u8 {
 }
 
 /// The Q/DQ model of `model` under `config`, with `ranges` (tensor -> calibrated min, max) for
-/// every activation of [`plan`].
+/// every float32 activation of [`plan`]: an activation without one holds no float32 values (a
+/// Concat of shapes) and is left as it is.
 pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges: &HashMap<String, (f32, f32)>) -> Result<ModelProto, ModelError> {
     let plan = plan(model, index, config)?;
     let graph = model.graph();
@@ -341,7 +342,7 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
     // A quantized graph output's float value, renamed -> the output's name.
     let mut renamed: HashMap<String, String> = HashMap::new();
     for t in &plan.activations {
-        let &(min, max) = ranges.get(t).ok_or_else(|| ModelError::Quantize(format!("no calibrated range for tensor '{t}'")))?;
+        let Some(&(min, max)) = ranges.get(t) else { continue };
         if !(min.is_finite() && max.is_finite()) {
             return Err(ModelError::Quantize(format!("tensor '{t}' reaches non-finite values in calibration ({min}, {max}): no scale holds it")));
         }
@@ -371,8 +372,9 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
     let mut weights: HashMap<String, (String, Vec<f32>)> = HashMap::new();
     let mut weight_nodes: Vec<NodeProto> = Vec::new();
     let mut rewired: Vec<NodeProto> = Vec::new();
+    let info_of: HashMap<usize, &crate::NodeInfo> = index.nodes.iter().map(|x| (x.proto_index, x)).collect();
     for (i, n) in graph.node.iter().enumerate() {
-        let info = index.nodes.iter().find(|x| x.proto_index == i).expect("every node is indexed");
+        let info = info_of[&i];
         let mut n = n.clone();
         // Every node but an excluded one reads the dequantized activations, as `quantize_static`
         // rewires them: a quantized node's output then has its QuantizeLinear as only reader,
@@ -440,7 +442,8 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
                     // A 1-D bias of the output channels: int32 with scale input scale x weight scale.
                     let (Some(in_scale), Some(w_scales)) = (input_scale, &node_weight_scales) else { continue };
                     let channels = w.dims.first().copied().unwrap_or(0) as usize;
-                    if w.dims.len() != 1 || (w_scales.len() != 1 && w_scales.len() != channels) {
+                    // A bias two nodes share would need two scales: it stays float.
+                    if w.dims.len() != 1 || (w_scales.len() != 1 && w_scales.len() != channels) || index.consumers(&t).len() > 1 {
                         continue;
                     }
                     let values = crate::float_weight_values(model, w)?;

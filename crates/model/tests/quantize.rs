@@ -136,6 +136,12 @@ fn activations_get_one_pair_each_and_outputs_keep_their_names() {
     assert!(g.node.iter().any(|n| n.op_type() == "DequantizeLinear" && n.output == vec!["y"]));
     let index = GraphIndex::build(g).expect("a valid graph");
     assert_eq!(index.outputs, vec!["y", "z"]);
+    // A tensor without a range holds no float32 values (calibration records none): left as it is.
+    let mut without_z = ranges();
+    without_z.remove("z");
+    let q2 = quantize(&m, &i, &QuantConfig::default(), &without_z).unwrap();
+    let g2 = q2.graph.as_ref().unwrap();
+    assert!(g2.node.iter().all(|n| n.name() != "z_QuantizeLinear") && g2.node.iter().any(|n| n.output == vec!["z"] && n.name() == "conv"));
     // x's quantizer: int8, scale 2/127.
     assert_eq!(f32s(init(&q, "x_scale")), vec![2.0 / 127.0]);
     assert_eq!(init(&q, "x_zero_point").data_type(), DataType::Int8 as i32);
