@@ -179,15 +179,14 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
     let mut activations: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
     for n in &index.nodes {
-        if !config.op_types.iter().any(|op| *op == n.op_type) || !n.domain.is_empty() || excluded.contains(n.name.as_str()) {
+        if !config.op_types.contains(&n.op_type) || !n.domain.is_empty() || excluded.contains(n.name.as_str()) {
             continue;
         }
         nodes.push(n.name.clone());
-        let weight_slots = weight_slots(&n.op_type);
-        let reads = n.inputs.iter().enumerate().filter(|(slot, t)| !t.is_empty() && !(index.is_initializer(t) && weight_slots.contains(slot)));
-        for (_, t) in reads {
-            // Initializers outside the weight slots (a MatMul's constant first operand) stay float.
-            if !index.is_initializer(t) && seen.insert(t.clone()) {
+        // Initializers are weights, quantized by `quantize`, or constants that stay float (a
+        // MatMul's constant first operand).
+        for t in n.inputs.iter().filter(|t| !t.is_empty() && !index.is_initializer(t)) {
+            if seen.insert(t.clone()) {
                 activations.push(t.clone());
             }
         }
