@@ -110,7 +110,8 @@ struct FixArgs {
     reference: BackendSpec,
     /// Candidate: sim:fp16 or sim:bf16 (keeps nodes in the emulation; the fixed model is FP16 or
     /// BF16), or a backend that runs the model converted with the keep list each round (e.g.
-    /// ort:cpu, evaluated in the converted model's own types).
+    /// ort:cpu, evaluated in the converted model's own types); sim:int8 or sim:fp8: the model
+    /// quantized by layerwise (see --quant-config), the fix the nodes to leave unquantized.
     #[arg(long = "cand", default_value = "sim:fp16")]
     candidate: BackendSpec,
     /// A Q/DQ version of the model (QuantizeLinear/DequantizeLinear nodes): the fix is the
