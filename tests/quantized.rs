@@ -340,3 +340,4 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
     assert_eq!(alone["each"][0]["node"], format!("q{planted}"), "{alone}");
     assert!(t.contains(&format!("(QuantizeLinear 'q{planted}') is at fault")), "{t}");
 }
+

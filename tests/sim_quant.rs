@@ -175,3 +175,27 @@ fn what_sim_int8_refuses() {
     assert_eq!(BackendSpec::parse("sim:int8,threads=2").unwrap().to_string(), "sim:int8,threads=2");
     assert_eq!(BackendSpec::parse("sim:fp8").unwrap().quantized_emulation(), Some(true));
 }
+
+/// `--repro` on a quantized candidate: the first divergent node is written with its own
+/// quantizers, fed the reference's values of what they quantize, and the repro's own command
+/// (the Q/DQ model run as `--cand ort:cpu --cand-model`) shows the error again. The extraction
+/// used to fail on the quantizers' outputs, which have no reference value, and end the whole
+/// bisect with exit 2 and no report.
+#[test]
+fn a_repro_of_a_quantized_candidate_carries_the_nodes_own_quantizers() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&outlier_model(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--val-range", "x:-1,1", "--json", "r.json", "--repro", "rep"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let repro = &json(&dir.path().join("r.json"))["repro"];
+    assert!(repro["folder"].is_string() && repro["reproduces"] == true, "{repro}");
+    assert_eq!(repro["nodes"][0], "mm2", "{repro}");
+    let cand = Model::read_proto(&dir.path().join("rep/candidate_model.onnx")).unwrap();
+    let ops: Vec<&str> = cand.graph.as_ref().unwrap().node.iter().map(|n| n.op_type()).collect();
+    assert!(ops.contains(&"QuantizeLinear") && ops.contains(&"DequantizeLinear"), "{ops:?}");
+    let readme = std::fs::read_to_string(dir.path().join("rep/README.md")).unwrap();
+    assert!(readme.contains("--cand ort:cpu --cand-model candidate_model.onnx"), "{readme}");
+    let again = layerwise(&["bisect", "model.onnx", "--cand", "ort:cpu", "--cand-model", "candidate_model.onnx", "--inputs", "inputs.npz"], &dir.path().join("rep"));
+    assert_eq!(again.status.code(), Some(1), "the repro diverges too: {}", text(&again));
+}

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use layerwise_analysis::Verdict;
-use layerwise_model::extract::{extract_groups, TensorType};
+use layerwise_model::extract::{extract_groups_pulling, TensorType};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{tensor_types, RunRequest, Tensor};
 
@@ -63,9 +63,27 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     }
     wanted.sort();
     wanted.dedup();
+    // A quantized candidate's nodes come with their own quantizers (as isolation runs them), fed
+    // the reference's value of what each quantizes: the candidate's names read through the matching.
+    let reference_of = job.reference_names();
+    let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
+    if let (true, Some((_, ci))) = (quantized, &job.cand_model) {
+        for q in ci.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
+            let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)) else { continue };
+            let r = reference_of.get(x.as_str()).map_or(x.as_str(), String::as_str);
+            if job.index.producer_index(r).is_some() {
+                wanted.push(r.to_string());
+            }
+        }
+        wanted.sort();
+        wanted.dedup();
+    }
     let reference = job.run_reference(feeds, &Selection::Names(wanted))?.tensors;
     let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
-    let value = |t: &str| reference.get(t).or_else(|| graph_inputs.get(t).copied());
+    let value = |t: &str| {
+        let t = reference_of.get(t).map_or(t, String::as_str);
+        reference.get(t).or_else(|| graph_inputs.get(t).copied())
+    };
     let cand_types = match &job.cand_model {
         Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
         None => None,
@@ -76,13 +94,38 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         Some(TensorType { elem: layerwise_model::DataType::try_from(dtype.onnx()).ok()?, dims: v.shape.clone() })
     };
 
+    let quantizer = |t: &str| job.cand_model.as_ref().is_some_and(|(_, ci)| ci.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear"));
+    // The candidate's twin of the compared tensor (a quantized candidate's may be renamed).
+    // The candidate's own output of the node, at the reference output's position: a quantized
+    // candidate's twin is its output quantizer's, which the part does not hold.
+    let twin = job.cand_names.get(&fd.tensor).cloned().unwrap_or_else(|| fd.tensor.clone());
+    let own_output = job.cand_model.as_ref().and_then(|(_, ci)| {
+        let position = job.index.node(&fd.node)?.outputs.iter().position(|o| o == &fd.tensor)?;
+        ci.node(&fd.node)?.outputs.get(position).cloned()
+    });
     let mut tried = None;
+    let mut failure = None;
     for set in &sets {
-        let made = extract_one(job.model, &job.index, set, &|t| type_of(t, false))?;
+        let made = extract_one(job.model, &job.index, set, &|t| type_of(t, false), &|_| false)?;
         let cand_made = match &job.cand_model {
-            Some((cm, ci)) => Some(extract_one(cm, ci, set, &|t| type_of(t, true))?),
+            Some((cm, ci)) => match extract_one(cm, ci, set, &|t| type_of(t, true), &|t| quantized && quantizer(t)) {
+                Ok(m) => Some(m),
+                // The repro is an extra: a part that cannot stand alone is said, the verdict stays.
+                Err(e) => {
+                    failure = Some(format!("the candidate's part could not be extracted: {e:#}"));
+                    continue;
+                }
+            },
             None => None,
         };
+        // The repro's one inputs.npz feeds both models: the candidate's part must read the
+        // reference part's inputs.
+        if let Some((_, cand_inputs, _)) = &cand_made {
+            if let Some(other) = cand_inputs.iter().find(|n| !made.1.contains(n)) {
+                failure = Some(format!("the candidate's part reads '{other}', which the reference's part does not"));
+                continue;
+            }
+        }
         let inputs: Vec<(String, Tensor)> = made
             .1
             .iter()
@@ -94,8 +137,14 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
             None => (&made.0, GraphIndex::build(made.0.graph())?),
         };
         job.candidate.keep_fp32(&[]);
-        let cand_out = job.candidate.run(&RunRequest { model: cand_model, index: &cand_index, inputs: &inputs, selection: &Selection::All })?;
-        let (Some(r), Some(c)) = (ref_out.tensors.get(&fd.tensor), cand_out.tensors.get(&fd.tensor)) else { continue };
+        let cand_out = match job.candidate.run(&RunRequest { model: cand_model, index: &cand_index, inputs: &inputs, selection: &Selection::All }) {
+            Ok(out) => out,
+            Err(e) => {
+                failure = Some(format!("the candidate could not run its part: {e}"));
+                continue;
+            }
+        };
+        let (Some(r), Some(c)) = (ref_out.tensors.get(&fd.tensor), cand_out.tensors.get(&twin).or_else(|| own_output.as_ref().and_then(|o| cand_out.tensors.get(o))).or_else(|| cand_out.tensors.get(&fd.tensor))) else { continue };
         if r.shape != c.shape {
             continue;
         }
@@ -108,7 +157,10 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         }
     }
     let Some((nodes, (model, _, output_names), cand_made, inputs, ref_out, cand_out, error, reproduces)) = tried else {
-        return not_written(format!("node '{}' could not be run on its own", fd.node));
+        return not_written(match failure {
+            Some(why) => format!("node '{}' could not be run on its own: {why}", fd.node),
+            None => format!("node '{}' could not be run on its own", fd.node),
+        });
     };
 
     // Written into a fresh sibling folder, renamed into place once complete.
@@ -162,7 +214,14 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     }
     // The backends as the user named them, each one shell word; one no pasted line can hold
     // (control characters) leaves the command out.
-    match (shell_word(&job.options.reference.to_string()), shell_word(&job.options.candidate.to_string())) {
+    // sim:int8/sim:fp8 quantized the model in memory: the written candidate model is that Q/DQ
+    // model, run as its emulation runs it.
+    let candidate_spec = match &job.options.candidate {
+        layerwise_runtime::BackendSpec::Quantized { fp8: true, .. } => "ort:cpu,opt=basic".to_string(),
+        layerwise_runtime::BackendSpec::Quantized { fp8: false, .. } => "ort:cpu".to_string(),
+        other => other.to_string(),
+    };
+    match (shell_word(&job.options.reference.to_string()), shell_word(&candidate_spec)) {
         (Some(reference), Some(candidate)) => {
             writeln!(readme, "Reproduce: {}", markdown_code(&format!("layerwise bisect model.onnx --ref {reference} --cand {candidate}{cand_model_arg} --inputs inputs.npz")))?
         }
@@ -175,8 +234,8 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
 
 /// `set` of `model` as a model of its own, with the extraction's renaming undone (one group: no
 /// name can collide). Returns the model, its input names and its output names.
-fn extract_one(model: &Model, index: &GraphIndex, set: &[String], types: &dyn Fn(&str) -> Option<TensorType>) -> Result<(Model, Vec<String>, Vec<String>)> {
-    let extraction = extract_groups(model, index, &[set.to_vec()], types)?;
+fn extract_one(model: &Model, index: &GraphIndex, set: &[String], types: &dyn Fn(&str) -> Option<TensorType>, also_pull: &dyn Fn(&str) -> bool) -> Result<(Model, Vec<String>, Vec<String>)> {
+    let extraction = extract_groups_pulling(model, index, &[set.to_vec()], types, &|t| index.is_constant_like(t) || also_pull(t))?;
     let mut proto = extraction.proto;
     let suffix = "__lw_g0";
     let plain = |s: &mut String| {
