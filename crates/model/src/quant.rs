@@ -100,6 +100,16 @@ pub struct Quantization {
     pub weights: BTreeMap<(QuantFormat, Granularity), usize>,
     /// QuantizeLinear nodes quantizing a computed tensor (an activation).
     pub activations: BTreeMap<(QuantFormat, Granularity), usize>,
+    /// Nodes that compute on quantized values themselves ([`is_integer_op`]), as (op type, node),
+    /// in graph order: nothing in float stands for them.
+    pub integer_ops: Vec<(String, String)>,
+}
+
+/// Whether `op` computes on quantized values itself (the QOperator format: QLinearConv,
+/// QLinearMatMul, ...; dynamic quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger)
+/// rather than in float between QuantizeLinear/DequantizeLinear pairs.
+pub fn is_integer_op(op: &str) -> bool {
+    op.starts_with("QLinear") || matches!(op, "ConvInteger" | "MatMulInteger" | "DynamicQuantizeLinear" | "MatMulIntegerToFloat" | "DynamicQuantizeMatMul" | "QGemm" | "QAttention")
 }
 
 impl Quantization {
@@ -122,6 +132,13 @@ impl Quantization {
         if !self.weights.is_empty() {
             parts.push(format!("{} quantized weights ({})", count(&self.weights), list(&self.weights)));
         }
+        if let Some((op, node)) = self.integer_ops.first() {
+            let more = if self.integer_ops.len() > 1 { format!(" and {} more", self.integer_ops.len() - 1) } else { String::new() };
+            parts.push(format!(
+                "{} integer ops ({op} '{node}'{more}: the QOperator format, or dynamic quantization), which compute on integer values: their inside and their own output scales are not read, so what they do shows only at the float tensors after them; quantized again in the QDQ format, each op is seen",
+                self.integer_ops.len()
+            ));
+        }
         parts.join("; ")
     }
 }
@@ -134,6 +151,10 @@ pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantiz
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
         let weight = node.input.first().and_then(|t| stored.get(t));
+        if is_integer_op(node.op_type()) {
+            any = true;
+            found.integer_ops.push((info.op_type.clone(), info.name.clone()));
+        }
         match node.op_type() {
             "DequantizeLinear" if weight.is_some() => {
                 any = true;
