@@ -646,7 +646,9 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
     comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
     let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
     let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
-    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t)).cloned().collect();
+    // A Sqrt's input under a failing quotient (LayerNorm's variance) rounds the denominator too.
+    let under_a_failing_sqrt = |t: &str| job.index.consumers(t).iter().map(|&c| &job.index.nodes[c]).filter(|n| n.op_type == "Sqrt").any(|n| n.outputs.iter().any(|o| feeds_a_failure(o)));
+    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t) || under_a_failing_sqrt(t)).cloned().collect();
     wanted.sort();
     if wanted.is_empty() {
         return Ok(());

@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
-use layerwise_model::quant::{activation_quantizers, switchable_quantizers, QUANTIZER_SWITCHES};
+use layerwise_model::quant::{activation_quantizers, quantizers_on, switchable_quantizers, QUANTIZER_SWITCHES};
 use layerwise_analysis::Tolerance;
 use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::{ModelSession, Tensor};
@@ -90,8 +90,8 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     let together = if chosen.len() == measured.len() {
         error(&run(&|_| true)?)
     } else {
-        // Every quantizer at once, the unmeasured too: one session and one run.
-        let all = ModelSession::cpu(pair.model, &switchable_quantizers(&pair.model.proto, &measured)?, "quantizers together")?.run(&with_switches(feeds, vec![true; measured.len()]))?;
+        // Every quantizer at once, the unmeasured too: one session without switches, one run.
+        let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?.run(feeds)?;
         error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?.to_f32())
     };
     let mut each = Vec::with_capacity(chosen.len());

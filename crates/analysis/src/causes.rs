@@ -58,6 +58,8 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
     CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_zero_point },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
     CauseRule { applies_to: ANY, detect: large_logits },
@@ -325,6 +327,91 @@ fn per_tensor_weight(s: &Site) -> Option<Mechanism> {
                 w.rel_l2,
                 s.output.name,
                 s.out_rel,
+            ),
+        )
+    })
+}
+
+/// An integer quantizer whose zero point leaves the codes on one side of 0 to values that never
+/// come: one-sided values (a Relu's output) quantized symmetrically, or uint8 with zero point 128
+/// on values never negative. Measured on the reference's values: the codes they use, and the
+/// step and error with a zero point at the format's end.
+fn quantizer_zero_point(s: &Site) -> Option<Mechanism> {
+    quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
+        let e = effect?;
+        let shift = e.zero_point_shift.as_ref()?;
+        let sign = if shift.fit_zero_point < q.zero_point { "never negative" } else { "never positive" };
+        let errs = match (e.rel_l2, shift.fit_rel_l2) {
+            (Some(now), Some(fit)) => format!(", and its quantization error would be relative L2 {fit:.2e} instead of {now:.2e}"),
+            _ => String::new(),
+        };
+        mechanism(
+            CauseKind::QuantizerZeroPoint,
+            e.rel_l2.map(|r| s.share(r)),
+            format!(
+                "the candidate's {} {} has zero point {} (scale {:.4e}, range [{:.4e}, {:.4e}]), while the reference's values are {sign} ({:.4e} to {:.4e}): they take codes {} to {}, {} of its {} codes, and {:.0}% of the codes are never used; a zero point of {} would give a step of {:.4e}, {:.1}x finer{errs} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
+                q.format.name(),
+                quantizer_of(tensor, is_output),
+                q.zero_point,
+                q.scale,
+                q.lo,
+                q.hi,
+                e.min,
+                e.max,
+                shift.codes.0,
+                shift.codes.1,
+                shift.codes.1 - shift.codes.0 + 1,
+                shift.levels,
+                100.0 * shift.unused(),
+                shift.fit_zero_point,
+                shift.fit_scale,
+                q.scale / shift.fit_scale,
+                s.output.name,
+                s.out_rel,
+            ),
+        )
+    })
+}
+
+/// A denominator that a quantizer rounds to 0 or near it: a Div's divisor, a Reciprocal's or a
+/// Pow's base (a negative exponent: the output blows up), or the tensor under the Sqrt that
+/// gives one of those (LayerNorm's variance). Measured on the reference's values: how many round
+/// to 0, and to less than half themselves; and the blow-up of the result.
+fn quantized_denominator(s: &Site) -> Option<Mechanism> {
+    let denominator = match s.op {
+        "Div" => s.node.inputs.get(1),
+        "Reciprocal" | "Pow" => s.node.inputs.first(),
+        _ => None,
+    }?;
+    let m = s.m();
+    // A Pow's exponent is not read here: a base rounded to 0 matters where the result blows up.
+    let blows_up = s.non_finite() || m.max_abs_err > m.ref_max_abs;
+    if s.op == "Pow" && !blows_up {
+        return None;
+    }
+    let under_sqrt = s.index.producer(denominator).filter(|p| p.op_type == "Sqrt").and_then(|p| p.inputs.first());
+    std::iter::once((denominator, false)).chain(under_sqrt.map(|t| (t, true))).find_map(|(tensor, via_sqrt)| {
+        let q = s.comparison.quantizers.get(tensor.as_str())?;
+        let e = s.comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.below_half > 0)?;
+        let what = if via_sqrt { format!("the {}'s denominator is the Sqrt of '{tensor}', which", s.op) } else { format!("the {}'s denominator '{tensor}'", s.op) };
+        let result = if s.non_finite() {
+            format!("'{}' has {} inf/NaN values where the reference has none (reference max |y| = {:.4e})", s.output.name, m.nonfinite_mismatch, m.ref_max_abs)
+        } else {
+            format!("'{}' is off by up to {:.4e} where the reference's largest |y| is {:.4e} ({:.1}x)", s.output.name, m.max_abs_err, m.ref_max_abs, m.max_abs_err / m.ref_max_abs.max(f64::MIN_POSITIVE))
+        };
+        mechanism(
+            CauseKind::QuantizedDenominator,
+            Some(if s.non_finite() { 1.0 } else { s.share(m.max_abs_err / m.ref_max_abs.max(f64::MIN_POSITIVE)) }),
+            format!(
+                "{what} the candidate's {} quantizer (step {:.4e}, zero point {}) rounds: {} of its {} values round to 0 and {} more to less than half themselves (its smallest non-zero |x| is {:.4e}, half a step {:.4e}) (measured on the reference's values); a quotient by 0 is inf, and by a value rounded to half or less at least 2x too large: {result}",
+                q.format.name(),
+                q.scale,
+                q.zero_point,
+                e.to_zero,
+                e.count,
+                e.below_half - e.to_zero,
+                e.min_nonzero_abs,
+                q.scale / 2.0,
             ),
         )
     })

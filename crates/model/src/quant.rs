@@ -433,9 +433,41 @@ impl QuantizerRange {
     /// `x` through this quantizer: rounded to the nearest step (ties to even, as ONNX defines
     /// QuantizeLinear) and clamped to the range. Integer formats only (float8's step is relative).
     fn round_trip(&self, x: f32, scale: f32) -> f32 {
+        self.round_trip_at(x, scale, self.zero_point)
+    }
+
+    /// [`Self::round_trip`] with another zero point.
+    fn round_trip_at(&self, x: f32, scale: f32, zero_point: i32) -> f32 {
+        (self.code_at(x, scale, zero_point) - zero_point as f32) * scale
+    }
+
+    /// The stored code of `x`: rounded (ties to even) and clamped to the format's limits.
+    fn code_at(&self, x: f32, scale: f32, zero_point: i32) -> f32 {
         let (qmin, qmax) = self.format.limits();
-        let q = ((x / scale).round_ties_even() + self.zero_point as f32).clamp(qmin, qmax);
-        (q - self.zero_point as f32) * scale
+        ((x / scale).round_ties_even() + zero_point as f32).clamp(qmin, qmax)
+    }
+}
+
+/// An integer quantizer of one-sided values (none below 0, or none above) whose zero point
+/// leaves half of its codes or more to values that never come: the step is that much coarser
+/// than the range needs (a Relu's output quantized symmetrically, uint8 with zero point 128 on
+/// values that are never negative).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZeroPointShift {
+    /// The lowest and highest code the values take, of the format's `levels` codes.
+    pub codes: (i32, i32),
+    pub levels: u32,
+    /// A zero point at the format's end on the values' side, and the step that then covers them.
+    pub fit_zero_point: i32,
+    pub fit_scale: f32,
+    /// Relative L2 of the round trip with that zero point and step.
+    pub fit_rel_l2: Option<f64>,
+}
+
+impl ZeroPointShift {
+    /// The share of the codes that no value takes.
+    pub fn unused(&self) -> f64 {
+        1.0 - (self.codes.1 - self.codes.0 + 1) as f64 / self.levels as f64
     }
 }
 
@@ -469,6 +501,16 @@ pub struct QuantizerEffect {
     pub bulk_rel_l2: Option<f64>,
     pub bulk_rel_l2_fit: Option<f64>,
     pub bulk_scale: f32,
+    /// The least and largest finite value (mask sentinels left out).
+    pub min: f32,
+    pub max: f32,
+    /// The least non-zero |x| (0 when none), and how many non-zero values the quantizer rounds
+    /// to less than half their magnitude, 0 included: a denominator's quotient then grows more
+    /// than 2x, or becomes inf.
+    pub min_nonzero_abs: f32,
+    pub below_half: usize,
+    /// Where the values are one-sided and the zero point leaves half the codes or more unused.
+    pub zero_point_shift: Option<ZeroPointShift>,
 }
 
 /// How many times the bulk of a tensor must be below its largest value (or one channel above
@@ -534,6 +576,18 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     let reach = range.hi.abs().max(range.lo.abs());
     let bulk_scale = if reach > 0.0 { range.scale * bulk / reach } else { range.scale };
     let to_zero = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count() };
+    let below_half = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale).abs() < x.abs() / 2.0).count() };
+    let values_only = || finite.iter().copied().filter(|v| (v.abs() as f64) < MASK_SENTINEL_MIN_ABS);
+    let (min, max) = values_only().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let min_nonzero_abs = values_only().map(f32::abs).filter(|&m| m > 0.0).fold(f32::INFINITY, f32::min);
+    let zero_point_shift = zero_point_shift(range, min, max, &|scale, zero_point| {
+        let (mut err, mut norm) = (0f64, 0f64);
+        for x in values_only() {
+            err += ((range.round_trip_at(x, scale, zero_point) - x) as f64).powi(2);
+            norm += (x as f64).powi(2);
+        }
+        (norm > 0.0).then(|| (err / norm).sqrt())
+    });
     QuantizerEffect {
         count: values.len(),
         clipped,
@@ -548,7 +602,41 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         bulk_rel_l2: rel_l2(range.scale, bulk),
         bulk_rel_l2_fit: if bulk > 0.0 { rel_l2(bulk_scale, bulk) } else { None },
         bulk_scale,
+        min: if min.is_finite() { min } else { 0.0 },
+        max: if max.is_finite() { max } else { 0.0 },
+        min_nonzero_abs: if min_nonzero_abs.is_finite() { min_nonzero_abs } else { 0.0 },
+        below_half,
+        zero_point_shift,
     }
+}
+
+/// Values in `[min, max]` on one side of 0 (within half a step) whose codes under `range` span at
+/// most half the format's: what a zero point at the format's end on their side would give
+/// (`rel_l2` of a round trip with a scale and zero point); `None` otherwise.
+fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(f32, i32) -> Option<f64>) -> Option<ZeroPointShift> {
+    if range.format.is_float8() || !(range.scale > 0.0) || !(min <= max) {
+        return None;
+    }
+    let (qmin, qmax) = range.format.limits();
+    let half = range.scale / 2.0;
+    let (fit_zero_point, reach) = if min >= -half && max > half {
+        (qmin as i32, max)
+    } else if max <= half && min < -half {
+        (qmax as i32, -min)
+    } else {
+        return None;
+    };
+    // A zero point already at that end leaves codes unused by a scale too wide, not by itself.
+    if fit_zero_point == range.zero_point {
+        return None;
+    }
+    let codes = (range.code_at(min, range.scale, range.zero_point) as i32, range.code_at(max, range.scale, range.zero_point) as i32);
+    let levels = (qmax - qmin) as u32 + 1;
+    if 2 * (codes.1 - codes.0 + 1) as u32 > levels {
+        return None;
+    }
+    let fit_scale = reach / (qmax - qmin);
+    Some(ZeroPointShift { codes, levels, fit_zero_point, fit_scale, fit_rel_l2: rel_l2(fit_scale, fit_zero_point) })
 }
 
 /// The channel (axis 1 of a tensor of rank 2 or more) holding the largest |x|, and the largest
@@ -688,35 +776,61 @@ pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
 /// pair computes where ONNX Runtime does not fuse it. Integer formats only: the caller leaves
 /// float8 out (its step is relative).
 pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+    emulated_quantizers(reference, quantizers, true)
+}
+
+/// [`switchable_quantizers`] with every quantizer on and no switch: the model with all of them at
+/// once. The switches cost ONNX Runtime's session build more than linearly in their count
+/// (measured: 1,000 switched quantizers 15 s, none switched 0.9 s), so all of a large model's
+/// quantizers together are built this way.
+pub fn quantizers_on(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+    emulated_quantizers(reference, quantizers, false)
+}
+
+fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)], switched: bool) -> Result<crate::onnx::ModelProto, crate::ModelError> {
     use crate::builder::{node, tensor_type, Dim};
     let mut proto = reference.clone();
     let graph = proto.graph.as_mut().ok_or_else(|| crate::ModelError::InvalidGraph("no graph".into()))?;
     let at: HashMap<&str, usize> = quantizers.iter().enumerate().map(|(i, (t, _))| (t.as_str(), i)).collect();
     let raw = |t: &str| format!("{t}__lw_unquantized");
     let mut initializers = Vec::new();
+    // One scalar initializer a value, shared by every quantizer that uses it: ONNX Runtime's
+    // session build is quadratic in the count of initializers (measured: 10,000 quantizers with
+    // their own 114 s, sharing 12 s).
+    let mut scalars: HashMap<u32, String> = HashMap::new();
+    let mut scalar = |v: f32| -> String {
+        scalars
+            .entry(v.to_bits())
+            .or_insert_with(|| {
+                let name = format!("lw_quantizer_{:08x}", v.to_bits());
+                initializers.push(Tensor::f32(vec![], vec![v]).to_proto(&name));
+                name
+            })
+            .clone()
+    };
+    let mut indices = Vec::new();
     // The nodes that give `out` = switch i ? quantizer(input) : input.
     let mut chain = |i: usize, input: &str, out: &str| -> Vec<NodeProto> {
         let range = &quantizers[i].1;
         let (qmin, qmax) = range.format.limits();
-        let name = |what: &str| format!("{out}__lw_q{i}_{what}");
-        let scalar = |what: &str, v: f32| Tensor::f32(vec![], vec![v]).to_proto(&name(what));
-        initializers.push(scalar("scale", range.scale));
-        initializers.push(scalar("zero_point", range.zero_point as f32));
-        initializers.push(scalar("qmin", qmin));
-        initializers.push(scalar("qmax", qmax));
-        initializers.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&name("index")));
-        let step = |what: &str| name(what);
-        vec![
-            node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &name("index")], &[&step("switch")], vec![]),
-            node("Div", &step("div_node"), &[input, &name("scale")], &[&step("div")], vec![]),
+        let (scale, zero_point, qmin, qmax) = (scalar(range.scale), scalar(range.zero_point as f32), scalar(qmin), scalar(qmax));
+        let step = |what: &str| format!("{out}__lw_q{i}_{what}");
+        let quantized = if switched { step("quantized") } else { out.to_string() };
+        let mut nodes = vec![
+            node("Div", &step("div_node"), &[input, &scale], &[&step("div")], vec![]),
             node("Round", &step("round_node"), &[&step("div")], &[&step("round")], vec![]),
-            node("Add", &step("shift_node"), &[&step("round"), &name("zero_point")], &[&step("shift")], vec![]),
-            node("Max", &step("low_node"), &[&step("shift"), &name("qmin")], &[&step("low")], vec![]),
-            node("Min", &step("high_node"), &[&step("low"), &name("qmax")], &[&step("high")], vec![]),
-            node("Sub", &step("unshift_node"), &[&step("high"), &name("zero_point")], &[&step("unshift")], vec![]),
-            node("Mul", &step("scale_node"), &[&step("unshift"), &name("scale")], &[&step("quantized")], vec![]),
-            node("Where", &step("where_node"), &[&step("switch"), &step("quantized"), input], &[out], vec![]),
-        ]
+            node("Add", &step("shift_node"), &[&step("round"), &zero_point], &[&step("shift")], vec![]),
+            node("Max", &step("low_node"), &[&step("shift"), &qmin], &[&step("low")], vec![]),
+            node("Min", &step("high_node"), &[&step("low"), &qmax], &[&step("high")], vec![]),
+            node("Sub", &step("unshift_node"), &[&step("high"), &zero_point], &[&step("unshift")], vec![]),
+            node("Mul", &step("scale_node"), &[&step("unshift"), &scale], &[&quantized], vec![]),
+        ];
+        if switched {
+            indices.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&step("index")));
+            nodes.push(node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &step("index")], &[&step("switch")], vec![]));
+            nodes.push(node("Where", &step("where_node"), &[&step("switch"), &quantized, input], &[out], vec![]));
+        }
+        nodes
     };
     let mut nodes = Vec::with_capacity(graph.node.len() + 9 * quantizers.len());
     // A graph input keeps its name (it is fed): its readers read the switched copy.
@@ -742,7 +856,11 @@ pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[
         nodes.extend(after);
     }
     graph.node = nodes;
+    drop(chain);
     graph.initializer.extend(initializers);
-    graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+    graph.initializer.extend(indices);
+    if switched {
+        graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+    }
     Ok(proto)
 }
