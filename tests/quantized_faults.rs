@@ -226,8 +226,8 @@ fn relu_models(w1: &[f32], w2: &[f32], zero_point: i32) -> (ModelProto, ModelPro
 }
 
 /// r = Relu(h) is quantized in int8 with zero point 120: its values, never negative, take codes
-/// from 120 up, at most 8 of 256, and the step is 32x coarser than a zero point of -128 would
-/// give. Named at mm2 with the unused share and the step that fits.
+/// from 120 up, at most 8 of 256, and the step is 36x coarser than a zero point of -128 keeping
+/// the range's upper end would give. Named at mm2 with the unused share and the step that fits.
 #[test]
 fn a_zero_point_that_shifts_a_one_sided_range_is_named_with_the_codes_unused() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
@@ -239,7 +239,7 @@ fn a_zero_point_that_shifts_a_one_sided_range_is_named_with_the_codes_unused() {
     let detail = fd["cause"]["detail"].as_str().unwrap();
     eprintln!("{detail}");
     assert!(detail.contains("int8 quantizer of its input 'r' has zero point 120") && detail.contains("while the reference's values are never negative (0.0000e0 to"), "{detail}");
-    assert!(detail.contains("they take codes 120 to ") && detail.contains("of its 256 codes, and 9") && detail.contains("% of the codes are never used; a zero point of -128 would give a step of"), "{detail}");
+    assert!(detail.contains("they take codes 120 to ") && detail.contains("of its 256 codes, and 9") && detail.contains("% of the codes are never used; a zero point of -128 keeping its end at 7.9094e0 would give a step of 3.1017e-2, 36.4x finer"), "{detail}");
     no_fp16(&report, &t);
 }
 

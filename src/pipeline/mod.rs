@@ -671,10 +671,11 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
 }
 
 /// A quantized candidate's floor is what its quantizers' resolution does, each at the step its
-/// values need: a step that outliers force on an activation, or that one large channel forces on
-/// a weight stored with one scale, is the fault the causes name, and left in the floor it hides
-/// that fault under a floor far above the candidate (measured: floor 3.4e1 against a candidate's
-/// 9.5e-1). Those take the step fit to their bulk, or one per channel; returns what was refit.
+/// values need: a step that outliers force on an activation, that a zero point leaving half the
+/// codes unused coarsens, or that one large channel forces on a weight stored with one scale, is
+/// the fault the causes name, and left in the floor it hides that fault under a floor far above
+/// the candidate (measured: floor 3.4e1 against a candidate's 9.5e-1). Those take the step fit to
+/// their bulk or their side of 0, or one per channel; returns what was refit.
 fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
     use layerwise_model::quant::Step;
     let mut refit = Vec::new();
@@ -682,6 +683,9 @@ fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, compar
         if let (Some(e), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.step_forced_by_outliers()), *step) {
             refit.push(format!("'{tensor}' (step {s:.2e} forced by outliers, taken as {:.2e})", e.bulk_scale));
             *step = Step::Absolute(e.bulk_scale);
+        } else if let (Some(shift), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).and_then(|e| e.zero_point_shift.as_ref()), *step) {
+            refit.push(format!("'{tensor}' (step {s:.2e} of a zero point that leaves {:.0}% of the codes unused, taken as {:.2e})", 100.0 * shift.unused(), shift.fit_scale));
+            *step = Step::Absolute(shift.fit_scale);
         }
     }
     for w in &mut steps.weights {

@@ -349,7 +349,7 @@ fn quantizer_zero_point(s: &Site) -> Option<Mechanism> {
             CauseKind::QuantizerZeroPoint,
             e.rel_l2.map(|r| s.share(r)),
             format!(
-                "the candidate's {} {} has zero point {} (scale {:.4e}, range [{:.4e}, {:.4e}]), while the reference's values are {sign} ({:.4e} to {:.4e}): they take codes {} to {}, {} of its {} codes, and {:.0}% of the codes are never used; a zero point of {} would give a step of {:.4e}, {:.1}x finer{errs} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
+                "the candidate's {} {} has zero point {} (scale {:.4e}, range [{:.4e}, {:.4e}]), while the reference's values are {sign} ({:.4e} to {:.4e}): they take codes {} to {}, {} of its {} codes, and {:.0}% of the codes are never used; a zero point of {} keeping its end at {:.4e} would give a step of {:.4e}, {:.1}x finer{errs} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
                 q.format.name(),
                 quantizer_of(tensor, is_output),
                 q.zero_point,
@@ -364,6 +364,7 @@ fn quantizer_zero_point(s: &Site) -> Option<Mechanism> {
                 shift.levels,
                 100.0 * shift.unused(),
                 shift.fit_zero_point,
+                if shift.fit_zero_point < q.zero_point { q.hi } else { q.lo },
                 shift.fit_scale,
                 q.scale / shift.fit_scale,
                 s.output.name,

@@ -457,7 +457,8 @@ pub struct ZeroPointShift {
     /// The lowest and highest code the values take, of the format's `levels` codes.
     pub codes: (i32, i32),
     pub levels: u32,
-    /// A zero point at the format's end on the values' side, and the step that then covers them.
+    /// A zero point at the format's end on the values' side, and the step that then keeps the
+    /// range's end on that side.
     pub fit_zero_point: i32,
     pub fit_scale: f32,
     /// Relative L2 of the round trip with that zero point and step.
@@ -619,10 +620,11 @@ fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(
     }
     let (qmin, qmax) = range.format.limits();
     let half = range.scale / 2.0;
+    // The end on the values' side stays where it is: what is left is the zero point's part.
     let (fit_zero_point, reach) = if min >= -half && max > half {
-        (qmin as i32, max)
+        (qmin as i32, range.hi)
     } else if max <= half && min < -half {
-        (qmax as i32, -min)
+        (qmax as i32, -range.lo)
     } else {
         return None;
     };
