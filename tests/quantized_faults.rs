@@ -308,3 +308,52 @@ fn a_denominator_quantized_to_0_is_named_with_the_values_it_rounds_away() {
     assert!(detail.contains("'y' has 8 inf/NaN values where the reference has none"), "{detail}");
     no_fp16(&report, &t);
 }
+
+/// x[1,140000] -> MatMul(w, all 1.0) -> y, and the same with x and w quantized in int8 (step
+/// 1/127, zero point 0): run with only y, ONNX Runtime fuses the pair into an integer kernel whose
+/// int32 sum of 140,000 products of about 126 x 127 passes 2^31 and wraps around.
+fn long_dot_models() -> (ModelProto, ModelProto) {
+    const K: usize = 140_000;
+    let build = |quantized: bool| {
+        let mut b = ModelBuilder::new("long_dot", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(K as i64)]);
+        let (x, w) = if quantized {
+            b.initializer(int8_tensor("w_q", &[K as i64, 1], &vec![127; K]));
+            b.initializer(f32_tensor("s", &[], &[1.0 / 127.0]));
+            b.initializer(int8_tensor("z0", &[], &[0]));
+            b.node("DequantizeLinear", "w_dq", &["w_q", "s", "z0"], &["w_f"], vec![]);
+            b.node("QuantizeLinear", "x_q", &["x", "s", "z0"], &["x_q8"], vec![]);
+            b.node("DequantizeLinear", "x_dq", &["x_q8", "s", "z0"], &["x_f"], vec![]);
+            ("x_f", "w_f")
+        } else {
+            b.initializer(f32_tensor("w", &[K as i64, 1], &vec![1.0; K]));
+            ("x", "w")
+        };
+        b.node("MatMul", "mm", &[x, w], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    (build(false), build(true))
+}
+
+/// The int32 sums of the fused MatMul wrap around: named at mm with the products per sum, the
+/// weight's largest channel sum and the activation's largest code on the reference's values.
+#[test]
+fn an_integer_accumulator_that_passes_2_to_the_31_is_named_with_its_sums() {
+    let (float, quantized) = long_dot_models();
+    let dir = tempfile::tempdir().unwrap();
+    save(&float, &dir.path().join("m.onnx"));
+    save(&quantized, &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:0.99,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    let fd = &report["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "mm", "{t}");
+    assert_eq!(fd["cause"]["kind"], "integer_accumulator_overflow", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    eprintln!("{detail}");
+    assert!(detail.contains("MatMul 'mm' multiplies int8 codes by weight 'w_q' stored int8, as an integer kernel sums them in an int32 accumulator: each sum runs over 140000 products, the stored weight's output channel 0 sums |w - zero point| to 17780000, and its input 'x' reaches |code - zero point| = 127 on the reference's values"), "{detail}");
+    assert!(detail.contains("the int32 limit 2^31 = 2.1475e9: it wraps around"), "{detail}");
+    no_fp16(&report, &t);
+}

@@ -644,6 +644,7 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
     let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Ok(()) };
     let comparison = &mut compared.comparison;
     comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
+    comparison.integer_accumulations = layerwise_model::quant::integer_accumulations(cm.graph(), ci).into_iter().map(|a| (a.node.clone(), a)).collect();
     let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
     let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
     // A Sqrt's input under a failing quotient (LayerNorm's variance) rounds the denominator too.

@@ -58,6 +58,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
     CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: integer_accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_zero_point },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
@@ -416,6 +417,44 @@ fn quantized_denominator(s: &Site) -> Option<Mechanism> {
             ),
         )
     })
+}
+
+/// An integer kernel's int32 sums that can pass 2^31: the largest sum of |w - zero point| over
+/// one output channel of the stored weight, times the activation's largest |code - zero point|
+/// on the reference's values (where measured; else the format's widest). Beyond 2^31 the sum
+/// wraps around: the runtime's fused kernel returns a value of the wrong size, even sign.
+fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
+    let acc = s.comparison.integer_accumulations.get(&s.node.name).filter(|a| a.op == s.op)?;
+    let activation = quantizers_at(s).into_iter().find(|(_, _, _, is_output)| !is_output);
+    let (code, whose) = match activation.and_then(|(t, q, e, _)| e.map(|e| (t, q.code_offset(e.min).max(q.code_offset(e.max)) as f64))) {
+        Some((t, code)) => (code, format!("its input '{t}' reaches |code - zero point| = {code:.0} on the reference's values")),
+        None => {
+            let code = acc.widest_activation_code();
+            (code, format!("its {} input can reach |code - zero point| = {code:.0} (its values were not measured)", acc.activation_format.name()))
+        }
+    };
+    let worst = acc.weight_sum * code;
+    if worst < layerwise_model::quant::INT32_ACCUMULATOR {
+        return None;
+    }
+    mechanism(
+        CauseKind::IntegerAccumulatorOverflow,
+        Some(1.0),
+        format!(
+            "{} '{}' multiplies {} codes by weight '{}' stored {}, as an integer kernel sums them in an int32 accumulator: each sum runs over {} products, the stored weight's output channel {} sums |w - zero point| to {:.0}, and {whose}, so a sum can reach {worst:.4e}, {:.2}x the int32 limit 2^31 = 2.1475e9: it wraps around (measured relative L2 of '{}' {:.2e})",
+            s.op,
+            s.node.name,
+            acc.activation_format.name(),
+            acc.weight,
+            acc.weight_format.name(),
+            acc.terms,
+            acc.channel,
+            acc.weight_sum,
+            worst / layerwise_model::quant::INT32_ACCUMULATOR,
+            s.output.name,
+            s.out_rel,
+        ),
+    )
 }
 
 /// A weight (or weight-derived input) beyond the FP16 range.

@@ -117,6 +117,9 @@ pub enum CauseKind {
     /// them, as LayerNorm's variance) that a quantizer rounds to 0 or near it: the quotient
     /// becomes inf or grows many times.
     QuantizedDenominator,
+    /// An integer MatMul, Gemm or Conv (Q/DQ around it, fused by the runtime) whose sums of
+    /// quantized products can pass the int32 accumulator's 2^31: they wrap around.
+    IntegerAccumulatorOverflow,
 }
 
 impl CauseKind {

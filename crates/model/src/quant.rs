@@ -766,6 +766,99 @@ pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candid
     found
 }
 
+/// What an int32 accumulator holds: sums beyond it wrap around (ONNX Runtime's CPU kernels for a
+/// fused Q/DQ MatMul, measured: 140,000 products of 127 x 127 give -126,288.5 for 140,000).
+pub const INT32_ACCUMULATOR: f64 = 2_147_483_648.0;
+
+/// A MatMul, Gemm or Conv of a Q/DQ candidate that reads a quantized activation and a weight
+/// stored in an integer format: an integer kernel computes it as sums of (a - zero point) x
+/// (w - zero point) in an int32 accumulator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntegerAccumulation {
+    pub node: String,
+    pub op: String,
+    /// The stored weight and its format.
+    pub weight: String,
+    pub weight_format: QuantFormat,
+    /// The activation's quantizer (per tensor).
+    pub activation_format: QuantFormat,
+    pub activation_zero_point: i32,
+    /// Products per sum (a dot product's length).
+    pub terms: usize,
+    /// The output channel whose sum of |w - zero point| is largest, and that sum.
+    pub channel: usize,
+    pub weight_sum: f64,
+}
+
+impl IntegerAccumulation {
+    /// The largest |a - zero point| the activation's format allows.
+    pub fn widest_activation_code(&self) -> f64 {
+        let (qmin, qmax) = self.activation_format.limits();
+        (qmin as f64 - self.activation_zero_point as f64).abs().max((qmax as f64 - self.activation_zero_point as f64).abs())
+    }
+}
+
+impl QuantizerRange {
+    /// `x`'s distance from the zero point in codes, as this quantizer stores it (integer formats).
+    pub fn code_offset(&self, x: f32) -> f32 {
+        (self.code_at(x, self.scale, self.zero_point) - self.zero_point as f32).abs()
+    }
+}
+
+/// Every MatMul, Gemm and Conv of `candidate` whose data input is a per-tensor integer activation
+/// quantizer's DequantizeLinear and whose weight is a DequantizeLinear of a stored integer weight:
+/// the largest sum of |w - zero point| over one output channel, which times the activation's
+/// largest code bounds the int32 sums of an integer kernel.
+pub fn integer_accumulations(candidate: &GraphProto, cand_index: &GraphIndex) -> Vec<IntegerAccumulation> {
+    let stored = Stored::of(candidate, cand_index);
+    let dequantized = |t: &str| cand_index.producer(t).filter(|p| p.op_type == "DequantizeLinear").map(|p| &candidate.node[p.proto_index]);
+    let zero_points = |node: &NodeProto| -> Vec<f32> { node.input.get(2).filter(|t| !t.is_empty()).and_then(|z| stored.get(z)).and_then(|z| Tensor::from_proto(z).ok()).map(|z| z.to_f32().into_owned()).unwrap_or_else(|| vec![0.0]) };
+    let mut found = Vec::new();
+    for info in cand_index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "MatMul" | "Gemm" | "Conv")) {
+        let node = &candidate.node[info.proto_index];
+        let (Some(a_dq), Some(w_dq)) = (node.input.first().and_then(|t| dequantized(t)), node.input.get(1).and_then(|t| dequantized(t))) else { continue };
+        // The activation: a DequantizeLinear of a QuantizeLinear of a computed tensor, per tensor.
+        let Some(quantize) = a_dq.input.first().and_then(|t| cand_index.producer(t)).filter(|p| p.op_type == "QuantizeLinear").map(|p| &candidate.node[p.proto_index]) else { continue };
+        let Some(activation_format) = stored.quantized_type(quantize).and_then(QuantFormat::of).filter(|f| !f.is_float8()) else { continue };
+        let [activation_zero_point] = zero_points(quantize)[..] else { continue };
+        let Some(w) = w_dq.input.first().and_then(|t| stored.get(t)) else { continue };
+        let Some(weight_format) = QuantFormat::of(w.data_type()).filter(|f| !f.is_float8()) else { continue };
+        let Ok(levels) = Tensor::from_proto(w).map(|t| t.to_f32().into_owned()) else { continue };
+        let dims: Vec<usize> = w.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let rank = dims.len();
+        let trans_b = node.attribute.iter().any(|a| a.name() == "transB" && a.i == Some(1));
+        let axis = match info.op_type.as_str() {
+            "Conv" if rank >= 2 => 0,
+            "MatMul" if rank >= 2 => rank - 1,
+            "Gemm" if rank == 2 => usize::from(!trans_b),
+            _ => continue,
+        };
+        let (channels, inner) = (dims[axis], dims[axis + 1..].iter().product::<usize>());
+        if channels == 0 || levels.len() != dims.iter().product::<usize>() {
+            continue;
+        }
+        let zw = zero_points(w_dq);
+        let mut sums = vec![0f64; channels];
+        for (i, &l) in levels.iter().enumerate() {
+            let c = (i / inner.max(1)) % channels;
+            sums[c] += (l - zw.get(c).or(zw.first()).copied().unwrap_or(0.0)).abs() as f64;
+        }
+        let Some((channel, &weight_sum)) = sums.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)) else { continue };
+        found.push(IntegerAccumulation {
+            node: info.name.clone(),
+            op: info.op_type.clone(),
+            weight: w.name().to_string(),
+            weight_format,
+            activation_format,
+            activation_zero_point: activation_zero_point as i32,
+            terms: levels.len() / channels,
+            channel,
+            weight_sum,
+        });
+    }
+    found
+}
+
 /// The fed input of [`switchable_quantizers`]' model: one boolean a quantizer.
 pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
 
