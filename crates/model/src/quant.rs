@@ -959,3 +959,67 @@ fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(Strin
     }
     Ok(proto)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::{f32_tensor, Dim, ModelBuilder};
+
+    fn int8(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
+        TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
+    }
+
+    fn int8_range(scale: f32, zero_point: i32) -> QuantizerRange {
+        QuantizerRange { format: QuantFormat::Int8, scale, zero_point, lo: (-128 - zero_point) as f32 * scale, hi: (127 - zero_point) as f32 * scale }
+    }
+
+    /// A Relu's output quantized int8 with zero point 0 uses codes 0..127, half of 256: the zero
+    /// point at -128 keeping the end at 127 steps halves the step. With zero point -128 already,
+    /// or values on both sides, nothing is said.
+    #[test]
+    fn a_zero_point_that_leaves_half_the_codes_unused_is_found_with_the_step_that_fits() {
+        let values: Vec<f32> = (0..=1000).map(|i| i as f32 / 1000.0).collect();
+        let shift = quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 0");
+        assert_eq!((shift.codes, shift.levels, shift.fit_zero_point), ((0, 127), 256, -128));
+        assert!((shift.unused() - 0.5).abs() < 1e-12, "{shift:?}");
+        assert!((shift.fit_scale - 1.0 / 255.0).abs() < 1e-9, "{shift:?}");
+        assert!(shift.fit_rel_l2.unwrap() < 0.6 * quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).rel_l2.unwrap());
+        assert_eq!(quantizer_effect(&int8_range(1.0 / 255.0, -128), &values, &[1001]).zero_point_shift, None);
+        let both_sides: Vec<f32> = values.iter().map(|v| v - 0.5).collect();
+        assert_eq!(quantizer_effect(&int8_range(1.0 / 127.0, 0), &both_sides, &[1001]).zero_point_shift, None);
+    }
+
+    /// Values below half a step round to 0, those below 3/4 of a step to one step (more than half
+    /// themselves), and the least non-zero |x| is kept: what a denominator's cause reads.
+    #[test]
+    fn values_rounded_to_0_or_below_half_themselves_are_counted() {
+        let e = quantizer_effect(&int8_range(1.0, 0), &[0.0, 0.3, -0.4, 0.7, 1.6, 10.0], &[6]);
+        assert_eq!((e.to_zero, e.below_half, e.min_nonzero_abs), (2, 2, 0.3));
+        let e = quantizer_effect(&int8_range(1.0, 0), &[0.2, 1.4, 0.74], &[3]);
+        // 1.4 -> 1 and 0.74 -> 1 keep more than half; 0.2 -> 0 does not.
+        assert_eq!((e.to_zero, e.below_half), (1, 1));
+    }
+
+    /// x -> Q/DQ int8 -> MatMul with a weight [4, 2] stored int8: each sum runs over 4 products, and
+    /// output channel 1's |w - zero point| add up to the most.
+    #[test]
+    fn an_integer_matmul_s_largest_weight_sum_is_read_per_output_channel() {
+        let mut b = ModelBuilder::new("q", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+        b.initializer(int8("w_q", &[4, 2], &[1, -100, 2, 100, -3, 50, 4, -7]));
+        b.initializer(f32_tensor("s", &[], &[0.1]));
+        b.initializer(int8("z", &[], &[0]));
+        b.node("QuantizeLinear", "x_q", &["x", "s", "z"], &["x_q8"], vec![]);
+        b.node("DequantizeLinear", "x_dq", &["x_q8", "s", "z"], &["x_f"], vec![]);
+        b.node("DequantizeLinear", "w_dq", &["w_q", "s", "z"], &["w_f"], vec![]);
+        b.node("MatMul", "mm", &["x_f", "w_f"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        let proto = b.build();
+        let graph = proto.graph.as_ref().unwrap();
+        let found = integer_accumulations(graph, &GraphIndex::build(graph).unwrap());
+        assert_eq!(found.len(), 1, "{found:?}");
+        let acc = &found[0];
+        assert_eq!((acc.node.as_str(), acc.terms, acc.channel, acc.weight_sum), ("mm", 4, 1, 257.0), "{acc:?}");
+        assert_eq!(acc.widest_activation_code(), 128.0);
+    }
+}
