@@ -357,3 +357,51 @@ fn an_integer_accumulator_that_passes_2_to_the_31_is_named_with_its_sums() {
     assert!(detail.contains("the int32 limit 2^31 = 2.1475e9: it wraps around"), "{detail}");
     no_fp16(&report, &t);
 }
+
+/// x -> MatMul(w1, stored int8) -> h -> MatMul(w2) -> y with x and h quantized int8, h's scale
+/// 16x too small: the integer MatMul's requantization saturates. Named clipping at mm2, which
+/// reads h, as the requantization of mm1's sums.
+#[test]
+fn a_requantization_that_saturates_is_clipping_named_as_the_requantization() {
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    let s1 = max_abs(&w1) / 127.0;
+    let build = |quantized: bool| {
+        let mut b = ModelBuilder::new("mlp", 17);
+        b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
+        b.initializer(f32_tensor("w2", &[8, 4], &w2));
+        let (x, w) = if quantized {
+            b.initializer(int8_tensor("w1_q", &[8, 8], &w1.iter().map(|v| (v / s1).round() as i32).collect::<Vec<_>>()));
+            b.initializer(f32_tensor("s1", &[], &[s1]));
+            b.initializer(f32_tensor("sx", &[], &[1.0 / 127.0]));
+            b.initializer(int8_tensor("z0", &[], &[0]));
+            b.node("DequantizeLinear", "w1_dq", &["w1_q", "s1", "z0"], &["w1_f"], vec![]);
+            b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x_q8"], vec![]);
+            b.node("DequantizeLinear", "x_dq", &["x_q8", "sx", "z0"], &["x_f"], vec![]);
+            ("x_f", "w1_f")
+        } else {
+            b.initializer(f32_tensor("w1", &[8, 8], &w1));
+            ("x", "w1")
+        };
+        b.node("MatMul", "mm1", &[x, w], &["h"], vec![]);
+        let h = if quantized {
+            // |h| <= 8 max|w1| for x in [-1, 1]; 16x too small.
+            b.initializer(f32_tensor("sh", &[], &[8.0 * max_abs(&w1) / 127.0 / 16.0]));
+            b.node("QuantizeLinear", "h_q", &["h", "sh", "z0"], &["h_q8"], vec![]);
+            b.node("DequantizeLinear", "h_dq", &["h_q8", "sh", "z0"], &["h_f"], vec![]);
+            "h_f"
+        } else {
+            "h"
+        };
+        b.node("MatMul", "mm2", &[h, "w2"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    let (report, t) = bisect(&build(false), &build(true));
+    let fd = &report["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "mm2", "{t}");
+    assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    eprintln!("{detail}");
+    assert!(detail.contains("int8 quantizer of its input 'h' (the requantization of MatMul 'mm1''s int32 sums, which a fused integer kernel saturates) holds ["), "{detail}");
+    no_fp16(&report, &t);
+}

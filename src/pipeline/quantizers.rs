@@ -92,7 +92,7 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     } else {
         // Every quantizer at once, the unmeasured too: one session without switches, one run.
         let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?.run(feeds)?;
-        error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?.to_f32())
+        error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with every quantizer on gives no '{output}'"))?.to_f32())
     };
     let mut each = Vec::with_capacity(chosen.len());
     let mut next = chosen.iter().copied().enumerate().peekable();

@@ -232,11 +232,18 @@ fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
             (false, Some(rel)) => Some(s.share(rel)),
             (false, None) => None,
         };
+        // An integer MatMul/Gemm/Conv's output quantizer is the requantization of its int32 sums:
+        // where the runtime fuses the pair, the kernel saturates them there.
+        let producer = if is_output { Some(s.node) } else { s.index.producer(tensor) };
+        let requantization = match producer.filter(|p| s.comparison.integer_accumulations.get(&p.name).is_some_and(|a| a.op == p.op_type)) {
+            Some(p) => format!(" (the requantization of {} '{}''s int32 sums, which a fused integer kernel saturates)", p.op_type, p.name),
+            None => String::new(),
+        };
         mechanism(
             CauseKind::QuantizerClipping,
             explains,
             format!(
-                "the candidate's {} {} holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: {counted}; the measured max abs error of '{}' is {err:.4e}",
+                "the candidate's {} {}{requantization} holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: {counted}; the measured max abs error of '{}' is {err:.4e}",
                 q.format.name(),
                 quantizer_of(tensor, is_output),
                 q.lo,

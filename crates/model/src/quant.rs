@@ -615,7 +615,7 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
 /// most half the format's: what a zero point at the format's end on their side would give
 /// (`rel_l2` of a round trip with a scale and zero point); `None` otherwise.
 fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(f32, i32) -> Option<f64>) -> Option<ZeroPointShift> {
-    if range.format.is_float8() || !(range.scale > 0.0) || !(min <= max) {
+    if range.format.is_float8() || !(range.scale > 0.0) || min > max {
         return None;
     }
     let (qmin, qmax) = range.format.limits();
@@ -951,7 +951,6 @@ fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(Strin
         nodes.extend(after);
     }
     graph.node = nodes;
-    drop(chain);
     graph.initializer.extend(initializers);
     graph.initializer.extend(indices);
     if switched {
