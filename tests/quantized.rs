@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::quantized::{clipped_model, float_model, int8_tensor, qdq_model, weights};
+use common::quantized::{clipped_model, float_model, int8_tensor, qdq_model, qoperator_model, weights};
 use common::{json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
@@ -341,3 +341,37 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
     assert!(t.contains(&format!("(QuantizeLinear 'q{planted}') is at fault")), "{t}");
 }
 
+/// A QOperator candidate (integer ops such as QLinearMatMul, no float node between its
+/// quantizers) has nothing `fix` could leave unquantized: refused with exit 2 and nothing
+/// written, neither the model nor its exclusion list.
+#[test]
+fn fix_refuses_a_qoperator_candidate_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&qoperator_model(&w1, &w2, 1.0), &dir.path().join("q.onnx"));
+    let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("computes with QLinearMatMul (the QOperator format"), "{t}");
+    let after: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(before, after, "nothing written: {t}");
+}
+
+/// bisect of a QOperator candidate whose QLinearMatMul clips (its output scale shrunk 16x) says
+/// that the integer op is not seen inside, rather than calling the candidate float32 between its
+/// quantizers.
+#[test]
+fn bisect_of_a_qoperator_candidate_says_its_integer_ops_are_not_seen_inside() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&qoperator_model(&w1, &w2, 16.0), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let notes = json(&dir.path().join("r.json"))["cand"]["notes"].to_string();
+    assert!(notes.contains("1 integer ops (QLinearMatMul 'mm1': the QOperator format") && notes.contains("their inside and their own output scales are not read"), "{notes}");
+    assert!(!notes.contains("computed in float32 between its quantizers"), "{notes}");
+}

@@ -395,6 +395,11 @@ impl Job<'_> {
     pub(super) fn unmix_deployed_finding(&self, compared: &Compared, verdict: &mut layerwise_analysis::Verdict) {
         let Some(fd) = &verdict.first_divergent else { return };
         let Some((output, deployed, exposed)) = compared.deployed_differs.iter().find(|(o, _, _)| *o == fd.tensor) else { return };
+        // Sums that pass the int32 accumulator wrap in the fused integer kernel only, and the
+        // stored weights and the reference's values place them: the node stays named.
+        if fd.cause.best.kind == layerwise_analysis::CauseKind::IntegerAccumulatorOverflow {
+            return;
+        }
         verdict.summary = format!(
             "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between the quantizers is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
         );

@@ -645,9 +645,12 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
     let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Ok(()) };
     let comparison = &mut compared.comparison;
     comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
+    comparison.integer_accumulations = layerwise_model::quant::integer_accumulations(cm.graph(), ci).into_iter().map(|a| (a.node.clone(), a)).collect();
     let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
     let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
-    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t)).cloned().collect();
+    // A Sqrt's input under a failing quotient (LayerNorm's variance) rounds the denominator too.
+    let under_a_failing_sqrt = |t: &str| job.index.consumers(t).iter().map(|&c| &job.index.nodes[c]).filter(|n| n.op_type == "Sqrt").any(|n| n.outputs.iter().any(|o| feeds_a_failure(o)));
+    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t) || under_a_failing_sqrt(t)).cloned().collect();
     wanted.sort();
     if wanted.is_empty() {
         return Ok(());
@@ -670,10 +673,11 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
 }
 
 /// A quantized candidate's floor is what its quantizers' resolution does, each at the step its
-/// values need: a step that outliers force on an activation, or that one large channel forces on
-/// a weight stored with one scale, is the fault the causes name, and left in the floor it hides
-/// that fault under a floor far above the candidate (measured: floor 3.4e1 against a candidate's
-/// 9.5e-1). Those take the step fit to their bulk, or one per channel; returns what was refit.
+/// values need: a step that outliers force on an activation, that a zero point leaving half the
+/// codes unused coarsens, or that one large channel forces on a weight stored with one scale, is
+/// the fault the causes name, and left in the floor it hides that fault under a floor far above
+/// the candidate (measured: floor 3.4e1 against a candidate's 9.5e-1). Those take the step fit to
+/// their bulk or their side of 0, or one per channel; returns what was refit.
 fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
     use layerwise_model::quant::Step;
     let mut refit = Vec::new();
@@ -681,6 +685,9 @@ fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, compar
         if let (Some(e), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.step_forced_by_outliers()), *step) {
             refit.push(format!("'{tensor}' (step {s:.2e} forced by outliers, taken as {:.2e})", e.bulk_scale));
             *step = Step::Absolute(e.bulk_scale);
+        } else if let (Some(shift), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).and_then(|e| e.zero_point_shift.as_ref()), *step) {
+            refit.push(format!("'{tensor}' (step {s:.2e} of a zero point that leaves {:.0}% of the codes unused, taken as {:.2e})", 100.0 * shift.unused(), shift.fit_scale));
+            *step = Step::Absolute(shift.fit_scale);
         }
     }
     for w in &mut steps.weights {

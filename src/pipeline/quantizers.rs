@@ -7,7 +7,7 @@
 
 use anyhow::Result;
 use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
-use layerwise_model::quant::{activation_quantizers, switchable_quantizers, QUANTIZER_SWITCHES};
+use layerwise_model::quant::{activation_quantizers, quantizers_on, switchable_quantizers, QUANTIZER_SWITCHES};
 use layerwise_analysis::Tolerance;
 use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::{ModelSession, Tensor};
@@ -71,60 +71,70 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     if measured.is_empty() {
         return Ok(None);
     }
-    let mut proto = switchable_quantizers(&pair.model.proto, &measured)?;
-    // Beyond MOST_ALONE quantizers, each measured alone would be a run too many: those whose own
-    // error on the reference's values is largest are, read from one run with every quantized
-    // tensor an output.
-    let over = measured.len() > MOST_ALONE;
-    if over {
-        let graph = proto.graph.as_mut().expect("a rewritten model has a graph");
-        for (t, _) in measured.iter().filter(|(t, _)| !fed.contains(t.as_str())) {
-            graph.output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t.clone()), ..Default::default() });
-        }
-    }
+    // Beyond MOST_ALONE quantizers, each measured alone would be a run too many, and a switched
+    // model carrying all of them makes every run cost the whole count: those whose own error on
+    // the reference's values is largest are chosen first, from one plain reference run, and only
+    // they are switched.
+    let chosen: Vec<usize> = if measured.len() > MOST_ALONE { largest_own_errors(pair, feeds, &measured)? } else { (0..measured.len()).collect() };
+    let switched: Vec<(String, layerwise_model::quant::QuantizerRange)> = chosen.iter().map(|&i| measured[i].clone()).collect();
+    let proto = switchable_quantizers(&pair.model.proto, &switched)?;
     let mut session = ModelSession::cpu(pair.model, &proto, "quantizers alone")?;
     let tolerance = pair.tolerance;
-    let chosen: Vec<bool> = if over {
-        let mut inputs = feeds.to_vec();
-        inputs.push((QUANTIZER_SWITCHES.to_string(), Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool(vec![false; measured.len()]))));
-        let values = session.run(&inputs)?;
-        let own: Vec<f64> = measured
-            .iter()
-            .map(|(t, range)| {
-                let value = values.get(t).or_else(|| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v));
-                value.and_then(|v| layerwise_model::quant::quantizer_effect(range, &v.to_f32(), &v.shape).rel_l2).unwrap_or(0.0)
-            })
-            .collect();
-        let mut order: Vec<usize> = (0..measured.len()).collect();
-        order.sort_by(|&a, &b| own[b].total_cmp(&own[a]));
-        let mut chosen = vec![false; measured.len()];
-        for &i in order.iter().take(MOST_ALONE) {
-            chosen[i] = true;
-        }
-        chosen
-    } else {
-        vec![true; measured.len()]
-    };
     let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
-        let switches = Tensor::new(vec![measured.len()], layerwise_runtime::TensorData::Bool((0..measured.len()).map(on).collect()));
-        let mut inputs = feeds.to_vec();
-        inputs.push((QUANTIZER_SWITCHES.to_string(), switches));
-        let mut outputs = session.run(&inputs)?;
+        let mut outputs = session.run(&with_switches(feeds, (0..switched.len()).map(on).collect()))?;
         let value = outputs.remove(output).ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?;
         Ok(value.to_f32().into_owned())
     };
     let reference = run(&|_| false)?;
     let error = |values: &[f32]| layerwise_analysis::compute(&reference, values, tolerance).error_level();
-    let together = error(&run(&|_| true)?);
-    let mut each = Vec::with_capacity(measured.len());
+    let together = if chosen.len() == measured.len() {
+        error(&run(&|_| true)?)
+    } else {
+        // Every quantizer at once, the unmeasured too: one session without switches, one run.
+        let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?.run(feeds)?;
+        error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with every quantizer on gives no '{output}'"))?.to_f32())
+    };
+    let mut each = Vec::with_capacity(chosen.len());
+    let mut next = chosen.iter().copied().enumerate().peekable();
     for (i, ((tensor, _), (node, holds))) in measured.iter().zip(&nodes).enumerate() {
-        if !chosen[i] {
+        let Some((k, _)) = next.next_if(|&(_, c)| c == i) else {
             not_measured.push((node.clone(), format!("not among the {MOST_ALONE} of the {} with the largest error of their own on the reference's values", measured.len())));
             continue;
-        }
-        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), holds: holds.clone(), error: error(&run(&|k| k == i)?) });
+        };
+        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), holds: holds.clone(), error: error(&run(&|s| s == k)?) });
     }
     // Largest first; graph order on ties (a stable sort keeps it).
     each.sort_by(|a, b| b.error.total_cmp(&a.error));
     Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: pair.fault_threshold, each, not_measured }))
+}
+
+/// `feeds` and the switches of a [`switchable_quantizers`] model.
+fn with_switches(feeds: &[(String, Tensor)], on: Vec<bool>) -> Vec<(String, Tensor)> {
+    let mut inputs = feeds.to_vec();
+    inputs.push((QUANTIZER_SWITCHES.to_string(), Tensor::new(vec![on.len()], layerwise_runtime::TensorData::Bool(on))));
+    inputs
+}
+
+/// The `MOST_ALONE` of `quantizers` whose own round trip errs most on the reference's values of
+/// the tensors they quantize (relative L2, `quantizer_effect`), read from one run of the plain
+/// reference with those tensors exposed; their indices in `quantizers`' order.
+fn largest_own_errors(pair: &QuantizedPair, feeds: &[(String, Tensor)], quantizers: &[(String, layerwise_model::quant::QuantizerRange)]) -> Result<Vec<usize>> {
+    let fed = |t: &str| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v);
+    let mut proto = pair.model.proto.clone();
+    let graph = proto.graph.as_mut().expect("a loaded model has a graph");
+    let declared: std::collections::HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
+    for (t, _) in quantizers.iter().filter(|(t, _)| fed(t).is_none() && !declared.contains(t)) {
+        graph.output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t.clone()), ..Default::default() });
+    }
+    let values = ModelSession::cpu(pair.model, &proto, "quantizers' values")?.run(feeds)?;
+    let own: Vec<f64> = quantizers
+        .iter()
+        .map(|(t, range)| values.get(t).or_else(|| fed(t)).and_then(|v| layerwise_model::quant::quantizer_effect(range, &v.to_f32(), &v.shape).rel_l2).unwrap_or(0.0))
+        .collect();
+    let mut order: Vec<usize> = (0..quantizers.len()).collect();
+    // Largest first; graph order on ties (a stable sort keeps it).
+    order.sort_by(|&a, &b| own[b].total_cmp(&own[a]));
+    order.truncate(MOST_ALONE);
+    order.sort_unstable();
+    Ok(order)
 }

@@ -362,7 +362,8 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let quantization = cand_model.as_ref().filter(|(cm, _)| !layerwise_runtime::typed::has_reduced_precision(cm)).and_then(|(cm, ci)| layerwise_model::quant::quantization_of(cm.graph(), ci));
     let judging = match quantization {
         Some(q) => {
-            input_notes.push(format!("the candidate model is quantized (Q/DQ): {}; judged by {} defaults, computed in float32 between its quantizers", q.describe(), q.coarsest().map_or("INT8", |f| f.family())));
+            let between = if q.integer_ops.is_empty() { ", computed in float32 between its quantizers" } else { "" };
+            input_notes.push(format!("the candidate model is quantized (Q/DQ): {}; judged by {} defaults{between}", q.describe(), q.coarsest().map_or("INT8", |f| f.family())));
             Judging::quantized(q, options)?
         }
         None => Judging::new(precision, candidate.tf32(), options)?,

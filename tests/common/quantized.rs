@@ -73,3 +73,26 @@ pub fn clipped_model(w1: &[f32], w2: &[f32]) -> ModelProto {
     clipped
 }
 
+
+/// The MLP of `float_model` in the QOperator format (quantize_static's QuantFormat.QOperator):
+/// mm1 is one QLinearMatMul on int8 values, between a QuantizeLinear of x and a DequantizeLinear
+/// of its int8 output h, so no float node stands for it. `shrink` divides h's scale (16: h clips).
+pub fn qoperator_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
+    let s1 = w1.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+    let mut b = ModelBuilder::new("mlp_qoperator", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w1_q", &[8, 8], &w1.iter().map(|v| (v / s1).round() as i32).collect::<Vec<_>>()));
+    b.initializer(f32_tensor("w2", &[8, 4], w2));
+    b.initializer(f32_tensor("s1", &[], &[s1]));
+    b.initializer(f32_tensor("sx", &[], &[1.0 / 127.0]));
+    // |h| <= 8 * max|w1| for x in [-1, 1].
+    b.initializer(f32_tensor("sh", &[], &[8.0 * s1 / shrink]));
+    b.initializer(int8_tensor("z0", &[], &[0]));
+    b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x_q8"], vec![]);
+    b.node("QLinearMatMul", "mm1", &["x_q8", "sx", "z0", "w1_q", "s1", "z0", "sh", "z0"], &["h_q8"], vec![]);
+    b.node("DequantizeLinear", "h_dq", &["h_q8", "sh", "z0"], &["h"], vec![]);
+    b.node("Relu", "relu", &["h"], &["r"], vec![]);
+    b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}

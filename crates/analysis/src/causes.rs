@@ -58,6 +58,9 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
     CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: integer_accumulator_overflow },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_zero_point },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
     CauseRule { applies_to: ANY, detect: large_logits },
@@ -229,11 +232,18 @@ fn quantizer_clipping(s: &Site) -> Option<Mechanism> {
             (false, Some(rel)) => Some(s.share(rel)),
             (false, None) => None,
         };
+        // An integer MatMul/Gemm/Conv's output quantizer is the requantization of its int32 sums:
+        // where the runtime fuses the pair, the kernel saturates them there.
+        let producer = if is_output { Some(s.node) } else { s.index.producer(tensor) };
+        let requantization = match producer.filter(|p| s.comparison.integer_accumulations.get(&p.name).is_some_and(|a| a.op == p.op_type)) {
+            Some(p) => format!(" (the requantization of {} '{}''s int32 sums, which a fused integer kernel saturates)", p.op_type, p.name),
+            None => String::new(),
+        };
         mechanism(
             CauseKind::QuantizerClipping,
             explains,
             format!(
-                "the candidate's {} {} holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: {counted}; the measured max abs error of '{}' is {err:.4e}",
+                "the candidate's {} {}{requantization} holds [{:.4e}, {:.4e}] (scale {:.4e}, zero point {}), while the reference reaches |x| = {reach:.4e}, {:.1}x its end: {counted}; the measured max abs error of '{}' is {err:.4e}",
                 q.format.name(),
                 quantizer_of(tensor, is_output),
                 q.lo,
@@ -328,6 +338,130 @@ fn per_tensor_weight(s: &Site) -> Option<Mechanism> {
             ),
         )
     })
+}
+
+/// An integer quantizer whose zero point leaves the codes on one side of 0 to values that never
+/// come: one-sided values (a Relu's output) quantized symmetrically, or uint8 with zero point 128
+/// on values never negative. Measured on the reference's values: the codes they use, and the
+/// step and error with a zero point at the format's end.
+fn quantizer_zero_point(s: &Site) -> Option<Mechanism> {
+    quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
+        let e = effect?;
+        let shift = e.zero_point_shift.as_ref()?;
+        let sign = if shift.fit_zero_point < q.zero_point { "never negative" } else { "never positive" };
+        let errs = match (e.rel_l2, shift.fit_rel_l2) {
+            (Some(now), Some(fit)) => format!(", and its quantization error would be relative L2 {fit:.2e} instead of {now:.2e}"),
+            _ => String::new(),
+        };
+        mechanism(
+            CauseKind::QuantizerZeroPoint,
+            e.rel_l2.map(|r| s.share(r)),
+            format!(
+                "the candidate's {} {} has zero point {} (scale {:.4e}, range [{:.4e}, {:.4e}]), while the reference's values are {sign} ({:.4e} to {:.4e}): they take codes {} to {}, {} of its {} codes, and {:.0}% of the codes are never used; a zero point of {} keeping its end at {:.4e} would give a step of {:.4e}, {:.1}x finer{errs} (measured on the reference's values); measured relative L2 of '{}' {:.2e}",
+                q.format.name(),
+                quantizer_of(tensor, is_output),
+                q.zero_point,
+                q.scale,
+                q.lo,
+                q.hi,
+                e.min,
+                e.max,
+                shift.codes.0,
+                shift.codes.1,
+                shift.codes.1 - shift.codes.0 + 1,
+                shift.levels,
+                100.0 * shift.unused(),
+                shift.fit_zero_point,
+                if shift.fit_zero_point < q.zero_point { q.hi } else { q.lo },
+                shift.fit_scale,
+                q.scale / shift.fit_scale,
+                s.output.name,
+                s.out_rel,
+            ),
+        )
+    })
+}
+
+/// A denominator that a quantizer rounds to 0 or near it: a Div's divisor, a Reciprocal's or a
+/// Pow's base (a negative exponent: the output blows up), or the tensor under the Sqrt that
+/// gives one of those (LayerNorm's variance). Measured on the reference's values: how many round
+/// to 0, and to less than half themselves; and the blow-up of the result.
+fn quantized_denominator(s: &Site) -> Option<Mechanism> {
+    let denominator = match s.op {
+        "Div" => s.node.inputs.get(1),
+        "Reciprocal" | "Pow" => s.node.inputs.first(),
+        _ => None,
+    }?;
+    let m = s.m();
+    // A Pow's exponent is not read here: a base rounded to 0 matters where the result blows up.
+    let blows_up = s.non_finite() || m.max_abs_err > m.ref_max_abs;
+    if s.op == "Pow" && !blows_up {
+        return None;
+    }
+    let under_sqrt = s.index.producer(denominator).filter(|p| p.op_type == "Sqrt").and_then(|p| p.inputs.first());
+    std::iter::once((denominator, false)).chain(under_sqrt.map(|t| (t, true))).find_map(|(tensor, via_sqrt)| {
+        let q = s.comparison.quantizers.get(tensor.as_str())?;
+        let e = s.comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.below_half > 0)?;
+        let what = if via_sqrt { format!("the {}'s denominator is the Sqrt of '{tensor}', which", s.op) } else { format!("the {}'s denominator '{tensor}'", s.op) };
+        let result = if s.non_finite() {
+            format!("'{}' has {} inf/NaN values where the reference has none (reference max |y| = {:.4e})", s.output.name, m.nonfinite_mismatch, m.ref_max_abs)
+        } else {
+            format!("'{}' is off by up to {:.4e} where the reference's largest |y| is {:.4e} ({:.1}x)", s.output.name, m.max_abs_err, m.ref_max_abs, m.max_abs_err / m.ref_max_abs.max(f64::MIN_POSITIVE))
+        };
+        mechanism(
+            CauseKind::QuantizedDenominator,
+            Some(if s.non_finite() { 1.0 } else { s.share(m.max_abs_err / m.ref_max_abs.max(f64::MIN_POSITIVE)) }),
+            format!(
+                "{what} the candidate's {} quantizer (step {:.4e}, zero point {}) rounds: {} of its {} values round to 0 and {} more to less than half themselves (its smallest non-zero |x| is {:.4e}, half a step {:.4e}) (measured on the reference's values); a quotient by 0 is inf, and by a value rounded to half or less at least 2x too large: {result}",
+                q.format.name(),
+                q.scale,
+                q.zero_point,
+                e.to_zero,
+                e.count,
+                e.below_half - e.to_zero,
+                e.min_nonzero_abs,
+                q.scale / 2.0,
+            ),
+        )
+    })
+}
+
+/// An integer kernel's int32 sums that can pass 2^31: the largest sum of |w - zero point| over
+/// one output channel of the stored weight, times the activation's largest |code - zero point|
+/// on the reference's values (where measured; else the format's widest). Beyond 2^31 the sum
+/// wraps around: the runtime's fused kernel returns a value of the wrong size, even sign.
+fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
+    let acc = s.comparison.integer_accumulations.get(&s.node.name).filter(|a| a.op == s.op)?;
+    let activation = quantizers_at(s).into_iter().find(|(_, _, _, is_output)| !is_output);
+    let (code, whose) = match activation.and_then(|(t, q, e, _)| e.map(|e| (t, q.code_offset(e.min).max(q.code_offset(e.max)) as f64))) {
+        Some((t, code)) => (code, format!("its input '{t}' reaches |code - zero point| = {code:.0} on the reference's values")),
+        None => {
+            let code = acc.widest_activation_code();
+            (code, format!("its {} input can reach |code - zero point| = {code:.0} (its values were not measured)", acc.activation_format.name()))
+        }
+    };
+    let worst = acc.weight_sum * code;
+    if worst < layerwise_model::quant::INT32_ACCUMULATOR {
+        return None;
+    }
+    mechanism(
+        CauseKind::IntegerAccumulatorOverflow,
+        Some(1.0),
+        format!(
+            "{} '{}' multiplies {} codes by weight '{}' stored {}, as an integer kernel sums them in an int32 accumulator: each sum runs over {} products, the stored weight's output channel {} sums |w - zero point| to {:.0}, and {whose}, so a sum can reach {worst:.4e}, {:.2}x the int32 limit 2^31 = 2.1475e9: it wraps around (measured relative L2 of '{}' {:.2e})",
+            s.op,
+            s.node.name,
+            acc.activation_format.name(),
+            acc.weight,
+            acc.weight_format.name(),
+            acc.terms,
+            acc.channel,
+            acc.weight_sum,
+            worst / layerwise_model::quant::INT32_ACCUMULATOR,
+            s.output.name,
+            s.out_rel,
+        ),
+    )
 }
 
 /// A weight (or weight-derived input) beyond the FP16 range.

@@ -60,6 +60,8 @@ pub struct Comparison {
     pub quantizer_effects: HashMap<String, layerwise_model::quant::QuantizerEffect>,
     /// The weights a quantized candidate stores with one scale, under the reference weight's name.
     pub per_tensor_weights: HashMap<String, layerwise_model::quant::WeightChannels>,
+    /// The products a quantized candidate's integer kernels would sum, under the node's name.
+    pub integer_accumulations: HashMap<String, layerwise_model::quant::IntegerAccumulation>,
     position: HashMap<String, usize>,
 }
 
@@ -70,7 +72,7 @@ impl Comparison {
         let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
         records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }
+        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
@@ -204,7 +206,7 @@ pub fn compare_all(
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }
+    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }
 }
 
 /// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
@@ -267,7 +269,7 @@ impl PairedComparison {
             }
         }
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new() }, histograms)
+        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }, histograms)
     }
 }
 

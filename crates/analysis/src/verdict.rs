@@ -110,6 +110,16 @@ pub enum CauseKind {
     /// A weight stored with one scale whose output channels differ by orders of magnitude: the
     /// small channels keep a few levels, or round to 0.
     PerTensorWeight,
+    /// An integer quantizer of one-sided values (a Relu's output, never negative) whose zero point
+    /// leaves half of its codes or more unused: its step is that much coarser than needed.
+    QuantizerZeroPoint,
+    /// A denominator (of a Div, a Reciprocal, a Pow with a negative exponent, or the Sqrt under
+    /// them, as LayerNorm's variance) that a quantizer rounds to 0 or near it: the quotient
+    /// becomes inf or grows many times.
+    QuantizedDenominator,
+    /// An integer MatMul, Gemm or Conv (Q/DQ around it, fused by the runtime) whose sums of
+    /// quantized products can pass the int32 accumulator's 2^31: they wrap around.
+    IntegerAccumulatorOverflow,
 }
 
 impl CauseKind {

@@ -100,6 +100,16 @@ pub struct Quantization {
     pub weights: BTreeMap<(QuantFormat, Granularity), usize>,
     /// QuantizeLinear nodes quantizing a computed tensor (an activation).
     pub activations: BTreeMap<(QuantFormat, Granularity), usize>,
+    /// Nodes that compute on quantized values themselves ([`is_integer_op`]), as (op type, node),
+    /// in graph order: nothing in float stands for them.
+    pub integer_ops: Vec<(String, String)>,
+}
+
+/// Whether `op` computes on quantized values itself (the QOperator format: QLinearConv,
+/// QLinearMatMul, ...; dynamic quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger)
+/// rather than in float between QuantizeLinear/DequantizeLinear pairs.
+pub fn is_integer_op(op: &str) -> bool {
+    op.starts_with("QLinear") || matches!(op, "ConvInteger" | "MatMulInteger" | "DynamicQuantizeLinear" | "MatMulIntegerToFloat" | "DynamicQuantizeMatMul" | "QGemm" | "QAttention")
 }
 
 impl Quantization {
@@ -122,6 +132,13 @@ impl Quantization {
         if !self.weights.is_empty() {
             parts.push(format!("{} quantized weights ({})", count(&self.weights), list(&self.weights)));
         }
+        if let Some((op, node)) = self.integer_ops.first() {
+            let more = if self.integer_ops.len() > 1 { format!(" and {} more", self.integer_ops.len() - 1) } else { String::new() };
+            parts.push(format!(
+                "{} integer ops ({op} '{node}'{more}: the QOperator format, or dynamic quantization), which compute on integer values: their inside and their own output scales are not read, so what they do shows only at the float tensors after them; quantized again in the QDQ format, each op is seen",
+                self.integer_ops.len()
+            ));
+        }
         parts.join("; ")
     }
 }
@@ -134,6 +151,10 @@ pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantiz
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
         let weight = node.input.first().and_then(|t| stored.get(t));
+        if is_integer_op(node.op_type()) {
+            any = true;
+            found.integer_ops.push((info.op_type.clone(), info.name.clone()));
+        }
         match node.op_type() {
             "DequantizeLinear" if weight.is_some() => {
                 any = true;
@@ -412,9 +433,42 @@ impl QuantizerRange {
     /// `x` through this quantizer: rounded to the nearest step (ties to even, as ONNX defines
     /// QuantizeLinear) and clamped to the range. Integer formats only (float8's step is relative).
     fn round_trip(&self, x: f32, scale: f32) -> f32 {
+        self.round_trip_at(x, scale, self.zero_point)
+    }
+
+    /// [`Self::round_trip`] with another zero point.
+    fn round_trip_at(&self, x: f32, scale: f32, zero_point: i32) -> f32 {
+        (self.code_at(x, scale, zero_point) - zero_point as f32) * scale
+    }
+
+    /// The stored code of `x`: rounded (ties to even) and clamped to the format's limits.
+    fn code_at(&self, x: f32, scale: f32, zero_point: i32) -> f32 {
         let (qmin, qmax) = self.format.limits();
-        let q = ((x / scale).round_ties_even() + self.zero_point as f32).clamp(qmin, qmax);
-        (q - self.zero_point as f32) * scale
+        ((x / scale).round_ties_even() + zero_point as f32).clamp(qmin, qmax)
+    }
+}
+
+/// An integer quantizer of one-sided values (none below 0, or none above) whose zero point
+/// leaves half of its codes or more to values that never come: the step is that much coarser
+/// than the range needs (a Relu's output quantized symmetrically, uint8 with zero point 128 on
+/// values that are never negative).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ZeroPointShift {
+    /// The lowest and highest code the values take, of the format's `levels` codes.
+    pub codes: (i32, i32),
+    pub levels: u32,
+    /// A zero point at the format's end on the values' side, and the step that then keeps the
+    /// range's end on that side.
+    pub fit_zero_point: i32,
+    pub fit_scale: f32,
+    /// Relative L2 of the round trip with that zero point and step.
+    pub fit_rel_l2: Option<f64>,
+}
+
+impl ZeroPointShift {
+    /// The share of the codes that no value takes.
+    pub fn unused(&self) -> f64 {
+        1.0 - (self.codes.1 - self.codes.0 + 1) as f64 / self.levels as f64
     }
 }
 
@@ -448,6 +502,16 @@ pub struct QuantizerEffect {
     pub bulk_rel_l2: Option<f64>,
     pub bulk_rel_l2_fit: Option<f64>,
     pub bulk_scale: f32,
+    /// The least and largest finite value (mask sentinels left out).
+    pub min: f32,
+    pub max: f32,
+    /// The least non-zero |x| (0 when none), and how many non-zero values the quantizer rounds
+    /// to less than half their magnitude, 0 included: a denominator's quotient then grows more
+    /// than 2x, or becomes inf.
+    pub min_nonzero_abs: f32,
+    pub below_half: usize,
+    /// Where the values are one-sided and the zero point leaves half the codes or more unused.
+    pub zero_point_shift: Option<ZeroPointShift>,
 }
 
 /// How many times the bulk of a tensor must be below its largest value (or one channel above
@@ -513,6 +577,18 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     let reach = range.hi.abs().max(range.lo.abs());
     let bulk_scale = if reach > 0.0 { range.scale * bulk / reach } else { range.scale };
     let to_zero = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count() };
+    let below_half = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale).abs() < x.abs() / 2.0).count() };
+    let values_only = || finite.iter().copied().filter(|v| (v.abs() as f64) < MASK_SENTINEL_MIN_ABS);
+    let (min, max) = values_only().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let min_nonzero_abs = values_only().map(f32::abs).filter(|&m| m > 0.0).fold(f32::INFINITY, f32::min);
+    let zero_point_shift = zero_point_shift(range, min, max, &|scale, zero_point| {
+        let (mut err, mut norm) = (0f64, 0f64);
+        for x in values_only() {
+            err += ((range.round_trip_at(x, scale, zero_point) - x) as f64).powi(2);
+            norm += (x as f64).powi(2);
+        }
+        (norm > 0.0).then(|| (err / norm).sqrt())
+    });
     QuantizerEffect {
         count: values.len(),
         clipped,
@@ -527,7 +603,42 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         bulk_rel_l2: rel_l2(range.scale, bulk),
         bulk_rel_l2_fit: if bulk > 0.0 { rel_l2(bulk_scale, bulk) } else { None },
         bulk_scale,
+        min: if min.is_finite() { min } else { 0.0 },
+        max: if max.is_finite() { max } else { 0.0 },
+        min_nonzero_abs: if min_nonzero_abs.is_finite() { min_nonzero_abs } else { 0.0 },
+        below_half,
+        zero_point_shift,
     }
+}
+
+/// Values in `[min, max]` on one side of 0 (within half a step) whose codes under `range` span at
+/// most half the format's: what a zero point at the format's end on their side would give
+/// (`rel_l2` of a round trip with a scale and zero point); `None` otherwise.
+fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(f32, i32) -> Option<f64>) -> Option<ZeroPointShift> {
+    if range.format.is_float8() || !(range.scale > 0.0) || min > max {
+        return None;
+    }
+    let (qmin, qmax) = range.format.limits();
+    let half = range.scale / 2.0;
+    // The end on the values' side stays where it is: what is left is the zero point's part.
+    let (fit_zero_point, reach) = if min >= -half && max > half {
+        (qmin as i32, range.hi)
+    } else if max <= half && min < -half {
+        (qmax as i32, -range.lo)
+    } else {
+        return None;
+    };
+    // A zero point already at that end leaves codes unused by a scale too wide, not by itself.
+    if fit_zero_point == range.zero_point {
+        return None;
+    }
+    let codes = (range.code_at(min, range.scale, range.zero_point) as i32, range.code_at(max, range.scale, range.zero_point) as i32);
+    let levels = (qmax - qmin) as u32 + 1;
+    if 2 * (codes.1 - codes.0 + 1) as u32 > levels {
+        return None;
+    }
+    let fit_scale = reach / (qmax - qmin);
+    Some(ZeroPointShift { codes, levels, fit_zero_point, fit_scale, fit_rel_l2: rel_l2(fit_scale, fit_zero_point) })
 }
 
 /// The channel (axis 1 of a tensor of rank 2 or more) holding the largest |x|, and the largest
@@ -655,6 +766,99 @@ pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candid
     found
 }
 
+/// What an int32 accumulator holds: sums beyond it wrap around (ONNX Runtime's CPU kernels for a
+/// fused Q/DQ MatMul, measured: 140,000 products of 127 x 127 give -126,288.5 for 140,000).
+pub const INT32_ACCUMULATOR: f64 = 2_147_483_648.0;
+
+/// A MatMul, Gemm or Conv of a Q/DQ candidate that reads a quantized activation and a weight
+/// stored in an integer format: an integer kernel computes it as sums of (a - zero point) x
+/// (w - zero point) in an int32 accumulator.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IntegerAccumulation {
+    pub node: String,
+    pub op: String,
+    /// The stored weight and its format.
+    pub weight: String,
+    pub weight_format: QuantFormat,
+    /// The activation's quantizer (per tensor).
+    pub activation_format: QuantFormat,
+    pub activation_zero_point: i32,
+    /// Products per sum (a dot product's length).
+    pub terms: usize,
+    /// The output channel whose sum of |w - zero point| is largest, and that sum.
+    pub channel: usize,
+    pub weight_sum: f64,
+}
+
+impl IntegerAccumulation {
+    /// The largest |a - zero point| the activation's format allows.
+    pub fn widest_activation_code(&self) -> f64 {
+        let (qmin, qmax) = self.activation_format.limits();
+        (qmin as f64 - self.activation_zero_point as f64).abs().max((qmax as f64 - self.activation_zero_point as f64).abs())
+    }
+}
+
+impl QuantizerRange {
+    /// `x`'s distance from the zero point in codes, as this quantizer stores it (integer formats).
+    pub fn code_offset(&self, x: f32) -> f32 {
+        (self.code_at(x, self.scale, self.zero_point) - self.zero_point as f32).abs()
+    }
+}
+
+/// Every MatMul, Gemm and Conv of `candidate` whose data input is a per-tensor integer activation
+/// quantizer's DequantizeLinear and whose weight is a DequantizeLinear of a stored integer weight:
+/// the largest sum of |w - zero point| over one output channel, which times the activation's
+/// largest code bounds the int32 sums of an integer kernel.
+pub fn integer_accumulations(candidate: &GraphProto, cand_index: &GraphIndex) -> Vec<IntegerAccumulation> {
+    let stored = Stored::of(candidate, cand_index);
+    let dequantized = |t: &str| cand_index.producer(t).filter(|p| p.op_type == "DequantizeLinear").map(|p| &candidate.node[p.proto_index]);
+    let zero_points = |node: &NodeProto| -> Vec<f32> { node.input.get(2).filter(|t| !t.is_empty()).and_then(|z| stored.get(z)).and_then(|z| Tensor::from_proto(z).ok()).map(|z| z.to_f32().into_owned()).unwrap_or_else(|| vec![0.0]) };
+    let mut found = Vec::new();
+    for info in cand_index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "MatMul" | "Gemm" | "Conv")) {
+        let node = &candidate.node[info.proto_index];
+        let (Some(a_dq), Some(w_dq)) = (node.input.first().and_then(|t| dequantized(t)), node.input.get(1).and_then(|t| dequantized(t))) else { continue };
+        // The activation: a DequantizeLinear of a QuantizeLinear of a computed tensor, per tensor.
+        let Some(quantize) = a_dq.input.first().and_then(|t| cand_index.producer(t)).filter(|p| p.op_type == "QuantizeLinear").map(|p| &candidate.node[p.proto_index]) else { continue };
+        let Some(activation_format) = stored.quantized_type(quantize).and_then(QuantFormat::of).filter(|f| !f.is_float8()) else { continue };
+        let [activation_zero_point] = zero_points(quantize)[..] else { continue };
+        let Some(w) = w_dq.input.first().and_then(|t| stored.get(t)) else { continue };
+        let Some(weight_format) = QuantFormat::of(w.data_type()).filter(|f| !f.is_float8()) else { continue };
+        let Ok(levels) = Tensor::from_proto(w).map(|t| t.to_f32().into_owned()) else { continue };
+        let dims: Vec<usize> = w.dims.iter().map(|&d| d.max(0) as usize).collect();
+        let rank = dims.len();
+        let trans_b = node.attribute.iter().any(|a| a.name() == "transB" && a.i == Some(1));
+        let axis = match info.op_type.as_str() {
+            "Conv" if rank >= 2 => 0,
+            "MatMul" if rank >= 2 => rank - 1,
+            "Gemm" if rank == 2 => usize::from(!trans_b),
+            _ => continue,
+        };
+        let (channels, inner) = (dims[axis], dims[axis + 1..].iter().product::<usize>());
+        if channels == 0 || levels.len() != dims.iter().product::<usize>() {
+            continue;
+        }
+        let zw = zero_points(w_dq);
+        let mut sums = vec![0f64; channels];
+        for (i, &l) in levels.iter().enumerate() {
+            let c = (i / inner.max(1)) % channels;
+            sums[c] += (l - zw.get(c).or(zw.first()).copied().unwrap_or(0.0)).abs() as f64;
+        }
+        let Some((channel, &weight_sum)) = sums.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)) else { continue };
+        found.push(IntegerAccumulation {
+            node: info.name.clone(),
+            op: info.op_type.clone(),
+            weight: w.name().to_string(),
+            weight_format,
+            activation_format,
+            activation_zero_point: activation_zero_point as i32,
+            terms: levels.len() / channels,
+            channel,
+            weight_sum,
+        });
+    }
+    found
+}
+
 /// The fed input of [`switchable_quantizers`]' model: one boolean a quantizer.
 pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
 
@@ -667,35 +871,61 @@ pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
 /// pair computes where ONNX Runtime does not fuse it. Integer formats only: the caller leaves
 /// float8 out (its step is relative).
 pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+    emulated_quantizers(reference, quantizers, true)
+}
+
+/// [`switchable_quantizers`] with every quantizer on and no switch: the model with all of them at
+/// once. The switches cost ONNX Runtime's session build more than linearly in their count
+/// (measured: 1,000 switched quantizers 15 s, none switched 0.9 s), so all of a large model's
+/// quantizers together are built this way.
+pub fn quantizers_on(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+    emulated_quantizers(reference, quantizers, false)
+}
+
+fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)], switched: bool) -> Result<crate::onnx::ModelProto, crate::ModelError> {
     use crate::builder::{node, tensor_type, Dim};
     let mut proto = reference.clone();
     let graph = proto.graph.as_mut().ok_or_else(|| crate::ModelError::InvalidGraph("no graph".into()))?;
     let at: HashMap<&str, usize> = quantizers.iter().enumerate().map(|(i, (t, _))| (t.as_str(), i)).collect();
     let raw = |t: &str| format!("{t}__lw_unquantized");
     let mut initializers = Vec::new();
+    // One scalar initializer a value, shared by every quantizer that uses it: ONNX Runtime's
+    // session build is quadratic in the count of initializers (measured: 10,000 quantizers with
+    // their own 114 s, sharing 12 s).
+    let mut scalars: HashMap<u32, String> = HashMap::new();
+    let mut scalar = |v: f32| -> String {
+        scalars
+            .entry(v.to_bits())
+            .or_insert_with(|| {
+                let name = format!("lw_quantizer_{:08x}", v.to_bits());
+                initializers.push(Tensor::f32(vec![], vec![v]).to_proto(&name));
+                name
+            })
+            .clone()
+    };
+    let mut indices = Vec::new();
     // The nodes that give `out` = switch i ? quantizer(input) : input.
     let mut chain = |i: usize, input: &str, out: &str| -> Vec<NodeProto> {
         let range = &quantizers[i].1;
         let (qmin, qmax) = range.format.limits();
-        let name = |what: &str| format!("{out}__lw_q{i}_{what}");
-        let scalar = |what: &str, v: f32| Tensor::f32(vec![], vec![v]).to_proto(&name(what));
-        initializers.push(scalar("scale", range.scale));
-        initializers.push(scalar("zero_point", range.zero_point as f32));
-        initializers.push(scalar("qmin", qmin));
-        initializers.push(scalar("qmax", qmax));
-        initializers.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&name("index")));
-        let step = |what: &str| name(what);
-        vec![
-            node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &name("index")], &[&step("switch")], vec![]),
-            node("Div", &step("div_node"), &[input, &name("scale")], &[&step("div")], vec![]),
+        let (scale, zero_point, qmin, qmax) = (scalar(range.scale), scalar(range.zero_point as f32), scalar(qmin), scalar(qmax));
+        let step = |what: &str| format!("{out}__lw_q{i}_{what}");
+        let quantized = if switched { step("quantized") } else { out.to_string() };
+        let mut nodes = vec![
+            node("Div", &step("div_node"), &[input, &scale], &[&step("div")], vec![]),
             node("Round", &step("round_node"), &[&step("div")], &[&step("round")], vec![]),
-            node("Add", &step("shift_node"), &[&step("round"), &name("zero_point")], &[&step("shift")], vec![]),
-            node("Max", &step("low_node"), &[&step("shift"), &name("qmin")], &[&step("low")], vec![]),
-            node("Min", &step("high_node"), &[&step("low"), &name("qmax")], &[&step("high")], vec![]),
-            node("Sub", &step("unshift_node"), &[&step("high"), &name("zero_point")], &[&step("unshift")], vec![]),
-            node("Mul", &step("scale_node"), &[&step("unshift"), &name("scale")], &[&step("quantized")], vec![]),
-            node("Where", &step("where_node"), &[&step("switch"), &step("quantized"), input], &[out], vec![]),
-        ]
+            node("Add", &step("shift_node"), &[&step("round"), &zero_point], &[&step("shift")], vec![]),
+            node("Max", &step("low_node"), &[&step("shift"), &qmin], &[&step("low")], vec![]),
+            node("Min", &step("high_node"), &[&step("low"), &qmax], &[&step("high")], vec![]),
+            node("Sub", &step("unshift_node"), &[&step("high"), &zero_point], &[&step("unshift")], vec![]),
+            node("Mul", &step("scale_node"), &[&step("unshift"), &scale], &[&quantized], vec![]),
+        ];
+        if switched {
+            indices.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&step("index")));
+            nodes.push(node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &step("index")], &[&step("switch")], vec![]));
+            nodes.push(node("Where", &step("where_node"), &[&step("switch"), &quantized, input], &[out], vec![]));
+        }
+        nodes
     };
     let mut nodes = Vec::with_capacity(graph.node.len() + 9 * quantizers.len());
     // A graph input keeps its name (it is fed): its readers read the switched copy.
@@ -722,6 +952,73 @@ pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[
     }
     graph.node = nodes;
     graph.initializer.extend(initializers);
-    graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+    graph.initializer.extend(indices);
+    if switched {
+        graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+    }
     Ok(proto)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::{f32_tensor, Dim, ModelBuilder};
+
+    fn int8(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
+        TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
+    }
+
+    fn int8_range(scale: f32, zero_point: i32) -> QuantizerRange {
+        QuantizerRange { format: QuantFormat::Int8, scale, zero_point, lo: (-128 - zero_point) as f32 * scale, hi: (127 - zero_point) as f32 * scale }
+    }
+
+    /// A Relu's output quantized int8 with zero point 0 uses codes 0..127, half of 256: the zero
+    /// point at -128 keeping the end at 127 steps halves the step. With zero point -128 already,
+    /// or values on both sides, nothing is said.
+    #[test]
+    fn a_zero_point_that_leaves_half_the_codes_unused_is_found_with_the_step_that_fits() {
+        let values: Vec<f32> = (0..=1000).map(|i| i as f32 / 1000.0).collect();
+        let shift = quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 0");
+        assert_eq!((shift.codes, shift.levels, shift.fit_zero_point), ((0, 127), 256, -128));
+        assert!((shift.unused() - 0.5).abs() < 1e-12, "{shift:?}");
+        assert!((shift.fit_scale - 1.0 / 255.0).abs() < 1e-9, "{shift:?}");
+        assert!(shift.fit_rel_l2.unwrap() < 0.6 * quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).rel_l2.unwrap());
+        assert_eq!(quantizer_effect(&int8_range(1.0 / 255.0, -128), &values, &[1001]).zero_point_shift, None);
+        let both_sides: Vec<f32> = values.iter().map(|v| v - 0.5).collect();
+        assert_eq!(quantizer_effect(&int8_range(1.0 / 127.0, 0), &both_sides, &[1001]).zero_point_shift, None);
+    }
+
+    /// Values below half a step round to 0, those below 3/4 of a step to one step (more than half
+    /// themselves), and the least non-zero |x| is kept: what a denominator's cause reads.
+    #[test]
+    fn values_rounded_to_0_or_below_half_themselves_are_counted() {
+        let e = quantizer_effect(&int8_range(1.0, 0), &[0.0, 0.3, -0.4, 0.7, 1.6, 10.0], &[6]);
+        assert_eq!((e.to_zero, e.below_half, e.min_nonzero_abs), (2, 2, 0.3));
+        let e = quantizer_effect(&int8_range(1.0, 0), &[0.2, 1.4, 0.74], &[3]);
+        // 1.4 -> 1 and 0.74 -> 1 keep more than half; 0.2 -> 0 does not.
+        assert_eq!((e.to_zero, e.below_half), (1, 1));
+    }
+
+    /// x -> Q/DQ int8 -> MatMul with a weight [4, 2] stored int8: each sum runs over 4 products, and
+    /// output channel 1's |w - zero point| add up to the most.
+    #[test]
+    fn an_integer_matmul_s_largest_weight_sum_is_read_per_output_channel() {
+        let mut b = ModelBuilder::new("q", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+        b.initializer(int8("w_q", &[4, 2], &[1, -100, 2, 100, -3, 50, 4, -7]));
+        b.initializer(f32_tensor("s", &[], &[0.1]));
+        b.initializer(int8("z", &[], &[0]));
+        b.node("QuantizeLinear", "x_q", &["x", "s", "z"], &["x_q8"], vec![]);
+        b.node("DequantizeLinear", "x_dq", &["x_q8", "s", "z"], &["x_f"], vec![]);
+        b.node("DequantizeLinear", "w_dq", &["w_q", "s", "z"], &["w_f"], vec![]);
+        b.node("MatMul", "mm", &["x_f", "w_f"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        let proto = b.build();
+        let graph = proto.graph.as_ref().unwrap();
+        let found = integer_accumulations(graph, &GraphIndex::build(graph).unwrap());
+        assert_eq!(found.len(), 1, "{found:?}");
+        let acc = &found[0];
+        assert_eq!((acc.node.as_str(), acc.terms, acc.channel, acc.weight_sum), ("mm", 4, 1, 257.0), "{acc:?}");
+        assert_eq!(acc.widest_activation_code(), 128.0);
+    }
 }
