@@ -632,6 +632,12 @@ fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(
     if fit_zero_point == range.zero_point {
         return None;
     }
+    // A signed format's zero point 0 is symmetric quantization, a choice of the format (TensorRT
+    // takes no other): on one-sided values it leaves half the codes unused by design, and no zero
+    // point can be fitted where the deployment allows none.
+    if qmin < 0.0 && range.zero_point == 0 {
+        return None;
+    }
     let codes = (range.code_at(min, range.scale, range.zero_point) as i32, range.code_at(max, range.scale, range.zero_point) as i32);
     let levels = (qmax - qmin) as u32 + 1;
     if 2 * (codes.1 - codes.0 + 1) as u32 > levels {
@@ -978,14 +984,19 @@ mod tests {
     #[test]
     fn a_zero_point_that_leaves_half_the_codes_unused_is_found_with_the_step_that_fits() {
         let values: Vec<f32> = (0..=1000).map(|i| i as f32 / 1000.0).collect();
-        let shift = quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 0");
-        assert_eq!((shift.codes, shift.levels, shift.fit_zero_point), ((0, 127), 256, -128));
+        // uint8 with its zero point in the middle: codes 128 to 255 hold [0, 1].
+        let mid = QuantizerRange { format: QuantFormat::Uint8, scale: 1.0 / 127.0, zero_point: 128, lo: -128.0 / 127.0, hi: 1.0 };
+        let shift = quantizer_effect(&mid, &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 128");
+        assert_eq!((shift.codes, shift.levels, shift.fit_zero_point), ((128, 255), 256, 0));
         assert!((shift.unused() - 0.5).abs() < 1e-12, "{shift:?}");
         assert!((shift.fit_scale - 1.0 / 255.0).abs() < 1e-9, "{shift:?}");
-        assert!(shift.fit_rel_l2.unwrap() < 0.6 * quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).rel_l2.unwrap());
+        assert!(shift.fit_rel_l2.unwrap() < 0.6 * quantizer_effect(&mid, &values, &[1001]).rel_l2.unwrap());
         assert_eq!(quantizer_effect(&int8_range(1.0 / 255.0, -128), &values, &[1001]).zero_point_shift, None);
+        // Symmetric int8 (zero point 0, all TensorRT takes) leaves half its codes unused on
+        // one-sided values by design: no zero point fault.
+        assert_eq!(quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).zero_point_shift, None);
         let both_sides: Vec<f32> = values.iter().map(|v| v - 0.5).collect();
-        assert_eq!(quantizer_effect(&int8_range(1.0 / 127.0, 0), &both_sides, &[1001]).zero_point_shift, None);
+        assert_eq!(quantizer_effect(&mid, &both_sides, &[1001]).zero_point_shift, None);
     }
 
     /// Values below half a step round to 0, those below 3/4 of a step to one step (more than half
