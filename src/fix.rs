@@ -400,7 +400,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
         // Operators that compute on quantized values themselves (QOperator format) have no
         // float counterpart to keep: unquantizing them would mean rebuilding the float graph.
-        let integer_ops: std::collections::BTreeSet<&str> = cm.graph().node.iter().map(|n| n.op_type()).filter(|op| op.starts_with("QLinear") || matches!(*op, "ConvInteger" | "MatMulInteger" | "DynamicQuantizeLinear")).collect();
+        let integer_ops: std::collections::BTreeSet<&str> = cm.graph().node.iter().map(|n| n.op_type()).filter(|op| layerwise_model::quant::is_integer_op(op)).collect();
         if !integer_ops.is_empty() {
             bail!(
                 "fix --cand-model takes a Q/DQ model (float ops between QuantizeLinear/DequantizeLinear pairs, quantize_static's QuantFormat.QDQ), and {} computes with {} (the QOperator format, or dynamic quantization): its nodes have no float counterpart to leave unquantized; quantize it again in the QDQ format",
