@@ -134,7 +134,9 @@ struct FixArgs {
     /// The fix report (schema layerwise.fix/1).
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Most patterns to add before giving up.
+    /// Most rounds (candidate runs that add to the keep set) before giving up; a quantized
+    /// candidate's search over its quantizers (a bisection of a few runs) counts its runs. 0: no
+    /// search.
     #[arg(long, default_value_t = 12)]
     max_rounds: usize,
 }

@@ -945,7 +945,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         };
         groups.push(KeptPattern { kind: "quantizer".to_string(), because, nodes: new });
     }
-    if !groups.is_empty() && last.1.status == Status::Diverged {
+    // `--max-rounds 0` adds nothing: not the quantizers' search either.
+    if options.max_rounds > 0 && !groups.is_empty() && last.1.status == Status::Diverged {
         let keep_of = |k: usize| -> Vec<String> { groups[..k].iter().flat_map(|p| p.nodes.clone()).collect() };
         let whole = judge(&keep_of(groups.len()), &mut steps)?;
         rounds.push(round(FixStage::Pattern, &keep_of(groups.len()), &whole.1));

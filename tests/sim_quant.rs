@@ -65,7 +65,7 @@ fn sim_int8_names_the_outlier_step_and_never_fp16() {
     no_fp16(&t, &r);
     // The note says what is modelled and that the samples judged are those calibrated on.
     let notes = r["cand"]["notes"].to_string();
-    for said in ["sim:int8 models int8 of Conv, MatMul, Gemm", "per output channel", "calibrated by min/max over 1 sample, the same samples judged here", "int32 accumulation in ONNX Runtime's integer kernels"] {
+    for said in ["sim:int8 models int8 of Conv, MatMul, Gemm", "per output channel", "calibrated by min/max over 1 sample on ONNX Runtime's CPU provider with optimizations off (as quantize_static calibrates), the same samples judged here", "int32 accumulation in ONNX Runtime's integer kernels"] {
         assert!(notes.contains(said), "'{said}' in {notes}");
     }
 }
@@ -122,6 +122,21 @@ fn fix_sim_int8_writes_the_model_re_quantized_with_the_set_excluded() {
     assert!(text(&requantized).contains("nothing left unquantized"), "{}", text(&requantized));
     let again = Model::load(&dir.path().join("again.onnx")).unwrap();
     assert_eq!(again.graph(), written.graph());
+}
+
+/// `--max-rounds 0` adds nothing to the keep set: not the quantizers' search either (it ran its
+/// bisection regardless, an independent tester saw 7 rounds).
+#[test]
+fn fix_with_max_rounds_0_searches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&outlier_model(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:int8", "--val-range", "x:-1,1", "--max-rounds", "0", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "not fixed: {t}");
+    let f = json(&dir.path().join("f.json"));
+    assert_ne!(f["status"], "fixed", "{f}");
+    let added: Vec<&serde_json::Value> = f["rounds"].as_array().unwrap().iter().filter(|r| r["stage"] != "diagnose").collect();
+    assert!(added.is_empty(), "{added:?}");
 }
 
 #[test]

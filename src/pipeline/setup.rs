@@ -269,7 +269,11 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             bail!("--cand {} quantizes a float32 model, and {} declares FP16/BF16 tensors: give the float32 model", options.candidate, options.model.display());
         }
         let feeds = sample_feeds(&decls, &calibration_samples, &owners)?;
-        let (cm, quantized) = steps.run("calibrating and quantizing the model", || super::sim_quant::quantized_candidate(&model, &index, reference.as_mut(), &feeds, config))?;
+        // Calibrated as quantize_static calibrates (ONNX Runtime's CPU provider, optimizations
+        // off), whatever the reference: an optimized session moves ranges by a float32 bit, and
+        // bisect and fix then quantize alike (an independent tester saw 1.117e-1 and 1.13e-1).
+        let mut calibrator = layerwise_runtime::create_backend(&layerwise_runtime::BackendSpec::parse(super::sim_quant::CALIBRATION_SPEC)?)?;
+        let (cm, quantized) = steps.run("calibrating and quantizing the model", || super::sim_quant::quantized_candidate(&model, &index, calibrator.as_mut(), &feeds, config))?;
         input_notes.push(quantized.note(&options.candidate.to_string()));
         let ci = GraphIndex::build(cm.graph()).context("the quantized model")?;
         loaded_cand = Some((cm, ci));

@@ -23,7 +23,7 @@ impl SimQuantized {
     /// The report's note: what is modelled, and what is not.
     pub fn note(&self, spec: &str) -> String {
         format!(
-            "{spec} models {}; calibrated by min/max over {} sample{}, the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu{} --cand-model runs one: {}",
+            "{spec} models {}; calibrated by min/max over {} sample{} on ONNX Runtime's CPU provider with optimizations off (as quantize_static calibrates), the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu{} --cand-model runs one: {}",
             self.config.describe(),
             self.samples,
             if self.samples == 1 { "" } else { "s" },
@@ -43,6 +43,10 @@ impl SimQuantized {
         Ok(quantize(model, index, &config, &self.ranges)?)
     }
 }
+
+/// The backend that calibrates: quantize_static's calibration session (CPU, no graph
+/// optimizations), so that the ranges are its ranges bit for bit.
+pub const CALIBRATION_SPEC: &str = "ort:cpu,opt=disable";
 
 /// What ONNX Runtime's CPU provider does with the int8/uint8 Q/DQ model, as checked with
 /// onnxruntime 1.31.1 (docs/quantization.md): it fuses each DequantizeLinear -> Conv/MatMul/Gemm
