@@ -17,14 +17,20 @@ pub struct SimQuantized {
     /// Tensor -> (min, max) over the calibration samples.
     pub ranges: HashMap<String, (f32, f32)>,
     pub samples: usize,
+    /// Weight inputs computed by Constant nodes, quantized per tensor as activations.
+    pub weights_as_activations: usize,
 }
 
 impl SimQuantized {
     /// The report's note: what is modelled, and what is not.
     pub fn note(&self, spec: &str) -> String {
         format!(
-            "{spec} models {}; calibrated by min/max over {} sample{} on ONNX Runtime's CPU provider with optimizations off (as quantize_static calibrates), the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu{} --cand-model runs one: {}",
+            "{spec} models {}{}; calibrated by min/max over {} sample{} on ONNX Runtime's CPU provider with optimizations off (as quantize_static calibrates), the same samples judged here (ranges that hold every judged value: no clipping a new input would meet); the Q/DQ model runs on ONNX Runtime's CPU provider as --cand ort:cpu{} --cand-model runs one: {}",
             self.config.describe(),
+            match self.weights_as_activations {
+                0 => String::new(),
+                n => format!("; {n} weight input(s) computed by Constant nodes, not stored as initializers, are quantized per tensor as activations, as quantize_static does (stored as initializers they would be weights)"),
+            },
             self.samples,
             if self.samples == 1 { "" } else { "s" },
             if self.config.format == SimFormat::Fp8 { ",opt=basic" } else { "" },
@@ -120,7 +126,7 @@ pub fn quantized_candidate(model: &Model, index: &GraphIndex, reference: &mut dy
         bail!("cannot quantize the model: it has no node of the quantized op types ({}) left after nodes_to_exclude", config.op_types.join(", "));
     }
     let ranges = calibrate(model, index, reference, feeds, &planned.activations)?;
-    let quantized = SimQuantized { config, ranges, samples: feeds.len() };
+    let quantized = SimQuantized { config, ranges, samples: feeds.len(), weights_as_activations: planned.weights_as_activations.len() };
     let proto = quantize(model, index, &quantized.config, &quantized.ranges)?;
     Ok((model.derived(proto, "sim-quantized.onnx"), quantized))
 }

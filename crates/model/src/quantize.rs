@@ -144,6 +144,10 @@ pub struct Plan {
     pub nodes: Vec<String>,
     /// Computed or fed tensors that get a QuantizeLinear/DequantizeLinear pair, in graph order.
     pub activations: Vec<String>,
+    /// Weight inputs (a Conv's or MatMul's second) that a Constant node computes instead of an
+    /// initializer holding them: calibrated and quantized per tensor as activations, as
+    /// quantize_static does, not per channel.
+    pub weights_as_activations: Vec<String>,
 }
 
 /// Refuses a model the emulation is not sound on: one already quantized, one with FP16/BF16
@@ -178,11 +182,19 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
     let mut nodes = Vec::new();
     let mut activations: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
+    let mut weights_as_activations = Vec::new();
     for n in &index.nodes {
         if !config.op_types.contains(&n.op_type) || !n.domain.is_empty() || excluded.contains(n.name.as_str()) {
             continue;
         }
         nodes.push(n.name.clone());
+        for &slot in weight_slots(&n.op_type).iter().take(1) {
+            if let Some(t) = n.inputs.get(slot).filter(|t| !t.is_empty() && !index.is_initializer(t) && index.is_constant_like(t)) {
+                if !weights_as_activations.contains(t) {
+                    weights_as_activations.push(t.clone());
+                }
+            }
+        }
         // Initializers are weights, quantized by `quantize`, or constants that stay float (a
         // MatMul's constant first operand).
         for t in n.inputs.iter().filter(|t| !t.is_empty() && !index.is_initializer(t)) {
@@ -196,7 +208,7 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
             }
         }
     }
-    Ok(Plan { nodes, activations })
+    Ok(Plan { nodes, activations, weights_as_activations })
 }
 
 fn elem_type(v: &crate::onnx::ValueInfoProto) -> Option<i32> {

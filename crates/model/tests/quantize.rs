@@ -224,3 +224,22 @@ fn configs_and_models_it_refuses() {
     let e = plan(&m, &i, &QuantConfig::default()).unwrap_err().to_string();
     assert!(e.contains("FP16/BF16"), "{e}");
 }
+
+/// A weight a Constant node computes (an exporter's habit) is no initializer: it is calibrated and
+/// quantized per tensor as an activation, as quantize_static does, and the plan says so (the note
+/// said "weights per output channel" for every weight; an independent tester found 54 such).
+#[test]
+fn a_weight_from_a_constant_node_is_planned_as_an_activation() {
+    let mut b = ModelBuilder::new("const_weight", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(2)]);
+    b.node("Constant", "w_const", &[], &["w"], vec![attr::tensor("value", f32_tensor("w_value", &[2, 2], &[1.0, 2.0, 3.0, 4.0]))]);
+    b.initializer(f32_tensor("w2", &[2, 2], &[1.0, 0.5, 0.25, 0.125]));
+    b.node("MatMul", "mm", &["x", "w"], &["h"], vec![]);
+    b.node("MatMul", "mm2", &["h", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let (m, i) = model(b.build());
+    let p = plan(&m, &i, &QuantConfig::default()).unwrap();
+    assert_eq!(p.weights_as_activations, vec!["w".to_string()]);
+    assert!(p.activations.contains(&"w".to_string()), "{:?}", p.activations);
+    assert!(!p.activations.contains(&"w2".to_string()), "{:?}", p.activations);
+}
