@@ -143,6 +143,12 @@ fn a_per_tensor_weight_with_one_channel_1000x_larger_is_named_with_its_channels(
     assert!(detail.contains("MatMul 'mm1', which computes this node's input, reads weight 'w1', stored int8 with one scale for the whole tensor") && detail.contains("8 output channels (axis 1)"), "{detail}");
     assert!(detail.contains("7 of them stay below 2 steps"), "{detail}");
     assert!(report["verdict"]["conclusions"].to_string().contains("'w1' (one scale 7.61e0 for channels 1401x apart, taken per channel)"), "{t}");
+    // The weights' share is measured: every weight quantizer on and the activations float gives
+    // most of the candidate's error, and the verdict says no activation quantizer removes it.
+    let alone = &report["quantizers_alone"];
+    let (weights, candidate) = (alone["weights_together"].as_f64().unwrap_or_else(|| panic!("{alone}")), alone["candidate_error"].as_f64().unwrap());
+    assert!(weights >= 0.5 * candidate, "{alone}");
+    assert!(t.contains("the weights' rounding carries much of the error"), "{t}");
     no_fp16(&report, &t);
 }
 

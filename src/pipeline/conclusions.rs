@@ -259,6 +259,18 @@ pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone
         n(found.candidate_error),
         largest.join(", ")
     ));
+    // The weights' share, measured: where it is half the candidate's error or more, leaving an
+    // activation quantizer out removes only its own part.
+    let weights_carry = found.weights_together.filter(|w| *w >= 0.5 * found.candidate_error);
+    if let Some(w) = found.weights_together {
+        out.push(format!(
+            "the weight quantizers together (every activation quantizer off, float32 arithmetic) give '{}' rel L2 {} ({} of the candidate's){}",
+            found.output,
+            n(w),
+            if found.candidate_error > 0.0 { format!("{:.0}%", 100.0 * w / found.candidate_error) } else { "-".to_string() },
+            if weights_carry.is_some() { ": the weights' rounding carries much of the error, and no activation quantizer left out removes that part" } else { "" }
+        ));
+    }
     let at_fault: Vec<&layerwise_analysis::QuantizerAlone> = found.at_fault().collect();
     if at_fault.is_empty() {
         if let Some(top) = found.each.first() {
@@ -286,15 +298,19 @@ pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone
             format!(" ({})", why.join("; "))
         });
         out.push(format!(
-            "the quantizer of '{}' (QuantizeLinear '{}') is at fault: alone it gives rel L2 {}, {} of what every activation quantizer gives together{}; leaving the nodes that read it unquantized is what removes it",
+            "the quantizer of '{}' (QuantizeLinear '{}') is at fault: alone it gives rel L2 {}, {} of what every activation quantizer gives together{}; {}",
             q.tensor,
             q.node,
             n(q.error),
             share(q.error),
-            why.unwrap_or_default()
+            why.unwrap_or_default(),
+            match weights_carry {
+                Some(w) => format!("leaving the nodes that read it unquantized removes its part, not the weights' {}", n(w)),
+                None => "leaving the nodes that read it unquantized is what removes it".to_string(),
+            }
         ));
     }
-    if found.together < 0.5 * found.candidate_error {
+    if found.together < 0.5 * found.candidate_error && found.weights_together.is_none() {
         out.push(format!(
             "the activation quantizers together give {}, less than half the candidate's {}: the rest is the quantized weights' rounding or the integer kernels' arithmetic, not measured one at a time",
             n(found.together),

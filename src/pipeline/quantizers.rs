@@ -94,6 +94,15 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
         let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?.run(feeds)?;
         error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with every quantizer on gives no '{output}'"))?.to_f32())
     };
+    // The weights' share: the candidate with its activation pairs taken out, one run. Where it
+    // cannot run, it is said unknown (None), never guessed.
+    let weights_together = match weights_only(cm, ci) {
+        Some(proto) => ModelSession::cpu(cm, &proto, "weight quantizers together")
+            .and_then(|mut s| s.run(feeds))
+            .ok()
+            .and_then(|out| out.get(output).map(|v| error(&v.to_f32()))),
+        None => None,
+    };
     let mut each = Vec::with_capacity(chosen.len());
     let mut next = chosen.iter().copied().enumerate().peekable();
     for (i, ((tensor, _), (node, holds))) in measured.iter().zip(&nodes).enumerate() {
@@ -105,7 +114,32 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     }
     // Largest first; graph order on ties (a stable sort keeps it).
     each.sort_by(|a, b| b.error.total_cmp(&a.error));
-    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: pair.fault_threshold, each, not_measured }))
+    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: pair.fault_threshold, weights_together, each, not_measured }))
+}
+
+/// The Q/DQ candidate with every activation quantizer taken out: each DequantizeLinear that reads
+/// a QuantizeLinear of a computed or fed tensor becomes an Identity of that tensor (its output
+/// name stays, a graph output's too), so that only the weights' DequantizeLinear nodes are left.
+/// `None` where the candidate has no weight quantizer (nothing to measure).
+fn weights_only(cm: &Model, ci: &GraphIndex) -> Option<layerwise_model::onnx::ModelProto> {
+    let mut proto = cm.proto.clone();
+    let graph = proto.graph.as_mut()?;
+    let mut weights = 0;
+    for node in graph.node.iter_mut().filter(|n| n.op_type() == "DequantizeLinear") {
+        let Some(q) = node.input.first().and_then(|t| ci.producer(t)).filter(|p| p.op_type == "QuantizeLinear") else {
+            weights += usize::from(node.input.first().is_some_and(|t| ci.is_constant_like(t)));
+            continue;
+        };
+        let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)).cloned() else { continue };
+        *node = layerwise_model::onnx::NodeProto {
+            op_type: Some("Identity".into()),
+            name: node.name.clone(),
+            input: vec![x],
+            output: node.output.clone(),
+            ..Default::default()
+        };
+    }
+    (weights > 0).then_some(proto)
 }
 
 /// `feeds` and the switches of a [`switchable_quantizers`] model.

@@ -160,6 +160,12 @@ pub struct QuantizersAlone {
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub fault_threshold: f64,
+    /// The output's relative L2 error with every weight quantizer on and every activation
+    /// quantizer off (the candidate with its activation pairs taken out, float32 arithmetic):
+    /// what no activation quantizer left out removes. `None` where it could not run.
+    #[serde(default, with = "crate::num::option_finite", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub weights_together: Option<f64>,
     /// Each measured quantizer alone, the largest error first.
     pub each: Vec<QuantizerAlone>,
     /// Quantizers not measured, with the reason (float8, no reference tensor by that value).
