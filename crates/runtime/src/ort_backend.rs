@@ -11,7 +11,7 @@ use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
 use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
-use crate::{ortlib, DType, RuntimeError, Tensor, TensorData};
+use crate::{optimized_pieces, ortlib, DType, RuntimeError, Tensor, TensorData};
 
 pub struct OrtBackend {
     spec: BackendSpec,
@@ -80,6 +80,38 @@ impl OrtBackend {
         drop(source);
         release_freed_memory();
         Ok(layerwise_model::Model::read_proto(&path)?)
+    }
+}
+
+impl OrtBackend {
+    /// [`OrtBackend::optimized`] of the reference's program for `request`, in pieces where the
+    /// graph is large enough for one optimization of it to grow faster than the graph
+    /// ([`crate::optimized_pieces`]); whole where it is small or cannot be cut. Says so in `notes`
+    /// when cut.
+    fn optimized_program(&self, request: &RunRequest, proto: &layerwise_model::onnx::ModelProto, notes: &mut Vec<String>) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
+        let piece_nodes = optimized_pieces::piece_nodes();
+        let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
+        // An emulation's program holds tensors (rounding pairs) that the model's typing does not.
+        if self.emulate.is_some() || !optimized_pieces::worth_cutting(nodes, piece_nodes) {
+            return self.optimized(request.model, proto);
+        }
+        let started = std::time::Instant::now();
+        let cut = tensor_types(request.model, request.index, &input_shapes(request))
+            .map_err(|e| e.to_string())
+            .and_then(|types| optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| self.optimized(request.model, piece)));
+        if std::env::var_os("LAYERWISE_TIMING").is_some() {
+            let how = cut.as_ref().map_or_else(|why| format!("not cut: {why}"), |(_, pieces)| format!("{pieces} pieces"));
+            eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s)", started.elapsed().as_secs_f64());
+        }
+        match cut {
+            Ok((program, pieces)) => {
+                notes.push(format!(
+                    "optimized by ONNX Runtime in {pieces} pieces of about {piece_nodes} nodes (one optimization of a graph this large takes time growing with its square): cut only where graph outputs of a floating type and known shape cross, each piece fed there, constants copied into every piece that reads them"
+                ));
+                Ok(program)
+            }
+            Err(_) => self.optimized(request.model, proto),
+        }
     }
 }
 
@@ -371,7 +403,7 @@ impl Backend for OrtBackend {
                 // Above it, saving the optimized program would write every weight again
                 // (gigabytes) and hold them in memory.
                 match request.model.inlined_within(&proto, OPTIMIZED_EXTERNAL_LIMIT)? {
-                    Some(inlined) => self.optimized(request.model, &inlined),
+                    Some(inlined) => self.optimized_program(request, &inlined, &mut output.notes),
                     None => {
                         output.notes.push(format!(
                             "paired without ONNX Runtime's graph optimizations (opt={}): the model's external weights are over {} MiB, which an optimized copy would write again; --separate-runs runs it optimized",
@@ -382,7 +414,7 @@ impl Backend for OrtBackend {
                     }
                 }
             } else {
-                self.optimized(request.model, &proto)
+                self.optimized_program(request, &proto, &mut output.notes)
             }
         });
         // Lines about optimizing are this backend's, as they would be for a run, except the
