@@ -91,27 +91,32 @@ impl OrtBackend {
     fn optimized_program(&self, request: &RunRequest, proto: &layerwise_model::onnx::ModelProto, notes: &mut Vec<String>) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
         let piece_nodes = optimized_pieces::piece_nodes();
         let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
-        // An emulation's program holds tensors (rounding pairs) that the model's typing does not.
-        if self.emulate.is_some() || !optimized_pieces::worth_cutting(nodes, piece_nodes) {
-            return self.optimized(request.model, proto);
-        }
         let started = std::time::Instant::now();
-        let cut = tensor_types(request.model, request.index, &input_shapes(request))
-            .map_err(|e| e.to_string())
-            .and_then(|types| optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| self.optimized(request.model, piece)));
-        if std::env::var_os("LAYERWISE_TIMING").is_some() {
-            let how = cut.as_ref().map_or_else(|why| format!("not cut: {why}"), |(_, pieces)| format!("{pieces} pieces"));
-            eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s)", started.elapsed().as_secs_f64());
-        }
-        match cut {
+        // An emulation's program holds tensors (rounding pairs) that the model's typing does not.
+        let cut = if self.emulate.is_some() {
+            Err("an emulation's program".to_string())
+        } else if !optimized_pieces::worth_cutting(nodes, piece_nodes) {
+            Err("small enough for one session".to_string())
+        } else {
+            tensor_types(request.model, request.index, &input_shapes(request))
+                .map_err(|e| e.to_string())
+                .and_then(|types| optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| self.optimized(request.model, piece)))
+        };
+        let program = match cut {
             Ok((program, pieces)) => {
                 notes.push(format!(
                     "optimized by ONNX Runtime in {pieces} pieces of about {piece_nodes} nodes (one optimization of a graph this large takes time growing with its square): cut only where graph outputs of a floating type and known shape cross, each piece fed there, constants copied into every piece that reads them"
                 ));
-                Ok(program)
+                Ok((program, format!("{pieces} pieces")))
             }
-            Err(_) => self.optimized(request.model, proto),
-        }
+            Err(why) => self.optimized(request.model, proto).map(|program| (program, format!("whole ({why})"))),
+        };
+        program.map(|(program, how)| {
+            if std::env::var_os("LAYERWISE_TIMING").is_some() {
+                eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s)", started.elapsed().as_secs_f64());
+            }
+            program
+        })
     }
 }
 
