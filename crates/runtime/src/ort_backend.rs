@@ -92,6 +92,7 @@ impl OrtBackend {
         let piece_nodes = optimized_pieces::piece_nodes();
         let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
         let started = std::time::Instant::now();
+        let mut in_sessions = 0.0;
         // An emulation's program holds tensors (rounding pairs) that the model's typing does not.
         let cut = if self.emulate.is_some() {
             Err("an emulation's program".to_string())
@@ -100,7 +101,14 @@ impl OrtBackend {
         } else {
             tensor_types(request.model, request.index, &input_shapes(request))
                 .map_err(|e| e.to_string())
-                .and_then(|types| optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| self.optimized(request.model, piece)))
+                .and_then(|types| {
+                    optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| {
+                        let t = std::time::Instant::now();
+                        let optimized = self.optimized(request.model, piece);
+                        in_sessions += t.elapsed().as_secs_f64();
+                        optimized
+                    })
+                })
         };
         let program = match cut {
             Ok((program, pieces)) => {
@@ -113,7 +121,7 @@ impl OrtBackend {
         };
         program.map(|(program, how)| {
             if std::env::var_os("LAYERWISE_TIMING").is_some() {
-                eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s)", started.elapsed().as_secs_f64());
+                eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s, pieces' sessions {in_sessions:.2}s)", started.elapsed().as_secs_f64());
             }
             program
         })
