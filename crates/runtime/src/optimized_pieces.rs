@@ -227,7 +227,8 @@ pub(crate) fn optimized_in_pieces(
             for t in node.input.iter_mut().chain(node.output.iter_mut()) {
                 *t = rename(t);
             }
-            if !node.name().is_empty() && !(owned_nodes.contains(node.name()) && names_here.insert(node.name().to_string())) {
+            let keeps_name = node.name().is_empty() || (owned_nodes.contains(node.name()) && names_here.insert(node.name().to_string()));
+            if !keeps_name {
                 node.name = Some(format!("{PIECE_PREFIX}{k}/{}", node.name()));
             }
             joined.node.push(node);
