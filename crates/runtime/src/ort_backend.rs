@@ -93,9 +93,12 @@ impl OrtBackend {
         let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
         let started = std::time::Instant::now();
         let mut in_sessions = 0.0;
-        // An emulation's program holds tensors (rounding pairs) that the model's typing does not.
+        // An emulation's program holds tensors (rounding pairs) that the model's typing does not;
+        // the pieces' bit-for-bit check (tests/optimized_pieces.rs) runs on the CPU provider only.
         let cut = if self.emulate.is_some() {
             Err("an emulation's program".to_string())
+        } else if self.options.ep != ExecutionProvider::Cpu {
+            Err("a GPU provider's program".to_string())
         } else if !optimized_pieces::worth_cutting(nodes, piece_nodes) {
             Err("small enough for one session".to_string())
         } else {
