@@ -6,9 +6,11 @@
 //! level, and the optimized runs are joined into one program. A piece sees what the whole graph
 //! shows the optimizer around its nodes:
 //! - it is cut only where every computed tensor crossing the border is already a graph output
-//!   (no fusion may then remove it, whole or cut) of a floating type with every dimension known
-//!   (fed as a graph input of that type, the piece infers what the whole infers; a shape value
-//!   crossing would lose the value that inference and folding read);
+//!   (no fusion may then remove it, whole or cut) of type float32 with every dimension known
+//!   (fed as a graph input of that type, the piece infers what the whole infers). A shape value
+//!   crossing would lose the value that inference and folding read; an FP16 one, the float32
+//!   value that the CPU provider keeps between two nodes it computes in float32 through Casts
+//!   it inserts (the graph's FP16 output is then a rounded copy the next node does not read);
 //! - constant tensors (computed from weights only) are never fed at a border: a piece that reads
 //!   one gets a copy of the nodes computing it, so folding and fusions with constants see what
 //!   they see in the whole graph. The copies' outputs, and every name ONNX Runtime makes up in a
@@ -106,7 +108,7 @@ pub(crate) fn optimized_in_pieces(
     // read at or after c; it may be cut there only if each of those can be fed at a border.
     let fed_at_border = |t: &str| {
         graph_outputs.contains_key(t)
-            && types.get(t).is_some_and(|ty| matches!(ty.dtype, Some(DType::F32 | DType::F16 | DType::BF16 | DType::F64)) && ty.dims.iter().all(Option::is_some))
+            && types.get(t).is_some_and(|ty| ty.dtype == Some(DType::F32) && ty.dims.iter().all(Option::is_some))
     };
     let mut last_read: HashMap<&str, usize> = HashMap::new();
     for (i, node) in graph.node.iter().enumerate() {
@@ -130,7 +132,7 @@ pub(crate) fn optimized_in_pieces(
         }
     }
     if starts.len() == 1 {
-        return Err("no border that only graph outputs of a floating type and known shape cross".into());
+        return Err("no border that only float32 graph outputs of known shape cross".into());
     }
     starts.push(n);
 

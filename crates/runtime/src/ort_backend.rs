@@ -116,7 +116,7 @@ impl OrtBackend {
         let program = match cut {
             Ok((program, pieces)) => {
                 notes.push(format!(
-                    "optimized by ONNX Runtime in {pieces} pieces of about {piece_nodes} nodes (one optimization of a graph this large takes time growing with its square): cut only where graph outputs of a floating type and known shape cross, each piece fed there, constants copied into every piece that reads them"
+                    "optimized by ONNX Runtime in {pieces} pieces of about {piece_nodes} nodes (one optimization of a graph this large takes time growing with its square): cut only where float32 graph outputs of known shape cross, each piece fed there, constants copied into every piece that reads them"
                 ));
                 Ok((program, format!("{pieces} pieces")))
             }
@@ -1099,9 +1099,15 @@ impl ModelSession {
     /// A CPU session (every optimization, ONNX Runtime's own threads) of `proto`, a rewrite of
     /// `model` (whose external data it may read).
     pub fn cpu(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str) -> Result<ModelSession, RuntimeError> {
+        Self::cpu_at(model, proto, label, OptLevel::All)
+    }
+
+    /// [`ModelSession::cpu`] at optimization `level`: `OptLevel::Disable` runs an
+    /// [`crate::OnnxProgram`] as a paired session does, its optimizations already applied.
+    pub fn cpu_at(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str, level: OptLevel) -> Result<ModelSession, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
-        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::All, SessionExtras::default())?;
+        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, level, SessionExtras::default())?;
         crate::backend_log::take(label);
         Ok(ModelSession { session, label: label.to_string() })
     }
