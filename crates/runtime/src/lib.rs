@@ -12,6 +12,7 @@ pub mod backend_log;
 mod error;
 pub mod inputs;
 pub mod npy;
+mod optimized_pieces;
 mod ort_backend;
 pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, CpuShare, InferredType, ModelSession};
 pub mod ortlib;

@@ -11,7 +11,7 @@ use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
 use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
-use crate::{ortlib, DType, RuntimeError, Tensor, TensorData};
+use crate::{optimized_pieces, ortlib, DType, RuntimeError, Tensor, TensorData};
 
 pub struct OrtBackend {
     spec: BackendSpec,
@@ -80,6 +80,54 @@ impl OrtBackend {
         drop(source);
         release_freed_memory();
         Ok(layerwise_model::Model::read_proto(&path)?)
+    }
+}
+
+impl OrtBackend {
+    /// [`OrtBackend::optimized`] of the reference's program for `request`, in pieces where the
+    /// graph is large enough for one optimization of it to grow faster than the graph
+    /// ([`crate::optimized_pieces`]); whole where it is small or cannot be cut. Says so in `notes`
+    /// when cut.
+    fn optimized_program(&self, request: &RunRequest, proto: &layerwise_model::onnx::ModelProto, notes: &mut Vec<String>) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
+        let piece_nodes = optimized_pieces::piece_nodes();
+        let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
+        let started = std::time::Instant::now();
+        let mut in_sessions = 0.0;
+        // An emulation's program holds tensors (rounding pairs) that the model's typing does not;
+        // the pieces' bit-for-bit check (tests/optimized_pieces.rs) runs on the CPU provider only.
+        let cut = if self.emulate.is_some() {
+            Err("an emulation's program".to_string())
+        } else if self.options.ep != ExecutionProvider::Cpu {
+            Err("a GPU provider's program".to_string())
+        } else if !optimized_pieces::worth_cutting(nodes, piece_nodes) {
+            Err("small enough for one session".to_string())
+        } else {
+            tensor_types(request.model, request.index, &input_shapes(request))
+                .map_err(|e| e.to_string())
+                .and_then(|types| {
+                    optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| {
+                        let t = std::time::Instant::now();
+                        let optimized = self.optimized(request.model, piece);
+                        in_sessions += t.elapsed().as_secs_f64();
+                        optimized
+                    })
+                })
+        };
+        let program = match cut {
+            Ok((program, pieces)) => {
+                notes.push(format!(
+                    "optimized by ONNX Runtime in {pieces} pieces of about {piece_nodes} nodes (one optimization of a graph this large takes time growing with its square): cut only where float32 graph outputs of known shape cross, each piece fed there, constants copied into every piece that reads them"
+                ));
+                Ok((program, format!("{pieces} pieces")))
+            }
+            Err(why) => self.optimized(request.model, proto).map(|program| (program, format!("whole ({why})"))),
+        };
+        program.map(|(program, how)| {
+            if std::env::var_os("LAYERWISE_TIMING").is_some() {
+                eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s, pieces' sessions {in_sessions:.2}s)", started.elapsed().as_secs_f64());
+            }
+            program
+        })
     }
 }
 
@@ -371,7 +419,7 @@ impl Backend for OrtBackend {
                 // Above it, saving the optimized program would write every weight again
                 // (gigabytes) and hold them in memory.
                 match request.model.inlined_within(&proto, OPTIMIZED_EXTERNAL_LIMIT)? {
-                    Some(inlined) => self.optimized(request.model, &inlined),
+                    Some(inlined) => self.optimized_program(request, &inlined, &mut output.notes),
                     None => {
                         output.notes.push(format!(
                             "paired without ONNX Runtime's graph optimizations (opt={}): the model's external weights are over {} MiB, which an optimized copy would write again; --separate-runs runs it optimized",
@@ -382,7 +430,7 @@ impl Backend for OrtBackend {
                     }
                 }
             } else {
-                self.optimized(request.model, &proto)
+                self.optimized_program(request, &proto, &mut output.notes)
             }
         });
         // Lines about optimizing are this backend's, as they would be for a run, except the
@@ -1051,9 +1099,15 @@ impl ModelSession {
     /// A CPU session (every optimization, ONNX Runtime's own threads) of `proto`, a rewrite of
     /// `model` (whose external data it may read).
     pub fn cpu(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str) -> Result<ModelSession, RuntimeError> {
+        Self::cpu_at(model, proto, label, OptLevel::All)
+    }
+
+    /// [`ModelSession::cpu`] at optimization `level`: `OptLevel::Disable` runs an
+    /// [`crate::OnnxProgram`] as a paired session does, its optimizations already applied.
+    pub fn cpu_at(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str, level: OptLevel) -> Result<ModelSession, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
-        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::All, SessionExtras::default())?;
+        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, level, SessionExtras::default())?;
         crate::backend_log::take(label);
         Ok(ModelSession { session, label: label.to_string() })
     }
