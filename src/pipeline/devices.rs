@@ -16,7 +16,7 @@ use super::{bisect_from_queue, SampleQueue};
 /// Runs the samples of `options.inputs` (a folder) over `devices`: one job per GPU, all at once,
 /// each taking the next sample not yet taken (so a GPU that is faster, or a job whose samples are
 /// quicker, takes more). When the queue is empty each job hands its samples' numbers over; the
-/// one holding the whole set's verdict sample (the largest output error, the earliest on ties,
+/// one holding the whole set's verdict sample (diverged first, then the largest output error, the earliest on ties,
 /// as one run chooses) runs the noise floor, the nodes alone and the counterfactual on its GPU
 /// and writes the report with the aggregation over every sample; the others stop. The report is
 /// what one run over every sample writes (`run_info` aside); its candidate notes say how the

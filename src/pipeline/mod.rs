@@ -555,7 +555,7 @@ fn report(
     let mut cand_notes = compared.notes.1.clone();
     cand_notes.extend(input_notes);
     if !sample_name.is_empty() {
-        cand_notes.push(format!("verdict from sample {sample_name}, the one with the largest output error"));
+        cand_notes.push(format!("verdict from sample {sample_name}: diverged samples first, then the largest output error"));
     }
     let report = build_report(ReportContext {
         model: original,

@@ -342,8 +342,8 @@ pub struct SampleRun {
 #[derive(Debug, Clone, Serialize, serde::Deserialize, JsonSchema)]
 pub struct SampleData {
     pub run: SampleRun,
-    /// The worst error level over the model's outputs: the sample with the largest carries the
-    /// verdict.
+    /// The worst error level over the model's outputs: among the diverged samples (or, where none
+    /// diverged, all), the one with the largest carries the verdict.
     #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
     #[schemars(with = "FiniteOrString")]
     pub selection_error: f64,
@@ -365,9 +365,12 @@ pub struct Shard {
     pub samples: Vec<SampleData>,
 }
 
-/// The sample that carries the verdict: the largest selection error, the earliest on ties.
+/// The sample that carries the verdict: a diverged one before any that passes (a sample can fail
+/// its per-element tolerance with a smaller relative L2 than one that passes, and the verdict
+/// then said pass over a diverged sample), then the largest selection error, the earliest on ties.
 pub fn chosen_sample(samples: &[SampleData]) -> Option<usize> {
-    (0..samples.len()).max_by(|&a, &b| samples[a].selection_error.total_cmp(&samples[b].selection_error).then(b.cmp(&a)))
+    let diverged = |k: usize| samples[k].run.status == crate::Status::Diverged;
+    (0..samples.len()).max_by(|&a, &b| diverged(a).cmp(&diverged(b)).then(samples[a].selection_error.total_cmp(&samples[b].selection_error)).then(b.cmp(&a)))
 }
 
 /// Per-tensor worst and mean error over samples (in their order); the verdict's sample is `chosen`.
