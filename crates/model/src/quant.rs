@@ -581,14 +581,24 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     let values_only = || finite.iter().copied().filter(|v| (v.abs() as f64) < MASK_SENTINEL_MIN_ABS);
     let (min, max) = values_only().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let min_nonzero_abs = values_only().map(f32::abs).filter(|&m| m > 0.0).fold(f32::INFINITY, f32::min);
-    let zero_point_shift = zero_point_shift(range, min, max, &|scale, zero_point| {
+    let values_rel_l2 = |scale: f32, zero_point: i32| {
         let (mut err, mut norm) = (0f64, 0f64);
         for x in values_only() {
             err += ((range.round_trip_at(x, scale, zero_point) - x) as f64).powi(2);
             norm += (x as f64).powi(2);
         }
         (norm > 0.0).then(|| (err / norm).sqrt())
-    });
+    };
+    // One-sided by nature, not by chance: enough values to tell (a scalar per sample is one-sided
+    // whatever its zero point was calibrated for; an independent tester saw the cause named on
+    // one), and a fitting zero point that at least halves the error (else it is no remedy).
+    let zero_point_shift = (values_only().count() >= ZERO_POINT_MIN_VALUES)
+        .then(|| zero_point_shift(range, min, max, &values_rel_l2))
+        .flatten()
+        .filter(|shift| match (shift.fit_rel_l2, values_rel_l2(range.scale, range.zero_point)) {
+            (Some(fit), Some(now)) => fit <= 0.5 * now,
+            _ => false,
+        });
     QuantizerEffect {
         count: values.len(),
         clipped,
@@ -610,6 +620,9 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         zero_point_shift,
     }
 }
+
+/// Fewest values a quantizer's input must hold for its zero point to be judged against their side.
+pub const ZERO_POINT_MIN_VALUES: usize = 16;
 
 /// Values in `[min, max]` on one side of 0 (within half a step) whose codes under `range` span at
 /// most half the format's: what a zero point at the format's end on their side would give
@@ -997,6 +1010,20 @@ mod tests {
         assert_eq!(quantizer_effect(&int8_range(1.0 / 127.0, 0), &values, &[1001]).zero_point_shift, None);
         let both_sides: Vec<f32> = values.iter().map(|v| v - 0.5).collect();
         assert_eq!(quantizer_effect(&mid, &both_sides, &[1001]).zero_point_shift, None);
+    }
+
+    /// One value, or too few to tell a side, is no one-sided range (a scalar logit per sample was
+    /// named with "100% of the codes never used"); nor is a zero point whose fitting one does not
+    /// halve the error.
+    #[test]
+    fn a_zero_point_is_not_judged_on_a_scalar_or_where_fitting_it_gains_nothing() {
+        let mid = QuantizerRange { format: QuantFormat::Uint8, scale: 1.0 / 127.0, zero_point: 128, lo: -128.0 / 127.0, hi: 1.0 };
+        assert_eq!(quantizer_effect(&mid, &[0.5], &[1]).zero_point_shift, None);
+        let few: Vec<f32> = (0..ZERO_POINT_MIN_VALUES - 1).map(|i| i as f32 / 16.0).collect();
+        assert_eq!(quantizer_effect(&mid, &few, &[few.len()]).zero_point_shift, None);
+        // Values that are multiples of the step: exact with either zero point, nothing to gain.
+        let exact: Vec<f32> = (0..64).map(|i| i as f32 / 127.0).collect();
+        assert_eq!(quantizer_effect(&mid, &exact, &[64]).zero_point_shift, None);
     }
 
     /// Values below half a step round to 0, those below 3/4 of a step to one step (more than half
