@@ -105,6 +105,8 @@ fn fix_sim_int8_writes_the_model_re_quantized_with_the_set_excluded() {
     let f = json(&dir.path().join("f.json"));
     assert_eq!(f["status"], "fixed", "{f}");
     assert_eq!(f["candidate"], "sim:int8");
+    // The outputs table is the deployed one, the check's (not the search's every-tensor runs).
+    assert_eq!(f["outputs"], f["fixed_model_check"]["outputs"], "{f}");
     let excluded: Vec<String> = serde_json::from_value(json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"))["nodes_to_exclude"].clone()).unwrap();
     assert!(excluded.contains(&"mm2".to_string()), "{excluded:?}");
     // The written model, judged as any Q/DQ candidate model, passes.
