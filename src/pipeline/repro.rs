@@ -221,11 +221,15 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         layerwise_runtime::BackendSpec::Quantized { fp8: false, .. } => "ort:cpu".to_string(),
         other => other.to_string(),
     };
+    // The tolerance that judged the tensor, given for every tensor: the repro's verdict is then
+    // the bisect's (an independent tester saw a repro said within tolerance diverge at defaults).
+    let judged = job.judging.tolerances.of(&fd.tensor);
+    let tolerance = format!(" --atol {:e} --rtol {:e} --range-tol {:e}", judged.atol, judged.rtol, judged.range_tol);
     match (shell_word(&job.options.reference.to_string()), shell_word(&candidate_spec)) {
         (Some(reference), Some(candidate)) => {
-            writeln!(readme, "Reproduce: {}", markdown_code(&format!("layerwise bisect model.onnx --ref {reference} --cand {candidate}{cand_model_arg} --inputs inputs.npz")))?
+            writeln!(readme, "Reproduce: {}", markdown_code(&format!("layerwise bisect model.onnx --ref {reference} --cand {candidate}{cand_model_arg} --inputs inputs.npz{tolerance}")))?
         }
-        _ => writeln!(readme, "Reproduce: `layerwise bisect model.onnx --inputs inputs.npz` with the --ref and --cand named above")?,
+        _ => writeln!(readme, "Reproduce: {} with the --ref and --cand named above", markdown_code(&format!("layerwise bisect model.onnx --inputs inputs.npz{tolerance}")))?,
     }
     drop(readme);
     staging.move_to(dir).with_context(|| format!("--repro {}", dir.display()))?;
