@@ -1032,8 +1032,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let written_index = GraphIndex::build(written.graph())?;
     let mut check_outputs = Vec::new();
     let mut check_pass = true;
-    // (passes, largest output error) of the sample whose numbers the check reports.
-    let mut check_worst = (true, f64::NEG_INFINITY);
+    // (passes, passed before, largest output error) of the sample whose numbers the check reports.
+    let mut check_worst = (true, true, f64::NEG_INFINITY);
     let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
     // Both models as deployed: only their outputs, so that ONNX Runtime fuses the Q/DQ pairs into
     // integer kernels, as exposing the tensors between them (the search's runs) prevents. The
@@ -1046,13 +1046,18 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     for ((name, feeds), reference) in sets.iter().zip(&references) {
         let given = deployed(cm, ci, feeds, reference, format!("running the candidate model as deployed ({name})"), &mut steps)?;
         let comparison = deployed(&written, &written_index, feeds, reference, format!("running the written model ({name})"), &mut steps)?;
-        // The worst sample: a failing one before any passing one, then the largest output error
-        // (found by the independent tester: the first sample's numbers were shown as the worst).
+        // The worst sample: a failing one before any passing one, then one the given model
+        // failed (what the fix is for: a tester saw a sample that passed before shown, the one
+        // that failed never), then the largest output error (found by the independent tester: the
+        // first sample's numbers were shown as the worst).
         let passes = comparison.outputs_pass(index);
+        let passed_before = given.outputs_pass(index);
         let error = comparison.largest_error(&index.outputs);
-        if check_outputs.is_empty() || worse(!passes, error, Some((!check_worst.0, check_worst.1))) {
+        let key = (!passes, !passed_before);
+        let so_far = (!check_worst.0, !check_worst.1);
+        if check_outputs.is_empty() || key > so_far || (key == so_far && error > check_worst.2) {
             check_outputs = output_changes(index, &given, &comparison);
-            check_worst = (passes, error);
+            check_worst = (passes, passed_before, error);
         }
         check_pass &= passes;
     }
