@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::spec;
+use common::{fp16_islands, spec};
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::{DataType, GraphIndex, Model, Selection};
@@ -154,30 +154,6 @@ fn conv_network(blocks: usize) -> ModelProto {
     b.build()
 }
 
-/// x[4,32] -> 40 x (Cast to FP16 -> square -> Sqrt -> Erf -> Sqrt -> Erf -> Cast to float32 ->
-/// Relu). ONNX Runtime's CPU provider computes Sqrt and Erf in float32 through Casts it inserts,
-/// and between two of them keeps the float32 value where the graph holds an FP16 one: a piece fed
-/// the FP16 tensor at its border would compute from a rounded value.
-fn fp16_islands() -> ModelProto {
-    let mut b = ModelBuilder::new("fp16-islands", 17);
-    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(32)]);
-    let mut prev = "x".to_string();
-    for k in 0..40 {
-        let t = |s: &str| format!("i{k}_{s}");
-        b.node("Cast", &t("to16"), &[&prev], &[&t("h")], vec![attr::int("to", DataType::Float16 as i64)]);
-        b.node("Mul", &t("sq"), &[&t("h"), &t("h")], &[&t("sq")], vec![]);
-        b.node("Sqrt", &t("sqrt1"), &[&t("sq")], &[&t("sqrt1")], vec![]);
-        b.node("Erf", &t("erf1"), &[&t("sqrt1")], &[&t("erf1")], vec![]);
-        b.node("Sqrt", &t("sqrt2"), &[&t("erf1")], &[&t("sqrt2")], vec![]);
-        b.node("Erf", &t("erf2"), &[&t("sqrt2")], &[&t("erf2")], vec![]);
-        b.node("Cast", &t("to32"), &[&t("erf2")], &[&t("f")], vec![attr::int("to", DataType::Float as i64)]);
-        b.node("Relu", &t("relu"), &[&t("f")], &[&t("out")], vec![]);
-        prev = t("out");
-    }
-    b.output(&prev, DataType::Float);
-    b.build()
-}
-
 /// A Relu chain whose input's shape, taken at the start, reshapes its end: an int64 value crosses
 /// every border, so the graph is optimized whole.
 fn shape_across() -> ModelProto {
@@ -242,7 +218,7 @@ fn differing_alone(model: &Model, program: &OnnxProgram, other: &OnnxProgram, fe
 #[test]
 fn the_reference_optimized_in_pieces_computes_every_tensor_as_the_whole_optimized_does() {
     let _knob = KNOB.lock().unwrap_or_else(|e| e.into_inner());
-    let models = [("relu chain", relu_chain()), ("decoder", decoder(10)), ("conv network", conv_network(40)), ("FP16 islands", fp16_islands())];
+    let models = [("relu chain", relu_chain()), ("decoder", decoder(10)), ("conv network", conv_network(40)), ("FP16 islands", fp16_islands(40))];
     for (label, proto) in models {
         let model = Model::from_proto(proto, label).unwrap();
         let index = GraphIndex::build(model.graph()).unwrap();

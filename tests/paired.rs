@@ -285,37 +285,13 @@ fn a_paired_graph_split_into_segments_reports_what_one_session_reports() {
     }
 }
 
-/// x[4,32] -> 6 x (Cast to FP16 -> square -> Sqrt -> Erf -> Sqrt -> Erf -> Cast to float32 ->
-/// Relu): ONNX Runtime's CPU provider computes Sqrt and Erf in float32 through Casts it inserts.
-fn fp16_islands() -> layerwise_model::onnx::ModelProto {
-    use layerwise_model::builder::{attr, Dim, ModelBuilder};
-    use layerwise_model::DataType;
-    let mut b = ModelBuilder::new("fp16-islands", 17);
-    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(32)]);
-    let mut prev = "x".to_string();
-    for k in 0..6 {
-        let t = |s: &str| format!("i{k}_{s}");
-        b.node("Cast", &t("to16"), &[&prev], &[&t("h")], vec![attr::int("to", DataType::Float16 as i64)]);
-        b.node("Mul", &t("sq"), &[&t("h"), &t("h")], &[&t("sq")], vec![]);
-        b.node("Sqrt", &t("sqrt1"), &[&t("sq")], &[&t("sqrt1")], vec![]);
-        b.node("Erf", &t("erf1"), &[&t("sqrt1")], &[&t("erf1")], vec![]);
-        b.node("Sqrt", &t("sqrt2"), &[&t("erf1")], &[&t("sqrt2")], vec![]);
-        b.node("Erf", &t("erf2"), &[&t("sqrt2")], &[&t("erf2")], vec![]);
-        b.node("Cast", &t("to32"), &[&t("erf2")], &[&t("f")], vec![attr::int("to", DataType::Float as i64)]);
-        b.node("Relu", &t("relu"), &[&t("f")], &[&t("out")], vec![]);
-        prev = t("out");
-    }
-    b.output(&prev, DataType::Float);
-    b.build()
-}
-
 /// A model holding FP16 tensors: ONNX Runtime's CPU provider computes them through Casts it
 /// inserts, and a paired session computed 145 of 320 such tensors differently from a plain run
 /// (found while optimizing in pieces, issue 38). Such a model is compared in separate runs, and
 /// the report says why.
 #[test]
 fn a_model_holding_fp16_tensors_is_compared_in_separate_runs() {
-    let m = Model::from_proto(fp16_islands(), "fp16-islands.onnx").unwrap();
+    let m = Model::from_proto(common::fp16_islands(6), "fp16-islands.onnx").unwrap();
     let default = report(&m, false);
     let separate = report(&m, true);
     assert_eq!(default["tensors"], separate["tensors"]);

@@ -253,3 +253,26 @@ pub fn numpy_for_tests() -> std::path::PathBuf {
     }
     dir
 }
+
+/// x[4,32] -> `blocks` x (Cast to FP16 -> square -> Sqrt -> Erf -> Sqrt -> Erf -> Cast to float32
+/// -> Relu). ONNX Runtime's CPU provider computes Sqrt and Erf in float32 through Casts it
+/// inserts, and between two of them keeps the float32 value where the graph holds an FP16 one.
+pub fn fp16_islands(blocks: usize) -> ModelProto {
+    let mut b = ModelBuilder::new("fp16-islands", 17);
+    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(32)]);
+    let mut prev = "x".to_string();
+    for k in 0..blocks {
+        let t = |s: &str| format!("i{k}_{s}");
+        b.node("Cast", &t("to16"), &[&prev], &[&t("h")], vec![attr::int("to", DataType::Float16 as i64)]);
+        b.node("Mul", &t("sq"), &[&t("h"), &t("h")], &[&t("sq")], vec![]);
+        b.node("Sqrt", &t("sqrt1"), &[&t("sq")], &[&t("sqrt1")], vec![]);
+        b.node("Erf", &t("erf1"), &[&t("sqrt1")], &[&t("erf1")], vec![]);
+        b.node("Sqrt", &t("sqrt2"), &[&t("erf1")], &[&t("sqrt2")], vec![]);
+        b.node("Erf", &t("erf2"), &[&t("sqrt2")], &[&t("erf2")], vec![]);
+        b.node("Cast", &t("to32"), &[&t("erf2")], &[&t("f")], vec![attr::int("to", DataType::Float as i64)]);
+        b.node("Relu", &t("relu"), &[&t("f")], &[&t("out")], vec![]);
+        prev = t("out");
+    }
+    b.output(&prev, DataType::Float);
+    b.build()
+}
