@@ -70,6 +70,21 @@ impl<'a> Job<'a> {
         super::reference_names(&self.cand_names)
     }
 
+    /// For a quantized candidate model, the reference tensors its activation quantizers quantize
+    /// (each QuantizeLinear's input read through `reference_of`, where the reference computes it):
+    /// what a node run with its own quantizers is fed. Empty otherwise.
+    pub(super) fn quantized_reference_tensors(&self, reference_of: &HashMap<String, String>) -> Vec<String> {
+        let (Some(_), Some((_, ci))) = (&self.judging.quantization, &self.cand_model) else { return Vec::new() };
+        ci.nodes
+            .iter()
+            .filter(|n| n.op_type == "QuantizeLinear")
+            .filter_map(|q| q.inputs.first().filter(|x| !ci.is_constant_like(x)))
+            .map(|x| reference_of.get(x.as_str()).map_or(x.as_str(), String::as_str))
+            .filter(|r| self.index.producer_index(r).is_some())
+            .map(str::to_string)
+            .collect()
+    }
+
     /// The job that runs `setup`'s backends on its model (borrowed from the caller).
     pub(super) fn new(options: &'a BisectOptions, model: &'a Model, setup: Setup<'_>) -> Job<'a> {
         let budget = options.max_memory.unwrap_or_else(default_memory_budget);

@@ -61,15 +61,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     let reference_of = job.reference_names();
     // A quantized candidate's nodes read through their quantizers, which are fed what they
     // quantize: the reference's twin of each quantizer's input.
-    if let (Some(_), Some((_, ci))) = (&job.judging.quantization, &job.cand_model) {
-        for q in ci.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
-            let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)) else { continue };
-            let r = reference_of.get(x.as_str()).map_or(x.as_str(), String::as_str);
-            if job.index.producer_index(r).is_some() {
-                wanted.push(r.to_string());
-            }
-        }
-    }
+    wanted.extend(job.quantized_reference_tensors(&reference_of));
     wanted.sort();
     wanted.dedup();
     let held = compared.tensors.as_ref().map(|(r, _)| r);

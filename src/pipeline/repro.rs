@@ -61,23 +61,13 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         let node = job.index.node(name).expect("checked");
         wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
     }
-    wanted.sort();
-    wanted.dedup();
     // A quantized candidate's nodes come with their own quantizers (as isolation runs them), fed
     // the reference's value of what each quantizes: the candidate's names read through the matching.
     let reference_of = job.reference_names();
     let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
-    if let (true, Some((_, ci))) = (quantized, &job.cand_model) {
-        for q in ci.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
-            let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)) else { continue };
-            let r = reference_of.get(x.as_str()).map_or(x.as_str(), String::as_str);
-            if job.index.producer_index(r).is_some() {
-                wanted.push(r.to_string());
-            }
-        }
-        wanted.sort();
-        wanted.dedup();
-    }
+    wanted.extend(job.quantized_reference_tensors(&reference_of));
+    wanted.sort();
+    wanted.dedup();
     let reference = job.run_reference(feeds, &Selection::Names(wanted))?.tensors;
     let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let value = |t: &str| {
