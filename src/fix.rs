@@ -831,6 +831,9 @@ fn num(v: f64) -> String {
     layerwise_report::format_number(v)
 }
 
+/// The most kept patterns of a quantized candidate's set that `fix` tries dropping one at a time.
+const MOST_PRUNED: usize = 24;
+
 /// `fix --cand-model QDQ.onnx`: the smallest set of nodes to leave unquantized in the Q/DQ
 /// candidate (docs/fix.md, "Quantized candidates"). Each round keeps the first divergent layer's
 /// pattern unquantized ([`crate::keep::UnquantizedRunner`]) until every output is within
@@ -838,9 +841,6 @@ fn num(v: f64) -> String {
 /// model with those nodes unquantized is written (with -o, else to a scratch copy), read back and
 /// run on the candidate backend: FIXED needs that run to pass. Beside it goes the exclusion list
 /// the quantizers take (`nodes_to_exclude`, the float model's node names).
-/// The most kept patterns of a quantized candidate's set that `fix` tries dropping one at a time.
-const MOST_PRUNED: usize = 24;
-
 fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(String, Tensor)>)>, mut steps: Steps) -> Result<FixOutcome> {
     use std::collections::HashMap;
     let b = &options.bisect;
@@ -1032,8 +1032,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let written_index = GraphIndex::build(written.graph())?;
     let mut check_outputs = Vec::new();
     let mut check_pass = true;
-    // (passes, passed before, largest output error) of the sample whose numbers the check reports.
-    let mut check_worst = (true, true, f64::NEG_INFINITY);
+    // ((fails, failed before), largest output error) of the sample whose numbers the check reports.
+    let mut check_worst: Option<((bool, bool), f64)> = None;
     let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
     // Both models as deployed: only their outputs, so that ONNX Runtime fuses the Q/DQ pairs into
     // integer kernels, as exposing the tensors between them (the search's runs) prevents. The
@@ -1051,13 +1051,11 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         // that failed never), then the largest output error (found by the independent tester: the
         // first sample's numbers were shown as the worst).
         let passes = comparison.outputs_pass(index);
-        let passed_before = given.outputs_pass(index);
+        let key = (!passes, !given.outputs_pass(index));
         let error = comparison.largest_error(&index.outputs);
-        let key = (!passes, !passed_before);
-        let so_far = (!check_worst.0, !check_worst.1);
-        if check_outputs.is_empty() || key > so_far || (key == so_far && error > check_worst.2) {
+        if check_worst.is_none_or(|(k, e)| key > k || (key == k && error > e)) {
             check_outputs = output_changes(index, &given, &comparison);
-            check_worst = (passes, passed_before, error);
+            check_worst = Some((key, error));
         }
         check_pass &= passes;
     }
