@@ -109,6 +109,15 @@ impl Search<'_> {
         Ok(judged)
     }
 
+    /// Drops the latest run of each sample from those held to compute the next from (a trial whose
+    /// keep list was not taken), so that the run of the keep list that stands stays held however
+    /// many trials fail after it.
+    fn forget_last_run(&mut self) {
+        for sample in &mut self.samples {
+            sample.runs.pop();
+        }
+    }
+
     /// The sample the last run judged by.
     fn sample(&self) -> &Sample {
         &self.samples[self.judged]
@@ -497,14 +506,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut stuck = None;
     // An output as sensitive to one rounding of every weight as to the candidate has no small fix.
     let mut noise_floor = None;
+    // Measured only where it can stop the search: an output the candidate takes to inf/NaN is
+    // never ill-conditioned (a finite floor is no match for it), and two whole reference runs of
+    // a large model would decide nothing.
+    let candidate_error = |worst: &str| last.0.get(worst).map_or(f64::NAN, |r| r.error_level());
     if last.1.status == Status::Diverged && b.noise_floor {
-        if let Some(worst) = last.1.worst_output.clone().as_deref() {
+        if let Some(worst) = last.1.worst_output.clone().as_deref().filter(|w| candidate_error(w).is_finite()) {
             // As bisect: the weights only the first divergent layer's pattern reads stay exact
             // (found by the independent tester: fix called a rotary output ill-conditioned where
             // bisect measured that keeping the angle fixes it).
             let left_for_the_fix = crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
-            let target = FloorTarget { output: worst, candidate_error: last.0.get(worst).map_or(f64::NAN, |r| r.error_level()), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed, quantizers: None };
-            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
+            let target = FloorTarget { output: worst, candidate_error: candidate_error(worst), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed, quantizers: None };
+            let Search { steps, samples, judged, tolerances, .. } = &mut search;
+            let sample = &samples[*judged];
+            let floor = steps.run("measuring the noise floor", || noise_floor_of(reference.as_mut(), model, index, &sample.feeds, &sample.reference, tolerances.of(worst), target))?;
             if floor.ill_conditioned {
                 stuck = Some(format!(
                     "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",
@@ -608,6 +623,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 patterns.remove(i);
                 last = trial;
             } else {
+                // The next trial differs least from the keep list that stands, not from this one.
+                search.forget_last_run();
                 i += 1;
             }
         }
@@ -648,7 +665,16 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // ONNX Runtime's defaults first (an FP16 model can crash ONNX Runtime, and so this process
         // in the typed evaluation); op types that crash it are kept in FP32.
         let started = std::time::Instant::now();
-        let mut convert = |o: &ConvertOptions| Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0);
+        // What ONNX Runtime refuses in the target type was found once, on the model the search ran
+        // converted with nothing kept, and does not depend on the keep list: the file is converted
+        // with it, and the child's session below is its own type check (no second one here). A
+        // model whose control flow was inlined is written from the original, whose nodes the
+        // search's model names otherwise: checked here as before.
+        let refused = if flattened { None } else { Some(search.keeper.refused()?.clone()) };
+        let mut convert = |o: &ConvertOptions| match &refused {
+            Some(refused) => Ok(layerwise_model::convert::convert_fp16(source, source_index, &float, &ConvertOptions { refused: refused.clone(), ..o.clone() })?),
+            None => Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0),
+        };
         let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &path, Some(&search.samples[0].feeds), &mut convert)?;
         search.steps.record("writing the fixed model and loading it in a child process", started.elapsed().as_secs_f64());
         let started = std::time::Instant::now();

@@ -167,16 +167,24 @@ impl<'a> KeepRunner<'a> {
         Ok(self.float.as_ref().expect("just set"))
     }
 
-    /// The model converted to FP16 (BF16) with `keep` in FP32. What ONNX Runtime refuses in the
-    /// target type is found once, on the model converted with nothing kept (so every node is
-    /// checked), and reused by every conversion.
-    pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
-        let (model, index, target) = (self.model, self.index, self.target);
+    /// The nodes ONNX Runtime refuses in the target type, with its words: found once, on the model
+    /// converted with nothing kept (so every node is checked), by [`convert_checked`]. They do not
+    /// depend on the keep list, so every later conversion of this model takes them as they are
+    /// instead of having ONNX Runtime type-check it again.
+    pub fn refused(&mut self) -> Result<&BTreeMap<String, String>> {
         if self.refused.is_none() {
+            let (model, index, target) = (self.model, self.index, self.target);
             let everything = ConvertOptions { target, ..Default::default() };
             self.refused = Some(convert_checked(model, index, self.float()?, &everything)?.1);
         }
-        let refused = self.refused.clone().expect("just found");
+        Ok(self.refused.as_ref().expect("just found"))
+    }
+
+    /// The model converted to FP16 (BF16) with `keep` in FP32, and what ONNX Runtime refuses in the
+    /// target type ([`KeepRunner::refused`]) in FP32 too.
+    pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
+        let (model, index, target) = (self.model, self.index, self.target);
+        let refused = self.refused()?.clone();
         let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
         Ok(convert_fp16(model, index, self.float()?, &options)?)
     }

@@ -603,7 +603,10 @@ impl OrtBackend {
                     let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
                     drop(cut);
                     builds += 1;
-                    (self.session(&bytes, folder.as_deref(), self.options.opt_level)?, bytes.len(), folder.is_some())
+                    // Kept side by side (PIECE_SESSIONS), as the typed evaluation's sessions are.
+                    let extras = SessionExtras { without_spinning: true, ..Default::default() };
+                    let source = ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() };
+                    (build_session(&self.label, &self.options, &self.log_id, source, self.options.opt_level, extras)?, bytes.len(), folder.is_some())
                 }
             };
             t_build += tb.elapsed().as_secs_f64();
