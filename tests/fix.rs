@@ -376,3 +376,60 @@ fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
     assert_eq!(written["keep_fp32"].as_array().unwrap().len(), keep.len());
     assert!(t.lines().all(|l| l.len() < 1200), "a terminal line lists every node: {t}");
 }
+
+/// Issue 38 (`fix` on many overflows in at most 10x one plain run): the noise floor is measured
+/// only where it can stop the search. An output the candidate takes to inf is never ill-conditioned
+/// (the floor's perturbation keeps it finite), so two whole reference runs would decide nothing:
+/// none is measured there, and the fix is found as before.
+#[test]
+fn fix_measures_no_noise_floor_where_the_candidate_output_is_not_finite() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("overflow", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("big", &[1], &[7e4]));
+    b.initializer(f32_tensor("small", &[1], &[1e-4]));
+    b.node("Mul", "grow", &["x", "big"], &["g"], vec![]);
+    b.node("Mul", "shrink", &["g", "small"], &["s"], vec![]);
+    b.node("Relu", "out", &["s"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    common::save(&b.build(), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "--json", "fix.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = common::json(&dir.path().join("fix.json"));
+    assert_eq!(f["status"], "fixed", "{t}");
+    assert_eq!(f["outputs"][0]["before_rel_l2"], "inf", "the candidate's output is inf before the fix: {t}");
+    assert!(f["noise_floor"].is_null(), "a noise floor measured against an infinite error: {}", f["noise_floor"]);
+    assert!(f["keep_fp32"].as_array().unwrap().iter().any(|n| n == "grow"), "{t}");
+}
+
+/// Issue 38: the written file is converted with what ONNX Runtime refuses in the target type as
+/// found once before the search (a Conv reads bfloat16 only from opset 22), not type-checked a
+/// second time beside the child's load: the refused Conv stays FP32 in the file, which loads and
+/// holds.
+#[test]
+fn fix_writes_a_node_onnx_runtime_refuses_in_bf16_as_fp32() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("conv", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(8), Dim::from(8)]);
+    let w: Vec<f32> = (0..16).map(|i| 0.1 + 0.05 * i as f32).collect();
+    b.initializer(f32_tensor("conv_w", &[4, 4, 1, 1], &w));
+    b.node("Conv", "conv", &["x", "conv_w"], &["c"], vec![]);
+    b.node("Relu", "relu", &["c"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    common::save(&b.build(), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["fix", "m.onnx", "--cand", "sim:bf16", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = common::json(&dir.path().join("fix.json"));
+    assert_eq!(f["status"], "fixed", "{t}");
+    let fp32 = f["fixed_model_fp32_nodes"].as_array().unwrap();
+    assert!(fp32.iter().any(|n| n[0] == "conv" && n[1].as_str().unwrap().contains("ONNX Runtime refuses Conv with BF16 inputs at opset 17")), "{}", f["fixed_model_fp32_nodes"]);
+    assert_eq!(f["fixed_model_load"]["status"], "loads", "{}", f["fixed_model_load"]);
+    let written = Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let conv_reads = &written.graph().node.iter().find(|n| n.name() == "conv").unwrap().input[1];
+    let weight = written.graph().initializer.iter().find(|w| w.name() == conv_reads.as_str()).unwrap();
+    assert_eq!(weight.data_type(), DataType::Float as i32, "the Conv's weight is stored in float32");
+}

@@ -152,8 +152,11 @@ fn piece_key(model: &str, part: &layerwise_model::onnx::GraphProto) -> String {
     hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Most piece sessions an emulation keeps for later runs (`run_pieces`).
-const PIECE_SESSIONS: usize = 32;
+/// Most piece sessions an emulation keeps for later runs (`run_pieces`). Runs that re-run every
+/// piece from some node to the end (`fix`'s trials) walk them in order, and a least recently used
+/// set smaller than the model's pieces loses each one before it is asked for again (a decoder of
+/// 11,201 nodes has 44 pieces of 256 nodes); the byte limit below bounds them.
+const PIECE_SESSIONS: usize = 128;
 /// Most bytes of program (weights mostly) the kept piece sessions may hold together.
 const PIECE_SESSION_BYTES: usize = 1 << 30;
 
