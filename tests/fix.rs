@@ -405,31 +405,31 @@ fn fix_measures_no_noise_floor_where_the_candidate_output_is_not_finite() {
 }
 
 /// Issue 38: the written file is converted with what ONNX Runtime refuses in the target type as
-/// found once before the search (a Conv reads bfloat16 only from opset 22), not type-checked a
-/// second time beside the child's load: the refused Conv stays FP32 in the file, which loads and
-/// holds.
+/// found once before the search (Celu takes float32 only), not type-checked a second time beside
+/// the child's load: the refused Celu stays FP32 in the file, which loads and holds.
 #[test]
-fn fix_writes_a_node_onnx_runtime_refuses_in_bf16_as_fp32() {
+fn fix_writes_a_node_onnx_runtime_refuses_in_fp16_as_fp32() {
     use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
     let dir = tempfile::tempdir().unwrap();
-    let mut b = ModelBuilder::new("conv", 17);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(8), Dim::from(8)]);
-    let w: Vec<f32> = (0..16).map(|i| 0.1 + 0.05 * i as f32).collect();
-    b.initializer(f32_tensor("conv_w", &[4, 4, 1, 1], &w));
-    b.node("Conv", "conv", &["x", "conv_w"], &["c"], vec![]);
+    let mut b = ModelBuilder::new("celu", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
+    b.initializer(f32_tensor("w", &[8], &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0]));
+    b.node("Mul", "mul", &["x", "w"], &["a"], vec![]);
+    b.node("Celu", "celu", &["a"], &["c"], vec![]);
     b.node("Relu", "relu", &["c"], &["y"], vec![]);
     b.output("y", DataType::Float);
     common::save(&b.build(), &dir.path().join("m.onnx"));
-    let out = common::layerwise(&["fix", "m.onnx", "--cand", "sim:bf16", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     let t = common::text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let f = common::json(&dir.path().join("fix.json"));
     assert_eq!(f["status"], "fixed", "{t}");
     let fp32 = f["fixed_model_fp32_nodes"].as_array().unwrap();
-    assert!(fp32.iter().any(|n| n[0] == "conv" && n[1].as_str().unwrap().contains("ONNX Runtime refuses Conv with BF16 inputs at opset 17")), "{}", f["fixed_model_fp32_nodes"]);
+    assert!(fp32.iter().any(|n| n[0] == "celu" && n[1].as_str().unwrap().contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")), "{}", f["fixed_model_fp32_nodes"]);
     assert_eq!(f["fixed_model_load"]["status"], "loads", "{}", f["fixed_model_load"]);
+    assert_eq!(f["fixed_model_check"]["pass"], true, "{}", f["fixed_model_check"]);
     let written = Model::load(&dir.path().join("fixed.onnx")).unwrap();
-    let conv_reads = &written.graph().node.iter().find(|n| n.name() == "conv").unwrap().input[1];
-    let weight = written.graph().initializer.iter().find(|w| w.name() == conv_reads.as_str()).unwrap();
-    assert_eq!(weight.data_type(), DataType::Float as i32, "the Conv's weight is stored in float32");
+    let celu = written.graph().node.iter().find(|n| n.name() == "celu").unwrap();
+    let cast = written.graph().node.iter().find(|n| n.output.first() == celu.input.first()).unwrap();
+    assert_eq!(cast.op_type(), "Cast", "an FP16 Mul feeds the FP32 Celu through a Cast");
 }
