@@ -517,9 +517,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             // bisect measured that keeping the angle fixes it).
             let left_for_the_fix = crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
             let target = FloorTarget { output: worst, candidate_error: candidate_error(worst), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed, quantizers: None };
-            let Search { steps, samples, judged, tolerances, .. } = &mut search;
-            let sample = &samples[*judged];
-            let floor = steps.run("measuring the noise floor", || noise_floor_of(reference.as_mut(), model, index, &sample.feeds, &sample.reference, tolerances.of(worst), target))?;
+            // Timed in run_info, shown as no step of its own (the progress lines stay as they were).
+            let started = std::time::Instant::now();
+            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
+            search.steps.record("measuring the noise floor", started.elapsed().as_secs_f64());
             if floor.ill_conditioned {
                 stuck = Some(format!(
                     "no small keep list can exist: output '{worst}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",
