@@ -100,7 +100,28 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
         Some(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, dims.as_deref())), ..Default::default() })
     };
     let shell = ModelProto { graph: None, ..converted.proto.clone() };
-    for nodes in graph.node.chunks(TYPE_CHECK_NODES) {
+    // What the check finds, a node's input types against its op's schema, is the same for every
+    // node of one op, attributes and input and output types (a decoder's repeated blocks): the
+    // first of each, in graph order, is checked, so the first refusal found is still the first.
+    let weight_types: HashMap<&str, (i32, &[i64])> = graph.initializer.iter().map(|w| (w.name(), (w.data_type(), w.dims.as_slice()))).collect();
+    let mut seen: HashSet<Vec<u8>> = HashSet::new();
+    let mut representatives: Vec<layerwise_model::onnx::NodeProto> = Vec::new();
+    for node in &graph.node {
+        use prost::Message;
+        let mut signature = layerwise_model::onnx::NodeProto { name: None, input: Vec::new(), output: Vec::new(), ..node.clone() }.encode_to_vec();
+        for t in node.input.iter().chain(&node.output) {
+            match weight_types.get(t.as_str()) {
+                Some((elem, dims)) => signature.extend(format!("|w{elem}{dims:?}").bytes()),
+                None if t.is_empty() => signature.extend(b"|-"),
+                // Untyped here: told apart by its name (checked on its own).
+                None => signature.extend(type_of(t).map_or_else(|| format!("|{t}"), |v| format!("|{:?}", v.r#type)).bytes()),
+            }
+        }
+        if seen.insert(signature) {
+            representatives.push(node.clone());
+        }
+    }
+    for nodes in representatives.chunks(TYPE_CHECK_NODES) {
         let made: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
         let mut inputs: Vec<ValueInfoProto> = Vec::new();
         let mut read: HashSet<&str> = HashSet::new();

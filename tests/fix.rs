@@ -433,3 +433,31 @@ fn fix_writes_a_node_onnx_runtime_refuses_in_fp16_as_fp32() {
     let cast = written.graph().node.iter().find(|n| n.output.first() == celu.input.first()).unwrap();
     assert_eq!(cast.op_type(), "Cast", "an FP16 Mul feeds the FP32 Celu through a Cast");
 }
+
+/// Issue 38: a converted model over 2,000 nodes is type-checked in pieces, and of nodes alike (op,
+/// attributes, input and output types) only the first: every node ONNX Runtime refuses in FP16
+/// is still found (three Celu among 2,400 Mul/Relu, at the start, the middle and the end).
+#[test]
+fn the_type_check_of_a_large_converted_model_finds_every_refused_node() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    let mut b = ModelBuilder::new("chain", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
+    b.initializer(f32_tensor("w", &[8], &[0.5; 8]));
+    let mut last = "x".to_string();
+    for i in 0..1200 {
+        let (m, r) = (format!("m{i}"), format!("r{i}"));
+        b.node("Mul", &format!("mul{i}"), &[&last, "w"], &[&m], vec![]);
+        let op = if [3, 700, 1190].contains(&i) { "Celu" } else { "Relu" };
+        b.node(op, &format!("act{i}"), &[&m], &[&r], vec![]);
+        last = r;
+    }
+    b.output(&last, DataType::Float);
+    let model = Model::from_proto(b.build(), "chain.onnx").unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
+    let (conversion, refused) = layerwise::keep::convert_checked(&model, &index, &float, &ConvertOptions::default()).unwrap();
+    assert_eq!(refused.keys().cloned().collect::<Vec<_>>(), ["act1190", "act3", "act700"], "{refused:?}");
+    assert!(refused.values().all(|why| why.contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")), "{refused:?}");
+    let converted = Model::from_proto(conversion.proto, "converted.onnx").unwrap();
+    layerwise_runtime::check_types(&converted).unwrap();
+}
