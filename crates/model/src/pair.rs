@@ -48,6 +48,13 @@ pub enum Side {
 ///
 /// Refused: candidate inputs the reference lacks, disagreeing opset versions.
 pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[String], candidate_names: &HashMap<String, String>) -> Result<PairedGraph, ModelError> {
+    paired_graph_of(reference.clone(), candidate.clone(), tensors, candidate_names)
+}
+
+/// [`paired_graph`], taking the two programs by value: their nodes and weights move into the
+/// paired graph instead of being copied (a large model's programs held twice were most of the
+/// paired step's peak memory).
+pub fn paired_graph_of(reference: ModelProto, mut candidate: ModelProto, tensors: &[String], candidate_names: &HashMap<String, String>) -> Result<PairedGraph, ModelError> {
     let rg = reference.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the reference program has no graph".into()))?;
     let cg = candidate.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the candidate program has no graph".into()))?;
     let ref_inputs: HashMap<&str, &ValueInfoProto> = rg.input.iter().map(|v| (v.name(), v)).collect();
@@ -70,10 +77,17 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
         return Err(ModelError::InvalidGraph(format!("the reference already has a tensor named '{n}', in the candidate's namespace")));
     }
     let rename = |n: &str| if n.is_empty() || shared.contains(n) { n.to_string() } else { format!("{CANDIDATE_PREFIX}{n}") };
+    // A tensor is there when a node computes it, or as a constant the program's optimizer folded.
+    let present = |g: &crate::onnx::GraphProto| -> HashSet<String> {
+        g.node.iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()).chain(g.initializer.iter().map(|t| t.name().to_string())).collect()
+    };
+    let (in_ref, in_cand) = (present(rg), present(cg));
+    let opset_import = merged_opsets(&reference, &candidate)?;
+    let ir_version = reference.ir_version.max(candidate.ir_version);
 
-    let mut out = reference.clone();
-    out.opset_import = merged_opsets(reference, candidate)?;
-    out.ir_version = reference.ir_version.max(candidate.ir_version);
+    let mut out = reference;
+    out.opset_import = opset_import;
+    out.ir_version = ir_version;
     let graph = out.graph.as_mut().expect("checked above");
     // An optimized program holds the tensors ONNX Runtime named when it inlined a function op
     // (HardSwish-14: `_inlfunc_HardSwish_HS_X`); the session inlines the candidate's calls under
@@ -99,7 +113,7 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
             ..Default::default()
         });
     }
-    let mut moved = cg.clone();
+    let mut moved = candidate.graph.take().expect("checked above");
     moved.input.clear();
     moved.output.clear();
     rename_graph(&mut moved, &rename);
@@ -108,11 +122,6 @@ pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[S
     graph.value_info.extend(moved.value_info);
     graph.node.extend(moved.node);
 
-    // A tensor is there when a node computes it, or as a constant the program's optimizer folded.
-    let present = |g: &crate::onnx::GraphProto| -> HashSet<String> {
-        g.node.iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()).chain(g.initializer.iter().map(|t| t.name().to_string())).collect()
-    };
-    let (in_ref, in_cand) = (present(rg), present(cg));
     let mut paired = Vec::new();
     let mut missing = Vec::new();
     let mut outputs = Vec::new();
@@ -429,77 +438,100 @@ pub struct Segment {
 /// activations. Why: ONNX Runtime's session build grows faster than the graph (its allocation
 /// planner), so segments of a bounded size keep the paired step linear in the model's size.
 ///
-/// `None` where the graph fits one segment, or has control flow (a subgraph reads outer tensors
-/// the split would have to follow; such graphs run in one session, as before).
-pub fn split_paired(paired: &ModelProto, max_nodes: usize) -> Option<Vec<Segment>> {
-    let graph = paired.graph.as_ref()?;
+/// Gives `paired` back where the graph fits one segment, or has control flow (a subgraph reads
+/// outer tensors the split would have to follow; such graphs run in one session, as before).
+/// Takes the graph by value: its nodes move into the segments (a copy of a 30,000-node graph
+/// beside the segments was most of the paired step's peak memory).
+pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segment>, ModelProto> {
+    let Some(graph) = paired.graph.as_ref() else { return Err(paired) };
     let max_nodes = max_nodes.max(1);
     if graph.node.len() <= max_nodes || graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())) {
-        return None;
+        return Err(paired);
     }
     let order = reduction_order(graph);
     let chunks: Vec<&[usize]> = order.chunks(max_nodes).collect();
-    // The segment computing each tensor, and the last segment reading it.
-    let mut made_in: HashMap<&str, usize> = HashMap::new();
-    let mut last_read: HashMap<&str, usize> = HashMap::new();
-    for (k, chunk) in chunks.iter().enumerate() {
-        for &i in *chunk {
-            for input in graph.node[i].input.iter().filter(|n| !n.is_empty()) {
-                last_read.insert(input.as_str(), k);
+    // What each segment reads and passes on, found while the graph is whole.
+    struct Plan {
+        border_inputs: Vec<String>,
+        border_outputs: Vec<String>,
+        initializers: Vec<usize>,
+        sparse: Vec<usize>,
+        inputs: Vec<usize>,
+        value_info: Vec<usize>,
+    }
+    let mut plans = Vec::with_capacity(chunks.len());
+    {
+        // The segment computing each tensor, and the last segment reading it.
+        let mut made_in: HashMap<&str, usize> = HashMap::new();
+        let mut last_read: HashMap<&str, usize> = HashMap::new();
+        for (k, chunk) in chunks.iter().enumerate() {
+            for &i in *chunk {
+                for input in graph.node[i].input.iter().filter(|n| !n.is_empty()) {
+                    last_read.insert(input.as_str(), k);
+                }
+                for output in graph.node[i].output.iter().filter(|n| !n.is_empty()) {
+                    made_in.insert(output.as_str(), k);
+                }
             }
-            for output in graph.node[i].output.iter().filter(|n| !n.is_empty()) {
-                made_in.insert(output.as_str(), k);
+        }
+        let initializers: HashMap<&str, usize> = graph.initializer.iter().enumerate().map(|(i, t)| (t.name(), i)).collect();
+        let sparse: HashMap<&str, usize> = graph.sparse_initializer.iter().enumerate().filter_map(|(i, s)| s.values.as_ref().map(|v| (v.name(), i))).collect();
+        let inputs: HashMap<&str, usize> = graph.input.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
+        let value_info: HashMap<&str, usize> = graph.value_info.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
+        for (k, chunk) in chunks.iter().enumerate() {
+            let mut plan = Plan { border_inputs: Vec::new(), border_outputs: Vec::new(), initializers: Vec::new(), sparse: Vec::new(), inputs: Vec::new(), value_info: Vec::new() };
+            let mut seen: HashSet<&str> = HashSet::new();
+            for &i in *chunk {
+                let node = &graph.node[i];
+                for input in node.input.iter().filter(|n| !n.is_empty()) {
+                    if !seen.insert(input.as_str()) {
+                        continue;
+                    }
+                    match made_in.get(input.as_str()) {
+                        Some(&at) if at == k => {}
+                        Some(_) => plan.border_inputs.push(input.clone()),
+                        None if initializers.contains_key(input.as_str()) => plan.initializers.push(initializers[input.as_str()]),
+                        None if sparse.contains_key(input.as_str()) => plan.sparse.push(sparse[input.as_str()]),
+                        None => plan.inputs.extend(inputs.get(input.as_str()).copied()),
+                    }
+                }
+                for output in node.output.iter().filter(|n| !n.is_empty()) {
+                    if last_read.get(output.as_str()).is_some_and(|&r| r > k) {
+                        plan.border_outputs.push(output.clone());
+                    }
+                    plan.value_info.extend(value_info.get(output.as_str()).copied());
+                }
             }
+            if plan.border_outputs.is_empty() {
+                let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
+                plan.border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
+            }
+            plans.push(plan);
         }
     }
-    let initializers: HashMap<&str, &crate::onnx::TensorProto> = graph.initializer.iter().map(|t| (t.name(), t)).collect();
-    let sparse: HashMap<&str, &crate::onnx::SparseTensorProto> =
-        graph.sparse_initializer.iter().filter_map(|s| s.values.as_ref().map(|v| (v.name(), s))).collect();
-    let inputs: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
-    let value_info: HashMap<&str, &ValueInfoProto> = graph.value_info.iter().map(|v| (v.name(), v)).collect();
+    let base = paired_without_graph(&paired);
+    let mut graph = paired.graph.take().expect("checked above");
+    let mut nodes: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node).into_iter().map(Some).collect();
     let mut segments = Vec::with_capacity(chunks.len());
-    for (k, chunk) in chunks.iter().enumerate() {
+    for (k, (chunk, plan)) in chunks.iter().zip(plans).enumerate() {
         let mut g = crate::onnx::GraphProto { name: Some(format!("{}_segment_{k}", graph.name())), ..Default::default() };
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut border_inputs = Vec::new();
-        let mut border_outputs = Vec::new();
-        for &i in *chunk {
-            let node = &graph.node[i];
-            for input in node.input.iter().filter(|n| !n.is_empty()) {
-                if !seen.insert(input.as_str()) {
-                    continue;
-                }
-                match made_in.get(input.as_str()) {
-                    Some(&at) if at == k => {}
-                    Some(_) => border_inputs.push(input.clone()),
-                    None if initializers.contains_key(input.as_str()) => g.initializer.push(initializers[input.as_str()].clone()),
-                    None if sparse.contains_key(input.as_str()) => g.sparse_initializer.push(sparse[input.as_str()].clone()),
-                    None => g.input.extend(inputs.get(input.as_str()).map(|v| (*v).clone())),
-                }
-            }
-            for output in node.output.iter().filter(|n| !n.is_empty()) {
-                if last_read.get(output.as_str()).is_some_and(|&r| r > k) {
-                    border_outputs.push(output.clone());
-                }
-                g.value_info.extend(value_info.get(output.as_str()).map(|v| (*v).clone()));
-            }
-            g.node.push(node.clone());
-        }
+        // Weights' bytes are shared, so a weight two segments read is not copied.
+        g.initializer = plan.initializers.iter().map(|&i| graph.initializer[i].clone()).collect();
+        g.sparse_initializer = plan.sparse.iter().map(|&i| graph.sparse_initializer[i].clone()).collect();
+        g.input = plan.inputs.iter().map(|&i| graph.input[i].clone()).collect();
+        g.value_info = plan.value_info.iter().map(|&i| graph.value_info[i].clone()).collect();
         // As in the whole graph, the segment's reductions go last, last-first: ONNX Runtime's
         // execution order walks from them, and so reduces each pair soon after it exists.
-        let (mut reductions, mut nodes): (Vec<NodeProto>, Vec<NodeProto>) = g.node.drain(..).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
+        let (mut reductions, mut moved): (Vec<NodeProto>, Vec<NodeProto>) =
+            chunk.iter().map(|&i| nodes[i].take().expect("each node is in one chunk")).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
         reductions.reverse();
-        nodes.extend(reductions);
-        g.node = nodes;
-        if border_outputs.is_empty() {
-            let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
-            border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
-        }
-        g.output = border_outputs.iter().map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() }).collect();
-        let proto = ModelProto { graph: Some(g), ..paired_without_graph(paired) };
-        segments.push(Segment { proto, border_inputs, border_outputs });
+        moved.extend(reductions);
+        g.node = moved;
+        g.output = plan.border_outputs.iter().map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() }).collect();
+        let proto = ModelProto { graph: Some(g), ..base.clone() };
+        segments.push(Segment { proto, border_inputs: plan.border_inputs, border_outputs: plan.border_outputs });
     }
-    Some(segments)
+    Ok(segments)
 }
 
 /// What a segment keeps of the paired model besides its graph: what its nodes' meaning rests on.
@@ -585,8 +617,8 @@ mod split_tests {
     fn segments_hold_every_node_once_in_an_order_that_computes_what_each_reads_first() {
         let paired = paired_chain(100);
         let all = paired.proto.graph.as_ref().unwrap();
-        assert!(split_paired(&paired.proto, all.node.len()).is_none(), "a graph that fits one segment stays whole");
-        let segments = split_paired(&paired.proto, 7).unwrap();
+        assert!(split_paired(paired.proto.clone(), all.node.len()).is_err(), "a graph that fits one segment stays whole");
+        let segments = split_paired(paired.proto.clone(), 7).unwrap();
         assert_eq!(segments.len(), all.node.len().div_ceil(7));
         let mut computed: HashSet<String> = HashSet::new();
         let mut passed_on: HashSet<String> = HashSet::new();
@@ -628,6 +660,6 @@ mod split_tests {
         let mut paired = paired_chain(30);
         let g = paired.proto.graph.as_mut().unwrap();
         g.node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
-        assert!(split_paired(&paired.proto, 7).is_none());
+        assert!(split_paired(paired.proto.clone(), 7).is_err());
     }
 }

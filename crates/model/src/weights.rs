@@ -115,3 +115,22 @@ pub fn scan_fp16_weight_range(model: &Model) -> Result<Vec<WeightRange>, ModelEr
     found.sort_by(|a, b| b.overflow_count.cmp(&a.overflow_count).then(b.max_abs.total_cmp(&a.max_abs)));
     Ok(found)
 }
+
+/// Gives `target` (a runtime's rewrite of `source`, read back from one file buffer) the bytes of
+/// `source`'s weights wherever a weight kept its name and values, and its own copy of every
+/// other weight, so that the file buffer goes when nothing else of `target` holds it: an
+/// optimized program of a large model would otherwise hold a second copy of every weight.
+pub fn share_unchanged_weights(target: &mut crate::onnx::ModelProto, source: &crate::onnx::ModelProto) {
+    let Some(theirs) = source.graph.as_ref() else { return };
+    let by_name: std::collections::HashMap<&str, &bytes::Bytes> =
+        theirs.initializer.iter().filter_map(|t| t.raw_data.as_ref().map(|raw| (t.name(), raw))).collect();
+    let Some(graph) = target.graph.as_mut() else { return };
+    for t in graph.initializer.iter_mut() {
+        let same = by_name.get(t.name()).copied();
+        let Some(raw) = t.raw_data.as_mut() else { continue };
+        *raw = match same {
+            Some(same) if same == raw => same.clone(),
+            _ => bytes::Bytes::copy_from_slice(raw),
+        };
+    }
+}

@@ -79,7 +79,9 @@ impl OrtBackend {
         drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
         drop(source);
         release_freed_memory();
-        Ok(layerwise_model::Model::read_proto(&path)?)
+        let mut optimized = layerwise_model::Model::read_proto(&path)?;
+        layerwise_model::share_unchanged_weights(&mut optimized, proto);
+        Ok(optimized)
     }
 }
 

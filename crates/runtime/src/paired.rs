@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use layerwise_model::onnx::{ModelProto, TypeProto, ValueInfoProto};
-use layerwise_model::pair::{paired_graph, split_paired, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
+use layerwise_model::pair::{paired_graph_of, split_paired, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
 use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
@@ -65,7 +65,8 @@ pub fn run_paired(
     reducer: Arc<dyn PairReducer>,
 ) -> Result<PairedRun, RuntimeError> {
     let shapes: Vec<(String, Vec<usize>)> = inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-    PairedSession::build(Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() }, tensors, &shapes)?.run(inputs, reducer)
+    let programs = Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() };
+    PairedSession::build(programs, tensors, &shapes, SegmentSessions::BuiltPerRun)?.run(inputs, reducer)
 }
 
 /// The two programs a paired session computes, and the models they come from.
@@ -93,13 +94,36 @@ pub struct PairedSession {
     log_id: String,
     /// What every run reports besides the log lines of that run.
     template: PairedRun,
+    /// How the segments' sessions are built and run.
+    options: OrtOptions,
+    /// The types ONNX Runtime gave the values crossing a border, declared where they are read.
+    border_types: HashMap<String, TypeProto>,
+    /// Whether the segments' sessions are kept between runs.
+    sessions: SegmentSessions,
     /// Holds the weights file the session maps.
     _scratch: layerwise_model::scratch::ScratchDir,
 }
 
+/// Whether a split paired graph keeps every segment's session between runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegmentSessions {
+    /// Built once, all held: for sample sets, whose later samples run in them.
+    Kept,
+    /// Each built when its turn comes and released once it ran, so that ONNX Runtime holds one
+    /// segment's graph and weights at a time (one sample: nothing runs them again).
+    BuiltPerRun,
+}
+
 /// One ONNX Runtime session of a paired graph, and what crosses its borders.
 struct SegmentSession {
-    session: Session,
+    /// `None` between runs where sessions are built per run.
+    session: Option<Session>,
+    /// The segment's graph (weights written apart) and the folder they are read from, without
+    /// the border inputs, whose types are known once the segments before it are built.
+    graph: Vec<u8>,
+    weights_folder: std::path::PathBuf,
+    /// The values from earlier segments it reads.
+    reads: Vec<String>,
     /// Its outputs that later segments read.
     passed_on: Vec<String>,
     /// Values from earlier segments that no later segment reads: freed once this one ran.
@@ -110,13 +134,19 @@ impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
     /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
-    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)]) -> Result<PairedSession, RuntimeError> {
-        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes())
+    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], sessions: SegmentSessions) -> Result<PairedSession, RuntimeError> {
+        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes(), sessions)
     }
 
     /// [`PairedSession::build`], with a paired graph of more than `max_nodes` nodes split into
     /// segments of at most that many ([`split_paired`]), each its own session.
-    pub fn build_in_segments(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], max_nodes: usize) -> Result<PairedSession, RuntimeError> {
+    pub fn build_in_segments(
+        programs: Programs<'_>,
+        tensors: &[String],
+        input_shapes: &[(String, Vec<usize>)],
+        max_nodes: usize,
+        sessions: SegmentSessions,
+    ) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
@@ -140,7 +170,10 @@ impl PairedSession {
                 None => kept.push(t.clone()),
             }
         }
-        let mut graph = paired_graph(&reference.proto, &candidate.proto, &kept, candidate_names)?;
+        // The programs' nodes and weights move into the paired graph: with the programs gone,
+        // each weight's memory goes as it is written out, and ONNX Runtime maps the file instead
+        // of parsing copies.
+        let mut graph = paired_graph_of(reference.proto, candidate.proto, &kept, candidate_names)?;
         if let Some(g) = graph.proto.graph.as_mut() {
             layerwise_model::pair::pin_input_shapes(g, input_shapes);
         }
@@ -154,19 +187,12 @@ impl PairedSession {
         }
         template.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
-        // The programs' weights are shared with the paired graph: with the programs gone, each
-        // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
-        // parsing copies.
-        drop((reference.proto, candidate.proto));
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
         let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
-        let pieces = match split_paired(&graph.proto, max_nodes) {
-            Some(segments) => {
-                // The segments share the weights' bytes: each weight goes once its last is written.
-                drop(graph.proto);
-                segments.into_iter().map(|s| (s.proto, s.border_inputs, s.border_outputs)).collect()
-            }
-            None => vec![(graph.proto, Vec::new(), Vec::new())],
+        // The segments share the weights' bytes: each weight goes once its last is written.
+        let pieces = match split_paired(graph.proto, max_nodes) {
+            Ok(segments) => segments.into_iter().map(|s| (s.proto, s.border_inputs, s.border_outputs)).collect(),
+            Err(whole) => vec![(whole, Vec::new(), Vec::new())],
         };
         template.segments = pieces.len();
         let split = pieces.len() > 1;
@@ -182,41 +208,77 @@ impl PairedSession {
             last_read_here[k].push(name.to_string());
         }
         crate::ort_backend::release_freed_memory();
-        // The types ONNX Runtime gave the values crossing a border, declared where they are read.
-        let mut border_types: HashMap<String, TypeProto> = HashMap::new();
         let mut segments = Vec::with_capacity(pieces.len());
-        for (k, ((mut proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
-            if let Some(g) = proto.graph.as_mut() {
-                for name in &reads {
-                    let ty = border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
-                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
-                }
-            }
+        for (k, ((proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
             // Each segment writes its weights in its own folder.
             let folder = scratch.path().join(format!("segment-{k}"));
             std::fs::create_dir_all(&folder).map_err(|e| RuntimeError::Io { path: folder.clone(), cause: e })?;
-            let (bytes, folder) = if weights_in_place {
+            let (graph, weights_folder) = if weights_in_place {
                 // Both sides map the model's own weight file; nothing is copied.
                 let (bytes, external) = model.runtime_bytes(&proto, &folder)?;
                 (bytes, external.unwrap_or(folder))
             } else {
                 model.runtime_bytes_weights_apart(proto, &folder)?
             };
-            let domain = OperatorDomain::new(PAIR_DOMAIN)
-                .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
-                .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: false };
-            let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
-            let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
-            for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
-                if let Some(ty) = tensor_type(output.dtype()) {
-                    border_types.insert(output.name().to_string(), ty);
+            segments.push(SegmentSession { session: None, graph, weights_folder, reads, passed_on, last_read_here });
+        }
+        let sessions = if split { sessions } else { SegmentSessions::Kept };
+        let mut paired = PairedSession {
+            segments,
+            reducer,
+            label,
+            log_id: reference.log_id,
+            template,
+            options,
+            border_types: HashMap::new(),
+            sessions,
+            _scratch: scratch,
+        };
+        if sessions == SegmentSessions::Kept {
+            for k in 0..paired.segments.len() {
+                paired.build_segment(k)?;
+                // A kept session is never rebuilt.
+                paired.segments[k].graph = Vec::new();
+            }
+        }
+        Ok(paired)
+    }
+
+    /// Builds segment `k`'s session (every segment before it has been built once, so that the
+    /// types of what crosses its border are known) and keeps the types of what it passes on.
+    fn build_segment(&mut self, k: usize) -> Result<(), RuntimeError> {
+        let label = self.label.clone();
+        let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
+        let segment = &self.segments[k];
+        let graph = if segment.reads.is_empty() {
+            std::borrow::Cow::Borrowed(&segment.graph)
+        } else {
+            use prost::Message;
+            let mut proto = ModelProto::decode(segment.graph.as_slice()).map_err(|e| err(format!("segment {k} cannot be read back: {e}")))?;
+            if let Some(g) = proto.graph.as_mut() {
+                for name in &segment.reads {
+                    let ty = self.border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
+                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
                 }
             }
-            segments.push(SegmentSession { session, passed_on, last_read_here });
+            std::borrow::Cow::Owned(proto.encode_to_vec())
+        };
+        let domain = OperatorDomain::new(PAIR_DOMAIN)
+            .and_then(|d| d.add(ReducePair { reducer: self.reducer.clone() }))
+            .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+        let split = self.segments.len() > 1;
+        let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: false };
+        let source = ModelSource::Memory { bytes: &graph, external_folder: Some(&segment.weights_folder) };
+        let session = build_session(&self.label, &self.options, &self.log_id, source, OptLevel::Disable, extras)?;
+        for output in session.outputs().iter().filter(|o| segment.passed_on.iter().any(|n| n == o.name())) {
+            if let Some(ty) = tensor_type(output.dtype()) {
+                self.border_types.insert(output.name().to_string(), ty);
+            }
         }
-        Ok(PairedSession { segments, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
+        self.segments[k].session = Some(session);
+        Ok(())
     }
+
 
     /// Runs the session on `inputs`, handing each pair to `reducer`.
     pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
@@ -249,20 +311,24 @@ impl PairedSession {
     /// Runs the segments in order, each fed with the graph inputs it reads and the values earlier
     /// segments passed on; a value is freed after the last segment that reads it.
     fn run_segments(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
-        let label = &self.label;
+        let label = self.label.clone();
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
         let mut border: HashMap<String, DynValue> = HashMap::new();
         // Graph inputs, converted once however many segments read them.
         let mut fed: HashMap<String, DynValue> = HashMap::new();
         let split = self.segments.len() > 1;
-        for segment in &mut self.segments {
-            for input in segment.session.inputs() {
+        for k in 0..self.segments.len() {
+            if self.segments[k].session.is_none() {
+                self.build_segment(k)?;
+            }
+            let segment = &mut self.segments[k];
+            let session = segment.session.as_mut().expect("built just above");
+            for input in session.inputs() {
                 if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
-                    fed.insert(input.name().to_string(), feed(input, inputs, label)?);
+                    fed.insert(input.name().to_string(), feed(input, inputs, &label)?);
                 }
             }
-            let feeds: Vec<(String, SessionInputValue<'_>)> = segment
-                .session
+            let feeds: Vec<(String, SessionInputValue<'_>)> = session
                 .inputs()
                 .iter()
                 .map(|i| {
@@ -270,15 +336,19 @@ impl PairedSession {
                     (i.name().to_string(), SessionInputValue::from(value))
                 })
                 .collect();
-            let mut outputs = segment.session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
+            let mut outputs = session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
             let passed: Vec<(String, DynValue)> = segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
             drop(outputs);
+            if self.sessions == SegmentSessions::BuiltPerRun {
+                segment.session = None;
+            }
             for name in &segment.last_read_here {
                 border.remove(name);
             }
             border.extend(passed);
             if split {
-                // What the segment's kernels freed goes back to the system before the next one runs.
+                // What the segment's kernels (and a released session) freed goes back to the
+                // system before the next one runs.
                 crate::ort_backend::release_freed_memory();
             }
         }
