@@ -145,7 +145,9 @@ pub struct FixReport {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<String>,
     /// How sensitive the worst output is to one rounding of every value the candidate rounds
-    /// (see bisect).
+    /// (see bisect). Null where not measured: the search passed, `--no-noise-floor`, or the
+    /// candidate's error on the worst output is not finite (no finite floor can match it, so it
+    /// could not stop the search).
     pub noise_floor: Option<NoiseFloor>,
     /// Error of every model output before (nothing kept) and after (with the keep list).
     pub outputs: Vec<OutputChange>,
