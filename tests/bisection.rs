@@ -188,3 +188,43 @@ fn many_samples_are_aggregated_and_the_triggering_sample_named() {
     let err = bisect_model(&m, &o).err().expect("no samples").to_string();
     assert!(err.contains("no .npz files"), "{err}");
 }
+
+/// x -> Mul(1e6) (overflows FP16) -> 300 Neg nodes -> y: a blame chain of 301 nodes, of which
+/// the 128 nearest the first divergent layer are run alone.
+fn long_tail_after_an_overflow() -> ModelProto {
+    let mut b = ModelBuilder::new("long_tail", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("k", &[1], &[1e6]));
+    b.node("Mul", "scale", &["x", "k"], &["t0"], vec![]);
+    for i in 0..300 {
+        let out = if i == 299 { "y".to_string() } else { format!("t{}", i + 1) };
+        b.node("Neg", &format!("neg{i}"), &[&format!("t{i}")], &[&out], vec![]);
+    }
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn isolation_runs_the_reference_only_up_to_the_chain_nodes_it_runs_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    common::save(&long_tail_after_an_overflow(), &dir.path().join("m.onnx"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["bisect", "m.onnx", "--json", "r.json", "--quiet"])
+        .env("LAYERWISE_TIMING", "1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let text = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    // The nodes after the 128 run alone are not run on the reference for them.
+    assert!(text.contains("isolation: reference part of 128 of 301 nodes"), "{text}");
+    let report = common::json(&dir.path().join("r.json"));
+    let iso = &report["isolation"];
+    assert_eq!(iso["introducing"], "scale", "{iso}");
+    let nodes = iso["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 128);
+    // Each Neg alone is fed the reference's values, which it negates exactly.
+    for n in nodes.iter().filter(|n| n["node"] != "scale") {
+        assert_eq!(n["role"], "propagates", "{n}");
+    }
+}

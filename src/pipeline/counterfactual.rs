@@ -37,6 +37,9 @@ pub(super) fn counterfactual(
     if !keeper.emulated() && job.cand_model.is_none() {
         return Ok(None);
     }
+    let started = std::time::Instant::now();
+    keeper.as_written(&[]);
+    super::steps::timing("counterfactual: the converter's own FP32 nodes", started);
     let mut candidates: Vec<(String, &'static str)> = Vec::new();
     if let Some(fd) = &verdict.first_divergent {
         candidates.push((fd.node.clone(), "first_divergent"));

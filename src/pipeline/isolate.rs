@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use layerwise_analysis::{Isolation, LocalError, Verdict};
 use layerwise_model::extract::{extract_groups_pulling, TensorType};
 use layerwise_model::{GraphIndex, Selection};
@@ -15,6 +15,7 @@ const ISOLATE_MAX: usize = 128;
 
 /// Runs each blame-chain node alone on the candidate, fed the reference's values.
 pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Result<Isolation> {
+    let started = std::time::Instant::now();
     let mut skipped = Vec::new();
     let mut groups: Vec<Vec<String>> = Vec::new();
     let mut steps_by_node = Vec::new();
@@ -69,8 +70,10 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         let r = held.expect("checked");
         wanted.iter().map(|t| (t.clone(), r[t].clone())).collect()
     } else {
-        job.run_reference(feeds, &Selection::Names(wanted.clone()))?.tensors
+        reference_values(job, feeds, &wanted)?
     };
+    super::steps::timing("isolation: reference values", started);
+    let started = std::time::Instant::now();
     let graph_inputs: HashMap<&str, &Tensor> = feeds.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let value = |t: &str| {
         let t = reference_of.get(t).map_or(t, String::as_str);
@@ -102,6 +105,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     let quantizer = |t: &str| job.judging.quantization.is_some() && !chain_twin(t) && source_index.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear");
     let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t);
     let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;
+    super::steps::timing("isolation: extracted", started);
+    let started = std::time::Instant::now();
     let extracted = source.derived(extraction.proto, "isolated.onnx");
     let extracted_index = GraphIndex::build(extracted.graph())?;
     let mut local_feeds = Vec::new();
@@ -113,6 +118,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     }
     job.candidate.keep_fp32(&[]);
     let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
+    super::steps::timing("isolation: candidate run", started);
+    let started = std::time::Instant::now();
     let mut nodes = Vec::new();
     for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
         let twin = job.cand_names.get(&step.tensor).unwrap_or(&step.tensor);
@@ -168,6 +175,7 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             note,
         });
     }
+    super::steps::timing("isolation: judged", started);
     let topo = |n: &str| job.index.node(n).map_or(0, |i| i.topo_index);
     let introducing = nodes
         .iter()
@@ -175,4 +183,82 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         .max_by(|a, b| a.local_error.total_cmp(&b.local_error).then(topo(&b.node).cmp(&topo(&a.node))))
         .map(|n| n.node.clone());
     Ok(Isolation { nodes, introducing, skipped })
+}
+
+/// The reference's values of `wanted`, from a run of only the nodes they are computed from: the
+/// chain run alone ends at the first divergent layer, often far from the outputs, and nothing
+/// after it is read. Every tensor that part computes and a later node reads (or a model output) is
+/// a graph output of the part, as `wanted` is: ONNX Runtime fuses no node across a tensor it must
+/// return, as it fuses none across one that a node outside the pattern reads in the whole graph,
+/// so the part computes what the whole model computes. The whole model runs where the part is all
+/// of it or holds a node with a subgraph.
+fn reference_values(job: &mut Job, feeds: &[(String, Tensor)], wanted: &[String]) -> Result<HashMap<String, Tensor>> {
+    let index = &job.index;
+    let mut part = vec![false; index.nodes.len()];
+    let mut stack: Vec<usize> = wanted.iter().filter_map(|t| index.producer_index(t)).collect();
+    while let Some(i) = stack.pop() {
+        if std::mem::replace(&mut part[i], true) {
+            continue;
+        }
+        stack.extend(index.nodes[i].all_inputs().filter_map(|t| index.producer_index(t)));
+    }
+    let in_part = part.iter().filter(|&&p| p).count();
+    if in_part == index.nodes.len() || index.nodes.iter().zip(&part).any(|(n, &p)| p && n.has_subgraphs) {
+        return Ok(job.run_reference(feeds, &Selection::Names(wanted.to_vec()))?.tensors);
+    }
+    let started = std::time::Instant::now();
+    let graph = job.model.graph();
+    let mut boundary: Vec<String> = Vec::new();
+    for node in index.nodes.iter().zip(&part).filter(|(_, &p)| p).map(|(n, _)| n) {
+        for t in node.outputs.iter().filter(|t| !t.is_empty()) {
+            if index.outputs.contains(t) || index.consumers(t).iter().any(|&c| !part[c]) {
+                boundary.push(t.clone());
+            }
+        }
+    }
+    let kept: std::collections::HashSet<usize> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).map(|(n, _)| n.proto_index).collect();
+    let read: std::collections::HashSet<&str> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).flat_map(|(n, _)| n.all_inputs().map(String::as_str)).collect();
+    let made: std::collections::HashSet<&str> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).flat_map(|(n, _)| n.outputs.iter().map(String::as_str)).collect();
+    // The model's own outputs in the part keep their declared types; the rest carry a name only,
+    // as `expose` adds them.
+    let mut output: Vec<layerwise_model::onnx::ValueInfoProto> = graph.output.iter().filter(|v| made.contains(v.name())).cloned().collect();
+    for t in &boundary {
+        if !output.iter().any(|v| v.name() == t) {
+            output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t.clone()), ..Default::default() });
+        }
+    }
+    let part_graph = layerwise_model::onnx::GraphProto {
+        node: graph.node.iter().enumerate().filter(|(k, _)| kept.contains(k)).map(|(_, n)| n.clone()).collect(),
+        initializer: graph.initializer.iter().filter(|w| read.contains(w.name())).cloned().collect(),
+        sparse_initializer: graph.sparse_initializer.iter().filter(|w| w.values.as_ref().is_some_and(|v| read.contains(v.name()))).cloned().collect(),
+        input: graph.input.iter().filter(|v| !index.is_initializer(v.name()) || read.contains(v.name())).cloned().collect(),
+        value_info: graph.value_info.iter().filter(|v| made.contains(v.name())).cloned().collect(),
+        output,
+        name: graph.name.clone(),
+        doc_string: graph.doc_string.clone(),
+        quantization_annotation: graph.quantization_annotation.clone(),
+        metadata_props: graph.metadata_props.clone(),
+    };
+    let proto = &job.model.proto;
+    let part_proto = layerwise_model::onnx::ModelProto {
+        ir_version: proto.ir_version,
+        opset_import: proto.opset_import.clone(),
+        producer_name: proto.producer_name.clone(),
+        producer_version: proto.producer_version.clone(),
+        domain: proto.domain.clone(),
+        model_version: proto.model_version,
+        doc_string: proto.doc_string.clone(),
+        graph: Some(part_graph),
+        metadata_props: proto.metadata_props.clone(),
+        training_info: proto.training_info.clone(),
+        functions: proto.functions.clone(),
+        ..Default::default()
+    };
+    let part_model = job.model.derived(part_proto, "isolation-reference.onnx");
+    let part_index = GraphIndex::build(part_model.graph())?;
+    super::steps::timing(&format!("isolation: reference part of {in_part} of {} nodes", index.nodes.len()), started);
+    let request = RunRequest { model: &part_model, index: &part_index, inputs: feeds, selection: &Selection::Names(wanted.to_vec()) };
+    let mut out = job.reference.run(&request).with_context(|| format!("reference {}", job.options.reference))?;
+    layerwise_analysis::add_passed_through(job.model.graph(), &job.index, feeds, &mut out.tensors);
+    Ok(out.tensors)
 }

@@ -148,11 +148,15 @@ fn largest_over_seeds(
         // Seeds of their own, apart from the input generator's.
         let seed = target.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(salt + i);
         seeds.push(seed);
+        let started = std::time::Instant::now();
         let Some((proto, new_graph)) = perturb(seed)? else { break };
         let perturbed = model.derived(proto, "noise-floor.onnx");
         let own_index = if new_graph { Some(GraphIndex::build(perturbed.graph())?) } else { None };
+        super::steps::timing("noise floor: perturbed model", started);
+        let started = std::time::Instant::now();
         let selection = Selection::Names(Vec::new());
         let out = reference.run(&RunRequest { model: &perturbed, index: own_index.as_ref().unwrap_or(index), inputs: feeds, selection: &selection })?;
+        super::steps::timing("noise floor: perturbed run", started);
         let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
             bail!("the perturbed run returned no '{}'", target.output);
         };

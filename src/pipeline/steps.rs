@@ -88,3 +88,11 @@ impl Steps {
         d
     }
 }
+
+/// With `LAYERWISE_TIMING` set, prints how long `what` took since `started` (stderr), for the
+/// benchmarks' breakdown of a step.
+pub(crate) fn timing(what: &str, started: Instant) {
+    if std::env::var_os("LAYERWISE_TIMING").is_some() {
+        eprintln!("[timing] {what}: {:.2}s", started.elapsed().as_secs_f64());
+    }
+}
