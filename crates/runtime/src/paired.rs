@@ -140,7 +140,9 @@ impl PairedSession {
                 None => kept.push(t.clone()),
             }
         }
+        crate::ort_backend::timing_mark(|| "paired build: start".into());
         let mut graph = paired_graph(&reference.proto, &candidate.proto, &kept, candidate_names)?;
+        crate::ort_backend::timing_mark(|| "paired build: paired graph".into());
         if let Some(g) = graph.proto.graph.as_mut() {
             layerwise_model::pair::pin_input_shapes(g, input_shapes);
         }
@@ -158,6 +160,7 @@ impl PairedSession {
         // weight's memory goes as it is written out, and ONNX Runtime maps the file instead of
         // parsing copies.
         drop((reference.proto, candidate.proto));
+        crate::ort_backend::timing_mark(|| "paired build: programs dropped".into());
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
         let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
         let pieces = match split_paired(&graph.proto, max_nodes) {
@@ -168,6 +171,7 @@ impl PairedSession {
             }
             None => vec![(graph.proto, Vec::new(), Vec::new())],
         };
+        crate::ort_backend::timing_mark(|| "paired build: split".into());
         template.segments = pieces.len();
         let split = pieces.len() > 1;
         // The last segment reading each border value.
@@ -182,6 +186,8 @@ impl PairedSession {
             last_read_here[k].push(name.to_string());
         }
         crate::ort_backend::release_freed_memory();
+        crate::ort_backend::timing_mark(|| "paired build: borders".into());
+        let (mut t_bytes, mut t_build) = (0.0, 0.0);
         // The types ONNX Runtime gave the values crossing a border, declared where they are read.
         let mut border_types: HashMap<String, TypeProto> = HashMap::new();
         let mut segments = Vec::with_capacity(pieces.len());
@@ -195,6 +201,7 @@ impl PairedSession {
             // Each segment writes its weights in its own folder.
             let folder = scratch.path().join(format!("segment-{k}"));
             std::fs::create_dir_all(&folder).map_err(|e| RuntimeError::Io { path: folder.clone(), cause: e })?;
+            let writing = std::time::Instant::now();
             let (bytes, folder) = if weights_in_place {
                 // Both sides map the model's own weight file; nothing is copied.
                 let (bytes, external) = model.runtime_bytes(&proto, &folder)?;
@@ -202,10 +209,11 @@ impl PairedSession {
             } else {
                 model.runtime_bytes_weights_apart(proto, &folder)?
             };
+            let building = std::time::Instant::now();
             let domain = OperatorDomain::new(PAIR_DOMAIN)
                 .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
                 .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: false };
+            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: split };
             let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
             let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
             for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
@@ -213,8 +221,11 @@ impl PairedSession {
                     border_types.insert(output.name().to_string(), ty);
                 }
             }
+            t_bytes += (building - writing).as_secs_f64();
+            t_build += building.elapsed().as_secs_f64();
             segments.push(SegmentSession { session, passed_on, last_read_here });
         }
+        crate::ort_backend::timing_mark(|| format!("paired build: {} sessions (bytes {t_bytes:.2}s, builds {t_build:.2}s)", segments.len()));
         Ok(PairedSession { segments, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
     }
 
