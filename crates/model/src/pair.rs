@@ -422,6 +422,13 @@ pub struct Segment {
     pub border_outputs: Vec<String>,
 }
 
+/// Whether [`split_paired`] splits `paired` into segments of at most `max_nodes` nodes: not where
+/// the graph fits one segment, or has control flow (a subgraph reads outer tensors the split would
+/// have to follow; such graphs run in one session, as before).
+pub fn worth_splitting(paired: &ModelProto, max_nodes: usize) -> bool {
+    paired.graph.as_ref().is_some_and(|graph| graph.node.len() > max_nodes.max(1) && !graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())))
+}
+
 /// Splits `paired` (a [`paired_graph`]'s model, reductions included) into segments of at most
 /// `max_nodes` nodes, in an order that reduces each pair right after both sides computed it
 /// (the reductions' order, each preceded by what it needs, reference side first), so that few
@@ -429,14 +436,15 @@ pub struct Segment {
 /// activations. Why: ONNX Runtime's session build grows faster than the graph (its allocation
 /// planner), so segments of a bounded size keep the paired step linear in the model's size.
 ///
-/// `None` where the graph fits one segment, or has control flow (a subgraph reads outer tensors
-/// the split would have to follow; such graphs run in one session, as before).
-pub fn split_paired(paired: &ModelProto, max_nodes: usize) -> Option<Vec<Segment>> {
-    let graph = paired.graph.as_ref()?;
-    let max_nodes = max_nodes.max(1);
-    if graph.node.len() <= max_nodes || graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())) {
+/// The nodes move into the segments (a 200,000-node model's paired graph holds a million: cloned
+/// and then dropped, they were a tenth of the run). `None`, and nothing taken, where
+/// [`worth_splitting`] says no.
+pub fn split_paired(paired: &mut ModelProto, max_nodes: usize) -> Option<Vec<Segment>> {
+    if !worth_splitting(paired, max_nodes) {
         return None;
     }
+    let max_nodes = max_nodes.max(1);
+    let graph = paired.graph.as_ref()?;
     let order = reduction_order(graph);
     let chunks: Vec<&[usize]> = order.chunks(max_nodes).collect();
     // The segment computing each tensor, and the last segment reading it.
@@ -483,21 +491,24 @@ pub fn split_paired(paired: &ModelProto, max_nodes: usize) -> Option<Vec<Segment
                 }
                 g.value_info.extend(value_info.get(output.as_str()).map(|v| (*v).clone()));
             }
-            g.node.push(node.clone());
         }
-        // As in the whole graph, the segment's reductions go last, last-first: ONNX Runtime's
-        // execution order walks from them, and so reduces each pair soon after it exists.
-        let (mut reductions, mut nodes): (Vec<NodeProto>, Vec<NodeProto>) = g.node.drain(..).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
-        reductions.reverse();
-        nodes.extend(reductions);
-        g.node = nodes;
         if border_outputs.is_empty() {
             let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
             border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
         }
         g.output = border_outputs.iter().map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() }).collect();
-        let proto = ModelProto { graph: Some(g), ..paired_without_graph(paired) };
-        segments.push(Segment { proto, border_inputs, border_outputs });
+        segments.push(Segment { proto: ModelProto { graph: Some(g), ..paired_without_graph(paired) }, border_inputs, border_outputs });
+    }
+    // The nodes themselves, moved: as in the whole graph, each segment's reductions go last,
+    // last-first (ONNX Runtime's execution order walks from them, and so reduces each pair soon
+    // after it exists).
+    let mut nodes: Vec<Option<NodeProto>> = std::mem::take(&mut paired.graph.as_mut()?.node).into_iter().map(Some).collect();
+    for (segment, chunk) in segments.iter_mut().zip(chunks) {
+        let taken = chunk.iter().map(|&i| nodes[i].take().expect("every node is in one chunk"));
+        let (mut reductions, mut kept): (Vec<NodeProto>, Vec<NodeProto>) = taken.partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
+        reductions.reverse();
+        kept.extend(reductions);
+        segment.proto.graph.as_mut().expect("built above").node = kept;
     }
     Some(segments)
 }
@@ -585,8 +596,8 @@ mod split_tests {
     fn segments_hold_every_node_once_in_an_order_that_computes_what_each_reads_first() {
         let paired = paired_chain(100);
         let all = paired.proto.graph.as_ref().unwrap();
-        assert!(split_paired(&paired.proto, all.node.len()).is_none(), "a graph that fits one segment stays whole");
-        let segments = split_paired(&paired.proto, 7).unwrap();
+        assert!(split_paired(&mut paired.proto.clone(), all.node.len()).is_none(), "a graph that fits one segment stays whole");
+        let segments = split_paired(&mut paired.proto.clone(), 7).unwrap();
         assert_eq!(segments.len(), all.node.len().div_ceil(7));
         let mut computed: HashSet<String> = HashSet::new();
         let mut passed_on: HashSet<String> = HashSet::new();
@@ -628,6 +639,8 @@ mod split_tests {
         let mut paired = paired_chain(30);
         let g = paired.proto.graph.as_mut().unwrap();
         g.node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
-        assert!(split_paired(&paired.proto, 7).is_none());
+        let before = paired.proto.clone();
+        assert!(split_paired(&mut paired.proto, 7).is_none());
+        assert_eq!(paired.proto, before, "nothing taken from a graph left whole");
     }
 }

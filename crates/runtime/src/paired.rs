@@ -163,7 +163,7 @@ impl PairedSession {
         crate::ort_backend::timing_mark(|| "paired build: programs dropped".into());
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
         let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
-        let pieces = match split_paired(&graph.proto, max_nodes) {
+        let pieces = match split_paired(&mut graph.proto, max_nodes) {
             Some(segments) => {
                 // The segments share the weights' bytes: each weight goes once its last is written.
                 drop(graph.proto);
