@@ -41,11 +41,9 @@ pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
     layerwise_runtime::timing_mark(|| "loaded".into());
-    let outcome = run_bisect(&model, options, steps, None);
-    layerwise_runtime::timing_mark(|| "run_bisect returned".into());
-    drop(model);
-    layerwise_runtime::timing_mark(|| "model dropped".into());
-    outcome?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
+    let outcome = run_bisect(&model, options, steps, None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"));
+    layerwise_runtime::timing_mark(|| "bisect done".into());
+    outcome
 }
 
 /// The bisect job on an already loaded model (the demo builds its model in memory).
