@@ -36,10 +36,14 @@ pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 
 pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
+    layerwise_runtime::timing_mark(|| "bisect".into());
     let mut steps = Steps::new(options.progress, options.progress_lines);
     check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
-    run_bisect(&model, options, steps, None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
+    layerwise_runtime::timing_mark(|| "loaded".into());
+    let outcome = run_bisect(&model, options, steps, None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"));
+    layerwise_runtime::timing_mark(|| "bisect done".into());
+    outcome
 }
 
 /// The bisect job on an already loaded model (the demo builds its model in memory).
@@ -82,6 +86,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     options::check_not_external_data(original, "the input model's external data", options, &[])?;
     // 1. Plan: backends, samples, control flow, the candidate model, precision and tolerances.
     let mut setup = setup::set_up(original, options, &mut steps)?;
+    layerwise_runtime::timing_mark(|| "set up".into());
     let plan_extras = Extras {
         explorer_ids: layerwise_model::explorer_ids::explorer_ids(&original.proto),
         control_flow: setup.control_flow.take(),
@@ -108,6 +113,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         Vec::new()
     };
 
+    layerwise_runtime::timing_mark(|| "weights scanned".into());
     // 2-4. Run or pair, compare, walk: every sample; the worst one carries the verdict.
     let mut extras = plan_extras;
     let mut per_sample = Vec::new();
@@ -129,6 +135,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
         let feeds = setup::feeds_of(&inputs);
         let (mut compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras)?;
+        layerwise_runtime::timing_mark(|| "compared and walked".into());
         if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
             steps.run("saving tensors", || saver.save(name, |dir| {
                 saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
@@ -148,6 +155,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     }
     // What follows runs other programs: the paired session's memory goes now.
     job.paired_session = None;
+    layerwise_runtime::timing_mark(|| "paired session dropped".into());
     let chosen = match queue {
         None => choose_sample(&job, per_sample, total_samples, options.shard, &mut extras),
         Some(queue) => match choose_shared_sample(&job, per_sample, total_samples, queue, &mut extras)? {
@@ -158,6 +166,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     extras.memory = chosen.compared.memory.clone();
     let feeds = setup::feeds_of(&chosen.inputs);
 
+    layerwise_runtime::timing_mark(|| "sample chosen".into());
     // 5-7. After the walk: noise floor, isolation, counterfactual.
     let mut verdict = chosen.verdict.clone();
     let conclusions = after_walk(&mut job, &feeds, &chosen.compared, &mut verdict, &mut steps, &mut extras)?;
@@ -165,6 +174,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         extras.repro = Some(steps.run("writing the repro", || repro::write_repro(&mut job, &feeds, &verdict, dir))?);
     }
 
+    layerwise_runtime::timing_mark(|| "after the walk".into());
     // 8. Report.
     report(original, &job, chosen, verdict, conclusions, input_notes, &weights, extras, steps).map(Some)
 }
@@ -558,6 +568,7 @@ fn report(
     if !sample_name.is_empty() {
         cand_notes.push(format!("verdict from sample {sample_name}: diverged samples first, then the largest output error"));
     }
+    layerwise_runtime::timing_mark(|| "report: conclusions".into());
     let report = build_report(ReportContext {
         model: original,
         index: &job.index,
@@ -579,8 +590,11 @@ fn report(
         extras,
         run_info: layerwise_report::RunInfo::now(steps.finish()),
     });
+    layerwise_runtime::timing_mark(|| "report built".into());
     options.outputs.write(&report, None)?;
+    layerwise_runtime::timing_mark(|| "report written".into());
     let text = render_terminal(&report, options.top);
+    layerwise_runtime::timing_mark(|| "terminal rendered".into());
     Ok(BisectOutcome { report, text })
 }
 

@@ -45,7 +45,9 @@ impl Job<'_> {
         let single_sample = self.local_samples == 1;
         let run = steps.run(&label, || {
             if cache.is_none() {
+                layerwise_runtime::timing_mark(|| "paired: programs".into());
                 let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&cand_request)) else { return Ok(None) };
+                layerwise_runtime::timing_mark(|| "paired: programs done".into());
                 let programs = Programs { model: request.model, candidate_model: cand_request.model, reference: r?, candidate: c?, candidate_names };
                 let named: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
                 // One sample: each segment's session goes once it ran, so that ONNX Runtime holds
@@ -53,8 +55,11 @@ impl Job<'_> {
                 let sessions = if single_sample { SegmentSessions::BuiltPerRun } else { SegmentSessions::Kept };
                 *cache = Some((shapes, PairedSession::build(programs, order, &named, sessions)?));
             }
+            layerwise_runtime::timing_mark(|| "paired: session built".into());
             let (_, session) = cache.as_mut().expect("built just above");
-            Ok(Some(session.run(feeds, reducer)?))
+            let run = session.run(feeds, reducer)?;
+            layerwise_runtime::timing_mark(|| "paired: session ran".into());
+            Ok(Some(run))
         });
         let run = match run {
             Ok(Some(run)) => run,
@@ -70,6 +75,7 @@ impl Job<'_> {
                 return Ok(None);
             }
         };
+        layerwise_runtime::timing_mark(|| "paired: step done".into());
         let bytes = comparison.reference_bytes();
         let (mut comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
         // The model outputs no node computes are not in the session's order: an input passed
@@ -110,6 +116,7 @@ impl Job<'_> {
                 run.paired.len()
             ),
         });
+        layerwise_runtime::timing_mark(|| "paired: collected".into());
         Ok(Some(Compared {
             comparison,
             tensors: None,

@@ -74,7 +74,7 @@ impl OrtBackend {
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         let path = scratch.path().join("optimized.onnx");
-        let extras = SessionExtras { optimized_path: Some(&path), ..Default::default() };
+        let extras = SessionExtras { optimized_path: Some(&path), without_spinning: true, ..Default::default() };
         let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
         drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
         drop(source);
@@ -166,6 +166,19 @@ const PIECE_SESSION_BYTES: usize = 1 << 30;
 /// optimize it; above it the program runs unoptimized, its weights mapped from their file.
 const OPTIMIZED_EXTERNAL_LIMIT: u64 = 512 << 20;
 
+/// With `LAYERWISE_TIMING` set, prints `[timing] +SECONDS (cpu SECONDS) what` to stderr: wall
+/// seconds since the first mark and the process's CPU seconds (steadier on a shared machine), so
+/// that time outside any named step shows between two marks.
+pub fn timing_mark(what: impl FnOnce() -> String) {
+    static FIRST: std::sync::OnceLock<Option<std::time::Instant>> = std::sync::OnceLock::new();
+    if let Some(first) = FIRST.get_or_init(|| std::env::var_os("LAYERWISE_TIMING").map(|_| std::time::Instant::now())) {
+        let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: clock_gettime writes the one timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut cpu) };
+        eprintln!("[timing] +{:.3}s (cpu {:.3}s) {}", first.elapsed().as_secs_f64(), cpu.tv_sec as f64 + cpu.tv_nsec as f64 * 1e-9, what());
+    }
+}
+
 /// Hands the heap memory freed by a dropped session back to the operating system. A session's
 /// build frees tens of MiB (the parsed model, graph rewrites) that the C allocator would otherwise
 /// keep, and the next session's peak then comes on top of it.
@@ -223,7 +236,9 @@ pub(crate) struct SessionExtras<'a> {
     /// memory 488 MB with them, 434 MB without, 400 MB as one session).
     pub without_arena: bool,
     /// Threads that sleep between runs instead of spinning: for sessions kept alive side by side
-    /// (the typed evaluation's shared one-node sessions), whose spinning pools starve each other.
+    /// (the typed evaluation's shared one-node sessions, a paired graph's segments), whose
+    /// spinning pools starve each other, and sessions built only to be saved. Segments spinning
+    /// took 3x the CPU time of their builds (Relu chain 10,000: 2.9 s against 0.9 s).
     pub without_spinning: bool,
 }
 
@@ -790,14 +805,19 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
 /// (`Node/then/tensor`, `Node/else/tensor`, `Node/body/tensor`), typed through copies of the
 /// bodies beside their nodes (see `layerwise_model::inline::with_body_copies`).
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
-    let float = |types: HashMap<String, InferredType>| types.into_iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n).collect();
+    let float = |types: &HashMap<String, InferredType>| types.iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n.clone()).collect();
     if !index.nodes.iter().any(|n| n.op_type == "If" || n.op_type == "Loop") {
-        return Ok(float(tensor_types(model, index, &[])?));
+        // Element types do not follow from input shapes: a typing kept for any shapes answers
+        // (a bisect typed the model for its inputs' shapes already, to estimate memory).
+        if let Some(types) = kept_typing(model) {
+            return Ok(float(&types));
+        }
+        return Ok(float(&tensor_types(model, index, &[])?));
     }
     let (proto, _) = layerwise_model::inline::with_body_copies(&model.proto)?;
     let copies = model.derived(proto, "typing.onnx");
     let copies_index = layerwise_model::GraphIndex::build(copies.graph())?;
-    Ok(float(tensor_types(&copies, &copies_index, &[])?))
+    Ok(float(&tensor_types(&copies, &copies_index, &[])?))
 }
 
 /// The type of a computed tensor as ONNX Runtime infers it before any run.
@@ -832,6 +852,12 @@ pub fn tensor_types(
         cache.remove(0);
     }
     Ok(types.as_ref().clone())
+}
+
+/// A typing of `model` that [`tensor_types`] kept, for whichever input shapes.
+fn kept_typing(model: &layerwise_model::Model) -> Option<std::sync::Arc<HashMap<String, InferredType>>> {
+    let prefix = format!("{}|", model.sha256);
+    typings().lock().expect("not poisoned").iter().rev().find(|(k, _)| k.starts_with(&prefix)).map(|(_, types)| types.clone())
 }
 
 /// Typings kept by [`tensor_types`] (models and shapes asked for in one process are few).
@@ -893,7 +919,8 @@ fn infer_tensor_types(
 
 /// The types of the outputs of `exposed` (a rewrite of `model`) as ONNX Runtime infers them.
 fn exposed_types(model: &layerwise_model::Model, exposed: &layerwise_model::onnx::ModelProto) -> Result<HashMap<String, InferredType>, RuntimeError> {
-    let options = OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true };
+    // Nothing runs: one thread, no pool to start and stop for each of a typing's pieces.
+    let options = OrtOptions { opt_level: OptLevel::Disable, threads: Some(1), ep: ExecutionProvider::Cpu, typed: true };
     let backend = OrtBackend::new(&BackendSpec::Ort(options.clone()), options, None);
     let session = backend.session_for(model, exposed, OptLevel::Disable);
     // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.

@@ -173,7 +173,9 @@ impl PairedSession {
         // The programs' nodes and weights move into the paired graph: with the programs gone,
         // each weight's memory goes as it is written out, and ONNX Runtime maps the file instead
         // of parsing copies.
+        crate::ort_backend::timing_mark(|| "paired build: start".into());
         let mut graph = paired_graph_of(reference.proto, candidate.proto, &kept, candidate_names)?;
+        crate::ort_backend::timing_mark(|| "paired build: paired graph".into());
         if let Some(g) = graph.proto.graph.as_mut() {
             layerwise_model::pair::pin_input_shapes(g, input_shapes);
         }
@@ -194,6 +196,7 @@ impl PairedSession {
             Ok(segments) => segments.into_iter().map(|s| (s.proto, s.border_inputs, s.border_outputs)).collect(),
             Err(whole) => vec![(whole, Vec::new(), Vec::new())],
         };
+        crate::ort_backend::timing_mark(|| "paired build: split".into());
         template.segments = pieces.len();
         let split = pieces.len() > 1;
         // The last segment reading each border value.
@@ -267,9 +270,12 @@ impl PairedSession {
             .and_then(|d| d.add(ReducePair { reducer: self.reducer.clone() }))
             .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
         let split = self.segments.len() > 1;
-        let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: false };
+        // The segments' threads sleep between runs: each session has its own pool, and spinning
+        // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
+        let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: split };
         let source = ModelSource::Memory { bytes: &graph, external_folder: Some(&segment.weights_folder) };
         let session = build_session(&self.label, &self.options, &self.log_id, source, OptLevel::Disable, extras)?;
+        crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {}", self.segments.len()));
         for output in session.outputs().iter().filter(|o| segment.passed_on.iter().any(|n| n == o.name())) {
             if let Some(ty) = tensor_type(output.dtype()) {
                 self.border_types.insert(output.name().to_string(), ty);
