@@ -161,6 +161,9 @@ pub struct KeepRunner<'a> {
     target: layerwise_model::convert::Target,
     /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
     refused: Option<BTreeMap<String, String>>,
+    /// The conversion with nothing kept, made while finding `refused` (the last one
+    /// [`convert_checked`] makes is it): kept so that it is not made again.
+    unkept: Option<Conversion>,
     float: Option<HashSet<String>>,
     /// The model converted with nothing kept and its index, for telling what a keep list changes.
     plain: Option<(Conversion, GraphIndex)>,
@@ -172,7 +175,7 @@ impl<'a> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
         let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
         let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
-        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, float: None, plain: None }
+        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, unkept: None, float: None, plain: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -196,14 +199,26 @@ impl<'a> KeepRunner<'a> {
         if self.refused.is_none() {
             let (model, index, target) = (self.model, self.index, self.target);
             let everything = ConvertOptions { target, ..Default::default() };
-            self.refused = Some(convert_checked(model, index, self.float()?, &everything)?.1);
+            let (unkept, refused) = convert_checked(model, index, self.float()?, &everything)?;
+            self.refused = Some(refused);
+            self.unkept = Some(unkept);
         }
         Ok(self.refused.as_ref().expect("just found"))
+    }
+
+    /// The model converted with nothing kept: [`KeepRunner::convert`] of an empty keep list,
+    /// made once.
+    fn unkept(&mut self) -> Result<&Conversion> {
+        self.refused()?;
+        Ok(self.unkept.as_ref().expect("found with the refusals"))
     }
 
     /// The model converted to FP16 (BF16) with `keep` in FP32, and what ONNX Runtime refuses in the
     /// target type ([`KeepRunner::refused`]) in FP32 too.
     pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
+        if keep.is_empty() {
+            return Ok(self.unkept()?.clone());
+        }
         let (model, index, target) = (self.model, self.index, self.target);
         let refused = self.refused()?.clone();
         let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
@@ -216,7 +231,7 @@ impl<'a> KeepRunner<'a> {
     pub fn converter_fp32(&mut self) -> &[(String, String)] {
         if self.converter_fp32.is_none() {
             let index = self.index;
-            let found = self.convert(&[]).map(|c| c.fp32_nodes.into_iter().filter(|(n, _)| index.node(n).is_some()).collect()).unwrap_or_default();
+            let found = self.unkept().map(|c| c.fp32_nodes.iter().filter(|(n, _)| index.node(n).is_some()).cloned().collect()).unwrap_or_default();
             self.converter_fp32 = Some(found);
         }
         self.converter_fp32.as_deref().expect("just set")
