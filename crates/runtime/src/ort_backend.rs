@@ -540,6 +540,7 @@ impl OrtBackend {
         let timing = std::env::var_os("LAYERWISE_TIMING").is_some();
         let t0 = std::time::Instant::now();
         let (mut t_cut, mut t_build, mut t_run, mut builds, mut piece_nodes) = (0.0, 0.0, 0.0, 0usize, 0usize);
+        let (mut t_bytes, mut t_evict) = (0.0, 0.0);
         let selection = layerwise_model::Selection::Names(pieces.concat());
         let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
         let (mut program, _) = self.program(&whole, &mut RunOutput::default())?;
@@ -605,8 +606,10 @@ impl OrtBackend {
                 None => {
                     let cut = ModelProto { graph: Some(part), ..shell.clone() };
                     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+                    let tbytes = std::time::Instant::now();
                     let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
                     drop(cut);
+                    t_bytes += tbytes.elapsed().as_secs_f64();
                     builds += 1;
                     // Kept side by side (PIECE_SESSIONS), as the typed evaluation's sessions are.
                     let extras = SessionExtras { without_spinning: true, ..Default::default() };
@@ -626,15 +629,17 @@ impl OrtBackend {
             drop(results);
             t_run += tr.elapsed().as_secs_f64();
             // Weights mapped from their file cost no copy; inline ones are held by the session.
+            let te = std::time::Instant::now();
             if !external {
                 self.piece_sessions.push((key, session, size));
                 while self.piece_sessions.len() > PIECE_SESSIONS || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES {
                     self.piece_sessions.remove(0);
                 }
             }
+            t_evict += te.elapsed().as_secs_f64();
         }
         if timing {
-            eprintln!("[timing] run_pieces: {} pieces, {} program nodes, {} piece nodes, {builds} builds; program {t_program:.2}s cut {t_cut:.2}s build {t_build:.2}s run {t_run:.2}s total {:.2}s", pieces.len(), graph.node.len(), piece_nodes, t0.elapsed().as_secs_f64());
+            eprintln!("[timing] run_pieces: {} pieces, {} program nodes, {} piece nodes, {builds} builds; program {t_program:.2}s cut {t_cut:.2}s build {t_build:.2}s (serializing {t_bytes:.2}s) run {t_run:.2}s sessions dropped {t_evict:.2}s total {:.2}s", pieces.len(), graph.node.len(), piece_nodes, t0.elapsed().as_secs_f64());
         }
         Ok(computed)
     }
