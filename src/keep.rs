@@ -161,6 +161,9 @@ pub struct KeepRunner<'a> {
     target: layerwise_model::convert::Target,
     /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
     refused: Option<BTreeMap<String, String>>,
+    /// The conversion with nothing kept, made while finding `refused` (the last one
+    /// [`convert_checked`] makes is it): kept so that it is not made again.
+    unkept: Option<Conversion>,
     float: Option<HashSet<String>>,
     /// The model converted with nothing kept and its index, for telling what a keep list changes.
     plain: Option<(Conversion, GraphIndex)>,
@@ -172,7 +175,7 @@ impl<'a> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
         let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
         let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
-        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, float: None, plain: None }
+        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, unkept: None, float: None, plain: None }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -196,14 +199,33 @@ impl<'a> KeepRunner<'a> {
         if self.refused.is_none() {
             let (model, index, target) = (self.model, self.index, self.target);
             let everything = ConvertOptions { target, ..Default::default() };
-            self.refused = Some(convert_checked(model, index, self.float()?, &everything)?.1);
+            let (unkept, refused) = convert_checked(model, index, self.float()?, &everything)?;
+            self.refused = Some(refused);
+            self.unkept = Some(unkept);
         }
         Ok(self.refused.as_ref().expect("just found"))
+    }
+
+    /// The model converted with nothing kept: [`KeepRunner::convert`] of an empty keep list,
+    /// made once.
+    fn unkept(&mut self) -> Result<&Conversion> {
+        if self.unkept.is_none() {
+            let refused = self.refused()?.clone();
+            // Dropped by `converter_fp32` for an emulation: made again if asked.
+            if self.unkept.is_none() {
+                let options = ConvertOptions { target: self.target, refused, ..Default::default() };
+                self.unkept = Some(convert_fp16(self.model, self.index, self.float()?, &options)?);
+            }
+        }
+        Ok(self.unkept.as_ref().expect("just made"))
     }
 
     /// The model converted to FP16 (BF16) with `keep` in FP32, and what ONNX Runtime refuses in the
     /// target type ([`KeepRunner::refused`]) in FP32 too.
     pub fn convert(&mut self, keep: &[String]) -> Result<Conversion> {
+        if keep.is_empty() {
+            return Ok(self.unkept()?.clone());
+        }
         let (model, index, target) = (self.model, self.index, self.target);
         let refused = self.refused()?.clone();
         let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
@@ -216,8 +238,12 @@ impl<'a> KeepRunner<'a> {
     pub fn converter_fp32(&mut self) -> &[(String, String)] {
         if self.converter_fp32.is_none() {
             let index = self.index;
-            let found = self.convert(&[]).map(|c| c.fp32_nodes.into_iter().filter(|(n, _)| index.node(n).is_some()).collect()).unwrap_or_default();
+            let found = self.unkept().map(|c| c.fp32_nodes.iter().filter(|(n, _)| index.node(n).is_some()).cloned().collect()).unwrap_or_default();
             self.converter_fp32 = Some(found);
+            // An emulation runs no converted model: not held through its runs.
+            if self.emulated {
+                self.unkept = None;
+            }
         }
         self.converter_fp32.as_deref().expect("just set")
     }
@@ -500,35 +526,27 @@ impl<'a> KeepRunner<'a> {
         needed.sort();
         needed.dedup();
         needed.retain(|t| baseline.get(t).is_none());
-        if !needed.is_empty() {
-            let mut prefix = vec![false; index.nodes.len()];
-            let mut stack: Vec<usize> = needed.iter().filter_map(|t| index.producer_index(t)).collect();
-            while let Some(i) = stack.pop() {
-                if std::mem::replace(&mut prefix[i], true) {
-                    continue;
-                }
-                stack.extend(index.nodes[i].inputs.iter().filter(|t| baseline.get(t).is_none()).filter_map(|t| index.producer_index(t)));
+        // What computes the border values the baseline lacks (the prefix): nodes the keep list
+        // does not change, so they compute under `keep` what they compute under the baseline's
+        // keep list, and run in the same pass as the part (one program, and a piece holding both
+        // builds once).
+        let mut prefix = vec![false; index.nodes.len()];
+        let mut stack: Vec<usize> = needed.iter().filter_map(|t| index.producer_index(t)).collect();
+        while let Some(i) = stack.pop() {
+            if std::mem::replace(&mut prefix[i], true) {
+                continue;
             }
-            // Kept: what was asked for, and what one piece hands the next (a later check's border
-            // is computed from there, not from the inputs).
-            let crossing = self.crossing(&prefix);
-            let asked: HashSet<&str> = needed.iter().map(String::as_str).collect();
-            let pieces = self.pieces(&prefix, &|t| crossing.contains(t) || asked.contains(t));
-            let as_written: Vec<String> = baseline.kept.iter().cloned().collect();
-            candidate.keep_fp32(&as_written);
-            let known = |t: &str| baseline.get(t);
-            let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
-            candidate.keep_fp32(&[]);
-            match computed {
-                Some(Ok(computed)) => baseline.tensors.extend(computed),
-                None | Some(Err(_)) => return Ok(None),
-            }
+            stack.extend(index.nodes[i].inputs.iter().filter(|t| baseline.get(t).is_none()).filter_map(|t| index.producer_index(t)));
         }
-        // Only the outputs and what one piece hands the next leave a piece: fewer outputs build
-        // and copy faster.
-        let crossing = self.crossing(&part);
+        let both: Vec<bool> = part.iter().zip(&prefix).map(|(a, b)| *a || *b).collect();
+        // Returned: the outputs, what one piece hands the next, and the border asked for, which
+        // (with what a piece of the prefix hands the next) is kept in the baseline for the next
+        // check: its border is computed from there, not from the inputs. Fewer outputs build and
+        // copy faster.
+        let crossing = self.crossing(&both);
         let outputs: HashSet<&str> = index.outputs.iter().map(String::as_str).collect();
-        let pieces = self.pieces(&part, &|t| crossing.contains(t) || outputs.contains(t));
+        let asked: HashSet<&str> = needed.iter().map(String::as_str).collect();
+        let pieces = self.pieces(&both, &|t| crossing.contains(t) || outputs.contains(t) || asked.contains(t));
         let as_written: Vec<String> = kept.iter().cloned().collect();
         candidate.keep_fp32(&as_written);
         let known = |t: &str| if unaffected(t) { baseline.get(t) } else { None };
@@ -538,6 +556,11 @@ impl<'a> KeepRunner<'a> {
             Some(Ok(computed)) => computed,
             None | Some(Err(_)) => return Ok(None),
         };
+        let of_prefix: Vec<String> = computed.keys().filter(|t| index.producer_index(t).is_some_and(|p| prefix[p])).cloned().collect();
+        for t in of_prefix {
+            let v = computed.remove(&t).expect("a key just listed");
+            baseline.tensors.insert(t, v);
+        }
         let mut out = RunOutput::default();
         for o in &index.outputs {
             let value = if unaffected(o) { baseline.get(o).cloned() } else { computed.remove(o) };

@@ -331,6 +331,11 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let mut fp16_nodes = 0;
     let mut overflowing_in_bodies: Vec<(String, Vec<String>)> = Vec::new();
     let original_nodes = std::mem::take(&mut g.node);
+    // Node names by position in the graph, looked up for each node below.
+    let mut names: Vec<&str> = vec![""; original_nodes.len()];
+    for n in &index.nodes {
+        names[n.proto_index] = &n.name;
+    }
     for (i, mut node) in original_nodes.into_iter().enumerate() {
         let is_constant = node.op_type() == "Constant";
         if is_constant && storage.get(&node.output[0]) == Some(&low) {
@@ -355,7 +360,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         // float32, so an outer tensor they read must reach them in float32.
         // An If or Loop kept in FP32 keeps its bodies FP32 whole (as the emulation leaves their
         // weights unrounded): keeping it means everything it computes.
-        let name = index.nodes.iter().find(|n| n.proto_index == i).map(|n| n.name.clone()).unwrap_or_default();
+        let name = names[i].to_string();
         let kept_whole = options.keep_nodes.contains(&name) || options.keep_ops.contains(node.op_type());
         if matches!(node.op_type(), "If" | "Loop") && !kept_whole {
             for attr in node.attribute.iter_mut() {

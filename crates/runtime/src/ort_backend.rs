@@ -555,6 +555,7 @@ impl OrtBackend {
         let timing = std::env::var_os("LAYERWISE_TIMING").is_some();
         let t0 = std::time::Instant::now();
         let (mut t_cut, mut t_build, mut t_run, mut builds, mut piece_nodes) = (0.0, 0.0, 0.0, 0usize, 0usize);
+        let (mut t_bytes, mut t_evict) = (0.0, 0.0);
         let selection = layerwise_model::Selection::Names(pieces.concat());
         let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
         let (mut program, _) = self.program(&whole, &mut RunOutput::default())?;
@@ -562,11 +563,16 @@ impl OrtBackend {
         let graph = program.graph.take().expect("a program has a graph");
         let shell = ModelProto { graph: None, ..program };
         let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+        // Looked up per piece by name: a walk over the whole program for each piece would make
+        // a run of all nodes in pieces grow with the square of the graph.
+        let weight_at: HashMap<&str, usize> = graph.initializer.iter().enumerate().map(|(i, w)| (w.name(), i)).collect();
+        let info_at: HashMap<&str, usize> = graph.value_info.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
+        let mut needed = vec![false; graph.node.len()];
         let mut computed: HashMap<String, Tensor> = HashMap::new();
         for piece in pieces {
             let tc = std::time::Instant::now();
             let value_of = |t: &str| known(t).or_else(|| computed.get(t));
-            let mut needed = vec![false; graph.node.len()];
+            let mut members: Vec<usize> = Vec::new();
             let mut stack = Vec::new();
             for t in piece {
                 stack.push(*producer.get(t.as_str()).ok_or_else(|| self.err(format!("no node computes '{t}'")))?);
@@ -576,6 +582,7 @@ impl OrtBackend {
                 if std::mem::replace(&mut needed[i], true) {
                     continue;
                 }
+                members.push(i);
                 for t in graph.node[i].input.iter().filter(|t| !t.is_empty()) {
                     if value_of(t).is_some() {
                         if !border.contains(&t.as_str()) {
@@ -586,7 +593,11 @@ impl OrtBackend {
                     }
                 }
             }
-            let nodes: Vec<_> = graph.node.iter().zip(&needed).filter(|(_, &n)| n).map(|(n, _)| n.clone()).collect();
+            members.sort_unstable();
+            for &i in &members {
+                needed[i] = false;
+            }
+            let nodes: Vec<_> = members.iter().map(|&i| graph.node[i].clone()).collect();
             let read: HashSet<&str> = nodes.iter().flat_map(|n| n.input.iter().map(String::as_str)).collect();
             let made: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
             let mut inputs: Vec<ValueInfoProto> = graph.input.iter().filter(|v| read.contains(v.name()) && !border.contains(&v.name())).cloned().collect();
@@ -600,10 +611,10 @@ impl OrtBackend {
             }
             let mut part = GraphProto {
                 name: graph.name.clone(),
-                initializer: graph.initializer.iter().filter(|w| read.contains(w.name()) && !border.contains(&w.name())).cloned().collect(),
+                initializer: in_graph_order(&read, &weight_at).filter(|&i| !border.contains(&graph.initializer[i].name())).map(|i| graph.initializer[i].clone()).collect(),
                 input: inputs,
                 output: piece.iter().map(|t| ValueInfoProto { name: Some(t.clone()), ..Default::default() }).collect(),
-                value_info: graph.value_info.iter().filter(|v| made.contains(v.name())).cloned().collect(),
+                value_info: in_graph_order(&made, &info_at).map(|i| graph.value_info[i].clone()).collect(),
                 node: nodes,
                 ..Default::default()
             };
@@ -620,8 +631,10 @@ impl OrtBackend {
                 None => {
                     let cut = ModelProto { graph: Some(part), ..shell.clone() };
                     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+                    let tbytes = std::time::Instant::now();
                     let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
                     drop(cut);
+                    t_bytes += tbytes.elapsed().as_secs_f64();
                     builds += 1;
                     // Kept side by side (PIECE_SESSIONS), as the typed evaluation's sessions are.
                     let extras = SessionExtras { without_spinning: true, ..Default::default() };
@@ -641,15 +654,17 @@ impl OrtBackend {
             drop(results);
             t_run += tr.elapsed().as_secs_f64();
             // Weights mapped from their file cost no copy; inline ones are held by the session.
+            let te = std::time::Instant::now();
             if !external {
                 self.piece_sessions.push((key, session, size));
                 while self.piece_sessions.len() > PIECE_SESSIONS || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES {
                     self.piece_sessions.remove(0);
                 }
             }
+            t_evict += te.elapsed().as_secs_f64();
         }
         if timing {
-            eprintln!("[timing] run_pieces: {} pieces, {} program nodes, {} piece nodes, {builds} builds; program {t_program:.2}s cut {t_cut:.2}s build {t_build:.2}s run {t_run:.2}s total {:.2}s", pieces.len(), graph.node.len(), piece_nodes, t0.elapsed().as_secs_f64());
+            eprintln!("[timing] run_pieces: {} pieces, {} program nodes, {} piece nodes, {builds} builds; program {t_program:.2}s cut {t_cut:.2}s build {t_build:.2}s (serializing {t_bytes:.2}s) run {t_run:.2}s sessions dropped {t_evict:.2}s total {:.2}s", pieces.len(), graph.node.len(), piece_nodes, t0.elapsed().as_secs_f64());
         }
         Ok(computed)
     }
@@ -696,6 +711,13 @@ impl OrtBackend {
         }
         Ok(output)
     }
+}
+
+/// The positions (in `at`, by name) of the names of `names` found there, in increasing order.
+fn in_graph_order(names: &HashSet<&str>, at: &HashMap<&str, usize>) -> impl Iterator<Item = usize> {
+    let mut found: Vec<usize> = names.iter().filter_map(|n| at.get(n).copied()).collect();
+    found.sort_unstable();
+    found.into_iter()
 }
 
 /// The names and shapes of a request's inputs.
