@@ -43,8 +43,6 @@ pub(super) struct Job<'a> {
     pub(super) separate_because: Option<String>,
     /// The paired session of the samples so far, by input shapes (dropped after the samples).
     pub(super) paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
-    /// Samples this job compares (its shard's): with one, nothing runs the paired session again.
-    pub(super) local_samples: usize,
 }
 
 /// The groups of tensors compared together, and the memory plan that made them.
@@ -105,7 +103,6 @@ impl<'a> Job<'a> {
             candidate_ran: std::collections::HashSet::new(),
             separate_because: None,
             paired_session: None,
-            local_samples: 1,
         }
     }
 

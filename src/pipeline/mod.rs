@@ -121,7 +121,6 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         Some(dir) => Some(TensorSaver::new(dir, total_samples > 1)?),
         None => None,
     };
-    job.local_samples = if queue.is_some() { usize::MAX } else { samples.len() };
     let mut taken = 0;
     while let Some(k) = match queue.as_deref_mut() {
         Some(queue) => queue.next().filter(|&k| k < samples.len()),

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use layerwise_analysis::{compare_all, MemoryPlan, PairedComparison};
-use layerwise_runtime::paired::{PairedSession, Programs, SegmentSessions};
+use layerwise_runtime::paired::{PairedSession, Programs};
 use layerwise_model::Selection;
 use layerwise_runtime::{RunRequest, Tensor};
 
@@ -42,7 +42,6 @@ impl Job<'_> {
         }
         let (reference, candidate, order, cache) = (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
         let candidate_names = &self.cand_names;
-        let single_sample = self.local_samples == 1;
         let run = steps.run(&label, || {
             if cache.is_none() {
                 layerwise_runtime::timing_mark(|| "paired: programs".into());
@@ -50,10 +49,7 @@ impl Job<'_> {
                 layerwise_runtime::timing_mark(|| "paired: programs done".into());
                 let programs = Programs { model: request.model, candidate_model: cand_request.model, reference: r?, candidate: c?, candidate_names };
                 let named: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-                // One sample: each segment's session goes once it ran, so that ONNX Runtime holds
-                // one segment at a time; later samples of a set run in the sessions kept.
-                let sessions = if single_sample { SegmentSessions::BuiltPerRun } else { SegmentSessions::Kept };
-                *cache = Some((shapes, PairedSession::build(programs, order, &named, sessions)?));
+                *cache = Some((shapes, PairedSession::build(programs, order, &named)?));
             }
             layerwise_runtime::timing_mark(|| "paired: session built".into());
             let (_, session) = cache.as_mut().expect("built just above");

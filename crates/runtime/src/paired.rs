@@ -66,7 +66,7 @@ pub fn run_paired(
 ) -> Result<PairedRun, RuntimeError> {
     let shapes: Vec<(String, Vec<usize>)> = inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
     let programs = Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() };
-    PairedSession::build(programs, tensors, &shapes, SegmentSessions::BuiltPerRun)?.run(inputs, reducer)
+    PairedSession::build(programs, tensors, &shapes)?.run(inputs, reducer)
 }
 
 /// The two programs a paired session computes, and the models they come from.
@@ -98,28 +98,17 @@ pub struct PairedSession {
     options: OrtOptions,
     /// The types ONNX Runtime gave the values crossing a border, declared where they are read.
     border_types: HashMap<String, TypeProto>,
-    /// Whether the segments' sessions are kept between runs.
-    sessions: SegmentSessions,
     /// Holds the weights file the session maps.
     _scratch: layerwise_model::scratch::ScratchDir,
 }
 
-/// Whether a split paired graph keeps every segment's session between runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SegmentSessions {
-    /// Built once, all held: for sample sets, whose later samples run in them.
-    Kept,
-    /// Each built when its turn comes and released once it ran, so that ONNX Runtime holds one
-    /// segment's graph and weights at a time (one sample: nothing runs them again).
-    BuiltPerRun,
-}
-
 /// One ONNX Runtime session of a paired graph, and what crosses its borders.
 struct SegmentSession {
-    /// `None` between runs where sessions are built per run.
+    /// `None` until built.
     session: Option<Session>,
     /// The segment's graph (weights written apart) and the folder they are read from, without
-    /// the border inputs, whose types are known once the segments before it are built.
+    /// the border inputs, whose types are known once the segments before it are built; emptied
+    /// once the session is.
     graph: Vec<u8>,
     weights_folder: std::path::PathBuf,
     /// The values from earlier segments it reads.
@@ -134,19 +123,13 @@ impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
     /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
-    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], sessions: SegmentSessions) -> Result<PairedSession, RuntimeError> {
-        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes(), sessions)
+    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)]) -> Result<PairedSession, RuntimeError> {
+        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes())
     }
 
     /// [`PairedSession::build`], with a paired graph of more than `max_nodes` nodes split into
     /// segments of at most that many ([`split_paired`]), each its own session.
-    pub fn build_in_segments(
-        programs: Programs<'_>,
-        tensors: &[String],
-        input_shapes: &[(String, Vec<usize>)],
-        max_nodes: usize,
-        sessions: SegmentSessions,
-    ) -> Result<PairedSession, RuntimeError> {
+    pub fn build_in_segments(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], max_nodes: usize) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
@@ -198,7 +181,6 @@ impl PairedSession {
         };
         crate::ort_backend::timing_mark(|| "paired build: split".into());
         template.segments = pieces.len();
-        let split = pieces.len() > 1;
         // The last segment reading each border value.
         let mut last_reader: HashMap<&str, usize> = HashMap::new();
         for (k, (_, reads, _)) in pieces.iter().enumerate() {
@@ -225,7 +207,6 @@ impl PairedSession {
             };
             segments.push(SegmentSession { session: None, graph, weights_folder, reads, passed_on, last_read_here });
         }
-        let sessions = if split { sessions } else { SegmentSessions::Kept };
         let mut paired = PairedSession {
             segments,
             reducer,
@@ -234,15 +215,15 @@ impl PairedSession {
             template,
             options,
             border_types: HashMap::new(),
-            sessions,
             _scratch: scratch,
         };
-        if sessions == SegmentSessions::Kept {
-            for k in 0..paired.segments.len() {
-                paired.build_segment(k)?;
-                // A kept session is never rebuilt.
-                paired.segments[k].graph = Vec::new();
-            }
+        // Every session is built before the first runs and kept for later samples. Building each
+        // when its turn comes and releasing it once run held ONNX Runtime to one segment (decoder
+        // 400: 340 MB against 595 MB) but cost more with every segment, in the allocator (Relu
+        // chain of 50,000: 17-20 s against 9 s), so it was not kept (docs/performance.md).
+        for k in 0..paired.segments.len() {
+            paired.build_segment(k)?;
+            paired.segments[k].graph = Vec::new();
         }
         Ok(paired)
     }
@@ -324,11 +305,8 @@ impl PairedSession {
         let mut fed: HashMap<String, DynValue> = HashMap::new();
         let split = self.segments.len() > 1;
         for k in 0..self.segments.len() {
-            if self.segments[k].session.is_none() {
-                self.build_segment(k)?;
-            }
             let segment = &mut self.segments[k];
-            let session = segment.session.as_mut().expect("built just above");
+            let session = segment.session.as_mut().expect("every segment is built with the session");
             for input in session.inputs() {
                 if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
                     fed.insert(input.name().to_string(), feed(input, inputs, &label)?);
@@ -345,16 +323,12 @@ impl PairedSession {
             let mut outputs = session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
             let passed: Vec<(String, DynValue)> = segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
             drop(outputs);
-            if self.sessions == SegmentSessions::BuiltPerRun {
-                segment.session = None;
-            }
             for name in &segment.last_read_here {
                 border.remove(name);
             }
             border.extend(passed);
             if split {
-                // What the segment's kernels (and a released session) freed goes back to the
-                // system before the next one runs.
+                // What the segment's kernels freed goes back to the system before the next one runs.
                 crate::ort_backend::release_freed_memory();
             }
         }
