@@ -222,9 +222,10 @@ fn reference_values(job: &mut Job, feeds: &[(String, Tensor)], wanted: &[String]
     // The model's own outputs in the part keep their declared types; the rest carry a name only,
     // as `expose` adds them.
     let mut output: Vec<layerwise_model::onnx::ValueInfoProto> = graph.output.iter().filter(|v| made.contains(v.name())).cloned().collect();
-    for t in &boundary {
-        if !output.iter().any(|v| v.name() == t) {
-            output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t.clone()), ..Default::default() });
+    let mut listed: std::collections::HashSet<String> = output.iter().map(|v| v.name().to_string()).collect();
+    for t in boundary {
+        if listed.insert(t.clone()) {
+            output.push(layerwise_model::onnx::ValueInfoProto { name: Some(t), ..Default::default() });
         }
     }
     let part_graph = layerwise_model::onnx::GraphProto {

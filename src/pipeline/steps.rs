@@ -89,10 +89,8 @@ impl Steps {
     }
 }
 
-/// With `LAYERWISE_TIMING` set, prints how long `what` took since `started` (stderr), for the
-/// benchmarks' breakdown of a step.
+/// With `LAYERWISE_TIMING` set, prints how long `what` took since `started` (stderr, as a
+/// [`layerwise_runtime::timing_mark`]), for the benchmarks' breakdown of a step.
 pub(crate) fn timing(what: &str, started: Instant) {
-    if std::env::var_os("LAYERWISE_TIMING").is_some() {
-        eprintln!("[timing] {what}: {:.2}s", started.elapsed().as_secs_f64());
-    }
+    layerwise_runtime::timing_mark(|| format!("{what}: {:.2}s", started.elapsed().as_secs_f64()));
 }

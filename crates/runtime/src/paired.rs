@@ -94,25 +94,13 @@ pub struct PairedSession {
     log_id: String,
     /// What every run reports besides the log lines of that run.
     template: PairedRun,
-    /// How the segments' sessions are built and run.
-    options: OrtOptions,
-    /// The types ONNX Runtime gave the values crossing a border, declared where they are read.
-    border_types: HashMap<String, TypeProto>,
     /// Holds the weights file the session maps.
     _scratch: layerwise_model::scratch::ScratchDir,
 }
 
 /// One ONNX Runtime session of a paired graph, and what crosses its borders.
 struct SegmentSession {
-    /// `None` until built.
-    session: Option<Session>,
-    /// The segment's graph (weights written apart) and the folder they are read from, without
-    /// the border inputs, whose types are known once the segments before it are built; emptied
-    /// once the session is.
-    graph: Vec<u8>,
-    weights_folder: std::path::PathBuf,
-    /// The values from earlier segments it reads.
-    reads: Vec<String>,
+    session: Session,
     /// Its outputs that later segments read.
     passed_on: Vec<String>,
     /// Values from earlier segments that no later segment reads: freed once this one ran.
@@ -193,79 +181,49 @@ impl PairedSession {
             last_read_here[k].push(name.to_string());
         }
         crate::ort_backend::release_freed_memory();
+        let split = pieces.len() > 1;
+        // The types ONNX Runtime gave the values crossing a border, declared where they are read.
+        let mut border_types: HashMap<String, TypeProto> = HashMap::new();
         let mut segments = Vec::with_capacity(pieces.len());
-        for (k, ((proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
+        for (k, ((mut proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
+            if let Some(g) = proto.graph.as_mut() {
+                for name in &reads {
+                    let ty = border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
+                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
+                }
+            }
             // Each segment writes its weights in its own folder.
             let folder = scratch.path().join(format!("segment-{k}"));
             std::fs::create_dir_all(&folder).map_err(|e| RuntimeError::Io { path: folder.clone(), cause: e })?;
-            let (graph, weights_folder) = if weights_in_place {
+            let (bytes, folder) = if weights_in_place {
                 // Both sides map the model's own weight file; nothing is copied.
                 let (bytes, external) = model.runtime_bytes(&proto, &folder)?;
                 (bytes, external.unwrap_or(folder))
             } else {
                 model.runtime_bytes_weights_apart(proto, &folder)?
             };
-            segments.push(SegmentSession { session: None, graph, weights_folder, reads, passed_on, last_read_here });
+            let domain = OperatorDomain::new(PAIR_DOMAIN)
+                .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
+                .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+            // The segments' threads sleep between runs: each session has its own pool, and spinning
+            // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
+            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: split };
+            let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
+            let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
+            crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {}", template.segments));
+            for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
+                if let Some(ty) = tensor_type(output.dtype()) {
+                    border_types.insert(output.name().to_string(), ty);
+                }
+            }
+            segments.push(SegmentSession { session, passed_on, last_read_here });
         }
-        let mut paired = PairedSession {
-            segments,
-            reducer,
-            label,
-            log_id: reference.log_id,
-            template,
-            options,
-            border_types: HashMap::new(),
-            _scratch: scratch,
-        };
         // Every session is built before the first runs and kept for later samples. Building each
         // when its turn comes and releasing it once run held ONNX Runtime to one segment (decoder
         // 400: 340 MB against 595 MB) but cost more with every segment, in the allocator (Relu
         // chain of 50,000: 17-20 s against 9 s), so it was not kept (docs/performance.md).
-        for k in 0..paired.segments.len() {
-            paired.build_segment(k)?;
-            paired.segments[k].graph = Vec::new();
-        }
-        Ok(paired)
+        Ok(PairedSession { segments, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
     }
-
-    /// Builds segment `k`'s session (every segment before it has been built once, so that the
-    /// types of what crosses its border are known) and keeps the types of what it passes on.
-    fn build_segment(&mut self, k: usize) -> Result<(), RuntimeError> {
-        let label = self.label.clone();
-        let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
-        let segment = &self.segments[k];
-        let graph = if segment.reads.is_empty() {
-            std::borrow::Cow::Borrowed(&segment.graph)
-        } else {
-            use prost::Message;
-            let mut proto = ModelProto::decode(segment.graph.as_slice()).map_err(|e| err(format!("segment {k} cannot be read back: {e}")))?;
-            if let Some(g) = proto.graph.as_mut() {
-                for name in &segment.reads {
-                    let ty = self.border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
-                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
-                }
-            }
-            std::borrow::Cow::Owned(proto.encode_to_vec())
-        };
-        let domain = OperatorDomain::new(PAIR_DOMAIN)
-            .and_then(|d| d.add(ReducePair { reducer: self.reducer.clone() }))
-            .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-        let split = self.segments.len() > 1;
-        // The segments' threads sleep between runs: each session has its own pool, and spinning
-        // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
-        let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: split };
-        let source = ModelSource::Memory { bytes: &graph, external_folder: Some(&segment.weights_folder) };
-        let session = build_session(&self.label, &self.options, &self.log_id, source, OptLevel::Disable, extras)?;
-        crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {}", self.segments.len()));
-        for output in session.outputs().iter().filter(|o| segment.passed_on.iter().any(|n| n == o.name())) {
-            if let Some(ty) = tensor_type(output.dtype()) {
-                self.border_types.insert(output.name().to_string(), ty);
-            }
-        }
-        self.segments[k].session = Some(session);
-        Ok(())
-    }
-
 
     /// Runs the session on `inputs`, handing each pair to `reducer`.
     pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
@@ -298,21 +256,20 @@ impl PairedSession {
     /// Runs the segments in order, each fed with the graph inputs it reads and the values earlier
     /// segments passed on; a value is freed after the last segment that reads it.
     fn run_segments(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
-        let label = self.label.clone();
+        let label = &self.label;
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
         let mut border: HashMap<String, DynValue> = HashMap::new();
         // Graph inputs, converted once however many segments read them.
         let mut fed: HashMap<String, DynValue> = HashMap::new();
         let split = self.segments.len() > 1;
-        for k in 0..self.segments.len() {
-            let segment = &mut self.segments[k];
-            let session = segment.session.as_mut().expect("every segment is built with the session");
-            for input in session.inputs() {
+        for segment in &mut self.segments {
+            for input in segment.session.inputs() {
                 if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
-                    fed.insert(input.name().to_string(), feed(input, inputs, &label)?);
+                    fed.insert(input.name().to_string(), feed(input, inputs, label)?);
                 }
             }
-            let feeds: Vec<(String, SessionInputValue<'_>)> = session
+            let feeds: Vec<(String, SessionInputValue<'_>)> = segment
+                .session
                 .inputs()
                 .iter()
                 .map(|i| {
@@ -320,7 +277,7 @@ impl PairedSession {
                     (i.name().to_string(), SessionInputValue::from(value))
                 })
                 .collect();
-            let mut outputs = session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
+            let mut outputs = segment.session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
             let passed: Vec<(String, DynValue)> = segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
             drop(outputs);
             for name in &segment.last_read_here {
