@@ -316,9 +316,16 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64,
 /// are pasted into a shell (the `--layerPrecisions` value one quoted word). A node inside an If or
 /// Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its own name in
 /// the file, the name TensorRT's ONNX parser gives its layer. A name that cannot be given there
-/// ([`layerwise_report::escape::trtexec_layer_refusal`]) is left out; the reports name it.
+/// ([`layerwise_report::escape::trtexec_layer_refusal`]) is left out; the reports name it. So is a
+/// node the inlining made (`If/output0`, `Loop/final0`): the file has no such layer, and the float32
+/// interface of its If or Loop already is what keeping it asks.
 pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
-    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none()).collect();
+    let made_by_inlining = |name: &str| {
+        inlined.iter().any(|n| {
+            name.strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('/')).is_some_and(|rest| ["If", "Loop"].iter().any(|op| layerwise_model::inline::made_by_inlining(op, rest)))
+        })
+    };
+    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none() && !made_by_inlining(n)).collect();
     if keep.is_empty() {
         return String::new();
     }

@@ -189,7 +189,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     let mut keep_names: Vec<&String> = options.keep_nodes.iter().collect();
     keep_names.sort();
     for name in keep_names {
-        if index.node(name).is_none() && body_of(index, name).is_none() && !fp32_as_unrolled(index, name) {
+        if index.node(name).is_none() && body_of(index, name).is_none() && !fp32_as_inlined(index, name) {
             return Err(ModelError::UnknownNode(name.clone()));
         }
     }
@@ -456,17 +456,21 @@ fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo
     })
 }
 
-/// Whether `name` is a node that the unrolling of a Loop or Scan made (names a keep list found on
-/// the unrolled model holds) and that is FP32 in the converted model anyway: anything of a Scan,
-/// whose body is not converted (the Scan stays FP32), and the nodes of a Loop that gather its
-/// final values and scan outputs (`Loop/final0`, `Loop/scan1/unsqueeze2`), which its float32
-/// body outputs already are (found by the independent tester: `fix` failed on them).
-fn fp32_as_unrolled(index: &GraphIndex, name: &str) -> bool {
+/// Whether `name` is a node that the inlining of an If or the unrolling of a Loop or Scan made
+/// (names a keep list found on the inlined model holds) and that is FP32 in the converted model
+/// anyway: anything of a Scan, whose body is not converted (the Scan stays FP32), and the nodes
+/// that hand a body's values over ([`crate::inline::made_by_inlining`]: `If/output0`,
+/// `Loop/final0`, `Loop/scan1/unsqueeze2`), which the float32 interface of an If or Loop already
+/// is (found by the independent tester: `fix` failed on them, on a Loop and on silero-vad's If).
+fn fp32_as_inlined(index: &GraphIndex, name: &str) -> bool {
     let numbered = |part: &str, word: &str| part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
-    index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "Loop" | "Scan")).any(|n| {
+    index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop" | "Scan")).any(|n| {
         let Some(rest) = name.strip_prefix(&n.name).and_then(|r| r.strip_prefix('/')) else { return false };
         let part = rest.split('/').next().unwrap_or(rest);
-        numbered(part, "final") || numbered(part, "scan") || (n.op_type == "Scan" && numbered(part, "iter"))
+        // An If hands over only the outputs it has: `If/output7` of a one-output If is a typo.
+        let handed_over = |k: &str| k.parse::<usize>().is_ok_and(|k| n.outputs.get(k).is_some_and(|o| !o.is_empty()));
+        let present = n.op_type != "If" || rest.strip_prefix("output").is_some_and(handed_over);
+        (crate::inline::made_by_inlining(&n.op_type, rest) && present) || (n.op_type == "Scan" && numbered(part, "iter"))
     })
 }
 
@@ -503,12 +507,23 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
     let standalone = ModelProto { graph: Some(graph), ..model.proto.clone() };
     let standalone = model.derived(standalone, "body.onnx");
     let index = GraphIndex::build(standalone.graph())?;
-    let inner_options = ConvertOptions {
-        keep_nodes: options.keep_nodes.iter().filter_map(|n| local(n)).collect(),
-        keep_io_types: true,
-        ..options.clone()
-    };
-    let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options)?;
+    // Each body name with the keep-list name it came from (the first in order, where iterations
+    // share one), so that a name the body lacks is refused as the user gave it.
+    let mut keep_names: Vec<&String> = options.keep_nodes.iter().collect();
+    keep_names.sort();
+    let mut given_as: HashMap<String, String> = HashMap::new();
+    for name in keep_names {
+        if let Some(inner) = local(name) {
+            given_as.entry(inner).or_insert_with(|| name.clone());
+        }
+    }
+    let inner_options = ConvertOptions { keep_nodes: given_as.keys().cloned().collect(), keep_io_types: true, ..options.clone() };
+    let given = |inner: String| given_as.get(&inner).cloned().unwrap_or(inner);
+    let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options).map_err(|e| match e {
+        ModelError::UnknownNode(inner) => ModelError::UnknownBodyNode { name: given(inner.clone()), body: prefix.to_string(), inner },
+        ModelError::UnknownBodyNode { name, body, inner } => ModelError::UnknownBodyNode { name: given(name), body: format!("{prefix}/{body}"), inner },
+        other => other,
+    })?;
     let mut converted = conversion.proto.graph.take().expect("graph");
     // The Casts the conversion added are named after what they cast (`x__to_fp16`), as the outer
     // graph's are: an outer tensor cast on both sides would be defined twice, which ONNX Runtime

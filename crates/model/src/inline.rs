@@ -456,6 +456,22 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
     Ok((out, tensors))
 }
 
+/// Whether `rest`, a name past `Node/` of an inlined `op_type` node `Node`, names a node that the
+/// inlining made to hand the body's values over, which the model does not hold: an If's `outputK`
+/// (branch output K to the If's output K), a Loop's or Scan's `finalK` and `scanJ`
+/// (`scanJ/unsqueezeI`), its final values and stacked scan outputs. Body nodes never take these
+/// names: theirs start with `then/`, `else/` or `iterK/`.
+pub fn made_by_inlining(op_type: &str, rest: &str) -> bool {
+    let numbered = |part: &str, word: &str| part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+    let (part, inner) = rest.split_once('/').unwrap_or((rest, ""));
+    match (op_type, inner) {
+        ("If", "") => numbered(part, "output"),
+        ("Loop" | "Scan", "") => numbered(part, "final") || numbered(part, "scan"),
+        ("Loop" | "Scan", _) => numbered(part, "scan") && numbered(inner, "unsqueeze"),
+        _ => false,
+    }
+}
+
 /// How a body's nodes and tensors are named once inlined or copied: `Node/then`, `Node/else`, and
 /// for a Loop `Node/body` (typing copies) or `Node/iterK` (one iteration, unrolled).
 pub fn body_prefixes(node_name: &str, op_type: &str, attribute: &str) -> Option<String> {
