@@ -596,3 +596,86 @@ fn a_candidate_model_that_takes_the_other_branch_is_compared_at_its_outputs_and_
     assert!(r["verdict"]["conclusions"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("takes then_branch at 'gate' where the reference takes else_branch")), "{t}");
     assert!(r["counterfactual"].is_null(), "no keep list is checked on the reference's branch: {}", r["counterfactual"]);
 }
+
+/// x[1,4] (up to 2), sr -> If 'by_rate' (sr == 16000) -> y = b * 0.5. Nested: the then-branch
+/// holds If 'stage' (same condition) whose then-branch outputs x * 70000, beyond FP16, and the
+/// outer branch divides it back; flat: the then-branch outputs x * 70000 and the main graph
+/// divides. Either way the out-of-range value passes through an If's output, whose hand-over node
+/// the inlining makes (`by_rate/then/stage/output0`, `by_rate/output0`), as silero-vad 5.1.2's
+/// decoder does.
+fn overflow_through_an_if_output(nested: bool) -> ModelProto {
+    let mut b = ModelBuilder::new("through_if", 17);
+    let dims = [Dim::from(1), Dim::from(4)];
+    b.input("x", DataType::Float, &dims);
+    b.input("sr", DataType::Int64, &[]);
+    b.initializer(i64_tensor("sr16k", &[], &[16000]));
+    b.initializer(f32_tensor("half", &[], &[0.5]));
+    b.initializer(f32_tensor("big", &[], &[70000.0]));
+    let branch = |name: &str, nodes: Vec<NodeProto>, out: &str| GraphProto { name: Some(name.into()), node: nodes, output: vec![value(out, DataType::Float, Some(&dims))], ..Default::default() };
+    let negate = |out: &str| branch("else", vec![node("Neg", "negate", &["x"], &[out], vec![])], out);
+    let scale_up = |out: &str| branch("then", vec![node("Mul", "up", &["x", "big"], &[out], vec![])], out);
+    b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
+    if nested {
+        let stage = node("If", "stage", &["cond"], &["u"], vec![attr::graph("then_branch", scale_up("inner_u")), attr::graph("else_branch", negate("inner_n"))]);
+        let then_branch = branch("then", vec![stage, node("Div", "down", &["u", "big"], &["then_y"], vec![])], "then_y");
+        b.node("If", "by_rate", &["cond"], &["b"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", negate("else_y"))]);
+    } else {
+        b.node("If", "by_rate", &["cond"], &["u"], vec![attr::graph("then_branch", scale_up("then_y")), attr::graph("else_branch", negate("else_y"))]);
+        b.node("Div", "down", &["u", "big"], &["b"], vec![]);
+    }
+    b.node("Mul", "scale", &["b", "half"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// Found by the independent tester on silero-vad 5.1.2 with an input beyond FP16: `fix` found a
+/// keep list on the inlined model that names an If's hand-over node (`If/output0`), and then could
+/// not write it ("does not exist in the main graph"). The written file keeps the branch's node in
+/// FP32 inside the branch, loads, and passes in its own types; the If's float32 interface is the
+/// hand-over kept.
+#[test]
+fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let x = Tensor::f32(vec![1, 4], vec![0.5, 1.0, 1.5, 2.0]);
+    let sr = Tensor::new(vec![], TensorData::I64(vec![16000]));
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x), ("sr", &sr)]).unwrap();
+    for (nested, up, handover) in [(true, "by_rate/then/stage/then/up", "by_rate/then/stage/output0"), (false, "by_rate/then/up", "by_rate/output0")] {
+        let model = if nested { "nested.onnx" } else { "flat.onnx" };
+        save(&overflow_through_an_if_output(nested), &dir.path().join(model));
+        let out = layerwise(&["fix", model, "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{model}: {t}");
+        let fix = json(&dir.path().join("fix.json"));
+        let keep: Vec<&str> = fix["keep_fp32"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+        assert!(keep.contains(&up) && keep.contains(&handover), "{model}: {keep:?}");
+        assert_eq!(fix["status"], "fixed", "{model}: {t}");
+        assert_eq!(fix["fixed_model_load"]["status"], "loads", "{model}: {t}");
+        assert_eq!(fix["fixed_model_check"]["pass"], true, "{model}: {t}");
+        // The written model's FP32 nodes are named where they are; the hand-over is no node of it.
+        let fp32: Vec<&str> = fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+        assert!(fp32.contains(&up) && !fp32.contains(&handover), "{model}: {fp32:?}");
+        let flags = fix["trtexec_flags"].as_str().unwrap();
+        assert!(flags.contains("up:fp32") && !flags.contains("output0"), "{model}: TensorRT has no layer the inlining made: {flags}");
+        // Inside the written branch, `up` reads the float32 input and weight: nothing cast.
+        let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+        let then_of = |n: &NodeProto| n.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
+        let mut branch = then_of(fixed.graph().node.iter().find(|n| n.name() == "by_rate").unwrap());
+        if nested {
+            branch = then_of(branch.node.iter().find(|n| n.name() == "stage").unwrap());
+        }
+        let up_node = branch.node.iter().find(|n| n.name() == "up").expect("up in the written branch");
+        assert_eq!(up_node.input, vec!["x".to_string(), "big".to_string()], "{model}: kept in FP32 in the branch");
+    }
+
+    // A keep-list name inside a body that the body lacks is refused as the user gave it.
+    save(&overflow_through_an_if_output(true), &dir.path().join("nested.onnx"));
+    for wrong in ["by_rate/then/stage/then/nope", "by_rate/then/stage/output1"] {
+        let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", wrong], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{t}");
+        assert!(t.contains(&format!("node '{wrong}' does not exist in the model")), "{t}");
+        assert!(!dir.path().join("c.onnx").exists(), "{t}");
+    }
+    let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", "by_rate/then/stage/then/up,by_rate/then/stage/output0"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
