@@ -503,6 +503,13 @@ fn fix_writes_loop_and_scan_models_whose_keep_list_names_unrolled_nodes() {
         assert_eq!(fix["fixed_model_check"]["pass"], true, "{model}: {t}");
         let written = layerwise_model::Model::load(&dir.path().join(&fixed)).unwrap();
         assert!(written.graph().node.iter().any(|n| n.op_type() == if model == "loop" { "Loop" } else { "Scan" }), "{model}: the written model keeps its structure");
+        if model == "loop" {
+            // Both iterations keep `sq`: one layer of the body, named once, and the gathering of
+            // scan outputs the unrolling made is no layer at all.
+            let flags = fix["trtexec_flags"].as_str().unwrap();
+            assert_eq!(flags.matches("sq:fp32").count(), 1, "{flags}");
+            assert!(!flags.contains("unsqueeze") && !flags.contains("scan0"), "{flags}");
+        }
     }
 }
 

@@ -467,10 +467,9 @@ fn fp32_as_inlined(index: &GraphIndex, name: &str) -> bool {
     index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop" | "Scan")).any(|n| {
         let Some(rest) = name.strip_prefix(&n.name).and_then(|r| r.strip_prefix('/')) else { return false };
         let part = rest.split('/').next().unwrap_or(rest);
-        // An If hands over only the outputs it has: `If/output7` of a one-output If is a typo.
-        let handed_over = |k: &str| k.parse::<usize>().is_ok_and(|k| n.outputs.get(k).is_some_and(|o| !o.is_empty()));
-        let present = n.op_type != "If" || rest.strip_prefix("output").is_some_and(handed_over);
-        (crate::inline::made_by_inlining(&n.op_type, rest) && present) || (n.op_type == "Scan" && numbered(part, "iter"))
+        // A node hands over only outputs it has: `If/output7` of a one-output If is a typo.
+        let has_output = part.trim_start_matches(|c: char| c.is_ascii_alphabetic()).parse::<usize>().is_ok_and(|k| k < n.outputs.len());
+        (crate::inline::made_by_inlining(&n.op_type, rest) && has_output) || (n.op_type == "Scan" && numbered(part, "iter"))
     })
 }
 
