@@ -339,12 +339,8 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
             .to_string()
     };
     // A Loop's iterations share one body, so one layer: named once.
-    let mut spec: Vec<String> = Vec::new();
-    for layer in keep.iter().map(|n| format!("{}:fp32", own_name(n))) {
-        if !spec.contains(&layer) {
-            spec.push(layer);
-        }
-    }
+    let mut named = std::collections::HashSet::new();
+    let spec: Vec<String> = keep.iter().map(|n| format!("{}:fp32", own_name(n))).filter(|layer| named.insert(layer.clone())).collect();
     let value = layerwise_report::escape::shell_quoted(&spec.join(",")).expect("names a shell word can hold");
     format!("--{low} --precisionConstraints=obey --layerPrecisions={value}")
 }
