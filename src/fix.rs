@@ -192,14 +192,18 @@ fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> 
         .collect()
 }
 
-/// Nodes that may be kept in FP32 (they compute a float tensor that is not a weight), in
-/// topological order, `keep` excluded.
+/// Nodes that may be kept in FP32 (they compute a float tensor, from the inputs or from weights
+/// alone; not Constants), in topological order, `keep` excluded.
 fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Tensor>, keep: &[String]) -> Vec<String> {
     index
         .nodes
         .iter()
         .filter(|n| !keep.contains(&n.name))
-        .filter(|n| n.outputs.iter().any(|o| !index.is_constant_like(o) && reference.get(o).is_some_and(|t| t.dtype().is_float())))
+        // Nodes computing from weights alone (a Slice or Concat of an LSTM's weights) count too:
+        // left out, they round the weights their kept readers take (found by the independent
+        // tester on Silero VAD, whose every weight is a Constant reshaped in its branch). A
+        // Constant's own precision follows its readers.
+        .filter(|n| n.op_type != "Constant" && n.outputs.iter().any(|o| reference.get(o).is_some_and(|t| t.dtype().is_float())))
         .map(|n| n.name.clone())
         .collect()
 }
@@ -551,7 +555,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             (Some(fd), _) => vec![(fd.node.clone(), format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail))],
             (None, Some((node, why))) => vec![(node, why)],
             (None, None) => {
-                stuck = Some(format!("{} No layer left to keep in FP32.", last.1.summary));
+                stuck = Some(format!("{}; no layer is left to keep in FP32", last.1.summary.trim_end_matches('.')));
                 break;
             }
         };

@@ -261,6 +261,42 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
 
+/// The region search keeps nodes that compute from weights alone too: Silero VAD's LSTM reads its
+/// weights through Slices and Concats of Constants, and with only the nodes fed by the input kept,
+/// those rounded the weights in FP16 and `fix` said that keeping every node did not help (found by
+/// the independent tester). Here each step's multiplier passes through an Identity.
+#[test]
+fn the_region_search_keeps_nodes_that_compute_from_weights_alone() {
+    let mut b = layerwise_model::builder::ModelBuilder::new("drift_via_identity", 17);
+    b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(256)]);
+    let mut current = "x".to_string();
+    for i in 0..30 {
+        let (w, wi, m) = (format!("w{i}"), format!("w{i}_read"), format!("m{i}"));
+        b.initializer(layerwise_model::builder::f32_tensor(&w, &[1], &[1.0037 + 0.0001 * i as f32]));
+        b.node("Identity", &format!("weights/Identity_{i}"), &[&w], &[&wi], vec![]);
+        b.node("Mul", &format!("chain/Mul_{i}"), &[&current, &wi], &[&m], vec![]);
+        current = m;
+    }
+    b.node("Identity", "out", &[&current], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("drift.onnx");
+    save(&b.build(), &path);
+    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
+    options.bisect.atol = Some(0.0);
+    options.bisect.rtol = Some(2e-3);
+    options.bisect.range_tol = Some(0.0);
+    // The error is the weights' own rounding, which the noise floor measures: it would stop the
+    // search before the region is tried.
+    options.bisect.noise_floor = false;
+    let outcome = fix(&options).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
+    assert!(!outcome.text.contains("even keeping every node"), "{}", outcome.text);
+    assert!(r.keep_fp32.iter().any(|n| n.starts_with("weights/")), "the weights' Identities are kept: {:?}", r.keep_fp32);
+    assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
+}
+
 /// Issue "a newcomer's day", item 2: `fix --inputs DIR` searches and checks the keep list on every
 /// sample, as bisect compares every sample: a quiet sample alone needs nothing kept, the set
 /// with loud samples needs the LayerNorm.
