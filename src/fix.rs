@@ -442,6 +442,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         .as_ref()
         .map(|cf| cf.kept.iter().filter(|(n, _)| setup.index.node(n).is_some_and(|info| matches!(info.op_type.as_str(), "If" | "Loop"))).cloned().collect())
         .unwrap_or_default();
+    // Each If replaced by the branch these inputs took: the other branch is written converted with
+    // nothing kept, and no run saw it (the summary says so).
+    let branches_taken: Vec<(String, String)> = setup
+        .control_flow
+        .as_ref()
+        .map(|cf| cf.inlined.iter().filter(|i| i.op_type == "If").map(|i| (i.node.clone(), i.taken.clone())).collect())
+        .unwrap_or_default();
     let flattened = setup.control_flow.is_some();
     let Setup { model, index, mut reference, mut candidate, .. } = setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
@@ -786,6 +793,14 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("no fix found after {} candidate runs: {}{bf16_note}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
     };
     let mut summary = summary;
+    if !branches_taken.is_empty() {
+        let shown: Vec<String> = branches_taken.iter().take(3).map(|(n, taken)| format!("'{n}' took its {taken}")).collect();
+        let more = if branches_taken.len() > 3 { format!(" and {} more", branches_taken.len() - 3) } else { String::new() };
+        summary.push_str(&format!(
+            "; searched and checked on the If branches these inputs took ({}{more}): the branches not taken are written converted with nothing kept in FP32, and no run here computed them",
+            shown.join(", ")
+        ));
+    }
     for o in weight_outputs {
         let said = format!("; output '{o}' was not compared: {WEIGHT_OUTPUT}");
         if !summary.contains(&said) {
