@@ -365,6 +365,15 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let worst = verdict.worst_output.clone();
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         match (&reference_outputs, worst, cand_error) {
+            // An output the candidate takes to inf/NaN is never ill-conditioned (a finite floor is
+            // no match for it): two whole reference runs would decide nothing. As in `fix`.
+            (_, Some(worst), Some(cand_error)) if !cand_error.is_finite() => {
+                conclusions.push(format!(
+                    "noise floor not measured: the candidate's error on '{worst}' is not finite ({}), and the floor calls an output ill-conditioned only against a finite error, so it could not change this verdict",
+                    conclusions::n(cand_error)
+                ));
+                None
+            }
             (Some(reference), Some(worst), Some(cand_error)) => {
                 let (exact, told_apart) = setup::weights_kept_float32(job.model, job.cand_model.as_ref());
                 // A quantized candidate's floor moves its quantizers, not float weights by name.
