@@ -511,13 +511,18 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
+    // The nodes inside each If or Loop kept whole: the keep list's count of one node understates it
+    // (an independent tester saw "keeping 1 of 5 nodes" where that node was the whole model).
+    let mut inside_kept_whole = 0;
     if !opaque.is_empty() {
         for (node, why) in &opaque {
+            let inside = model.graph().node.iter().find(|n| n.name() == node.as_str()).map_or(0, nodes_in_bodies);
+            inside_kept_whole += inside;
             keep.push(node.clone());
             patterns.push(KeptPattern {
                 kind: OPAQUE_CONTROL_FLOW.into(),
                 nodes: vec![node.clone()],
-                because: format!("'{node}' is left as it is ({why}): neither the emulation nor the typed check sees inside it, so it stays FP32 whole"),
+                because: format!("'{node}' is left as it is ({why}): neither the emulation nor the typed check sees inside it, so it stays FP32 whole, with the {inside} nodes of its bodies"),
             });
         }
         last = search.run(&keep)?;
@@ -782,10 +787,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("all{compared} outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}{bf16_note}",
+            "keeping {} of {} nodes in FP32 ({}{}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}{bf16_note}",
             keep.len(),
             index.nodes.len(),
             keep_list_summary(&patterns),
+            if inside_kept_whole > 0 { format!("; the control flow kept whole holds {inside_kept_whole} more nodes in its bodies, all FP32 too") } else { String::new() },
             if search.samples.len() > 1 { format!(" on every one of the {} samples", search.samples.len()) } else { String::new() },
             search.runs
         )
@@ -844,6 +850,11 @@ const LARGE_KEEP_LIST: usize = 16;
 
 /// The keep list in the one-line summary: each group with its nodes where there are few; else a
 /// count of groups by kind (the full list is in the JSON and the keep-list file).
+/// Nodes in `node`'s bodies (If branches, Loop and Scan bodies), nested bodies included.
+fn nodes_in_bodies(node: &layerwise_model::onnx::NodeProto) -> usize {
+    node.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)).map(|g| g.node.len() + g.node.iter().map(nodes_in_bodies).sum::<usize>()).sum()
+}
+
 fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     if patterns.len() <= 3 {
         return patterns.iter().map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes))).collect::<Vec<_>>().join("; ");

@@ -432,6 +432,9 @@ fn an_if_kept_in_fp32_keeps_its_branches_whole_and_fix_says_fixed() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate"]), "{t}");
+    // One node kept, but it holds both branches (3 nodes): the summary says so (a tester read "1 of
+    // 5 nodes" where the one was the whole model).
+    assert!(fix["summary"].as_str().unwrap().contains("the control flow kept whole holds 3 more nodes in its bodies, all FP32 too"), "{}", fix["summary"]);
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     let if_node = fixed.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
