@@ -175,6 +175,46 @@ pub fn float_tensor_set(model: &Model, computed_float: &HashSet<String>) -> Hash
     set
 }
 
+/// The error for a keep-list name no node has, with the name layerwise would accept where the user
+/// likely meant a body's node: ONNX's attribute names (`If/then_branch/x`) for layerwise's
+/// (`If/then/x`), or a body node's own name (as `trtexec` flags print it) without its If's path.
+fn unknown_node_with_hint(graph: &crate::onnx::GraphProto, name: &str) -> ModelError {
+    let renamed = name.replace("/then_branch/", "/then/").replace("/else_branch/", "/else/");
+    let hint = if renamed != name {
+        Some(format!("layerwise names an If's branches 'then' and 'else': try '{renamed}'"))
+    } else {
+        path_in_bodies(graph, name, "").map(|path| format!("a node of that name is inside a body: name it '{path}' (a branch's node after its If: `If/then/node`; a Loop body's after its iteration: `Loop/iter0/node`)"))
+    };
+    match hint {
+        Some(hint) => ModelError::UnknownNodeHint { name: name.to_string(), hint },
+        None => ModelError::UnknownNode(name.to_string()),
+    }
+}
+
+/// Where a node named `name` lies in the bodies of `graph`'s If and Loop nodes, as layerwise names
+/// it (`If/then/name`, `Loop/iter0/name`, nested alike); the first found.
+fn path_in_bodies(graph: &crate::onnx::GraphProto, name: &str, prefix: &str) -> Option<String> {
+    for node in &graph.node {
+        for a in &node.attribute {
+            let part = match (node.op_type(), a.name()) {
+                ("If", "then_branch") => "then",
+                ("If", "else_branch") => "else",
+                ("Loop", "body") => "iter0",
+                _ => continue,
+            };
+            let Some(body) = a.g.as_ref() else { continue };
+            let here = format!("{prefix}{}/{part}/", node.name());
+            if body.node.iter().any(|n| n.name() == name) {
+                return Some(format!("{here}{name}"));
+            }
+            if let Some(found) = path_in_bodies(body, name, &here) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
 /// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`].
 pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
     let graph = model.graph();
@@ -190,7 +230,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     keep_names.sort();
     for name in keep_names {
         if index.node(name).is_none() && body_of(index, name).is_none() && !fp32_as_inlined(index, name) {
-            return Err(ModelError::UnknownNode(name.clone()));
+            return Err(unknown_node_with_hint(graph, name));
         }
     }
     // An op type no node has is a typo or another model's list: said, not ignored.
