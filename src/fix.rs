@@ -742,7 +742,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let other_precision = match bf16_beside {
         Some(beside) => {
             let (result, seconds) = beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            search.steps.record(bf16_label, seconds);
+            search.steps.ran_beside(bf16_label, seconds);
             Some(result?)
         }
         None if bf16_wanted(fixed, &keep) => {
