@@ -200,10 +200,12 @@ pub fn emulate_reusing(
     // there), so that reader gets a rounded copy. Shape, Size and Cast read it as it is (the
     // converter inserts no Cast in front of them).
     let edges = island_edges(graph, float_tensors, &keep_fp32);
+    // Named once, not once per node and edge (a large model's keep list has hundreds of edges).
+    let edge_copies: Vec<(&String, String)> = edges.iter().map(|t| (t, format!("{t}{EDGE_SUFFIX}"))).collect();
     for (i, node) in graph.node.iter_mut().enumerate() {
         if !keep_fp32.contains(&i) && !EDGE_FREE_READERS.contains(&node.op_type()) {
-            for t in &edges {
-                rename_reads(node, t, &format!("{t}{EDGE_SUFFIX}"));
+            for (t, copy) in &edge_copies {
+                rename_reads(node, t, copy);
             }
         }
     }
@@ -552,6 +554,11 @@ fn island_edges(graph: &GraphProto, float_tensors: &HashSet<String>, keep_fp32: 
     let mut edges = HashSet::new();
     for (i, node) in graph.node.iter().enumerate() {
         if keep_fp32.contains(&i) || EDGE_FREE_READERS.contains(&node.op_type()) {
+            continue;
+        }
+        if node.attribute.iter().all(|a| a.g.is_none() && a.graphs.is_empty()) {
+            // A node without bodies reads its inputs only: no set of every read to build.
+            edges.extend(node.input.iter().filter(|r| kept_outputs.contains(r.as_str())).cloned());
             continue;
         }
         let mut reads = HashSet::new();
