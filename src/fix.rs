@@ -44,9 +44,6 @@ struct Sample {
     /// The candidate's latest runs of this sample (an emulating candidate's): a run is computed
     /// from the one it changes least, re-running only what its keep list changes.
     runs: Vec<HeldRun<'static>>,
-    /// The comparison of each run held, in the same order: a run computed from one of them
-    /// compares again only what it computed again.
-    comparisons: Vec<Comparison>,
 }
 
 /// Candidate runs held per sample to compute the next from: two cover the search's steps (a
@@ -93,15 +90,12 @@ impl Search<'_> {
                 let out = keeper.run(candidate.as_mut(), keep, feeds, &Selection::All)?;
                 Ok(HeldRun::whole(keeper, keep, out.tensors))
             })?;
-            let earlier = run.from.as_ref().and_then(|d| Some((self.samples[k].comparisons.get(d.held)?, &d.recomputed)));
-            let judged = self.judge(k, run.tensor_map(), earlier);
+            let judged = self.judge(k, run.tensor_map());
             if self.keeper.emulated() {
-                let sample = &mut self.samples[k];
-                sample.runs.push(run);
-                sample.comparisons.push(judged.0.clone());
-                if sample.runs.len() > HELD_RUNS {
-                    sample.runs.remove(0);
-                    sample.comparisons.remove(0);
+                let runs = &mut self.samples[k].runs;
+                runs.push(run);
+                if runs.len() > HELD_RUNS {
+                    runs.remove(0);
                 }
             }
             let error = judged.0.largest_error(&self.index.outputs);
@@ -121,7 +115,6 @@ impl Search<'_> {
     fn forget_last_run(&mut self) {
         for sample in &mut self.samples {
             sample.runs.pop();
-            sample.comparisons.pop();
         }
     }
 
@@ -139,22 +132,8 @@ impl Search<'_> {
         (comparison, pass)
     }
 
-    /// `tensors` against sample `k`'s reference. With `earlier` (the comparison of the held run
-    /// these were computed from, and the tensors computed again), every other tensor's record is
-    /// the earlier one: the same values against the same reference.
-    fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>, earlier: Option<(&Comparison, &std::collections::HashSet<String>)>) -> (Comparison, Verdict) {
-        let reference = &self.samples[k].reference;
-        let comparison = match earlier {
-            None => compare_all(self.index, &self.order, reference, tensors, &self.tolerances),
-            Some((earlier, recomputed)) => {
-                let reused = |t: &String| !recomputed.contains(t) && tensors.contains_key(t) && earlier.get(t).is_some();
-                let again: Vec<String> = self.order.iter().filter(|t| !reused(t)).cloned().collect();
-                let fresh = compare_all(self.index, &again, reference, tensors, &self.tolerances);
-                let mut records = fresh.records;
-                records.extend(self.order.iter().filter(|t| reused(t)).filter_map(|t| earlier.get(t).cloned()));
-                Comparison::from_records(records, fresh.not_compared, &self.order)
-            }
-        };
+    fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>) -> (Comparison, Verdict) {
+        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
@@ -480,7 +459,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // An input passed straight to an output is returned as it was fed (no run returns it).
         add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
         crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
-        samples.push(Sample { name, feeds, reference: out.tensors, runs: Vec::new(), comparisons: Vec::new() });
+        samples.push(Sample { name, feeds, reference: out.tensors, runs: Vec::new() });
     }
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).

@@ -468,9 +468,9 @@ impl<'a> KeepRunner<'a> {
             return Ok(None);
         }
         let kept: HashSet<String> = self.as_written(keep).into_iter().collect();
-        let (affected, base, base_at) = match held.iter().enumerate().map(|(i, h)| (self.affected(&h.kept, &kept), h, i)).min_by_key(|(a, _, _)| a.iter().filter(|&&x| x).count()) {
-            Some((affected, h, i)) => (affected, Some(h), Some(i)),
-            None => (vec![true; self.index.nodes.len()], None, None),
+        let (affected, base) = match held.iter().map(|h| (self.affected(&h.kept, &kept), h)).min_by_key(|(a, _)| a.iter().filter(|&&x| x).count()) {
+            Some((affected, h)) => (affected, Some(h)),
+            None => (vec![true; self.index.nodes.len()], None),
         };
         let index = self.index;
         let unaffected = |t: &str| index.producer_index(t).is_none_or(|p| !affected[p]);
@@ -486,20 +486,13 @@ impl<'a> KeepRunner<'a> {
         let known = |t: &str| if unaffected(t) { base.and_then(|h| h.get(t)) } else { None };
         let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
         candidate.keep_fp32(&[]);
-        let mut recomputed: HashSet<String> = match computed {
-            Some(Ok(computed)) => {
-                let names = computed.keys().cloned().collect();
-                tensors.extend(computed);
-                names
-            }
+        match computed {
+            Some(Ok(computed)) => tensors.extend(computed),
             // Where a piece cannot run (a value that is not a tensor), the whole model does.
             None | Some(Err(_)) => return Ok(None),
-        };
-        let before: HashSet<String> = tensors.keys().cloned().collect();
+        }
         layerwise_analysis::add_passed_through(self.model.graph(), index, inputs, &mut tensors);
-        recomputed.extend(tensors.keys().filter(|t| !before.contains(*t)).cloned());
-        let from = base_at.map(|held| Derived { held, recomputed });
-        Ok(Some(HeldRun { kept, shared: None, tensors, from }))
+        Ok(Some(HeldRun { kept, shared: None, tensors }))
     }
 
     /// The model outputs of the emulating candidate's run with `keep` in FP32, computed as
@@ -600,32 +593,22 @@ pub struct HeldRun<'t> {
     kept: HashSet<String>,
     shared: Option<&'t HashMap<String, Tensor>>,
     tensors: HashMap<String, Tensor>,
-    /// For a run computed from a held one: which, and what was computed again.
-    pub from: Option<Derived>,
-}
-
-/// How a run was computed from a held run ([`KeepRunner::run_all_from`]): every tensor it holds
-/// but those `recomputed` is the held run's own value, so what was measured of it stands.
-pub struct Derived {
-    /// The position of the held run among those it was given.
-    pub held: usize,
-    pub recomputed: HashSet<String>,
 }
 
 impl<'t> HeldRun<'t> {
     /// The candidate's tensors from the comparison (nothing kept).
     pub fn of_comparison(tensors: &'t HashMap<String, Tensor>) -> HeldRun<'t> {
-        HeldRun { kept: HashSet::new(), shared: Some(tensors), tensors: HashMap::new(), from: None }
+        HeldRun { kept: HashSet::new(), shared: Some(tensors), tensors: HashMap::new() }
     }
 
     /// A run keeping `keep` (as the runner writes it) of which no tensor is held yet.
     pub fn nothing_yet(runner: &mut KeepRunner, keep: &[String]) -> HeldRun<'t> {
-        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors: HashMap::new(), from: None }
+        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors: HashMap::new() }
     }
 
     /// A whole run of the candidate keeping `keep`, which returned `tensors`.
     pub fn whole(runner: &mut KeepRunner, keep: &[String], tensors: HashMap<String, Tensor>) -> HeldRun<'t> {
-        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors, from: None }
+        HeldRun { kept: runner.as_written(keep).into_iter().collect(), shared: None, tensors }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&Tensor> {
