@@ -855,8 +855,6 @@ fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
 }
 
-/// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
-/// tolerances (the user's, where given).
 /// Each sample's inputs and the reference's values of the model outputs: what [`bf16_whole`] reads.
 type OutputSamples = Vec<(Vec<(String, Tensor)>, std::collections::HashMap<String, Tensor>)>;
 
@@ -864,6 +862,8 @@ fn bf16_samples(samples: &[Sample], index: &GraphIndex) -> OutputSamples {
     samples.iter().map(|s| (s.feeds.clone(), index.outputs.iter().filter_map(|o| s.reference.get(o).map(|t| (o.clone(), t.clone()))).collect())).collect()
 }
 
+/// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
+/// tolerances (the user's, where given).
 fn bf16_whole(samples: &OutputSamples, model: &Model, index: &GraphIndex, options: &BisectOptions) -> Result<layerwise_report::OtherPrecision> {
     let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
     let mut bf16 = layerwise_runtime::create_backend(&spec)?;
