@@ -665,6 +665,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut load_check: Option<LoadCheck> = None;
     let mut fixed = fixed;
     let mut check_failure = None;
+    // FP16 that needs a large keep list, or none found: would BF16 need any? The model run whole
+    // in BF16 (`sim:bf16`, nothing kept) on every sample, judged by BF16's own tolerances, measured
+    // (a diffusion UNet kept 280 of 2,103 nodes for FP16 where BF16 passed at 2.46e-2).
+    let bf16_wanted = |fixed: bool, keep: &[String]| low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST);
+    // Where it is wanted whatever the written file's checks find, it runs beside them (on its own
+    // copies: they read nothing it computes, and the child's session build leaves a core idle).
+    let bf16_beside = (fixed && bf16_wanted(fixed, &keep)).then(|| {
+        let (model, index, options) = (model.clone(), index.clone(), b.clone());
+        let samples = bf16_samples(&search.samples, &index);
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            (bf16_whole(&samples, &model, &index, &options), started.elapsed().as_secs_f64())
+        })
+    });
     if fixed {
         // The file `fix` writes (or would write, without -o: a scratch copy), checked in its own
         // types by the typed evaluation, which shares no code with the emulation that chose the
@@ -749,14 +763,18 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         stuck = Some(why);
     }
 
-    // FP16 that needs a large keep list, or none found: would BF16 need any? The model run whole
-    // in BF16 (`sim:bf16`, nothing kept) on every sample, judged by BF16's own tolerances, measured
-    // (a diffusion UNet kept 280 of 2,103 nodes for FP16 where BF16 passed at 2.46e-2).
-    let other_precision = if low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST) {
-        let Search { steps, samples, .. } = &mut search;
-        Some(steps.run("running the model whole in BF16 (sim:bf16, nothing kept)", || bf16_whole(samples, model, index, b))?)
-    } else {
-        None
+    let bf16_label = "running the model whole in BF16 (sim:bf16, nothing kept)";
+    let other_precision = match bf16_beside {
+        Some(beside) => {
+            let (result, seconds) = beside.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            search.steps.ran_beside(bf16_label, seconds);
+            Some(result?)
+        }
+        None if bf16_wanted(fixed, &keep) => {
+            let samples = bf16_samples(&search.samples, index);
+            Some(search.steps.run(bf16_label, || bf16_whole(&samples, model, index, b))?)
+        }
+        None => None,
     };
     let bf16_note = match &other_precision {
         Some(o) if o.pass => format!(
@@ -876,17 +894,24 @@ fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
 }
 
+/// Each sample's inputs and the reference's values of the model outputs: what [`bf16_whole`] reads.
+type OutputSamples = Vec<(Vec<(String, Tensor)>, std::collections::HashMap<String, Tensor>)>;
+
+fn bf16_samples(samples: &[Sample], index: &GraphIndex) -> OutputSamples {
+    samples.iter().map(|s| (s.feeds.clone(), index.outputs.iter().filter_map(|o| s.reference.get(o).map(|t| (o.clone(), t.clone()))).collect())).collect()
+}
+
 /// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
 /// tolerances (the user's, where given).
-fn bf16_whole(samples: &[Sample], model: &Model, index: &GraphIndex, options: &BisectOptions) -> Result<layerwise_report::OtherPrecision> {
+fn bf16_whole(samples: &OutputSamples, model: &Model, index: &GraphIndex, options: &BisectOptions) -> Result<layerwise_report::OtherPrecision> {
     let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
     let mut bf16 = layerwise_runtime::create_backend(&spec)?;
     let judging = Judging::new(Precision::Bf16, false, options)?;
     let (mut pass, mut worst) = (true, 0f64);
-    for sample in samples {
-        let mut out = bf16.run(&RunRequest { model, index, inputs: &sample.feeds, selection: &Selection::Names(index.outputs.clone()) })?;
-        add_passed_through(model.graph(), index, &sample.feeds, &mut out.tensors);
-        let comparison = compare_all(index, &index.outputs, &sample.reference, &out.tensors, &judging.tolerances);
+    for (feeds, reference) in samples {
+        let mut out = bf16.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::Names(index.outputs.clone()) })?;
+        add_passed_through(model.graph(), index, feeds, &mut out.tensors);
+        let comparison = compare_all(index, &index.outputs, reference, &out.tensors, &judging.tolerances);
         pass &= comparison.outputs_pass(index);
         worst = worst.max(comparison.largest_error(&index.outputs));
     }

@@ -71,8 +71,10 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
     use layerwise_model::builder::{tensor_type, Dim};
     use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
     let graph = converted.graph();
-    // The original model's types (ONNX Runtime's, asked once per model for its float tensors).
-    let original = layerwise_runtime::tensor_types(model, index, &[]).ok()?;
+    // The original model's types (ONNX Runtime's, asked once per model: for its float tensors,
+    // or for the inputs' shapes to estimate memory). Concrete dimensions where the model's are
+    // symbolic change no node's input types, which is what the check is about.
+    let original = layerwise_runtime::tensor_types_for_any_shapes(model, index).ok()?;
     let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
     let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
     let weights: HashSet<&str> = graph.initializer.iter().map(|w| w.name()).collect();

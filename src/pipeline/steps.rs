@@ -38,6 +38,15 @@ impl Steps {
         if CANCEL.load(std::sync::atomic::Ordering::Relaxed) {
             bail!("interrupted before '{label}'");
         }
+        let label = self.show(label);
+        let t = Instant::now();
+        let r = f();
+        self.durations.push((label, t.elapsed().as_secs_f64()));
+        r
+    }
+
+    /// Says that `label` is what goes on now; the label as recorded.
+    fn show(&mut self, label: &str) -> String {
         // Labels and sample names can quote names from the model or the user's files.
         let label = layerwise_report::escape::terminal(label);
         let shown = if self.position.is_empty() { label.to_string() } else { format!("{}: {label}", self.position) };
@@ -45,10 +54,14 @@ impl Steps {
         if self.lines {
             eprintln!("layerwise: {shown} ({:.1} s)", self.started.elapsed().as_secs_f64());
         }
-        let t = Instant::now();
-        let r = f();
-        self.durations.push((label.to_string(), t.elapsed().as_secs_f64()));
-        r
+        label.to_string()
+    }
+
+    /// A step that ran on another thread, shown where its result is taken as a step `run` there
+    /// would be: its own duration.
+    pub(crate) fn ran_beside(&mut self, label: &str, seconds: f64) {
+        let label = self.show(label);
+        self.durations.push((label, seconds));
     }
 
     /// A step that ran on another thread, beside the ones `run` timed: its own duration.

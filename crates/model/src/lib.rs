@@ -36,7 +36,7 @@ pub use error::ModelError;
 pub use tensor::{shape_string, DType, Tensor, TensorData};
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, open_regular, Model};
-pub use rewrite::{emulate, emulate_tf32, expose, Emulation, Selection};
+pub use rewrite::{emulate, emulate_reusing, emulate_tf32, expose, Emulation, RoundedWeights, Selection};
 pub use rounding::Rounding;
 pub use weights::{float_weight_values, for_each_float_chunk, scan_fp16_weight_range, share_unchanged_weights, WeightRange};
 

@@ -100,6 +100,45 @@ pub fn emulate(
     keep_fp32: &HashSet<usize>,
     rounding: Rounding,
 ) -> Result<Emulation, ModelError> {
+    emulate_reusing(model, proto, float_tensors, keep_fp32, rounding, &mut RoundedWeights::default())
+}
+
+/// The weights an emulation rounded, by the bytes they were rounded from, for the next emulation
+/// of the same model (`fix` emulates it once per keep list; rounding every weight again was most
+/// of a prune trial's program). A source's bytes are held beside its rounding, so the address
+/// that names them cannot be reused by other values while the entry lives.
+#[derive(Default)]
+pub struct RoundedWeights {
+    by_source: std::collections::HashMap<(usize, usize, Rounding), (Bytes, Bytes)>,
+}
+
+impl RoundedWeights {
+    /// `t` rounded in place, from the entry of its bytes where one was made.
+    fn round(&mut self, model: &Model, t: &mut TensorProto, rounding: Rounding) -> Result<(), ModelError> {
+        let source = t.raw_data.clone().filter(|raw| !raw.is_empty() && t.external_data.is_empty());
+        let Some(source) = source else { return round_tensor(model, t, rounding) };
+        let key = (source.as_ptr() as usize, source.len(), rounding);
+        if let Some((_, rounded)) = self.by_source.get(&key) {
+            t.raw_data = Some(rounded.clone());
+            t.float_data.clear();
+            t.data_location = None;
+            return Ok(());
+        }
+        round_tensor(model, t, rounding)?;
+        self.by_source.insert(key, (source, t.raw_data.clone().expect("just rounded")));
+        Ok(())
+    }
+}
+
+/// [`emulate`], taking the weights `rounded` holds already as they are and adding those it rounds.
+pub fn emulate_reusing(
+    model: &Model,
+    proto: &ModelProto,
+    float_tensors: &HashSet<String>,
+    keep_fp32: &HashSet<usize>,
+    rounding: Rounding,
+    rounded: &mut RoundedWeights,
+) -> Result<Emulation, ModelError> {
     let Some(storage) = rounding.storage_type() else {
         return emulate_tf32(proto, float_tensors, keep_fp32);
     };
@@ -131,7 +170,7 @@ pub fn emulate(
         &with_rows
     };
     let mut rounded_weights = gathered.len();
-    let weight_rounding = WeightRounding { model, rounding, storage, split };
+    let mut weight_rounding = WeightRounding { model, rounding, storage, split, rounded };
     let mut nodes = weight_rounding.round_graph(graph, &gathered, &keep_fp32, &mut rounded_weights)?;
     if split {
         graph.initializer.push(f32_tensor(BF16_SPLITTER_NAME, &[], &[crate::rounding::BF16_SPLITTER]));
@@ -161,10 +200,12 @@ pub fn emulate(
     // there), so that reader gets a rounded copy. Shape, Size and Cast read it as it is (the
     // converter inserts no Cast in front of them).
     let edges = island_edges(graph, float_tensors, &keep_fp32);
+    // Named once, not once per node and edge (a large model's keep list has hundreds of edges).
+    let edge_copies: Vec<(&String, String)> = edges.iter().map(|t| (t, format!("{t}{EDGE_SUFFIX}"))).collect();
     for (i, node) in graph.node.iter_mut().enumerate() {
         if !keep_fp32.contains(&i) && !EDGE_FREE_READERS.contains(&node.op_type()) {
-            for t in &edges {
-                rename_reads(node, t, &format!("{t}{EDGE_SUFFIX}"));
+            for (t, copy) in &edge_copies {
+                rename_reads(node, t, copy);
             }
         }
     }
@@ -515,6 +556,11 @@ fn island_edges(graph: &GraphProto, float_tensors: &HashSet<String>, keep_fp32: 
         if keep_fp32.contains(&i) || EDGE_FREE_READERS.contains(&node.op_type()) {
             continue;
         }
+        if node.attribute.iter().all(|a| a.g.is_none() && a.graphs.is_empty()) {
+            // A node without bodies reads its inputs only: no set of every read to build.
+            edges.extend(node.input.iter().filter(|r| kept_outputs.contains(r.as_str())).cloned());
+            continue;
+        }
         let mut reads = HashSet::new();
         collect_reads(node, &mut reads);
         edges.extend(reads.into_iter().filter(|r| kept_outputs.contains(r.as_str())));
@@ -672,6 +718,7 @@ struct WeightRounding<'a> {
     rounding: Rounding,
     storage: DataType,
     split: bool,
+    rounded: &'a mut RoundedWeights,
 }
 
 impl WeightRounding<'_> {
@@ -683,7 +730,7 @@ impl WeightRounding<'_> {
     /// `rounded_after_reads` are weights of `graph` itself that are rounded after their readers.
     /// The bodies of `kept` nodes (positions in `graph`: an If or Loop kept in FP32, which the
     /// converted model keeps FP32 whole) keep their weights.
-    fn round_graph(&self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, kept: &HashSet<usize>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
+    fn round_graph(&mut self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, kept: &HashSet<usize>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
         let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
         let mut at_head = Vec::new();
         for t in graph.initializer.iter_mut() {
@@ -694,7 +741,7 @@ impl WeightRounding<'_> {
                     at_head.extend(rounding_nodes(&stored, &name, self.storage, self.split));
                     t.name = Some(stored);
                 } else {
-                    round_tensor(self.model, t, self.rounding)?;
+                    self.rounded.round(self.model, t, self.rounding)?;
                 }
                 *count += 1;
             }
@@ -707,7 +754,7 @@ impl WeightRounding<'_> {
                     match attr.name() {
                         "value" => {
                             if let Some(t) = attr.t.as_mut().filter(|t| t.data_type() == DataType::Float as i32) {
-                                round_tensor(self.model, t, self.rounding)?;
+                                self.rounded.round(self.model, t, self.rounding)?;
                                 *count += 1;
                             }
                         }

@@ -6,7 +6,7 @@ use layerwise_model::perturb::{Perturbation, Perturbed};
 use layerwise_model::rounding::Rounding;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
-use layerwise_model::{emulate, expose, fp16, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
+use layerwise_model::{emulate, emulate_reusing, expose, fp16, RoundedWeights, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
 use prost::Message;
 
 /// x -> Mul(w) -> a -> Relu -> b (output), with a Constant feeding an Add.
@@ -448,4 +448,41 @@ fn an_external_table_only_gathered_is_rounded_in_its_rows() {
     let emu = emulate(&tied, &tied.proto, &float, &HashSet::new(), Rounding::Fp16).unwrap();
     let inits: Vec<String> = emu.proto.graph.unwrap().initializer.iter().map(|t| t.name().to_string()).collect();
     assert!(inits.contains(&"table__lw_stored".to_string()), "a table the Transpose also reads is rounded before it is read: {inits:?}");
+}
+
+/// `fix` emulates one model once per keep list: the weights one emulation rounded are taken as
+/// they are by the next (the same bytes, not rounded again), and the result is the emulation's
+/// own, whatever was kept before; another model's weight of the same name, or another rounding,
+/// is rounded afresh.
+#[test]
+fn emulations_reusing_rounded_weights_are_the_emulations_made_afresh() {
+    let model = Model::from_proto(small_model(), "small").unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let (exposed, _) = expose(&model.proto, &index, &Selection::All).unwrap();
+    let float: HashSet<String> = ["a", "a2", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let weight = |proto: &ModelProto| proto.graph.as_ref().unwrap().initializer.iter().find(|t| t.name() == "w").unwrap().raw_data.clone().unwrap();
+    let mut rounded = RoundedWeights::default();
+    let mut first: Option<Bytes> = None;
+    // Nothing kept, the Mul kept (it reads a float32 copy of w), nothing kept again.
+    for keep in [HashSet::new(), HashSet::from([1usize]), HashSet::new()] {
+        let reused = emulate_reusing(&model, &exposed, &float, &keep, Rounding::Fp16, &mut rounded).unwrap();
+        let fresh = emulate(&model, &exposed, &float, &keep, Rounding::Fp16).unwrap();
+        assert_eq!(reused.proto, fresh.proto, "keeping {keep:?}");
+        assert_eq!((reused.rounded_tensors, reused.rounded_weights), (fresh.rounded_tensors, fresh.rounded_weights));
+        let w = weight(&reused.proto);
+        match &first {
+            None => first = Some(w),
+            Some(f) => assert_eq!(f.as_ptr(), w.as_ptr(), "w is taken as the first emulation rounded it"),
+        }
+    }
+    // The same model in BF16, and a model whose w has other values under the same name.
+    let bf16 = emulate_reusing(&model, &exposed, &float, &HashSet::new(), Rounding::Bf16, &mut rounded).unwrap();
+    assert_eq!(bf16.proto, emulate(&model, &exposed, &float, &HashSet::new(), Rounding::Bf16).unwrap().proto);
+    let mut other = small_model();
+    other.graph.as_mut().unwrap().initializer[0] = f32_tensor("w", &[4], &[3.0001, -1e6, 0.5, 7.0]);
+    let other = Model::from_proto(other, "other").unwrap();
+    let (other_exposed, _) = expose(&other.proto, &index, &Selection::All).unwrap();
+    let reused = emulate_reusing(&other, &other_exposed, &float, &HashSet::new(), Rounding::Fp16, &mut rounded).unwrap();
+    assert_eq!(reused.proto, emulate(&other, &other_exposed, &float, &HashSet::new(), Rounding::Fp16).unwrap().proto);
+    assert_eq!(values(&other, &reused.proto.graph.as_ref().unwrap().initializer[0])[3], 7.0);
 }

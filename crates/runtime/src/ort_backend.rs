@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use layerwise_model::{emulate, expose, Rounding};
+use layerwise_model::{emulate_reusing, expose, RoundedWeights, Rounding};
 use ort::logging::LogLevel;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::session::Session;
@@ -34,6 +34,10 @@ pub struct OrtBackend {
     /// Sessions of the pieces `run_pieces` ran, by the hash of their program, the most recently
     /// used last: `fix`'s runs and the counterfactual's checks run the same pieces again.
     piece_sessions: Vec<(String, Session, usize)>,
+    /// The weights `run_pieces` emulated rounded, by model hash, for its next run of the same
+    /// model (a run otherwise rounds every weight again whatever its keep list changes); one
+    /// model's at a time.
+    rounded_weights: (String, RoundedWeights),
     /// The log id of this backend's sessions, so that what ONNX Runtime logs lands in this
     /// backend's run notes.
     log_id: String,
@@ -45,7 +49,7 @@ impl OrtBackend {
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let label = spec.to_string();
         let log_id = format!("{label}#{n}");
-        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, piece_sessions: Vec::new(), log_id }
+        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, piece_sessions: Vec::new(), rounded_weights: Default::default(), log_id }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -424,7 +428,7 @@ impl Backend for OrtBackend {
 
     fn onnx_program(&mut self, request: &RunRequest) -> Option<Result<OnnxProgram, RuntimeError>> {
         let mut output = RunOutput::default();
-        let result = self.program(request, &mut output).and_then(|(mut proto, _)| {
+        let result = self.program(request, &mut output, false).and_then(|(mut proto, _)| {
             // Optimized for the inputs' shapes, as a run of them is (run_session).
             if let Some(g) = proto.graph.as_mut() {
                 layerwise_model::pair::pin_input_shapes(g, &input_shapes(request));
@@ -483,8 +487,9 @@ impl Backend for OrtBackend {
 impl OrtBackend {
     /// The model this backend gives ONNX Runtime for `request` (the requested tensors exposed, the
     /// emulation's rounding added), and the names of the tensors asked for. What the rewrite did
-    /// goes into `output`'s notes and unavailable tensors.
-    fn program(&mut self, request: &RunRequest, output: &mut RunOutput) -> Result<(layerwise_model::onnx::ModelProto, Vec<String>), RuntimeError> {
+    /// goes into `output`'s notes and unavailable tensors. With `keep_rounded_weights`, the weights
+    /// rounded are kept for the next program (runs in pieces, which come many to a model).
+    fn program(&mut self, request: &RunRequest, output: &mut RunOutput, keep_rounded_weights: bool) -> Result<(layerwise_model::onnx::ModelProto, Vec<String>), RuntimeError> {
         let (_, lib) = ortlib::environment()?;
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
         if let ExecutionProvider::Cuda { tf32, conv_search, .. } = self.options.ep {
@@ -503,6 +508,10 @@ impl OrtBackend {
                 let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
                 keep.insert(node.proto_index);
             }
+            let (of, mut rounded) = std::mem::take(&mut self.rounded_weights);
+            if of != request.model.sha256 {
+                rounded = RoundedWeights::default();
+            }
             let emulated = if self.trt_style {
                 let (proto, keep, summary) = engine_style(request, &exposed, float, &keep)?;
                 output.notes.push(summary.note);
@@ -513,10 +522,13 @@ impl OrtBackend {
                 for (t, why) in summary.folded_parameters.into_iter().filter(|(t, _)| request.index.producer(t).is_some()) {
                     output.unavailable.push((t, why));
                 }
-                emulate(request.model, &proto, &summary.rounded, &keep, rounding)?
+                emulate_reusing(request.model, &proto, &summary.rounded, &keep, rounding, &mut rounded)?
             } else {
-                emulate(request.model, &exposed, float, &keep, rounding)?
+                emulate_reusing(request.model, &exposed, float, &keep, rounding, &mut rounded)?
             };
+            if keep_rounded_weights {
+                self.rounded_weights = (request.model.sha256.clone(), rounded);
+            }
             output.notes.push(match rounding {
                 Rounding::Tf32 => format!(
                     "TF32 emulation: {} Conv/MatMul/Gemm inputs rounded to TF32 by a Veltkamp split, {} nodes kept in float32",
@@ -558,7 +570,7 @@ impl OrtBackend {
         let (mut t_bytes, mut t_evict) = (0.0, 0.0);
         let selection = layerwise_model::Selection::Names(pieces.concat());
         let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
-        let (mut program, _) = self.program(&whole, &mut RunOutput::default())?;
+        let (mut program, _) = self.program(&whole, &mut RunOutput::default(), true)?;
         let t_program = t0.elapsed().as_secs_f64();
         let graph = program.graph.take().expect("a program has a graph");
         let shell = ModelProto { graph: None, ..program };
@@ -671,7 +683,7 @@ impl OrtBackend {
 
     fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let mut output = RunOutput::default();
-        let (mut proto, names) = self.program(request, &mut output)?;
+        let (mut proto, names) = self.program(request, &mut output, false)?;
         // A session for the inputs' own shapes builds faster (layerwise_model::pair::pin_input_shapes).
         let shapes = input_shapes(request);
         if let Some(g) = proto.graph.as_mut() {
@@ -829,12 +841,7 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
 pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
     let float = |types: &HashMap<String, InferredType>| types.iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n.clone()).collect();
     if !index.nodes.iter().any(|n| n.op_type == "If" || n.op_type == "Loop") {
-        // Element types do not follow from input shapes: a typing kept for any shapes answers
-        // (a bisect typed the model for its inputs' shapes already, to estimate memory).
-        if let Some(types) = kept_typing(model) {
-            return Ok(float(&types));
-        }
-        return Ok(float(&tensor_types(model, index, &[])?));
+        return Ok(float(&tensor_types_for_any_shapes(model, index)?));
     }
     let (proto, _) = layerwise_model::inline::with_body_copies(&model.proto)?;
     let copies = model.derived(proto, "typing.onnx");
@@ -874,6 +881,16 @@ pub fn tensor_types(
         cache.remove(0);
     }
     Ok(types.as_ref().clone())
+}
+
+/// [`tensor_types`] where only element types and the ranks of dimensions matter: a typing kept
+/// for any input shapes answers (a bisect or a fix typed the model for its inputs' shapes
+/// already, to estimate memory), else the model is typed for no shapes fixed.
+pub fn tensor_types_for_any_shapes(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashMap<String, InferredType>, RuntimeError> {
+    match kept_typing(model) {
+        Some(types) => Ok(types.as_ref().clone()),
+        None => tensor_types(model, index, &[]),
+    }
 }
 
 /// A typing of `model` that [`tensor_types`] kept, for whichever input shapes.
