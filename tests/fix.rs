@@ -235,6 +235,19 @@ fn conversion_retargets_casts_constant_of_shape_and_value_info() {
 /// Drift over 60 FP16 roundings with a tolerance tighter than that drift: no node breaks and no
 /// pattern is at fault, so the search keeps a contiguous region in topological order, shrinks it
 /// from both ends and prunes it, and the keep list it reports is verified.
+/// `fix` of a drifting chain built in `b`, saved in `dir`, under `sim:fp16` and a tolerance of
+/// rel 2e-3 alone, which drift crosses and no single node breaks.
+fn drift_options(b: layerwise_model::builder::ModelBuilder, dir: &std::path::Path, noise_floor: bool) -> FixOptions {
+    let path = dir.join("drift.onnx");
+    save(&b.build(), &path);
+    let mut options = fix_options(&path, "sim:fp16", dir.join("fixed.onnx"));
+    options.bisect.atol = Some(0.0);
+    options.bisect.rtol = Some(2e-3);
+    options.bisect.range_tol = Some(0.0);
+    options.bisect.noise_floor = noise_floor;
+    options
+}
+
 #[test]
 fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     let mut b = layerwise_model::builder::ModelBuilder::new("drift", 17);
@@ -243,13 +256,7 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     b.node("Identity", "out", &[&out], &["y"], vec![]);
     b.output("y", DataType::Float);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("drift.onnx");
-    save(&b.build(), &path);
-    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
-    options.bisect.atol = Some(0.0);
-    options.bisect.rtol = Some(2e-3);
-    options.bisect.range_tol = Some(0.0);
-    let outcome = fix(&options).unwrap();
+    let outcome = fix(&drift_options(b, dir.path(), true)).unwrap();
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     let region = r.patterns.iter().find(|p| p.kind == "region").unwrap_or_else(|| panic!("a region: {}", outcome.text));
@@ -280,16 +287,9 @@ fn the_region_search_keeps_nodes_that_compute_from_weights_alone() {
     b.node("Identity", "out", &[&current], &["y"], vec![]);
     b.output("y", DataType::Float);
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("drift.onnx");
-    save(&b.build(), &path);
-    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
-    options.bisect.atol = Some(0.0);
-    options.bisect.rtol = Some(2e-3);
-    options.bisect.range_tol = Some(0.0);
     // The error is the weights' own rounding, which the noise floor measures: it would stop the
     // search before the region is tried.
-    options.bisect.noise_floor = false;
-    let outcome = fix(&options).unwrap();
+    let outcome = fix(&drift_options(b, dir.path(), false)).unwrap();
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert!(!outcome.text.contains("even keeping every node"), "{}", outcome.text);
