@@ -614,8 +614,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         rounds.push(Round { stage: FixStage::Pattern, keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
     }
     // The targeted keeps did not do it: a contiguous region in topological order, shrunk from both
-    // ends, then pruned.
-    if last.1.status == Status::Diverged && !ill_conditioned {
+    // ends, then pruned. `--max-rounds 0` asks for no search at all (an independent tester saw 22
+    // region and prune rounds run under it).
+    if last.1.status == Status::Diverged && !ill_conditioned && options.max_rounds > 0 {
         match region_search(&mut search, index, &keep, &mut rounds)? {
             Some((region, outcome)) => {
                 stuck = None;

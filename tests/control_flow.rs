@@ -691,11 +691,12 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
     }
     // ONNX's branch names and a body node's own name (as the trtexec flags print it) are refused
     // with the name layerwise would take (an independent tester's two likely guesses).
-    for (guess, meant) in [("by_rate/then_branch/stage/then/up", "by_rate/then/stage/then/up"), ("up", "by_rate/then/stage/then/up")] {
+    // A path that skips a level is hinted from the top too.
+    for (guess, meant) in [("by_rate/then_branch/stage/then/up", "by_rate/then/stage/then/up"), ("up", "by_rate/then/stage/then/up"), ("by_rate/then/up", "by_rate/then/stage/then/up")] {
         let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", guess], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");
-        assert!(t.contains(&format!("node '{guess}' does not exist in the main graph;")) && t.contains(&format!("'{meant}'")), "{t}");
+        assert!(t.contains(&format!("node '{guess}' does not exist in the model as named;")) && t.contains(&format!("try '{meant}'")), "{t}");
         assert!(!dir.path().join("c.onnx").exists(), "{t}");
     }
     let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", "by_rate/then/stage/then/up,by_rate/then/stage/output0"], dir.path());

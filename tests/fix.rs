@@ -268,6 +268,25 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
 
+/// `--max-rounds 0` is no search: the diagnosing run only, no region or prune rounds (an
+/// independent tester saw 22 of them run).
+#[test]
+fn max_rounds_zero_runs_no_search() {
+    let mut b = layerwise_model::builder::ModelBuilder::new("drift", 17);
+    b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(256)]);
+    let out = common::drift_chain(&mut b, "c", "x", 30);
+    b.node("Identity", "out", &[&out], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    let mut options = drift_options(b, dir.path(), true);
+    options.max_rounds = 0;
+    let outcome = fix(&options).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, FixStatus::NotFixed, "{}", outcome.text);
+    assert_eq!(r.candidate_runs, 1, "{}", outcome.text);
+    assert!(r.rounds.iter().all(|x| x.stage == FixStage::Diagnose), "{:?}", r.rounds);
+}
+
 /// The region search keeps nodes that compute from weights alone too: Silero VAD's LSTM reads its
 /// weights through Slices and Concats of Constants, and with only the nodes fed by the input kept,
 /// those rounded the weights in FP16 and `fix` said that keeping every node did not help (found by

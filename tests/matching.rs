@@ -177,7 +177,8 @@ fn a_twin_with_other_inputs_gets_the_inputs_it_declares() {
 #[test]
 fn a_floor_against_a_file_with_other_weight_names_says_what_it_could_not_tell() {
     let dir = tempfile::tempdir().unwrap();
-    save(&planted(Ending::ExpOverflow), &dir.path().join("ref.onnx"));
+    // A finite error: where the candidate's is inf no floor is measured.
+    save(&planted(Ending::SoftmaxAmplification), &dir.path().join("ref.onnx"));
     let c = layerwise(&["convert", "ref.onnx", "--to", "fp16", "-o", "c.onnx"], dir.path());
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     let mut converted = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap().proto;

@@ -181,12 +181,12 @@ pub fn float_tensor_set(model: &Model, computed_float: &HashSet<String>) -> Hash
 fn unknown_node_with_hint(graph: &crate::onnx::GraphProto, name: &str) -> ModelError {
     let renamed = name.replace("/then_branch/", "/then/").replace("/else_branch/", "/else/");
     let hint = if renamed != name {
-        Some(format!("layerwise names an If's branches 'then' and 'else': try '{renamed}'"))
+        Some(("layerwise names an If's branches 'then' and 'else'".to_string(), renamed))
     } else {
-        path_in_bodies(graph, name, "").map(|path| format!("a node of that name is inside a body: name it '{path}' (a branch's node after its If: `If/then/node`; a Loop body's after its iteration: `Loop/iter0/node`)"))
+        path_in_bodies(graph, name, "").map(|path| ("a node of that name is inside a body, named after its If's branch (`If/then/node`) or its Loop's iteration (`Loop/iter0/node`)".to_string(), path))
     };
     match hint {
-        Some(hint) => ModelError::UnknownNodeHint { name: name.to_string(), hint },
+        Some((why, suggestion)) => ModelError::UnknownNodeHint { name: name.to_string(), why, suggestion },
         None => ModelError::UnknownNode(name.to_string()),
     }
 }
@@ -561,6 +561,12 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
     let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options).map_err(|e| match e {
         ModelError::UnknownNode(inner) => ModelError::UnknownBodyNode { name: given(inner.clone()), body: prefix.to_string(), inner },
         ModelError::UnknownBodyNode { name, body, inner } => ModelError::UnknownBodyNode { name: given(name), body: format!("{prefix}/{body}"), inner },
+        // A hint found inside the body names the body's nodes from there: the path to the body
+        // goes in front (a Loop's body is named by its iteration).
+        ModelError::UnknownNodeHint { name, why, suggestion } => {
+            let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
+            ModelError::UnknownNodeHint { name: given(name), why, suggestion: format!("{path}/{suggestion}") }
+        }
         other => other,
     })?;
     let mut converted = conversion.proto.graph.take().expect("graph");

@@ -25,8 +25,8 @@ pub enum ModelError {
     NotComputed(String),
     #[error("node '{0}' does not exist in the main graph (names as layerwise reports them: the node's own name, or OpType#i for unnamed nodes)")]
     UnknownNode(String),
-    #[error("node '{name}' does not exist in the main graph; {hint}")]
-    UnknownNodeHint { name: String, hint: String },
+    #[error("node '{name}' does not exist in the model as named; {why}: try '{suggestion}'")]
+    UnknownNodeHint { name: String, why: String, suggestion: String },
     #[error("node '{name}' does not exist in the model: it names node '{inner}' of '{body}' (layerwise names a body's nodes after its If or Loop once inlined: `Node/then/inner`, `Node/iter3/inner`), and that body has no such node (a body's node by its own name, or OpType#i for unnamed ones)")]
     UnknownBodyNode { name: String, body: String, inner: String },
     #[error("no node of op type '{op}' in the model (its op types: {present})")]
