@@ -154,6 +154,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     }
     // What follows runs other programs: the paired session's memory goes now.
     job.paired_session = None;
+    layerwise_runtime::release_freed_memory();
     layerwise_runtime::timing_mark(|| "paired session dropped".into());
     let chosen = match queue {
         None => choose_sample(&job, per_sample, total_samples, options.shard, &mut extras),

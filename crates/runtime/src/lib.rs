@@ -14,7 +14,7 @@ pub mod inputs;
 pub mod npy;
 mod optimized_pieces;
 mod ort_backend;
-pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, tensor_types_for_any_shapes, timing_mark, CpuShare, InferredType, ModelSession};
+pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, tensor_types_for_any_shapes, timing_mark, release_freed_memory, CpuShare, InferredType, ModelSession};
 pub mod ortlib;
 pub mod paired;
 pub mod saved;

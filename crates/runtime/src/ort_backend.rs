@@ -186,7 +186,7 @@ pub fn timing_mark(what: impl FnOnce() -> String) {
 /// Hands the heap memory freed by a dropped session back to the operating system. A session's
 /// build frees tens of MiB (the parsed model, graph rewrites) that the C allocator would otherwise
 /// keep, and the next session's peak then comes on top of it.
-pub(crate) fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free pages of the heap to the kernel.
     unsafe {
