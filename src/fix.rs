@@ -316,6 +316,12 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64,
     Ok(checked)
 }
 
+/// Whether keep-list name `name` is a node the inlining of `inlined` made (`If/output0`,
+/// `Loop/final0`): no node of the written file, whose If or Loop interface is float32 already.
+fn made_by_inlining(name: &str, inlined: &[String]) -> bool {
+    inlined.iter().any(|n| name.strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('/')).is_some_and(|rest| ["If", "Loop"].iter().any(|op| layerwise_model::inline::made_by_inlining(op, rest))))
+}
+
 /// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build, as they
 /// are pasted into a shell (the `--layerPrecisions` value one quoted word). A node inside an If or
 /// Loop body (`Node/then/inner`, as layerwise names it once inlined) is named by its own name in
@@ -324,12 +330,7 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64,
 /// node the inlining made (`If/output0`, `Loop/final0`): the file has no such layer, and the float32
 /// interface of its If or Loop already is what keeping it asks.
 pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
-    let made_by_inlining = |name: &str| {
-        inlined.iter().any(|n| {
-            name.strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('/')).is_some_and(|rest| ["If", "Loop"].iter().any(|op| layerwise_model::inline::made_by_inlining(op, rest)))
-        })
-    };
-    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none() && !made_by_inlining(n)).collect();
+    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none() && !made_by_inlining(n, inlined)).collect();
     if keep.is_empty() {
         return String::new();
     }
@@ -818,6 +819,12 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         format!("no fix found after {} candidate runs: {}{bf16_note}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
     };
     let mut summary = summary;
+    let hand_overs = keep.iter().filter(|n| made_by_inlining(n, &inlined)).count();
+    if fixed && hand_overs > 0 {
+        summary.push_str(&format!(
+            "; {hand_overs} of the kept names hand a body's value to its If's or Loop's output, which the written file holds as that node's float32 output, not as a node of its own (so its FP32 node list is shorter)"
+        ));
+    }
     if !branches_taken.is_empty() {
         let shown: Vec<String> = branches_taken.iter().take(3).map(|(n, taken)| format!("'{n}' took its {taken}")).collect();
         let more = if branches_taken.len() > 3 { format!(" and {} more", branches_taken.len() - 3) } else { String::new() };
