@@ -634,28 +634,73 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             }
         }
     }
+    // Where the file goes, planned once the search passes (prune rounds only keep passing lists).
+    let writing = if last.1.status == Status::Pass {
+        let (source, source_index): (&Model, &GraphIndex) = if flattened { (&original, &original_index) } else { (model, index) };
+        let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
+        // Written beside -o and moved there only once it holds: a fix that fails leaves the
+        // user's file at -o as it was.
+        let staging = match &options.output {
+            Some(out) => Some(layerwise_model::scratch::StagedDir::beside(out, ".layerwise-fix-")?),
+            None => None,
+        };
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
+        let path = match (&options.output, &staging) {
+            (Some(out), Some(staging)) => staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx"))),
+            _ => scratch.path().join("fixed.onnx"),
+        };
+        // What ONNX Runtime refuses in the target type was found once, on the model the search ran
+        // converted with nothing kept, and does not depend on the keep list: the file is converted
+        // with it, and the child's session is its own type check (no second one here). A model
+        // whose control flow was inlined is written from the original, whose nodes the search's
+        // model names otherwise: checked by `convert_checked` as before.
+        let refused = if flattened { None } else { Some(search.keeper.refused()?.clone()) };
+        Some(Writing { source, source_index, float, refused, target, path, _staging: staging, _scratch: scratch })
+    } else {
+        None
+    };
+    // The file for the keep list as it stands before the prune rounds is written and loaded in a
+    // child process beside them: where no round drops a pattern (independent overflows, each
+    // needed), it is the file written, and the child's wait is hidden; otherwise it is written
+    // again for the pruned list.
+    let mut written_beside: Option<(Vec<String>, Result<(layerwise_model::convert::Conversion, LoadCheck)>, f64)> = None;
     // Drop patterns that turn out unnecessary once the others are kept (earliest first).
     if last.1.status == Status::Pass && patterns.len() > 1 {
-        let mut i = 0;
-        while i < patterns.len() && patterns.len() > 1 {
-            // What the emulation cannot see inside is not its to drop.
-            if patterns[i].kind == OPAQUE_CONTROL_FLOW {
-                i += 1;
-                continue;
+        let early_keep = keep.clone();
+        let feeds = search.samples[0].feeds.clone();
+        written_beside = std::thread::scope(|scope| -> Result<_> {
+            let beside = writing.as_ref().map(|w| {
+                let (early_keep, feeds) = (&early_keep, &feeds);
+                scope.spawn(move || {
+                    let started = std::time::Instant::now();
+                    (w.convert_and_check(early_keep, &feeds), started.elapsed().as_secs_f64())
+                })
+            });
+            let mut i = 0;
+            while i < patterns.len() && patterns.len() > 1 {
+                // What the emulation cannot see inside is not its to drop.
+                if patterns[i].kind == OPAQUE_CONTROL_FLOW {
+                    i += 1;
+                    continue;
+                }
+                let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
+                let trial = search.run(&without)?;
+                rounds.push(Round { stage: FixStage::Prune, keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+                if trial.1.status == Status::Pass {
+                    keep = without;
+                    patterns.remove(i);
+                    last = trial;
+                } else {
+                    // The next trial differs least from the keep list that stands, not from this one.
+                    search.forget_last_run();
+                    i += 1;
+                }
             }
-            let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
-            let trial = search.run(&without)?;
-            rounds.push(Round { stage: FixStage::Prune, keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
-            if trial.1.status == Status::Pass {
-                keep = without;
-                patterns.remove(i);
-                last = trial;
-            } else {
-                // The next trial differs least from the keep list that stands, not from this one.
-                search.forget_last_run();
-                i += 1;
-            }
-        }
+            Ok(beside.map(|handle| {
+                let (result, seconds) = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (early_keep.clone(), result, seconds)
+            }))
+        })?;
     }
     let fixed = last.1.status == Status::Pass;
     let outputs = output_changes(index, &first, &last.0);
@@ -672,7 +717,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // (a diffusion UNet kept 280 of 2,103 nodes for FP16 where BF16 passed at 2.46e-2).
     let bf16_wanted = |fixed: bool, keep: &[String]| low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST);
     // Where it is wanted whatever the written file's checks find, it runs beside them (on its own
-    // copies: they read nothing it computes, and the child's session build leaves a core idle).
+    // copies: they read nothing it computes). Started beside the prune rounds too, it made no
+    // measurable difference (decoder-overflows:100, 3.01-3.31 s against 3.10-3.36 s).
     let bf16_beside = (fixed && bf16_wanted(fixed, &keep)).then(|| {
         let (model, index, options) = (model.clone(), index.clone(), b.clone());
         let samples = bf16_samples(&search.samples, &index);
@@ -688,41 +734,29 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // The file written: the original with the keep list resolved into its control-flow bodies;
         // otherwise the model the search ran (its own functions inlined, the IR version ONNX
         // Runtime reads), whose node names the keep list uses.
-        let (source, source_index): (&Model, &GraphIndex) = if flattened { (&original, &original_index) } else { (model, index) };
-        let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
-        let options_for_keep = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, ..Default::default() };
-        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
-        // Written beside -o and moved there only once it holds: a fix that fails leaves the
-        // user's file at -o as it was.
-        let staging = match &options.output {
-            Some(out) => Some(layerwise_model::scratch::StagedDir::beside(out, ".layerwise-fix-")?),
-            None => None,
-        };
-        let path = match (&options.output, &staging) {
-            (Some(out), Some(staging)) => staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx"))),
-            _ => scratch.path().join("fixed.onnx"),
-        };
+        let writing = writing.as_ref().expect("planned where the search passed, as fixed says");
+        let (float, path) = (&writing.float, writing.path.clone());
         let backend = format!("typed evaluation of {}", if let Some(out) = &options.output { out.display().to_string() } else { "the fixed model (not written: no -o)".into() });
         // The file is written once, where it is moved to, and checked in a child process with
         // ONNX Runtime's defaults first (an FP16 model can crash ONNX Runtime, and so this process
         // in the typed evaluation); op types that crash it are kept in FP32.
-        let started = std::time::Instant::now();
-        // What ONNX Runtime refuses in the target type was found once, on the model the search ran
-        // converted with nothing kept, and does not depend on the keep list: the file is converted
-        // with it, and the child's session below is its own type check (no second one here). A
-        // model whose control flow was inlined is written from the original, whose nodes the
-        // search's model names otherwise: checked here as before.
-        let refused = if flattened { None } else { Some(search.keeper.refused()?.clone()) };
-        let mut convert = |o: &ConvertOptions| match &refused {
-            Some(refused) => Ok(layerwise_model::convert::convert_fp16(source, source_index, &float, &ConvertOptions { refused: refused.clone(), ..o.clone() })?),
-            None => Ok(crate::keep::convert_checked(source, source_index, &float, o)?.0),
+        let label = "writing the fixed model and loading it in a child process";
+        let (conversion, load) = match written_beside.take() {
+            Some((early_keep, result, seconds)) if early_keep == keep => {
+                search.steps.record(&format!("{label} (beside the prune rounds)"), seconds);
+                result?
+            }
+            _ => {
+                let started = std::time::Instant::now();
+                let written = writing.convert_and_check(&keep, &search.samples[0].feeds)?;
+                search.steps.record(label, started.elapsed().as_secs_f64());
+                written
+            }
         };
-        let (conversion, load) = crate::load_check::convert_that_loads(source, &options_for_keep, &path, Some(&search.samples[0].feeds), &mut convert)?;
-        search.steps.record("writing the fixed model and loading it in a child process", started.elapsed().as_secs_f64());
         let started = std::time::Instant::now();
         let checked = typed_check(&search, &path)?;
         search.steps.record("evaluating the fixed model in its own types", started.elapsed().as_secs_f64());
-        let problems = check_float_types(&conversion.proto, &float);
+        let problems = check_float_types(&conversion.proto, float);
         load_check = Some(load);
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let check = match checked {
@@ -876,6 +910,33 @@ const LARGE_KEEP_LIST: usize = 16;
 
 /// The keep list in the one-line summary: each group with its nodes where there are few; else a
 /// count of groups by kind (the full list is in the JSON and the keep-list file).
+/// Where and how `fix` writes its file: the model written (the original where control flow was
+/// inlined), its float tensors, what ONNX Runtime refuses in the target type, and the path (in a
+/// staging folder beside -o, or a scratch folder without it).
+struct Writing<'a> {
+    source: &'a Model,
+    source_index: &'a GraphIndex,
+    float: std::collections::HashSet<String>,
+    refused: Option<std::collections::BTreeMap<String, String>>,
+    target: layerwise_model::convert::Target,
+    path: PathBuf,
+    _staging: Option<layerwise_model::scratch::StagedDir>,
+    _scratch: layerwise_model::scratch::ScratchDir,
+}
+
+impl Writing<'_> {
+    /// The model converted with `keep` in FP32, written to the path, and loaded and run on `feeds`
+    /// by ONNX Runtime in a child process (op types that crash it kept in FP32).
+    fn convert_and_check(&self, keep: &[String], feeds: &[(String, Tensor)]) -> Result<(layerwise_model::convert::Conversion, LoadCheck)> {
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
+        let mut convert = |o: &ConvertOptions| match &self.refused {
+            Some(refused) => Ok(layerwise_model::convert::convert_fp16(self.source, self.source_index, &self.float, &ConvertOptions { refused: refused.clone(), ..o.clone() })?),
+            None => Ok(crate::keep::convert_checked(self.source, self.source_index, &self.float, o)?.0),
+        };
+        crate::load_check::convert_that_loads(self.source, &options, &self.path, Some(feeds), &mut convert)
+    }
+}
+
 /// Nodes in `node`'s bodies (If branches, Loop and Scan bodies), nested bodies included.
 fn nodes_in_bodies(node: &layerwise_model::onnx::NodeProto) -> usize {
     node.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)).map(|g| g.node.len() + g.node.iter().map(nodes_in_bodies).sum::<usize>()).sum()

@@ -268,6 +268,46 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
 
+/// Two independent overflows, each needed: no prune round drops a pattern, so the file written and
+/// loaded in a child process beside the prune rounds is the file `fix` writes. It holds, and is the
+/// same file as one written after them (a third, unneeded keep list would have been written again).
+#[test]
+fn the_file_written_beside_the_prune_rounds_is_the_fixed_file() {
+    let mut b = layerwise_model::builder::ModelBuilder::new("two_overflows", 17);
+    b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(8)]);
+    // x * s * s passes FP16's 65504 (the weights themselves are within it), and is divided back.
+    for (k, scale) in [(1, 300.0f32), (2, 400.0)] {
+        let (s_, a, u, v, d) = (format!("s{k}"), format!("a{k}"), format!("u{k}"), format!("v{k}"), format!("d{k}"));
+        b.initializer(layerwise_model::builder::f32_tensor(&s_, &[1], &[scale]));
+        b.node("Mul", &format!("up{k}"), &["x", &s_], &[&a], vec![]);
+        b.node("Mul", &format!("up{k}_again"), &[&a, &s_], &[&u], vec![]);
+        b.node("Div", &format!("down{k}"), &[&u, &s_], &[&v], vec![]);
+        b.node("Div", &format!("down{k}_again"), &[&v, &s_], &[&d], vec![]);
+    }
+    b.node("Add", "sum", &["d1", "d2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.onnx");
+    save(&b.build(), &path);
+    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
+    let outcome = fix(&options).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
+    assert_eq!(r.patterns.len(), 2, "{}", outcome.text);
+    assert!(r.rounds.iter().filter(|x| x.stage == FixStage::Prune).all(|x| x.status == Status::Diverged), "{:?}", r.rounds);
+    let steps: Vec<&str> = r.run_info.durations_s.iter().map(|(s, _)| s.as_str()).collect();
+    assert!(steps.contains(&"writing the fixed model and loading it in a child process (beside the prune rounds)"), "{steps:?}");
+    assert!(r.fixed_model_check.as_ref().unwrap().pass, "{:?}", r.fixed_model_check);
+    assert_eq!(r.fixed_model_load.as_ref().unwrap().status, layerwise_report::LoadStatus::Loads);
+    // The same keep list converted afterwards gives the same bytes.
+    let model = Model::load(&path).unwrap();
+    let index = GraphIndex::build(model.graph()).unwrap();
+    let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
+    let again = convert_fp16(&model, &index, &float, &ConvertOptions { keep_nodes: r.keep_fp32.iter().cloned().collect(), ..Default::default() }).unwrap();
+    let written = Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    assert_eq!(written.graph().node, again.proto.graph.as_ref().unwrap().node, "the written file is the keep list's conversion");
+}
+
 /// `--max-rounds 0` is no search: the diagnosing run only, no region or prune rounds (an
 /// independent tester saw 22 of them run).
 #[test]
