@@ -248,13 +248,19 @@ fn drift_options(b: layerwise_model::builder::ModelBuilder, dir: &std::path::Pat
     options
 }
 
-#[test]
-fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
+/// x[1,256] -> a 30-step drifting chain -> y.
+fn drift_model() -> layerwise_model::builder::ModelBuilder {
     let mut b = layerwise_model::builder::ModelBuilder::new("drift", 17);
     b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(256)]);
     let out = common::drift_chain(&mut b, "c", "x", 30);
     b.node("Identity", "out", &[&out], &["y"], vec![]);
     b.output("y", DataType::Float);
+    b
+}
+
+#[test]
+fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
+    let b = drift_model();
     let dir = tempfile::tempdir().unwrap();
     let outcome = fix(&drift_options(b, dir.path(), true)).unwrap();
     let r = &outcome.report;
@@ -289,7 +295,7 @@ fn the_file_written_beside_the_prune_rounds_is_the_fixed_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.onnx");
     save(&b.build(), &path);
-    let mut options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
+    let options = fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"));
     let outcome = fix(&options).unwrap();
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
@@ -312,11 +318,7 @@ fn the_file_written_beside_the_prune_rounds_is_the_fixed_file() {
 /// independent tester saw 22 of them run).
 #[test]
 fn max_rounds_zero_runs_no_search() {
-    let mut b = layerwise_model::builder::ModelBuilder::new("drift", 17);
-    b.input("x", DataType::Float, &[layerwise_model::builder::Dim::from(1), layerwise_model::builder::Dim::from(256)]);
-    let out = common::drift_chain(&mut b, "c", "x", 30);
-    b.node("Identity", "out", &[&out], &["y"], vec![]);
-    b.output("y", DataType::Float);
+    let b = drift_model();
     let dir = tempfile::tempdir().unwrap();
     let mut options = drift_options(b, dir.path(), true);
     options.max_rounds = 0;
