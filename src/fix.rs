@@ -908,8 +908,6 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
 /// A keep list this long is large: `fix` then measures the model whole in BF16 as well.
 const LARGE_KEEP_LIST: usize = 16;
 
-/// The keep list in the one-line summary: each group with its nodes where there are few; else a
-/// count of groups by kind (the full list is in the JSON and the keep-list file).
 /// Where and how `fix` writes its file: the model written (the original where control flow was
 /// inlined), its float tensors, what ONNX Runtime refuses in the target type, and the path (in a
 /// staging folder beside -o, or a scratch folder without it).
@@ -942,6 +940,8 @@ fn nodes_in_bodies(node: &layerwise_model::onnx::NodeProto) -> usize {
     node.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)).map(|g| g.node.len() + g.node.iter().map(nodes_in_bodies).sum::<usize>()).sum()
 }
 
+/// The keep list in the one-line summary: each group with its nodes where there are few; else a
+/// count of groups by kind (the full list is in the JSON and the keep-list file).
 fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     if patterns.len() <= 3 {
         return patterns.iter().map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes))).collect::<Vec<_>>().join("; ");
