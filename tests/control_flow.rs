@@ -705,3 +705,56 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
     let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", "by_rate/then/stage/then/up,by_rate/then/stage/output0"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
+
+/// A Constant in a branch (unnamed: `If/then/Constant#0`) and one in the main graph, each read by
+/// a Mul. A Constant's value follows the nodes that read it, so keeping one alone changed nothing
+/// and was accepted silently (left over by the independent tester on silero-vad). It is refused
+/// with the readers to keep; kept beside its readers it is what they keep.
+fn constants_read_by_muls() -> ModelProto {
+    let mut b = ModelBuilder::new("constants", 17);
+    let dims = [Dim::from(4)];
+    b.input("x", DataType::Float, &dims);
+    b.initializer(f32_tensor("zero", &[], &[0.0]));
+    let thirds = || f32_tensor("v", &[4], &[1.0 / 3.0, std::f32::consts::PI, 1e-5, 7.0]);
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: vec![node("Constant", "", &[], &["c"], vec![attr::tensor("value", thirds())]), node("Mul", "mul", &["x", "c"], &["t"], vec![])],
+        output: vec![value("t", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("ReduceSum", "sum", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
+    b.node("Greater", "positive", &["s", "zero"], &["cond"], vec![]);
+    b.node("If", "If_0", &["cond"], &["y0"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node("Constant", "k", &[], &["k_value"], vec![attr::tensor("value", thirds())]);
+    b.node("Mul", "scale", &["y0", "k_value"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn a_kept_constant_whose_readers_convert_it_is_refused_with_its_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&constants_read_by_muls(), &dir.path().join("m.onnx"));
+    for (keep, readers) in [("If_0/then/Constant#0", "If_0/then/mul"), ("k", "scale")] {
+        let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", keep], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{keep}: {t}");
+        assert!(t.contains(&format!("node '{keep}' is a Constant")) && t.contains(&format!("keep its readers instead (--keep-fp32 {readers})")), "{keep}: {t}");
+        assert!(!dir.path().join("c.onnx").exists(), "{keep}: nothing written");
+    }
+    // Beside its readers the Constant stays float32, as they read it: accepted.
+    for keep in ["If_0/then/Constant#0,If_0/then/mul", "k,scale"] {
+        let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", keep], dir.path());
+        assert_eq!(out.status.code(), Some(0), "{keep}: {}", text(&out));
+        let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
+        let k = written.graph().node.iter().find(|n| n.name() == "k").unwrap();
+        let if_0 = written.graph().node.iter().find(|n| n.name() == "If_0").unwrap();
+        let then = if_0.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
+        let c = then.node.iter().find(|n| n.op_type() == "Constant").unwrap();
+        let value_type = |n: &NodeProto| n.attribute[0].t.as_ref().unwrap().data_type();
+        let kept_here = if keep.starts_with('k') { value_type(k) } else { value_type(c) };
+        assert_eq!(kept_here, DataType::Float as i32, "{keep}");
+        std::fs::remove_file(dir.path().join("c.onnx")).unwrap();
+    }
+}

@@ -348,6 +348,19 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         let all_fp16 = !wanted.is_empty() && wanted.iter().all(|p| *p == low) && !graph_outputs.contains(w.as_str());
         storage.insert(w.clone(), if all_fp16 { low } else { Precision::Fp32 });
     }
+    // A kept Constant computes nothing: its value follows its readers (above). Where they convert
+    // it, the keep-list name would change nothing, and is refused rather than ignored.
+    let mut kept_constants: Vec<&crate::NodeInfo> = index.nodes.iter().filter(|n| n.op_type == "Constant" && options.keep_nodes.contains(&n.name)).collect();
+    kept_constants.sort_by(|a, b| a.name.cmp(&b.name));
+    for constant in kept_constants {
+        let Some(value) = constant.outputs.first() else { continue };
+        if storage.get(value) == Some(&low) {
+            let mut readers: Vec<&str> = index.consumers(value).iter().map(|&c| index.nodes[c].name.as_str()).collect();
+            readers.sort_unstable();
+            readers.dedup();
+            return Err(ModelError::KeptConstant { name: constant.name.clone(), readers: readers.join(",") });
+        }
+    }
     for (i, node) in graph.node.iter().enumerate() {
         let Some(p) = precision[i] else { continue };
         // A node's float outputs are stored in its precision (an FP16 Cast to FLOAT is retargeted
@@ -566,6 +579,11 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
         ModelError::UnknownNodeHint { name, why, suggestion } => {
             let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
             ModelError::UnknownNodeHint { name: given(name), why, suggestion: format!("{path}/{suggestion}") }
+        }
+        ModelError::KeptConstant { name, readers } => {
+            let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
+            let readers = readers.split(',').map(|r| format!("{path}/{r}")).collect::<Vec<_>>().join(",");
+            ModelError::KeptConstant { name: given(name), readers }
         }
         other => other,
     })?;

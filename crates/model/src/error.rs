@@ -29,6 +29,8 @@ pub enum ModelError {
     UnknownNodeHint { name: String, why: String, suggestion: String },
     #[error("node '{name}' does not exist in the model: it names node '{inner}' of '{body}' (layerwise names a body's nodes after its If or Loop once inlined: `Node/then/inner`, `Node/iter3/inner`), and that body has no such node (a body's node by its own name, or OpType#i for unnamed ones)")]
     UnknownBodyNode { name: String, body: String, inner: String },
+    #[error("node '{name}' is a Constant: a Constant's value is stored in the precision of the nodes that read it, and {readers} read it converted, so keeping it alone changes nothing; keep its readers instead (--keep-fp32 {readers}), or leave '{name}' out")]
+    KeptConstant { name: String, readers: String },
     #[error("no node of op type '{op}' in the model (its op types: {present})")]
     UnknownOpType { op: String, present: String },
     #[error("quantization config {path}: {why}")]
