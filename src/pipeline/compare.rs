@@ -43,6 +43,10 @@ pub(super) struct Job<'a> {
     pub(super) separate_because: Option<String>,
     /// The paired session of the samples so far, by input shapes (dropped after the samples).
     pub(super) paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
+    /// The GPU reduction kernels, built for the first sample compared on the GPU (`device.rs`).
+    pub(super) device_reducer: Option<layerwise_runtime::device_stats::DeviceReducer>,
+    /// Why the GPU reduction could not be built, once tried.
+    pub(super) device_refused: Option<String>,
 }
 
 /// The groups of tensors compared together, and the memory plan that made them.
@@ -103,6 +107,8 @@ impl<'a> Job<'a> {
             candidate_ran: std::collections::HashSet::new(),
             separate_because: None,
             paired_session: None,
+            device_reducer: None,
+            device_refused: None,
         }
     }
 
@@ -260,6 +266,9 @@ impl<'a> Job<'a> {
 
     /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
     pub(super) fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
+        if let Some(compared) = self.compare_on_device(feeds, steps, keep_tensors)? {
+            return Ok(compared);
+        }
         if let Some(compared) = self.compare_paired(feeds, steps)? {
             return Ok(compared);
         }
@@ -319,6 +328,7 @@ impl<'a> Job<'a> {
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
                 result.notes.0.extend(self.separate_because.as_ref().map(|why| format!("compared after separate runs: {why}")));
+                result.notes.1.extend(self.device_note());
                 result.engine_layers = cand_out.engine_layers.clone();
             }
             result.unavailable.extend(ref_out.unavailable.iter().cloned());

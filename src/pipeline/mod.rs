@@ -15,6 +15,7 @@ mod compare;
 mod conclusions;
 pub(crate) mod control_flow;
 mod counterfactual;
+mod device;
 pub mod devices;
 mod isolate;
 pub mod noise_floor;

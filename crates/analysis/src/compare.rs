@@ -93,7 +93,7 @@ impl Comparison {
 }
 
 /// The record of `name` from both sides' shapes and types; `metrics` runs only when the shapes match.
-fn record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DType), (cand_shape, cand_dtype): (&[usize], DType), metrics: impl FnOnce() -> Metrics) -> TensorRecord {
+pub fn tensor_record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DType), (cand_shape, cand_dtype): (&[usize], DType), metrics: impl FnOnce() -> Metrics) -> TensorRecord {
     let node = index.producer(name);
     let mut record = TensorRecord {
         name: name.to_string(),
@@ -132,7 +132,7 @@ pub fn is_weight_output(index: &GraphIndex, tensor: &str) -> bool {
 
 /// Why `tensor` is missing from a comparison where a side lacks it: the shared reason for a model
 /// output no node computes (a weight), else which side lacked it.
-fn missing_reason(index: &GraphIndex, tensor: &str, side: &str) -> String {
+pub fn missing_reason(index: &GraphIndex, tensor: &str, side: &str) -> String {
     if is_weight_output(index, tensor) {
         WEIGHT_OUTPUT.to_string()
     } else {
@@ -202,7 +202,7 @@ pub fn compare_all(
         .par_iter()
         .map(|(name, r, c)| {
             let (ref_side, cand_side) = ((r.shape.as_slice(), r.dtype()), (c.shape.as_slice(), c.dtype()));
-            record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol.of(name)))
+            tensor_record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol.of(name)))
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
@@ -256,7 +256,7 @@ impl PairedComparison {
             match reduced.remove(name) {
                 Some(Reduced::Compared { record_inputs: (r, c), metrics, histogram }) => {
                     let metrics = metrics.unwrap_or_default();
-                    records.push(record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
+                    records.push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
                     if let Some(h) = histogram {
                         histograms.insert(name.clone(), h);
                     }

@@ -307,7 +307,8 @@ pub struct MemoryPlan {
     /// `paired`: both sides ran as one ONNX Runtime session that reduced each pair of tensors to
     /// its metrics where it was computed, so only the live tensors were ever held and
     /// `estimated_bytes` is the measured size of one side's tensors; `separate`: each side's run
-    /// returned its tensors, compared afterwards.
+    /// returned its tensors, compared afterwards; `device`: both sides ran on one GPU and each
+    /// pair was reduced there, only the totals returned (`estimated_bytes`: one side's tensors).
     pub comparison: String,
     /// Why the tensors were compared after separate runs (`separate`), e.g. a GPU candidate
     /// against a CPU reference, or `--save-tensors`.

@@ -282,7 +282,7 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
     }
     // The allowed error depends on the reference's range, known only now.
     let allowance = tol.atol + tol.range_tol * m.compared_max_abs();
-    m.violations = m.nonfinite_mismatch;
+    let mut finite_violations = 0;
     for (b, e) in excess.iter().enumerate() {
         if let Some((max_excess, slack)) = e {
             if max_excess + slack <= allowance {
@@ -291,7 +291,7 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
         }
         let lo = b * BLOCK;
         let hi = (lo + BLOCK).min(reference.len());
-        m.violations += reference[lo..hi]
+        finite_violations += reference[lo..hi]
             .iter()
             .zip(&candidate[lo..hi])
             .filter(|(&r, &c)| {
@@ -300,6 +300,88 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
             })
             .count();
     }
+    metrics_of_totals(&PairTotals {
+        numel: m.numel,
+        sum_abs: t.sum_abs,
+        sum_d2: t.sum_d2,
+        sum_r2: t.sum_r2,
+        sum_c2: t.sum_c2,
+        sum_rc: t.sum_rc,
+        worst: t.worst,
+        worst_index: m.worst_index,
+        compared_max: t.compared_max,
+        ref_max_abs: m.ref_max_abs,
+        max_rel: m.max_rel_err,
+        ref_nan: m.ref_nan,
+        ref_inf: m.ref_inf,
+        cand_nan: m.cand_nan,
+        cand_inf: m.cand_inf,
+        nonfinite_mismatch: m.nonfinite_mismatch,
+        ref_fp16_overflow: m.ref_fp16_overflow,
+        nonzero: t.nonzero,
+        subnormal: t.subnormal,
+        sentinels: t.sentinels,
+        finite_violations,
+    })
+}
+
+/// What [`compute`] totals over a pair before its metrics: sums in float64, maxima and counts. A
+/// reduction elsewhere (on the GPU where both runs left their tensors, issue 41) that totals the
+/// same gets the same metrics from [`metrics_of_totals`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairTotals {
+    pub numel: usize,
+    /// Over the finite pairs outside the mask sentinels: sum |c - r|, (c - r)², r², c², r·c.
+    pub sum_abs: f64,
+    pub sum_d2: f64,
+    pub sum_r2: f64,
+    pub sum_c2: f64,
+    pub sum_rc: f64,
+    /// The largest |c - r| (inf on a non-finite mismatch, -1 when nothing was compared) and the
+    /// first element holding it.
+    pub worst: f64,
+    pub worst_index: usize,
+    /// max |r| over the finite reference values outside the mask sentinels.
+    pub compared_max: f64,
+    /// max |r| over every finite reference value.
+    pub ref_max_abs: f64,
+    /// max |c - r| / |r| over the finite pairs with r != 0.
+    pub max_rel: f64,
+    pub ref_nan: usize,
+    pub ref_inf: usize,
+    pub cand_nan: usize,
+    pub cand_inf: usize,
+    pub nonfinite_mismatch: usize,
+    pub ref_fp16_overflow: usize,
+    /// Finite non-zero reference values, and those of them below FP16's smallest normal.
+    pub nonzero: usize,
+    pub subnormal: usize,
+    /// Mask sentinels (see [`MaskSentinels`]).
+    pub sentinels: usize,
+    /// Finite pairs outside the tolerance, judged against `compared_max` (sentinels aside) or
+    /// `ref_max_abs`; the non-finite mismatches are added to them.
+    pub finite_violations: usize,
+}
+
+/// The metrics of a pair from its totals (see [`PairTotals`]).
+pub fn metrics_of_totals(t: &PairTotals) -> Metrics {
+    let mut m = Metrics {
+        numel: t.numel,
+        ref_nan: t.ref_nan,
+        ref_inf: t.ref_inf,
+        cand_nan: t.cand_nan,
+        cand_inf: t.cand_inf,
+        nonfinite_mismatch: t.nonfinite_mismatch,
+        ref_max_abs: t.ref_max_abs,
+        ref_fp16_overflow: t.ref_fp16_overflow,
+        max_rel_err: t.max_rel,
+        worst_index: t.worst_index,
+        ..Default::default()
+    };
+    if t.sentinels > 0 {
+        m.mask_sentinels = Some(MaskSentinels { count: t.sentinels, ref_max_abs_outside: t.compared_max });
+    }
+    m.violations = t.nonfinite_mismatch + t.finite_violations;
     // The mean is over the values compared: sentinels agree by definition.
     let n = (m.numel - t.sentinels).max(1) as f64;
     if m.nonfinite_mismatch > 0 {

@@ -73,7 +73,36 @@ pub trait Backend: Send {
         let _ = request;
         None
     }
+    /// Runs `request` leaving every tensor on the GPU where it was computed, for the reductions
+    /// there ([`crate::device_stats`]); `None` for backends that do not run on a CUDA device.
+    fn run_on_device(&mut self, request: &RunRequest) -> Option<Result<DeviceRun, RuntimeError>> {
+        let _ = request;
+        None
+    }
 }
+
+/// A run whose tensors stay in GPU memory ([`Backend::run_on_device`]); they are freed with it.
+pub struct DeviceRun {
+    /// The CUDA device (as CUDA numbers it) holding the tensors.
+    pub device: u32,
+    pub tensors: HashMap<String, DeviceTensor>,
+    /// As [`RunOutput::unavailable`].
+    pub unavailable: Vec<(String, String)>,
+    pub notes: Vec<String>,
+}
+
+/// One tensor in GPU memory, owned by ONNX Runtime's value.
+pub struct DeviceTensor {
+    pub shape: Vec<usize>,
+    pub dtype: crate::DType,
+    /// The device address of its first element.
+    pub ptr: *const std::ffi::c_void,
+    pub(crate) _owner: ort::value::DynValue,
+}
+
+// SAFETY: the pointer is a device address, owned by `_owner` (an ONNX Runtime value, which may
+// move between threads); nothing reads through it on the host.
+unsafe impl Send for DeviceTensor {}
 
 /// What an ONNX Runtime backend runs for one request, ready to be paired with another.
 #[derive(Debug, Clone)]

@@ -9,6 +9,7 @@ mod backend;
 mod factory;
 mod spec;
 pub mod backend_log;
+pub mod device_stats;
 mod error;
 pub mod inputs;
 pub mod npy;
@@ -24,7 +25,7 @@ mod cuda;
 #[cfg(feature = "tensorrt")]
 pub mod trt;
 
-pub use backend::{Backend, OnnxProgram, RunOutput, RunRequest};
+pub use backend::{Backend, DeviceRun, DeviceTensor, OnnxProgram, RunOutput, RunRequest};
 pub use factory::create_backend;
 pub use spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, KNOWN_SPECS};
 pub use error::RuntimeError;

@@ -13,6 +13,13 @@ use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
 use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::{optimized_pieces, ortlib, DType, RuntimeError, Tensor, TensorData};
 
+/// What building a program said about it: the names asked for, notes and tensors it lacks.
+struct ProgramFacts {
+    names: Vec<String>,
+    notes: Vec<String>,
+    unavailable: Vec<(String, String)>,
+}
+
 pub struct OrtBackend {
     spec: BackendSpec,
     /// The spec's text, for errors and notes.
@@ -29,8 +36,8 @@ pub struct OrtBackend {
     /// a session build, and `fix` and the counterfactual checks run the same model many times.
     float_cache: HashMap<String, HashSet<String>>,
     /// The last session of a GPU provider and what it runs (model, selection, keep list), kept
-    /// for the next run of the same program.
-    gpu_session: Option<(String, Session)>,
+    /// for the next run of the same program, with what building that program said.
+    gpu_session: Option<(String, Session, ProgramFacts)>,
     /// Sessions of the pieces `run_pieces` ran, by the hash of their program, the most recently
     /// used last: `fix`'s runs and the counterfactual's checks run the same pieces again.
     piece_sessions: Vec<(String, Session, usize)>,
@@ -473,6 +480,16 @@ impl Backend for OrtBackend {
         }))
     }
 
+    fn run_on_device(&mut self, request: &RunRequest) -> Option<Result<crate::DeviceRun, RuntimeError>> {
+        let ExecutionProvider::Cuda { device, .. } = self.options.ep else { return None };
+        let result = self.run_session_on_device(request, device.unwrap_or(0));
+        let logged = crate::backend_log::take(&self.log_id);
+        Some(result.map(|mut run| {
+            run.notes.extend(logged.iter().map(|l| l.note()));
+            run
+        }))
+    }
+
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
         let result = self.run_session(request);
         // What ONNX Runtime logged during this run: kept in the notes of a run that worked; on
@@ -681,23 +698,96 @@ impl OrtBackend {
         Ok(computed)
     }
 
-    fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
-        let mut output = RunOutput::default();
-        let (mut proto, names) = self.program(request, &mut output, false)?;
-        // A session for the inputs' own shapes builds faster (layerwise_model::pair::pin_input_shapes).
+    /// The session for `request`'s program (and the names asked for): the GPU session kept from
+    /// the last run where it ran the same program, else a new one. On a GPU a session costs seconds
+    /// (cuDNN's algorithm search among them): the same program asked again (the next sample of the
+    /// same shapes, the same tensors) runs in the session it ran in. Give it back with
+    /// [`OrtBackend::keep_session`].
+    fn session_of(&mut self, request: &RunRequest, output: &mut RunOutput) -> Result<(Session, Vec<String>, Option<(String, ProgramFacts)>), RuntimeError> {
         let shapes = input_shapes(request);
+        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}|{:?}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style, shapes));
+        // The program too is the one built for that session: rewriting the model again per sample
+        // cost milliseconds a run beside a GPU run of a few (issue 41).
+        if let (Some((cached, _, _)), Some(k)) = (&self.gpu_session, &key) {
+            if cached == k {
+                let (key, session, facts) = self.gpu_session.take().expect("just seen");
+                output.notes.extend(facts.notes.iter().cloned());
+                output.unavailable.extend(facts.unavailable.iter().cloned());
+                let names = facts.names.clone();
+                return Ok((session, names, Some((key, facts))));
+            }
+        }
+        self.gpu_session = None;
+        let (mut proto, names) = self.program(request, output, false)?;
+        // A session for the inputs' own shapes builds faster (layerwise_model::pair::pin_input_shapes).
         if let Some(g) = proto.graph.as_mut() {
             layerwise_model::pair::pin_input_shapes(g, &shapes);
         }
-        // On a GPU a session costs seconds (cuDNN's algorithm search among them): the same program
-        // asked again (the next sample of the same shapes, the same tensors) runs in the session
-        // it ran in.
-        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}|{:?}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style, shapes));
-        let mut session = match (self.gpu_session.take(), &key) {
-            (Some((cached, session)), Some(key)) if cached == *key => session,
-            _ => self.session_for(request.model, &proto, self.options.opt_level)?,
-        };
-        drop(proto);
+        let session = self.session_for(request.model, &proto, self.options.opt_level)?;
+        let facts = ProgramFacts { names: names.clone(), notes: output.notes.clone(), unavailable: output.unavailable.clone() };
+        Ok((session, names, key.map(|k| (k, facts))))
+    }
+
+    fn keep_session(&mut self, kept: Option<(String, ProgramFacts)>, session: Session) {
+        if let Some((key, facts)) = kept {
+            self.gpu_session = Some((key, session, facts));
+        }
+    }
+
+    /// See [`Backend::run_on_device`]: the session's outputs bound to the device's memory, so
+    /// that ONNX Runtime leaves each where it computed it.
+    fn run_session_on_device(&mut self, request: &RunRequest, device: u32) -> Result<crate::DeviceRun, RuntimeError> {
+        use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
+        let mut output = RunOutput::default();
+        let (mut session, names, key) = self.session_of(request, &mut output)?;
+        let fail = |what: &str, e: ort::Error| RuntimeError::Ort { backend: self.label.clone(), why: format!("{what}: {e}") };
+        let feeds = session_feeds(&session, request.inputs, &self.label)?;
+        let memory = MemoryInfo::new(AllocationDevice::CUDA, device as i32, AllocatorType::Device, MemoryType::Default).map_err(|e| fail("CUDA memory", e))?;
+        let mut binding = session.create_binding().map_err(|e| fail("binding", e))?;
+        for (name, value) in &feeds {
+            binding.bind_input(name.as_str(), value).map_err(|e| fail("binding an input", e))?;
+        }
+        let mut bound = Vec::new();
+        for o in session.outputs() {
+            if matches!(o.dtype(), ValueType::Optional(_)) {
+                output.unavailable.push((o.name().to_string(), "an optional value, not a tensor (it may hold none): not compared".into()));
+            } else {
+                binding.bind_output_to_device(o.name(), &memory).map_err(|e| fail("binding an output", e))?;
+                bound.push(o.name().to_string());
+            }
+        }
+        let mut tensors = HashMap::new();
+        {
+            let mut results = session.run_binding(&binding).map_err(|e| self.err(format!("run failed: {e}")))?;
+            binding.synchronize_outputs().map_err(|e| fail("synchronizing the outputs", e))?;
+            for name in names {
+                let Some(value) = results.remove(name.as_str()) else {
+                    if !output.unavailable.iter().any(|(n, _)| *n == name) {
+                        output.unavailable.push((name, "ONNX Runtime returned no value".into()));
+                    }
+                    continue;
+                };
+                let ValueType::Tensor { ty, shape, .. } = value.dtype() else {
+                    output.unavailable.push((name, "not a tensor: not compared".into()));
+                    continue;
+                };
+                let Some(dtype) = element_dtype(*ty) else {
+                    output.unavailable.push((name, format!("element type {ty:?} is not compared")));
+                    continue;
+                };
+                let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+                let ptr = value.view().downcast::<ort::value::DynTensorValueType>().map_err(|e| fail("a tensor's data", e))?.data_ptr();
+                tensors.insert(name, crate::DeviceTensor { shape, dtype, ptr, _owner: value });
+            }
+        }
+        drop(binding);
+        self.keep_session(key, session);
+        Ok(crate::DeviceRun { device, tensors, unavailable: output.unavailable, notes: output.notes })
+    }
+
+    fn run_session(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
+        let mut output = RunOutput::default();
+        let (mut session, names, key) = self.session_of(request, &mut output)?;
         let feeds = session_feeds(&session, request.inputs, &self.label)?;
         let (mut results, optional) = run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         for name in optional {
@@ -718,9 +808,7 @@ impl OrtBackend {
             }
         }
         drop(results);
-        if let Some(key) = key {
-            self.gpu_session = Some((key, session));
-        }
+        self.keep_session(key, session);
         Ok(output)
     }
 }

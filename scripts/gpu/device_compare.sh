@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Issue 41: samples compared on the GPU where both sides ran (src/pipeline/device.rs). On the lent
+# GPU machine, repository root, after `source scripts/gpu/unstage.sh`, with the layerwise binary,
+# the GPU test binary (tests/device_reduction.rs, built with `cargo test --release --test
+# device_reduction --no-run`, both stripped) and rec.onnx in $R:
+#   R=DIR SIZES="64" bash scripts/gpu/device_compare.sh
+# 1. the kernels against the host's metrics (the test binary);
+# 2. for each N: PP-OCRv4's recognizer, its FP16 conversion as the candidate, N seeded samples,
+#    both sides on the GPU (`--ref ort:cuda,tf32=off --cand ort:cuda`), compared on the GPU and,
+#    with LAYERWISE_DEVICE_COMPARE=0, copied to the host as before: wall, each sample after the
+#    first (progress lines), and how far the two reports' metrics are apart;
+# 3. on a machine with several GPUs, the same compared on the GPU with `--devices` over all of
+#    them: wall, and whether the report equals the one-GPU run's (run_info and the note aside);
+# 4. one plain candidate run per sample (Python, a warm CUDA session), for the ratio.
+source "$(dirname "$0")/setup.sh"
+SIZES=${SIZES:-64}
+echo "== the GPU totals against the host's metrics"
+"$R/device_reduction" --include-ignored > "$OUT/device_reduction.txt" 2>&1
+grep -E "^test |test result|panicked" "$OUT/device_reduction.txt"
+GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+"$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
+per_sample() {
+    python3 - "$1" "$2" <<'PY'
+import re, sys
+n = int(sys.argv[2])
+starts = [float(m.group(2)) for m in re.finditer(r"sample (\d+) of %d \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d+) s\)" % n, open(sys.argv[1]).read())]
+gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:]))
+if gaps:
+    print(f"  progress lines {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
+PY
+}
+for N in $SIZES; do
+    samples "$N"
+    ARGS="$R/rec.onnx --inputs samples --ref ort:cuda,tf32=off --cand ort:cuda --cand-model rec_fp16.onnx"
+    run device_$N "$R/layerwise" bisect $ARGS --json "$OUT/device_$N.json"
+    per_sample "$OUT/device_$N.err" "$N"
+    LAYERWISE_DEVICE_COMPARE=0 run host_$N "$R/layerwise" bisect $ARGS --json "$OUT/host_$N.json"
+    per_sample "$OUT/host_$N.err" "$N"
+    python3 - "$OUT/host_$N.json" "$OUT/device_$N.json" <<'PY'
+import json, math, sys
+h, d = (json.load(open(p)) for p in sys.argv[1:])
+print("  verdict host / device:", h["verdict"]["status"], "/", d["verdict"]["status"], "| first divergent:", (h["verdict"].get("first_divergent") or {}).get("tensor"), "/", (d["verdict"].get("first_divergent") or {}).get("tensor"))
+print("  memory.comparison host / device:", h.get("memory", {}).get("comparison"), "/", d.get("memory", {}).get("comparison"))
+hr = {r["name"]: r for r in h["tensors"]}
+dr = {r["name"]: r for r in d["tensors"]}
+print("  tensors compared host / device:", len(hr), "/", len(dr), "| pass flags equal:", sum(hr[k]["pass"] == dr[k]["pass"] for k in hr if k in dr))
+worst = {}
+for k in hr:
+    if k not in dr: continue
+    for f in ("rel_l2_err", "max_abs_err", "mean_abs_err", "cosine", "violations", "worst_index"):
+        a, b = hr[k]["metrics"].get(f), dr[k]["metrics"].get(f)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            rel = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b))
+            worst[f] = max(worst.get(f, 0.0), rel)
+print("  largest relative difference per metric (the verdict's sample, every tensor):", {k: f"{v:.1e}" for k, v in worst.items()})
+for name, r in (("host", h), ("device", d)):
+    print(f"  {name} steps:", " ".join(f"{k}={v:.2f}" for k, v in r.get("run_info", {}).get("durations_s", [])))
+PY
+done
+python3 - <<'PY' | tee "$OUT/plain.txt"
+import glob, time, numpy as np, onnxruntime as ort
+s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
+name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
+times = []
+for f in sorted(glob.glob("samples/*.npz")):
+    x = np.load(f)["x"]
+    x = x.astype(np.float16) if half else x
+    t0 = time.perf_counter()
+    s.run(None, {name: x})
+    times.append(time.perf_counter() - t0)
+later = sorted(times[1:])
+print(f"plain candidate run: first {times[0]:.3f} s, each later run median {1000 * later[len(later) // 2]:.2f} ms (of {len(later)})")
+PY
