@@ -14,6 +14,8 @@
 # 4. one plain candidate run per sample (Python, a warm CUDA session), for the ratio.
 source "$(dirname "$0")/setup.sh"
 SIZES=${SIZES:-64}
+HOST=${HOST:-1}    # 0: skip the runs that copy every tensor to the host
+PLAIN=${PLAIN:-1}  # 0: skip the plain candidate runs
 echo "== the GPU totals against the host's metrics"
 "$R/device_reduction" --include-ignored > "$OUT/device_reduction.txt" 2>&1
 grep -E "^test |test result|panicked" "$OUT/device_reduction.txt"
@@ -34,6 +36,11 @@ for N in $SIZES; do
     ARGS="$R/rec.onnx --inputs samples --ref ort:cuda,tf32=off --cand ort:cuda --cand-model rec_fp16.onnx"
     run device_$N "$R/layerwise" bisect $ARGS --json "$OUT/device_$N.json"
     per_sample "$OUT/device_$N.err" "$N"
+    if [ "$GPUS" != 0 ]; then
+        run devices_$N "$R/layerwise" bisect $ARGS --devices "$GPUS" --json "$OUT/devices_$N.json"
+        same_reports "$OUT/device_$N.json" "$OUT/devices_$N.json"
+    fi
+    [ "$HOST" = 1 ] || continue
     LAYERWISE_DEVICE_COMPARE=0 run host_$N "$R/layerwise" bisect $ARGS --json "$OUT/host_$N.json"
     per_sample "$OUT/host_$N.err" "$N"
     python3 - "$OUT/host_$N.json" "$OUT/device_$N.json" <<'PY'
@@ -53,10 +60,9 @@ for k in hr:
             rel = 0.0 if a == b else abs(a - b) / max(abs(a), abs(b))
             worst[f] = max(worst.get(f, 0.0), rel)
 print("  largest relative difference per metric (the verdict's sample, every tensor):", {k: f"{v:.1e}" for k, v in worst.items()})
-for name, r in (("host", h), ("device", d)):
-    print(f"  {name} steps:", " ".join(f"{k}={v:.2f}" for k, v in r.get("run_info", {}).get("durations_s", [])))
 PY
 done
+[ "$PLAIN" = 1 ] || exit 0
 python3 - <<'PY' | tee "$OUT/plain.txt"
 import glob, time, numpy as np, onnxruntime as ort
 s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])

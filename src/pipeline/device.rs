@@ -134,8 +134,9 @@ impl Job<'_> {
             }
         }
         let mut candidate_notes = candidate_run.notes.clone();
+        // Which GPU is said by `--devices`' own note: the report is the same whichever ran it.
         candidate_notes.push(format!(
-            "compared on GPU {device} where both sides ran: {reduced} tensor pairs reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host"
+            "compared on the GPU where both sides ran: {reduced} tensor pairs reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host"
         ));
         let memory = MemoryPlan {
             budget_bytes: None,
