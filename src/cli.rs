@@ -1,6 +1,25 @@
 //! The command line: argument parsing and the commands, for the `layerwise` binary and for the
 //! Python package's `layerwise` command (which runs the same code).
 
+/// Writes a line of the terminal summary to stdout. A reader that went away (`layerwise ... | head`)
+/// is no failure of layerwise's: the work and its files are still done, the rest of the summary is
+/// not printed, and the exit status is the run's (`println!` panicked there, found by an
+/// independent tester).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// [`say!`] without the line end.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 use std::path::PathBuf;
 
 use crate::write_rule::Reads;
@@ -369,7 +388,7 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
     let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &options)?;
     let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
     let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, ..TrtOptions::default() })?;
-    println!(
+    say!(
         "{}: engine of {} bytes, {} layers, {} tensors marked as outputs{} ({})",
         args.model.display(),
         built.size,
@@ -379,12 +398,12 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
         if built.from_cache { "from the cache".to_string() } else { format!("built in {:.2} s", built.build_seconds) }
     );
     for layer in &built.layers {
-        println!("  {}\n    <- {}", shown(&layer.name), shown(layer.onnx_nodes.join(", ")));
+        say!("  {}\n    <- {}", shown(&layer.name), shown(layer.onnx_nodes.join(", ")));
     }
     for t in &built.not_exposable {
-        println!("  not exposable: {}", shown(t));
+        say!("  not exposable: {}", shown(t));
     }
-    println!("engine: {}", shown(built.path.display()));
+    say!("engine: {}", shown(built.path.display()));
     Ok(0)
 }
 
@@ -519,22 +538,22 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         }
         let merged = crate::pipeline::devices::bisect_on_devices(&options, devices)?;
         options.outputs.write(&merged, None)?;
-        println!("{}", shown(&merged.verdict.summary));
+        say!("{}", shown(&merged.verdict.summary));
         for (what, path) in options.outputs.paths() {
-            println!("{what}: {}", shown(path.display()));
+            say!("{what}: {}", shown(path.display()));
         }
         return Ok(exit_for(merged.verdict.status));
     }
     let outcome = bisect(&options)?;
-    print!("{}", escape::terminal_lines(&outcome.text));
+    say_raw!("{}", escape::terminal_lines(&outcome.text));
     for (what, path) in options.outputs.paths() {
-        println!("{what}: {}", shown(path.display()));
+        say!("{what}: {}", shown(path.display()));
     }
     if let Some(repro) = &outcome.report.extras.repro {
         match &repro.folder {
-            Some(folder) if repro.reproduces => println!("repro: {} ({} node(s); the candidate's error shows there too)", shown(folder), repro.nodes.len()),
-            Some(folder) => println!("repro: {} ({} node(s); the error does not show on its own there, see its README)", shown(folder), repro.nodes.len()),
-            None => println!("repro: not written: {}", shown(&repro.note)),
+            Some(folder) if repro.reproduces => say!("repro: {} ({} node(s); the candidate's error shows there too)", shown(folder), repro.nodes.len()),
+            Some(folder) => say!("repro: {} ({} node(s); the error does not show on its own there, see its README)", shown(folder), repro.nodes.len()),
+            None => say!("repro: not written: {}", shown(&repro.note)),
         }
     }
     Ok(exit_for(outcome.report.verdict.status))
@@ -563,7 +582,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
             .collect::<Result<_>>()?;
         let emulated = layerwise_model::emulate(&model, &model.proto, &computed, &keep, rounding)?;
         model.save_standalone(&emulated.proto, &args.output)?;
-        println!(
+        say!(
             "{}: {} tensors rounded, {} weights rounded -> {}",
             shown(args.model.display()),
             emulated.rounded_tensors,
@@ -610,7 +629,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         bail!("ONNX Runtime cannot load the converted model ({}; nothing written){hint}: {}", load.status, load.detail.unwrap_or_default());
     }
     model.save_standalone(&conversion.proto, &args.output)?;
-    println!(
+    say!(
         "{}: {} nodes {}, {} FP32, {} Casts inserted -> {}",
         shown(args.model.display()),
         conversion.fp16_nodes,
@@ -620,23 +639,28 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         shown(args.output.display())
     );
     for (node, why) in &conversion.fp32_nodes {
-        println!("  FP32 {}: {}", shown(node), shown(why));
+        say!("  FP32 {}: {}", shown(node), shown(why));
     }
     if already_reduced {
-        println!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", shown(args.model.display()));
+        say!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", shown(args.model.display()));
     }
     match load.status {
-        layerwise_report::LoadStatus::Loads if feeds.is_some() => println!("  ONNX Runtime loads and runs it with its default options on seeded random inputs (checked in a separate process){}", load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()),
-        layerwise_report::LoadStatus::Loads => println!(
+        layerwise_report::LoadStatus::Loads if feeds.is_some() => say!("  ONNX Runtime loads and runs it with its default options on seeded random inputs (checked in a separate process){}", load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()),
+        layerwise_report::LoadStatus::Loads => say!(
             "  ONNX Runtime loads it with its default options (checked in a separate process; not run: {}){}",
             if args.fp16_io { "its inputs are FP16" } else { "an input has dimensions only a run can give" },
             load.detail.map(|d| format!(": {}", shown(d))).unwrap_or_default()
         ),
-        layerwise_report::LoadStatus::RunsBelowDefault => println!("  ONNX Runtime {}", shown(load.detail.unwrap_or_default())),
-        _ => println!("  ONNX Runtime with its default options ({}): {}", load.status, shown(load.detail.unwrap_or_default())),
+        layerwise_report::LoadStatus::RunsBelowDefault => say!("  ONNX Runtime {}", shown(load.detail.unwrap_or_default())),
+        _ => say!("  ONNX Runtime with its default options ({}): {}", load.status, shown(load.detail.unwrap_or_default())),
     }
     for (w, readers) in &conversion.overflowing_weights {
-        println!("  weight '{}' is beyond the FP16 range; read by {}", shown(w), shown(readers.join(", ")));
+        if readers.is_empty() {
+            // A weight no node reads (a graph output, or unused) keeps its float32 value.
+            say!("  weight '{}' is beyond the FP16 range; no node reads it, and it stays float32", shown(w));
+        } else {
+            say!("  weight '{}' is beyond the FP16 range; read by {}", shown(w), shown(readers.join(", ")));
+        }
     }
     Ok(0)
 }
@@ -664,7 +688,7 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let (inputs, _samples) = args.inputs.options()?;
     options.bisect.inputs = inputs;
     let outcome = fix(&options)?;
-    print!("{}", escape::terminal_lines(&outcome.text));
+    say_raw!("{}", escape::terminal_lines(&outcome.text));
     Ok(if outcome.report.status == layerwise_report::FixStatus::Fixed { 0 } else { 1 })
 }
 
@@ -703,9 +727,9 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     }
     let merged = crate::merge::merge(&args.partials)?;
     outputs.write(&merged, None)?;
-    println!("{}", shown(&merged.verdict.summary));
+    say!("{}", shown(&merged.verdict.summary));
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", shown(path.display()));
+        say!("{what}: {}", shown(path.display()));
     }
     Ok(exit_for(merged.verdict.status))
 }
@@ -768,7 +792,7 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     }
     outputs.write(&report, fix.as_ref())?;
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", shown(path.display()));
+        say!("{what}: {}", shown(path.display()));
     }
     Ok(0)
 }
@@ -791,20 +815,20 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         model_explorer: Some(args.out_dir.join("model-explorer.json")),
     };
     let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
-    println!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
-    println!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
+    say!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
+    say!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
-    print!("{}", escape::terminal_lines(&outcome.text));
-    println!("\nModel:       {}", shown(model_path.display()));
+    say_raw!("{}", escape::terminal_lines(&outcome.text));
+    say!("\nModel:       {}", shown(model_path.display()));
     for (what, path) in outputs.paths() {
-        println!("{what}: {}", shown(path.display()));
+        say!("{what}: {}", shown(path.display()));
     }
     // A folder name no pasted command can hold (control characters) gets no command to paste.
     // A relative path starting with `-` would be read as an option: `./` first (found by the
     // independent tester: `--out-dir=-rf`).
     let pasted = if model_path.is_relative() && model_path.display().to_string().starts_with('-') { std::path::Path::new(".").join(&model_path) } else { model_path.clone() };
     if let Some(model) = escape::shell_word(&pasted.display().to_string()) {
-        println!("Try it yourself: layerwise bisect {model} --cand sim:fp16");
+        say!("Try it yourself: layerwise bisect {model} --cand sim:fp16");
     }
     match &outcome.report.verdict.first_divergent {
         Some(fd) if fd.node == PLANTED_NODE => {}
@@ -814,7 +838,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         ),
     }
 
-    println!("\nNow the fix: the smallest set of nodes to keep in FP32, verified by re-running the candidate.\n");
+    say!("\nNow the fix: the smallest set of nodes to keep in FP32, verified by re-running the candidate.\n");
     let fixed_path = args.out_dir.join("demo_fp16_fixed.onnx");
     let fix_options = FixOptions {
         bisect: BisectOptions {
@@ -825,8 +849,8 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         max_rounds: 12,
     };
     let fixed = fix(&fix_options)?;
-    print!("{}", escape::terminal_lines(&fixed.text));
-    println!("Fix report:  {}", shown(args.out_dir.join("fix.json").display()));
+    say_raw!("{}", escape::terminal_lines(&fixed.text));
+    say!("Fix report:  {}", shown(args.out_dir.join("fix.json").display()));
     if fixed.report.status != layerwise_report::FixStatus::Fixed {
         bail!("the demo's fix did not verify");
     }
@@ -834,7 +858,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
     let markdown = args.out_dir.join("summary.md");
     Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
         .write(&outcome.report, Some(&fixed.report))?;
-    println!("Markdown summary: {}", shown(markdown.display()));
+    say!("Markdown summary: {}", shown(markdown.display()));
     Ok(0)
 }
 

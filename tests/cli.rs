@@ -452,3 +452,26 @@ fn an_external_constant_is_read_from_the_models_folder() {
     assert_refused(&out, &["--html", "model/w.data"], "would overwrite the input model's external data");
     assert_eq!(std::fs::read(dir.path().join("model/w.data")).unwrap(), values);
 }
+
+/// `layerwise convert ... | head`: a reader that goes away before the summary is printed made
+/// `println!` panic (exit 101 and a backtrace; found by an independent tester). The run finishes,
+/// writes its file and exits with its own status.
+#[test]
+fn a_closed_stdout_is_no_panic_and_the_work_is_still_done() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::Healthy), &dir.path().join("m.onnx"));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["convert", "m.onnx", "-o", "c.onnx"])
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The read end closes before the child prints anything.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert!(dir.path().join("c.onnx").exists(), "the converted file is written");
+}

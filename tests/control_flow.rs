@@ -707,9 +707,10 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
 }
 
 /// A Constant in a branch (unnamed: `If/then/Constant#0`) and one in the main graph, each read by
-/// a Mul. A Constant's value follows the nodes that read it, so keeping one alone changed nothing
-/// and was accepted silently (left over by the independent tester on silero-vad). It is refused
-/// with the readers to keep; kept beside its readers it is what they keep.
+/// a Mul. A Constant's value follows the nodes that read it, so naming one in a keep list changed
+/// nothing and was accepted silently (left over by the independent tester on silero-vad; a second
+/// tester found the same through an If's outer values and a Loop's carried inputs, and with the
+/// readers named beside it). It is refused, every one at once, with the nodes that read it.
 fn constants_read_by_muls() -> ModelProto {
     let mut b = ModelBuilder::new("constants", 17);
     let dims = [Dim::from(4)];
@@ -722,7 +723,9 @@ fn constants_read_by_muls() -> ModelProto {
         output: vec![value("t", DataType::Float, Some(&dims))],
         ..Default::default()
     };
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    // The else branch reads a main-graph Constant from the outer scope: the If reads it.
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Sub", "shift", &["x", "o_value"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("Constant", "o", &[], &["o_value"], vec![attr::tensor("value", thirds())]);
     b.node("ReduceSum", "sum", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
     b.node("Greater", "positive", &["s", "zero"], &["cond"], vec![]);
     b.node("If", "If_0", &["cond"], &["y0"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
@@ -733,28 +736,63 @@ fn constants_read_by_muls() -> ModelProto {
 }
 
 #[test]
-fn a_kept_constant_whose_readers_convert_it_is_refused_with_its_readers() {
+fn a_constant_in_a_keep_list_is_refused_with_the_nodes_that_read_it() {
     let dir = tempfile::tempdir().unwrap();
     save(&constants_read_by_muls(), &dir.path().join("m.onnx"));
-    for (keep, readers) in [("If_0/then/Constant#0", "If_0/then/mul"), ("k", "scale")] {
+    for (keep, listed, readers) in [
+        ("If_0/then/Constant#0", vec!["'If_0/then/Constant#0' (read by If_0/then/mul)"], "If_0/then/mul"),
+        ("k", vec!["'k' (read by scale)"], "scale"),
+        // Beside its readers it changes nothing either: the file is the readers' alone.
+        ("k,scale", vec!["'k' (read by scale)"], "scale"),
+        ("If_0/then/Constant#0,If_0/then/mul", vec!["'If_0/then/Constant#0' (read by If_0/then/mul)"], "If_0/then/mul"),
+        // Read only from a branch, through the outer scope (silero-vad's weights, a second tester).
+        ("o", vec!["'o' (read by If_0)"], "If_0"),
+    ] {
         let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", keep], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{keep}: {t}");
-        assert!(t.contains(&format!("node '{keep}' is a Constant")) && t.contains(&format!("keep its readers instead (--keep-fp32 {readers})")), "{keep}: {t}");
+        for l in listed {
+            assert!(t.contains(l), "{keep}: {t}");
+        }
+        assert!(t.contains("naming it changes nothing") && t.contains(&format!("(--keep-fp32 {readers})")), "{keep}: {t}");
         assert!(!dir.path().join("c.onnx").exists(), "{keep}: nothing written");
     }
-    // Beside its readers the Constant stays float32, as they read it: accepted.
-    for keep in ["If_0/then/Constant#0,If_0/then/mul", "k,scale"] {
-        let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", keep], dir.path());
-        assert_eq!(out.status.code(), Some(0), "{keep}: {}", text(&out));
-        let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
-        let k = written.graph().node.iter().find(|n| n.name() == "k").unwrap();
-        let if_0 = written.graph().node.iter().find(|n| n.name() == "If_0").unwrap();
-        let then = if_0.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
-        let c = then.node.iter().find(|n| n.op_type() == "Constant").unwrap();
-        let value_type = |n: &NodeProto| n.attribute[0].t.as_ref().unwrap().data_type();
-        let kept_here = if keep.starts_with('k') { value_type(k) } else { value_type(c) };
-        assert_eq!(kept_here, DataType::Float as i32, "{keep}");
-        std::fs::remove_file(dir.path().join("c.onnx")).unwrap();
-    }
+    // Every Constant of a graph named at once (the tester had to rerun once per Constant).
+    let mut b = ModelBuilder::new("two", 17);
+    b.input("x", DataType::Float, &[Dim::from(2)]);
+    b.node("Constant", "a", &[], &["av"], vec![attr::tensor("value", f32_tensor("a", &[2], &[1.0 / 3.0, 2.0]))]);
+    b.node("Constant", "b", &[], &["bv"], vec![attr::tensor("value", f32_tensor("b", &[2], &[0.1, 0.2]))]);
+    b.node("Mul", "m", &["x", "av"], &["y0"], vec![]);
+    b.node("Add", "p", &["y0", "bv"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("two.onnx"));
+    let out = layerwise(&["convert", "two.onnx", "-o", "c.onnx", "--keep-fp32", "b,a"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("names 2 Constant nodes: 'a' (read by m); 'b' (read by p)") && t.contains("(--keep-fp32 m,p)"), "{t}");
+    // The readers alone convert.
+    let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", "If_0/then/mul,scale"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+/// A weight beyond FP16 that no node reads (here a graph output) was reported as "read by " with
+/// nothing after it (an independent tester); it stays float32, and the line says so.
+#[test]
+fn an_overflowing_weight_no_node_reads_is_said_to_stay_float32() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("lone", 17);
+    b.input("x", DataType::Float, &[Dim::from(2)]);
+    b.initializer(f32_tensor("lone_out", &[2], &[70_000.0, 1.0]));
+    b.initializer(f32_tensor("half", &[2], &[0.5, 0.5]));
+    b.node("Mul", "m", &["x", "half"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.output("lone_out", DataType::Float);
+    save(&b.build(), &dir.path().join("lone.onnx"));
+    let out = layerwise(&["convert", "lone.onnx", "-o", "c.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("weight 'lone_out' is beyond the FP16 range; no node reads it, and it stays float32") && !t.contains("read by \n"), "{t}");
+    let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
+    let lone = written.graph().initializer.iter().find(|t| t.name() == "lone_out").unwrap();
+    assert_eq!(lone.data_type(), DataType::Float as i32, "kept float32");
 }

@@ -233,6 +233,31 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             return Err(unknown_node_with_hint(graph, name));
         }
     }
+    // A Constant computes nothing and its value follows its readers (the weights' storage, below):
+    // naming one changes nothing, and is said rather than ignored (found by the independent
+    // testers, in a branch and in the main graph), every one at once.
+    let mut constants: Vec<(String, Vec<String>)> = index
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == "Constant" && options.keep_nodes.contains(&n.name))
+        .map(|n| {
+            let mut readers: Vec<String> = n.outputs.iter().flat_map(|o| index.consumers(o).iter().map(|&c| index.nodes[c].name.clone())).collect();
+            // An If or Loop whose bodies read it from the outer scope reads it too.
+            for holder in index.nodes.iter().filter(|h| h.has_subgraphs) {
+                let refs = crate::graph::outer_refs_of(&graph.node[holder.proto_index]);
+                if n.outputs.iter().any(|o| refs.contains(o)) {
+                    readers.push(holder.name.clone());
+                }
+            }
+            readers.sort();
+            readers.dedup();
+            (n.name.clone(), readers)
+        })
+        .collect();
+    if !constants.is_empty() {
+        constants.sort();
+        return Err(ModelError::KeptConstants(constants));
+    }
     // An op type no node has is a typo or another model's list: said, not ignored.
     let present = op_types(graph);
     let mut keep_ops: Vec<&String> = options.keep_ops.iter().collect();
@@ -347,19 +372,6 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         }
         let all_fp16 = !wanted.is_empty() && wanted.iter().all(|p| *p == low) && !graph_outputs.contains(w.as_str());
         storage.insert(w.clone(), if all_fp16 { low } else { Precision::Fp32 });
-    }
-    // A kept Constant computes nothing: its value follows its readers (above). Where they convert
-    // it, the keep-list name would change nothing, and is refused rather than ignored.
-    let mut kept_constants: Vec<&crate::NodeInfo> = index.nodes.iter().filter(|n| n.op_type == "Constant" && options.keep_nodes.contains(&n.name)).collect();
-    kept_constants.sort_by(|a, b| a.name.cmp(&b.name));
-    for constant in kept_constants {
-        let Some(value) = constant.outputs.first() else { continue };
-        if storage.get(value) == Some(&low) {
-            let mut readers: Vec<&str> = index.consumers(value).iter().map(|&c| index.nodes[c].name.as_str()).collect();
-            readers.sort_unstable();
-            readers.dedup();
-            return Err(ModelError::KeptConstant { name: constant.name.clone(), readers: readers.join(",") });
-        }
     }
     for (i, node) in graph.node.iter().enumerate() {
         let Some(p) = precision[i] else { continue };
@@ -580,10 +592,21 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
             let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
             ModelError::UnknownNodeHint { name: given(name), why, suggestion: format!("{path}/{suggestion}") }
         }
-        ModelError::KeptConstant { name, readers } => {
-            let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
-            let readers = readers.split(',').map(|r| format!("{path}/{r}")).collect::<Vec<_>>().join(",");
-            ModelError::KeptConstant { name: given(name), readers }
+        ModelError::KeptConstants(constants) => {
+            // The readers in the spelling the user gave the Constant (`Loop/body/x` or `Loop/iterK/x`).
+            ModelError::KeptConstants(
+                constants
+                    .into_iter()
+                    .map(|(name, readers)| {
+                        let name = given(name);
+                        let path = match loop_owner {
+                            Some(owner) if !name.starts_with(&format!("{prefix}/")) => format!("{owner}/iter0"),
+                            _ => prefix.to_string(),
+                        };
+                        (name, readers.into_iter().map(|r| format!("{path}/{r}")).collect())
+                    })
+                    .collect(),
+            )
         }
         other => other,
     })?;

@@ -29,8 +29,8 @@ pub enum ModelError {
     UnknownNodeHint { name: String, why: String, suggestion: String },
     #[error("node '{name}' does not exist in the model: it names node '{inner}' of '{body}' (layerwise names a body's nodes after its If or Loop once inlined: `Node/then/inner`, `Node/iter3/inner`), and that body has no such node (a body's node by its own name, or OpType#i for unnamed ones)")]
     UnknownBodyNode { name: String, body: String, inner: String },
-    #[error("node '{name}' is a Constant: a Constant's value is stored in the precision of the nodes that read it, and {readers} read it converted, so keeping it alone changes nothing; keep its readers instead (--keep-fp32 {readers}), or leave '{name}' out")]
-    KeptConstant { name: String, readers: String },
+    #[error("{}", kept_constants_text(.0))]
+    KeptConstants(Vec<(String, Vec<String>)>),
     #[error("no node of op type '{op}' in the model (its op types: {present})")]
     UnknownOpType { op: String, present: String },
     #[error("quantization config {path}: {why}")]
@@ -39,4 +39,21 @@ pub enum ModelError {
     Quantize(String),
     #[error("cannot write {path}: {cause}")]
     Write { path: PathBuf, cause: std::io::Error },
+}
+
+/// The message of [`ModelError::KeptConstants`]: each Constant named in a keep list, with the
+/// nodes that read it.
+fn kept_constants_text(constants: &[(String, Vec<String>)]) -> String {
+    let listed: Vec<String> = constants
+        .iter()
+        .map(|(name, readers)| if readers.is_empty() { format!("'{name}' (read by no node)") } else { format!("'{name}' (read by {})", readers.join(", ")) })
+        .collect();
+    let readers: Vec<&str> = constants.iter().flat_map(|(_, r)| r.iter().map(String::as_str)).collect();
+    let instead = if readers.is_empty() { String::new() } else { format!("keep the nodes that read it instead (--keep-fp32 {}), or ", readers.join(",")) };
+    format!(
+        "the keep list names {} Constant node{}: {}. A Constant computes nothing: its value is stored in the precision the nodes reading it take, so naming it changes nothing; {instead}leave it out",
+        constants.len(),
+        if constants.len() == 1 { "" } else { "s" },
+        listed.join("; ")
+    )
 }
