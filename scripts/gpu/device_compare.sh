@@ -65,8 +65,12 @@ if per:
     print(f"  each sample after the first batch: median {1000 * per[len(per) // 2]:.2f} ms (batches {len(groups)}), check run", [round(v, 2) for k, v in d if "to check the batch" in k])
 print("  notes:", [n for n in b["cand"]["notes"] if "batch" in n][:1])
 PY
+        if [ "$GPUS" != 0 ]; then
+            run devices_batch${B}_$N "$R/layerwise" bisect $ARGS --batch "$B" --devices "$GPUS" --json "$OUT/devices_batch${B}_$N.json"
+            same_reports "$OUT/batch${B}_$N.json" "$OUT/devices_batch${B}_$N.json"
+        fi
     done
-    if [ "$GPUS" != 0 ]; then
+    if [ "$GPUS" != 0 ] && [ "${UNBATCHED_DEVICES:-1}" = 1 ]; then
         run devices_$N "$R/layerwise" bisect $ARGS --devices "$GPUS" --json "$OUT/devices_$N.json"
         same_reports "$OUT/device_$N.json" "$OUT/devices_$N.json"
     fi
