@@ -475,3 +475,22 @@ fn a_closed_stdout_is_no_panic_and_the_work_is_still_done() {
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
     assert!(dir.path().join("c.onnx").exists(), "the converted file is written");
 }
+
+/// `--batch N` runs samples together only where both sides run on one GPU: elsewhere it is
+/// refused, saying what it needs, rather than ignored.
+#[test]
+fn batch_is_refused_where_the_sides_do_not_run_on_one_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::Healthy), &dir.path().join("m.onnx"));
+    std::fs::create_dir(dir.path().join("samples")).unwrap();
+    for k in 0..3 {
+        let x = Tensor::f32(vec![1, 256], (0..256).map(|i| ((i + k) % 7) as f32 * 0.1).collect());
+        write_npz(&dir.path().join(format!("samples/s{k}.npz")), &[("x", &x)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "samples", "--batch", "2"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("--batch 2 runs samples together on the GPU where both sides run there") && t.contains("here --ref ort:cpu and --cand sim:fp16"), "{t}");
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "samples", "--batch", "0"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

@@ -131,8 +131,17 @@ fn the_gpu_totals_give_the_hosts_metrics() {
         let (rp, _) = Side::F32(r.clone()).upload(&mut reducer);
         let (cp, ck) = c.upload(&mut reducer);
         buffers.extend([rp, cp]);
-        pairs.push(DevicePair { reference: rp as *const _, candidate: cp as *const _, len: r.len(), reference_kind: ElementKind::F32, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol });
+        pairs.push(DevicePair { reference: rp as *const _, candidate: cp as *const _, len: r.len(), blocks: 1, reference_stride: r.len(), candidate_stride: r.len(), reference_kind: ElementKind::F32, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol });
     }
+    // Blocks: every other row of 1,000 elements of the float32 case (a sample of a batch whose
+    // samples are not the first dimension), against the same rows gathered on the host.
+    let (rows, row) = (150, 1000);
+    let (_, r, c, tol) = &cases[2];
+    let gather = |v: &[f32]| -> Vec<f32> { (0..rows).flat_map(|b| v[2 * b * row..(2 * b + 1) * row].to_vec()).collect() };
+    let (gathered_r, gathered_c) = (gather(r), gather(&c.values()));
+    let strided = DevicePair { blocks: rows, reference_stride: 2 * row, candidate_stride: 2 * row, len: rows * row, ..pairs[2] };
+    let _ = tol;
+    pairs.push(strided);
     let reduced = reducer.reduce(&pairs).unwrap_or_else(|e| panic!("{e}"));
     let again = reducer.reduce(&pairs).unwrap();
     assert_eq!(reduced, again, "the same totals every run");
@@ -143,6 +152,8 @@ fn the_gpu_totals_give_the_hosts_metrics() {
         assert_same(what, &host, &device, 1e-5);
         assert!(!host.passes() || device.passes(), "{what}: the verdict");
     }
+    let host = compute(&gathered_r, &gathered_c, cases[2].3);
+    assert_same("strided blocks", &host, &metrics_of_totals(&totals(reduced.last().unwrap())), 1e-5);
     for b in buffers {
         reducer.release(b);
     }

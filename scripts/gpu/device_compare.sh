@@ -15,6 +15,7 @@
 source "$(dirname "$0")/setup.sh"
 SIZES=${SIZES:-64}
 HOST=${HOST:-1}    # 0: skip the runs that copy every tensor to the host
+BATCHES=${BATCHES:-}  # e.g. "8 32": also compared on the GPU with --batch B, against the run above
 PLAIN=${PLAIN:-1}  # 0: skip the plain candidate runs
 echo "== the GPU totals against the host's metrics"
 "$R/device_reduction" --include-ignored > "$OUT/device_reduction.txt" 2>&1
@@ -36,7 +37,40 @@ for N in $SIZES; do
     ARGS="$R/rec.onnx --inputs samples --ref ort:cuda,tf32=off --cand ort:cuda --cand-model rec_fp16.onnx"
     run device_$N "$R/layerwise" bisect $ARGS --json "$OUT/device_$N.json"
     per_sample "$OUT/device_$N.err" "$N"
-    if [ "$GPUS" != 0 ]; then
+    for B in $BATCHES; do
+        run batch${B}_$N "$R/layerwise" bisect $ARGS --batch "$B" --json "$OUT/batch${B}_$N.json"
+        python3 - "$OUT/device_$N.json" "$OUT/batch${B}_$N.json" "$B" <<'PY'
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+width = int(sys.argv[3])
+print(f"  --batch {width}: verdict {a['verdict']['status']} / {b['verdict']['status']}; first divergent", (a["verdict"].get("first_divergent") or {}).get("tensor"), "/", (b["verdict"].get("first_divergent") or {}).get("tensor"))
+ra, rb = a["samples"]["runs"], b["samples"]["runs"]
+same_status = sum(x["status"] == y["status"] and x.get("first_divergent") == y.get("first_divergent") for x, y in zip(ra, rb))
+print(f"  per-sample status and first divergent equal: {same_status} of {len(ra)}")
+ta = {t["name"]: t for t in a["tensors"]}
+worst = 0.0
+for t in b["tensors"]:
+    o = ta.get(t["name"])
+    if o and isinstance(o["metrics"]["rel_l2_err"], float) and isinstance(t["metrics"]["rel_l2_err"], float):
+        x, y = o["metrics"]["rel_l2_err"], t["metrics"]["rel_l2_err"]
+        if max(x, y) > 0:
+            worst = max(worst, abs(x - y) / max(x, y))
+print(f"  verdict sample's tensors: largest relative difference of rel_l2_err unbatched / batched: {worst:.2e}")
+d = b["run_info"]["durations_s"]
+batches = [v for k, v in d if "samples at once" in k or k.startswith("comparing ") and "samples' tensors" in k]
+runs = [(k, v) for k, v in d if "samples at once" in k or "samples' tensors" in k]
+groups = [runs[i:i+3] for i in range(0, len(runs), 3)]
+per = sorted(sum(v for _, v in g) / width for g in groups[1:])
+if per:
+    print(f"  each sample after the first batch: median {1000 * per[len(per) // 2]:.2f} ms (batches {len(groups)}), check run", [round(v, 2) for k, v in d if "to check the batch" in k])
+print("  notes:", [n for n in b["cand"]["notes"] if "batch" in n][:1])
+PY
+        if [ "$GPUS" != 0 ]; then
+            run devices_batch${B}_$N "$R/layerwise" bisect $ARGS --batch "$B" --devices "$GPUS" --json "$OUT/devices_batch${B}_$N.json"
+            same_reports "$OUT/batch${B}_$N.json" "$OUT/devices_batch${B}_$N.json"
+        fi
+    done
+    if [ "$GPUS" != 0 ] && [ "${UNBATCHED_DEVICES:-1}" = 1 ]; then
         run devices_$N "$R/layerwise" bisect $ARGS --devices "$GPUS" --json "$OUT/devices_$N.json"
         same_reports "$OUT/device_$N.json" "$OUT/devices_$N.json"
     fi

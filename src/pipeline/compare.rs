@@ -47,6 +47,11 @@ pub(super) struct Job<'a> {
     pub(super) device_reducer: Option<layerwise_runtime::device_stats::DeviceReducer>,
     /// Why the GPU reduction could not be built, once tried.
     pub(super) device_refused: Option<String>,
+    /// `--batch`: where each tensor's samples lie in a batched run, once the first batch checked it.
+    /// (and every tensor's shape in that batch, which later batches must have).
+    pub(super) batch_layouts: Option<(HashMap<String, super::device::SampleLayout>, HashMap<String, Vec<usize>>)>,
+    /// Why `--batch` is not used (the samples then run one at a time).
+    pub(super) batch_refused: Option<String>,
 }
 
 /// The groups of tensors compared together, and the memory plan that made them.
@@ -109,6 +114,8 @@ impl<'a> Job<'a> {
             paired_session: None,
             device_reducer: None,
             device_refused: None,
+            batch_layouts: None,
+            batch_refused: None,
         }
     }
 
@@ -329,6 +336,7 @@ impl<'a> Job<'a> {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
                 result.notes.0.extend(self.separate_because.as_ref().map(|why| format!("compared after separate runs: {why}")));
                 result.notes.1.extend(self.device_note());
+                result.notes.1.extend(self.batch_note());
                 result.engine_layers = cand_out.engine_layers.clone();
             }
             result.unavailable.extend(ref_out.unavailable.iter().cloned());

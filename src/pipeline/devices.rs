@@ -169,6 +169,12 @@ impl SampleQueue for QueueLink<'_> {
         Some(self.next.fetch_add(1, Ordering::SeqCst))
     }
 
+    fn next_batch(&mut self, n: usize) -> Vec<usize> {
+        // Every job takes `n` at a time from 0, so the batches are those of a single run.
+        let first = self.next.fetch_add(n, Ordering::SeqCst);
+        (first..first.saturating_add(n)).collect()
+    }
+
     fn hand_over(&mut self, data: Vec<SampleData>) -> Result<Option<Vec<SampleData>>> {
         let to_lead = self.to_lead.take().ok_or_else(|| anyhow!("a job handed its samples over twice"))?;
         // A lead that is gone stopped because another job failed: that job's error is the one told.

@@ -61,6 +61,9 @@ pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutc
 pub(crate) trait SampleQueue {
     /// The next sample to run (its index in the folder's order), or `None` when none is left.
     fn next(&mut self) -> Option<usize>;
+    /// The next `n` samples (`--batch`): consecutive, starting at a multiple of `n`, so that every
+    /// job's batches are the ones a single run makes.
+    fn next_batch(&mut self, n: usize) -> Vec<usize>;
     /// This job's samples' numbers; back come every job's (in the folder's order) where this job
     /// carries the verdict, `None` where it stops here.
     fn hand_over(&mut self, data: Vec<SampleData>) -> Result<Option<Vec<SampleData>>>;
@@ -122,32 +125,68 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         Some(dir) => Some(TensorSaver::new(dir, total_samples > 1)?),
         None => None,
     };
+    // `--batch N`: the samples go N at a time where both sides run on one GPU.
+    let width = if options.batch > 1 && samples.len() > 1 && saver.is_none() && options.mark == Marking::All {
+        if job.device_of_both(false).is_none() {
+            bail!(
+                "--batch {} runs samples together on the GPU where both sides run there: --ref and --cand on ONNX Runtime's CUDA provider of one GPU (e.g. --ref ort:cuda,tf32=off --cand ort:cuda), every tensor compared, no quantized candidate; here --ref {} and --cand {}",
+                options.batch,
+                options.reference,
+                options.candidate
+            );
+        }
+        options.batch
+    } else {
+        1
+    };
     let mut taken = 0;
-    while let Some(k) = match queue.as_deref_mut() {
-        Some(queue) => queue.next().filter(|&k| k < samples.len()),
-        None => (taken < samples.len()).then_some(taken),
-    } {
-        taken += 1;
-        let (name, sample_options) = &samples[k];
-        if samples.len() > 1 {
-            steps.count("sample", taken, samples.len(), name);
+    loop {
+        let batch: Vec<usize> = match queue.as_deref_mut() {
+            Some(queue) if width > 1 => queue.next_batch(width).into_iter().filter(|&k| k < samples.len()).collect(),
+            Some(queue) => queue.next().filter(|&k| k < samples.len()).into_iter().collect(),
+            None => (taken..(taken + width).min(samples.len())).collect(),
+        };
+        if batch.is_empty() {
+            break;
         }
-        let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
-        let feeds = setup::feeds_of(&inputs);
-        let (mut compared, verdict) = compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras)?;
-        layerwise_runtime::timing_mark(|| "compared and walked".into());
-        if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
-            steps.run("saving tensors", || saver.save(name, |dir| {
-                saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
-                saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, &feeds)?;
-                Ok(())
-            }))?;
-            if total_samples > 1 {
-                // Only a single sample's tensors are kept for the later stages.
-                compared.tensors = None;
+        let mut prepared = Vec::with_capacity(batch.len());
+        for &k in &batch {
+            let (name, sample_options) = &samples[k];
+            let inputs = prepare_inputs(&decls, sample_options).map_err(|e| owners.explain(name, e))?;
+            prepared.push((k, inputs));
+        }
+        let together = if width > 1 {
+            let feeds: Vec<Vec<(String, Tensor)>> = prepared.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect();
+            job.compare_batch_on_device(&feeds, &mut steps)?
+        } else {
+            None
+        };
+        let mut together = together.map(|v| v.into_iter());
+        for (k, inputs) in prepared {
+            taken += 1;
+            let (name, _) = &samples[k];
+            if samples.len() > 1 {
+                steps.count("sample", taken, samples.len(), name);
             }
+            let feeds = setup::feeds_of(&inputs);
+            let (mut compared, verdict) = match together.as_mut().and_then(Iterator::next) {
+                Some(compared) => walk_compared(&mut job, &feeds, compared, &weights, &mut steps)?,
+                None => compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras)?,
+            };
+            layerwise_runtime::timing_mark(|| "compared and walked".into());
+            if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
+                steps.run("saving tensors", || saver.save(name, |dir| {
+                    saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
+                    saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, &feeds)?;
+                    Ok(())
+                }))?;
+                if total_samples > 1 {
+                    // Only a single sample's tensors are kept for the later stages.
+                    compared.tensors = None;
+                }
+            }
+            per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
         }
-        per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
     }
     steps.end_count();
     if let Some(saver) = saver {
@@ -196,20 +235,7 @@ fn compare_and_walk(
     let (compared, verdict) = match options.mark {
         Marking::All => {
             let compared = job.compare_sample(feeds, steps, total_samples == 1 || keep_tensors)?;
-            if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
-                bail!(
-                    "no model output could be compared: {}",
-                    compared.comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; ")
-                );
-            }
-            refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
-            let mut compared = compared;
-            job.compare_deployed(feeds, &mut compared, steps)?;
-            compared.comparison.quantizers = quantizer_ranges(job);
-            measure_quantizers(job, feeds, &mut compared, steps)?;
-            let mut verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
-            job.unmix_deployed_finding(&compared, &mut verdict);
-            (compared, verdict)
+            walk_compared(job, feeds, compared, weights, steps)?
         }
         Marking::Search => {
             let (compared, verdict, found) = search::search(job, feeds, weights, steps)?;
@@ -218,6 +244,26 @@ fn compare_and_walk(
             (compared, verdict)
         }
     };
+    Ok((compared, verdict))
+}
+
+/// Stage 4 on one sample whose every tensor was compared: what the walk needs besides the
+/// comparison (a Q/DQ candidate's deployed run and quantizers), and the walk back from the worst
+/// output.
+fn walk_compared(job: &mut Job, feeds: &[(String, Tensor)], compared: Compared, weights: &[WeightRange], steps: &mut Steps) -> Result<(Compared, Verdict)> {
+    if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
+        bail!(
+            "no model output could be compared: {}",
+            compared.comparison.not_compared.iter().map(|(t, r)| format!("{t}: {r}")).collect::<Vec<_>>().join("; ")
+        );
+    }
+    refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
+    let mut compared = compared;
+    job.compare_deployed(feeds, &mut compared, steps)?;
+    compared.comparison.quantizers = quantizer_ranges(job);
+    measure_quantizers(job, feeds, &mut compared, steps)?;
+    let mut verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
+    job.unmix_deployed_finding(&compared, &mut verdict);
     Ok((compared, verdict))
 }
 

@@ -70,6 +70,9 @@ pub struct BisectOptions {
     /// Pair a `--cand-model`'s tensors with the reference's by structure where names differ
     /// (`--match auto`); false: by name only.
     pub match_structure: bool,
+    /// `--batch N`: samples of `--inputs DIR` run N at once (their first dimension) where both
+    /// sides run on one GPU; 1: one at a time.
+    pub batch: usize,
 }
 
 /// Which part of a tolerance a `--atol NAME:VALUE`-style option sets.
@@ -119,6 +122,7 @@ impl BisectOptions {
             noise_floor: true,
             keep_control_flow: false,
             match_structure: true,
+            batch: 1,
             repro: None,
             shard: None,
             separate_runs: false,

@@ -118,13 +118,18 @@ pub enum ElementKind {
     Bf16 = 2,
 }
 
-/// One pair to reduce: both device pointers hold `len` elements. The tolerance's terms are
-/// `layerwise_analysis::Tolerance`'s.
+/// One pair to reduce: `len` elements a side, in `blocks` equal blocks, block `b` starting
+/// `b * stride` elements from that side's pointer (one block: the elements in a row; a sample of
+/// a batch whose samples are not the first dimension: a block per outer index). The tolerance's
+/// terms are `layerwise_analysis::Tolerance`'s.
 #[derive(Debug, Clone, Copy)]
 pub struct DevicePair {
     pub reference: *const c_void,
     pub candidate: *const c_void,
     pub len: usize,
+    pub blocks: usize,
+    pub reference_stride: usize,
+    pub candidate_stride: usize,
     pub reference_kind: ElementKind,
     pub candidate_kind: ElementKind,
     pub atol: f64,
@@ -412,17 +417,24 @@ impl DeviceReducer {
         for p in pairs {
             let start = rows.len();
             let (rs, cs) = (element_bytes(p.reference_kind), element_bytes(p.candidate_kind));
-            for first in (0..p.len).step_by(CHUNK) {
-                rows.push(ChunkRow {
-                    reference: p.reference as u64 + (first * rs) as u64,
-                    candidate: p.candidate as u64 + (first * cs) as u64,
-                    len: CHUNK.min(p.len - first) as i64,
-                    first: first as i64,
-                    reference_kind: p.reference_kind as i32,
-                    candidate_kind: p.candidate_kind as i32,
-                    allow: 0.0,
-                    rtol: p.rtol,
-                });
+            let blocks = p.blocks.max(1);
+            if p.len % blocks != 0 {
+                return Err(format!("a pair of {} elements does not split into {blocks} blocks", p.len));
+            }
+            let block = p.len / blocks;
+            for b in 0..blocks {
+                for first in (0..block).step_by(CHUNK) {
+                    rows.push(ChunkRow {
+                        reference: p.reference as u64 + ((b * p.reference_stride + first) * rs) as u64,
+                        candidate: p.candidate as u64 + ((b * p.candidate_stride + first) * cs) as u64,
+                        len: CHUNK.min(block - first) as i64,
+                        first: (b * block + first) as i64,
+                        reference_kind: p.reference_kind as i32,
+                        candidate_kind: p.candidate_kind as i32,
+                        allow: 0.0,
+                        rtol: p.rtol,
+                    });
+                }
             }
             spans.push(start..rows.len());
         }
