@@ -5,35 +5,10 @@
 //! GPU machine (docs/gpu.md, "Samples compared on the GPU").
 
 use half::{bf16, f16};
-use layerwise_analysis::{compute, metrics_of_totals, Metrics, PairTotals, Tolerance};
-use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, DeviceTotals, ElementKind};
+use layerwise_analysis::{compute, metrics_of_totals, Metrics, Tolerance};
+use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, ElementKind};
 use rand::{Rng, SeedableRng};
 
-fn totals(t: &DeviceTotals) -> PairTotals {
-    PairTotals {
-        numel: t.numel,
-        sum_abs: t.sum_abs,
-        sum_d2: t.sum_d2,
-        sum_r2: t.sum_r2,
-        sum_c2: t.sum_c2,
-        sum_rc: t.sum_rc,
-        worst: t.worst,
-        worst_index: t.worst_index,
-        compared_max: t.compared_max,
-        ref_max_abs: t.ref_max_abs,
-        max_rel: t.max_rel,
-        ref_nan: t.ref_nan,
-        ref_inf: t.ref_inf,
-        cand_nan: t.cand_nan,
-        cand_inf: t.cand_inf,
-        nonfinite_mismatch: t.nonfinite_mismatch,
-        ref_fp16_overflow: t.ref_fp16_overflow,
-        nonzero: t.nonzero,
-        subnormal: t.subnormal,
-        sentinels: t.sentinels,
-        finite_violations: t.finite_violations,
-    }
-}
 
 /// Relative closeness of two float metrics (equal infinities and NaNs agree).
 fn close(a: f64, b: f64, rel: f64) -> bool {
@@ -147,13 +122,13 @@ fn the_gpu_totals_give_the_hosts_metrics() {
     assert_eq!(reduced, again, "the same totals every run");
     for ((what, r, c, tol), t) in cases.iter().zip(&reduced) {
         let host = compute(r, &c.values(), *tol);
-        let device = metrics_of_totals(&totals(t));
+        let device = metrics_of_totals(t);
         // The host sums all-finite blocks in float32 lanes: the sums agree to its rounding.
         assert_same(what, &host, &device, 1e-5);
         assert!(!host.passes() || device.passes(), "{what}: the verdict");
     }
     let host = compute(&gathered_r, &gathered_c, cases[2].3);
-    assert_same("strided blocks", &host, &metrics_of_totals(&totals(reduced.last().unwrap())), 1e-5);
+    assert_same("strided blocks", &host, &metrics_of_totals(reduced.last().unwrap()), 1e-5);
     for b in buffers {
         reducer.release(b);
     }

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Result};
-use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, PairTotals, TensorRecord};
+use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord};
 use layerwise_model::Selection;
-use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, DeviceTotals, ElementKind};
+use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, ElementKind};
 use layerwise_runtime::{DType, DeviceTensor, ExecutionProvider, RunRequest, Tensor};
 
 use super::compare::{Compared, Job};
@@ -45,17 +45,8 @@ impl Job<'_> {
     /// the tensors are copied out as before).
     pub(super) fn compare_on_device(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Option<Compared>> {
         let Some(device) = self.device_of_both(keep_tensors) else { return Ok(None) };
-        if self.device_refused.is_some() {
+        if !self.reducer_on(device, steps) {
             return Ok(None);
-        }
-        if self.device_reducer.is_none() {
-            match steps.run("building the GPU reduction kernels (NVRTC)", || DeviceReducer::new(device).map_err(|e| anyhow!(e))) {
-                Ok(reducer) => self.device_reducer = Some(reducer),
-                Err(e) => {
-                    self.device_refused = Some(format!("{e:#}"));
-                    return Ok(None);
-                }
-            }
         }
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &Selection::All };
         let reference_label = format!("running reference {} (tensors left on GPU {device})", self.options.reference);
@@ -81,28 +72,13 @@ impl Job<'_> {
         };
         let reducer = self.device_reducer.as_mut().expect("built above");
         let (index, tolerances) = (&self.index, &self.judging.tolerances);
-        let mut names: Vec<&String> = Vec::new();
-        for t in self.order.iter().chain(&index.outputs) {
-            if !names.contains(&t) {
-                names.push(t);
-            }
-        }
+        let names = compared_names(&self.order, &index.outputs);
         let compared = steps.run("comparing tensors on the GPU", || {
             let mut records: Vec<TensorRecord> = Vec::new();
             let mut not_compared = Vec::new();
             let mut on_device: Vec<(&str, &DeviceTensor, &DeviceTensor, DevicePair)> = Vec::new();
             for name in names {
-                let (r, c) = match (reference_run.tensors.get(name), candidate_of.get(name.as_str())) {
-                    (Some(r), Some(c)) => (r, *c),
-                    (None, _) => {
-                        not_compared.push((name.clone(), missing_reason(index, name, "reference")));
-                        continue;
-                    }
-                    (_, None) => {
-                        not_compared.push((name.clone(), missing_reason(index, name, "candidate")));
-                        continue;
-                    }
-                };
+                let Some((r, c)) = both_sides(index, name, &reference_run, &candidate_of, &mut not_compared) else { continue };
                 let tol = tolerances.of(name);
                 match (element_kind(r.dtype), element_kind(c.dtype)) {
                     (Some(rk), Some(ck)) if r.shape == c.shape => {
@@ -120,7 +96,7 @@ impl Job<'_> {
             let pairs: Vec<DevicePair> = on_device.iter().map(|(_, _, _, p)| *p).collect();
             let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
             for ((name, r, c, _), t) in on_device.iter().zip(&totals) {
-                let metrics = metrics_of_totals(&pair_totals(t));
+                let metrics = metrics_of_totals(t);
                 records.push(tensor_record(index, name, (&r.shape, r.dtype), (&c.shape, c.dtype), || metrics));
             }
             let reference_bytes: usize = on_device.iter().map(|(_, r, _, _)| r.shape.iter().product::<usize>() * r.dtype.size()).sum();
@@ -161,10 +137,57 @@ impl Job<'_> {
         }))
     }
 
+    /// Whether the GPU reduction kernels are built for `device` (built on the first call; where
+    /// they cannot be, the reason is kept for the notes and this stays false).
+    fn reducer_on(&mut self, device: u32, steps: &mut Steps) -> bool {
+        if self.device_refused.is_some() {
+            return false;
+        }
+        if self.device_reducer.is_none() {
+            match steps.run("building the GPU reduction kernels (NVRTC)", || DeviceReducer::new(device).map_err(|e| anyhow!(e))) {
+                Ok(reducer) => self.device_reducer = Some(reducer),
+                Err(e) => self.device_refused = Some(format!("{e:#}")),
+            }
+        }
+        self.device_reducer.is_some()
+    }
+
     /// Why samples that could be compared on the GPU were not (the kernels could not be built).
     pub(super) fn device_note(&self) -> Option<String> {
         self.device_refused.as_ref().map(|why| format!("tensors copied to the host to be compared: the GPU reduction could not be used ({why})"))
     }
+}
+
+/// Both sides' `name`, or `None` with the side that lacks it said in `not_compared`.
+fn both_sides<'a>(
+    index: &layerwise_model::GraphIndex,
+    name: &str,
+    reference: &'a layerwise_runtime::DeviceRun,
+    candidate_of: &HashMap<&str, &'a DeviceTensor>,
+    not_compared: &mut Vec<(String, String)>,
+) -> Option<(&'a DeviceTensor, &'a DeviceTensor)> {
+    match (reference.tensors.get(name), candidate_of.get(name)) {
+        (Some(r), Some(c)) => Some((r, *c)),
+        (None, _) => {
+            not_compared.push((name.to_string(), missing_reason(index, name, "reference")));
+            None
+        }
+        (_, None) => {
+            not_compared.push((name.to_string(), missing_reason(index, name, "candidate")));
+            None
+        }
+    }
+}
+
+/// The tensors compared, in order: the job's order, then any model output not in it.
+fn compared_names<'a>(order: &'a [String], outputs: &'a [String]) -> Vec<&'a String> {
+    let mut names: Vec<&String> = Vec::new();
+    for t in order.iter().chain(outputs) {
+        if !names.contains(&t) {
+            names.push(t);
+        }
+    }
+    names
 }
 
 fn element_kind(dtype: DType) -> Option<ElementKind> {
@@ -182,33 +205,6 @@ fn downloaded(reducer: &mut DeviceReducer, t: &DeviceTensor) -> Result<Tensor> {
     Tensor::from_le_bytes(t.dtype, t.shape.clone(), &raw).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
 }
 
-/// The device's totals as the analysis takes them (the same fields: two crates that do not depend
-/// on each other).
-fn pair_totals(t: &DeviceTotals) -> PairTotals {
-    PairTotals {
-        numel: t.numel,
-        sum_abs: t.sum_abs,
-        sum_d2: t.sum_d2,
-        sum_r2: t.sum_r2,
-        sum_c2: t.sum_c2,
-        sum_rc: t.sum_rc,
-        worst: t.worst,
-        worst_index: t.worst_index,
-        compared_max: t.compared_max,
-        ref_max_abs: t.ref_max_abs,
-        max_rel: t.max_rel,
-        ref_nan: t.ref_nan,
-        ref_inf: t.ref_inf,
-        cand_nan: t.cand_nan,
-        cand_inf: t.cand_inf,
-        nonfinite_mismatch: t.nonfinite_mismatch,
-        ref_fp16_overflow: t.ref_fp16_overflow,
-        nonzero: t.nonzero,
-        subnormal: t.subnormal,
-        sentinels: t.sentinels,
-        finite_violations: t.finite_violations,
-    }
-}
 
 /// Where each sample's values of a tensor lie in a run of `--batch` samples at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,17 +305,8 @@ impl Job<'_> {
             return Ok(None);
         }
         let Some(device) = self.device_of_both(false) else { return Ok(None) };
-        if self.device_refused.is_some() {
+        if !self.reducer_on(device, steps) {
             return Ok(None);
-        }
-        if self.device_reducer.is_none() {
-            match steps.run("building the GPU reduction kernels (NVRTC)", || DeviceReducer::new(device).map_err(|e| anyhow!(e))) {
-                Ok(reducer) => self.device_reducer = Some(reducer),
-                Err(e) => {
-                    self.device_refused = Some(format!("{e:#}"));
-                    return Ok(None);
-                }
-            }
         }
         let mut padded: Vec<Vec<(String, Tensor)>> = samples.to_vec();
         while padded.len() < width {
@@ -378,12 +365,7 @@ impl Job<'_> {
             return Ok(None);
         }
         let (index, tolerances) = (&self.index, &self.judging.tolerances);
-        let mut names: Vec<&String> = Vec::new();
-        for t in self.order.iter().chain(&index.outputs) {
-            if !names.contains(&t) {
-                names.push(t);
-            }
-        }
+        let names = compared_names(&self.order, &index.outputs);
         let count = samples.len();
         let results = steps.run(&format!("comparing {count} samples' tensors on the GPU"), || {
             let mut records: Vec<Vec<TensorRecord>> = vec![Vec::new(); count];
@@ -391,17 +373,7 @@ impl Job<'_> {
             // (sample, name, per-sample shapes and types, pair)
             let mut on_device: Vec<(usize, &str, (Vec<usize>, DType), (Vec<usize>, DType), DevicePair)> = Vec::new();
             for name in names {
-                let (r, c) = match (reference_run.tensors.get(name), candidate_of.get(name.as_str())) {
-                    (Some(r), Some(c)) => (r, *c),
-                    (None, _) => {
-                        not_compared.push((name.clone(), missing_reason(index, name, "reference")));
-                        continue;
-                    }
-                    (_, None) => {
-                        not_compared.push((name.clone(), missing_reason(index, name, "candidate")));
-                        continue;
-                    }
-                };
+                let Some((r, c)) = both_sides(index, name, &reference_run, &candidate_of, &mut not_compared) else { continue };
                 let layout = layouts.get(name.as_str()).copied().ok_or_else(|| anyhow!("tensor '{name}' was not in the checked batch"))?;
                 let (rs, cs) = (layout.per_sample(&r.shape, width), layout.per_sample(&c.shape, width));
                 let tol = tolerances.of(name);
@@ -447,7 +419,7 @@ impl Job<'_> {
             let pairs: Vec<DevicePair> = on_device.iter().map(|(.., p)| *p).collect();
             let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
             for ((k, name, r, c, _), t) in on_device.iter().zip(&totals) {
-                let metrics = metrics_of_totals(&pair_totals(t));
+                let metrics = metrics_of_totals(t);
                 records[*k].push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
             }
             Ok((records, not_compared, pairs.len()))
@@ -512,7 +484,7 @@ fn check_first_sample(reducer: &mut DeviceReducer, alone: &layerwise_runtime::De
     }
     let totals = reducer.reduce(&pairs)?;
     for (name, t) in names.iter().zip(&totals) {
-        let m = metrics_of_totals(&pair_totals(t));
+        let m = metrics_of_totals(t);
         // Equal non-finite values (an overflow both runs share) agree; a mismatch does not.
         if m.nonfinite_mismatch > 0 || m.rel_l2_err > BATCH_CHECK_REL_L2 {
             return Err(format!("tensor '{name}' of the batch's first sample differs from that sample run alone (relative L2 {:.2e}): its samples are not where the batch puts them, or the batch changes what is computed", m.error_level()));

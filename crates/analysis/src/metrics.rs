@@ -325,43 +325,7 @@ fn compute_blocks(reference: &[f32], candidate: &[f32], tol: Tolerance) -> Metri
     })
 }
 
-/// What [`compute`] totals over a pair before its metrics: sums in float64, maxima and counts. A
-/// reduction elsewhere (on the GPU where both runs left their tensors, issue 41) that totals the
-/// same gets the same metrics from [`metrics_of_totals`].
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PairTotals {
-    pub numel: usize,
-    /// Over the finite pairs outside the mask sentinels: sum |c - r|, (c - r)², r², c², r·c.
-    pub sum_abs: f64,
-    pub sum_d2: f64,
-    pub sum_r2: f64,
-    pub sum_c2: f64,
-    pub sum_rc: f64,
-    /// The largest |c - r| (inf on a non-finite mismatch, -1 when nothing was compared) and the
-    /// first element holding it.
-    pub worst: f64,
-    pub worst_index: usize,
-    /// max |r| over the finite reference values outside the mask sentinels.
-    pub compared_max: f64,
-    /// max |r| over every finite reference value.
-    pub ref_max_abs: f64,
-    /// max |c - r| / |r| over the finite pairs with r != 0.
-    pub max_rel: f64,
-    pub ref_nan: usize,
-    pub ref_inf: usize,
-    pub cand_nan: usize,
-    pub cand_inf: usize,
-    pub nonfinite_mismatch: usize,
-    pub ref_fp16_overflow: usize,
-    /// Finite non-zero reference values, and those of them below FP16's smallest normal.
-    pub nonzero: usize,
-    pub subnormal: usize,
-    /// Mask sentinels (see [`MaskSentinels`]).
-    pub sentinels: usize,
-    /// Finite pairs outside the tolerance, judged against `compared_max` (sentinels aside) or
-    /// `ref_max_abs`; the non-finite mismatches are added to them.
-    pub finite_violations: usize,
-}
+pub use layerwise_model::pair::PairTotals;
 
 /// The metrics of a pair from its totals (see [`PairTotals`]).
 pub fn metrics_of_totals(t: &PairTotals) -> Metrics {

@@ -410,6 +410,45 @@ pub struct Operand<'a> {
     pub values: std::borrow::Cow<'a, [f32]>,
 }
 
+/// What `layerwise_analysis::compute` totals over a pair of tensors before their metrics: sums in
+/// float64, maxima and counts. A reduction elsewhere that totals the same (on the GPU where both
+/// runs left their tensors, issue 41: `layerwise_runtime::device_stats`) gets the same metrics from
+/// `layerwise_analysis::metrics_of_totals`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PairTotals {
+    pub numel: usize,
+    /// Over the finite pairs outside the mask sentinels: sum |c - r|, (c - r)², r², c², r·c.
+    pub sum_abs: f64,
+    pub sum_d2: f64,
+    pub sum_r2: f64,
+    pub sum_c2: f64,
+    pub sum_rc: f64,
+    /// The largest |c - r| (inf on a non-finite mismatch, -1 when nothing was compared) and the
+    /// first element holding it.
+    pub worst: f64,
+    pub worst_index: usize,
+    /// max |r| over the finite reference values outside the mask sentinels.
+    pub compared_max: f64,
+    /// max |r| over every finite reference value.
+    pub ref_max_abs: f64,
+    /// max |c - r| / |r| over the finite pairs with r != 0.
+    pub max_rel: f64,
+    pub ref_nan: usize,
+    pub ref_inf: usize,
+    pub cand_nan: usize,
+    pub cand_inf: usize,
+    pub nonfinite_mismatch: usize,
+    pub ref_fp16_overflow: usize,
+    /// Finite non-zero reference values, and those of them below FP16's smallest normal.
+    pub nonzero: usize,
+    pub subnormal: usize,
+    /// Mask sentinels (`layerwise_analysis::MaskSentinels`).
+    pub sentinels: usize,
+    /// Finite pairs outside the tolerance, judged against `compared_max` (sentinels aside) or
+    /// `ref_max_abs`; the non-finite mismatches are added to them.
+    pub finite_violations: usize,
+}
+
 /// Receives every pair of tensors of a paired run, inside ONNX Runtime's executor (one at a time,
 /// in the order the session computes them). Keeps what it needs; the tensors are freed after.
 pub trait PairReducer: Send + Sync {

@@ -12,6 +12,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
+use layerwise_model::pair::PairTotals;
 use libloading::Library;
 
 /// Elements per chunk: one block of the kernels each.
@@ -21,7 +22,7 @@ const THREADS: u32 = 256;
 /// Totals per chunk written by the first kernel.
 const SLOTS: usize = 20;
 
-/// The kernels. `Chunk` matches [`ChunkRow`]. Slot order matches [`DeviceTotals::fold`].
+/// The kernels. `Chunk` matches [`ChunkRow`]. Slot order matches [`fold`].
 pub const KERNEL_SOURCE: &str = r#"
 struct Chunk { const void* r; const void* c; long long n; long long first; int r_kind; int c_kind; double allow; double rtol; };
 #define FP16_MAX 65504.0
@@ -137,41 +138,10 @@ pub struct DevicePair {
     pub range_tol: f64,
 }
 
-/// What the kernels total over one pair: `layerwise_analysis::metrics`'s sums, maxima and counts
-/// before they become metrics.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct DeviceTotals {
-    pub numel: usize,
-    pub sum_abs: f64,
-    pub sum_d2: f64,
-    pub sum_r2: f64,
-    pub sum_c2: f64,
-    pub sum_rc: f64,
-    /// The largest |c - r| (inf on a non-finite mismatch; -1 for an empty pair) and its first index.
-    pub worst: f64,
-    pub worst_index: usize,
-    /// max |r| over the finite reference values outside the mask sentinels.
-    pub compared_max: f64,
-    /// max |r| over the finite reference values.
-    pub ref_max_abs: f64,
-    pub max_rel: f64,
-    pub ref_nan: usize,
-    pub ref_inf: usize,
-    pub cand_nan: usize,
-    pub cand_inf: usize,
-    pub nonfinite_mismatch: usize,
-    pub ref_fp16_overflow: usize,
-    pub nonzero: usize,
-    pub subnormal: usize,
-    pub sentinels: usize,
-    /// Finite pairs outside the tolerance (the non-finite mismatches not included).
-    pub finite_violations: usize,
-}
-
-impl DeviceTotals {
-    /// Folds a pair's chunk totals (the first kernel's slots, in chunk order).
-    fn fold(numel: usize, chunks: &[[f64; SLOTS]]) -> DeviceTotals {
-        let mut t = DeviceTotals { numel, worst: -1.0, ..Default::default() };
+/// Folds a pair's chunk totals (the first kernel's slots, in chunk order).
+fn fold(numel: usize, chunks: &[[f64; SLOTS]]) -> PairTotals {
+    {
+        let mut t = PairTotals { numel, worst: -1.0, ..Default::default() };
         let count = |x: f64| x as usize;
         for s in chunks {
             t.sum_abs += s[0];
@@ -410,7 +380,7 @@ impl DeviceReducer {
 
     /// The totals of every pair, in order. The pairs' buffers must stay alive and unchanged until
     /// this returns (it waits for the kernels).
-    pub fn reduce(&mut self, pairs: &[DevicePair]) -> Result<Vec<DeviceTotals>, String> {
+    pub fn reduce(&mut self, pairs: &[DevicePair]) -> Result<Vec<PairTotals>, String> {
         self.make_current()?;
         let mut rows: Vec<ChunkRow> = Vec::new();
         let mut spans = Vec::with_capacity(pairs.len());
@@ -439,7 +409,7 @@ impl DeviceReducer {
             spans.push(start..rows.len());
         }
         if rows.is_empty() {
-            return Ok(pairs.iter().map(|p| DeviceTotals { numel: p.len, worst: -1.0, ..Default::default() }).collect());
+            return Ok(pairs.iter().map(|p| PairTotals { numel: p.len, worst: -1.0, ..Default::default() }).collect());
         }
         let mut buffers = Vec::new();
         let result = (|| {
@@ -451,7 +421,7 @@ impl DeviceReducer {
             self.launch(self.totals_kernel, rows.len(), table, totals)?;
             let mut partial = vec![[0f64; SLOTS]; rows.len()];
             self.to_host(&mut partial, totals)?;
-            let mut folded: Vec<DeviceTotals> = pairs.iter().zip(&spans).map(|(p, span)| DeviceTotals::fold(p.len, &partial[span.clone()])).collect();
+            let mut folded: Vec<PairTotals> = pairs.iter().zip(&spans).map(|(p, span)| fold(p.len, &partial[span.clone()])).collect();
             // The allowance needs the pair's range, known only now (`Tolerance`'s rule).
             for ((p, span), t) in pairs.iter().zip(&spans).zip(&folded) {
                 let range = if t.sentinels > 0 { t.compared_max } else { t.ref_max_abs };
@@ -513,9 +483,9 @@ mod tests {
         let mut b = [0f64; SLOTS];
         (a[0], a[5], a[6], a[8], a[16]) = (1.5, 2.0, 7.0, 3.0, 4.0);
         (b[0], b[5], b[6], b[8], b[16]) = (0.5, 2.0, 70_000.0, 5.0, 1.0);
-        let t = DeviceTotals::fold(100_000, &[a, b]);
+        let t = fold(100_000, &[a, b]);
         assert_eq!((t.sum_abs, t.worst, t.worst_index, t.ref_max_abs, t.nonzero), (2.0, 2.0, 7, 5.0, 5));
         b[5] = 2.5;
-        assert_eq!(DeviceTotals::fold(100_000, &[a, b]).worst_index, 70_000);
+        assert_eq!(fold(100_000, &[a, b]).worst_index, 70_000);
     }
 }
