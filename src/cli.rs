@@ -610,7 +610,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         keep_io_types: !args.fp16_io,
         keep_overflowing_weight_consumers: !args.allow_weight_overflow,
         target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
-        refused: Default::default(),
+        ..Default::default()
     };
     // Written to a scratch file first and checked in a child process: an FP16 model can crash
     // ONNX Runtime, and the output appears only once it is known to load.
@@ -805,7 +805,7 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     Ok(0)
 }
 
-fn run_demo(args: DemoArgs) -> Result<u8> {
+fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
     if !args.force {
         crate::write_rule::check_fresh_folder(&args.out_dir, "demo --out-dir").map_err(|e| anyhow::anyhow!("{e}; or add --force to replace the files of an earlier demo there"))?;
     }
@@ -822,7 +822,7 @@ fn run_demo(args: DemoArgs) -> Result<u8> {
         csv: Some(args.out_dir.join("tensors.csv")),
         model_explorer: Some(args.out_dir.join("model-explorer.json")),
     };
-    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: true, ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
+    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: !quiet, ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
     say!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     say!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
@@ -946,7 +946,7 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Report(args) => run_report(args),
         #[cfg(feature = "tensorrt")]
         Command::TrtLayers(args) => run_trt_layers(args),
-        Command::Demo(args) => run_demo(args),
+        Command::Demo(args) => run_demo(args, cli.quiet),
         Command::Merge(args) => run_merge(args),
         Command::CheckLoad(args) => crate::load_check::run_check_load(&args.model, args.inputs.as_deref()),
     }

@@ -814,7 +814,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     };
     let bf16_note = match &other_precision {
         Some(o) if o.pass => format!(
-            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance, each element judged by it (rtol {2}; worst output relative L2 {1}, which the tolerance does not bound)",
+            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance, each element judged by its absolute, relative (rtol {2}) and range terms (worst output relative L2 {1}, which the tolerance does not bound)",
             o.candidate,
             num(o.worst_output_rel_l2),
             num(o.rtol)

@@ -63,6 +63,11 @@ fn demo_finds_the_planted_layer_and_writes_its_report() {
     let fix: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("demo/fix.json")).unwrap()).unwrap();
     assert_eq!(fix["fixed_model_check"]["pass"], true);
     assert!(case.path("demo/demo_fp16_fixed.onnx").exists());
+    // `-q` shows no progress on stderr, in the demo too (it printed its bisect's steps; an
+    // independent tester).
+    let out = layerwise(&["-q", "demo", "--out-dir", "quiet"], case.dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]

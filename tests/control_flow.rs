@@ -757,7 +757,12 @@ fn a_constant_in_a_keep_list_is_refused_with_the_nodes_that_read_it() {
         assert!(t.contains("naming it changes nothing") && t.contains(&format!("(--keep-fp32 {readers})")), "{keep}: {t}");
         assert!(!dir.path().join("c.onnx").exists(), "{keep}: nothing written");
     }
-    // Every Constant of a graph named at once (the tester had to rerun once per Constant).
+    // Every Constant of every graph named at once (the testers had to rerun once per Constant,
+    // then once per graph).
+    let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", "k,If_0/then/Constant#0"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("names 2 Constant nodes: 'If_0/then/Constant#0' (read by If_0/then/mul); 'k' (read by scale)") && t.contains("leave them out"), "{t}");
     let mut b = ModelBuilder::new("two", 17);
     b.input("x", DataType::Float, &[Dim::from(2)]);
     b.node("Constant", "a", &[], &["av"], vec![attr::tensor("value", f32_tensor("a", &[2], &[1.0 / 3.0, 2.0]))]);
@@ -795,4 +800,31 @@ fn an_overflowing_weight_no_node_reads_is_said_to_stay_float32() {
     let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
     let lone = written.graph().initializer.iter().find(|t| t.name() == "lone_out").unwrap();
     assert_eq!(lone.data_type(), DataType::Float as i32, "kept float32");
+}
+
+/// A weight beyond FP16 read only inside an If branch, from the outer scope: the branch's reader
+/// was converted and cast the weight to FP16, inf (found by an independent tester; the summary
+/// said no node read it). Its reader is kept FP32 in the branch, as a main-graph reader is.
+#[test]
+fn an_overflowing_weight_read_inside_a_branch_keeps_its_reader_fp32_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("outer_big", 17);
+    let dims = [Dim::from(2)];
+    b.input("x", DataType::Float, &dims);
+    b.input("c", DataType::Bool, &[]);
+    b.initializer(f32_tensor("big", &[2], &[100_000.0, 1.0]));
+    let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Add", "addbig", &["x", "big"], &["t"], vec![])], output: vec![value("t", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    b.node("If", "myif", &["c"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("FP32 myif/then/addbig: reads weight 'big', which is beyond the FP16 range") && t.contains("weight 'big' is beyond the FP16 range; read by myif/then/addbig"), "{t}");
+    let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
+    let myif = written.graph().node.iter().find(|n| n.name() == "myif").unwrap();
+    let then = myif.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
+    let add = then.node.iter().find(|n| n.name() == "addbig").unwrap();
+    assert_eq!(add.input, vec!["x".to_string(), "big".to_string()], "the float32 weight read as it is, no Cast to FP16");
 }

@@ -49,7 +49,7 @@ pub(super) struct Job<'a> {
     pub(super) device_refused: Option<String>,
     /// `--batch`: where each tensor's samples lie in a batched run, once the first batch checked it.
     /// (and every tensor's shape in that batch, which later batches must have).
-    pub(super) batch_layouts: Option<(HashMap<String, super::device::SampleLayout>, HashMap<String, Vec<usize>>)>,
+    pub(super) batch_layouts: Option<(HashMap<String, layerwise_runtime::device_stats::SampleLayout>, HashMap<String, Vec<usize>>)>,
     /// Why `--batch` is not used (the samples then run one at a time).
     pub(super) batch_refused: Option<String>,
 }

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use anyhow::{anyhow, Result};
 use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord};
 use layerwise_model::Selection;
-use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, ElementKind};
+use layerwise_runtime::device_stats::{sample_layouts, DevicePair, DeviceReducer, ElementKind, SampleLayout};
 use layerwise_runtime::{DType, DeviceTensor, ExecutionProvider, RunRequest, Tensor};
 
 use super::compare::{Compared, Job};
@@ -205,58 +205,6 @@ fn downloaded(reducer: &mut DeviceReducer, t: &DeviceTensor) -> Result<Tensor> {
     Tensor::from_le_bytes(t.dtype, t.shape.clone(), &raw).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
 }
 
-
-/// Where each sample's values of a tensor lie in a run of `--batch` samples at once.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SampleLayout {
-    /// The samples lie along `axis`: sample `k`'s values are `outer` blocks of `block` elements,
-    /// block `o` at element `(o * batch + k) * block` (axis 0: one block, the samples one after
-    /// the other; PP-OCRv4's attention puts them second, after the query/key/value split).
-    Split { axis: usize, outer: usize, block: usize },
-    /// The same shape whatever the batch: values computed from weights or shapes alone, which
-    /// every sample shares.
-    Shared,
-}
-
-impl SampleLayout {
-    /// The shape of one sample's values of a tensor of `batched` shape.
-    fn per_sample(self, batched: &[usize], batch: usize) -> Vec<usize> {
-        let mut shape = batched.to_vec();
-        if let SampleLayout::Split { axis, .. } = self {
-            shape[axis] /= batch;
-        }
-        shape
-    }
-
-    /// Sample `k`'s part of a tensor of `numel` elements in a batch of `batch`: (first element,
-    /// blocks, elements a block, elements from one block to the next).
-    fn part(self, k: usize, batch: usize, numel: usize) -> (usize, usize, usize, usize) {
-        match self {
-            SampleLayout::Split { outer, block, .. } => (k * block, outer, block, batch * block),
-            SampleLayout::Shared => (0, 1, numel, numel),
-        }
-    }
-}
-
-/// Each tensor's layout from its shape in a run of one sample (`one`) and of `batch` samples;
-/// `Err` names a tensor that fits neither (its samples are not where the batch puts them).
-pub(crate) fn sample_layouts(one: &HashMap<String, Vec<usize>>, batched: &HashMap<String, Vec<usize>>, batch: usize) -> Result<HashMap<String, SampleLayout>, String> {
-    let mut layouts = HashMap::new();
-    for (name, b) in batched {
-        let Some(o) = one.get(name) else { continue };
-        let differing: Vec<usize> = (0..o.len().min(b.len())).filter(|&a| o[a] != b[a]).collect();
-        let layout = if o == b {
-            SampleLayout::Shared
-        } else if o.len() == b.len() && differing.len() == 1 && b[differing[0]] == batch * o[differing[0]] {
-            let axis = differing[0];
-            SampleLayout::Split { axis, outer: o[..axis].iter().product(), block: o[axis..].iter().product() }
-        } else {
-            return Err(format!("tensor '{name}' is {} for one sample and {} for {batch}, which does not hold each sample's values along one dimension", shape_text(o), shape_text(b)));
-        };
-        layouts.insert(name.clone(), layout);
-    }
-    Ok(layouts)
-}
 
 fn shape_text(shape: &[usize]) -> String {
     format!("[{}]", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))
@@ -496,30 +444,6 @@ fn check_first_sample(reducer: &mut DeviceReducer, alone: &layerwise_runtime::De
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shapes(list: &[(&str, &[usize])]) -> HashMap<String, Vec<usize>> {
-        list.iter().map(|(n, s)| (n.to_string(), s.to_vec())).collect()
-    }
-
-    #[test]
-    fn a_tensor_holds_its_samples_along_one_dimension_or_is_shared() {
-        let one = shapes(&[("conv", &[1, 8, 4, 4]), ("rows", &[3, 16]), ("weights", &[16, 16]), ("shape", &[4])]);
-        let batched = shapes(&[("conv", &[4, 8, 4, 4]), ("rows", &[12, 16]), ("weights", &[16, 16]), ("shape", &[4])]);
-        let layouts = sample_layouts(&one, &batched, 4).unwrap();
-        assert_eq!(layouts["conv"], SampleLayout::Split { axis: 0, outer: 1, block: 128 });
-        assert_eq!(layouts["rows"], SampleLayout::Split { axis: 0, outer: 1, block: 48 }, "a first dimension that folds the batch in");
-        assert_eq!(layouts["weights"], SampleLayout::Shared);
-        assert_eq!(layouts["shape"], SampleLayout::Shared);
-        // Time-major, or attention's query/key/value first: the samples lie along the second axis.
-        let layouts = sample_layouts(&shapes(&[("qkv", &[3, 1, 8, 40, 15])]), &shapes(&[("qkv", &[3, 4, 8, 40, 15])]), 4).unwrap();
-        let qkv = layouts["qkv"];
-        assert_eq!(qkv, SampleLayout::Split { axis: 1, outer: 3, block: 4800 });
-        assert_eq!(qkv.per_sample(&[3, 4, 8, 40, 15], 4), vec![3, 1, 8, 40, 15]);
-        assert_eq!(qkv.part(2, 4, 3 * 4 * 4800), (2 * 4800, 3, 4800, 4 * 4800), "sample 2: its block in each of the 3 outer rows");
-        // Two axes changed: no sample lies in one place.
-        let err = sample_layouts(&shapes(&[("m", &[2, 3])]), &shapes(&[("m", &[8, 6])]), 4).unwrap_err();
-        assert!(err.contains("tensor 'm' is [2x3] for one sample and [8x6] for 4"), "{err}");
-    }
 
     #[test]
     fn samples_are_put_one_after_the_other_in_the_first_dimension() {

@@ -3,7 +3,7 @@
 //! TensorRT 11 takes precision from the model's types, so "keep this layer in FP32" is a model:
 //! FP16 everywhere except the kept nodes, with a Cast wherever an FP16 and an FP32 region meet.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use bytes::Bytes;
 use half::f16;
@@ -58,6 +58,9 @@ pub struct ConvertOptions {
     pub target: Target,
     /// Nodes to keep in FP32 because a runtime refused them in the target type, with why.
     pub refused: BTreeMap<String, String>,
+    /// Weights beyond the FP16 range of the graphs around a body being converted, which the body
+    /// may read from its outer scope: their readers there are kept FP32 as the outer graph's are.
+    pub outer_overflowing: BTreeSet<String>,
 }
 
 impl Default for ConvertOptions {
@@ -69,6 +72,7 @@ impl Default for ConvertOptions {
             keep_overflowing_weight_consumers: true,
             target: Target::Fp16,
             refused: BTreeMap::new(),
+            outer_overflowing: BTreeSet::new(),
         }
     }
 }
@@ -85,6 +89,9 @@ pub struct Conversion {
     pub overflowing_weights: Vec<(String, Vec<String>)>,
     /// The main graph's tensors stored in the target type (FP16 or BF16) in the converted model.
     pub reduced_tensors: HashSet<String>,
+    /// Constant nodes the keep list named (with their readers), in every graph: refused by
+    /// [`convert_fp16`], which returns them as its error.
+    pub kept_constants: Vec<(String, Vec<String>)>,
 }
 
 /// The reduced precision a conversion targets.
@@ -215,8 +222,21 @@ fn path_in_bodies(graph: &crate::onnx::GraphProto, name: &str, prefix: &str) -> 
     None
 }
 
-/// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`].
+/// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`]. A keep list that
+/// names Constant nodes is refused, every one of every graph at once.
 pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+    let conversion = convert_graph(model, index, float, options)?;
+    if !conversion.kept_constants.is_empty() {
+        let mut constants = conversion.kept_constants;
+        constants.sort();
+        return Err(ModelError::KeptConstants(constants));
+    }
+    Ok(conversion)
+}
+
+/// [`convert_fp16`] for one graph (the model's, or a body as a model of its own), the Constants
+/// its keep list names returned in the conversion.
+fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
     let graph = model.graph();
     let target = options.target;
     let low = Precision::Low(target);
@@ -236,7 +256,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
     // A Constant computes nothing and its value follows its readers (the weights' storage, below):
     // naming one changes nothing, and is said rather than ignored (found by the independent
     // testers, in a branch and in the main graph), every one at once.
-    let mut constants: Vec<(String, Vec<String>)> = index
+    let kept_constants: Vec<(String, Vec<String>)> = index
         .nodes
         .iter()
         .filter(|n| n.op_type == "Constant" && options.keep_nodes.contains(&n.name))
@@ -254,10 +274,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             (n.name.clone(), readers)
         })
         .collect();
-    if !constants.is_empty() {
-        constants.sort();
-        return Err(ModelError::KeptConstants(constants));
-    }
+    let mut kept_constants = kept_constants;
     // An op type no node has is a typo or another model's list: said, not ignored.
     let present = op_types(graph);
     let mut keep_ops: Vec<&String> = options.keep_ops.iter().collect();
@@ -288,6 +305,12 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
         }
     }
 
+    // The enclosing graphs' weights beyond the range that this body reads from its outer scope
+    // (graph inputs of the body as converted): read inside an If branch, a weight was cast to
+    // FP16 there and became inf (found by an independent tester).
+    for name in options.outer_overflowing.iter().filter(|n| graph.input.iter().any(|v| v.name() == n.as_str())) {
+        overflowing.entry(name.clone()).or_default();
+    }
     // Precision of every node that touches a float tensor.
     let fp32_only: HashMap<&str, &str> = FP32_ONLY_OPS.iter().copied().collect();
     let mut precision: Vec<Option<Precision>> = vec![None; graph.node.len()];
@@ -431,12 +454,19 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             for attr in node.attribute.iter_mut() {
                 let Some(prefix) = crate::inline::body_prefixes(&name, node.op_type.as_deref().unwrap_or_default(), attr.name()) else { continue };
                 let Some(body) = attr.g.as_mut() else { continue };
-                let inner = convert_body(model, body, &prefix, float, options)?;
+                let body_options = ConvertOptions { outer_overflowing: overflowing.keys().cloned().collect(), ..options.clone() };
+                let inner = convert_body(model, body, &prefix, float, &body_options)?;
                 fp16_nodes += inner.fp16_nodes;
                 casts_inserted += inner.casts_inserted;
                 fp32_nodes.extend(inner.fp32_nodes.into_iter().map(|(n, why)| (format!("{prefix}/{n}"), why)));
+                kept_constants.extend(inner.kept_constants);
                 for (w, readers) in inner.overflowing_weights {
-                    overflowing_in_bodies.push((format!("{prefix}/{w}"), readers.into_iter().map(|r| format!("{prefix}/{r}")).collect()));
+                    let readers = readers.into_iter().map(|r| format!("{prefix}/{r}"));
+                    match overflowing.get_mut(&w) {
+                        // A weight of this graph (or one around it) read inside the body.
+                        Some(outer) => outer.extend(readers),
+                        None => overflowing_in_bodies.push((format!("{prefix}/{w}"), readers.collect())),
+                    }
                 }
             }
         }
@@ -504,7 +534,7 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
             reduced_tensors.insert(inner.clone());
         }
     }
-    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights, reduced_tensors })
+    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights, reduced_tensors, kept_constants })
 }
 
 /// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
@@ -583,7 +613,7 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
     }
     let inner_options = ConvertOptions { keep_nodes: given_as.keys().cloned().collect(), keep_io_types: true, ..options.clone() };
     let given = |inner: String| given_as.get(&inner).cloned().unwrap_or(inner);
-    let mut conversion = convert_fp16(&standalone, &index, &local_float, &inner_options).map_err(|e| match e {
+    let mut conversion = convert_graph(&standalone, &index, &local_float, &inner_options).map_err(|e| match e {
         ModelError::UnknownNode(inner) => ModelError::UnknownBodyNode { name: given(inner.clone()), body: prefix.to_string(), inner },
         ModelError::UnknownBodyNode { name, body, inner } => ModelError::UnknownBodyNode { name: given(name), body: format!("{prefix}/{body}"), inner },
         // A hint found inside the body names the body's nodes from there: the path to the body
@@ -592,24 +622,21 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
             let path = loop_owner.map_or_else(|| prefix.to_string(), |owner| format!("{owner}/iter0"));
             ModelError::UnknownNodeHint { name: given(name), why, suggestion: format!("{path}/{suggestion}") }
         }
-        ModelError::KeptConstants(constants) => {
-            // The readers in the spelling the user gave the Constant (`Loop/body/x` or `Loop/iterK/x`).
-            ModelError::KeptConstants(
-                constants
-                    .into_iter()
-                    .map(|(name, readers)| {
-                        let name = given(name);
-                        let path = match loop_owner {
-                            Some(owner) if !name.starts_with(&format!("{prefix}/")) => format!("{owner}/iter0"),
-                            _ => prefix.to_string(),
-                        };
-                        (name, readers.into_iter().map(|r| format!("{path}/{r}")).collect())
-                    })
-                    .collect(),
-            )
-        }
         other => other,
     })?;
+    // The Constants named here, as the user named them; their readers in the same spelling
+    // (`Loop/body/x` or `Loop/iterK/x`).
+    conversion.kept_constants = std::mem::take(&mut conversion.kept_constants)
+        .into_iter()
+        .map(|(name, readers)| {
+            let name = given(name);
+            let path = match loop_owner {
+                Some(owner) if !name.starts_with(&format!("{prefix}/")) => format!("{owner}/iter0"),
+                _ => prefix.to_string(),
+            };
+            (name, readers.into_iter().map(|r| format!("{path}/{r}")).collect())
+        })
+        .collect();
     let mut converted = conversion.proto.graph.take().expect("graph");
     // The Casts the conversion added are named after what they cast (`x__to_fp16`), as the outer
     // graph's are: an outer tensor cast on both sides would be defined twice, which ONNX Runtime

@@ -48,12 +48,17 @@ fn kept_constants_text(constants: &[(String, Vec<String>)]) -> String {
         .iter()
         .map(|(name, readers)| if readers.is_empty() { format!("'{name}' (read by no node)") } else { format!("'{name}' (read by {})", readers.join(", ")) })
         .collect();
-    let readers: Vec<&str> = constants.iter().flat_map(|(_, r)| r.iter().map(String::as_str)).collect();
-    let instead = if readers.is_empty() { String::new() } else { format!("keep the nodes that read it instead (--keep-fp32 {}), or ", readers.join(",")) };
+    let mut readers: Vec<&str> = Vec::new();
+    for r in constants.iter().flat_map(|(_, r)| r.iter().map(String::as_str)) {
+        if !readers.contains(&r) {
+            readers.push(r);
+        }
+    }
+    let (one, it) = if constants.len() == 1 { ("", "it") } else { ("s", "them") };
+    let instead = if readers.is_empty() { String::new() } else { format!("keep the nodes that read {it} instead (--keep-fp32 {}), or ", readers.join(",")) };
     format!(
-        "the keep list names {} Constant node{}: {}. A Constant computes nothing: its value is stored in the precision the nodes reading it take, so naming it changes nothing; {instead}leave it out",
+        "the keep list names {} Constant node{one}: {}. A Constant computes nothing: its value is stored in the precision the nodes reading it take, so naming it changes nothing; {instead}leave {it} out",
         constants.len(),
-        if constants.len() == 1 { "" } else { "s" },
         listed.join("; ")
     )
 }

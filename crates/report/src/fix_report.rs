@@ -232,7 +232,7 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
             // The relative L2 is shown, not tested: each element is judged by the tolerance, whose
             // relative term rtol is no bound on it (an independent tester read 9.4e-2 against 8e-2
             // as a contradiction).
-            "  {} with nothing kept: {} (worst output relative L2 {}; each element judged by the tolerance, rtol {})",
+            "  {} with nothing kept: {} (worst output relative L2 {}; each element judged by the tolerance's absolute, relative (rtol {}) and range terms)",
             o.candidate,
             if o.pass { "every output within tolerance" } else { "out of tolerance too" },
             num(o.worst_output_rel_l2),
