@@ -22,21 +22,11 @@ echo "== the GPU totals against the host's metrics"
 grep -E "^test |test result|panicked" "$OUT/device_reduction.txt"
 GPUS=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
 "$R/layerwise" convert "$R/rec.onnx" --to fp16 -o rec_fp16.onnx > /dev/null
-per_sample() {
-    python3 - "$1" "$2" <<'PY'
-import re, sys
-n = int(sys.argv[2])
-starts = [float(m.group(2)) for m in re.finditer(r"sample (\d+) of %d \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d+) s\)" % n, open(sys.argv[1]).read())]
-gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:]))
-if gaps:
-    print(f"  progress lines {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
-PY
-}
 for N in $SIZES; do
     samples "$N"
     ARGS="$R/rec.onnx --inputs samples --ref ort:cuda,tf32=off --cand ort:cuda --cand-model rec_fp16.onnx"
     run device_$N "$R/layerwise" bisect $ARGS --json "$OUT/device_$N.json"
-    per_sample "$OUT/device_$N.err" "$N"
+    per_sample "$OUT/device_$N.err" "$N" "  compared on the GPU"
     for B in $BATCHES; do
         run batch${B}_$N "$R/layerwise" bisect $ARGS --batch "$B" --json "$OUT/batch${B}_$N.json"
         python3 - "$OUT/device_$N.json" "$OUT/batch${B}_$N.json" "$B" <<'PY'
@@ -76,7 +66,7 @@ PY
     fi
     [ "$HOST" = 1 ] || continue
     LAYERWISE_DEVICE_COMPARE=0 run host_$N "$R/layerwise" bisect $ARGS --json "$OUT/host_$N.json"
-    per_sample "$OUT/host_$N.err" "$N"
+    per_sample "$OUT/host_$N.err" "$N" "  copied to the host"
     python3 - "$OUT/host_$N.json" "$OUT/device_$N.json" <<'PY'
 import json, math, sys
 h, d = (json.load(open(p)) for p in sys.argv[1:])

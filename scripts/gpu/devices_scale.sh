@@ -33,14 +33,7 @@ for N in $SIZES; do
     samples "$N"
     REC="$R/rec.onnx --inputs samples --cand ort:cuda --cand-model rec_fp16.onnx"
     peak one_$N run one_$N "$R/layerwise" bisect $REC --json "$OUT/one_$N.json"
-    python3 - "$OUT/one_$N.err" "$N" <<'PY'
-import re, sys
-n = int(sys.argv[2])
-starts = [float(m.group(2)) for m in re.finditer(r"sample (\d+) of %d \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d+) s\)" % n, open(sys.argv[1]).read())]
-gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:]))
-if gaps:
-    print(f"one GPU, {n} samples: progress lines seen {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
-PY
+    per_sample "$OUT/one_$N.err" "$N" "one GPU, $N samples"
     peak devices_$N run devices_$N "$R/layerwise" bisect $REC --devices "$GPUS" --json "$OUT/devices_$N.json"
     same_reports "$OUT/one_$N.json" "$OUT/devices_$N.json"
 done

@@ -54,3 +54,16 @@ if a != b:
     print("differing keys:", [k for k in a if a[k] != b.get(k)])
 PY
 }
+
+# per_sample ERR N LABEL: from a run's progress lines (its stderr, ERR) over N samples, the time
+# each sample after the first took (median, min, max; the lines have 0.1 s resolution).
+per_sample() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import re, sys
+n = int(sys.argv[2])
+starts = [float(m.group(2)) for m in re.finditer(r"sample (\d+) of %d \([^)]*\)(?:, about \d+ s left)? \((\d+\.\d+) s\)" % n, open(sys.argv[1]).read())]
+gaps = sorted(b - a for a, b in zip(starts[1:], starts[2:]))
+if gaps:
+    print(f"{sys.argv[3]}: progress lines {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
+PY
+}

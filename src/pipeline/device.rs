@@ -7,10 +7,10 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Result};
-use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord};
-use layerwise_model::Selection;
+use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord, ToleranceSet};
+use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::device_stats::{sample_layouts, DevicePair, DeviceReducer, ElementKind, SampleLayout};
-use layerwise_runtime::{DType, DeviceTensor, ExecutionProvider, RunRequest, Tensor};
+use layerwise_runtime::{shape_string, DType, DeviceRun, DeviceTensor, ExecutionProvider, RunRequest, Tensor};
 
 use super::compare::{Compared, Job};
 use super::steps::Steps;
@@ -48,8 +48,29 @@ impl Job<'_> {
         if !self.reducer_on(device, steps) {
             return Ok(None);
         }
+        let (reference_run, candidate_run) = self.runs_on_device(feeds, device, "", steps)?;
+        let candidate_of = by_reference_name(self.cand_model.is_some(), &self.cand_names, &candidate_run);
+        let reducer = self.device_reducer.as_mut().expect("built above");
+        let (index, tolerances) = (&self.index, &self.judging.tolerances);
+        let names = compared_names(&self.order, &index.outputs);
+        let (records, not_compared, reduced) = steps.run("comparing tensors on the GPU", || {
+            // One sample a run: every tensor whole.
+            sample_records(reducer, index, tolerances, &names, (&reference_run, &candidate_of), (1, 1), |_| Some(SampleLayout::Shared), device)
+        })?;
+        let mut notes = self.batch_note().into_iter().collect::<Vec<_>>();
+        // Which GPU is said by `--devices`' own note: the report is the same whichever ran it.
+        notes.push(format!(
+            "compared on the GPU where both sides ran: {reduced} tensor pairs reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host"
+        ));
+        let bytes = run_bytes(&reference_run);
+        Ok(self.device_compared(records, not_compared, (&reference_run, &candidate_run), notes, bytes).pop())
+    }
+
+    /// Both sides run on `feeds` with their tensors left on GPU `device` (`what` says how many
+    /// samples a run holds, for the steps' labels).
+    fn runs_on_device(&mut self, feeds: &[(String, Tensor)], device: u32, what: &str, steps: &mut Steps) -> Result<(DeviceRun, DeviceRun)> {
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &Selection::All };
-        let reference_label = format!("running reference {} (tensors left on GPU {device})", self.options.reference);
+        let reference_label = format!("running reference {}{what} (tensors left on GPU {device})", self.options.reference);
         let reference_run = steps.run(&reference_label, || {
             let run = self.reference.run_on_device(&request).ok_or_else(|| anyhow!("the reference does not run on CUDA"))?;
             run.map_err(|e| anyhow!(e)).map_err(|e| e.context(format!("reference {}", self.options.reference)))
@@ -59,82 +80,40 @@ impl Job<'_> {
             Some((cm, ci)) => RunRequest { model: cm, index: ci, inputs: feeds, selection: &cand_selection },
             None => RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &Selection::All },
         };
-        let candidate_label = format!("running candidate {} (tensors left on GPU {device})", self.options.candidate);
+        let candidate_label = format!("running candidate {}{what} (tensors left on GPU {device})", self.options.candidate);
         let candidate_run = steps.run(&candidate_label, || {
             let run = self.candidate.run_on_device(&cand_request).ok_or_else(|| anyhow!("the candidate does not run on CUDA"))?;
             run.map_err(|e| anyhow!(e)).map_err(|e| e.context(format!("candidate {}", self.options.candidate)))
         })?;
-        // The candidate's tensors under the reference names they were paired with (a separate
-        // candidate model names its own).
-        let candidate_of: HashMap<&str, &DeviceTensor> = match &self.cand_model {
-            Some(_) => self.cand_names.iter().filter_map(|(r, c)| candidate_run.tensors.get(c).map(|t| (r.as_str(), t))).collect(),
-            None => candidate_run.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect(),
-        };
-        let reducer = self.device_reducer.as_mut().expect("built above");
-        let (index, tolerances) = (&self.index, &self.judging.tolerances);
-        let names = compared_names(&self.order, &index.outputs);
-        let compared = steps.run("comparing tensors on the GPU", || {
-            let mut records: Vec<TensorRecord> = Vec::new();
-            let mut not_compared = Vec::new();
-            let mut on_device: Vec<(&str, &DeviceTensor, &DeviceTensor, DevicePair)> = Vec::new();
-            for name in names {
-                let Some((r, c)) = both_sides(index, name, &reference_run, &candidate_of, &mut not_compared) else { continue };
-                let tol = tolerances.of(name);
-                match (element_kind(r.dtype), element_kind(c.dtype)) {
-                    (Some(rk), Some(ck)) if r.shape == c.shape => {
-                        let len = r.shape.iter().product();
-                        let pair = DevicePair { reference: r.ptr, candidate: c.ptr, len, blocks: 1, reference_stride: len, candidate_stride: len, reference_kind: rk, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol };
-                        on_device.push((name.as_str(), r, c, pair));
-                    }
-                    // Other element types (indices, shapes) are few and small: compared on the host.
-                    _ => {
-                        let (rv, cv) = (downloaded(reducer, r)?, downloaded(reducer, c)?);
-                        records.push(tensor_record(index, name, (&r.shape, r.dtype), (&c.shape, c.dtype), || compute(&rv.to_f32(), &cv.to_f32(), tol)));
-                    }
-                }
-            }
-            let pairs: Vec<DevicePair> = on_device.iter().map(|(_, _, _, p)| *p).collect();
-            let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
-            for ((name, r, c, _), t) in on_device.iter().zip(&totals) {
-                let metrics = metrics_of_totals(t);
-                records.push(tensor_record(index, name, (&r.shape, r.dtype), (&c.shape, c.dtype), || metrics));
-            }
-            let reference_bytes: usize = on_device.iter().map(|(_, r, _, _)| r.shape.iter().product::<usize>() * r.dtype.size()).sum();
-            Ok((records, not_compared, reference_bytes, pairs.len()))
-        })?;
-        let (records, mut not_compared, reference_bytes, reduced) = compared;
-        // A backend's own reason (not a tensor type) says more than "missing".
-        for (t, why) in reference_run.unavailable.iter().chain(&candidate_run.unavailable) {
+        Ok((reference_run, candidate_run))
+    }
+
+    /// Each sample's comparison from its records: a backend's own reason for a tensor it did not
+    /// give (not a tensor type) instead of "missing", both runs' notes, `notes` after the
+    /// candidate's, and `bytes` (one side's tensors of one sample) as the memory plan's.
+    fn device_compared(&self, records: Vec<Vec<TensorRecord>>, mut not_compared: Vec<(String, String)>, (reference, candidate): (&DeviceRun, &DeviceRun), notes: Vec<String>, bytes: usize) -> Vec<Compared> {
+        for (t, why) in reference.unavailable.iter().chain(&candidate.unavailable) {
             if let Some(entry) = not_compared.iter_mut().find(|(n, _)| n == t) {
                 entry.1 = why.clone();
             }
         }
-        let mut candidate_notes = candidate_run.notes.clone();
-        candidate_notes.extend(self.batch_note());
-        // Which GPU is said by `--devices`' own note: the report is the same whichever ran it.
-        candidate_notes.push(format!(
-            "compared on the GPU where both sides ran: {reduced} tensor pairs reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host"
-        ));
-        let memory = MemoryPlan {
-            budget_bytes: None,
-            estimated_bytes: reference_bytes as u64,
-            groups: 1,
-            largest_group_bytes: 0,
-            shapes_from: "the runs on the GPU".into(),
-            comparison: DEVICE.into(),
-            separate_because: None,
-        };
-        let unavailable = reference_run.unavailable.iter().chain(&candidate_run.unavailable).cloned().collect();
-        Ok(Some(Compared {
-            comparison: Comparison::from_records(records, not_compared, &self.order),
-            tensors: None,
-            histograms: HashMap::new(),
-            notes: (reference_run.notes.clone(), candidate_notes),
-            unavailable,
-            engine_layers: Vec::new(),
-            memory: Some(memory),
-            deployed_differs: Vec::new(),
-        }))
+        let mut candidate_notes = candidate.notes.clone();
+        candidate_notes.extend(notes);
+        let unavailable: Vec<(String, String)> = reference.unavailable.iter().chain(&candidate.unavailable).cloned().collect();
+        let memory = MemoryPlan { budget_bytes: None, estimated_bytes: bytes as u64, groups: 1, largest_group_bytes: 0, shapes_from: "the runs on the GPU".into(), comparison: DEVICE.into(), separate_because: None };
+        records
+            .into_iter()
+            .map(|sample_records| Compared {
+                comparison: Comparison::from_records(sample_records, not_compared.clone(), &self.order),
+                tensors: None,
+                histograms: HashMap::new(),
+                notes: (reference.notes.clone(), candidate_notes.clone()),
+                unavailable: unavailable.clone(),
+                engine_layers: Vec::new(),
+                memory: Some(memory.clone()),
+                deployed_differs: Vec::new(),
+            })
+            .collect()
     }
 
     /// Whether the GPU reduction kernels are built for `device` (built on the first call; where
@@ -158,11 +137,101 @@ impl Job<'_> {
     }
 }
 
+/// Each sample's records, what was not compared, and how many pairs the GPU reduced.
+type SampleRecords = (Vec<Vec<TensorRecord>>, Vec<(String, String)>, usize);
+
+/// Each of `count` samples' records from two runs holding `width` samples each, where
+/// `layout_of` places a tensor's samples: float pairs reduced on the GPU in one call, other
+/// element types (indices, shapes: few and small) copied out and compared on the host, a shape
+/// mismatch recorded as one. Also what was not compared, and how many pairs the GPU reduced.
+#[allow(clippy::too_many_arguments)]
+fn sample_records(
+    reducer: &mut DeviceReducer,
+    index: &GraphIndex,
+    tolerances: &ToleranceSet,
+    names: &[&String],
+    (reference, candidate_of): (&DeviceRun, &HashMap<&str, &DeviceTensor>),
+    (count, width): (usize, usize),
+    layout_of: impl Fn(&str) -> Option<SampleLayout>,
+    device: u32,
+) -> Result<SampleRecords> {
+    let mut records: Vec<Vec<TensorRecord>> = vec![Vec::new(); count];
+    let mut not_compared = Vec::new();
+    // (sample, name, per-sample shapes and types, pair)
+    let mut on_device: Vec<(usize, &str, (Vec<usize>, DType), (Vec<usize>, DType), DevicePair)> = Vec::new();
+    for name in names {
+        let Some((r, c)) = both_sides(index, name, reference, candidate_of, &mut not_compared) else { continue };
+        let layout = layout_of(name.as_str()).ok_or_else(|| anyhow!("tensor '{name}' was not in the checked batch"))?;
+        let (rs, cs) = (layout.per_sample(&r.shape, width), layout.per_sample(&c.shape, width));
+        let tol = tolerances.of(name);
+        let same_shape = r.shape == c.shape;
+        match (element_kind(r.dtype), element_kind(c.dtype)) {
+            (Some(rk), Some(ck)) if same_shape => {
+                for k in 0..count {
+                    let (first, blocks, block, stride) = layout.part(k, width, r.shape.iter().product());
+                    let at = |t: &DeviceTensor| (t.ptr as usize + first * t.dtype.size()) as *const std::ffi::c_void;
+                    let pair = DevicePair {
+                        reference: at(r),
+                        candidate: at(c),
+                        len: blocks * block,
+                        blocks,
+                        reference_stride: stride,
+                        candidate_stride: stride,
+                        reference_kind: rk,
+                        candidate_kind: ck,
+                        atol: tol.atol,
+                        rtol: tol.rtol,
+                        range_tol: tol.range_tol,
+                    };
+                    on_device.push((k, name.as_str(), (rs.clone(), r.dtype), (cs.clone(), c.dtype), pair));
+                }
+            }
+            _ if !same_shape => {
+                for record in records.iter_mut() {
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), Metrics::default));
+                }
+            }
+            _ => {
+                let (rv, cv) = (downloaded(reducer, r)?, downloaded(reducer, c)?);
+                let (rf, cf) = (rv.to_f32(), cv.to_f32());
+                for (k, record) in records.iter_mut().enumerate() {
+                    let (first, blocks, block, stride) = layout.part(k, width, rf.len());
+                    let gather = |v: &[f32]| -> Vec<f32> { (0..blocks).flat_map(|b| v[first + b * stride..first + b * stride + block].iter().copied()).collect() };
+                    let (rk, ck) = (gather(&rf), gather(&cf));
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || compute(&rk, &ck, tol)));
+                }
+            }
+        }
+    }
+    let pairs: Vec<DevicePair> = on_device.iter().map(|(.., p)| *p).collect();
+    let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
+    for ((k, name, r, c, _), t) in on_device.iter().zip(&totals) {
+        let metrics = metrics_of_totals(t);
+        records[*k].push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
+    }
+    Ok((records, not_compared, pairs.len()))
+}
+
+/// The candidate's tensors under the reference names they were paired with (a separate candidate
+/// model names its own: `cand_names`, reference to candidate).
+fn by_reference_name<'a>(separate_model: bool, cand_names: &'a HashMap<String, String>, candidate: &'a DeviceRun) -> HashMap<&'a str, &'a DeviceTensor> {
+    if separate_model {
+        cand_names.iter().filter_map(|(r, c)| candidate.tensors.get(c).map(|t| (r.as_str(), t))).collect()
+    } else {
+        candidate.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect()
+    }
+}
+
+/// Bytes of every tensor of a run.
+fn run_bytes(run: &DeviceRun) -> usize {
+    run.tensors.values().map(|t| t.shape.iter().product::<usize>() * t.dtype.size()).sum()
+}
+
 /// Both sides' `name`, or `None` with the side that lacks it said in `not_compared`.
 fn both_sides<'a>(
-    index: &layerwise_model::GraphIndex,
+    index: &GraphIndex,
     name: &str,
-    reference: &'a layerwise_runtime::DeviceRun,
+    reference: &'a DeviceRun,
     candidate_of: &HashMap<&str, &'a DeviceTensor>,
     not_compared: &mut Vec<(String, String)>,
 ) -> Option<(&'a DeviceTensor, &'a DeviceTensor)> {
@@ -181,13 +250,8 @@ fn both_sides<'a>(
 
 /// The tensors compared, in order: the job's order, then any model output not in it.
 fn compared_names<'a>(order: &'a [String], outputs: &'a [String]) -> Vec<&'a String> {
-    let mut names: Vec<&String> = Vec::new();
-    for t in order.iter().chain(outputs) {
-        if !names.contains(&t) {
-            names.push(t);
-        }
-    }
-    names
+    let mut seen: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    order.iter().chain(outputs).filter(|t| seen.insert(t.as_str())).collect()
 }
 
 fn element_kind(dtype: DType) -> Option<ElementKind> {
@@ -206,9 +270,6 @@ fn downloaded(reducer: &mut DeviceReducer, t: &DeviceTensor) -> Result<Tensor> {
 }
 
 
-fn shape_text(shape: &[usize]) -> String {
-    format!("[{}]", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))
-}
 
 /// The samples' inputs as one batch: each input concatenated along its first dimension, in the
 /// samples' order. The samples must give every input the same shape.
@@ -277,20 +338,8 @@ impl Job<'_> {
         } else {
             None
         };
-        let request = RunRequest { model: self.model, index: &self.index, inputs: &feeds, selection: &Selection::All };
-        let label = format!("running reference {} on {width} samples at once (tensors left on GPU {device})", self.options.reference);
-        let reference_run = steps.run(&label, || self.reference.run_on_device(&request).ok_or_else(|| anyhow!("the reference does not run on CUDA"))?.map_err(|e| anyhow!(e)))?;
-        let cand_selection = self.candidate_selection(&Selection::All);
-        let cand_request = match &self.cand_model {
-            Some((cm, ci)) => RunRequest { model: cm, index: ci, inputs: &feeds, selection: &cand_selection },
-            None => RunRequest { model: self.model, index: &self.index, inputs: &feeds, selection: &Selection::All },
-        };
-        let label = format!("running candidate {} on {width} samples at once (tensors left on GPU {device})", self.options.candidate);
-        let candidate_run = steps.run(&label, || self.candidate.run_on_device(&cand_request).ok_or_else(|| anyhow!("the candidate does not run on CUDA"))?.map_err(|e| anyhow!(e)))?;
-        let candidate_of: HashMap<&str, &DeviceTensor> = match &self.cand_model {
-            Some(_) => self.cand_names.iter().filter_map(|(r, c)| candidate_run.tensors.get(c).map(|t| (r.as_str(), t))).collect(),
-            None => candidate_run.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect(),
-        };
+        let (reference_run, candidate_run) = self.runs_on_device(&feeds, device, &format!(" on {width} samples at once"), steps)?;
+        let candidate_of = by_reference_name(self.cand_model.is_some(), &self.cand_names, &candidate_run);
         let reducer = self.device_reducer.as_mut().expect("built above");
         if let Some(alone) = &alone {
             let one: HashMap<String, Vec<usize>> = alone.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
@@ -309,98 +358,20 @@ impl Job<'_> {
         let (layouts, checked_shapes) = self.batch_layouts.as_ref().expect("checked on the first batch");
         // A later batch of other shapes (another input size) is not the batch that was checked.
         if let Some((name, t)) = reference_run.tensors.iter().find(|(n, t)| checked_shapes.get(n.as_str()).is_some_and(|s| *s != t.shape)) {
-            self.batch_refused = Some(format!("a later batch gives tensor '{name}' the shape {}, not the checked batch's", shape_text(&t.shape)));
+            self.batch_refused = Some(format!("a later batch gives tensor '{name}' the shape [{}], not the checked batch's", shape_string(&t.shape)));
             return Ok(None);
         }
         let (index, tolerances) = (&self.index, &self.judging.tolerances);
         let names = compared_names(&self.order, &index.outputs);
         let count = samples.len();
-        let results = steps.run(&format!("comparing {count} samples' tensors on the GPU"), || {
-            let mut records: Vec<Vec<TensorRecord>> = vec![Vec::new(); count];
-            let mut not_compared = Vec::new();
-            // (sample, name, per-sample shapes and types, pair)
-            let mut on_device: Vec<(usize, &str, (Vec<usize>, DType), (Vec<usize>, DType), DevicePair)> = Vec::new();
-            for name in names {
-                let Some((r, c)) = both_sides(index, name, &reference_run, &candidate_of, &mut not_compared) else { continue };
-                let layout = layouts.get(name.as_str()).copied().ok_or_else(|| anyhow!("tensor '{name}' was not in the checked batch"))?;
-                let (rs, cs) = (layout.per_sample(&r.shape, width), layout.per_sample(&c.shape, width));
-                let tol = tolerances.of(name);
-                let split_ok = r.shape == c.shape;
-                match (element_kind(r.dtype), element_kind(c.dtype)) {
-                    (Some(rk), Some(ck)) if split_ok => {
-                        for k in 0..count {
-                            let (first, blocks, block, stride) = layout.part(k, width, r.shape.iter().product());
-                            let at = |t: &DeviceTensor| (t.ptr as usize + first * t.dtype.size()) as *const std::ffi::c_void;
-                            let pair = DevicePair {
-                                reference: at(r),
-                                candidate: at(c),
-                                len: blocks * block,
-                                blocks,
-                                reference_stride: stride,
-                                candidate_stride: stride,
-                                reference_kind: rk,
-                                candidate_kind: ck,
-                                atol: tol.atol,
-                                rtol: tol.rtol,
-                                range_tol: tol.range_tol,
-                            };
-                            on_device.push((k, name.as_str(), (rs.clone(), r.dtype), (cs.clone(), c.dtype), pair));
-                        }
-                    }
-                    _ if !split_ok => {
-                        for record in records.iter_mut() {
-                            record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), Metrics::default));
-                        }
-                    }
-                    _ => {
-                        let (rv, cv) = (downloaded(reducer, r)?, downloaded(reducer, c)?);
-                        let (rf, cf) = (rv.to_f32(), cv.to_f32());
-                        for (k, record) in records.iter_mut().enumerate() {
-                            let (first, blocks, block, stride) = layout.part(k, width, rf.len());
-                            let gather = |v: &[f32]| -> Vec<f32> { (0..blocks).flat_map(|b| v[first + b * stride..first + b * stride + block].iter().copied()).collect() };
-                            let (rk, ck) = (gather(&rf), gather(&cf));
-                            record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || compute(&rk, &ck, tol)));
-                        }
-                    }
-                }
-            }
-            let pairs: Vec<DevicePair> = on_device.iter().map(|(.., p)| *p).collect();
-            let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
-            for ((k, name, r, c, _), t) in on_device.iter().zip(&totals) {
-                let metrics = metrics_of_totals(t);
-                records[*k].push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
-            }
-            Ok((records, not_compared, pairs.len()))
+        let (records, not_compared, reduced) = steps.run(&format!("comparing {count} samples' tensors on the GPU"), || {
+            sample_records(reducer, index, tolerances, &names, (&reference_run, &candidate_of), (count, width), |name| layouts.get(name).copied(), device)
         })?;
-        let (records, mut not_compared, reduced) = results;
-        for (t, why) in reference_run.unavailable.iter().chain(&candidate_run.unavailable) {
-            if let Some(entry) = not_compared.iter_mut().find(|(n, _)| n == t) {
-                entry.1 = why.clone();
-            }
-        }
-        let mut candidate_notes = candidate_run.notes.clone();
-        candidate_notes.push(format!(
-            "compared on the GPU where both sides ran, {width} samples in each run of either side (their first dimension; each tensor's samples found there and checked against one sample run alone, within {BATCH_CHECK_REL_L2:.0e} relative L2): {reduced} tensor pairs of this batch reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host; a batched run may choose other GPU kernels than a run of one sample"
-        ));
-        let unavailable: Vec<(String, String)> = reference_run.unavailable.iter().chain(&candidate_run.unavailable).cloned().collect();
-        let bytes = reference_run.tensors.values().map(|t| t.shape.iter().product::<usize>() * t.dtype.size()).sum::<usize>() / width;
-        Ok(Some(
-            records
-                .into_iter()
-                .map(|sample_records| {
-                    Compared {
-                        comparison: Comparison::from_records(sample_records, not_compared.clone(), &self.order),
-                        tensors: None,
-                        histograms: HashMap::new(),
-                        notes: (reference_run.notes.clone(), candidate_notes.clone()),
-                        unavailable: unavailable.clone(),
-                        engine_layers: Vec::new(),
-                        memory: Some(MemoryPlan { budget_bytes: None, estimated_bytes: bytes as u64, groups: 1, largest_group_bytes: 0, shapes_from: "the runs on the GPU".into(), comparison: DEVICE.into(), separate_because: None }),
-                        deployed_differs: Vec::new(),
-                    }
-                })
-                .collect(),
-        ))
+        let note = format!(
+            "compared on the GPU where both sides ran, {width} samples in each run of either side (each tensor's samples found along the dimension its shape gives and checked against one sample run alone, within {BATCH_CHECK_REL_L2:.0e} relative L2): {reduced} tensor pairs of this batch reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host; a batched run may choose other GPU kernels than a run of one sample"
+        );
+        let bytes = run_bytes(&reference_run) / width;
+        Ok(Some(self.device_compared(records, not_compared, (&reference_run, &candidate_run), vec![note], bytes)))
     }
 
     /// Why `--batch` was not used, where it was asked for and both sides ran on one GPU.
@@ -411,7 +382,7 @@ impl Job<'_> {
 
 /// The check of a batch: the reference's values of its first sample equal (within
 /// `BATCH_CHECK_REL_L2`) those of that sample run alone, in every float tensor.
-fn check_first_sample(reducer: &mut DeviceReducer, alone: &layerwise_runtime::DeviceRun, batched: &layerwise_runtime::DeviceRun, layouts: &HashMap<String, SampleLayout>) -> Result<(), String> {
+fn check_first_sample(reducer: &mut DeviceReducer, alone: &DeviceRun, batched: &DeviceRun, layouts: &HashMap<String, SampleLayout>) -> Result<(), String> {
     let mut names = Vec::new();
     let mut pairs = Vec::new();
     for (name, a) in &alone.tensors {

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 
 use layerwise_model::pair::PairTotals;
+use layerwise_model::tensor::shape_string;
 use libloading::Library;
 
 /// Elements per chunk: one block of the kernels each.
@@ -217,15 +218,11 @@ pub fn sample_layouts(one: &HashMap<String, Vec<usize>>, batched: &HashMap<Strin
             let axis = differing[0];
             SampleLayout::Split { axis, outer: o[..axis].iter().product(), block: o[axis..].iter().product() }
         } else {
-            return Err(format!("tensor '{name}' is {} for one sample and {} for {batch}, which does not hold each sample's values along one dimension", shape_text(o), shape_text(b)));
+            return Err(format!("tensor '{name}' is [{}] for one sample and [{}] for {batch}, which does not hold each sample's values along one dimension", shape_string(o), shape_string(b)));
         };
         layouts.insert(name.clone(), layout);
     }
     Ok(layouts)
-}
-
-fn shape_text(shape: &[usize]) -> String {
-    format!("[{}]", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))
 }
 
 /// The kernel's view of one chunk (`struct Chunk` in [`KERNEL_SOURCE`]).
