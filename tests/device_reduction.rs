@@ -49,6 +49,8 @@ enum Side {
     F32(Vec<f32>),
     F16(Vec<f16>),
     Bf16(Vec<bf16>),
+    I64(Vec<i64>),
+    I32(Vec<i32>),
 }
 
 impl Side {
@@ -57,6 +59,9 @@ impl Side {
             Side::F32(v) => v.clone(),
             Side::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             Side::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            // As the host's `Tensor::to_f32`: each integer rounded to float32.
+            Side::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            Side::I32(v) => v.iter().map(|&x| x as f32).collect(),
         }
     }
     fn upload(&self, reducer: &mut DeviceReducer) -> (u64, ElementKind) {
@@ -64,6 +69,8 @@ impl Side {
             Side::F32(v) => (reducer.upload(v).unwrap(), ElementKind::F32),
             Side::F16(v) => (reducer.upload(v).unwrap(), ElementKind::F16),
             Side::Bf16(v) => (reducer.upload(v).unwrap(), ElementKind::Bf16),
+            Side::I64(v) => (reducer.upload(v).unwrap(), ElementKind::I64),
+            Side::I32(v) => (reducer.upload(v).unwrap(), ElementKind::I32),
         }
     }
 }
@@ -90,7 +97,11 @@ fn the_gpu_totals_give_the_hosts_metrics() {
             _ => (special_ref[i], special_cand[i]) = (2.5, f32::NAN),
         }
     }
+    // Integer tensors (shapes, indices): beyond 2^24 float32 rounds them, as the host does.
+    let ints: Vec<i64> = (0..n as i64).map(|i| (i - 150_000) * 977 + (1 << 25) * (i % 3)).collect();
     let cases: Vec<(&str, Vec<f32>, Side, Tolerance)> = vec![
+        ("int64 pair, a few values off", Side::I64(ints.clone()).values(), Side::I64(ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 3 { x + 1 + i as i64 } else { x }).collect()), Tolerance::FP32),
+        ("int32 pair, a few values off", Side::I32(ints.iter().map(|&x| x as i32).collect()).values(), Side::I32(ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 5 { x as i32 - 7 } else { x as i32 }).collect()), Tolerance::FP16),
         ("FP16 candidate stored as FP16", reference.clone(), Side::F16(reference.iter().map(|&x| f16::from_f32(x * 1.001)).collect()), Tolerance::FP16),
         ("BF16 candidate stored as BF16", reference.clone(), Side::Bf16(reference.iter().map(|&x| bf16::from_f32(x)).collect()), Tolerance::BF16),
         ("float32 candidate, a few elements off", reference.clone(), Side::F32(reference.iter().enumerate().map(|(i, &x)| if i % 50_000 == 7 { x + 0.5 + (i / 50_000) as f32 * 0.25 } else { x }).collect()), Tolerance::FP32),
@@ -102,19 +113,26 @@ fn the_gpu_totals_give_the_hosts_metrics() {
     let mut reducer = DeviceReducer::new(0).unwrap_or_else(|e| panic!("{e}"));
     let mut buffers = Vec::new();
     let mut pairs = Vec::new();
-    for (_, r, c, tol) in &cases {
-        let (rp, _) = Side::F32(r.clone()).upload(&mut reducer);
+    for (what, r, c, tol) in &cases {
+        // An integer pair's reference is uploaded as integers too (its values here are their float32 roundings).
+        let reference_side = match (what.starts_with("int64"), what.starts_with("int32")) {
+            (true, _) => Side::I64(ints.clone()),
+            (_, true) => Side::I32(ints.iter().map(|&x| x as i32).collect()),
+            _ => Side::F32(r.clone()),
+        };
+        let (rp, rk) = reference_side.upload(&mut reducer);
         let (cp, ck) = c.upload(&mut reducer);
         buffers.extend([rp, cp]);
-        pairs.push(DevicePair { reference: rp as *const _, candidate: cp as *const _, len: r.len(), blocks: 1, reference_stride: r.len(), candidate_stride: r.len(), reference_kind: ElementKind::F32, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol });
+        pairs.push(DevicePair { reference: rp as *const _, candidate: cp as *const _, len: r.len(), blocks: 1, reference_stride: r.len(), candidate_stride: r.len(), reference_kind: rk, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol });
     }
     // Blocks: every other row of 1,000 elements of the float32 case (a sample of a batch whose
     // samples are not the first dimension), against the same rows gathered on the host.
     let (rows, row) = (150, 1000);
-    let (_, r, c, tol) = &cases[2];
+    let float32_case = 4;
+    let (_, r, c, tol) = &cases[float32_case];
     let gather = |v: &[f32]| -> Vec<f32> { (0..rows).flat_map(|b| v[2 * b * row..(2 * b + 1) * row].to_vec()).collect() };
     let (gathered_r, gathered_c) = (gather(r), gather(&c.values()));
-    let strided = DevicePair { blocks: rows, reference_stride: 2 * row, candidate_stride: 2 * row, len: rows * row, ..pairs[2] };
+    let strided = DevicePair { blocks: rows, reference_stride: 2 * row, candidate_stride: 2 * row, len: rows * row, ..pairs[float32_case] };
     let _ = tol;
     pairs.push(strided);
     let reduced = reducer.reduce(&pairs).unwrap_or_else(|e| panic!("{e}"));
@@ -127,7 +145,7 @@ fn the_gpu_totals_give_the_hosts_metrics() {
         assert_same(what, &host, &device, 1e-5);
         assert!(!host.passes() || device.passes(), "{what}: the verdict");
     }
-    let host = compute(&gathered_r, &gathered_c, cases[2].3);
+    let host = compute(&gathered_r, &gathered_c, cases[float32_case].3);
     assert_same("strided blocks", &host, &metrics_of_totals(reduced.last().unwrap()), 1e-5);
     for b in buffers {
         reducer.release(b);

@@ -29,7 +29,7 @@ pub(super) struct Job<'a> {
     pub candidate: Box<dyn Backend>,
     pub judging: Judging,
     pub order: Vec<String>,
-    budget: u64,
+    pub(super) budget: u64,
     /// The group plan per set of input shapes: samples usually share their shapes, and planning
     /// builds an ONNX Runtime session.
     plans: HashMap<Vec<Vec<usize>>, GroupPlan>,

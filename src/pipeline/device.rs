@@ -259,6 +259,8 @@ fn element_kind(dtype: DType) -> Option<ElementKind> {
         DType::F32 => Some(ElementKind::F32),
         DType::F16 => Some(ElementKind::F16),
         DType::BF16 => Some(ElementKind::Bf16),
+        DType::I64 => Some(ElementKind::I64),
+        DType::I32 => Some(ElementKind::I32),
         _ => None,
     }
 }
@@ -270,6 +272,20 @@ fn downloaded(reducer: &mut DeviceReducer, t: &DeviceTensor) -> Result<Tensor> {
 }
 
 
+
+/// Sample `k`'s values of `t`, a tensor of a run of `width` samples whose samples lie as `layout`
+/// says, copied to the host.
+fn sample_part(reducer: &mut DeviceReducer, t: &DeviceTensor, layout: SampleLayout, k: usize, width: usize) -> Result<Tensor> {
+    let size = t.dtype.size();
+    let (first, blocks, block, stride) = layout.part(k, width, t.shape.iter().product());
+    let mut bytes = Vec::with_capacity(blocks * block * size);
+    for b in 0..blocks {
+        let at = (t.ptr as usize + (first + b * stride) * size) as *const std::ffi::c_void;
+        bytes.extend(reducer.download(at, block * size).map_err(|e| anyhow!(e))?);
+    }
+    let shape = layout.per_sample(&t.shape, width);
+    Tensor::from_le_bytes(t.dtype, shape, &bytes).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
+}
 
 /// The samples' inputs as one batch: each input concatenated along its first dimension, in the
 /// samples' order. The samples must give every input the same shape.
@@ -374,6 +390,52 @@ impl Job<'_> {
         Ok(Some(self.device_compared(records, not_compared, (&reference_run, &candidate_run), vec![note], bytes)))
     }
 
+    /// Sample `position` of `run` (one sample, or the samples of one `--batch` run in their order
+    /// there) run again on the GPU, every tensor of it copied to the host: reference tensors by
+    /// the reference's names, candidate tensors by the candidate's own (as a run of one sample
+    /// holds them). `None` where the samples were not compared on the GPU, or where both sides'
+    /// tensors of one sample, held three times over by the steps after the walk, would pass the
+    /// memory budget.
+    pub(super) fn held_from_device(&mut self, run: &[Vec<(String, Tensor)>], position: usize, steps: &mut Steps) -> Result<Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>> {
+        let Some(device) = self.device_of_both(false) else { return Ok(None) };
+        if self.device_reducer.is_none() || run.is_empty() {
+            return Ok(None);
+        }
+        let width = if run.len() > 1 { self.options.batch } else { 1 };
+        if width > 1 && self.batch_layouts.is_none() {
+            return Ok(None);
+        }
+        let mut padded = run.to_vec();
+        while padded.len() < width {
+            padded.push(run.last().expect("not empty").clone());
+        }
+        let feeds = if width > 1 { batched_feeds(&padded).map_err(|e| anyhow!(e))? } else { padded.swap_remove(0) };
+        let (reference_run, candidate_run) = self.runs_on_device(&feeds, device, " again (the verdict's sample, its tensors to the host)", steps)?;
+        if (run_bytes(&reference_run) + run_bytes(&candidate_run)) as u64 / width as u64 * 3 > self.budget {
+            return Ok(None);
+        }
+        // The candidate's tensors take the layout of the reference tensor each holds the value of.
+        let reference_of: HashMap<&str, &str> = match &self.cand_model {
+            Some(_) => self.cand_names.iter().map(|(r, c)| (c.as_str(), r.as_str())).collect(),
+            None => candidate_run.tensors.keys().map(|n| (n.as_str(), n.as_str())).collect(),
+        };
+        let layouts = self.batch_layouts.as_ref().map(|(l, _)| l);
+        let layout_of = |reference_name: &str| if width == 1 { Some(SampleLayout::Shared) } else { layouts.and_then(|l| l.get(reference_name).copied()) };
+        let reducer = self.device_reducer.as_mut().expect("checked");
+        let mut copied = |run: &DeviceRun, name_for_layout: &dyn Fn(&str) -> Option<SampleLayout>| -> Result<HashMap<String, Tensor>> {
+            let mut out = HashMap::new();
+            for (name, t) in &run.tensors {
+                // A tensor whose samples' places are unknown (a candidate tensor paired with none) stays out.
+                let Some(layout) = name_for_layout(name) else { continue };
+                out.insert(name.clone(), sample_part(reducer, t, layout, position, width)?);
+            }
+            Ok(out)
+        };
+        let reference = steps.run("copying the verdict's sample's reference tensors to the host", || copied(&reference_run, &|n| layout_of(n)))?;
+        let candidate = steps.run("copying the verdict's sample's candidate tensors to the host", || copied(&candidate_run, &|n| reference_of.get(n).and_then(|r| layout_of(r))))?;
+        Ok(Some((reference, candidate)))
+    }
+
     /// Why `--batch` was not used, where it was asked for and both sides ran on one GPU.
     pub(super) fn batch_note(&self) -> Option<String> {
         self.batch_refused.as_ref().map(|why| format!("--batch {} not used, the samples were run one at a time: {why}", self.options.batch))
@@ -388,6 +450,10 @@ fn check_first_sample(reducer: &mut DeviceReducer, alone: &DeviceRun, batched: &
     for (name, a) in &alone.tensors {
         let (Some(b), Some(layout)) = (batched.tensors.get(name), layouts.get(name)) else { continue };
         let (Some(ak), Some(bk)) = (element_kind(a.dtype), element_kind(b.dtype)) else { continue };
+        // Integers are shapes and indices: a Shape's value holds the batch size itself.
+        if [ak, bk].iter().any(|k| matches!(k, ElementKind::I64 | ElementKind::I32)) {
+            continue;
+        }
         let batch = match layout {
             SampleLayout::Split { outer, block, .. } => b.shape.iter().product::<usize>() / (outer * block).max(1),
             SampleLayout::Shared => 1,

@@ -84,6 +84,10 @@ struct SampleOutcome {
     inputs: Vec<PreparedInput>,
     compared: Compared,
     verdict: Verdict,
+    /// Its place in the folder's samples.
+    index: usize,
+    /// `--batch`: the samples of the run it was compared in, in their order there.
+    batch: Option<Vec<usize>>,
 }
 
 fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut queue: Option<&mut dyn SampleQueue>) -> Result<Option<BisectOutcome>> {
@@ -161,6 +165,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         } else {
             None
         };
+        let batched = together.is_some().then(|| batch.clone());
         let mut together = together.map(|v| v.into_iter());
         for (k, inputs) in prepared {
             taken += 1;
@@ -185,7 +190,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
                     compared.tensors = None;
                 }
             }
-            per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict });
+            per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict, index: k, batch: batched.clone() });
         }
     }
     steps.end_count();
@@ -203,8 +208,30 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
             None => return Ok(None),
         },
     };
+    let mut chosen = chosen;
     extras.memory = chosen.compared.memory.clone();
     let feeds = setup::feeds_of(&chosen.inputs);
+    // Compared on the GPU, the verdict's sample left no tensor on the host: its run again (the
+    // same batch, the sessions warm) copies them out, so that the steps after the walk take the
+    // reference's values from it and re-run only the part a keep list changes, as for one sample.
+    let follow_up = chosen.verdict.status == Status::Diverged && (options.isolate || options.counterfactual);
+    if follow_up && chosen.compared.tensors.is_none() && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == device::DEVICE) {
+        let run: Vec<Vec<(String, Tensor)>> = match &chosen.batch {
+            Some(batch) => batch
+                .iter()
+                .map(|&k| prepare_inputs(&decls, &samples[k].1).map(|inputs| setup::feeds_of(&inputs)).map_err(|e| owners.explain(&samples[k].0, e)))
+                .collect::<Result<_>>()?,
+            None => vec![feeds.clone()],
+        };
+        let position = chosen.batch.as_ref().and_then(|b| b.iter().position(|&k| k == chosen.index)).unwrap_or(0);
+        if let Some(held) = job.held_from_device(&run, position, &mut steps)? {
+            chosen.compared.tensors = Some(held);
+            chosen.compared.notes.1.push(format!(
+                "the verdict's sample ran again on the GPU{} with its tensors copied to the host, for the steps after the walk",
+                if run.len() > 1 { format!(", in the same batch of {}", options.batch) } else { String::new() }
+            ));
+        }
+    }
 
     layerwise_runtime::timing_mark(|| "sample chosen".into());
     // 5-7. After the walk: noise floor, isolation, counterfactual.

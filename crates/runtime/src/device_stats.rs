@@ -41,6 +41,9 @@ __device__ __forceinline__ double value_at(const void* p, int kind, long long i)
         unsigned int bits = ((unsigned int)((const unsigned short*)p)[i]) << 16;
         return (double)__int_as_float((int)bits);
     }
+    // Integers through float32, rounded to nearest as the host's `to_f32` rounds them.
+    if (kind == 3) return (double)__ll2float_rn(((const long long*)p)[i]);
+    if (kind == 4) return (double)__int2float_rn(((const int*)p)[i]);
     return (double)((const float*)p)[i];
 }
 extern "C" __global__ void pair_totals(const Chunk* chunks, double* out) {
@@ -119,6 +122,9 @@ pub enum ElementKind {
     F32 = 0,
     F16 = 1,
     Bf16 = 2,
+    /// Integers are compared as the host compares them: each value rounded to float32 first.
+    I64 = 3,
+    I32 = 4,
 }
 
 /// One pair to reduce: `len` elements a side, in `blocks` equal blocks, block `b` starting
@@ -248,6 +254,10 @@ pub struct DeviceReducer {
     context: *mut c_void,
     totals_kernel: *mut c_void,
     violations_kernel: *mut c_void,
+    /// The chunk table, the totals and the violation counts: (device address, bytes), kept from
+    /// one reduction to the next and grown when a larger one comes (an allocation and a free each
+    /// time cost a device-wide wait each, every batch).
+    scratch: [(u64, usize); 3],
 }
 
 // SAFETY: the handles are the driver's, usable from any thread once the context is made current
@@ -327,7 +337,7 @@ impl DeviceReducer {
     pub fn new(device: u32) -> Result<DeviceReducer, String> {
         let driver = load_first(&["libcuda.so.1", "libcuda.so"]).map_err(|e| format!("the CUDA driver could not be loaded ({e})"))?;
         let nvrtc = load_nvrtc()?;
-        let mut reducer = DeviceReducer { driver, context: std::ptr::null_mut(), totals_kernel: std::ptr::null_mut(), violations_kernel: std::ptr::null_mut() };
+        let mut reducer = DeviceReducer { driver, context: std::ptr::null_mut(), totals_kernel: std::ptr::null_mut(), violations_kernel: std::ptr::null_mut(), scratch: [(0, 0); 3] };
         // SAFETY: the driver API's documented entry points, with out-pointers to locals.
         unsafe {
             reducer.call("cuInit", |f: unsafe extern "C" fn(c_uint) -> CuResult| f(0))?;
@@ -465,37 +475,49 @@ impl DeviceReducer {
         if rows.is_empty() {
             return Ok(pairs.iter().map(|p| PairTotals { numel: p.len, worst: -1.0, ..Default::default() }).collect());
         }
-        let mut buffers = Vec::new();
-        let result = (|| {
-            for bytes in [std::mem::size_of_val(rows.as_slice()), rows.len() * SLOTS * 8, rows.len() * 8] {
-                buffers.push(self.alloc(bytes)?);
-            }
-            let (table, totals, counts) = (buffers[0], buffers[1], buffers[2]);
-            self.to_device(table, &rows)?;
-            self.launch(self.totals_kernel, rows.len(), table, totals)?;
-            let mut partial = vec![[0f64; SLOTS]; rows.len()];
-            self.to_host(&mut partial, totals)?;
-            let mut folded: Vec<PairTotals> = pairs.iter().zip(&spans).map(|(p, span)| fold(p.len, &partial[span.clone()])).collect();
-            // The allowance needs the pair's range, known only now (`Tolerance`'s rule).
-            for ((p, span), t) in pairs.iter().zip(&spans).zip(&folded) {
-                let range = if t.sentinels > 0 { t.compared_max } else { t.ref_max_abs };
-                for row in &mut rows[span.clone()] {
-                    row.allow = p.atol + p.range_tol * range;
-                }
-            }
-            self.to_device(table, &rows)?;
-            self.launch(self.violations_kernel, rows.len(), table, counts)?;
-            let mut violations = vec![0f64; rows.len()];
-            self.to_host(&mut violations, counts)?;
-            for (t, span) in folded.iter_mut().zip(&spans) {
-                t.finite_violations = violations[span.clone()].iter().map(|&v| v as usize).sum();
-            }
-            Ok(folded)
-        })();
-        for buffer in buffers {
-            self.free(buffer);
+        let started = std::time::Instant::now();
+        let mut buffers = [0u64; 3];
+        for (k, bytes) in [std::mem::size_of_val(rows.as_slice()), rows.len() * SLOTS * 8, rows.len() * 8].into_iter().enumerate() {
+            buffers[k] = self.scratch_of(k, bytes)?;
         }
-        result
+        let [table, totals, counts] = buffers;
+        self.to_device(table, &rows)?;
+        self.launch(self.totals_kernel, rows.len(), table, totals)?;
+        let mut partial = vec![[0f64; SLOTS]; rows.len()];
+        self.to_host(&mut partial, totals)?;
+        let mut folded: Vec<PairTotals> = pairs.iter().zip(&spans).map(|(p, span)| fold(p.len, &partial[span.clone()])).collect();
+        // The allowance needs the pair's range, known only now (`Tolerance`'s rule).
+        for ((p, span), t) in pairs.iter().zip(&spans).zip(&folded) {
+            let range = if t.sentinels > 0 { t.compared_max } else { t.ref_max_abs };
+            for row in &mut rows[span.clone()] {
+                row.allow = p.atol + p.range_tol * range;
+            }
+        }
+        self.to_device(table, &rows)?;
+        self.launch(self.violations_kernel, rows.len(), table, counts)?;
+        let mut violations = vec![0f64; rows.len()];
+        self.to_host(&mut violations, counts)?;
+        for (t, span) in folded.iter_mut().zip(&spans) {
+            t.finite_violations = violations[span.clone()].iter().map(|&v| v as usize).sum();
+        }
+        crate::timing_mark(|| format!("GPU reduction of {} pairs in {} chunks: {:.2} ms", pairs.len(), rows.len(), 1e3 * started.elapsed().as_secs_f64()));
+        Ok(folded)
+    }
+
+    /// Scratch buffer `k`, at least `bytes` long (grown by half again when it must grow).
+    fn scratch_of(&mut self, k: usize, bytes: usize) -> Result<u64, String> {
+        let (ptr, capacity) = self.scratch[k];
+        if capacity >= bytes {
+            return Ok(ptr);
+        }
+        if capacity > 0 {
+            self.free(ptr);
+            self.scratch[k] = (0, 0);
+        }
+        let capacity = bytes + bytes / 2;
+        let ptr = self.alloc(capacity)?;
+        self.scratch[k] = (ptr, capacity);
+        Ok(ptr)
     }
 }
 
@@ -503,6 +525,13 @@ impl Drop for DeviceReducer {
     fn drop(&mut self) {
         // The module goes with the context's last release; the primary context is ONNX Runtime's too,
         // so only this reducer's hold on it is released.
+        if self.make_current().is_ok() {
+            for (ptr, capacity) in self.scratch {
+                if capacity > 0 {
+                    self.free(ptr);
+                }
+            }
+        }
         // SAFETY: cuDevicePrimaryCtxRelease(CUdevice) for the device retained in `new`.
         unsafe {
             let mut dev: c_int = 0;
@@ -515,7 +544,8 @@ impl Drop for DeviceReducer {
 
 fn element_bytes(kind: ElementKind) -> usize {
     match kind {
-        ElementKind::F32 => 4,
+        ElementKind::I64 => 8,
+        ElementKind::F32 | ElementKind::I32 => 4,
         ElementKind::F16 | ElementKind::Bf16 => 2,
     }
 }
