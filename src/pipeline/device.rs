@@ -393,9 +393,9 @@ impl Job<'_> {
     /// Sample `position` of `run` (one sample, or the samples of one `--batch` run in their order
     /// there) run again on the GPU, every tensor of it copied to the host: reference tensors by
     /// the reference's names, candidate tensors by the candidate's own (as a run of one sample
-    /// holds them). `None` where the samples were not compared on the GPU, or where both sides'
-    /// tensors of one sample, held three times over by the steps after the walk, would pass the
-    /// memory budget.
+    /// holds them), less in a batch the tensors every sample shares. `None` where the samples were
+    /// not compared on the GPU, or where both sides' tensors of one sample, held three times over
+    /// by the steps after the walk, would pass the memory budget.
     pub(super) fn held_from_device(&mut self, run: &[Vec<(String, Tensor)>], position: usize, steps: &mut Steps) -> Result<Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>> {
         let Some(device) = self.device_of_both(false) else { return Ok(None) };
         if self.device_reducer.is_none() || run.is_empty() {
@@ -420,7 +420,13 @@ impl Job<'_> {
             None => candidate_run.tensors.keys().map(|n| (n.as_str(), n.as_str())).collect(),
         };
         let layouts = self.batch_layouts.as_ref().map(|(l, _)| l);
-        let layout_of = |reference_name: &str| if width == 1 { Some(SampleLayout::Shared) } else { layouts.and_then(|l| l.get(reference_name).copied()) };
+        // In a batch, a tensor every sample shares was computed for the batch: a shape holds the
+        // batch's size (PP-OCRv4's Reshape read [8, 120, 5] for one sample's [1, 120, 40]). Those
+        // stay out, and the steps after the walk compute them for one sample.
+        let layout_of = |reference_name: &str| match width {
+            1 => Some(SampleLayout::Shared),
+            _ => layouts.and_then(|l| l.get(reference_name).copied()).filter(|l| *l != SampleLayout::Shared),
+        };
         let reducer = self.device_reducer.as_mut().expect("checked");
         let mut copied = |run: &DeviceRun, name_for_layout: &dyn Fn(&str) -> Option<SampleLayout>| -> Result<HashMap<String, Tensor>> {
             let mut out = HashMap::new();
