@@ -87,17 +87,4 @@ print("  largest relative difference per metric (the verdict's sample, every ten
 PY
 done
 [ "$PLAIN" = 1 ] || exit 0
-python3 - <<'PY' | tee "$OUT/plain.txt"
-import glob, time, numpy as np, onnxruntime as ort
-s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
-name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
-times = []
-for f in sorted(glob.glob("samples/*.npz")):
-    x = np.load(f)["x"]
-    x = x.astype(np.float16) if half else x
-    t0 = time.perf_counter()
-    s.run(None, {name: x})
-    times.append(time.perf_counter() - t0)
-later = sorted(times[1:])
-print(f"plain candidate run: first {times[0]:.3f} s, each later run median {1000 * later[len(later) // 2]:.2f} ms (of {len(later)})")
-PY
+plain_runs | tee "$OUT/plain.txt"

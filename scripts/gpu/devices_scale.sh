@@ -39,18 +39,4 @@ for N in $SIZES; do
 done
 # One plain candidate run of each sample: a CUDA session of the FP16 file created once, then each
 # sample run once (the first run apart), as a user's own loop pays it.
-python3 - <<'PY' | tee "$OUT/plain.txt"
-import glob, time, numpy as np, onnxruntime as ort
-t = time.perf_counter()
-s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
-name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
-files = sorted(glob.glob("samples/*.npz"))
-times = []
-for f in files:
-    x = np.load(f)["x"]
-    x = x.astype(np.float16) if half else x
-    t0 = time.perf_counter()
-    s.run(None, {name: x})
-    times.append(time.perf_counter() - t0)
-print(f"plain candidate: first run {times[0]:.3f} s; each later run median {sorted(times[1:])[len(times[1:]) // 2] * 1000:.2f} ms over {len(times) - 1} samples ({s.get_providers()[0]})")
-PY
+plain_runs | tee "$OUT/plain.txt"

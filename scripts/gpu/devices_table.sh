@@ -95,17 +95,4 @@ for N in $SIZES; do
         fi
     done
 done
-python3 - <<'PY' | tee "$OUT/plain.txt"
-import glob, time, numpy as np, onnxruntime as ort
-s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
-name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
-times = []
-for f in sorted(glob.glob("samples/*.npz"))[:256]:
-    x = np.load(f)["x"]
-    x = x.astype(np.float16) if half else x
-    t0 = time.perf_counter()
-    s.run(None, {name: x})
-    times.append(time.perf_counter() - t0)
-later = sorted(times[1:])
-print(f"plain candidate run: first {times[0]:.3f} s, each later run median {1000 * later[len(later) // 2]:.2f} ms (of {len(later)})")
-PY
+plain_runs 256 | tee "$OUT/plain.txt"

@@ -67,3 +67,24 @@ if gaps:
     print(f"{sys.argv[3]}: progress lines {len(starts)}; each sample after the first: median {gaps[len(gaps) // 2]:.3f} s, min {gaps[0]:.3f}, max {gaps[-1]:.3f}")
 PY
 }
+
+# plain_runs [LIMIT]: rec_fp16.onnx in its own warm CUDA session (Python), each sample of samples/
+# (the first LIMIT, default all) run once: the first run, and the median of the later ones.
+plain_runs() {
+    python3 - "${1:-0}" <<'PY'
+import glob, sys, time, numpy as np, onnxruntime as ort
+s = ort.InferenceSession("rec_fp16.onnx", providers=["CUDAExecutionProvider"])
+name, half = s.get_inputs()[0].name, s.get_inputs()[0].type == "tensor(float16)"
+files = sorted(glob.glob("samples/*.npz"))
+files = files[:int(sys.argv[1])] if int(sys.argv[1]) > 0 else files
+times = []
+for f in files:
+    x = np.load(f)["x"]
+    x = x.astype(np.float16) if half else x
+    t0 = time.perf_counter()
+    s.run(None, {name: x})
+    times.append(time.perf_counter() - t0)
+later = sorted(times[1:])
+print(f"plain candidate run: first {times[0]:.3f} s, each later run median {1000 * later[len(later) // 2]:.2f} ms (of {len(later)})")
+PY
+}
