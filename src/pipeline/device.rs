@@ -141,9 +141,9 @@ impl Job<'_> {
 type SampleRecords = (Vec<Vec<TensorRecord>>, Vec<(String, String)>, usize);
 
 /// Each of `count` samples' records from two runs holding `width` samples each, where
-/// `layout_of` places a tensor's samples: float pairs reduced on the GPU in one call, other
-/// element types (indices, shapes: few and small) copied out and compared on the host, a shape
-/// mismatch recorded as one. Also what was not compared, and how many pairs the GPU reduced.
+/// `layout_of` places a tensor's samples: float and 32/64-bit integer pairs reduced on the GPU in
+/// one call, other element types (bool, 8- and 16-bit: few and small) copied out and compared on
+/// the host, a shape mismatch recorded as one. Also what was not compared, and how many pairs the GPU reduced.
 #[allow(clippy::too_many_arguments)]
 fn sample_records(
     reducer: &mut DeviceReducer,
