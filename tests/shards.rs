@@ -111,6 +111,38 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
 }
 
 
+/// Found by the independent tester (stop 49): a sample whose inputs hold NaN, inside a set,
+/// passed with "rel L2 0" and no word, where a run of that sample alone warns. Its run now says
+/// how many input values are not finite, in the JSON and on the terminal; the others say nothing.
+#[test]
+fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    std::fs::create_dir_all(d.join("set")).unwrap();
+    for k in 0..3u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k);
+        let mut values: Vec<f32> = (0..8 * 64).map(|_| rng.random::<f32>() * 0.01).collect();
+        if k == 1 {
+            values.iter_mut().take(40).for_each(|v| *v = f32::NAN);
+            values[100] = f32::INFINITY;
+        }
+        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
+        layerwise_runtime::npy::write_npz(&d.join(format!("set/s{k}.npz")), &[("x", &x)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "set", "--json", "r.json"], d);
+    assert!(out.status.code().is_some_and(|c| c <= 1), "{}", text(&out));
+    let r = json_without_run_info(&d.join("r.json"));
+    let runs = r["samples"]["runs"].as_array().unwrap();
+    let flagged: Vec<(&str, u64)> = runs.iter().filter_map(|run| Some((run["sample"].as_str()?, run.get("nonfinite_inputs")?.as_u64()?))).collect();
+    assert_eq!(flagged, vec![("s1.npz", 41)], "only the sample with NaN/inf inputs, with their count: {runs:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find(|l| l.trim_start().starts_with("s1.npz")).unwrap_or_else(|| panic!("a line for s1.npz: {stdout}"));
+    assert!(line.contains("WARNING: 41 NaN/inf input values"), "{line}");
+    assert!(!stdout.lines().any(|l| l.trim_start().starts_with("s0.npz") && l.contains("WARNING")), "{stdout}");
+}
+
 /// Issue "a newcomer's day", beyond the anchor: a data loader script, as Polygraphy's
 /// `--data-loader-script`: its function yields input dicts, each one sample, for bisect and fix,
 /// without writing npz files; a missing function is a clear error.

@@ -155,10 +155,11 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         let inputs_read = std::mem::replace(&mut prepared, Ok(Vec::new()))?;
         layerwise_runtime::timing_mark(|| format!("{} samples' inputs prepared", inputs_read.len()));
         // With --batch, the next batch's inputs are read while this one runs on the GPU (about 2 ms
-        // a sample: a quarter of a batched sample's time); an error there is told when its turn comes.
-        let following = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
-        let (ran, following_prepared) = std::thread::scope(|scope| {
-            let reader = (width > 1).then(|| scope.spawn(|| prepare(&following)));
+        // a sample: a quarter of a batched sample's time); an error there is told when its turn
+        // comes. One sample at a time, the next is taken and read once this one has run.
+        let early = (width > 1).then(|| next_batch(queue.as_deref_mut(), width, &mut handed, samples.len()));
+        let (ran, read_early) = std::thread::scope(|scope| {
+            let reader = early.as_ref().map(|following| scope.spawn(|| prepare(following)));
             let ran = (|| -> Result<()> {
                 let together = if width > 1 {
                     let feeds: Vec<Vec<(String, Tensor)>> = inputs_read.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect();
@@ -195,15 +196,18 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
                 }
                 Ok(())
             })();
-            let following_prepared = match reader {
-                Some(reader) => reader.join().unwrap_or_else(|_| Err(anyhow::anyhow!("reading the next samples' inputs panicked"))),
-                None => prepare(&following),
-            };
-            (ran, following_prepared)
+            let read_early = reader.map(|reader| reader.join().unwrap_or_else(|_| Err(anyhow::anyhow!("reading the next samples' inputs panicked"))));
+            (ran, read_early)
         });
         ran?;
-        batch = following;
-        prepared = following_prepared;
+        (batch, prepared) = match (early, read_early) {
+            (Some(following), Some(read)) => (following, read),
+            _ => {
+                let following = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
+                let read = prepare(&following);
+                (following, read)
+            }
+        };
     }
     steps.end_count();
     if let Some(saver) = saver {
@@ -387,7 +391,7 @@ pub(crate) fn refuse_empty_outputs<'a>(outputs: &[String], shape: impl Fn(&str) 
 /// others go into the per-tensor aggregation (`samples`), or into a shard's partial report.
 fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<(usize, usize)>, extras: &mut Extras) -> SampleOutcome {
     let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
-    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
+    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
     let chosen = chosen_sample(&data).expect("one sample");
     match shard {
         Some((index, count)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data }),
@@ -402,7 +406,7 @@ fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: u
 /// aggregation over every sample (what one run over the folder computes, in its order).
 fn choose_shared_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, queue: &mut dyn SampleQueue, extras: &mut Extras) -> Result<Option<SampleOutcome>> {
     let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
-    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
+    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
     let Some(every) = queue.hand_over(data)? else { return Ok(None) };
     let chosen = chosen_sample(&every).ok_or_else(|| anyhow::anyhow!("no sample was run"))?;
     let name = &every[chosen].run.sample;

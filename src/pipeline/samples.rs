@@ -3,9 +3,11 @@
 //! shards).
 
 use layerwise_analysis::{Comparison, SampleData, SampleRun, Verdict};
+use layerwise_runtime::inputs::PreparedInput;
 
 /// One sample's results as aggregation needs them, in the job's tensor order.
-pub(super) fn sample_data(name: &str, comparison: &Comparison, verdict: &Verdict, selection_error: f64, order: &[String]) -> SampleData {
+pub(super) fn sample_data(name: &str, inputs: &[PreparedInput], comparison: &Comparison, verdict: &Verdict, selection_error: f64, order: &[String]) -> SampleData {
+    let nonfinite: u64 = inputs.iter().map(|i| i.tensor.non_finite_counts()).map(|(nan, inf)| (nan + inf) as u64).sum();
     let records: Vec<Option<&layerwise_analysis::TensorRecord>> = order.iter().map(|t| comparison.get(t)).collect();
     SampleData {
         run: SampleRun {
@@ -15,6 +17,7 @@ pub(super) fn sample_data(name: &str, comparison: &Comparison, verdict: &Verdict
             // one fails).
             worst_output_error: selection_error,
             first_divergent: verdict.first_divergent.as_ref().map(|f| f.node.clone()),
+            nonfinite_inputs: (nonfinite > 0).then_some(nonfinite),
         },
         selection_error,
         errors: records.iter().map(|r| r.map(|r| r.error_level())).collect(),

@@ -336,6 +336,11 @@ pub struct SampleRun {
     #[schemars(with = "FiniteOrString")]
     pub worst_output_error: f64,
     pub first_divergent: Option<String>,
+    /// How many of the sample's input values are NaN or inf, where any are: they reach both sides,
+    /// where matching inf/NaN are not counted as errors, so its results speak only of the finite
+    /// values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nonfinite_inputs: Option<u64>,
 }
 
 /// One sample's results, all that aggregating over samples needs: each tensor's error level

@@ -4,7 +4,7 @@ use layerwise_analysis::{chosen_sample, SampleData, SampleRun, Status};
 
 fn sample(name: &str, status: Status, error: f64) -> SampleData {
     SampleData {
-        run: SampleRun { sample: name.into(), status, worst_output_error: error, first_divergent: None },
+        run: SampleRun { sample: name.into(), status, worst_output_error: error, first_divergent: None, nonfinite_inputs: None },
         selection_error: error,
         errors: vec![Some(error)],
         failing: vec![status == Status::Diverged],

@@ -139,7 +139,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if let Some(sm) = &e.samples {
         let _ = writeln!(out, "\nSamples: {} (verdict from {}: diverged samples first, then the largest output error)", sm.count, sm.worst_sample);
         for r in &sm.runs {
-            let _ = writeln!(out, "  {:<30} {:<8} worst output rel L2 {:>9}  first divergent {}", shorten(&r.sample, 30), format!("{:?}", r.status).to_lowercase(), num(r.worst_output_error), r.first_divergent.as_deref().unwrap_or("-"));
+            let nonfinite = r.nonfinite_inputs.map(|n| format!("  WARNING: {n} NaN/inf input values (only finite values judged)")).unwrap_or_default();
+            let _ = writeln!(out, "  {:<30} {:<8} worst output rel L2 {:>9}  first divergent {}{nonfinite}", shorten(&r.sample, 30), format!("{:?}", r.status).to_lowercase(), num(r.worst_output_error), r.first_divergent.as_deref().unwrap_or("-"));
         }
     }
     if !v.non_finite.is_empty() {
