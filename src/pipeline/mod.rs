@@ -129,20 +129,29 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
         Some(dir) => Some(TensorSaver::new(dir, total_samples > 1)?),
         None => None,
     };
-    // `--batch N`: the samples go N at a time where both sides run on one GPU.
-    let width = if options.batch > 1 && samples.len() > 1 && saver.is_none() && options.mark == Marking::All {
-        if job.device_of_both(false).is_none() {
-            bail!(
-                "--batch {} runs samples together on the GPU where both sides run there: --ref and --cand on ONNX Runtime's CUDA provider of one GPU (e.g. --ref ort:cuda,tf32=off --cand ort:cuda), every tensor compared, no quantized candidate; here --ref {} and --cand {}",
-                options.batch,
-                options.reference,
-                options.candidate
-            );
-        }
-        options.batch
+    // `--batch N`: the samples go N at a time where both sides run on one GPU. Elsewhere it is
+    // refused, whatever the samples; where there is nothing to batch, its note says why.
+    if options.batch > 1 && job.device_of_both(false).is_none() {
+        bail!(
+            "--batch {} runs samples together on the GPU where both sides run there: --ref and --cand on ONNX Runtime's CUDA provider of one GPU (e.g. --ref ort:cuda,tf32=off --cand ort:cuda), every tensor compared, no quantized candidate; here --ref {} and --cand {}",
+            options.batch,
+            options.reference,
+            options.candidate
+        );
+    }
+    let unbatched_because = if total_samples < 2 {
+        Some("one sample, nothing to run together")
+    } else if saver.is_some() {
+        Some("--save-tensors writes each sample's tensors from a run of its own")
+    } else if options.mark != Marking::All {
+        Some("--mark search runs one sample")
     } else {
-        1
+        None
     };
+    let width = if options.batch > 1 && samples.len() > 1 && unbatched_because.is_none() { options.batch } else { 1 };
+    if options.batch > 1 {
+        job.batch_refused = unbatched_because.map(String::from);
+    }
     let mut taken = 0;
     let mut handed = 0;
     let prepare = |batch: &[usize]| -> Result<Vec<(usize, Vec<PreparedInput>)>> {
