@@ -162,6 +162,11 @@ fn a_data_loader_script_gives_the_samples() {
     assert_eq!(out.status.code(), Some(1), "the loud samples diverge: {}", text(&out));
     let r = json_without_run_info(&d.join("r.json"));
     assert_eq!(r["samples"]["count"], 3, "{}", r["samples"]);
+    // The samples' scratch folder has a new name each run; the report names the script (found by
+    // the independent tester, stop 49: two identical runs differed there).
+    assert!(r["inputs"][0]["source"].as_str().is_some_and(|s| s.starts_with("data loader loader.py: ")), "{}", r["inputs"]);
+    layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--json", "again.json"], d);
+    assert_eq!(json_without_run_info(&d.join("again.json")), r, "the same run, the same report");
     let out = layerwise(&["fix", "demo.onnx", "--data-loader-script", "loader.py:quiet", "--json", "f.json"], d);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let missing = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py:nope"], d);

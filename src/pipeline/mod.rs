@@ -644,7 +644,17 @@ fn report(
     steps: Steps,
 ) -> Result<BisectOutcome> {
     let options = job.options;
-    let SampleOutcome { name: sample_name, inputs, compared, .. } = chosen;
+    let SampleOutcome { name: sample_name, mut inputs, compared, .. } = chosen;
+    // A data loader's samples sit in a scratch folder of a new name each run: the report names
+    // the script instead, so that the same run gives the same report.
+    if let (Some(script), Some(folder)) = (&options.data_loader_script, &options.inputs.npz) {
+        let scratch = format!("npz:{}/", folder.display());
+        for i in &mut inputs {
+            if let Some(file) = i.source.strip_prefix(&scratch) {
+                i.source = format!("data loader {}: {file}", script.display());
+            }
+        }
+    }
     // Inputs that are not all finite: NaN compares as NaN on both sides, so the verdict only
     // speaks of what is finite.
     for i in &inputs {
