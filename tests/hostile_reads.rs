@@ -227,6 +227,12 @@ fn files_that_are_devices_or_fifos_are_refused_before_reading() {
     c.refused(&["bisect", &good, "--inputs", &c.p("zero.npz"), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("zero.npy")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--inputs", &c.p("samples"), "--json", &json], "sample b.npz: it is a named pipe (FIFO), not a regular file", QUICK);
+    // A folder named like a sample is refused too, not skipped without a word (the independent
+    // tester, stop 49).
+    std::fs::create_dir(c.path("folders")).unwrap();
+    write_npz(&c.path("folders/a.npz"), &[("x", &Tensor::f32(vec![1, 4], vec![0.5; 4]))]).unwrap();
+    std::fs::create_dir(c.path("folders/b.npz")).unwrap();
+    c.refused(&["bisect", &good, "--inputs", &c.p("folders"), "--json", &json], "sample b.npz: it is a folder, not a regular file", QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("fifo.npz")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("zero.npz")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("run")), "--json", &json], not_regular, QUICK);

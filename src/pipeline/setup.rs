@@ -482,11 +482,11 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
             let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
                 .with_context(|| format!("--inputs {}", dir.display()))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|e| e == "npz") && !p.is_dir())
+                .filter(|p| p.extension().is_some_and(|e| e == "npz"))
                 .collect();
             files.sort();
-            // A sample that is not a regular file (a FIFO, a link to a device) is refused before
-            // any is read, not skipped without a word.
+            // A sample that is not a regular file (a FIFO, a link to a device, a folder named
+            // x.npz) is refused before any is read, not skipped without a word.
             for f in &files {
                 let name = f.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 layerwise_model::open_regular(f).with_context(|| format!("--inputs {}: sample {name}", dir.display()))?;
