@@ -143,6 +143,33 @@ fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
     assert!(!stdout.lines().any(|l| l.trim_start().starts_with("s0.npz") && l.contains("WARNING")), "{stdout}");
 }
 
+/// Found by the independent tester (stop 49): a run that fails on one sample of a set (ONNX
+/// Runtime refusing a Reshape for that sample's batch size) said nothing of which sample.
+#[test]
+fn a_run_that_fails_on_one_sample_of_a_set_names_it() {
+    use layerwise_model::builder::{i64_tensor, Dim, ModelBuilder};
+    use layerwise_model::onnx::tensor_proto::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut b = ModelBuilder::new("reshape-to-eight", 17);
+    b.input("x", DataType::Float, &[Dim::from("n"), Dim::from(4)])
+        .initializer(i64_tensor("eight", &[1], &[8]))
+        .node("Relu", "relu", &["x"], &["r"], vec![])
+        .node("Reshape", "reshape", &["r", "eight"], &["y"], vec![])
+        .output("y", DataType::Float);
+    save(&b.build(), &d.join("m.onnx"));
+    std::fs::create_dir_all(d.join("set")).unwrap();
+    for (k, n) in [(0, 2usize), (1, 2), (2, 1)] {
+        let x = layerwise_runtime::Tensor::f32(vec![n, 4], (0..n * 4).map(|i| i as f32 * 0.1).collect());
+        layerwise_runtime::npy::write_npz(&d.join(format!("set/s{k}.npz")), &[("x", &x)]).unwrap();
+    }
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "set", "--json", "r.json"], d);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("error: sample s2.npz: "), "{t}");
+    assert!(!d.join("r.json").exists(), "no report");
+}
+
 /// Issue "a newcomer's day", beyond the anchor: a data loader script, as Polygraphy's
 /// `--data-loader-script`: its function yields input dicts, each one sample, for bisect and fix,
 /// without writing npz files; a missing function is a clear error.

@@ -2,7 +2,7 @@
 //! noise floor, isolate, counterfactual, report. `run_bisect` reads as that list; each stage is a
 //! function of its own file with explicit inputs and outputs.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use layerwise_analysis::{
     aggregate_samples, chosen_sample, walk_back, Extras, Isolation, SampleData, Shard, Status, Verdict, HISTOGRAM_BINS,
 };
@@ -185,10 +185,12 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
                         steps.count("sample", taken, samples.len(), name);
                     }
                     let feeds = setup::feeds_of(&inputs);
-                    let (mut compared, verdict) = match together.as_mut().and_then(Iterator::next) {
-                        Some(compared) => walk_compared(&mut job, &feeds, compared, &weights, &mut steps)?,
-                        None => compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras)?,
+                    let done = match together.as_mut().and_then(Iterator::next) {
+                        Some(compared) => walk_compared(&mut job, &feeds, compared, &weights, &mut steps),
+                        None => compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras),
                     };
+                    // In a set, a run that fails on one sample says which (the tester, stop 49).
+                    let (mut compared, verdict) = if total_samples > 1 { done.with_context(|| format!("sample {name}"))? } else { done? };
                     layerwise_runtime::timing_mark(|| "compared and walked".into());
                     if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
                         steps.run("saving tensors", || saver.save(name, |dir| {
