@@ -143,6 +143,25 @@ fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
     assert!(!stdout.lines().any(|l| l.trim_start().starts_with("s0.npz") && l.contains("WARNING")), "{stdout}");
 }
 
+/// Found by the second independent tester (stop 49): a sample of NaN makes every output value NaN
+/// on both sides, which matched as equal and read "PASS - all model outputs are within tolerance".
+/// Nothing of such an output is judged, and the headline, the summary and the JSON say so.
+#[test]
+fn an_output_that_is_nan_on_both_sides_is_not_called_within_tolerance() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], vec![f32::NAN; 8 * 64]);
+    layerwise_runtime::npy::write_npz(&d.join("nan.npz"), &[("x", &x)]).unwrap();
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json"], d);
+    let t = text(&out);
+    assert!(t.contains("VERDICT: PASS - nothing judged: every value of 'logits', 'features' is NaN or inf on both sides"), "{t}");
+    assert!(!t.contains("within tolerance"), "no output is called within tolerance: {t}");
+    let r = json_without_run_info(&d.join("r.json"));
+    assert_eq!(r["outputs"][0]["unjudged"], true, "{}", r["outputs"]);
+    assert!(r["verdict"]["summary"].as_str().unwrap().starts_with("nothing was judged"), "{}", r["verdict"]["summary"]);
+}
+
 /// Found by the independent tester (stop 49): a run that fails on one sample of a set (ONNX
 /// Runtime refusing a Reshape for that sample's batch size) said nothing of which sample.
 #[test]

@@ -217,6 +217,24 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
         });
     }
     verdict.summary = summarize(verdict, rule);
+    // An output whose every value is NaN or inf on both sides alike (NaN inputs make NaN outputs)
+    // passes on matching inf/NaN alone: nothing of it was judged, and a pass must not read as one.
+    if verdict.status == Status::Pass {
+        let unjudged: Vec<&str> = index
+            .outputs
+            .iter()
+            .filter(|o| comparison.get(o).is_some_and(|r| r.metrics.numel > 0 && r.metrics.ref_nan + r.metrics.ref_inf == r.metrics.numel))
+            .map(String::as_str)
+            .collect();
+        if !unjudged.is_empty() {
+            let names = unjudged.iter().map(|o| format!("'{o}'")).collect::<Vec<_>>().join(", ");
+            verdict.summary = if unjudged.len() == index.outputs.len() {
+                format!("nothing was judged: every value of {names} is NaN or inf in the reference, and the candidate matches it")
+            } else {
+                format!("{}; nothing of {names} was judged: its every value is NaN or inf in the reference, and the candidate matches it", verdict.summary)
+            };
+        }
+    }
     // A model output neither run compared (a weight passed straight to the output) is named, so
     // that no summary claims every output.
     let mut unseen: Vec<&str> = Vec::new();

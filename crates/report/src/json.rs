@@ -204,6 +204,11 @@ pub struct OutputInfo {
     #[serde(with = "layerwise_analysis::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub max_abs_err: f64,
+    /// Every value of the output is NaN or inf in the reference and the candidate matches it
+    /// (NaN inputs make NaN outputs): it passes on matching inf/NaN alone, and nothing of it was
+    /// judged. Absent when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unjudged: bool,
 }
 
 fn neighbour(ctx: &ReportContext, tensor: &str) -> Neighbour {
@@ -264,8 +269,15 @@ pub fn build_report(ctx: ReportContext) -> Report {
         .iter()
         .filter(|o| seen.insert(o.as_str()))
         .map(|o| match ctx.comparison.get(o) {
-            Some(r) => OutputInfo { name: o.clone(), compared: true, pass: r.pass, rel_l2_err: r.error_level(), max_abs_err: r.metrics.max_abs_err },
-            None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN },
+            Some(r) => OutputInfo {
+                name: o.clone(),
+                compared: true,
+                pass: r.pass,
+                rel_l2_err: r.error_level(),
+                max_abs_err: r.metrics.max_abs_err,
+                unjudged: r.pass && r.metrics.numel > 0 && r.metrics.ref_nan + r.metrics.ref_inf == r.metrics.numel,
+            },
+            None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN, unjudged: false },
         })
         .collect();
     Report {

@@ -124,7 +124,17 @@ pub fn verdict_headline(report: &Report) -> String {
     let unseen: Vec<String> = outputs.iter().filter(|o| !o.compared).map(|o| format!("'{}'", o.name)).collect();
     let (of, not_compared) = if unseen.is_empty() { ("", String::new()) } else { (" compared", format!("; not compared: {}", unseen.join(", "))) };
     match report.verdict.status {
-        Status::Pass => format!("VERDICT: PASS - all {}{of} model outputs are within tolerance{not_compared}", compared.len()),
+        Status::Pass => {
+            // Outputs all NaN/inf on both sides pass on matching inf/NaN alone: said, not counted.
+            let unjudged: Vec<String> = compared.iter().filter(|o| o.unjudged).map(|o| format!("'{}'", o.name)).collect();
+            if !unjudged.is_empty() && unjudged.len() == compared.len() {
+                format!("VERDICT: PASS - nothing judged: every value of {} is NaN or inf on both sides{not_compared}", unjudged.join(", "))
+            } else if !unjudged.is_empty() {
+                format!("VERDICT: PASS - all {}{of} model outputs are within tolerance, but nothing judged of {} (every value NaN or inf on both sides){not_compared}", compared.len(), unjudged.join(", "))
+            } else {
+                format!("VERDICT: PASS - all {}{of} model outputs are within tolerance{not_compared}", compared.len())
+            }
+        }
         Status::Diverged => {
             let failing: Vec<String> = compared.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err))).collect();
             format!("VERDICT: DIVERGED - {} of {}{of} outputs out of tolerance: {}{not_compared}", failing.len(), compared.len(), failing.join(", "))
