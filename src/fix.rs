@@ -476,7 +476,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let total = sets.len();
     for (k, (name, feeds)) in sets.into_iter().enumerate() {
         let label = if total == 1 { "running the reference".to_string() } else { format!("running the reference, sample {} of {total} ({name})", k + 1) };
-        let mut out = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?))?;
+        // In a set, a reference run that fails on one sample says which, as bisect's does.
+        let ran = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?));
+        let mut out = if total > 1 { ran.with_context(|| format!("sample {name}"))? } else { ran? };
         // An input passed straight to an output is returned as it was fed (no run returns it).
         add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
         crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;

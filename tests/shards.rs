@@ -187,6 +187,11 @@ fn a_run_that_fails_on_one_sample_of_a_set_names_it() {
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("error: sample s2.npz: "), "{t}");
     assert!(!d.join("r.json").exists(), "no report");
+    let out = layerwise(&["fix", "m.onnx", "--inputs", "set", "-o", "f.onnx"], d);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("error: sample s2.npz: "), "fix too: {t}");
+    assert!(!d.join("f.onnx").exists(), "no model written");
 }
 
 /// Issue "a newcomer's day", beyond the anchor: a data loader script, as Polygraphy's
