@@ -85,20 +85,28 @@ fn progress_shows_as_plain_lines_where_stderr_is_no_terminal() {
     assert!(err.contains("layerwise: candidate run 1 (keeping 0 nodes in FP32)") && err.contains("layerwise: candidate run 2"), "{err}");
 }
 
+/// The demo model in `d`, and three seeded samples of small values (all within tolerance) in
+/// `d/folder/{prefix}{k}.npz`, each changed by `edit(k, values)` first.
+fn quiet_demo_samples(d: &Path, folder: &str, prefix: &str, edit: impl Fn(u64, &mut [f32])) {
+    use rand::{Rng, SeedableRng};
+    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
+    std::fs::create_dir_all(d.join(folder)).unwrap();
+    for k in 0..3u64 {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k);
+        let mut values: Vec<f32> = (0..8 * 64).map(|_| rng.random::<f32>() * 0.01).collect();
+        edit(k, &mut values);
+        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
+        layerwise_runtime::npy::write_npz(&d.join(format!("{folder}/{prefix}{k}.npz")), &[("x", &x)]).unwrap();
+    }
+}
+
 /// Issue "a newcomer's day", item 4: on a sample set where every output passes, each sample's
 /// worst output error is its largest output error (not 0 for "no failing output").
 #[test]
 fn a_passing_sample_set_reports_each_samples_real_output_error() {
-    use rand::{Rng, SeedableRng};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
-    std::fs::create_dir_all(d.join("quiet")).unwrap();
-    for k in 0..3u64 {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k);
-        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], (0..8 * 64).map(|_| rng.random::<f32>() * 0.01).collect());
-        layerwise_runtime::npy::write_npz(&d.join(format!("quiet/q{k}.npz")), &[("x", &x)]).unwrap();
-    }
+    quiet_demo_samples(d, "quiet", "q", |_, _| {});
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "quiet", "--json", "r.json"], d);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let r = json_without_run_info(&d.join("r.json"));
@@ -116,21 +124,14 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
 /// how many input values are not finite, in the JSON and on the terminal; the others say nothing.
 #[test]
 fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
-    use rand::{Rng, SeedableRng};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
-    std::fs::create_dir_all(d.join("set")).unwrap();
-    for k in 0..3u64 {
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k);
-        let mut values: Vec<f32> = (0..8 * 64).map(|_| rng.random::<f32>() * 0.01).collect();
+    quiet_demo_samples(d, "set", "s", |k, values| {
         if k == 1 {
             values.iter_mut().take(40).for_each(|v| *v = f32::NAN);
             values[100] = f32::INFINITY;
         }
-        let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], values);
-        layerwise_runtime::npy::write_npz(&d.join(format!("set/s{k}.npz")), &[("x", &x)]).unwrap();
-    }
+    });
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "set", "--json", "r.json"], d);
     assert!(out.status.code().is_some_and(|c| c <= 1), "{}", text(&out));
     let r = json_without_run_info(&d.join("r.json"));
