@@ -704,8 +704,11 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     let (i, n) = s.split_once('/').ok_or_else(|| format!("'{s}' is not I/N (e.g. 0/4)"))?;
     let (i, n): (usize, usize) = (i.trim().parse().map_err(|_| format!("'{i}' is not a shard index"))?, n.trim().parse().map_err(|_| format!("'{n}' is not a shard count"))?);
-    if n == 0 || i >= n {
-        return Err(format!("shard {i}/{n}: the index must be 0 to {}", n.saturating_sub(1)));
+    if n == 0 {
+        return Err(format!("shard {i}/0: there must be at least one shard"));
+    }
+    if i >= n {
+        return Err(format!("shard {i}/{n}: the index must be 0 to {}", n - 1));
     }
     Ok((i, n))
 }

@@ -44,6 +44,11 @@ pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
         if report.reference.spec != first.reference.spec || report.cand.spec != first.cand.spec {
             bail!("{} and {} come from different jobs: their backends differ", first_path.display(), path.display());
         }
+        if let (Some(a), Some(b)) = (&first_shard.samples_digest, &shard.samples_digest) {
+            if a != b {
+                bail!("{} and {} come from different sample folders: their samples' names or sizes differ", first_path.display(), path.display());
+            }
+        }
         if shard.count != first_shard.count || shard.total_samples != first_shard.total_samples || shard.order != first_shard.order {
             bail!("{} and {} come from different splits or models (shard count, sample count or tensors differ)", first_path.display(), path.display());
         }

@@ -49,11 +49,22 @@ fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     }
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--json", "full.json"], dir.path());
     assert!(matches!(out.status.code(), Some(0 | 1)));
+    // Another folder of seven samples, named otherwise.
+    std::fs::create_dir(dir.path().join("others")).unwrap();
+    for entry in std::fs::read_dir(dir.path().join("samples")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join("others").join(format!("o{}", path.file_name().unwrap().to_string_lossy()))).unwrap();
+    }
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "others", "--shard", "1/2", "--json", "o1.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["merge", "p0.json", "--json", "m.json"], "shard 1/2 is missing"),
         (vec!["merge", "p0.json", "p0.json", "--json", "m.json"], "given twice"),
         (vec!["merge", "p0.json", "full.json", "--json", "m.json"], "not a partial report"),
         (vec!["bisect", "demo.onnx", "--inputs", "samples", "--shard", "2/2"], "the index must be 0 to 1"),
+        (vec!["bisect", "demo.onnx", "--inputs", "samples", "--shard", "0/0"], "there must be at least one shard"),
+        // Shards of two folders of as many samples (the second tester, stop 49: merged without a word).
+        (vec!["merge", "p0.json", "o1.json", "--json", "m.json"], "come from different sample folders"),
         (vec!["bisect", "demo.onnx", "--inputs", "samples", "--shard", "0/9"], "use at most 7 shards"),
         (vec!["bisect", "demo.onnx", "--shard", "0/2"], "give a folder of .npz files"),
     ];

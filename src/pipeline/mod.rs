@@ -103,6 +103,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     };
     let samples = std::mem::take(&mut setup.samples);
     let (decls, total_samples) = (std::mem::take(&mut setup.decls), setup.total_samples);
+    let samples_digest = setup.samples_digest.take();
     let input_notes = std::mem::take(&mut setup.input_notes);
     let owners = std::mem::take(&mut setup.owners);
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
@@ -229,7 +230,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     layerwise_runtime::release_freed_memory();
     layerwise_runtime::timing_mark(|| "paired session dropped".into());
     let chosen = match queue {
-        None => choose_sample(&job, per_sample, total_samples, options.shard, &mut extras),
+        None => choose_sample(&job, per_sample, total_samples, options.shard.map(|s| (s, samples_digest.clone())), &mut extras),
         Some(queue) => match choose_shared_sample(&job, per_sample, total_samples, queue, &mut extras)? {
             Some(chosen) => chosen,
             None => return Ok(None),
@@ -400,12 +401,12 @@ pub(crate) fn refuse_empty_outputs<'a>(outputs: &[String], shape: impl Fn(&str) 
 
 /// The sample whose worst output error is largest (the earliest on ties) carries the verdict; the
 /// others go into the per-tensor aggregation (`samples`), or into a shard's partial report.
-fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<(usize, usize)>, extras: &mut Extras) -> SampleOutcome {
+fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<((usize, usize), Option<String>)>, extras: &mut Extras) -> SampleOutcome {
     let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
     let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
     let chosen = chosen_sample(&data).expect("one sample");
     match shard {
-        Some((index, count)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data }),
+        Some(((index, count), samples_digest)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data, samples_digest }),
         None if total_samples > 1 => extras.samples = Some(aggregate_samples(&data, chosen, &job.order)),
         None => {}
     }

@@ -129,6 +129,8 @@ pub(crate) struct Setup<'m> {
     /// This run's samples (a shard's share), and how many the whole set holds.
     pub samples: Vec<(String, InputOptions)>,
     pub total_samples: usize,
+    /// With `--shard`: the digest of the whole folder's samples (`Shard::samples_digest`).
+    pub samples_digest: Option<String>,
     pub judging: Judging,
     /// The tensors compared, in topological order.
     pub order: Vec<String>,
@@ -227,6 +229,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // Decisions that depend on how many samples there are follow the whole set, so that a shard
     // reports exactly what a single run over every sample does.
     let total_samples = all_samples.len();
+    let samples_digest = options.shard.map(|_| samples_digest(&all_samples));
     let samples: Vec<(String, InputOptions)> = match options.shard {
         None => all_samples,
         Some((i, n)) => {
@@ -396,7 +399,19 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             bail!("a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})", index.outputs.join(", "));
         }
     }
-    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, judging, order, control_flow, matching, sim_quant })
+    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, samples_digest, judging, order, control_flow, matching, sim_quant })
+}
+
+/// SHA-256 over each sample's name and file size, in the folder's order: shards of one folder
+/// agree on it, shards of two folders of as many samples do not.
+fn samples_digest(samples: &[(String, InputOptions)]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for (name, options) in samples {
+        let size = options.npz.as_ref().and_then(|p| std::fs::metadata(p).ok()).map_or(0, |m| m.len());
+        hash.update(format!("{name}\t{size}\n").as_bytes());
+    }
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Every sample's prepared inputs as the runs see them.

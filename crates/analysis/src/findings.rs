@@ -369,6 +369,10 @@ pub struct Shard {
     /// The tensors each sample's `errors` and `failing` follow, in this order.
     pub order: Vec<String>,
     pub samples: Vec<SampleData>,
+    /// SHA-256 of every sample's file name and size in the folder, all shards together: `merge`
+    /// refuses shards of different folders (absent in partial reports of builds before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub samples_digest: Option<String>,
 }
 
 /// The sample that carries the verdict: a diverged one before any that passes (a sample can fail
