@@ -192,13 +192,9 @@ fn sample_records(
                 }
             }
             _ => {
-                let (rv, cv) = (downloaded(reducer, r)?, downloaded(reducer, c)?);
-                let (rf, cf) = (rv.to_f32(), cv.to_f32());
                 for (k, record) in records.iter_mut().enumerate() {
-                    let (first, blocks, block, stride) = layout.part(k, width, rf.len());
-                    let gather = |v: &[f32]| -> Vec<f32> { (0..blocks).flat_map(|b| v[first + b * stride..first + b * stride + block].iter().copied()).collect() };
-                    let (rk, ck) = (gather(&rf), gather(&cf));
-                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || compute(&rk, &ck, tol)));
+                    let (rv, cv) = (sample_part(reducer, r, layout, k, width)?, sample_part(reducer, c, layout, k, width)?);
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || compute(&rv.to_f32(), &cv.to_f32(), tol)));
                 }
             }
         }
@@ -265,14 +261,6 @@ fn element_kind(dtype: DType) -> Option<ElementKind> {
     }
 }
 
-fn downloaded(reducer: &mut DeviceReducer, t: &DeviceTensor) -> Result<Tensor> {
-    let bytes = t.shape.iter().product::<usize>() * t.dtype.size();
-    let raw = reducer.download(t.ptr, bytes).map_err(|e| anyhow!(e))?;
-    Tensor::from_le_bytes(t.dtype, t.shape.clone(), &raw).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
-}
-
-
-
 /// Sample `k`'s values of `t`, a tensor of a run of `width` samples whose samples lie as `layout`
 /// says, copied to the host.
 fn sample_part(reducer: &mut DeviceReducer, t: &DeviceTensor, layout: SampleLayout, k: usize, width: usize) -> Result<Tensor> {
@@ -285,6 +273,16 @@ fn sample_part(reducer: &mut DeviceReducer, t: &DeviceTensor, layout: SampleLayo
     }
     let shape = layout.per_sample(&t.shape, width);
     Tensor::from_le_bytes(t.dtype, shape, &bytes).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
+}
+
+/// The samples' inputs as one run of `width` samples: a batch shorter than `width` padded with
+/// copies of its last sample (one session for every batch).
+fn padded_batch(samples: &[Vec<(String, Tensor)>], width: usize) -> Result<Vec<(String, Tensor)>, String> {
+    let mut padded = samples.to_vec();
+    while padded.len() < width {
+        padded.push(samples.last().ok_or("no sample")?.clone());
+    }
+    batched_feeds(&padded)
 }
 
 /// The samples' inputs as one batch: each input concatenated along its first dimension, in the
@@ -333,11 +331,7 @@ impl Job<'_> {
         if !self.reducer_on(device, steps) {
             return Ok(None);
         }
-        let mut padded: Vec<Vec<(String, Tensor)>> = samples.to_vec();
-        while padded.len() < width {
-            padded.push(samples.last().expect("one sample").clone());
-        }
-        let feeds = match batched_feeds(&padded) {
+        let feeds = match padded_batch(samples, width) {
             Ok(f) => f,
             Err(why) => {
                 self.batch_refused = Some(why);
@@ -405,11 +399,7 @@ impl Job<'_> {
         if width > 1 && self.batch_layouts.is_none() {
             return Ok(None);
         }
-        let mut padded = run.to_vec();
-        while padded.len() < width {
-            padded.push(run.last().expect("not empty").clone());
-        }
-        let feeds = if width > 1 { batched_feeds(&padded).map_err(|e| anyhow!(e))? } else { padded.swap_remove(0) };
+        let feeds = if width > 1 { padded_batch(run, width).map_err(|e| anyhow!(e))? } else { run[0].clone() };
         let (reference_run, candidate_run) = self.runs_on_device(&feeds, device, " again (the verdict's sample, its tensors to the host)", steps)?;
         if (run_bytes(&reference_run) + run_bytes(&candidate_run)) as u64 / width as u64 * 3 > self.budget {
             return Ok(None);

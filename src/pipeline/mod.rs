@@ -245,10 +245,7 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     let follow_up = chosen.verdict.status == Status::Diverged && (options.isolate || options.counterfactual);
     if follow_up && chosen.compared.tensors.is_none() && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == device::DEVICE) {
         let run: Vec<Vec<(String, Tensor)>> = match &chosen.batch {
-            Some(batch) => batch
-                .iter()
-                .map(|&k| prepare_inputs(&decls, &samples[k].1).map(|inputs| setup::feeds_of(&inputs)).map_err(|e| owners.explain(&samples[k].0, e)))
-                .collect::<Result<_>>()?,
+            Some(batch) => prepare(batch)?.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect(),
             None => vec![feeds.clone()],
         };
         let position = chosen.batch.as_ref().and_then(|b| b.iter().position(|&k| k == chosen.index)).unwrap_or(0);
@@ -399,11 +396,16 @@ pub(crate) fn refuse_empty_outputs<'a>(outputs: &[String], shape: impl Fn(&str) 
     bail!("every model output is empty, so nothing can be compared{}", if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) });
 }
 
+/// Each sample's results as the aggregation over samples (and a shard's partial report) take them.
+fn samples_data(job: &Job, per_sample: &[SampleOutcome]) -> Vec<SampleData> {
+    let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
+    per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect()
+}
+
 /// The sample whose worst output error is largest (the earliest on ties) carries the verdict; the
 /// others go into the per-tensor aggregation (`samples`), or into a shard's partial report.
 fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<((usize, usize), Option<String>)>, extras: &mut Extras) -> SampleOutcome {
-    let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
-    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
+    let data = samples_data(job, &per_sample);
     let chosen = chosen_sample(&data).expect("one sample");
     match shard {
         Some(((index, count), samples_digest)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data, samples_digest }),
@@ -417,8 +419,7 @@ fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: u
 /// over, and where the whole set's verdict sample is among them, it carries the verdict with the
 /// aggregation over every sample (what one run over the folder computes, in its order).
 fn choose_shared_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, queue: &mut dyn SampleQueue, extras: &mut Extras) -> Result<Option<SampleOutcome>> {
-    let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
-    let data: Vec<SampleData> = per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect();
+    let data = samples_data(job, &per_sample);
     let Some(every) = queue.hand_over(data)? else { return Ok(None) };
     let chosen = chosen_sample(&every).ok_or_else(|| anyhow::anyhow!("no sample was run"))?;
     let name = &every[chosen].run.sample;
