@@ -215,11 +215,12 @@ struct BisectArgs {
     /// as it is computed, so memory does not grow with the number of tensors.
     #[arg(long)]
     separate_runs: bool,
-    /// Run N samples of --inputs DIR at once, in their first dimension, where both sides run on
-    /// ONNX Runtime's CUDA provider of one GPU (`--ref ort:cuda,tf32=off --cand ort:cuda`): each
-    /// side's run then costs about what one sample's does. The first batch is checked against its
-    /// first sample run alone; a batched run may choose other GPU kernels than a run of one sample,
-    /// and the report says it ran batched.
+    /// Run N samples of --inputs DIR at once (each tensor's samples found along the dimension its
+    /// shape gives), where both sides run on ONNX Runtime's CUDA provider of one GPU
+    /// (`--ref ort:cuda,tf32=off --cand ort:cuda`); refused elsewhere. Each side's run then costs
+    /// about what one sample's does. The first batch is checked against its first sample run
+    /// alone; a batched run may choose other GPU kernels than a run of one sample, and the report
+    /// says it ran batched.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
     /// Do not run blame-chain nodes alone to tell introduced from propagated error.

@@ -44,6 +44,12 @@ impl TensorRecord {
             self.metrics.error_level()
         }
     }
+
+    /// Passes on matching inf/NaN alone: every value is NaN or inf in the reference and the
+    /// candidate matches it (NaN inputs make NaN outputs), so nothing of it was judged.
+    pub fn unjudged(&self) -> bool {
+        self.pass && self.metrics.numel > 0 && self.metrics.ref_nan + self.metrics.ref_inf == self.metrics.numel
+    }
 }
 
 /// Every compared tensor (topological order) and what could not be compared.

@@ -223,7 +223,7 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
         let unjudged: Vec<&str> = index
             .outputs
             .iter()
-            .filter(|o| comparison.get(o).is_some_and(|r| r.metrics.numel > 0 && r.metrics.ref_nan + r.metrics.ref_inf == r.metrics.numel))
+            .filter(|o| comparison.get(o).is_some_and(TensorRecord::unjudged))
             .map(String::as_str)
             .collect();
         if !unjudged.is_empty() {

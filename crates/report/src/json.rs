@@ -275,7 +275,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
                 pass: r.pass,
                 rel_l2_err: r.error_level(),
                 max_abs_err: r.metrics.max_abs_err,
-                unjudged: r.pass && r.metrics.numel > 0 && r.metrics.ref_nan + r.metrics.ref_inf == r.metrics.numel,
+                unjudged: r.unjudged(),
             },
             None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN, unjudged: false },
         })
