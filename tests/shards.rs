@@ -165,13 +165,18 @@ fn an_output_that_is_nan_on_both_sides_is_not_called_within_tolerance() {
     save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
     let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], vec![f32::NAN; 8 * 64]);
     layerwise_runtime::npy::write_npz(&d.join("nan.npz"), &[("x", &x)]).unwrap();
-    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json"], d);
+    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"], d);
     let t = text(&out);
     assert!(t.contains("VERDICT: PASS - nothing judged: every value of 'logits', 'features' is NaN or inf on both sides"), "{t}");
     assert!(!t.contains("within tolerance"), "no output is called within tolerance: {t}");
     let r = json_without_run_info(&d.join("r.json"));
     assert_eq!(r["outputs"][0]["unjudged"], true, "{}", r["outputs"]);
     assert!(r["verdict"]["summary"].as_str().unwrap().starts_with("nothing was judged"), "{}", r["verdict"]["summary"]);
+    // Every medium's heading says it, not a bare pass.
+    let html = std::fs::read_to_string(d.join("r.html")).unwrap();
+    assert!(html.contains("<h1>PASS - nothing judged</h1>"), "the HTML heading");
+    let md = std::fs::read_to_string(d.join("r.md")).unwrap();
+    assert!(md.starts_with("## layerwise: ⚠️ PASS - nothing judged"), "{md}");
 }
 
 /// Found by the independent tester (stop 49): a run that fails on one sample of a set (ONNX

@@ -25,7 +25,11 @@ use crate::escape::{csv_text, markdown_cell_code, markdown_code, markdown_text a
 pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
     let v = &report.verdict;
     let mut m = String::new();
-    let status = if v.status == Status::Pass { "✅ PASS" } else { "❌ DIVERGED" };
+    let status = match v.status {
+        Status::Pass if crate::nothing_judged(report) => "⚠️ PASS - nothing judged",
+        Status::Pass => "✅ PASS",
+        Status::Diverged => "❌ DIVERGED",
+    };
     let _ = writeln!(m, "## layerwise: {status}\n");
     let _ = writeln!(m, "{} — reference {}, candidate {}\n", markdown_code(&report.model.path), markdown_code(&report.reference.spec), markdown_code(&report.cand.spec));
     let _ = writeln!(m, "{}\n", md(&v.summary));

@@ -244,7 +244,7 @@ pub fn render_html(report: &Report) -> String {
         h,
         r#"<header class="verdict {}" id="verdict"><h1>{}</h1><p>{}</p>{}<p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
         if pass { "pass" } else { "diverged" },
-        if pass { "PASS" } else { "DIVERGED" },
+        if crate::nothing_judged(report) { "PASS - nothing judged" } else if pass { "PASS" } else { "DIVERGED" },
         esc(&v.summary),
         conclusions_list(&v.conclusions),
         esc(&report.model.path),

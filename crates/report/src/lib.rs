@@ -109,6 +109,13 @@ pub fn cause_name(kind: layerwise_analysis::CauseKind) -> String {
     serde_json::to_value(kind).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
 }
 
+/// A pass where every compared output passed on matching inf/NaN alone (`OutputInfo::unjudged`):
+/// nothing was judged, which every format's heading says rather than a bare pass.
+pub fn nothing_judged(report: &Report) -> bool {
+    let compared: Vec<&json::OutputInfo> = report.outputs.iter().filter(|o| o.compared).collect();
+    report.verdict.status == layerwise_analysis::Status::Pass && !compared.is_empty() && compared.iter().all(|o| o.unjudged)
+}
+
 /// The verdict's first line, the same in every format.
 pub fn verdict_headline(report: &Report) -> String {
     use layerwise_analysis::Status;
