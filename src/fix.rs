@@ -133,7 +133,8 @@ impl Search<'_> {
     }
 
     fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>) -> (Comparison, Verdict) {
-        let comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
+        let mut comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
+        comparison.note_input_nonfinite(&self.samples[k].feeds);
         let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
         let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
@@ -1026,7 +1027,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         let mut worst: Option<(f64, Judged)> = None;
         for (k, ((name, feeds), reference)) in sets.iter().zip(&references).enumerate() {
             let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
-            let comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
+            let mut comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
+            comparison.note_input_nonfinite(feeds);
             let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
             let error = comparison.largest_error(&index.outputs);
             if worse(verdict.status == Status::Diverged, error, worst.as_ref().map(|(e, (_, v))| (v.status == Status::Diverged, *e))) {
@@ -1242,6 +1244,10 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
             exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default(),
             unpruned.map(|n| format!("; not pruned: {n} patterns, more than the {MOST_PRUNED} dropped one at a time, so a smaller set may exist")).unwrap_or_default()
         ),
+        // The written model is quantized again with the set excluded, which is not the search's
+        // copy (a graph input's quantizer, say): its check may pass where the search's runs did
+        // not, and the summary must say both rather than a bare NOT FIXED above a passing check.
+        (Some(why), false) if check_pass => format!("no set of nodes left unquantized was found by the search: {why}; the model written with its {} node{} excluded passes the check below, but it was quantized again and is not the copy the search judged, so it is not called FIXED", keep.len(), if keep.len() == 1 { "" } else { "s" }),
         (Some(why), false) => format!("no set of nodes left unquantized was found: {why}"),
         (None, false) if searched_fixed => "the search's set passes, but the written model does not: it is not FIXED".to_string(),
         (None, false) => format!("no set found within {} rounds", options.max_rounds),

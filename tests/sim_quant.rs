@@ -216,3 +216,69 @@ fn a_repro_of_a_quantized_candidate_carries_the_nodes_own_quantizers() {
     let again = layerwise(&["bisect", "model.onnx", "--cand", "ort:cpu", "--cand-model", "candidate_model.onnx", "--inputs", "inputs.npz", "--rtol", "0.03"], &dir.path().join("rep"));
     assert_eq!(again.status.code(), Some(1), "the repro diverges too: {}", text(&again));
 }
+
+/// A NaN in a model input (one row of x[4,8]) reaches the reference's tensors as NaN, but the
+/// int8 candidate's quantizer stores it as a finite code: the mismatches are the input's NaN
+/// carried differently, not made by any node. Found by the independent tester of stop 49: the
+/// verdict said "MatMul turns finite inputs into inf/NaN", listed them as the candidate's, born
+/// at the first MatMul, and told `fix` to keep nodes together for inf/NaN "arising further on".
+#[test]
+fn a_nan_input_that_the_int8_candidate_carries_as_finite_codes_is_named_as_the_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("nan_mlp", 17);
+    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
+    b.initializer(f32_tensor("w1", &[8, 8], &weights(64, 1)));
+    b.initializer(f32_tensor("w2", &[8, 4], &weights(32, 2)));
+    b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
+    b.node("Relu", "relu", &["h"], &["r"], vec![]);
+    b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let mut values = weights(32, 9);
+    values[11] = f32::NAN;
+    layerwise_runtime::npy::write_npz(&dir.path().join("nan.npz"), &[("x", &Tensor::f32(vec![4, 8], values))]).unwrap();
+
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--inputs", "nan.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged on the NaN row: {t}");
+    let r = json(&dir.path().join("r.json"));
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "mm1", "{fd}");
+    assert_eq!(fd["cause"]["kind"], "non_finite_input", "{fd}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    // mm1's row 1 is NaN in the reference (8 values), finite in the candidate.
+    for said in ["model input 'x' holds 1 inf/NaN value, fed to both sides", "8 inf/NaN values in the reference and 0 in the candidate", "finite values in at least 8 of those places"] {
+        assert!(detail.contains(said), "'{said}' in {detail}");
+    }
+    assert!(!t.contains("turns finite inputs"), "{t}");
+    // The tensors with one-sided inf/NaN are the reference's, and none is born at a node.
+    let non_finite = r["verdict"]["non_finite"].as_array().unwrap();
+    assert!(!non_finite.is_empty(), "{t}");
+    for n in non_finite {
+        assert_eq!((n["cand_nan"].as_u64(), n["cand_inf"].as_u64(), n["origin"].as_bool()), (Some(0), Some(0), Some(false)), "{n}");
+    }
+    assert!(t.contains("Non-finite values in the reference only (the candidate has finite values there)"), "{t}");
+    assert!(!t.contains("Non-finite values in the candidate"), "{t}");
+    // The input's note says where the candidate parts from the reference, not that both sides
+    // carry the NaN alike; the counterfactual's note does not send inf/NaN "further on".
+    let conclusions = r["verdict"]["conclusions"].to_string();
+    assert!(conclusions.contains("first 'h' (node mm1), the candidate has finite values where the reference has inf/NaN"), "{conclusions}");
+    assert!(!conclusions.contains("on both sides"), "{conclusions}");
+    assert!(!conclusions.contains("arise further on"), "{conclusions}");
+
+    // `fix`: a NOT FIXED above a passing check of the written model says why both hold (the
+    // written model is quantized again; the search judged its own copy).
+    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:int8", "--inputs", "nan.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    // Here the search's copy keeps the input's quantizer, so its runs still diverge with every
+    // node kept, while the model written with all three excluded has no quantizer left.
+    let fx = json(&dir.path().join("fix.json"));
+    assert_eq!((fx["status"].as_str(), fx["fixed_model_check"]["pass"].as_bool()), (Some("not_fixed"), Some(true)), "{}", text(&out));
+    assert!(fx["summary"].as_str().unwrap().contains("the model written with its 3 nodes excluded passes the check below, but it was quantized again"), "{}", text(&out));
+
+    // The same model with the NaN replaced: no such cause.
+    let finite = weights(32, 9);
+    layerwise_runtime::npy::write_npz(&dir.path().join("finite.npz"), &[("x", &Tensor::f32(vec![4, 8], finite))]).unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--inputs", "finite.npz", "--json", "f.json"], dir.path());
+    let f = json(&dir.path().join("f.json"));
+    assert!(!f["verdict"].to_string().contains("non_finite_input"), "{}", text(&out));
+}

@@ -325,6 +325,7 @@ fn walk_compared(job: &mut Job, feeds: &[(String, Tensor)], compared: Compared, 
     let mut compared = compared;
     job.compare_deployed(feeds, &mut compared, steps)?;
     compared.comparison.quantizers = quantizer_ranges(job);
+    compared.comparison.note_input_nonfinite(feeds);
     measure_quantizers(job, feeds, &mut compared, steps)?;
     let mut verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
     job.unmix_deployed_finding(&compared, &mut verdict);
@@ -660,16 +661,24 @@ fn report(
         }
     }
     // Inputs that are not all finite: NaN compares as NaN on both sides, so the verdict only
-    // speaks of what is finite.
+    // speaks of what is finite; but where the candidate holds fewer inf/NaN than the reference (a
+    // quantizer has no code for NaN), they are mismatches, and the note must not say otherwise.
+    let nonfinite_in = |r: &&layerwise_analysis::TensorRecord| (r.metrics.ref_nan + r.metrics.ref_inf, r.metrics.cand_nan + r.metrics.cand_inf);
+    let dropped: Vec<&layerwise_analysis::TensorRecord> = compared.comparison.records.iter().filter(|r| { let (reference, candidate) = nonfinite_in(r); candidate < reference }).collect();
+    let carried = match dropped.first() {
+        None => "they reach the tensors computed from them on both sides, where matching inf/NaN are not counted as errors, so this verdict speaks only of the finite values".to_string(),
+        Some(first) => format!(
+            "they reach the tensors computed from them in the reference, and matching inf/NaN are not counted as errors; but in {} tensor{}, first '{}' ({}), the candidate has finite values where the reference has inf/NaN, and those count as inf/NaN mismatches",
+            dropped.len(),
+            if dropped.len() == 1 { "" } else { "s" },
+            first.name,
+            if first.node.is_empty() { first.op_type.clone() } else { format!("node {}", first.node) }
+        ),
+    };
     for i in &inputs {
         let (nan, inf) = i.tensor.non_finite_counts();
         if nan + inf > 0 {
-            conclusions.insert(0, format!(
-                "input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: they reach the tensors computed from them on both sides, where matching inf/NaN are not counted as errors, so this verdict speaks only of the finite values",
-                i.name,
-                i.source,
-                i.tensor.len()
-            ));
+            conclusions.insert(0, format!("input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: {carried}", i.name, i.source, i.tensor.len()));
         }
     }
     conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));

@@ -36,7 +36,8 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
     })?;
     // A weight passed straight to an output is compared by no run (as after a full run).
     let weight_outputs = index.outputs.iter().filter(|o| is_weight_output(&index, o)).map(|o| (o.clone(), WEIGHT_OUTPUT.to_string())).collect();
-    let comparison = Comparison::from_records(result.records.clone(), weight_outputs, &job.order);
+    let mut comparison = Comparison::from_records(result.records.clone(), weight_outputs, &job.order);
+    comparison.note_input_nonfinite(feeds);
     if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
         bail!("no model output could be compared in the candidate's first run");
     }

@@ -61,6 +61,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Quantized], detect: integer_accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_zero_point },
+    CauseRule { applies_to: ANY, detect: non_finite_input },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
     CauseRule { applies_to: ANY, detect: large_logits },
@@ -121,6 +122,26 @@ impl<'a> Site<'a> {
     /// The output has inf/NaN where the reference does not.
     fn non_finite(&self) -> bool {
         self.m().nonfinite_mismatch > 0
+    }
+
+    /// The node's data inputs that hold inf/NaN on either side (see
+    /// `Comparison::nonfinite_inputs_of`).
+    fn nonfinite_inputs(&self) -> Vec<(String, usize, usize)> {
+        self.comparison.nonfinite_inputs_of(self.index, self.node)
+    }
+
+    /// The node reads inf/NaN and its output holds fewer in the candidate than in the reference:
+    /// the candidate carries the inputs' inf/NaN as finite values (an integer code has none).
+    /// Where the candidate holds more, they arise here, whatever the inputs hold.
+    fn carries_input_nonfinite(&self) -> bool {
+        let (reference, candidate) = self.nonfinite_counts();
+        candidate < reference && !self.nonfinite_inputs().is_empty()
+    }
+
+    /// The output's inf/NaN count in the reference and in the candidate.
+    fn nonfinite_counts(&self) -> (usize, usize) {
+        let m = self.m();
+        (m.ref_nan + m.ref_inf, m.cand_nan + m.cand_inf)
     }
 
     /// The largest-error input, where it is free of inf/NaN mismatches: what mechanisms of the
@@ -558,13 +579,66 @@ fn value_overflow(s: &Site) -> Option<Mechanism> {
 
 /// inf/NaN from finite inputs that no overflow of the stored value explains (0/0, log 0).
 fn non_finite_produced(s: &Site) -> Option<Mechanism> {
-    if !s.non_finite() || exceeds_fp16_range(s) {
+    if !s.non_finite() || exceeds_fp16_range(s) || s.carries_input_nonfinite() {
         return None;
     }
+    let (reference, candidate) = s.nonfinite_counts();
+    let inputs = s.nonfinite_inputs();
+    // Either side may be the one that makes them: the reference's float32 log 0 where the
+    // candidate's rounding moved the argument off 0, say.
+    let detail = if !inputs.is_empty() {
+        // Inputs that hold inf/NaN alike on both sides (the walk stops at no node whose inputs
+        // mismatch), and more in the candidate's output: those beyond arise here.
+        format!(
+            "{} gives {candidate} inf/NaN values in the candidate against the reference's {reference}; its inputs hold inf/NaN alike on both sides ({}), so at least {} arise here (reference max |y| = {:.4e})",
+            s.op,
+            inputs.iter().take(3).map(|(t, r, _)| format!("'{t}' {r}")).collect::<Vec<_>>().join(", "),
+            candidate - reference,
+            s.m().ref_max_abs
+        )
+    } else if candidate >= reference {
+        format!("{} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", s.op, s.m().nonfinite_mismatch, s.m().ref_max_abs)
+    } else {
+        format!(
+            "{} turns finite inputs into {reference} inf/NaN values in the reference, where the candidate has {candidate}: finite values in at least {} places (reference max |y| = {:.4e})",
+            s.op,
+            reference - candidate,
+            s.m().ref_max_abs
+        )
+    };
+    mechanism(CauseKind::NonFiniteProduced, Some(1.0), detail)
+}
+
+/// inf/NaN the node reads already (a model input's NaN) that the two sides carry differently
+/// from here on: an integer quantizer has no code for them, so the candidate holds finite values
+/// where the reference holds inf/NaN. Neither side's arithmetic makes them.
+fn non_finite_input(s: &Site) -> Option<Mechanism> {
+    if !s.non_finite() || exceeds_fp16_range(s) || !s.carries_input_nonfinite() {
+        return None;
+    }
+    let inputs = s.nonfinite_inputs();
+    let listed: Vec<String> = inputs
+        .iter()
+        .take(3)
+        .map(|(t, reference, candidate)| {
+            if s.index.is_graph_input(t) {
+                format!("model input '{t}' holds {reference} inf/NaN value{}, fed to both sides", if *reference == 1 { "" } else { "s" })
+            } else {
+                format!("'{t}' holds {reference} in the reference, {candidate} in the candidate")
+            }
+        })
+        .collect();
+    let more = if inputs.len() > 3 { format!(" and {} more inputs", inputs.len() - 3) } else { String::new() };
+    let (reference, candidate) = s.nonfinite_counts();
+    let how = format!("the candidate has finite values in at least {} of those places", reference - candidate);
     mechanism(
-        CauseKind::NonFiniteProduced,
+        CauseKind::NonFiniteInput,
         Some(1.0),
-        format!("{} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", s.op, s.m().nonfinite_mismatch, s.m().ref_max_abs),
+        format!(
+            "{} reads inf/NaN already ({}{more}): they do not arise here. Its output holds {reference} inf/NaN values in the reference and {candidate} in the candidate; {how}. This is how each side carries the inputs' inf/NaN, not a rounding error",
+            s.op,
+            listed.join("; ")
+        ),
     )
 }
 

@@ -68,6 +68,9 @@ pub struct Comparison {
     pub per_tensor_weights: HashMap<String, layerwise_model::quant::WeightChannels>,
     /// The products a quantized candidate's integer kernels would sum, under the node's name.
     pub integer_accumulations: HashMap<String, layerwise_model::quant::IntegerAccumulation>,
+    /// The graph inputs that hold inf/NaN, with their (NaN, inf) counts: both sides are fed them,
+    /// and no record is compared for them, so the causes read them here.
+    pub input_nonfinite: HashMap<String, (usize, usize)>,
     position: HashMap<String, usize>,
 }
 
@@ -78,11 +81,38 @@ impl Comparison {
         let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
         records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }
+        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
         self.position.get(tensor).map(|&i| &self.records[i])
+    }
+
+    /// Notes which of the run's graph inputs hold inf/NaN (see `input_nonfinite`).
+    pub fn note_input_nonfinite(&mut self, feeds: &[(String, layerwise_model::Tensor)]) {
+        self.input_nonfinite = feeds.iter().map(|(name, t)| (name.clone(), t.non_finite_counts())).filter(|(_, (nan, inf))| nan + inf > 0).collect();
+    }
+
+    /// The data inputs of `node` that hold inf/NaN on either side, each with its count in the
+    /// reference and in the candidate: a graph input's from `input_nonfinite` (the same on both
+    /// sides), a computed tensor's from its record. Weights are left out.
+    pub fn nonfinite_inputs_of(&self, index: &GraphIndex, node: &layerwise_model::NodeInfo) -> Vec<(String, usize, usize)> {
+        let mut found: Vec<(String, usize, usize)> = Vec::new();
+        for t in node.all_inputs() {
+            let counts = if index.is_graph_input(t) {
+                self.input_nonfinite.get(t).map(|(nan, inf)| (nan + inf, nan + inf))
+            } else if index.is_constant_like(t) {
+                None
+            } else {
+                self.get(t).map(|r| (r.metrics.ref_nan + r.metrics.ref_inf, r.metrics.cand_nan + r.metrics.cand_inf))
+            };
+            if let Some((reference, candidate)) = counts.filter(|&(r, c)| r + c > 0) {
+                if !found.iter().any(|(n, ..)| n == t) {
+                    found.push((t.clone(), reference, candidate));
+                }
+            }
+        }
+        found
     }
 
     /// Whether every model output is within tolerance: each compared and passing, but for the
@@ -212,7 +242,7 @@ pub fn compare_all(
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }
+    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }
 }
 
 /// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
@@ -275,7 +305,7 @@ impl PairedComparison {
             }
         }
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new() }, histograms)
+        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }, histograms)
     }
 }
 

@@ -76,6 +76,10 @@ pub enum CauseKind {
     AccumulatorOverflow,
     /// The node turns finite inputs into inf/NaN without its reference exceeding the FP16 range.
     NonFiniteProduced,
+    /// The node reads inf/NaN already (a model input's, or a tensor's before it on both sides),
+    /// and the two sides carry them differently here: a quantizer stores them as finite codes.
+    /// They do not arise here, and no rounding error explains them.
+    NonFiniteInput,
     /// The node amplifies small input error (Softmax, Div, Exp, Pow, normalisations, ...).
     Amplification,
     /// The node itself loses precision (values in the FP16 subnormal range, cancellation).

@@ -195,13 +195,18 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
     let chain_tensors: std::collections::HashSet<&str> = verdict.chain.iter().map(|s| s.tensor.as_str()).collect();
     for record in comparison.records.iter().filter(|r| r.metrics.nonfinite_mismatch > 0) {
         // Born here when every input is known to be free of such mismatches (an input that was
-        // not compared leaves the origin unknown).
+        // not compared leaves the origin unknown), and where the inputs hold inf/NaN already (a
+        // model input's NaN, on both sides), only where the candidate has more of them than the
+        // reference: a quantizer that turns the reference's NaN into finite codes makes none.
         // A graph input passed straight to an output is born at no node.
+        let m = &record.metrics;
         let origin = index
             .producer(&record.name)
             .map(|n| {
                 let inputs = InputView::of(index, comparison, n);
-                inputs.unseen.is_empty() && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
+                inputs.unseen.is_empty()
+                    && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
+                    && (m.cand_nan + m.cand_inf > m.ref_nan + m.ref_inf || comparison.nonfinite_inputs_of(index, n).is_empty())
             })
             .unwrap_or(!index.is_graph_input(&record.name));
         verdict.non_finite.push(NonFiniteTensor {

@@ -380,7 +380,8 @@ pub fn render_html(report: &Report) -> String {
         h.push_str("</tbody></table>");
     }
     if !v.non_finite.is_empty() {
-        h.push_str(r#"<h2 id="non-finite">Non-finite values in the candidate</h2><table><thead><tr><th>tensor</th><th>node</th><th>op</th><th>inf/NaN</th><th>born here</th><th>on chain</th></tr></thead><tbody>"#);
+        let _ = write!(h, r#"<h2 id="non-finite">{}</h2>"#, crate::non_finite_heading(v));
+        h.push_str(r#"<table><thead><tr><th>tensor</th><th>node</th><th>op</th><th>inf/NaN</th><th>born here</th><th>on chain</th></tr></thead><tbody>"#);
         for n in &v.non_finite {
             let _ = write!(
                 h,

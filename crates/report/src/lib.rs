@@ -116,6 +116,17 @@ pub fn nothing_judged(report: &Report) -> bool {
     report.verdict.status == layerwise_analysis::Status::Pass && !compared.is_empty() && compared.iter().all(|o| o.unjudged)
 }
 
+/// The heading over the tensors with inf/NaN on one side only: where the candidate has none in
+/// any of them (a quantizer turned the reference's NaN into finite codes), they are the
+/// reference's, and a heading that named the candidate would say the opposite of the numbers.
+pub fn non_finite_heading(verdict: &layerwise_analysis::Verdict) -> &'static str {
+    if verdict.non_finite.iter().all(|n| n.cand_nan + n.cand_inf == 0) {
+        "Non-finite values in the reference only (the candidate has finite values there)"
+    } else {
+        "Non-finite values in the candidate"
+    }
+}
+
 /// The verdict's first line, the same in every format.
 pub fn verdict_headline(report: &Report) -> String {
     use layerwise_analysis::Status;

@@ -146,7 +146,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if !v.non_finite.is_empty() {
         let origins: Vec<String> = v.non_finite.iter().filter(|n| n.origin).map(|n| format!("{} ({})", n.node, n.op_type)).collect();
         let born = if origins.is_empty() { "born at no node: they enter with an input or a weight".to_string() } else { format!("born at: {}", origins.join(", ")) };
-        let _ = writeln!(out, "\nNon-finite values in the candidate: {} tensors; {born}", v.non_finite.len());
+        let _ = writeln!(out, "\n{}: {} tensors; {born}", crate::non_finite_heading(v), v.non_finite.len());
         for n in v.non_finite.iter().filter(|n| n.origin && !n.on_chain) {
             let what = if n.weight { "weight value" } else { "off the blame chain" };
             let _ = writeln!(out, "  {what}: '{}' from {} ({}) holds {} inf/NaN", n.tensor, n.node, n.op_type, n.mismatched);
