@@ -232,11 +232,16 @@ fn a_nan_input_that_the_int8_candidate_carries_as_finite_codes_is_named_as_the_i
     b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
     b.node("Relu", "relu", &["h"], &["r"], vec![]);
     b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
+    // A second input on a branch of its own, which sim:int8 leaves in float (a Mul).
+    b.input("z", DataType::Float, &[Dim::from(4)]);
+    b.node("Mul", "square", &["z", "z"], &["zz"], vec![]);
     b.output("y", DataType::Float);
+    b.output("zz", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
     let mut values = weights(32, 9);
     values[11] = f32::NAN;
-    layerwise_runtime::npy::write_npz(&dir.path().join("nan.npz"), &[("x", &Tensor::f32(vec![4, 8], values))]).unwrap();
+    let z = Tensor::f32(vec![4], vec![0.5, -1.0, 2.0, 0.25]);
+    layerwise_runtime::npy::write_npz(&dir.path().join("nan.npz"), &[("x", &Tensor::f32(vec![4, 8], values.clone())), ("z", &z)]).unwrap();
 
     let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--inputs", "nan.npz", "--json", "r.json"], dir.path());
     let t = text(&out);
@@ -265,6 +270,22 @@ fn a_nan_input_that_the_int8_candidate_carries_as_finite_codes_is_named_as_the_i
     assert!(conclusions.contains("first 'h' (node mm1), the candidate has finite values where the reference has inf/NaN"), "{conclusions}");
     assert!(!conclusions.contains("on both sides"), "{conclusions}");
     assert!(!conclusions.contains("arise further on"), "{conclusions}");
+    // Quantizers switched in float32 keep NaN as NaN: measured one at a time they would say the
+    // input's quantizer "alone gives 0" (the tester's finding); they are not measured, and why.
+    assert!(conclusions.contains("quantizers were not measured one at a time: the inputs hold inf/NaN"), "{conclusions}");
+    assert!(!conclusions.contains("no activation quantizer is at fault"), "{conclusions}");
+
+    // NaN in both inputs: each input's note speaks of the tensors computed from it (z's NaN
+    // reaches 'zz' alike on both sides; x's are those above), not of the other's.
+    let z_nan = Tensor::f32(vec![4], vec![0.5, f32::NAN, 2.0, 0.25]);
+    layerwise_runtime::npy::write_npz(&dir.path().join("both.npz"), &[("x", &Tensor::f32(vec![4, 8], values)), ("z", &z_nan)]).unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--inputs", "both.npz", "--json", "both.json"], dir.path());
+    let both = json(&dir.path().join("both.json"));
+    let notes: Vec<String> = both["verdict"]["conclusions"].as_array().unwrap().iter().filter_map(|c| c.as_str()).filter(|c| c.starts_with("input '")).map(String::from).collect();
+    let note_of = |input: &str| notes.iter().find(|n| n.starts_with(&format!("input '{input}'"))).unwrap_or_else(|| panic!("no note on '{input}': {}", text(&out))).clone();
+    assert!(note_of("x").contains("first 'h' (node mm1), the candidate has finite values"), "{notes:?}");
+    assert!(note_of("z").contains("on both sides"), "{notes:?}");
+    assert!(!note_of("z").contains("'h'"), "{notes:?}");
 
     // `fix`: a NOT FIXED above a passing check of the written model says why both hold (the
     // written model is quantized again; the search judged its own copy).
@@ -277,7 +298,7 @@ fn a_nan_input_that_the_int8_candidate_carries_as_finite_codes_is_named_as_the_i
 
     // The same model with the NaN replaced: no such cause.
     let finite = weights(32, 9);
-    layerwise_runtime::npy::write_npz(&dir.path().join("finite.npz"), &[("x", &Tensor::f32(vec![4, 8], finite))]).unwrap();
+    layerwise_runtime::npy::write_npz(&dir.path().join("finite.npz"), &[("x", &Tensor::f32(vec![4, 8], finite)), ("z", &z)]).unwrap();
     let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:int8", "--inputs", "finite.npz", "--json", "f.json"], dir.path());
     let f = json(&dir.path().join("f.json"));
     assert!(!f["verdict"].to_string().contains("non_finite_input"), "{}", text(&out));

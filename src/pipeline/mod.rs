@@ -332,6 +332,24 @@ fn walk_compared(job: &mut Job, feeds: &[(String, Tensor)], compared: Compared, 
     Ok((compared, verdict))
 }
 
+/// The tensors computed from `tensor` in the main graph (the nodes that read it, and so on).
+fn downstream_of<'a>(index: &'a layerwise_model::GraphIndex, tensor: &str) -> std::collections::HashSet<&'a str> {
+    let mut seen: std::collections::HashSet<&'a str> = std::collections::HashSet::new();
+    let mut visited = vec![false; index.nodes.len()];
+    let mut queue: Vec<usize> = index.consumers(tensor).to_vec();
+    while let Some(n) = queue.pop() {
+        if std::mem::replace(&mut visited[n], true) {
+            continue;
+        }
+        for out in index.nodes[n].outputs.iter().filter(|o| !o.is_empty()) {
+            if seen.insert(out.as_str()) {
+                queue.extend_from_slice(index.consumers(out));
+            }
+        }
+    }
+    seen
+}
+
 /// `--save-tensors DIR` (new or empty, checked up front), written into a staging folder beside
 /// it (removed by Ctrl-C) and moved into place whole once every sample is written: an interrupted
 /// run leaves no folder, not one run without the other (found by the independent tester). One
@@ -552,7 +570,9 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let worst = verdict.worst_output.clone();
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         if let (Some(worst), Some(cand_error)) = (worst, cand_error) {
-            match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
+            if quantizers::inputs_hold_nonfinite(feeds) {
+                conclusions.push(format!("quantizers were not measured one at a time: {}", quantizers::NONFINITE_INPUTS));
+            } else { match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
                 Ok(Some(found)) => {
                     let effects = effects_of_the_faulty(job, feeds, compared, &found);
                     conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
@@ -570,7 +590,7 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
                 }
                 Ok(None) => {}
                 Err(e) => conclusions.push(format!("quantizers were not measured one at a time: {e:#}")),
-            }
+            } }
         }
     }
     let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
@@ -663,23 +683,28 @@ fn report(
     // Inputs that are not all finite: NaN compares as NaN on both sides, so the verdict only
     // speaks of what is finite; but where the candidate holds fewer inf/NaN than the reference (a
     // quantizer has no code for NaN), they are mismatches, and the note must not say otherwise.
-    let nonfinite_in = |r: &&layerwise_analysis::TensorRecord| (r.metrics.ref_nan + r.metrics.ref_inf, r.metrics.cand_nan + r.metrics.cand_inf);
-    let dropped: Vec<&layerwise_analysis::TensorRecord> = compared.comparison.records.iter().filter(|r| { let (reference, candidate) = nonfinite_in(r); candidate < reference }).collect();
-    let carried = match dropped.first() {
-        None => "they reach the tensors computed from them on both sides, where matching inf/NaN are not counted as errors, so this verdict speaks only of the finite values".to_string(),
-        Some(first) => format!(
-            "they reach the tensors computed from them in the reference, and matching inf/NaN are not counted as errors; but in {} tensor{}, first '{}' ({}), the candidate has finite values where the reference has inf/NaN, and those count as inf/NaN mismatches",
-            dropped.len(),
-            if dropped.len() == 1 { "" } else { "s" },
-            first.name,
-            if first.node.is_empty() { first.op_type.clone() } else { format!("node {}", first.node) }
-        ),
+    // Each input's note counts only the tensors computed from it (two inputs with NaN reach
+    // different tensors; found by the independent tester).
+    let dropped = |input: &str| -> Vec<&layerwise_analysis::TensorRecord> {
+        let downstream = downstream_of(&job.index, input);
+        compared.comparison.records.iter().filter(|r| downstream.contains(r.name.as_str()) && r.metrics.cand_nan + r.metrics.cand_inf < r.metrics.ref_nan + r.metrics.ref_inf).collect()
     };
     for i in &inputs {
         let (nan, inf) = i.tensor.non_finite_counts();
-        if nan + inf > 0 {
-            conclusions.insert(0, format!("input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: {carried}", i.name, i.source, i.tensor.len()));
+        if nan + inf == 0 {
+            continue;
         }
+        let dropped = dropped(&i.name);
+        let carried = match dropped.first() {
+            None => "they reach the tensors computed from them on both sides, where matching inf/NaN are not counted as errors, so this verdict speaks only of the finite values".to_string(),
+            Some(first) => format!(
+                "they reach the tensors computed from it in the reference, and matching inf/NaN are not counted as errors; but in {} of those tensors, first '{}' ({}), the candidate has finite values where the reference has inf/NaN, and those count as inf/NaN mismatches",
+                dropped.len(),
+                first.name,
+                if first.node.is_empty() { first.op_type.clone() } else { format!("node {}", first.node) }
+            ),
+        };
+        conclusions.insert(0, format!("input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: {carried}", i.name, i.source, i.tensor.len()));
     }
     conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));

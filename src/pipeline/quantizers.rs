@@ -28,6 +28,16 @@ pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &s
     measure(&pair, feeds, output, candidate_error)
 }
 
+/// Why quantizers are not measured one at a time where the inputs hold inf/NaN (found by the
+/// independent tester: the quantizer of a NaN input "alone gave 0" where it alone turns the
+/// output's NaN into finite values).
+pub(crate) const NONFINITE_INPUTS: &str = "the inputs hold inf/NaN, which a QuantizeLinear stores as finite codes while the measurement's switched quantizers (float32 arithmetic) keep them inf/NaN, so their numbers would not say what each quantizer does here";
+
+/// Whether any input value is inf or NaN.
+pub(crate) fn inputs_hold_nonfinite(feeds: &[(String, Tensor)]) -> bool {
+    feeds.iter().any(|(_, t)| { let (nan, inf) = t.non_finite_counts(); nan + inf > 0 })
+}
+
 /// What measuring quantizers one at a time reads: the float model, the Q/DQ candidate, the
 /// matching's pairs read backwards, the output's tolerance and the error from which one is at fault.
 pub(crate) struct QuantizedPair<'a> {
@@ -41,6 +51,9 @@ pub(crate) struct QuantizedPair<'a> {
 
 /// [`quantizers_alone`] on its parts (`fix` has no bisect job).
 pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
+    if inputs_hold_nonfinite(feeds) {
+        return Ok(None);
+    }
     let (cm, ci) = pair.candidate;
     let mut measured: Vec<(String, layerwise_model::quant::QuantizerRange)> = Vec::new();
     let mut nodes = Vec::new();
