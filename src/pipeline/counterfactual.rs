@@ -107,13 +107,13 @@ pub(super) fn counterfactual(
             100.0 * b.explained,
             if b.fixes { " and brings every output within tolerance" } else { "" }
         ),
-        // Every keep still leaves inf/NaN: they have more than one source, which is no drift.
         // inf/NaN the inputs hold, carried differently by the two sides: no precision kept at one
         // node changes how the rest of the candidate carries them.
         Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) && verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == layerwise_analysis::CauseKind::NonFiniteInput) => format!(
             "keeping {} at reference precision still leaves inf/NaN mismatches in '{worst}': they are the inputs' inf/NaN (the cause above), which the candidate still does not carry as the reference does further on: they arise at no node",
             if checks.len() == 1 { format!("the checked break ({})", checks[0].node) } else { format!("any one of the {} checked breaks", checks.len()) }
         ),
+        // Every keep still leaves inf/NaN: they have more than one source, which is no drift.
         Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) => {
             let kept = if checks.len() == 1 { format!("keeping the checked break ({}) at reference precision", checks[0].node) } else { format!("keeping any one of the {} checked breaks at reference precision", checks.len()) };
             // Origins the checks kept are no other source.

@@ -572,25 +572,27 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         if let (Some(worst), Some(cand_error)) = (worst, cand_error) {
             if quantizers::inputs_hold_nonfinite(feeds) {
                 conclusions.push(format!("quantizers were not measured one at a time: {}", quantizers::NONFINITE_INPUTS));
-            } else { match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
-                Ok(Some(found)) => {
-                    let effects = effects_of_the_faulty(job, feeds, compared, &found);
-                    conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
-                    if found.at_fault().next().is_some() {
-                        if let Some(floor) = extras.noise_floor.as_mut().filter(|f| f.ill_conditioned) {
-                            // The floor moved the faulty quantizers' coarse steps too.
-                            floor.ill_conditioned = false;
-                            conclusions.push(format!(
-                                "noise floor: one step of each quantizer at once moves '{}' by rel L2 {}, as much as the candidate's {}, but it moves the faulty quantizers by their coarse steps too: it does not tell resolution from a fault, and the quantizers measured one at a time name the fault",
-                                floor.output, conclusions::n(floor.output_error), conclusions::n(floor.candidate_error)
-                            ));
+            } else {
+                match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
+                    Ok(Some(found)) => {
+                        let effects = effects_of_the_faulty(job, feeds, compared, &found);
+                        conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
+                        if found.at_fault().next().is_some() {
+                            if let Some(floor) = extras.noise_floor.as_mut().filter(|f| f.ill_conditioned) {
+                                // The floor moved the faulty quantizers' coarse steps too.
+                                floor.ill_conditioned = false;
+                                conclusions.push(format!(
+                                    "noise floor: one step of each quantizer at once moves '{}' by rel L2 {}, as much as the candidate's {}, but it moves the faulty quantizers by their coarse steps too: it does not tell resolution from a fault, and the quantizers measured one at a time name the fault",
+                                    floor.output, conclusions::n(floor.output_error), conclusions::n(floor.candidate_error)
+                                ));
+                            }
                         }
+                        extras.quantizers_alone = Some(found);
                     }
-                    extras.quantizers_alone = Some(found);
+                    Ok(None) => {}
+                    Err(e) => conclusions.push(format!("quantizers were not measured one at a time: {e:#}")),
                 }
-                Ok(None) => {}
-                Err(e) => conclusions.push(format!("quantizers were not measured one at a time: {e:#}")),
-            } }
+            }
         }
     }
     let ill_conditioned = extras.noise_floor.as_ref().is_some_and(|f| f.ill_conditioned);
@@ -687,7 +689,7 @@ fn report(
     // different tensors; found by the independent tester).
     let dropped = |input: &str| -> Vec<&layerwise_analysis::TensorRecord> {
         let downstream = downstream_of(&job.index, input);
-        compared.comparison.records.iter().filter(|r| downstream.contains(r.name.as_str()) && r.metrics.cand_nan + r.metrics.cand_inf < r.metrics.ref_nan + r.metrics.ref_inf).collect()
+        compared.comparison.records.iter().filter(|r| downstream.contains(r.name.as_str()) && { let (reference, candidate) = r.metrics.nonfinite_counts(); candidate < reference }).collect()
     };
     for i in &inputs {
         let (nan, inf) = i.tensor.non_finite_counts();

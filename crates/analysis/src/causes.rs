@@ -134,14 +134,8 @@ impl<'a> Site<'a> {
     /// the candidate carries the inputs' inf/NaN as finite values (an integer code has none).
     /// Where the candidate holds more, they arise here, whatever the inputs hold.
     fn carries_input_nonfinite(&self) -> bool {
-        let (reference, candidate) = self.nonfinite_counts();
+        let (reference, candidate) = self.m().nonfinite_counts();
         candidate < reference && !self.nonfinite_inputs().is_empty()
-    }
-
-    /// The output's inf/NaN count in the reference and in the candidate.
-    fn nonfinite_counts(&self) -> (usize, usize) {
-        let m = self.m();
-        (m.ref_nan + m.ref_inf, m.cand_nan + m.cand_inf)
     }
 
     /// The largest-error input, where it is free of inf/NaN mismatches: what mechanisms of the
@@ -582,7 +576,7 @@ fn non_finite_produced(s: &Site) -> Option<Mechanism> {
     if !s.non_finite() || exceeds_fp16_range(s) || s.carries_input_nonfinite() {
         return None;
     }
-    let (reference, candidate) = s.nonfinite_counts();
+    let (reference, candidate) = s.m().nonfinite_counts();
     let inputs = s.nonfinite_inputs();
     // Either side may be the one that makes them: the reference's float32 log 0 where the
     // candidate's rounding moved the argument off 0, say.
@@ -629,7 +623,7 @@ fn non_finite_input(s: &Site) -> Option<Mechanism> {
         })
         .collect();
     let more = if inputs.len() > 3 { format!(" and {} more inputs", inputs.len() - 3) } else { String::new() };
-    let (reference, candidate) = s.nonfinite_counts();
+    let (reference, candidate) = s.m().nonfinite_counts();
     let how = format!("the candidate has finite values in at least {} of those places", reference - candidate);
     mechanism(
         CauseKind::NonFiniteInput,

@@ -104,7 +104,7 @@ impl Comparison {
             } else if index.is_constant_like(t) {
                 None
             } else {
-                self.get(t).map(|r| (r.metrics.ref_nan + r.metrics.ref_inf, r.metrics.cand_nan + r.metrics.cand_inf))
+                self.get(t).map(|r| r.metrics.nonfinite_counts())
             };
             if let Some((reference, candidate)) = counts.filter(|&(r, c)| r + c > 0) {
                 if !found.iter().any(|(n, ..)| n == t) {

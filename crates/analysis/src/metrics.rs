@@ -179,6 +179,11 @@ impl Metrics {
         self.mask_sentinels.map_or(self.ref_max_abs, |s| s.ref_max_abs_outside)
     }
 
+    /// The inf/NaN values counted in the reference and in the candidate.
+    pub fn nonfinite_counts(&self) -> (usize, usize) {
+        (self.ref_nan + self.ref_inf, self.cand_nan + self.cand_inf)
+    }
+
     /// The scalar used to rank tensors and to walk back: relative L2 error, inf for non-finite
     /// mismatches.
     pub fn error_level(&self) -> f64 {

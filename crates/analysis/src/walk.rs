@@ -199,14 +199,14 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
         // model input's NaN, on both sides), only where the candidate has more of them than the
         // reference: a quantizer that turns the reference's NaN into finite codes makes none.
         // A graph input passed straight to an output is born at no node.
-        let m = &record.metrics;
+        let (reference, candidate) = record.metrics.nonfinite_counts();
         let origin = index
             .producer(&record.name)
             .map(|n| {
                 let inputs = InputView::of(index, comparison, n);
                 inputs.unseen.is_empty()
                     && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
-                    && (m.cand_nan + m.cand_inf > m.ref_nan + m.ref_inf || comparison.nonfinite_inputs_of(index, n).is_empty())
+                    && (candidate > reference || comparison.nonfinite_inputs_of(index, n).is_empty())
             })
             .unwrap_or(!index.is_graph_input(&record.name));
         verdict.non_finite.push(NonFiniteTensor {
