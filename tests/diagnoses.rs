@@ -518,3 +518,87 @@ fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
     assert!(checks.iter().filter(|c| c["reason"] != "non_finite_origins_together").all(|c| c["fixes"] == false), "{checks:?}");
     assert!(t.contains("inf/NaN are born at 2 independent places"), "{t}");
 }
+
+/// x[1,4,8,8] -> Conv -> BatchNormalization whose variance is a Constant node (not an
+/// initializer) with one value beyond FP16's range -> Relu -> out: PP-OCRv4's detector from
+/// rapidocr-onnxruntime stores its BatchNorm parameters this way.
+fn batchnorm_reading_a_constant() -> ModelProto {
+    let mut b = ModelBuilder::new("bn-constant", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(8), Dim::from(8)]);
+    let w: Vec<f32> = (0..16).map(|i| 0.1 + 0.05 * i as f32).collect();
+    b.initializer(f32_tensor("conv_w", &[4, 4, 1, 1], &w));
+    b.initializer(f32_tensor("bn_scale", &[4], &[1.0, 1.0, 1.0, 300.0]));
+    b.initializer(f32_tensor("bn_bias", &[4], &[0.0, 0.1, 0.2, 0.3]));
+    b.initializer(f32_tensor("bn_mean", &[4], &[0.5, 0.5, 0.5, 0.5]));
+    b.node("Constant", "", &[], &["bn_var"], vec![attr::tensor("value", f32_tensor("bn_var", &[4], &[1.0, 1.0, 1.0, 9.79e7]))]);
+    b.node("Conv", "conv", &["x", "conv_w"], &["conv_out"], vec![]);
+    b.node("BatchNormalization", "bn", &["conv_out", "bn_scale", "bn_bias", "bn_mean", "bn_var"], &["bn_out"], vec![]);
+    b.node("Relu", "relu", &["bn_out"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn a_constant_beyond_fp16_is_the_cause_of_its_reader_never_the_layer_ppocrv4_det() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&batchnorm_reading_a_constant(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json", "--repro", "repro"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "bn", "the reader is the layer: {t}");
+    assert_eq!(fd["cause"]["kind"], "weight_overflow", "{t}");
+    assert!(fd["cause"]["detail"].as_str().unwrap().contains("'bn_var'"), "{t}");
+    assert!(!t.contains("Constant#"), "no Constant is named anywhere: {t}");
+    // The Constant's inf enters with the weights: born at no node.
+    let nf = r["verdict"]["non_finite"].as_array().unwrap();
+    assert!(nf.iter().all(|n| n["origin"] == false), "{nf:?}");
+    assert!(t.contains("born at no node"), "{t}");
+    // The counterfactual keeps the reader, and the repro holds the reader with its inputs.
+    let checks = r["counterfactual"]["checks"].as_array().unwrap();
+    assert_eq!(checks[0]["node"], "bn", "{checks:?}");
+    assert_eq!(checks[0]["fixes"], true, "{checks:?}");
+    assert_eq!(r["repro"]["nodes"], serde_json::json!(["bn"]), "{t}");
+    assert_eq!(r["repro"]["reproduces"], true, "{t}");
+    let repro = layerwise_model::Model::load(&dir.path().join("repro/model.onnx")).unwrap();
+    let ops: Vec<&str> = repro.graph().node.iter().map(|n| n.op_type()).collect();
+    assert!(ops.contains(&"BatchNormalization") && ops.contains(&"Constant"), "{ops:?}");
+    assert_eq!(repro.graph().input.iter().map(|i| i.name()).collect::<Vec<_>>(), ["conv_out"]);
+}
+
+/// x[1,8], attention mask m[1,8] (1 = attend) -> (1 - m) * c -> + x -> Softmax -> out, c a
+/// Constant holding float32's lowest value, as T5's decoder builds its mask bias: -3.4028e38 is
+/// beyond BF16's largest value (3.3895e38), becomes -inf, and 0 * -inf is NaN.
+fn mask_bias_from_a_constant() -> ModelProto {
+    let mut b = ModelBuilder::new("t5-mask", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.input("m", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("one", &[1], &[1.0]));
+    b.node("Constant", "", &[], &["lowest"], vec![attr::tensor("value", f32_tensor("lowest", &[1], &[f32::MIN]))]);
+    b.node("Sub", "invert", &["one", "m"], &["inverted"], vec![]);
+    b.node("Mul", "bias", &["inverted", "lowest"], &["mask_bias"], vec![]);
+    b.node("Add", "scores", &["x", "mask_bias"], &["logits"], vec![]);
+    b.node("Softmax", "softmax", &["logits"], &["out"], vec![attr::int("axis", -1)]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+#[test]
+fn a_constant_beyond_bf16_names_its_reader_with_the_value_t5_mask() {
+    use layerwise_runtime::{Tensor, TensorData};
+    let dir = tempfile::tempdir().unwrap();
+    save(&mask_bias_from_a_constant(), &dir.path().join("m.onnx"));
+    let x = Tensor::new(vec![1, 8], TensorData::F32((0..8).map(|k| k as f32 / 8.0).collect()));
+    let m = Tensor::new(vec![1, 8], TensorData::F32(vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]));
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x), ("m", &m)]).unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let fd = &json(&dir.path().join("r.json"))["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "bias", "the Mul that reads the Constant: {t}");
+    assert_eq!(fd["cause"]["kind"], "weight_overflow", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    assert!(detail.contains("'lowest'") && detail.contains("BF16") && !detail.contains("FP16"), "{detail}");
+    assert!(!t.contains("Constant#") && !t.contains("turns finite inputs"), "{t}");
+}

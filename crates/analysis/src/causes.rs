@@ -11,6 +11,9 @@ use crate::compare::{Comparison, TensorRecord};
 use crate::metrics::Metrics;
 use crate::verdict::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
 
+/// The largest finite BF16 value: (2 - 2^-7) * 2^127.
+const BF16_MAX: f64 = 3.3895313892515355e38;
+
 /// The arithmetic a mechanism can arise in. A candidate may compute in more than one: a float32
 /// candidate with TF32 on computes its products in TF32 and everything else in float32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +54,7 @@ pub struct CauseRule {
 
 /// The catalogue, in the order ties are ranked.
 pub const CATALOGUE: &[CauseRule] = &[
-    CauseRule { applies_to: &[Numerics::Fp16], detect: weight_overflow },
+    CauseRule { applies_to: STORAGE, detect: weight_overflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: underflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: value_overflow },
@@ -136,6 +139,12 @@ impl<'a> Site<'a> {
     fn carries_input_nonfinite(&self) -> bool {
         let (reference, candidate) = self.m().nonfinite_counts();
         candidate < reference && !self.nonfinite_inputs().is_empty()
+    }
+
+    /// A weight or weight-derived input holds inf/NaN in the candidate and not in the reference:
+    /// the inputs are not finite, whatever the walk's view of data inputs says.
+    fn reads_nonfinite_weight(&self) -> bool {
+        self.node.inputs.iter().filter(|i| !i.is_empty() && self.index.is_constant_like(i)).any(|w| self.comparison.get(w).is_some_and(|r| r.metrics.nonfinite_mismatch > 0))
     }
 
     /// The largest-error input, where it is free of inf/NaN mismatches: what mechanisms of the
@@ -484,20 +493,27 @@ fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
     )
 }
 
-/// A weight (or weight-derived input) beyond the FP16 range.
+/// A weight (or weight-derived input) beyond the storage format's range: FP16's scan of the
+/// file's weights, else (BF16, or a value the scan does not see) the compared stored value itself.
 fn weight_overflow(s: &Site) -> Option<Mechanism> {
+    let (format, max) = match s.candidate.arithmetic {
+        Arithmetic::Bf16 => ("BF16", BF16_MAX),
+        _ => ("FP16", FP16_MAX as f64),
+    };
     s.node.inputs.iter().filter(|i| !i.is_empty() && s.index.is_constant_like(i)).find_map(|w| {
         let range = s.weight_ranges.iter().find(|r| r.name == *w && r.overflow_count > 0);
         let computed = s.comparison.get(w).filter(|r| r.metrics.nonfinite_mismatch > 0);
-        if range.is_none() && computed.is_none() {
-            return None;
-        }
-        let detail = match range {
-            Some(r) => format!(
+        let detail = match (range, computed) {
+            (Some(r), _) => format!(
                 "weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {FP16_MAX}); they become inf in FP16",
                 r.name, r.overflow_count, r.numel, r.max_abs
             ),
-            None => format!("weight-derived input '{w}' becomes inf/NaN in FP16"),
+            (None, Some(c)) if s.index.is_stored_value(w) && c.metrics.ref_max_abs > max => format!(
+                "stored value '{w}' reaches {:.4e}, beyond the {format} maximum {max:.4e}: {} of its values become inf in {format}",
+                c.metrics.ref_max_abs, c.metrics.nonfinite_mismatch
+            ),
+            (None, Some(_)) => format!("weight-derived input '{w}' becomes inf/NaN in {format}"),
+            (None, None) => return None,
         };
         Some(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail })
     })
@@ -573,7 +589,7 @@ fn value_overflow(s: &Site) -> Option<Mechanism> {
 
 /// inf/NaN from finite inputs that no overflow of the stored value explains (0/0, log 0).
 fn non_finite_produced(s: &Site) -> Option<Mechanism> {
-    if !s.non_finite() || exceeds_fp16_range(s) || s.carries_input_nonfinite() {
+    if !s.non_finite() || exceeds_fp16_range(s) || s.carries_input_nonfinite() || s.reads_nonfinite_weight() {
         return None;
     }
     let (reference, candidate) = s.m().nonfinite_counts();

@@ -345,9 +345,9 @@ impl<'a> InputView<'a> {
         let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
         // A weight is exact in the reference and rounded as stored in the candidate, which the
         // tolerances allow for; what is computed from weights only (positions times inverse
-        // frequencies) carries error like any tensor where it was compared (issue 39: a rotary
-        // angle of stored positions made Cos noise, and the walk skipped it).
-        let weight_derived = |t: &str| index.is_constant_like(t) && !index.is_initializer(t) && index.producer_index(t).is_some() && comparison.get(t).is_some();
+        // frequencies) carries error like any tensor where it was compared. A stored value (an
+        // initializer or a Constant node's output) is no step: its reader is the layer.
+        let weight_derived = |t: &str| index.is_constant_like(t) && !index.is_stored_value(t) && comparison.get(t).is_some();
         for t in node.all_inputs().filter(|t| !index.is_constant_like(t) || weight_derived(t)) {
             match comparison.get(t) {
                 // Both runs are fed the same graph inputs: they are exact (also where one is an

@@ -200,15 +200,17 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
         // reference: a quantizer that turns the reference's NaN into finite codes makes none.
         // A graph input passed straight to an output is born at no node.
         let (reference, candidate) = record.metrics.nonfinite_counts();
+        // A stored value (a Constant's output) is born at no node: it enters with the weights.
         let origin = index
             .producer(&record.name)
+            .filter(|_| !index.is_stored_value(&record.name))
             .map(|n| {
                 let inputs = InputView::of(index, comparison, n);
                 inputs.unseen.is_empty()
                     && !inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0)
                     && (candidate > reference || comparison.nonfinite_inputs_of(index, n).is_empty())
             })
-            .unwrap_or(!index.is_graph_input(&record.name));
+            .unwrap_or(!index.is_graph_input(&record.name) && !index.is_stored_value(&record.name));
         verdict.non_finite.push(NonFiniteTensor {
             tensor: record.name.clone(),
             node: record.node.clone(),

@@ -210,6 +210,13 @@ impl GraphIndex {
         self.constant_like.contains(tensor)
     }
 
+    /// A value stored in the file: an initializer or a Constant node's output. Neither is a layer:
+    /// it computes nothing, and an error in it (a value beyond the candidate's range) is the cause
+    /// of the node that reads it, not a step of the walk.
+    pub fn is_stored_value(&self, tensor: &str) -> bool {
+        self.is_initializer(tensor) || self.producer(tensor).is_some_and(|n| n.op_type == "Constant" && (n.domain.is_empty() || n.domain == "ai.onnx"))
+    }
+
     /// For a tensor produced inside an If/Loop/Scan body, the main-graph node that owns the body.
     pub fn subgraph_owner(&self, tensor: &str) -> Option<&str> {
         self.subgraph_tensors.get(tensor).map(String::as_str)
