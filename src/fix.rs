@@ -204,7 +204,9 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
         // left out, they round the weights their kept readers take (found by the independent
         // tester on Silero VAD, whose every weight is a Constant reshaped in its branch). A
         // Constant's own precision follows its readers.
-        .filter(|n| n.op_type != "Constant" && n.outputs.iter().any(|o| reference.get(o).is_some_and(|t| t.dtype().is_float())))
+        // A node that reads a float and computes an integer (a Cast to int32, ArgMax) counts: kept,
+        // it reads its input as float32 holds it.
+        .filter(|n| n.op_type != "Constant" && n.outputs.iter().chain(&n.inputs).any(|t| reference.get(t).is_some_and(|t| t.dtype().is_float())))
         .map(|n| n.name.clone())
         .collect()
 }
@@ -589,9 +591,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         let mut added = false;
         for (node, because) in culprits {
             // An island holds every reader of a value FP16 cannot hold (its edge would overflow).
-            let mut pattern = pattern_of(index, &node);
+            let mut pattern = layerwise_analysis::keep_pattern(index, &node, &last.0, low == Precision::Fp16);
             if low == Precision::Fp16 {
-                pattern = layerwise_analysis::close_over_fp16_range(index, pattern, &|t| last.0.get(t).map(|r| r.metrics.ref_max_abs));
                 // A constant FP16 flushes to 0 (an epsilon) is kept float32 by keeping its readers.
                 if let Some(fd) = last.1.first_divergent.as_ref().filter(|fd| fd.node == node && fd.cause.best.kind == layerwise_analysis::CauseKind::Underflow) {
                     for &c in fd.cause.best.weight.as_deref().map(|w| index.consumers(w)).unwrap_or(&[]) {
@@ -629,7 +630,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 last = outcome;
             }
             None => {
-                let why = "even keeping every node in FP32 does not bring the outputs within tolerance";
+                let why = "even keeping every node that reads or computes a float in FP32 (measured) does not bring the outputs within tolerance";
                 stuck = Some(match stuck {
                     Some(s) => format!("{s}; {why}"),
                     None => why.to_string(),

@@ -602,3 +602,63 @@ fn a_constant_beyond_bf16_names_its_reader_with_the_value_t5_mask() {
     assert!(detail.contains("'lowest'") && detail.contains("BF16") && !detail.contains("FP16"), "{detail}");
     assert!(!t.contains("Constant#") && !t.contains("turns finite inputs"), "{t}");
 }
+
+/// x[1,64] "probabilities" -> (Identity where `through_a_node`) -> Cast to int32 -> Gather of a
+/// 2-row embedding -> MatMul -> + 2 * ReduceSum(x) -> out: a word segmenter's path from input
+/// probabilities to embedding indices. 8 values lie in [0.99976, 1), which FP16 rounds up to 1.0:
+/// their index becomes 1.
+fn index_from_probabilities(through_a_node: bool) -> (ModelProto, Vec<f32>) {
+    let mut b = ModelBuilder::new("indices", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    let emb: Vec<f32> = (0..32).map(|i| ((i * 37 % 17) as f32 - 8.0) / 4.0).collect();
+    let w: Vec<f32> = (0..64).map(|i| ((i * 11 % 13) as f32 - 6.0) / 6.0).collect();
+    b.initializer(f32_tensor("emb", &[2, 16], &emb));
+    b.initializer(f32_tensor("w", &[16, 4], &w));
+    b.initializer(f32_tensor("two", &[1], &[2.0]));
+    let probabilities = if through_a_node {
+        b.node("Identity", "probs", &["x"], &["p"], vec![]);
+        "p"
+    } else {
+        "x"
+    };
+    b.node("Cast", "to_index", &[probabilities], &["idx"], vec![attr::int("to", DataType::Int32 as i64)]);
+    b.node("Gather", "embed", &["emb", "idx"], &["e"], vec![attr::int("axis", 0)]);
+    b.node("MatMul", "proj", &["e", "w"], &["y"], vec![]);
+    b.node("Mul", "side", &["x", "two"], &["x2"], vec![]);
+    b.node("ReduceSum", "sum", &["x2"], &["s"], vec![attr::int("keepdims", 1)]);
+    b.node("Add", "add", &["y", "s"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    let x: Vec<f32> = (0..64).map(|i| if i % 8 == 3 { 0.99976 + 0.00003 * (i / 8) as f32 } else { 0.9 * ((i * 29 % 64) as f32) / 64.0 }).collect();
+    (b.build(), x)
+}
+
+#[test]
+fn an_index_cast_from_a_rounded_probability_is_named_and_kept_with_what_computes_it_thai_segmenter() {
+    use layerwise_runtime::{Tensor, TensorData};
+    for through_a_node in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, x) = index_from_probabilities(through_a_node);
+        save(&model, &dir.path().join("m.onnx"));
+        layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &Tensor::new(vec![1, 64], TensorData::F32(x)))]).unwrap();
+        let out = layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{t}");
+        let r = json(&dir.path().join("r.json"));
+        let fd = &r["verdict"]["first_divergent"];
+        assert_eq!(fd["node"], "to_index", "{t}");
+        assert_eq!(fd["cause"]["kind"], "integer_boundary", "{t}");
+        assert!(fd["cause"]["detail"].as_str().unwrap().starts_with("8 of 64 values land on another integer"), "{t}");
+        // Kept with what computes its input, the Cast reads float32 and the error is gone.
+        let check = &r["counterfactual"]["checks"][0];
+        assert_eq!(check["fixes"], true, "{t}");
+        assert_eq!(check["pattern"], if through_a_node { "integer_from_float" } else { "node" }, "{t}");
+        assert!(!t.contains("drift plus a sensitive consumer"), "{t}");
+
+        let out = layerwise(&["fix", "m.onnx", "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+        let t = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{t}");
+        let f = json(&dir.path().join("fix.json"));
+        assert!(f["keep_fp32"].as_array().unwrap().iter().any(|n| n == "to_index"), "{t}");
+        assert_eq!(f["fixed_model_check"]["pass"], true, "{t}");
+    }
+}

@@ -4,7 +4,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use anyhow::Result;
-use layerwise_analysis::{compare_all, pattern_of, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict};
+use layerwise_analysis::{compare_all, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
@@ -191,12 +191,7 @@ fn beyond_the_kept(index: &GraphIndex, comparison: &Comparison, kept: &[String],
 /// reader of a value beyond FP16's range (an island cannot end where its value overflows). The
 /// counterfactual, the noise floor and `fix` keep the same.
 pub(crate) fn keep_pattern(index: &GraphIndex, precision: Precision, node: &str, comparison: &Comparison) -> Pattern {
-    let pattern = pattern_of(index, node);
-    if precision == Precision::Fp16 {
-        layerwise_analysis::close_over_fp16_range(index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs))
-    } else {
-        pattern
-    }
+    layerwise_analysis::keep_pattern(index, node, comparison, precision == Precision::Fp16)
 }
 
 /// What every check shares: the sample, the reference's outputs, the candidate's own tensors

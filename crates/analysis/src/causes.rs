@@ -42,6 +42,8 @@ impl Candidate {
 
 /// Every storage format and float32: a mechanism of the op itself, whatever it computes in.
 const ANY: &[Numerics] = &[Numerics::Fp16, Numerics::Bf16, Numerics::Fp32];
+/// Every arithmetic: a mechanism of rounding itself, whatever rounds.
+const EVERY: &[Numerics] = &[Numerics::Fp16, Numerics::Bf16, Numerics::Fp32, Numerics::Tf32, Numerics::Quantized];
 /// The reduced-precision storage formats, where a value's step grows with its magnitude.
 const STORAGE: &[Numerics] = &[Numerics::Fp16, Numerics::Bf16];
 
@@ -64,6 +66,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: &[Numerics::Quantized], detect: integer_accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_zero_point },
+    CauseRule { applies_to: EVERY, detect: integer_boundary },
     CauseRule { applies_to: ANY, detect: non_finite_input },
     CauseRule { applies_to: ANY, detect: non_finite_produced },
     CauseRule { applies_to: ANY, detect: saturation },
@@ -517,6 +520,31 @@ fn weight_overflow(s: &Site) -> Option<Mechanism> {
         };
         Some(Mechanism { kind: CauseKind::WeightOverflow, weight: Some(w.clone()), explains: Some(1.0), detail })
     })
+}
+
+/// An integer computed from a float input whose error moved values across an integer boundary.
+fn integer_boundary(s: &Site) -> Option<Mechanism> {
+    if !crate::patterns::computes_integer_from_float(s.op, &s.output.ref_dtype) || s.non_finite() {
+        return None;
+    }
+    let m = s.m();
+    if m.max_abs_err <= 0.0 {
+        return None;
+    }
+    // The input's error as compared; where it is exact as fed (a model input), the candidate's
+    // own rounding of it before this node is what moved the values.
+    let moved_by = match s.input {
+        Some(input) if input.metrics.nonfinite_mismatch > 0 || crate::patterns::is_integer_dtype(&input.ref_dtype) => return None,
+        Some(input) => format!("the input's error (max abs {:.2e}, relative L2 {:.2e})", input.metrics.max_abs_err, input.error_level()),
+        None => format!("the candidate's rounding of its input '{}' (exact as fed)", s.node.inputs.first().map_or("", String::as_str)),
+    };
+    // Every changed value moved by a whole number, so the mean change bounds how many moved.
+    let moved = (m.mean_abs_err * m.numel as f64).round() as usize;
+    let count = if m.max_abs_err == 1.0 { format!("{moved} of {} values", m.numel) } else { format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err) };
+    let detail = format!(
+        "{count} land on another integer: {moved_by} moves them across an integer boundary; an integer computed from a rounded float is exact or off by a whole step, so the output's error is the size of that step, not of the rounding"
+    );
+    mechanism(CauseKind::IntegerBoundary, Some(1.0), detail)
 }
 
 /// A constant FP16 flushes to 0 reaching an op that turns 0 into inf/NaN.

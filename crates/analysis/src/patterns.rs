@@ -10,10 +10,49 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pattern {
     /// `decomposed_layernorm`, `decomposed_softmax`, `softmax`, `conv_batchnorm`, `periodic_argument`,
-    /// `offset_and_back`, or `node`.
+    /// `offset_and_back`, `integer_from_float`, or `node`.
     pub kind: &'static str,
     /// Node names in topological order.
     pub nodes: Vec<String>,
+}
+
+/// Ops that can compute an integer from a float: a Cast to an integer type, the rounding ops
+/// (whose output is float but integral), ArgMax/ArgMin and TopK's indices.
+const INTEGER_FROM_FLOAT: &[&str] = &["Cast", "Floor", "Ceil", "Round", "ArgMax", "ArgMin", "TopK"];
+
+/// A tensor type name of the reports (`int32`, `uint8`, ...) that holds integers.
+pub fn is_integer_dtype(dtype: &str) -> bool {
+    dtype.starts_with("int") || dtype.starts_with("uint")
+}
+
+/// Whether `op`, whose output has type `dtype`, computes an integer from its input.
+pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
+    INTEGER_FROM_FLOAT.contains(&op) && (is_integer_dtype(dtype) || matches!(op, "Floor" | "Ceil" | "Round"))
+}
+
+/// What a precision fix keeps at reference precision for the break at `node`, in bisect's
+/// counterfactual and in `fix` alike: its recognised pattern; for an integer computed from a float,
+/// also the node computing that float, so that the kept node reads it as float32 computes it (its
+/// own precision cannot undo a rounding of its input); and, where the candidate stores FP16, every
+/// reader of a value FP16 cannot hold (`close_over_fp16_range`). `comparison` gives the
+/// reference's types and magnitudes.
+pub fn keep_pattern(index: &GraphIndex, node: &str, comparison: &crate::Comparison, fp16: bool) -> Pattern {
+    let mut pattern = pattern_of(index, node);
+    if let Some(info) = index.node(node) {
+        let integer = info.outputs.first().and_then(|o| comparison.get(o)).is_some_and(|r| computes_integer_from_float(&info.op_type, &r.ref_dtype));
+        let producer = info.inputs.first().filter(|t| !index.is_constant_like(t)).and_then(|t| index.producer(t));
+        if let Some(producer) = producer.filter(|_| integer) {
+            if !pattern.nodes.contains(&producer.name) {
+                pattern.nodes.insert(0, producer.name.clone());
+                pattern.kind = "integer_from_float";
+            }
+        }
+    }
+    if fp16 {
+        close_over_fp16_range(index, pattern, &|t| comparison.get(t).map(|r| r.metrics.ref_max_abs))
+    } else {
+        pattern
+    }
 }
 
 /// The recognised pattern `node` belongs to, or the node alone.

@@ -84,6 +84,10 @@ pub enum CauseKind {
     Amplification,
     /// The node itself loses precision (values in the FP16 subnormal range, cancellation).
     PrecisionLoss,
+    /// An integer computed from a float (Cast to an integer type, Floor/Ceil/Round, ArgMax,
+    /// ArgMin, TopK's indices): the input's rounding moves values across an integer boundary, and
+    /// each lands on another integer (an index, a count), not on a nearby value.
+    IntegerBoundary,
     /// A float32 Conv/MatMul/Gemm that the candidate ran with TF32 tensor cores (10-bit mantissa).
     Tf32,
     /// A saturating activation (Sigmoid, Tanh, Exp, Softplus) in its flat region: its relative
