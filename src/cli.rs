@@ -131,8 +131,9 @@ struct FixArgs {
     /// BF16), or a backend that runs the model converted with the keep list each round (e.g.
     /// ort:cpu, evaluated in the converted model's own types); sim:int8 or sim:fp8: the model
     /// quantized by layerwise (see --quant-config), the fix the nodes to leave unquantized.
-    #[arg(long = "cand", default_value = "sim:fp16")]
-    candidate: BackendSpec,
+    /// Default: sim:fp16, or ort:cpu where --cand-model is quantized (run as deployed).
+    #[arg(long = "cand")]
+    candidate: Option<BackendSpec>,
     /// A Q/DQ version of the model (QuantizeLinear/DequantizeLinear nodes): the fix is the
     /// smallest set of nodes to leave unquantized in it, run on --cand (ort:cpu: its integer
     /// kernels); -o writes it with those nodes unquantized and OUT.nodes-to-exclude.json beside it.
@@ -172,8 +173,9 @@ struct BisectArgs {
     /// ONNX Runtime's CPU provider; see --quant-config),
     /// ort:cpu[,opt=LEVEL][,threads=N][,typed=on|off], ort:cuda[,tf32=on|off][,device=N],
     /// ort:trt[,fp16], ort:nvrtx, trt[,opt=N] (feature tensorrt), npz:PATH (saved tensors).
-    #[arg(long = "cand", default_value = "sim:fp16")]
-    candidate: BackendSpec,
+    /// Default: sim:fp16, or ort:cpu where --cand-model is quantized (run as deployed).
+    #[arg(long = "cand")]
+    candidate: Option<BackendSpec>,
     /// Run the candidate on this model instead (e.g. one made by `layerwise convert`); tensors are
     /// paired by name, then by structure where names differ (see --match), and FP16/BF16 tensors
     /// are compared as float32. Each model gets the inputs it declares.
@@ -503,12 +505,34 @@ fn exit_for(status: Status) -> u8 {
     }
 }
 
+/// The candidate where `--cand` is not given: the FP16 emulation, except for a quantized
+/// `--cand-model` (Q/DQ, QOperator or dynamic quantization), which no float emulation stands for:
+/// ONNX Runtime's CPU provider runs it as deployed, with its integer kernels, and a line says so.
+fn default_candidate(given: Option<BackendSpec>, cand_model: Option<&std::path::Path>, quiet: bool) -> Result<BackendSpec> {
+    if let Some(spec) = given {
+        return Ok(spec);
+    }
+    let Some(path) = cand_model else { return Ok(BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
+    let model = layerwise_model::Model::load(path).with_context(|| format!("cannot read --cand-model {}", path.display()))?;
+    let index = layerwise_model::GraphIndex::build(model.graph())?;
+    match layerwise_model::quant::quantization_of(model.graph(), &index) {
+        Some(q) => {
+            if !quiet {
+                eprintln!("layerwise: --cand-model is quantized ({}): the candidate is ort:cpu, which runs it as deployed (--cand chooses another)", q.describe());
+            }
+            Ok(BackendSpec::ort_cpu())
+        }
+        None => Ok(BackendSpec::sim(layerwise_model::Rounding::Fp16)),
+    }
+}
+
 fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
     let data_loader_script = args.inputs.script();
+    let candidate = default_candidate(args.candidate, args.cand_model.as_deref(), quiet)?;
     let mut options = BisectOptions {
         model: args.model,
         reference: args.reference,
-        candidate: args.candidate,
+        candidate,
         cand_model: args.cand_model,
         quant_config: args.quant_config,
         inputs: InputOptions::default(),
@@ -676,6 +700,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let data_loader_script = args.inputs.script();
+    let candidate = default_candidate(args.candidate, args.cand_model.as_deref(), quiet)?;
     let mut options = FixOptions {
         bisect: BisectOptions {
             data_loader_script,
@@ -687,7 +712,7 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
             progress: !quiet,
             cand_model: args.cand_model,
             quant_config: args.quant_config,
-            ..BisectOptions::new(&args.model, args.reference, args.candidate)
+            ..BisectOptions::new(&args.model, args.reference, candidate)
         },
         output: args.output,
         max_rounds: args.max_rounds,

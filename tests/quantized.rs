@@ -375,3 +375,26 @@ fn bisect_of_a_qoperator_candidate_says_its_integer_ops_are_not_seen_inside() {
     assert!(notes.contains("1 integer ops (QLinearMatMul 'mm1': the QOperator format") && notes.contains("their inside and their own output scales are not read"), "{notes}");
     assert!(!notes.contains("computed in float32 between its quantizers"), "{notes}");
 }
+
+#[test]
+fn a_quantized_cand_model_without_cand_runs_as_deployed_on_ort_cpu_not_through_the_fp16_emulation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&qdq_model(&w1, &w2), &dir.path().join("q.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+    assert!(t.contains("--cand-model is quantized (int8 Q/DQ"), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    assert_eq!(report["cand"]["spec"], "ort:cpu", "{t}");
+    assert_eq!(report["tolerances"]["defaults_for"], "INT8", "{t}");
+    // The same as naming the deployed runtime.
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "named.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    assert_eq!(common::json_without_run_info(&dir.path().join("r.json")), common::json_without_run_info(&dir.path().join("named.json")));
+    // A float --cand-model keeps the FP16 emulation as default.
+    let out = layerwise(&["bisect", "m.onnx", "--cand-model", "m.onnx", "--val-range", "x:-1,1", "--json", "float.json"], dir.path());
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+    assert_eq!(json(&dir.path().join("float.json"))["cand"]["spec"], "sim:fp16");
+}

@@ -100,12 +100,12 @@ pub(super) fn counterfactual(
     } else {
         match best {
         Some(b) if b.explained >= 0.5 => format!(
-            "keeping {} ({}) {} removes {:.0}% of the error of '{worst}'{}",
+            "keeping {} ({}) {} {}{}",
             b.node,
             b.pattern,
             if unquantized.is_some() { "unquantized (its quantizers removed)" } else { "at reference precision" },
-            100.0 * b.explained,
-            if b.fixes { " and brings every output within tolerance" } else { "" }
+            b.effect(before, Some(&worst)),
+            if b.fixes { " and brings every output within tolerance" } else if !before.is_finite() { "; the outputs are still not all within tolerance" } else { "" }
         ),
         // inf/NaN the inputs hold, carried differently by the two sides: no precision kept at one
         // node changes how the rest of the candidate carries them.

@@ -549,13 +549,14 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
             });
             let isolation = if run_isolation { Some(steps.run("running chain nodes alone (the noise floor beside)", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?) } else { None };
             let counterfactual = match (counterfactual_runs, &reference_outputs) {
-                (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)))?,
-                _ => None,
+                (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c))),
+                _ => Ok(None),
             };
             Ok((floor.join().expect("the noise floor's thread does not panic"), (isolation, counterfactual)))
         })?;
         steps.record("measuring the noise floor (beside the GPU steps)", seconds);
-        speculative = Some(gpu_steps);
+        let (isolation, counterfactual) = gpu_steps;
+        speculative = Some((isolation, noted(counterfactual, "counterfactual", &mut conclusions)?));
         Some(floor)
     } else {
         floor_input.as_ref().map(|input| steps.run("measuring the noise floor", || measure_floor(job.reference.as_mut(), input)))
@@ -614,10 +615,23 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     }
     if counterfactual_runs {
         if let Some(reference) = &reference_outputs {
-            extras.counterfactual = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)))?;
+            let measured = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)));
+            extras.counterfactual = noted(measured, "counterfactual", &mut conclusions)?;
         }
     }
     Ok(conclusions)
+}
+
+/// A step after the verdict that fails (a session ONNX Runtime cannot build for a kept island,
+/// say) becomes a note and the report stays whole; an interrupt still stops the run.
+fn noted<T>(result: Result<Option<T>>, step: &str, conclusions: &mut Vec<String>) -> Result<Option<T>> {
+    match result {
+        Err(e) if !CANCEL.load(std::sync::atomic::Ordering::Relaxed) => {
+            conclusions.push(format!("{step} not measured: {e:#}"));
+            Ok(None)
+        }
+        other => other,
+    }
 }
 
 /// What the quantizers at fault do to the reference's values: from the comparison's

@@ -278,6 +278,23 @@ pub struct KeepCheck {
 }
 
 impl KeepCheck {
+    /// What keeping the pattern does to the output whose error was `before` (`output` names it;
+    /// else "the output"), in words: a share of a finite error; where the error was inf/NaN and is
+    /// finite after, no share (no part of an infinite error measures what is left) but what is left.
+    pub fn effect(&self, before: f64, output: Option<&str>) -> String {
+        let (error, it) = match output {
+            Some(o) => (format!("the error of '{o}'"), format!("'{o}'")),
+            None => ("the output error".to_string(), "the output".to_string()),
+        };
+        if self.contained {
+            format!("contained: {error} does not change")
+        } else if !before.is_finite() && self.output_error_after.is_finite() {
+            format!("clears the inf/NaN of {it}, leaving rel L2 {:.2e}", self.output_error_after)
+        } else {
+            format!("removes {:.0}% of {error}", 100.0 * self.explained)
+        }
+    }
+
     /// Share of `before` that disappears when the error becomes `after` (inf counts as the whole).
     pub fn explained_share(before: f64, after: f64) -> f64 {
         match (before.is_finite(), after.is_finite()) {

@@ -204,11 +204,7 @@ fn after_walk_sections(report: &Report) -> String {
             fmt(cf.output_error)
         );
         for c in &cf.checks {
-            let effect = if c.contained {
-                "contained: the output error does not change".to_string()
-            } else {
-                format!("removes {:.0}% of the output error{}", 100.0 * c.explained, if c.fixes { ", fixes every output" } else { "" })
-            };
+            let effect = format!("{}{}", c.effect(cf.output_error, None), if c.fixes && !c.contained { ", fixes every output" } else { "" });
             let kept = c.kept.len();
             let _ = write!(
                 h,

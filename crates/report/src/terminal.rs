@@ -116,7 +116,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if let Some(cf) = &e.counterfactual {
         let _ = writeln!(out, "\nCounterfactual (candidate re-run with the break kept at reference precision; '{}' rel L2 {}):", cf.output, num(cf.output_error));
         for c in &cf.checks {
-            let effect = if c.contained { "contained: the output error does not change".to_string() } else { format!("removes {:.0}% of the output error", 100.0 * c.explained) };
+            let effect = c.effect(cf.output_error, None);
             let _ = writeln!(out, "  {:<40} {:<22} -> {:>9}  {effect}{}", shorten(&c.node, 40), format!("{} ({})", c.reason, c.kept.len()), num(c.output_error_after), if c.fixes { ", fixes every output" } else { "" });
         }
     }
