@@ -662,3 +662,34 @@ fn an_index_cast_from_a_rounded_probability_is_named_and_kept_with_what_computes
         assert_eq!(f["fixed_model_check"]["pass"], true, "{t}");
     }
 }
+
+/// x[8,4] + b -> TopK(k=2) -> indices Cast to float -> out. Each row holds a tie at 1004 broken by
+/// a bias of 0.25 on its second value, below half FP16's step of 1 at 1004: in FP16 the sum rounds
+/// back to the tie, and TopK's indices change order.
+#[test]
+fn topk_indices_from_a_rounded_sum_are_kept_with_the_sum_that_computes_them() {
+    use layerwise_model::builder::i64_tensor;
+    use layerwise_runtime::{Tensor, TensorData};
+    let mut b = ModelBuilder::new("topk", 17);
+    b.input("x", DataType::Float, &[Dim::from(8), Dim::from(4)]);
+    b.initializer(f32_tensor("bias", &[8, 4], &[0.0, 0.25, 0.0, 0.0].repeat(8)));
+    b.initializer(i64_tensor("k", &[1], &[2]));
+    b.node("Add", "add_bias", &["x", "bias"], &["s"], vec![]);
+    b.node("TopK", "topk", &["s", "k"], &["values", "ix"], vec![attr::int("axis", -1)]);
+    b.node("Cast", "to_float", &["ix"], &["out"], vec![attr::int("to", DataType::Float as i64)]);
+    b.output("out", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let x = Tensor::new(vec![8, 4], TensorData::F32([1004.0, 1004.0, 1000.0, 1000.0].repeat(8)));
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x)]).unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["verdict"]["first_divergent"]["node"], "topk", "{t}");
+    assert_eq!(r["verdict"]["first_divergent"]["cause"]["kind"], "integer_boundary", "{t}");
+    let check = &r["counterfactual"]["checks"][0];
+    assert_eq!(check["pattern"], "integer_from_float", "{t}");
+    assert_eq!(check["kept"], serde_json::json!(["add_bias", "topk"]), "{t}");
+    assert_eq!(check["fixes"], true, "{t}");
+}

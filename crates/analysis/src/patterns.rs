@@ -39,7 +39,8 @@ pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
 pub fn keep_pattern(index: &GraphIndex, node: &str, comparison: &crate::Comparison, fp16: bool) -> Pattern {
     let mut pattern = pattern_of(index, node);
     if let Some(info) = index.node(node) {
-        let integer = info.outputs.first().and_then(|o| comparison.get(o)).is_some_and(|r| computes_integer_from_float(&info.op_type, &r.ref_dtype));
+        // Any output: TopK's indices are its second.
+        let integer = info.outputs.iter().filter_map(|o| comparison.get(o)).any(|r| computes_integer_from_float(&info.op_type, &r.ref_dtype));
         let producer = info.inputs.first().filter(|t| !index.is_constant_like(t)).and_then(|t| index.producer(t));
         if let Some(producer) = producer.filter(|_| integer) {
             if !pattern.nodes.contains(&producer.name) {
