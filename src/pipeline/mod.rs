@@ -32,7 +32,7 @@ mod steps;
 use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
 pub use options::check_outputs;
-pub use options::{check_not_external_data, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
+pub use options::{check_not_external_data, default_candidate, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 

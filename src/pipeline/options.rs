@@ -13,6 +13,21 @@ use layerwise_runtime::BackendSpec;
 /// the step in progress finishes first, and temporary files go with their owners.
 pub static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// The candidate where none is given, for the CLI and the Python API alike: the FP16 emulation,
+/// except for a quantized `cand_model` (Q/DQ, QOperator or dynamic quantization), which no float
+/// emulation stands for: ONNX Runtime's CPU provider runs it as deployed, with its integer
+/// kernels. With the line that says so where it is not the emulation.
+pub fn default_candidate(cand_model: Option<&Path>) -> Result<(BackendSpec, Option<String>)> {
+    let emulation = BackendSpec::sim(layerwise_model::Rounding::Fp16);
+    let Some(path) = cand_model else { return Ok((emulation, None)) };
+    let model = Model::load(path).map_err(|e| anyhow::anyhow!("cannot read the candidate model {}: {e}", path.display()))?;
+    let index = layerwise_model::GraphIndex::build(model.graph())?;
+    Ok(match layerwise_model::quant::quantization_of(model.graph(), &index) {
+        Some(q) => (BackendSpec::ort_cpu(), Some(format!("the candidate model is quantized ({}): the candidate is ort:cpu, which runs it as deployed (a candidate given chooses another)", q.describe()))),
+        None => (emulation, None),
+    })
+}
+
 /// Everything `layerwise bisect` takes.
 #[derive(Debug, Clone)]
 pub struct BisectOptions {

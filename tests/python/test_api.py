@@ -118,3 +118,43 @@ def test_sizes_as_text_and_absent_sections(demo):
         r.nonsense
     with pytest.raises(layerwise.LayerwiseError, match="max_memory"):
         layerwise.bisect(demo, inputs={"x": loud()}, max_memory="lots", progress=False)
+
+
+def test_a_quantized_cand_model_without_cand_runs_as_deployed_as_on_the_command_line(tmp_path):
+    """The candidate's default is the CLI's: a Q/DQ cand_model runs on ort:cpu, not the FP16 emulation."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    float_graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "f", [x], [y], [numpy_helper.from_array(w, "w")])
+    scale = float(np.abs(w).max() / 127)
+    quantized_graph = helper.make_graph(
+        [
+            helper.make_node("DequantizeLinear", ["w_q", "s", "z"], ["w_f"], name="w_dq"),
+            helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["x_q"], name="x_q"),
+            helper.make_node("DequantizeLinear", ["x_q", "sx", "z"], ["x_f"], name="x_dq"),
+            helper.make_node("MatMul", ["x_f", "w_f"], ["y"], name="mm"),
+        ],
+        "q",
+        [x],
+        [y],
+        [
+            numpy_helper.from_array(np.round(w / scale).astype(np.int8), "w_q"),
+            numpy_helper.from_array(np.array(scale, np.float32), "s"),
+            numpy_helper.from_array(np.array(1 / 127, np.float32), "sx"),
+            numpy_helper.from_array(np.array(0, np.int8), "z"),
+        ],
+    )
+    for graph, name in ((float_graph, "m.onnx"), (quantized_graph, "q.onnx")):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        onnx.save(model, str(tmp_path / name))
+    r = layerwise.bisect(tmp_path / "m.onnx", cand_model=tmp_path / "q.onnx", val_ranges={"x": (-1, 1)}, progress=False)
+    d = r.to_dict()
+    assert d["cand"]["spec"] == "ort:cpu"
+    assert d["tolerances"]["defaults_for"] == "INT8"
+    # A float cand_model keeps the FP16 emulation.
+    r = layerwise.bisect(tmp_path / "m.onnx", cand_model=tmp_path / "m.onnx", val_ranges={"x": (-1, 1)}, progress=False)
+    assert r.to_dict()["cand"]["spec"] == "sim:fp16"

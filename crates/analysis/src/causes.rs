@@ -11,9 +11,6 @@ use crate::compare::{Comparison, TensorRecord};
 use crate::metrics::Metrics;
 use crate::verdict::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
 
-/// The largest finite BF16 value: (2 - 2^-7) * 2^127.
-const BF16_MAX: f64 = 3.3895313892515355e38;
-
 /// The arithmetic a mechanism can arise in. A candidate may compute in more than one: a float32
 /// candidate with TF32 on computes its products in TF32 and everything else in float32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -500,7 +497,7 @@ fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
 /// file's weights, else (BF16, or a value the scan does not see) the compared stored value itself.
 fn weight_overflow(s: &Site) -> Option<Mechanism> {
     let (format, max) = match s.candidate.arithmetic {
-        Arithmetic::Bf16 => ("BF16", BF16_MAX),
+        Arithmetic::Bf16 => ("BF16", half::bf16::MAX.to_f64()),
         _ => ("FP16", FP16_MAX as f64),
     };
     s.node.inputs.iter().filter(|i| !i.is_empty() && s.index.is_constant_like(i)).find_map(|w| {

@@ -25,9 +25,14 @@ pub fn is_integer_dtype(dtype: &str) -> bool {
     dtype.starts_with("int") || dtype.starts_with("uint")
 }
 
+/// Whether `op` can compute an integer from a float input (a Cast may, depending on its type).
+pub fn may_compute_integer_from_float(op: &str) -> bool {
+    INTEGER_FROM_FLOAT.contains(&op)
+}
+
 /// Whether `op`, whose output has type `dtype`, computes an integer from its input.
 pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
-    INTEGER_FROM_FLOAT.contains(&op) && (is_integer_dtype(dtype) || matches!(op, "Floor" | "Ceil" | "Round"))
+    may_compute_integer_from_float(op) && (is_integer_dtype(dtype) || matches!(op, "Floor" | "Ceil" | "Round"))
 }
 
 /// What a precision fix keeps at reference precision for the break at `node`, in bisect's

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use layerwise::fix::{fix as run_fix, FixOptions};
-use layerwise::pipeline::{bisect as run_bisect, BisectOptions, Marking, ToleranceField, CANCEL};
+use layerwise::pipeline::{bisect as run_bisect, default_candidate, BisectOptions, Marking, ToleranceField, CANCEL};
 use layerwise_model::Selection;
 use layerwise_runtime::{BackendSpec, DType, Tensor};
 use pyo3::create_exception;
@@ -114,7 +114,12 @@ fn parse_options(options_json: &str) -> PyResult<Options> {
 
 fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, samples: Vec<(String, Vec<(String, Tensor)>)>) -> PyResult<BisectOptions> {
     let spec = |given: Option<&str>, default: &str, what: &str| BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")));
-    let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, spec(o.cand.as_deref(), "sim:fp16", "cand")?);
+    // No candidate given: the CLI's default, a quantized candidate model run as deployed.
+    let candidate = match o.cand.as_deref() {
+        Some(given) => spec(Some(given), "", "cand")?,
+        None => default_candidate(o.cand_model.as_deref()).map_err(|e| LayerwiseError::new_err(format!("cand_model: {e:#}")))?.0,
+    };
+    let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, candidate);
     b.cand_model = o.cand_model.clone();
     for (given, field) in [(&o.atol, ToleranceField::Atol), (&o.rtol, ToleranceField::Rtol), (&o.range_tol, ToleranceField::RangeTol)] {
         match given {
