@@ -548,6 +548,9 @@ fn a_constant_beyond_fp16_is_the_cause_of_its_reader_never_the_layer_ppocrv4_det
     let nf = r["verdict"]["non_finite"].as_array().unwrap();
     assert!(nf.iter().all(|n| n["origin"] == false), "{nf:?}");
     assert!(t.contains("born at no node"), "{t}");
+    // The noise floor leaves the weights only the kept pattern reads exact, the Constant's too.
+    let exact = r["noise_floor"]["left_for_the_fix"].as_array().unwrap();
+    assert!(exact.iter().any(|w| w == "bn_var"), "{exact:?}");
     // The counterfactual keeps the reader, and the repro holds the reader with its inputs.
     let checks = r["counterfactual"]["checks"].as_array().unwrap();
     assert_eq!(checks[0]["node"], "bn", "{checks:?}");
@@ -685,4 +688,26 @@ fn topk_indices_from_a_rounded_sum_are_kept_with_the_sum_that_computes_them() {
     assert_eq!(check["pattern"], "integer_from_float", "{t}");
     assert_eq!(check["kept"], serde_json::json!(["add_bias", "topk"]), "{t}");
     assert_eq!(check["fixes"], true, "{t}");
+}
+
+/// A Constant beyond FP16's range that is itself a model output, beside a layer that passes:
+/// nothing computes the diverging output, so no layer is named (the independent tester's
+/// G_const_is_output named the Constant as the first divergent layer).
+#[test]
+fn a_stored_value_that_is_a_model_output_names_no_layer() {
+    let mut b = ModelBuilder::new("constant-output", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.node("Constant", "k_node", &[], &["k"], vec![attr::tensor("value", f32_tensor("k", &[1, 8], &[1e5; 8]))]);
+    b.node("Relu", "relu", &["x"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.output("k", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let v = &json(&dir.path().join("r.json"))["verdict"];
+    assert!(v["first_divergent"].is_null(), "{t}");
+    assert_eq!(v["summary"], "output 'k' diverges: it is a value stored in the model (Constant 'k_node'), which the candidate holds otherwise (relative L2 inf, 8 values inf/NaN on one side only): no layer computes it", "{t}");
+    assert!(!t.contains("First divergent layer") && !t.contains("arise further on"), "{t}");
 }

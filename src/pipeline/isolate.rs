@@ -25,7 +25,8 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     if beyond > 0 {
         skipped.push((format!("{beyond} chain nodes nearest the output"), format!("at most {ISOLATE_MAX} chain nodes are run alone, those nearest the first divergent layer")));
     }
-    for step in verdict.chain.iter().skip(beyond) {
+    // A stored value on the chain (a Constant that is a model output) computes nothing to run.
+    for step in verdict.chain.iter().skip(beyond).filter(|s| !job.index.is_stored_value(&s.tensor)) {
         let Some(node) = job.index.node(&step.node) else { continue };
         if node.has_subgraphs {
             skipped.push((node.name.clone(), format!("{} has a subgraph", node.op_type)));

@@ -915,8 +915,8 @@ pub(crate) fn reference_names(cand_names: &std::collections::HashMap<String, Str
     cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect()
 }
 
-/// The weights that keeping the first divergent node's pattern at reference precision keeps
-/// exact: those only its nodes read. Their rounding is part of what that fix removes, so the
+/// The stored weights (initializers and Constants' values) that keeping the first divergent
+/// node's pattern at reference precision keeps exact: those only its nodes read. Their rounding is part of what that fix removes, so the
 /// noise floor (bisect's and `fix`'s), which measures what no keep list of the break can remove,
 /// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
 /// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
@@ -931,7 +931,7 @@ pub(crate) fn weights_only_the_fix_reads(index: &layerwise_model::GraphIndex, pr
     let kept: std::collections::HashSet<usize> = order.iter().copied().collect();
     let mut weights = Vec::new();
     for &k in &order {
-        for input in index.nodes[k].inputs.iter().filter(|i| index.is_initializer(i)) {
+        for input in index.nodes[k].inputs.iter().filter(|i| index.is_stored_value(i)) {
             if index.consumers(input).iter().all(|c| kept.contains(c)) && !weights.contains(input) {
                 weights.push(input.clone());
             }

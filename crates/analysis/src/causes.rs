@@ -509,7 +509,7 @@ fn weight_overflow(s: &Site) -> Option<Mechanism> {
                 r.name, r.overflow_count, r.numel, r.max_abs
             ),
             (None, Some(c)) if s.index.is_stored_value(w) && c.metrics.ref_max_abs > max => format!(
-                "stored value '{w}' reaches {:.4e}, beyond the {format} maximum {max:.4e}: {} of its values become inf in {format}",
+                "stored value '{w}' holds magnitudes up to {:.4e}, beyond the {format} maximum {max:.4e}: {} of its values become +-inf in {format}",
                 c.metrics.ref_max_abs, c.metrics.nonfinite_mismatch
             ),
             (None, Some(_)) => format!("weight-derived input '{w}' becomes inf/NaN in {format}"),

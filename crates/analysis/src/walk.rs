@@ -39,7 +39,8 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
     let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
     // An output a node computes comes first: an input passed straight through has no node to
     // walk back from, and is the worst only where nothing computed fails.
-    let computed = |r: &TensorRecord| index.producer_index(&r.name).is_some();
+    // A stored value (a Constant's output) is no more computed than an input.
+    let computed = |r: &TensorRecord| index.producer_index(&r.name).is_some() && !index.is_stored_value(&r.name);
     let worst = outputs
         .iter()
         .filter(|r| !r.pass)
@@ -63,7 +64,7 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         let mut earlier_breaks: Vec<(usize, FirstDivergent)> = Vec::new();
         loop {
             verdict.chain.push(step(current));
-            let Some(node) = index.producer(&current.name) else { break };
+            let Some(node) = index.producer(&current.name).filter(|_| !index.is_stored_value(&current.name)) else { break };
             let inputs = InputView::of(index, comparison, node);
             let output_error = current.error_level();
             // The error may come from an input nobody measured: the walk cannot go on, and no node
@@ -223,7 +224,7 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
             weight: record.constant_like,
         });
     }
-    verdict.summary = summarize(verdict, rule);
+    verdict.summary = summarize(verdict, index, rule);
     // An output whose every value is NaN or inf on both sides alike (NaN inputs make NaN outputs)
     // passes on matching inf/NaN alone: nothing of it was judged, and a pass must not read as one.
     if verdict.status == Status::Pass {
@@ -265,12 +266,19 @@ fn finish(verdict: &mut Verdict, index: &GraphIndex, comparison: &Comparison, ru
     }
 }
 
-fn summarize(v: &Verdict, rule: WalkRule) -> String {
+fn summarize(v: &Verdict, index: &GraphIndex, rule: WalkRule) -> String {
     let worst = v.worst_output.as_deref().unwrap_or("?");
     match (&v.status, &v.first_divergent, &v.sight_ends) {
         (Status::Pass, _, _) => "all model outputs are within tolerance".to_string(),
         (Status::Diverged, None, None) if v.chain.len() == 1 && v.chain[0].node.is_empty() => format!(
             "output '{worst}' diverges: it is the model's input passed straight through, and the candidate returns it otherwise than it was fed (stored in the type the candidate model declares for that input)"
+        ),
+        (Status::Diverged, None, None) if v.chain.len() == 1 && index.is_stored_value(&v.chain[0].tensor) => format!(
+            "output '{worst}' diverges: it is a value stored in the model ({} '{}'), which the candidate holds otherwise (relative L2 {:.2e}{}): no layer computes it",
+            v.chain[0].op_type,
+            v.chain[0].node,
+            v.chain[0].error,
+            if v.chain[0].nonfinite > 0 { format!(", {} values inf/NaN on one side only", v.chain[0].nonfinite) } else { String::new() }
         ),
         (Status::Diverged, _, Some(end)) => format!(
             "output '{worst}' diverges; its error can be followed back to node '{}' ({}), whose input{} {} {} not compared, so the error enters there or before it: layerwise cannot see further",
