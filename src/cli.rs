@@ -22,21 +22,21 @@ macro_rules! say_raw {
 
 use std::path::PathBuf;
 
+use crate::demo::{demo_model, PLANTED_NODE};
+use crate::fix::{fix, FixOptions};
+use crate::pipeline::ToleranceField;
+use crate::pipeline::{bisect, bisect_model, BisectOptions, Marking};
 use crate::write_rule::Reads;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use crate::demo::{demo_model, PLANTED_NODE};
-use crate::fix::{fix, FixOptions};
-use crate::pipeline::{bisect, bisect_model, BisectOptions, Marking};
+use layerwise_analysis::Status;
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::GraphIndex;
+use layerwise_model::{Model, Selection};
 use layerwise_report::{escape, Outputs};
 use layerwise_runtime::float32_tensors;
-use layerwise_analysis::Status;
-use layerwise_model::{Model, Selection};
 use layerwise_runtime::inputs::InputOptions;
 use layerwise_runtime::BackendSpec;
-use crate::pipeline::ToleranceField;
 
 /// Find the layer where a model's accuracy breaks between a float32 reference (ONNX Runtime) and a
 /// candidate backend or precision.
@@ -312,7 +312,9 @@ fn parse_tolerance(s: &str) -> Result<(Option<String>, f64), String> {
         return Err(format!("a tolerance must be non-negative and finite, not {s}"));
     }
     match s.rsplit_once(':') {
-        Some((name, v)) if !name.is_empty() => number(v).map(|v| (Some(name.to_string()), v)).ok_or_else(|| format!("the tolerance for '{name}' must be non-negative and finite, not '{v}'")),
+        Some((name, v)) if !name.is_empty() => number(v)
+            .map(|v| (Some(name.to_string()), v))
+            .ok_or_else(|| format!("the tolerance for '{name}' must be non-negative and finite, not '{v}'")),
         _ => Err(format!("'{s}' is neither a non-negative number nor NAME:VALUE")),
     }
 }
@@ -395,16 +397,29 @@ fn run_trt_layers(args: TrtLayersArgs) -> Result<u8> {
     let index = GraphIndex::build(model.graph())?;
     let selection = args.tensors.map(Selection::Names).unwrap_or(Selection::All);
     let (options, _samples) = args.inputs.options()?;
-    let inputs = layerwise_runtime::inputs::prepare_inputs(&layerwise_runtime::inputs::declared_inputs(&model, &index), &options)?;
+    let inputs = layerwise_runtime::inputs::prepare_inputs(
+        &layerwise_runtime::inputs::declared_inputs(&model, &index),
+        &options,
+    )?;
     let shapes: Vec<(String, Vec<usize>)> = inputs.into_iter().map(|i| (i.name, i.tensor.shape)).collect();
-    let built = build_engine(&model, &index, &selection, &shapes, &TrtOptions { opt_level: args.opt, ..TrtOptions::default() })?;
+    let built = build_engine(
+        &model,
+        &index,
+        &selection,
+        &shapes,
+        &TrtOptions { opt_level: args.opt, ..TrtOptions::default() },
+    )?;
     say!(
         "{}: engine of {} bytes, {} layers, {} tensors marked as outputs{} ({})",
         args.model.display(),
         built.size,
         built.layers.len(),
         built.marked.len(),
-        if built.not_exposable.is_empty() { String::new() } else { format!(", {} not exposable", built.not_exposable.len()) },
+        if built.not_exposable.is_empty() {
+            String::new()
+        } else {
+            format!(", {} not exposable", built.not_exposable.len())
+        },
         if built.from_cache { "from the cache".to_string() } else { format!("built in {:.2} s", built.build_seconds) }
     );
     for layer in &built.layers {
@@ -494,7 +509,17 @@ impl InputArgs {
             }
             None => (self.npz, None),
         };
-        Ok((InputOptions { npz, npy: self.npy, shapes: self.shapes, ranges: self.ranges, seed: self.seed, ..Default::default() }, guard))
+        Ok((
+            InputOptions {
+                npz,
+                npy: self.npy,
+                shapes: self.shapes,
+                ranges: self.ranges,
+                seed: self.seed,
+                ..Default::default()
+            },
+            guard,
+        ))
     }
 }
 
@@ -507,7 +532,11 @@ fn exit_for(status: Status) -> u8 {
 
 /// `--cand` as given, else the library's default (`pipeline::default_candidate`), said on
 /// standard error where it is not the FP16 emulation.
-fn candidate_or_default(given: Option<BackendSpec>, cand_model: Option<&std::path::Path>, quiet: bool) -> Result<BackendSpec> {
+fn candidate_or_default(
+    given: Option<BackendSpec>,
+    cand_model: Option<&std::path::Path>,
+    quiet: bool,
+) -> Result<BackendSpec> {
     if let Some(spec) = given {
         return Ok(spec);
     }
@@ -576,8 +605,14 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
     }
     if let Some(repro) = &outcome.report.extras.repro {
         match &repro.folder {
-            Some(folder) if repro.reproduces => say!("repro: {} ({} node(s); the candidate's error shows there too)", shown(folder), repro.nodes.len()),
-            Some(folder) => say!("repro: {} ({} node(s); the error does not show on its own there, see its README)", shown(folder), repro.nodes.len()),
+            Some(folder) if repro.reproduces => {
+                say!("repro: {} ({} node(s); the candidate's error shows there too)", shown(folder), repro.nodes.len())
+            }
+            Some(folder) => say!(
+                "repro: {} ({} node(s); the error does not show on its own there, see its README)",
+                shown(folder),
+                repro.nodes.len()
+            ),
             None => say!("repro: not written: {}", shown(&repro.note)),
         }
     }
@@ -619,14 +654,28 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     // A file that already holds FP16/BF16 tensors (converted before, or mixed precision) is not
     // what the converter expects: its errors would name the converter's own tensors.
     let already_reduced = layerwise_runtime::typed::has_reduced_precision(&model);
-    let hint = if already_reduced { format!(" ({} already holds FP16 or BF16 tensors: converted before? convert the float32 model)", args.model.display()) } else { String::new() };
-    let float = float_tensor_set(&model, &float32_tensors(&model, &index).with_context(|| format!("typing {}{hint}", args.model.display()))?);
+    let hint = if already_reduced {
+        format!(
+            " ({} already holds FP16 or BF16 tensors: converted before? convert the float32 model)",
+            args.model.display()
+        )
+    } else {
+        String::new()
+    };
+    let float = float_tensor_set(
+        &model,
+        &float32_tensors(&model, &index).with_context(|| format!("typing {}{hint}", args.model.display()))?,
+    );
     let options = ConvertOptions {
         keep_nodes: args.keep_fp32.into_iter().collect(),
         keep_ops: args.keep_fp32_op.into_iter().collect(),
         keep_io_types: !args.fp16_io,
         keep_overflowing_weight_consumers: !args.allow_weight_overflow,
-        target: if args.to == "bf16" { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 },
+        target: if args.to == "bf16" {
+            layerwise_model::convert::Target::Bf16
+        } else {
+            layerwise_model::convert::Target::Fp16
+        },
         ..Default::default()
     };
     // Written to a scratch file first and checked in a child process: an FP16 model can crash
@@ -641,9 +690,13 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     let feeds: Option<Vec<(String, layerwise_runtime::Tensor)>> = if args.fp16_io {
         None
     } else {
-        layerwise_runtime::inputs::prepare_inputs(&decls, &InputOptions::default()).ok().map(|inputs| inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
+        layerwise_runtime::inputs::prepare_inputs(&decls, &InputOptions::default())
+            .ok()
+            .map(|inputs| inputs.into_iter().map(|i| (i.name, i.tensor)).collect())
     };
-    let (conversion, load) = crate::load_check::convert_that_loads(&model, &options, &staged, feeds.as_deref(), &mut convert).with_context(|| format!("converting {}{hint}", args.model.display()))?;
+    let (conversion, load) =
+        crate::load_check::convert_that_loads(&model, &options, &staged, feeds.as_deref(), &mut convert)
+            .with_context(|| format!("converting {}{hint}", args.model.display()))?;
     let problems = check_float_types(&conversion.proto, &float);
     if !problems.is_empty() {
         bail!("the converted model failed its type check (nothing written){hint}: {}", problems.join("; "));
@@ -651,7 +704,11 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     // A model ONNX Runtime refuses (other than for a CPU kernel it lacks) or crashes on is not
     // written.
     if crate::load_check::unusable(&load) {
-        bail!("ONNX Runtime cannot load the converted model ({}; nothing written){hint}: {}", load.status, load.detail.unwrap_or_default());
+        bail!(
+            "ONNX Runtime cannot load the converted model ({}; nothing written){hint}: {}",
+            load.status,
+            load.detail.unwrap_or_default()
+        );
     }
     model.save_standalone(&conversion.proto, &args.output)?;
     say!(
@@ -721,7 +778,10 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
 /// `I/N` with 0 <= I < N.
 fn parse_shard(s: &str) -> Result<(usize, usize), String> {
     let (i, n) = s.split_once('/').ok_or_else(|| format!("'{s}' is not I/N (e.g. 0/4)"))?;
-    let (i, n): (usize, usize) = (i.trim().parse().map_err(|_| format!("'{i}' is not a shard index"))?, n.trim().parse().map_err(|_| format!("'{n}' is not a shard count"))?);
+    let (i, n): (usize, usize) = (
+        i.trim().parse().map_err(|_| format!("'{i}' is not a shard index"))?,
+        n.trim().parse().map_err(|_| format!("'{n}' is not a shard count"))?,
+    );
     if n == 0 {
         return Err(format!("shard {i}/0: there must be at least one shard"));
     }
@@ -733,7 +793,8 @@ fn parse_shard(s: &str) -> Result<(usize, usize), String> {
 
 fn run_merge(args: MergeArgs) -> Result<u8> {
     let outputs = args.formats.outputs(Some(args.json));
-    let mut partials: Vec<(&str, &std::path::Path)> = args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
+    let mut partials: Vec<(&str, &std::path::Path)> =
+        args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
     // The model the partial reports name, and its external data, are inputs too (found by the
     // independent tester: `merge ... --json w.data` replaced the model's weights).
     let mut models = Vec::new();
@@ -765,7 +826,11 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
 
 /// The model files a report names (the model, its external data, a fixed model), which rendering
 /// it must not replace. A relative path is taken from the working folder and from the report's.
-fn models_of_report(report_path: &std::path::Path, report: &layerwise_report::Report, fix: Option<&layerwise_report::FixReport>) -> Vec<(&'static str, std::path::PathBuf)> {
+fn models_of_report(
+    report_path: &std::path::Path,
+    report: &layerwise_report::Report,
+    fix: Option<&layerwise_report::FixReport>,
+) -> Vec<(&'static str, std::path::PathBuf)> {
     let report_dir = report_path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let mut named: Vec<(&'static str, &str)> = vec![("the report's model", report.model.path.as_str())];
     if let Some(f) = fix {
@@ -776,18 +841,24 @@ fn models_of_report(report_path: &std::path::Path, report: &layerwise_report::Re
     }
     // The keep list written beside the fixed model is the fix's too (found by the independent
     // tester: `report --fix --markdown FIXED.keep-fp32.json` replaced it).
-    let keep_lists: Vec<String> = fix.and_then(|f| f.fixed_model.as_ref()).map(|m| crate::fix::keep_list_path(std::path::Path::new(m)).display().to_string()).into_iter().collect();
+    let keep_lists: Vec<String> = fix
+        .and_then(|f| f.fixed_model.as_ref())
+        .map(|m| crate::fix::keep_list_path(std::path::Path::new(m)).display().to_string())
+        .into_iter()
+        .collect();
     named.extend(keep_lists.iter().map(|k| ("the keep list beside the fixed model", k.as_str())));
     let mut files = Vec::new();
     for (what, name) in named.into_iter().filter(|(_, n)| !n.is_empty()) {
         let path = std::path::Path::new(name);
-        let candidates = if path.is_absolute() { vec![path.to_path_buf()] } else { vec![path.to_path_buf(), report_dir.join(path)] };
+        let candidates =
+            if path.is_absolute() { vec![path.to_path_buf()] } else { vec![path.to_path_buf(), report_dir.join(path)] };
         for p in candidates.into_iter().filter(|p| p.is_file()) {
             // External data is listed, not read; a model too big to hold any (inline weights near
             // protobuf's 2 GB) is not decoded just to render a report.
             let small = std::fs::metadata(&p).is_ok_and(|m| m.len() < 256 << 20);
             if let Some(model) = small.then(|| Model::load(&p).ok()).flatten() {
-                files.extend(model.external_files().into_iter().map(|f| ("the external data of the report's model", f)));
+                files
+                    .extend(model.external_files().into_iter().map(|f| ("the external data of the report's model", f)));
             }
             files.push((what, p));
         }
@@ -799,7 +870,9 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
     let report = layerwise_report::read_report(&args.report)?;
     let fix = match &args.fix {
         Some(path) => Some(layerwise_report::read_fix_report(path).map_err(|e| match e {
-            layerwise_report::ReadError::Schema { .. } => anyhow::anyhow!("--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1): {e}"),
+            layerwise_report::ReadError::Schema { .. } => anyhow::anyhow!(
+                "--fix expects a report written by `layerwise fix --json` (schema layerwise.fix/1): {e}"
+            ),
             e => e.into(),
         })?),
         None => None,
@@ -828,7 +901,8 @@ fn run_report(args: ReportCmdArgs) -> Result<u8> {
 
 fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
     if !args.force {
-        crate::write_rule::check_fresh_folder(&args.out_dir, "demo --out-dir").map_err(|e| anyhow::anyhow!("{e}; or add --force to replace the files of an earlier demo there"))?;
+        crate::write_rule::check_fresh_folder(&args.out_dir, "demo --out-dir")
+            .map_err(|e| anyhow::anyhow!("{e}; or add --force to replace the files of an earlier demo there"))?;
     }
     std::fs::create_dir_all(&args.out_dir).with_context(|| format!("cannot create {}", args.out_dir.display()))?;
     let proto = demo_model();
@@ -843,7 +917,12 @@ fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
         csv: Some(args.out_dir.join("tensors.csv")),
         model_explorer: Some(args.out_dir.join("model-explorer.json")),
     };
-    let options = BisectOptions { outputs: outputs.clone(), top: 8, progress: !quiet, ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16)) };
+    let options = BisectOptions {
+        outputs: outputs.clone(),
+        top: 8,
+        progress: !quiet,
+        ..BisectOptions::new(&model_path, BackendSpec::ort_cpu(), BackendSpec::sim(layerwise_model::Rounding::Fp16))
+    };
     say!("layerwise demo: a model with a decomposed LayerNorm whose x² overflows in FP16, and a healthy branch.");
     say!("Comparing ONNX Runtime float32 (ort:cpu) with FP16 emulation (sim:fp16), every tensor.\n");
     let outcome = bisect_model(&model, &options)?;
@@ -855,7 +934,11 @@ fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
     // A folder name no pasted command can hold (control characters) gets no command to paste.
     // A relative path starting with `-` would be read as an option: `./` first (found by the
     // independent tester: `--out-dir=-rf`).
-    let pasted = if model_path.is_relative() && model_path.display().to_string().starts_with('-') { std::path::Path::new(".").join(&model_path) } else { model_path.clone() };
+    let pasted = if model_path.is_relative() && model_path.display().to_string().starts_with('-') {
+        std::path::Path::new(".").join(&model_path)
+    } else {
+        model_path.clone()
+    };
     if let Some(model) = escape::shell_word(&pasted.display().to_string()) {
         say!("Try it yourself: layerwise bisect {model} --cand sim:fp16");
     }
@@ -885,8 +968,7 @@ fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
     }
     // The pull-request summary, with the fix.
     let markdown = args.out_dir.join("summary.md");
-    Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }
-        .write(&outcome.report, Some(&fixed.report))?;
+    Outputs { markdown: Some(markdown.clone()), ..Outputs::default() }.write(&outcome.report, Some(&fixed.report))?;
     say!("Markdown summary: {}", shown(markdown.display()));
     Ok(0)
 }

@@ -4,8 +4,8 @@
 //! then reads as `--inputs DIR` does. Runs the Python that `LAYERWISE_PYTHON` names (`python3`),
 //! which needs numpy.
 
-use std::path::{Path, PathBuf};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
 use anyhow::{bail, Context, Result};
@@ -86,7 +86,9 @@ pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .with_context(|| format!("--data-loader-script needs Python: cannot run '{python}' (set LAYERWISE_PYTHON to another)"))?;
+        .with_context(|| {
+            format!("--data-loader-script needs Python: cannot run '{python}' (set LAYERWISE_PYTHON to another)")
+        })?;
     let stderr = child.stderr.take().map(kept_tail).unwrap_or_default();
     let status = child.wait().with_context(|| format!("--data-loader-script {file}: waiting for '{python}'"))?;
     // The driver's own refusal says what is wrong in one line.
@@ -103,7 +105,11 @@ pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
         let tail = stderr_tail(&stderr);
         bail!(
             "--data-loader-script {file}: the script failed: {how}; {}",
-            if tail.is_empty() { "it wrote nothing to stderr".to_string() } else { format!("the end of its stderr:\n{tail}") }
+            if tail.is_empty() {
+                "it wrote nothing to stderr".to_string()
+            } else {
+                format!("the end of its stderr:\n{tail}")
+            }
         );
     }
     let _ = std::fs::remove_file(done);
@@ -153,7 +159,9 @@ fn stderr_tail(stderr: &[u8]) -> String {
 /// `text` with control characters (but newlines and tabs) written as `\u{..}` escapes: a script's
 /// output does not drive the terminal the error is shown on.
 fn printable(text: &str) -> String {
-    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+    text.chars()
+        .map(|c| if c.is_control() && c != '\n' && c != '\t' { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect()
 }
 
 /// "exit status 3", or the signal that ended the process.

@@ -37,10 +37,22 @@ pub fn demo_model() -> ModelProto {
 
     b.node("MatMul", "encoder/proj/MatMul", &["x", "W1"], &["proj"], vec![]);
     b.node("Add", "encoder/proj/Add", &["proj", "b1"], &["h"], vec![]);
-    b.node("ReduceMean", "encoder/ln/ReduceMean", &["h"], &["ln_mean"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
+    b.node(
+        "ReduceMean",
+        "encoder/ln/ReduceMean",
+        &["h"],
+        &["ln_mean"],
+        vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)],
+    );
     b.node("Sub", "encoder/ln/Sub", &["h", "ln_mean"], &["ln_centered"], vec![]);
     b.node("Pow", PLANTED_NODE, &["ln_centered", "two"], &["ln_squared"], vec![]);
-    b.node("ReduceMean", "encoder/ln/ReduceMean_1", &["ln_squared"], &["ln_var"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
+    b.node(
+        "ReduceMean",
+        "encoder/ln/ReduceMean_1",
+        &["ln_squared"],
+        &["ln_var"],
+        vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)],
+    );
     b.node("Add", "encoder/ln/Add", &["ln_var", "eps"], &["ln_var_eps"], vec![]);
     b.node("Sqrt", "encoder/ln/Sqrt", &["ln_var_eps"], &["ln_std"], vec![]);
     b.node("Div", "encoder/ln/Div", &["ln_centered", "ln_std"], &["ln_norm"], vec![]);

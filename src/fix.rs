@@ -5,10 +5,16 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Arithmetic, Candidate, Comparison, Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT};
+use layerwise_analysis::{
+    add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Arithmetic, Candidate,
+    Comparison, Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT,
+};
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
-use layerwise_report::{render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, ModelCheck, OutputChange, Round, FIX_SCHEMA};
+use layerwise_report::{
+    render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, ModelCheck,
+    OutputChange, Round, FIX_SCHEMA,
+};
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Backend, Precision, RunOutput, RunRequest, Tensor};
 
@@ -79,7 +85,9 @@ impl Search<'_> {
         for k in 0..self.samples.len() {
             let label = match self.samples.len() {
                 1 => format!("candidate run {} ({nodes})", self.runs),
-                n => format!("candidate run {} ({nodes}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name),
+                n => {
+                    format!("candidate run {} ({nodes}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name)
+                }
             };
             let Search { steps, keeper, candidate, samples, .. } = self;
             let (feeds, held) = (&samples[k].feeds, &samples[k].runs);
@@ -133,10 +141,13 @@ impl Search<'_> {
     }
 
     fn judge(&self, k: usize, tensors: &std::collections::HashMap<String, Tensor>) -> (Comparison, Verdict) {
-        let mut comparison = compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
+        let mut comparison =
+            compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
         comparison.note_input_nonfinite(&self.samples[k].feeds);
-        let arithmetic = if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
-        let candidate = Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
+        let arithmetic =
+            if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
+        let candidate =
+            Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
         let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
         (comparison, verdict)
     }
@@ -162,12 +173,20 @@ fn strongest_amplifier(comparison: &Comparison, verdict: &Verdict, keep: &[Strin
     verdict
         .chain
         .windows(2)
-        .filter(|w| !keep.contains(&w[0].node) && float_output(&w[0].tensor) && w[1].error > 0.0 && w[0].error.is_finite())
+        .filter(|w| {
+            !keep.contains(&w[0].node) && float_output(&w[0].tensor) && w[1].error > 0.0 && w[0].error.is_finite()
+        })
         .map(|w| (w[0].error / w[1].error, &w[0]))
         .filter(|(ratio, _)| *ratio >= 2.0)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(ratio, step)| {
-            (step.node.clone(), format!("{} ({}): drift, and it is the chain's strongest amplifier ({ratio:.1}x)", step.node, step.op_type))
+            (
+                step.node.clone(),
+                format!(
+                    "{} ({}): drift, and it is the chain's strongest amplifier ({ratio:.1}x)",
+                    step.node, step.op_type
+                ),
+            )
         })
 }
 
@@ -197,7 +216,13 @@ fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> 
 /// alone, or an integer from a float; not Constants), in topological order, `keep` excluded.
 fn keepable(index: &GraphIndex, sample: &Sample, keep: &[String]) -> Vec<String> {
     // The reference's tensors, and the model's inputs as fed (a Cast may read one directly).
-    let float = |t: &String| sample.reference.get(t).or_else(|| sample.feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v)).is_some_and(|t| t.dtype().is_float());
+    let float = |t: &String| {
+        sample
+            .reference
+            .get(t)
+            .or_else(|| sample.feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v))
+            .is_some_and(|t| t.dtype().is_float())
+    };
     index
         .nodes
         .iter()
@@ -207,7 +232,12 @@ fn keepable(index: &GraphIndex, sample: &Sample, keep: &[String]) -> Vec<String>
         // tester on Silero VAD, whose every weight is a Constant reshaped in its branch). A
         // Constant's own precision follows its readers. A node that computes an integer from a
         // float (a Cast to int32, ArgMax) counts: kept, it reads its input as float32 holds it.
-        .filter(|n| n.op_type != "Constant" && (n.outputs.iter().any(float) || layerwise_analysis::may_compute_integer_from_float(&n.op_type) && n.inputs.first().is_some_and(float)))
+        .filter(|n| {
+            n.op_type != "Constant"
+                && (n.outputs.iter().any(float)
+                    || layerwise_analysis::may_compute_integer_from_float(&n.op_type)
+                        && n.inputs.first().is_some_and(float))
+        })
         .map(|n| n.name.clone())
         .collect()
 }
@@ -215,13 +245,28 @@ fn keepable(index: &GraphIndex, sample: &Sample, keep: &[String]) -> Vec<String>
 /// The smallest contiguous region (topological order) whose nodes, kept in FP32 beside `keep`,
 /// bring every output within tolerance: the start found by bisection, then the end, then chunks of
 /// the region dropped where the outputs still pass. `None` when keeping every node does not pass.
-fn region_search(search: &mut Search, index: &GraphIndex, keep: &[String], rounds: &mut Vec<Round>) -> Result<Option<(Vec<String>, Judged)>> {
+fn region_search(
+    search: &mut Search,
+    index: &GraphIndex,
+    keep: &[String],
+    rounds: &mut Vec<Round>,
+) -> Result<Option<(Vec<String>, Judged)>> {
     let nodes = keepable(index, search.sample(), keep);
-    let trial = |search: &mut Search, region: &[String], stage: FixStage, rounds: &mut Vec<Round>| -> Result<(bool, (Comparison, Verdict))> {
+    let trial = |search: &mut Search,
+                 region: &[String],
+                 stage: FixStage,
+                 rounds: &mut Vec<Round>|
+     -> Result<(bool, (Comparison, Verdict))> {
         let all: Vec<String> = keep.iter().chain(region).cloned().collect();
         let outcome = search.run(&all)?;
         let pass = outcome.1.status == Status::Pass;
-        rounds.push(Round { stage, keep_fp32: all.len(), status: outcome.1.status, worst_output: outcome.1.worst_output.clone(), first_divergent: outcome.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        rounds.push(Round {
+            stage,
+            keep_fp32: all.len(),
+            status: outcome.1.status,
+            worst_output: outcome.1.worst_output.clone(),
+            first_divergent: outcome.1.first_divergent.as_ref().map(|f| f.node.clone()),
+        });
         Ok((pass, outcome))
     };
     let (pass, mut best) = trial(search, &nodes, FixStage::Region, rounds)?;
@@ -302,7 +347,12 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64,
     let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
     let mut checked: Result<Option<(bool, f64, Comparison)>, String> = Ok(None);
     for k in 0..search.samples.len() {
-        match typed.run(&RunRequest { model: &written, index: &wi, inputs: &search.samples[k].feeds, selection: &Selection::Names(Vec::new()) }) {
+        match typed.run(&RunRequest {
+            model: &written,
+            index: &wi,
+            inputs: &search.samples[k].feeds,
+            selection: &Selection::Names(Vec::new()),
+        }) {
             Ok(out) => {
                 let (comparison, pass) = search.judge_outputs(k, &out);
                 let error = comparison.largest_error(&search.index.outputs);
@@ -323,7 +373,11 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, f64,
 /// Whether keep-list name `name` is a node the inlining of `inlined` made (`If/output0`,
 /// `Loop/final0`): no node of the written file, whose If or Loop interface is float32 already.
 fn made_by_inlining(name: &str, inlined: &[String]) -> bool {
-    inlined.iter().any(|n| name.strip_prefix(n.as_str()).and_then(|r| r.strip_prefix('/')).is_some_and(|rest| ["If", "Loop"].iter().any(|op| layerwise_model::inline::made_by_inlining(op, rest))))
+    inlined.iter().any(|n| {
+        name.strip_prefix(n.as_str())
+            .and_then(|r| r.strip_prefix('/'))
+            .is_some_and(|rest| ["If", "Loop"].iter().any(|op| layerwise_model::inline::made_by_inlining(op, rest)))
+    })
 }
 
 /// `trtexec` flags that keep the same layers in FP32 in a weakly typed TensorRT 10 build, as they
@@ -334,7 +388,10 @@ fn made_by_inlining(name: &str, inlined: &[String]) -> bool {
 /// node the inlining made (`If/output0`, `Loop/final0`): the file has no such layer, and the float32
 /// interface of its If or Loop already is what keeping it asks.
 pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
-    let keep: Vec<&String> = keep.iter().filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none() && !made_by_inlining(n, inlined)).collect();
+    let keep: Vec<&String> = keep
+        .iter()
+        .filter(|n| layerwise_report::escape::trtexec_layer_refusal(n).is_none() && !made_by_inlining(n, inlined))
+        .collect();
     if keep.is_empty() {
         return String::new();
     }
@@ -349,7 +406,8 @@ pub fn trtexec_flags(keep: &[String], inlined: &[String], low: &str) -> String {
     };
     // A Loop's iterations share one body, so one layer: named once.
     let mut named = std::collections::HashSet::new();
-    let spec: Vec<String> = keep.iter().map(|n| format!("{}:fp32", own_name(n))).filter(|layer| named.insert(layer.clone())).collect();
+    let spec: Vec<String> =
+        keep.iter().map(|n| format!("{}:fp32", own_name(n))).filter(|layer| named.insert(layer.clone())).collect();
     let value = layerwise_report::escape::shell_quoted(&spec.join(",")).expect("names a shell word can hold");
     format!("--{low} --precisionConstraints=obey --layerPrecisions={value}")
 }
@@ -403,7 +461,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut steps = Steps::new(b.progress, b.progress_lines);
     let original = steps.run("loading model", || Model::load(&b.model).map_err(Into::into))?;
     let written = options.output.as_deref().map(files_written_at);
-    let fixed_model: Vec<(&str, &Path)> = written.iter().flatten().map(|(what, path)| (*what, path.as_path())).collect();
+    let fixed_model: Vec<(&str, &Path)> =
+        written.iter().flatten().map(|(what, path)| (*what, path.as_path())).collect();
     crate::pipeline::check_not_external_data(&original, "the input model's external data", b, &fixed_model)?;
     let original_index = GraphIndex::build(original.graph()).with_context(|| format!("{}", b.model.display()))?;
     // The plan bisect makes: backends, inputs, and the control flow as the reference ran it
@@ -412,7 +471,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let setup = set_up(&original, b, &mut steps)?;
     let mut sets = Vec::new();
     for (name, sample) in &setup.samples {
-        sets.push((name.clone(), feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| setup.owners.explain(name, e))?)));
+        sets.push((
+            name.clone(),
+            feeds_of(&prepare_inputs(&setup.decls, sample).map_err(|e| setup.owners.explain(name, e))?),
+        ));
     }
     if sets.is_empty() {
         bail!("no inputs to run");
@@ -427,7 +489,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
         // Operators that compute on quantized values themselves (QOperator format) have no
         // float counterpart to keep: unquantizing them would mean rebuilding the float graph.
-        let integer_ops: std::collections::BTreeSet<&str> = cm.graph().node.iter().map(|n| n.op_type()).filter(|op| layerwise_model::quant::is_integer_op(op)).collect();
+        let integer_ops: std::collections::BTreeSet<&str> = cm
+            .graph()
+            .node
+            .iter()
+            .map(|n| n.op_type())
+            .filter(|op| layerwise_model::quant::is_integer_op(op))
+            .collect();
         if !integer_ops.is_empty() {
             bail!(
                 "fix --cand-model takes a Q/DQ model (float ops between QuantizeLinear/DequantizeLinear pairs, quantize_static's QuantFormat.QDQ), and {} computes with {} (the QOperator format, or dynamic quantization): its nodes have no float counterpart to leave unquantized; quantize it again in the QDQ format",
@@ -437,7 +505,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         }
         return fix_quantized(options, setup, sets, steps);
     }
-    let inlined: Vec<String> = setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
+    let inlined: Vec<String> =
+        setup.control_flow.as_ref().map(|cf| cf.inlined.iter().map(|i| i.node.clone()).collect()).unwrap_or_default();
     // If and Loop nodes left as they are (samples that take different branches, a Loop whose trip
     // count the run decides): the emulation does not round inside their bodies and the typed check
     // runs each as one ONNX Runtime call, so neither can vouch for an FP16 body. They stay FP32
@@ -445,7 +514,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let opaque: Vec<(String, String)> = setup
         .control_flow
         .as_ref()
-        .map(|cf| cf.kept.iter().filter(|(n, _)| setup.index.node(n).is_some_and(|info| matches!(info.op_type.as_str(), "If" | "Loop"))).cloned().collect())
+        .map(|cf| {
+            cf.kept
+                .iter()
+                .filter(|(n, _)| setup.index.node(n).is_some_and(|info| matches!(info.op_type.as_str(), "If" | "Loop")))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     // Each If replaced by the branch these inputs took: the other branch is written converted with
     // nothing kept, and no run saw it (the summary says so).
@@ -460,7 +535,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let keeper = KeepRunner::new(model, index, candidate.as_mut());
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16.
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
-    let target = if low == Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
+    let target = if low == Precision::Bf16 {
+        layerwise_model::convert::Target::Bf16
+    } else {
+        layerwise_model::convert::Target::Fp16
+    };
     // Said before any run: a BF16 file needs opset 13 (the search would end in the same refusal).
     if low == Precision::Bf16 && model.opset() < 13 {
         bail!(
@@ -479,42 +558,59 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     let mut samples = Vec::new();
     let total = sets.len();
     for (k, (name, feeds)) in sets.into_iter().enumerate() {
-        let label = if total == 1 { "running the reference".to_string() } else { format!("running the reference, sample {} of {total} ({name})", k + 1) };
+        let label = if total == 1 {
+            "running the reference".to_string()
+        } else {
+            format!("running the reference, sample {} of {total} ({name})", k + 1)
+        };
         // In a set, a reference run that fails on one sample says which, as bisect's does.
-        let ran = steps.run(&label, || Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?));
+        let ran = steps.run(&label, || {
+            Ok(reference.run(&RunRequest { model, index, inputs: &feeds, selection: &Selection::All })?)
+        });
         let mut out = if total > 1 { ran.with_context(|| format!("sample {name}"))? } else { ran? };
         // An input passed straight to an output is returned as it was fed (no run returns it).
         add_passed_through(model.graph(), index, &feeds, &mut out.tensors);
-        crate::pipeline::refuse_empty_outputs(&index.outputs, |o| out.tensors.get(o).map(|t| t.shape.as_slice()), &feeds).with_context(|| format!("sample '{name}'"))?;
+        crate::pipeline::refuse_empty_outputs(
+            &index.outputs,
+            |o| out.tensors.get(o).map(|t| t.shape.as_slice()),
+            &feeds,
+        )
+        .with_context(|| format!("sample '{name}'"))?;
         samples.push(Sample { name, feeds, reference: out.tensors, runs: Vec::new() });
     }
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).
     let order: Vec<String> = index.computed_tensors().map(str::to_string).chain(passed_through(index)).collect();
     let weights = scan_fp16_weight_range(model)?;
-    let mut search = Search {
-        index,
-        samples,
-        judged: 0,
-        order,
-        candidate,
-        keeper,
-        tolerances,
-        rule,
-        weights,
-        runs: 0,
-        steps,
-    };
+    let mut search =
+        Search { index, samples, judged: 0, order, candidate, keeper, tolerances, rule, weights, runs: 0, steps };
 
     let (first, first_verdict) = search.run(&[])?;
     // As bisect: a verdict on no output at all would say nothing.
     if index.outputs.iter().all(|o| first.get(o).is_none()) {
         bail!(
             "no model output could be compared: {}",
-            index.outputs.iter().map(|o| format!("{o}: {}", first.not_compared.iter().find(|(t, _)| t == o).map_or(if is_weight_output(index, o) { WEIGHT_OUTPUT } else { "missing from a run" }, |(_, why)| why.as_str()))).collect::<Vec<_>>().join("; ")
+            index
+                .outputs
+                .iter()
+                .map(|o| format!(
+                    "{o}: {}",
+                    first.not_compared.iter().find(|(t, _)| t == o).map_or(
+                        if is_weight_output(index, o) { WEIGHT_OUTPUT } else { "missing from a run" },
+                        |(_, why)| why.as_str()
+                    )
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
         );
     }
-    let mut rounds = vec![Round { stage: FixStage::Diagnose, keep_fp32: 0, status: first_verdict.status, worst_output: first_verdict.worst_output.clone(), first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()) }];
+    let mut rounds = vec![Round {
+        stage: FixStage::Diagnose,
+        keep_fp32: 0,
+        status: first_verdict.status,
+        worst_output: first_verdict.worst_output.clone(),
+        first_divergent: first_verdict.first_divergent.as_ref().map(|f| f.node.clone()),
+    }];
     let mut keep: Vec<String> = Vec::new();
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = (first.clone(), first_verdict.clone());
@@ -533,7 +629,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             });
         }
         last = search.run(&keep)?;
-        rounds.push(Round { stage: FixStage::Pattern, keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        rounds.push(Round {
+            stage: FixStage::Pattern,
+            keep_fp32: keep.len(),
+            status: last.1.status,
+            worst_output: last.1.worst_output.clone(),
+            first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()),
+        });
     }
     let mut stuck = None;
     // An output as sensitive to one rounding of every weight as to the candidate has no small fix.
@@ -547,11 +649,28 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             // As bisect: the weights only the first divergent layer's pattern reads stay exact
             // (found by the independent tester: fix called a rotary output ill-conditioned where
             // bisect measured that keeping the angle fixes it).
-            let left_for_the_fix = crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
-            let target = FloorTarget { output: worst, candidate_error: candidate_error(worst), perturbation: judging.perturbation(), exact: &Default::default(), left_for_the_fix: &left_for_the_fix, seed: b.inputs.seed, quantizers: None };
+            let left_for_the_fix =
+                crate::pipeline::weights_only_the_fix_reads(index, judging.precision, &last.1, &last.0);
+            let target = FloorTarget {
+                output: worst,
+                candidate_error: candidate_error(worst),
+                perturbation: judging.perturbation(),
+                exact: &Default::default(),
+                left_for_the_fix: &left_for_the_fix,
+                seed: b.inputs.seed,
+                quantizers: None,
+            };
             // Timed in run_info, shown as no step of its own (the progress lines stay as they were).
             let started = std::time::Instant::now();
-            let floor = noise_floor_of(reference.as_mut(), model, index, &search.sample().feeds, &search.sample().reference, search.tolerances.of(worst), target)?;
+            let floor = noise_floor_of(
+                reference.as_mut(),
+                model,
+                index,
+                &search.sample().feeds,
+                &search.sample().reference,
+                search.tolerances.of(worst),
+                target,
+            )?;
             search.steps.record("measuring the noise floor", started.elapsed().as_secs_f64());
             if floor.ill_conditioned {
                 stuck = Some(format!(
@@ -595,7 +714,12 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             let mut pattern = layerwise_analysis::keep_pattern(index, &node, &last.0, low == Precision::Fp16);
             if low == Precision::Fp16 {
                 // A constant FP16 flushes to 0 (an epsilon) is kept float32 by keeping its readers.
-                if let Some(fd) = last.1.first_divergent.as_ref().filter(|fd| fd.node == node && fd.cause.best.kind == layerwise_analysis::CauseKind::Underflow) {
+                if let Some(fd) = last
+                    .1
+                    .first_divergent
+                    .as_ref()
+                    .filter(|fd| fd.node == node && fd.cause.best.kind == layerwise_analysis::CauseKind::Underflow)
+                {
                     for &c in fd.cause.best.weight.as_deref().map(|w| index.consumers(w)).unwrap_or(&[]) {
                         let reader = &index.nodes[c].name;
                         if !pattern.nodes.contains(reader) {
@@ -617,7 +741,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             break;
         }
         last = search.run(&keep)?;
-        rounds.push(Round { stage: FixStage::Pattern, keep_fp32: keep.len(), status: last.1.status, worst_output: last.1.worst_output.clone(), first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+        rounds.push(Round {
+            stage: FixStage::Pattern,
+            keep_fp32: keep.len(),
+            status: last.1.status,
+            worst_output: last.1.worst_output.clone(),
+            first_divergent: last.1.first_divergent.as_ref().map(|f| f.node.clone()),
+        });
     }
     // The targeted keeps did not do it: a contiguous region in topological order, shrunk from both
     // ends, then pruned. `--max-rounds 0` asks for no search at all (an independent tester saw 22
@@ -641,8 +771,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     // Where the file goes, planned once the search passes (prune rounds only keep passing lists).
     let writing = if last.1.status == Status::Pass {
-        let (source, source_index): (&Model, &GraphIndex) = if flattened { (&original, &original_index) } else { (model, index) };
-        let float = if flattened { float_tensor_set(&original, &float32_tensors(&original, &original_index)?) } else { search.keeper.float()?.clone() };
+        let (source, source_index): (&Model, &GraphIndex) =
+            if flattened { (&original, &original_index) } else { (model, index) };
+        let float = if flattened {
+            float_tensor_set(&original, &float32_tensors(&original, &original_index)?)
+        } else {
+            search.keeper.float()?.clone()
+        };
         // Written beside -o and moved there only once it holds: a fix that fails leaves the
         // user's file at -o as it was.
         let staging = match &options.output {
@@ -651,7 +786,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         };
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-")?;
         let path = match (&options.output, &staging) {
-            (Some(out), Some(staging)) => staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx"))),
+            (Some(out), Some(staging)) => {
+                staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("fixed.onnx")))
+            }
             _ => scratch.path().join("fixed.onnx"),
         };
         // What ONNX Runtime refuses in the target type was found once, on the model the search ran
@@ -668,7 +805,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // child process beside them: where no round drops a pattern (independent overflows, each
     // needed), it is the file written, and the child's wait is hidden; otherwise it is written
     // again for the pruned list.
-    let mut written_beside: Option<(Vec<String>, Result<(layerwise_model::convert::Conversion, LoadCheck)>, f64)> = None;
+    let mut written_beside: Option<(Vec<String>, Result<(layerwise_model::convert::Conversion, LoadCheck)>, f64)> =
+        None;
     // Drop patterns that turn out unnecessary once the others are kept (earliest first).
     if last.1.status == Status::Pass && patterns.len() > 1 {
         let early_keep = keep.clone();
@@ -690,7 +828,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 }
                 let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
                 let trial = search.run(&without)?;
-                rounds.push(Round { stage: FixStage::Prune, keep_fp32: without.len(), status: trial.1.status, worst_output: trial.1.worst_output.clone(), first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()) });
+                rounds.push(Round {
+                    stage: FixStage::Prune,
+                    keep_fp32: without.len(),
+                    status: trial.1.status,
+                    worst_output: trial.1.worst_output.clone(),
+                    first_divergent: trial.1.first_divergent.as_ref().map(|f| f.node.clone()),
+                });
                 if trial.1.status == Status::Pass {
                     keep = without;
                     patterns.remove(i);
@@ -720,7 +864,9 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // FP16 that needs a large keep list, or none found: would BF16 need any? The model run whole
     // in BF16 (`sim:bf16`, nothing kept) on every sample, judged by BF16's own tolerances, measured
     // (a diffusion UNet kept 280 of 2,103 nodes for FP16 where BF16 passed at 2.46e-2).
-    let bf16_wanted = |fixed: bool, keep: &[String]| low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST);
+    let bf16_wanted = |fixed: bool, keep: &[String]| {
+        low == Precision::Fp16 && !tensor_cores && (!fixed || keep.len() >= LARGE_KEEP_LIST)
+    };
     // Where it is wanted whatever the written file's checks find, it runs beside them (on its own
     // copies: they read nothing it computes). Started beside the prune rounds too, it made no
     // measurable difference (decoder-overflows:100, 3.01-3.31 s against 3.10-3.36 s).
@@ -741,7 +887,14 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         // Runtime reads), whose node names the keep list uses.
         let writing = writing.as_ref().expect("planned where the search passed, as fixed says");
         let (float, path) = (&writing.float, writing.path.clone());
-        let backend = format!("typed evaluation of {}", if let Some(out) = &options.output { out.display().to_string() } else { "the fixed model (not written: no -o)".into() });
+        let backend = format!(
+            "typed evaluation of {}",
+            if let Some(out) = &options.output {
+                out.display().to_string()
+            } else {
+                "the fixed model (not written: no -o)".into()
+            }
+        );
         // The file is written once, where it is moved to, and checked in a child process with
         // ONNX Runtime's defaults first (an FP16 model can crash ONNX Runtime, and so this process
         // in the typed evaluation); op types that crash it are kept in FP32.
@@ -765,19 +918,45 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         load_check = Some(load);
         fixed_model_fp32_nodes = conversion.fp32_nodes.clone();
         let check = match checked {
-            Ok(Some((pass, _, comparison))) => ModelCheck { backend, structural_problems: problems, outputs: output_changes(index, &first, &comparison), pass, not_run: None },
-            Ok(None) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some("no sample to run".into()) },
-            Err(e) => ModelCheck { backend, structural_problems: problems, outputs: Vec::new(), pass: false, not_run: Some(e) },
+            Ok(Some((pass, _, comparison))) => ModelCheck {
+                backend,
+                structural_problems: problems,
+                outputs: output_changes(index, &first, &comparison),
+                pass,
+                not_run: None,
+            },
+            Ok(None) => ModelCheck {
+                backend,
+                structural_problems: problems,
+                outputs: Vec::new(),
+                pass: false,
+                not_run: Some("no sample to run".into()),
+            },
+            Err(e) => ModelCheck {
+                backend,
+                structural_problems: problems,
+                outputs: Vec::new(),
+                pass: false,
+                not_run: Some(e),
+            },
         };
         // A model that ONNX Runtime refuses (but for a CPU kernel it lacks) or crashes on is no
         // fix, whatever the typed evaluation says.
-        let crashed = load_check.as_ref().filter(|l| crate::load_check::unusable(l)).map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
+        let crashed = load_check
+            .as_ref()
+            .filter(|l| crate::load_check::unusable(l))
+            .map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
         if let Some(how) = crashed {
             fixed = false;
             check_failure = Some(format!("the fixed model does not load: {how}"));
         } else if !check.pass {
             fixed = false;
-            let worst = check.outputs.iter().filter(|o| !o.after_pass).map(|o| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2))).collect::<Vec<_>>();
+            let worst = check
+                .outputs
+                .iter()
+                .filter(|o| !o.after_pass)
+                .map(|o| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2)))
+                .collect::<Vec<_>>();
             check_failure = Some(match &check.not_run {
                 Some(why) => format!("the emulation passes with this keep list, but the written model could not be checked in its own types: {why}"),
                 None => format!(
@@ -787,9 +966,13 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             });
             // A model that does not hold is not written (its staging folder goes with it).
         } else if let Some(out) = &options.output {
-            for (staged, destination) in [(path.clone(), out.clone()), (Model::oversized_data_path(&path), Model::oversized_data_path(out))] {
+            for (staged, destination) in
+                [(path.clone(), out.clone()), (Model::oversized_data_path(&path), Model::oversized_data_path(out))]
+            {
                 if staged.exists() {
-                    std::fs::rename(&staged, &destination).with_context(|| format!("-o: moving the fixed model into place at {}", destination.display()))?;
+                    std::fs::rename(&staged, &destination).with_context(|| {
+                        format!("-o: moving the fixed model into place at {}", destination.display())
+                    })?;
                     layerwise_model::scratch::note_written(&destination);
                 }
             }
@@ -830,8 +1013,16 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         String::new()
     } else {
         let shown: Vec<String> = converter_fp32.iter().take(3).map(|(n, why)| format!("{n}: {why}")).collect();
-        let more = if converter_fp32.len() > 3 { format!("; and {} more, listed in the fix report (fixed_model_fp32_nodes)", converter_fp32.len() - 3) } else { String::new() };
-        format!(" ({} more FP32 in the written model by the converter's own rules: {}{more})", converter_fp32.len(), shown.join("; "))
+        let more = if converter_fp32.len() > 3 {
+            format!("; and {} more, listed in the fix report (fixed_model_fp32_nodes)", converter_fp32.len() - 3)
+        } else {
+            String::new()
+        };
+        format!(
+            " ({} more FP32 in the written model by the converter's own rules: {}{more})",
+            converter_fp32.len(),
+            shown.join("; ")
+        )
     };
     // The outputs no run is compared on (weights passed straight to an output) are named, and
     // no summary claims them.
@@ -843,7 +1034,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     }
     let compared = if weight_outputs.is_empty() { "" } else { " compared" };
     let summary = if fixed && keep.is_empty() {
-        format!("all{compared} outputs are within tolerance in {}; nothing to keep in FP32{by_converter}", low_flag.to_uppercase())
+        format!(
+            "all{compared} outputs are within tolerance in {}; nothing to keep in FP32{by_converter}",
+            low_flag.to_uppercase()
+        )
     } else if fixed {
         format!(
             "keeping {} of {} nodes in FP32 ({}{}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {} candidate runs{by_converter}{bf16_note}",
@@ -855,7 +1049,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
             search.runs
         )
     } else {
-        format!("no fix found after {} candidate runs: {}{bf16_note}", search.runs, stuck.unwrap_or_else(|| "the round limit was reached".into()))
+        format!(
+            "no fix found after {} candidate runs: {}{bf16_note}",
+            search.runs,
+            stuck.unwrap_or_else(|| "the round limit was reached".into())
+        )
     };
     let mut summary = summary;
     let hand_overs = keep.iter().filter(|n| made_by_inlining(n, &inlined)).count();
@@ -865,8 +1063,10 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         ));
     }
     if !branches_taken.is_empty() {
-        let shown: Vec<String> = branches_taken.iter().take(3).map(|(n, taken)| format!("'{n}' took its {taken}")).collect();
-        let more = if branches_taken.len() > 3 { format!(" and {} more", branches_taken.len() - 3) } else { String::new() };
+        let shown: Vec<String> =
+            branches_taken.iter().take(3).map(|(n, taken)| format!("'{n}' took its {taken}")).collect();
+        let more =
+            if branches_taken.len() > 3 { format!(" and {} more", branches_taken.len() - 3) } else { String::new() };
         summary.push_str(&format!(
             "; searched and checked on the If branches these inputs took ({}{more}): the branches not taken are written converted with nothing kept in FP32, and no run here computed them",
             shown.join(", ")
@@ -891,7 +1091,11 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
         patterns,
         rounds,
         candidate_runs: search.runs,
-        samples: if search.samples.len() > 1 { search.samples.iter().map(|s| s.name.clone()).collect() } else { Vec::new() },
+        samples: if search.samples.len() > 1 {
+            search.samples.iter().map(|s| s.name.clone()).collect()
+        } else {
+            Vec::new()
+        },
         noise_floor,
         outputs,
         fixed_model,
@@ -930,10 +1134,20 @@ struct Writing<'a> {
 impl Writing<'_> {
     /// The model converted with `keep` in FP32, written to the path, and loaded and run on `feeds`
     /// by ONNX Runtime in a child process (op types that crash it kept in FP32).
-    fn convert_and_check(&self, keep: &[String], feeds: &[(String, Tensor)]) -> Result<(layerwise_model::convert::Conversion, LoadCheck)> {
-        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
+    fn convert_and_check(
+        &self,
+        keep: &[String],
+        feeds: &[(String, Tensor)],
+    ) -> Result<(layerwise_model::convert::Conversion, LoadCheck)> {
+        let options =
+            ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target: self.target, ..Default::default() };
         let mut convert = |o: &ConvertOptions| match &self.refused {
-            Some(refused) => Ok(layerwise_model::convert::convert_fp16(self.source, self.source_index, &self.float, &ConvertOptions { refused: refused.clone(), ..o.clone() })?),
+            Some(refused) => Ok(layerwise_model::convert::convert_fp16(
+                self.source,
+                self.source_index,
+                &self.float,
+                &ConvertOptions { refused: refused.clone(), ..o.clone() },
+            )?),
             None => Ok(crate::keep::convert_checked(self.source, self.source_index, &self.float, o)?.0),
         };
         crate::load_check::convert_that_loads(self.source, &options, &self.path, Some(feeds), &mut convert)
@@ -942,14 +1156,22 @@ impl Writing<'_> {
 
 /// Nodes in `node`'s bodies (If branches, Loop and Scan bodies), nested bodies included.
 fn nodes_in_bodies(node: &layerwise_model::onnx::NodeProto) -> usize {
-    node.attribute.iter().flat_map(|a| a.g.iter().chain(&a.graphs)).map(|g| g.node.len() + g.node.iter().map(nodes_in_bodies).sum::<usize>()).sum()
+    node.attribute
+        .iter()
+        .flat_map(|a| a.g.iter().chain(&a.graphs))
+        .map(|g| g.node.len() + g.node.iter().map(nodes_in_bodies).sum::<usize>())
+        .sum()
 }
 
 /// The keep list in the one-line summary: each group with its nodes where there are few; else a
 /// count of groups by kind (the full list is in the JSON and the keep-list file).
 fn keep_list_summary(patterns: &[KeptPattern]) -> String {
     if patterns.len() <= 3 {
-        return patterns.iter().map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes))).collect::<Vec<_>>().join("; ");
+        return patterns
+            .iter()
+            .map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes)))
+            .collect::<Vec<_>>()
+            .join("; ");
     }
     // Groups can share nodes: each kind counts its distinct nodes (the keep list is their union).
     let mut kinds: Vec<(&str, usize, std::collections::BTreeSet<&str>)> = Vec::new();
@@ -964,7 +1186,12 @@ fn keep_list_summary(patterns: &[KeptPattern]) -> String {
         kinds[i].1 += 1;
         kinds[i].2.extend(p.nodes.iter().map(String::as_str));
     }
-    let kinds: Vec<String> = kinds.iter().map(|(k, groups, nodes)| format!("{groups} {k} group{} ({} distinct nodes)", if *groups == 1 { "" } else { "s" }, nodes.len())).collect();
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|(k, groups, nodes)| {
+            format!("{groups} {k} group{} ({} distinct nodes)", if *groups == 1 { "" } else { "s" }, nodes.len())
+        })
+        .collect();
     format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
 }
 
@@ -972,24 +1199,43 @@ fn keep_list_summary(patterns: &[KeptPattern]) -> String {
 type OutputSamples = Vec<(Vec<(String, Tensor)>, std::collections::HashMap<String, Tensor>)>;
 
 fn bf16_samples(samples: &[Sample], index: &GraphIndex) -> OutputSamples {
-    samples.iter().map(|s| (s.feeds.clone(), index.outputs.iter().filter_map(|o| s.reference.get(o).map(|t| (o.clone(), t.clone()))).collect())).collect()
+    samples
+        .iter()
+        .map(|s| {
+            (
+                s.feeds.clone(),
+                index.outputs.iter().filter_map(|o| s.reference.get(o).map(|t| (o.clone(), t.clone()))).collect(),
+            )
+        })
+        .collect()
 }
 
 /// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
 /// tolerances (the user's, where given).
-fn bf16_whole(samples: &OutputSamples, model: &Model, index: &GraphIndex, options: &BisectOptions) -> Result<layerwise_report::OtherPrecision> {
+fn bf16_whole(
+    samples: &OutputSamples,
+    model: &Model,
+    index: &GraphIndex,
+    options: &BisectOptions,
+) -> Result<layerwise_report::OtherPrecision> {
     let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
     let mut bf16 = layerwise_runtime::create_backend(&spec)?;
     let judging = Judging::new(Precision::Bf16, false, options)?;
     let (mut pass, mut worst) = (true, 0f64);
     for (feeds, reference) in samples {
-        let mut out = bf16.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::Names(index.outputs.clone()) })?;
+        let mut out =
+            bf16.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::Names(index.outputs.clone()) })?;
         add_passed_through(model.graph(), index, feeds, &mut out.tensors);
         let comparison = compare_all(index, &index.outputs, reference, &out.tensors, &judging.tolerances);
         pass &= comparison.outputs_pass(index);
         worst = worst.max(comparison.largest_error(&index.outputs));
     }
-    Ok(layerwise_report::OtherPrecision { candidate: spec.to_string(), pass, worst_output_rel_l2: worst, rtol: judging.tolerances.all.rtol })
+    Ok(layerwise_report::OtherPrecision {
+        candidate: spec.to_string(),
+        pass,
+        worst_output_rel_l2: worst,
+        rtol: judging.tolerances.all.rtol,
+    })
 }
 
 fn num(v: f64) -> String {
@@ -1006,16 +1252,24 @@ const MOST_PRUNED: usize = 24;
 /// model with those nodes unquantized is written (with -o, else to a scratch copy), read back and
 /// run on the candidate backend: FIXED needs that run to pass. Beside it goes the exclusion list
 /// the quantizers take (`nodes_to_exclude`, the float model's node names).
-fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(String, Tensor)>)>, mut steps: Steps) -> Result<FixOutcome> {
+fn fix_quantized(
+    options: &FixOptions,
+    setup: Setup,
+    sets: Vec<(String, Vec<(String, Tensor)>)>,
+    mut steps: Steps,
+) -> Result<FixOutcome> {
     use std::collections::HashMap;
     let b = &options.bisect;
-    let Setup { model, index, cand_model, cand_names, mut reference, mut candidate, judging, order, sim_quant, .. } = setup;
+    let Setup { model, index, cand_model, cand_names, mut reference, mut candidate, judging, order, sim_quant, .. } =
+        setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
     let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
     let runner = crate::keep::UnquantizedRunner::new(model, index, cm, ci, &cand_names);
     let mut references = Vec::new();
     for (name, feeds) in &sets {
-        let mut out = steps.run(&format!("running the reference ({name})"), || Ok(reference.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::All })?))?;
+        let mut out = steps.run(&format!("running the reference ({name})"), || {
+            Ok(reference.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::All })?)
+        })?;
         add_passed_through(model.graph(), index, feeds, &mut out.tensors);
         references.push(out.tensors);
     }
@@ -1028,19 +1282,36 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         runs += 1;
         let mut worst: Option<(f64, Judged)> = None;
         for (k, ((name, feeds), reference)) in sets.iter().zip(&references).enumerate() {
-            let out = steps.run(&format!("candidate run {runs} ({} node{} unquantized, {name})", keep.len(), if keep.len() == 1 { "" } else { "s" }), || runner.run(candidate.as_mut(), keep, feeds, &Selection::All))?;
+            let out = steps.run(
+                &format!(
+                    "candidate run {runs} ({} node{} unquantized, {name})",
+                    keep.len(),
+                    if keep.len() == 1 { "" } else { "s" }
+                ),
+                || runner.run(candidate.as_mut(), keep, feeds, &Selection::All),
+            )?;
             let mut comparison = compare_all(index, &order, reference, &out.tensors, &tolerances);
             comparison.note_input_nonfinite(feeds);
             let verdict = walk_back(index, &comparison, &[], judging.rule, judging.candidate);
             let error = comparison.largest_error(&index.outputs);
-            if worse(verdict.status == Status::Diverged, error, worst.as_ref().map(|(e, (_, v))| (v.status == Status::Diverged, *e))) {
+            if worse(
+                verdict.status == Status::Diverged,
+                error,
+                worst.as_ref().map(|(e, (_, v))| (v.status == Status::Diverged, *e)),
+            ) {
                 worst = Some((error, (comparison, verdict)));
                 worst_sample.set(k);
             }
         }
         Ok(worst.expect("at least one sample").1)
     };
-    let round = |stage: FixStage, keep: &[String], v: &Verdict| Round { stage, keep_fp32: keep.len(), status: v.status, worst_output: v.worst_output.clone(), first_divergent: v.first_divergent.as_ref().map(|f| f.node.clone()) };
+    let round = |stage: FixStage, keep: &[String], v: &Verdict| Round {
+        stage,
+        keep_fp32: keep.len(),
+        status: v.status,
+        worst_output: v.worst_output.clone(),
+        first_divergent: v.first_divergent.as_ref().map(|f| f.node.clone()),
+    };
     let first = judge(&[], &mut steps)?;
     let mut rounds = vec![round(FixStage::Diagnose, &[], &first.1)];
     let mut patterns: Vec<KeptPattern> = Vec::new();
@@ -1053,16 +1324,28 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         (Some(output), Status::Diverged) => {
             let names = crate::pipeline::reference_names(&cand_names);
             let of = crate::pipeline::reference_of(index, &names);
-            let pair = crate::pipeline::quantizers::QuantizedPair { model, index, candidate: cand_model.as_ref().expect("checked by the caller"), reference_of: &of, tolerance: tolerances.of(output), fault_threshold: judging.rule.min_break };
+            let pair = crate::pipeline::quantizers::QuantizedPair {
+                model,
+                index,
+                candidate: cand_model.as_ref().expect("checked by the caller"),
+                reference_of: &of,
+                tolerance: tolerances.of(output),
+                fault_threshold: judging.rule.min_break,
+            };
             let error = first.0.get(output).map_or(f64::INFINITY, |r| r.error_level());
-            let found = steps.run("measuring each quantizer alone", || crate::pipeline::quantizers::measure(&pair, &sets[worst_sample.get()].1, output, error))?;
+            let found = steps.run("measuring each quantizer alone", || {
+                crate::pipeline::quantizers::measure(&pair, &sets[worst_sample.get()].1, output, error)
+            })?;
             // Those at fault first, then the others by their error alone: where leaving the faulty
             // ones out is not enough, the next largest follow.
-            found.map(|f| {
-                let faulty: Vec<QuantizerAlone> = f.at_fault().cloned().collect();
-                let rest = f.each.iter().filter(|q| q.error > 0.0 && !faulty.iter().any(|a| a.node == q.node)).cloned();
-                faulty.iter().cloned().map(|q| (q, true)).chain(rest.map(|q| (q, false))).collect()
-            }).unwrap_or_default()
+            found
+                .map(|f| {
+                    let faulty: Vec<QuantizerAlone> = f.at_fault().cloned().collect();
+                    let rest =
+                        f.each.iter().filter(|q| q.error > 0.0 && !faulty.iter().any(|a| a.node == q.node)).cloned();
+                    faulty.iter().cloned().map(|q| (q, true)).chain(rest.map(|q| (q, false))).collect()
+                })
+                .unwrap_or_default()
         }
         _ => Default::default(),
     };
@@ -1073,12 +1356,17 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     // Every activation quantizer of the candidate, by its QuantizeLinear: those measured in the
     // order above, then the others (not measured alone, or nothing alone) in graph order.
     let (_, ci) = cand_model.as_ref().expect("checked by the caller");
-    let measured: Vec<(String, Option<(QuantizerAlone, bool)>)> = by_error.into_iter().map(|(q, f)| (q.node.clone(), Some((q, f)))).collect();
+    let measured: Vec<(String, Option<(QuantizerAlone, bool)>)> =
+        by_error.into_iter().map(|(q, f)| (q.node.clone(), Some((q, f)))).collect();
     let measured_nodes: std::collections::HashSet<&str> = measured.iter().map(|(m, _)| m.as_str()).collect();
     let rest: Vec<(String, Option<(QuantizerAlone, bool)>)> = ci
         .nodes
         .iter()
-        .filter(|n| n.op_type == "QuantizeLinear" && !ci.is_constant_like(n.inputs.first().map_or("", String::as_str)) && !measured_nodes.contains(n.name.as_str()))
+        .filter(|n| {
+            n.op_type == "QuantizeLinear"
+                && !ci.is_constant_like(n.inputs.first().map_or("", String::as_str))
+                && !measured_nodes.contains(n.name.as_str())
+        })
         .map(|n| (n.name.clone(), None))
         .collect();
     drop(measured_nodes);
@@ -1091,10 +1379,23 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         // exclusion list would not give the model written (a MiniLM's attention scores stayed
         // quantized). Candidate nodes keep the float model's names.
         let Some(q) = ci.node(&q_node) else { continue };
-        let dequantized: Vec<&String> = q.outputs.iter().flat_map(|o| ci.consumers(o)).map(|&c| &ci.nodes[c]).filter(|c| c.op_type == "DequantizeLinear").flat_map(|c| &c.outputs).collect();
+        let dequantized: Vec<&String> = q
+            .outputs
+            .iter()
+            .flat_map(|o| ci.consumers(o))
+            .map(|&c| &ci.nodes[c])
+            .filter(|c| c.op_type == "DequantizeLinear")
+            .flat_map(|c| &c.outputs)
+            .collect();
         let producer = q.inputs.first().and_then(|x| ci.producer(x)).map(|p| p.name.clone());
-        let readers: Vec<String> = dequantized.iter().flat_map(|d| ci.consumers(d)).map(|&c| ci.nodes[c].name.clone()).chain(producer).collect();
-        let new: Vec<String> = runner.translate(&readers).kept.into_iter().filter(|n| taken.insert(n.clone())).collect();
+        let readers: Vec<String> = dequantized
+            .iter()
+            .flat_map(|d| ci.consumers(d))
+            .map(|&c| ci.nodes[c].name.clone())
+            .chain(producer)
+            .collect();
+        let new: Vec<String> =
+            runner.translate(&readers).kept.into_iter().filter(|n| taken.insert(n.clone())).collect();
         if new.is_empty() {
             continue;
         }
@@ -1151,11 +1452,19 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
             stuck = Some(if plan.without_counterpart.is_empty() {
                 format!("'{}' is already unquantized and the outputs still diverge", fd.node)
             } else {
-                format!("'{}' has no counterpart in the candidate ({} fused away or renamed) and the outputs still diverge", fd.node, plan.without_counterpart.join(", "))
+                format!(
+                    "'{}' has no counterpart in the candidate ({} fused away or renamed) and the outputs still diverge",
+                    fd.node,
+                    plan.without_counterpart.join(", ")
+                )
             });
             break;
         }
-        patterns.push(KeptPattern { kind: pattern.kind.to_string(), because: format!("'{}' is the first divergent layer with the earlier rounds' nodes unquantized", fd.node), nodes: new });
+        patterns.push(KeptPattern {
+            kind: pattern.kind.to_string(),
+            because: format!("'{}' is the first divergent layer with the earlier rounds' nodes unquantized", fd.node),
+            nodes: new,
+        });
         let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
         last = judge(&keep, &mut steps)?;
         rounds.push(round(FixStage::Pattern, &keep, &last.1));
@@ -1169,7 +1478,8 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
             if patterns.len() == 1 {
                 break;
             }
-            let without: Vec<String> = patterns.iter().enumerate().filter(|(j, _)| *j != k).flat_map(|(_, p)| p.nodes.clone()).collect();
+            let without: Vec<String> =
+                patterns.iter().enumerate().filter(|(j, _)| *j != k).flat_map(|(_, p)| p.nodes.clone()).collect();
             let trial = judge(&without, &mut steps)?;
             if trial.1.status != Status::Diverged {
                 patterns.remove(k);
@@ -1200,18 +1510,50 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let mut check_pass = true;
     // ((fails, failed before), largest output error) of the sample whose numbers the check reports.
     let mut check_worst: Option<((bool, bool), f64)> = None;
-    let reference_of: HashMap<&str, &str> = cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
+    let reference_of: HashMap<&str, &str> =
+        cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
     // Both models as deployed: only their outputs, so that ONNX Runtime fuses the Q/DQ pairs into
     // integer kernels, as exposing the tensors between them (the search's runs) prevents. The
     // check's before and after are the given and the written model so run, on the same sample.
-    let mut deployed = |m: &Model, mi: &GraphIndex, feeds: &[(String, Tensor)], reference: &HashMap<String, Tensor>, label: String, steps: &mut Steps| -> Result<Comparison> {
-        let out = steps.run(&label, || Ok(candidate.run(&RunRequest { model: m, index: mi, inputs: feeds, selection: &Selection::Names(Vec::new()) })?))?;
-        let tensors: HashMap<String, Tensor> = out.tensors.into_iter().filter_map(|(c, v)| reference_of.get(c.as_str()).map(|r| (r.to_string(), v))).collect();
+    let mut deployed = |m: &Model,
+                        mi: &GraphIndex,
+                        feeds: &[(String, Tensor)],
+                        reference: &HashMap<String, Tensor>,
+                        label: String,
+                        steps: &mut Steps|
+     -> Result<Comparison> {
+        let out = steps.run(&label, || {
+            Ok(candidate.run(&RunRequest {
+                model: m,
+                index: mi,
+                inputs: feeds,
+                selection: &Selection::Names(Vec::new()),
+            })?)
+        })?;
+        let tensors: HashMap<String, Tensor> = out
+            .tensors
+            .into_iter()
+            .filter_map(|(c, v)| reference_of.get(c.as_str()).map(|r| (r.to_string(), v)))
+            .collect();
         Ok(compare_all(index, &index.outputs, reference, &tensors, &tolerances))
     };
     for ((name, feeds), reference) in sets.iter().zip(&references) {
-        let given = deployed(cm, ci, feeds, reference, format!("running the candidate model as deployed ({name})"), &mut steps)?;
-        let comparison = deployed(&written, &written_index, feeds, reference, format!("running the written model ({name})"), &mut steps)?;
+        let given = deployed(
+            cm,
+            ci,
+            feeds,
+            reference,
+            format!("running the candidate model as deployed ({name})"),
+            &mut steps,
+        )?;
+        let comparison = deployed(
+            &written,
+            &written_index,
+            feeds,
+            reference,
+            format!("running the written model ({name})"),
+            &mut steps,
+        )?;
         // The worst sample: a failing one before any passing one, then one the given model
         // failed (what the fix is for: a tester saw a sample that passed before shown, the one
         // that failed never), then the largest output error (found by the independent tester: the
@@ -1276,10 +1618,20 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
         // As deployed (integer kernels), as the check runs them: the search's runs expose every
         // tensor, which keeps ONNX Runtime from fusing, and their numbers are another model's
         // (an independent tester saw "5.50 -> 5.50" beside a check saying 2.63).
-        outputs: if check_outputs.is_empty() { output_changes(index, &first.0, &last.0) } else { check_outputs.clone() },
+        outputs: if check_outputs.is_empty() {
+            output_changes(index, &first.0, &last.0)
+        } else {
+            check_outputs.clone()
+        },
         fixed_model: options.output.as_ref().map(|p| p.display().to_string()),
         fixed_model_fp32_nodes: Vec::new(),
-        fixed_model_check: Some(ModelCheck { backend: b.candidate.to_string(), structural_problems: Vec::new(), outputs: check_outputs, pass: check_pass, not_run: None }),
+        fixed_model_check: Some(ModelCheck {
+            backend: b.candidate.to_string(),
+            structural_problems: Vec::new(),
+            outputs: check_outputs,
+            pass: check_pass,
+            not_run: None,
+        }),
         fixed_model_load: None,
         other_precision: None,
         run_info: layerwise_report::RunInfo::now(steps.finish()),
@@ -1293,7 +1645,13 @@ fn fix_quantized(options: &FixOptions, setup: Setup, sets: Vec<(String, Vec<(Str
     let mut text = render_fix_terminal(&report, family);
     if let Some(path) = &report.fixed_model {
         let fp16_line = format!("  fixed model: {path} (0 FP32 nodes), keep list: {path}.keep-fp32.json");
-        text = text.replace(&fp16_line, &format!("  fixed model: {path} (the Q/DQ model with the set unquantized), exclusion list: {}", exclusion_list_path(Path::new(path)).display()));
+        text = text.replace(
+            &fp16_line,
+            &format!(
+                "  fixed model: {path} (the Q/DQ model with the set unquantized), exclusion list: {}",
+                exclusion_list_path(Path::new(path)).display()
+            ),
+        );
     }
     Ok(FixOutcome { report, text })
 }

@@ -18,12 +18,19 @@ use layerwise_runtime::{float32_tensors, Backend, DType, RunOutput, RunRequest, 
 /// 22) is kept in FP32, with ONNX Runtime's words as the reason (`options.refused`), and the
 /// conversion redone. Returns the conversion and every refusal, which do not depend on the keep
 /// list (a converted node reads the target type whatever its neighbours are).
-pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<(Conversion, BTreeMap<String, String>)> {
+pub fn convert_checked(
+    model: &Model,
+    index: &GraphIndex,
+    float: &HashSet<String>,
+    options: &ConvertOptions,
+) -> Result<(Conversion, BTreeMap<String, String>)> {
     let mut options = options.clone();
     loop {
         let conversion = convert_fp16(model, index, float, &options)?;
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
-        let Err(e) = check_converted_types(model, index, &converted, &conversion, options.target) else { return Ok((conversion, options.refused)) };
+        let Err(e) = check_converted_types(model, index, &converted, &conversion, options.target) else {
+            return Ok((conversion, options.refused));
+        };
         let message = e.to_string();
         // "... Type 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (name) is invalid."
         let refused = message.rfind(") is invalid").and_then(|end| {
@@ -34,7 +41,11 @@ pub fn convert_checked(model: &Model, index: &GraphIndex, float: &HashSet<String
         });
         match refused {
             Some((op, node)) if index.node(&node).is_some() && !options.refused.contains_key(&node) => {
-                let why = format!("ONNX Runtime refuses {op} with {} inputs at opset {}", options.target.name().to_uppercase(), model.opset());
+                let why = format!(
+                    "ONNX Runtime refuses {op} with {} inputs at opset {}",
+                    options.target.name().to_uppercase(),
+                    model.opset()
+                );
                 options.refused.insert(node, why);
             }
             // Not a type refusal layerwise can act on: the model is what the rules give.
@@ -54,7 +65,13 @@ const TYPE_CHECK_NODES: usize = 1000;
 /// types the conversion gives those tensors, checked in graph order (the first refusal found is
 /// the one a whole-model check finds first, up to ONNX Runtime's own order). Where a border type
 /// is not known, or a piece fails for anything but a refusal, the whole model is checked.
-fn check_converted_types(model: &Model, index: &GraphIndex, converted: &Model, conversion: &Conversion, target: layerwise_model::convert::Target) -> Result<(), layerwise_runtime::RuntimeError> {
+fn check_converted_types(
+    model: &Model,
+    index: &GraphIndex,
+    converted: &Model,
+    conversion: &Conversion,
+    target: layerwise_model::convert::Target,
+) -> Result<(), layerwise_runtime::RuntimeError> {
     let graph = converted.graph();
     if graph.node.len() <= 2 * TYPE_CHECK_NODES || index.nodes.iter().any(|n| n.has_subgraphs) {
         return layerwise_runtime::check_types(converted);
@@ -67,7 +84,13 @@ fn check_converted_types(model: &Model, index: &GraphIndex, converted: &Model, c
 }
 
 /// The pieces of [`check_converted_types`]; `None` where a border type is not known.
-fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, conversion: &Conversion, target: layerwise_model::convert::Target) -> Option<Result<(), layerwise_runtime::RuntimeError>> {
+fn check_types_in_pieces(
+    model: &Model,
+    index: &GraphIndex,
+    converted: &Model,
+    conversion: &Conversion,
+    target: layerwise_model::convert::Target,
+) -> Option<Result<(), layerwise_runtime::RuntimeError>> {
     use layerwise_model::builder::{tensor_type, Dim};
     use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
     let graph = converted.graph();
@@ -75,7 +98,12 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
     // or for the inputs' shapes to estimate memory). Concrete dimensions where the model's are
     // symbolic change no node's input types, which is what the check is about.
     let original = layerwise_runtime::tensor_types_for_any_shapes(model, index).ok()?;
-    let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+    let producer: HashMap<&str, usize> = graph
+        .node
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i)))
+        .collect();
     let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
     let weights: HashSet<&str> = graph.initializer.iter().map(|w| w.name()).collect();
     let reduced = match target {
@@ -84,7 +112,15 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
     };
     // A computed tensor's type in the converted model: a Cast's target, the reduced type where
     // the conversion stores it so, else its type in the original model; dims as the original's.
-    let dims_of = |t: &str| original.get(t).map(|ty| ty.dims.iter().enumerate().map(|(i, d)| d.map_or_else(|| Dim::Symbolic(format!("{t}__lw_d{i}")), |d| Dim::Fixed(d as i64))).collect::<Vec<_>>());
+    let dims_of = |t: &str| {
+        original.get(t).map(|ty| {
+            ty.dims
+                .iter()
+                .enumerate()
+                .map(|(i, d)| d.map_or_else(|| Dim::Symbolic(format!("{t}__lw_d{i}")), |d| Dim::Fixed(d as i64)))
+                .collect::<Vec<_>>()
+        })
+    };
     let type_of = |t: &str| -> Option<ValueInfoProto> {
         if let Some(v) = declared.get(t) {
             return Some((*v).clone());
@@ -99,24 +135,33 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
             DataType::try_from(original.get(t)?.dtype?.onnx()).ok()?
         };
         let dims = if node.op_type() == "Cast" { node.input.first().and_then(|i| dims_of(i)) } else { dims_of(t) };
-        Some(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, dims.as_deref())), ..Default::default() })
+        Some(ValueInfoProto {
+            name: Some(t.to_string()),
+            r#type: Some(tensor_type(elem, dims.as_deref())),
+            ..Default::default()
+        })
     };
     let shell = ModelProto { graph: None, ..converted.proto.clone() };
     // What the check finds, a node's input types against its op's schema, is the same for every
     // node of one op, attributes and input and output types (a decoder's repeated blocks): the
     // first of each, in graph order, is checked, so the first refusal found is still the first.
-    let weight_types: HashMap<&str, (i32, &[i64])> = graph.initializer.iter().map(|w| (w.name(), (w.data_type(), w.dims.as_slice()))).collect();
+    let weight_types: HashMap<&str, (i32, &[i64])> =
+        graph.initializer.iter().map(|w| (w.name(), (w.data_type(), w.dims.as_slice()))).collect();
     let mut seen: HashSet<Vec<u8>> = HashSet::new();
     let mut representatives: Vec<layerwise_model::onnx::NodeProto> = Vec::new();
     for node in &graph.node {
         use prost::Message;
-        let mut signature = layerwise_model::onnx::NodeProto { name: None, input: Vec::new(), output: Vec::new(), ..node.clone() }.encode_to_vec();
+        let mut signature =
+            layerwise_model::onnx::NodeProto { name: None, input: Vec::new(), output: Vec::new(), ..node.clone() }
+                .encode_to_vec();
         for t in node.input.iter().chain(&node.output) {
             match weight_types.get(t.as_str()) {
                 Some((elem, dims)) => signature.extend(format!("|w{elem}{dims:?}").bytes()),
                 None if t.is_empty() => signature.extend(b"|-"),
                 // Untyped here: told apart by its name (checked on its own).
-                None => signature.extend(type_of(t).map_or_else(|| format!("|{t}"), |v| format!("|{:?}", v.r#type)).bytes()),
+                None => {
+                    signature.extend(type_of(t).map_or_else(|| format!("|{t}"), |v| format!("|{:?}", v.r#type)).bytes())
+                }
             }
         }
         if seen.insert(signature) {
@@ -137,7 +182,11 @@ fn check_types_in_pieces(model: &Model, index: &GraphIndex, converted: &Model, c
             name: graph.name.clone(),
             initializer: graph.initializer.iter().filter(|w| read.contains(w.name())).cloned().collect(),
             input: inputs,
-            output: made.iter().filter(|t| !t.is_empty()).map(|t| ValueInfoProto { name: Some(t.to_string()), ..Default::default() }).collect(),
+            output: made
+                .iter()
+                .filter(|t| !t.is_empty())
+                .map(|t| ValueInfoProto { name: Some(t.to_string()), ..Default::default() })
+                .collect(),
             node: nodes.to_vec(),
             ..Default::default()
         };
@@ -175,9 +224,24 @@ impl<'a> KeepRunner<'a> {
     /// Prepares `candidate` (its keep list is reset) to run `model` with keep lists.
     pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
-        let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 { layerwise_model::convert::Target::Bf16 } else { layerwise_model::convert::Target::Fp16 };
+        let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 {
+            layerwise_model::convert::Target::Bf16
+        } else {
+            layerwise_model::convert::Target::Fp16
+        };
         let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
-        KeepRunner { model, index, emulated, storage, converter_fp32: None, target, refused: None, unkept: None, float: None, plain: None }
+        KeepRunner {
+            model,
+            index,
+            emulated,
+            storage,
+            converter_fp32: None,
+            target,
+            refused: None,
+            unkept: None,
+            float: None,
+            plain: None,
+        }
     }
 
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
@@ -230,7 +294,8 @@ impl<'a> KeepRunner<'a> {
         }
         let (model, index, target) = (self.model, self.index, self.target);
         let refused = self.refused()?.clone();
-        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
+        let options =
+            ConvertOptions { keep_nodes: keep.iter().cloned().collect(), target, refused, ..Default::default() };
         Ok(convert_fp16(model, index, self.float()?, &options)?)
     }
 
@@ -240,7 +305,10 @@ impl<'a> KeepRunner<'a> {
     pub fn converter_fp32(&mut self) -> &[(String, String)] {
         if self.converter_fp32.is_none() {
             let index = self.index;
-            let found = self.unkept().map(|c| c.fp32_nodes.iter().filter(|(n, _)| index.node(n).is_some()).cloned().collect()).unwrap_or_default();
+            let found = self
+                .unkept()
+                .map(|c| c.fp32_nodes.iter().filter(|(n, _)| index.node(n).is_some()).cloned().collect())
+                .unwrap_or_default();
             self.converter_fp32 = Some(found);
             // An emulation runs no converted model: not held through its runs.
             if self.emulated {
@@ -267,7 +335,13 @@ impl<'a> KeepRunner<'a> {
 
     /// One candidate run with `keep` in FP32, returning the selected tensors. The candidate's own
     /// keep list is reset afterwards.
-    pub fn run(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+    pub fn run(
+        &mut self,
+        candidate: &mut dyn Backend,
+        keep: &[String],
+        inputs: &[(String, Tensor)],
+        selection: &Selection,
+    ) -> Result<RunOutput> {
         if self.emulated {
             let as_written = self.as_written(keep);
             candidate.keep_fp32(&as_written);
@@ -298,7 +372,13 @@ impl<'a> KeepRunner<'a> {
     /// they are. Returns `None` where this does not apply (an emulating candidate, a model with
     /// control flow, a border value missing), and the caller runs the whole model; else the outputs
     /// and how many nodes ran.
-    pub fn run_changed_part(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], before: &HashMap<String, Tensor>) -> Result<Option<(RunOutput, usize)>> {
+    pub fn run_changed_part(
+        &mut self,
+        candidate: &mut dyn Backend,
+        keep: &[String],
+        inputs: &[(String, Tensor)],
+        before: &HashMap<String, Tensor>,
+    ) -> Result<Option<(RunOutput, usize)>> {
         if self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
             return Ok(None);
         }
@@ -312,16 +392,22 @@ impl<'a> KeepRunner<'a> {
         let index = GraphIndex::build(graph)?;
         let (plain, plain_index) = self.plain.as_ref().expect("just set");
         let plain_graph = plain.proto.graph.as_ref().expect("a converted model has a graph");
-        let plain_nodes: HashMap<&str, &layerwise_model::onnx::NodeProto> = plain_index.nodes.iter().map(|n| (n.name.as_str(), &plain_graph.node[n.proto_index])).collect();
+        let plain_nodes: HashMap<&str, &layerwise_model::onnx::NodeProto> =
+            plain_index.nodes.iter().map(|n| (n.name.as_str(), &plain_graph.node[n.proto_index])).collect();
         // An initializer counts as the same where its name, type and dimensions are (a keep list
         // changes a weight's stored type, not its values).
-        let weight_type = |g: &layerwise_model::onnx::GraphProto, t: &str| g.initializer.iter().find(|w| w.name() == t).map(|w| (w.data_type(), w.dims.clone()));
+        let weight_type = |g: &layerwise_model::onnx::GraphProto, t: &str| {
+            g.initializer.iter().find(|w| w.name() == t).map(|w| (w.data_type(), w.dims.clone()))
+        };
         let mut changed_tensors: HashSet<&str> = HashSet::new();
         let mut part: Vec<bool> = vec![false; index.nodes.len()];
         for (i, node) in index.nodes.iter().enumerate() {
             let proto = &graph.node[node.proto_index];
             let differs = plain_nodes.get(node.name.as_str()) != Some(&proto)
-                || node.inputs.iter().any(|t| changed_tensors.contains(t.as_str()) || (index.is_initializer(t) && weight_type(graph, t) != weight_type(plain_graph, t)));
+                || node.inputs.iter().any(|t| {
+                    changed_tensors.contains(t.as_str())
+                        || (index.is_initializer(t) && weight_type(graph, t) != weight_type(plain_graph, t))
+                });
             if differs {
                 part[i] = true;
                 changed_tensors.extend(node.outputs.iter().map(String::as_str));
@@ -374,9 +460,11 @@ impl<'a> KeepRunner<'a> {
             // The keep list reaches no output: nothing to run.
             return Ok(Some((result, 0)));
         }
-        let members: Vec<String> = (0..index.nodes.len()).filter(|&i| part[i]).map(|i| index.nodes[i].name.clone()).collect();
+        let members: Vec<String> =
+            (0..index.nodes.len()).filter(|&i| part[i]).map(|i| index.nodes[i].name.clone()).collect();
         // Types as the converted model stores them: a graph input as it declares it.
-        let declared: HashMap<&str, i32> = graph.input.iter().filter_map(|v| Some((v.name(), declared_elem(v)?))).collect();
+        let declared: HashMap<&str, i32> =
+            graph.input.iter().filter_map(|v| Some((v.name(), declared_elem(v)?))).collect();
         let types = |t: &str| -> Option<TensorType> {
             let v = border.get(t)?;
             let elem = declared.get(t).copied().unwrap_or(v.dtype().onnx());
@@ -393,8 +481,15 @@ impl<'a> KeepRunner<'a> {
         }
         // The part returns only the model outputs: fewer copies off the device, and nothing in
         // the way of the runtime's fusions.
-        extraction.proto.graph.as_mut().expect("an extraction has a graph").output.retain(|v| outputs.iter().any(|(local, _)| local == v.name()));
-        let part_inputs: Vec<(String, Tensor)> = group.inputs.iter().map(|(local, t)| (local.clone(), border[t].clone())).collect();
+        extraction
+            .proto
+            .graph
+            .as_mut()
+            .expect("an extraction has a graph")
+            .output
+            .retain(|v| outputs.iter().any(|(local, _)| local == v.name()));
+        let part_inputs: Vec<(String, Tensor)> =
+            group.inputs.iter().map(|(local, t)| (local.clone(), border[t].clone())).collect();
         let part_model = cm.derived(extraction.proto, "counterfactual-part.onnx");
         let part_index = GraphIndex::build(part_model.graph())?;
         let selection = Selection::Names(outputs.iter().map(|(local, _)| local.clone()).collect());
@@ -421,7 +516,9 @@ impl<'a> KeepRunner<'a> {
         }
         // Nodes are in topological order: a reader comes after what it reads.
         for i in 0..index.nodes.len() {
-            if !affected[i] && index.nodes[i].inputs.iter().any(|t| index.producer_index(t).is_some_and(|p| affected[p])) {
+            if !affected[i]
+                && index.nodes[i].inputs.iter().any(|t| index.producer_index(t).is_some_and(|p| affected[p]))
+            {
                 affected[i] = true;
             }
         }
@@ -438,7 +535,11 @@ impl<'a> KeepRunner<'a> {
             if pieces.last().map(|(p, _)| *p) != Some(piece) {
                 pieces.push((piece, Vec::new()));
             }
-            pieces.last_mut().expect("just pushed").1.extend(node.outputs.iter().filter(|t| !t.is_empty() && wanted(t)).cloned());
+            pieces
+                .last_mut()
+                .expect("just pushed")
+                .1
+                .extend(node.outputs.iter().filter(|t| !t.is_empty() && wanted(t)).cloned());
         }
         pieces.into_iter().map(|(_, p)| p).filter(|p| !p.is_empty()).collect()
     }
@@ -463,12 +564,22 @@ impl<'a> KeepRunner<'a> {
     /// pieces fed at their border with its values. Without a held run every node runs, in pieces.
     /// `None` where this does not apply (a converted candidate, control flow, a candidate that
     /// cannot run parts); the caller then runs the whole model.
-    pub fn run_all_from(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], held: &[HeldRun]) -> Result<Option<HeldRun<'static>>> {
+    pub fn run_all_from(
+        &mut self,
+        candidate: &mut dyn Backend,
+        keep: &[String],
+        inputs: &[(String, Tensor)],
+        held: &[HeldRun],
+    ) -> Result<Option<HeldRun<'static>>> {
         if !self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
             return Ok(None);
         }
         let kept: HashSet<String> = self.as_written(keep).into_iter().collect();
-        let (affected, base) = match held.iter().map(|h| (self.affected(&h.kept, &kept), h)).min_by_key(|(a, _)| a.iter().filter(|&&x| x).count()) {
+        let (affected, base) = match held
+            .iter()
+            .map(|h| (self.affected(&h.kept, &kept), h))
+            .min_by_key(|(a, _)| a.iter().filter(|&&x| x).count())
+        {
             Some((affected, h)) => (affected, Some(h)),
             None => (vec![true; self.index.nodes.len()], None),
         };
@@ -484,7 +595,11 @@ impl<'a> KeepRunner<'a> {
         let as_written: Vec<String> = kept.iter().cloned().collect();
         candidate.keep_fp32(&as_written);
         let known = |t: &str| if unaffected(t) { base.and_then(|h| h.get(t)) } else { None };
-        let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
+        let computed = candidate.run_pieces(
+            &RunRequest { model: self.model, index, inputs, selection: &Selection::All },
+            &known,
+            &pieces,
+        );
         candidate.keep_fp32(&[]);
         match computed {
             Some(Ok(computed)) => tensors.extend(computed),
@@ -502,7 +617,13 @@ impl<'a> KeepRunner<'a> {
     /// (only what it needs, from what it holds), and kept there for the next check: the prefix
     /// runs once for every check. Returns the outputs and how many nodes ran again; `None` where
     /// this does not apply, and the caller runs the whole model.
-    pub fn outputs_from(&mut self, candidate: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], baseline: &mut HeldRun) -> Result<Option<(RunOutput, usize)>> {
+    pub fn outputs_from(
+        &mut self,
+        candidate: &mut dyn Backend,
+        keep: &[String],
+        inputs: &[(String, Tensor)],
+        baseline: &mut HeldRun,
+    ) -> Result<Option<(RunOutput, usize)>> {
         if !self.emulated || self.index.nodes.iter().any(|n| n.has_subgraphs) {
             return Ok(None);
         }
@@ -512,7 +633,8 @@ impl<'a> KeepRunner<'a> {
         let unaffected = |t: &str| index.producer_index(t).is_none_or(|p| !affected[p]);
         // What runs again: the changed nodes that an output needs.
         let mut part = vec![false; index.nodes.len()];
-        let mut stack: Vec<usize> = index.outputs.iter().filter_map(|o| index.producer_index(o)).filter(|&p| affected[p]).collect();
+        let mut stack: Vec<usize> =
+            index.outputs.iter().filter_map(|o| index.producer_index(o)).filter(|&p| affected[p]).collect();
         while let Some(i) = stack.pop() {
             if std::mem::replace(&mut part[i], true) {
                 continue;
@@ -522,7 +644,12 @@ impl<'a> KeepRunner<'a> {
         // The baseline's values it needs: its border, and the outputs it does not reach.
         let mut needed: Vec<String> = Vec::new();
         for node in index.nodes.iter().enumerate().filter(|(i, _)| part[*i]).map(|(_, n)| n) {
-            needed.extend(node.inputs.iter().filter(|t| index.producer_index(t).is_some_and(|p| !affected[p]) && !index.is_constant_like(t)).cloned());
+            needed.extend(
+                node.inputs
+                    .iter()
+                    .filter(|t| index.producer_index(t).is_some_and(|p| !affected[p]) && !index.is_constant_like(t))
+                    .cloned(),
+            );
         }
         needed.extend(index.outputs.iter().filter(|o| index.producer_index(o).is_some_and(|p| !affected[p])).cloned());
         needed.sort();
@@ -538,7 +665,13 @@ impl<'a> KeepRunner<'a> {
             if std::mem::replace(&mut prefix[i], true) {
                 continue;
             }
-            stack.extend(index.nodes[i].inputs.iter().filter(|t| baseline.get(t).is_none()).filter_map(|t| index.producer_index(t)));
+            stack.extend(
+                index.nodes[i]
+                    .inputs
+                    .iter()
+                    .filter(|t| baseline.get(t).is_none())
+                    .filter_map(|t| index.producer_index(t)),
+            );
         }
         let both: Vec<bool> = part.iter().zip(&prefix).map(|(a, b)| *a || *b).collect();
         // Returned: the outputs, what one piece hands the next, and the border asked for, which
@@ -552,13 +685,18 @@ impl<'a> KeepRunner<'a> {
         let as_written: Vec<String> = kept.iter().cloned().collect();
         candidate.keep_fp32(&as_written);
         let known = |t: &str| if unaffected(t) { baseline.get(t) } else { None };
-        let computed = candidate.run_pieces(&RunRequest { model: self.model, index, inputs, selection: &Selection::All }, &known, &pieces);
+        let computed = candidate.run_pieces(
+            &RunRequest { model: self.model, index, inputs, selection: &Selection::All },
+            &known,
+            &pieces,
+        );
         candidate.keep_fp32(&[]);
         let mut computed = match computed {
             Some(Ok(computed)) => computed,
             None | Some(Err(_)) => return Ok(None),
         };
-        let of_prefix: Vec<String> = computed.keys().filter(|t| index.producer_index(t).is_some_and(|p| prefix[p])).cloned().collect();
+        let of_prefix: Vec<String> =
+            computed.keys().filter(|t| index.producer_index(t).is_some_and(|p| prefix[p])).cloned().collect();
         for t in of_prefix {
             let v = computed.remove(&t).expect("a key just listed");
             baseline.tensors.insert(t, v);
@@ -641,7 +779,13 @@ fn declared_elem(v: &layerwise_model::onnx::ValueInfoProto) -> Option<i32> {
 
 /// Runs a converted model on `candidate`; ONNX Runtime's CPU provider computes an FP16 model in
 /// float32, so there it runs in its own types.
-fn run_converted(candidate: &mut dyn Backend, model: &Model, index: &GraphIndex, inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+fn run_converted(
+    candidate: &mut dyn Backend,
+    model: &Model,
+    index: &GraphIndex,
+    inputs: &[(String, Tensor)],
+    selection: &Selection,
+) -> Result<RunOutput> {
     if let Some(threads) = crate::pipeline::setup::typed_candidate(candidate.spec(), model) {
         let mut typed = layerwise_runtime::typed::TypedBackend::new(candidate.spec(), threads);
         return Ok(typed.run(&RunRequest { model, index, inputs, selection })?);
@@ -675,14 +819,25 @@ pub struct Unquantizing {
 }
 
 impl<'a> UnquantizedRunner<'a> {
-    pub fn new(reference: &'a Model, ref_index: &'a GraphIndex, candidate: &'a Model, cand_index: &'a GraphIndex, cand_names: &'a HashMap<String, String>) -> UnquantizedRunner<'a> {
+    pub fn new(
+        reference: &'a Model,
+        ref_index: &'a GraphIndex,
+        candidate: &'a Model,
+        cand_index: &'a GraphIndex,
+        cand_names: &'a HashMap<String, String>,
+    ) -> UnquantizedRunner<'a> {
         UnquantizedRunner { reference, ref_index, candidate, cand_index, cand_names }
     }
 
     /// The candidate's counterparts of the reference nodes `keep`: the node of the same name and
     /// op, else (a Relu a quantizer took over) the quantizer whose output holds its value.
     pub fn translate(&self, keep: &[String]) -> Unquantizing {
-        let mut out = Unquantizing { nodes: Vec::new(), quantizers: Vec::new(), kept: Vec::new(), without_counterpart: Vec::new() };
+        let mut out = Unquantizing {
+            nodes: Vec::new(),
+            quantizers: Vec::new(),
+            kept: Vec::new(),
+            without_counterpart: Vec::new(),
+        };
         for name in keep {
             let Some(node) = self.ref_index.node(name) else {
                 out.without_counterpart.push(name.clone());
@@ -693,10 +848,17 @@ impl<'a> UnquantizedRunner<'a> {
                 out.kept.push(name.clone());
                 continue;
             }
-            let held = node.outputs.first().and_then(|o| self.cand_names.get(o)).filter(|c| self.cand_index.producer(c).is_some_and(|p| p.op_type == "DequantizeLinear"));
+            let held = node
+                .outputs
+                .first()
+                .and_then(|o| self.cand_names.get(o))
+                .filter(|c| self.cand_index.producer(c).is_some_and(|p| p.op_type == "DequantizeLinear"));
             match held {
                 Some(c) if node.op_type == "Relu" => {
-                    out.quantizers.push(layerwise_model::unquantize::BypassedQuantizer { dequantized: c.clone(), activation: Some("Relu".into()) });
+                    out.quantizers.push(layerwise_model::unquantize::BypassedQuantizer {
+                        dequantized: c.clone(),
+                        activation: Some("Relu".into()),
+                    });
                     out.kept.push(name.clone());
                 }
                 _ => out.without_counterpart.push(name.clone()),
@@ -708,13 +870,24 @@ impl<'a> UnquantizedRunner<'a> {
     /// The candidate model with `keep` (reference nodes) unquantized.
     pub fn model(&self, keep: &[String]) -> Result<layerwise_model::unquantize::Unquantized> {
         let plan = self.translate(keep);
-        Ok(layerwise_model::unquantize::keep_unquantized(&self.candidate.proto, &plan.nodes, &plan.quantizers, Some(&self.reference.proto))?)
+        Ok(layerwise_model::unquantize::keep_unquantized(
+            &self.candidate.proto,
+            &plan.nodes,
+            &plan.quantizers,
+            Some(&self.reference.proto),
+        )?)
     }
 
     /// One run of the candidate with `keep` unquantized: the tensors of `selection` (in its own
     /// names; `Selection::Names(vec![])` runs it as deployed, only its outputs, its Q/DQ pairs
     /// fused) under the reference names they hold.
-    pub fn run(&self, backend: &mut dyn Backend, keep: &[String], inputs: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
+    pub fn run(
+        &self,
+        backend: &mut dyn Backend,
+        keep: &[String],
+        inputs: &[(String, Tensor)],
+        selection: &Selection,
+    ) -> Result<RunOutput> {
         let rewritten = self.model(keep)?;
         let dir = layerwise_model::scratch::ScratchDir::new("layerwise-unquantized-")?;
         let path = dir.path().join("candidate.onnx");
@@ -767,7 +940,8 @@ mod tests {
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
         // Piece borders fall inside the converted chain (a Cast of the input comes first).
         assert!(conversion.reduced_tensors.contains("t998") && conversion.reduced_tensors.contains("t1998"));
-        let checked = check_types_in_pieces(&model, &index, &converted, &conversion, Target::Fp16).expect("every border type known");
+        let checked = check_types_in_pieces(&model, &index, &converted, &conversion, Target::Fp16)
+            .expect("every border type known");
         assert!(checked.is_ok(), "{checked:?}");
         assert!(layerwise_runtime::check_types(&converted).is_ok());
     }

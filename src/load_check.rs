@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result};
 use layerwise_model::convert::{Conversion, ConvertOptions};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_runtime::{create_backend, BackendSpec, OptLevel, OrtOptions, RunRequest, Tensor};
 use layerwise_report::{LoadCheck, LoadStatus};
+use layerwise_runtime::{create_backend, BackendSpec, OptLevel, OrtOptions, RunRequest, Tensor};
 
 /// The command line that runs this program's own commands: the Python extension sets its
 /// interpreter with `-m layerwise._cli`; otherwise the running executable.
@@ -36,7 +36,9 @@ fn self_command() -> Option<Vec<OsString>> {
         return Some(vec![exe.into_os_string()]);
     }
     let near = exe.parent().into_iter().flat_map(|d| [d.join("layerwise"), d.join("../layerwise")]);
-    let on_path = std::env::var_os("PATH").into_iter().flat_map(|p| std::env::split_paths(&p).map(|d| d.join("layerwise")).collect::<Vec<_>>());
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).map(|d| d.join("layerwise")).collect::<Vec<_>>());
     near.chain(on_path).find(|p| is_layerwise(p)).map(|p| vec![p.into_os_string()])
 }
 
@@ -44,7 +46,11 @@ fn self_command() -> Option<Vec<OsString>> {
 pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Result<LoadCheck> {
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-load-")?;
     let Some(mut command) = self_command() else {
-        return Ok(LoadCheck { status: LoadStatus::NotChecked, detail: Some("no layerwise executable was found to load the model in a child process".into()), kept_ops: Vec::new() });
+        return Ok(LoadCheck {
+            status: LoadStatus::NotChecked,
+            detail: Some("no layerwise executable was found to load the model in a child process".into()),
+            kept_ops: Vec::new(),
+        });
     };
     let program = command.remove(0);
     let mut child = std::process::Command::new(program);
@@ -74,7 +80,11 @@ pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Resu
             }
             None => LoadCheck { status: LoadStatus::Loads, detail: None, kept_ops: Vec::new() },
         },
-        Some(2) => LoadCheck { status: LoadStatus::Error, detail: Some(stderr.trim_start_matches("error: ").to_string()), kept_ops: Vec::new() },
+        Some(2) => LoadCheck {
+            status: LoadStatus::Error,
+            detail: Some(stderr.trim_start_matches("error: ").to_string()),
+            kept_ops: Vec::new(),
+        },
         _ => {
             #[cfg(unix)]
             let how = {
@@ -104,8 +114,14 @@ pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
     // Test hook, for tests/load_check.rs only: behave as ONNX Runtime did on the GRU text model, a
     // crash, for a node of this op type that reads an FP16 weight.
     if let Ok(op) = std::env::var("LAYERWISE_TEST_CRASH_OP") {
-        let fp16_weights: std::collections::HashSet<&str> = model.graph().initializer.iter().filter(|t| t.data_type() == 10).map(|t| t.name()).collect();
-        if model.graph().node.iter().any(|n| n.op_type() == op && n.input.iter().any(|i| fp16_weights.contains(i.as_str()))) {
+        let fp16_weights: std::collections::HashSet<&str> =
+            model.graph().initializer.iter().filter(|t| t.data_type() == 10).map(|t| t.name()).collect();
+        if model
+            .graph()
+            .node
+            .iter()
+            .any(|n| n.op_type() == op && n.input.iter().any(|i| fp16_weights.contains(i.as_str())))
+        {
             std::process::abort();
         }
     }
@@ -116,7 +132,9 @@ pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
     }
     // Test hook, for tests only: fail at these optimization levels as ONNX Runtime failed on the
     // ViT's FP16 Resize at `all`.
-    let injected: Vec<String> = std::env::var("LAYERWISE_TEST_FAIL_AT_LEVELS").map(|v| v.split(',').map(str::to_string).collect()).unwrap_or_default();
+    let injected: Vec<String> = std::env::var("LAYERWISE_TEST_FAIL_AT_LEVELS")
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
     let feeds = inputs.map(layerwise_runtime::npy::read_npz).transpose()?;
     let mut failures: Vec<(OptLevel, String)> = Vec::new();
     for level in [OptLevel::All, OptLevel::Extended, OptLevel::Basic, OptLevel::Disable] {
@@ -128,7 +146,12 @@ pub fn run_check_load(model_path: &Path, inputs: Option<&Path>) -> Result<u8> {
             match &feeds {
                 Some(feeds) => {
                     let mut cpu = create_backend(&BackendSpec::Ort(options))?;
-                    cpu.run(&RunRequest { model: &model, index: &index, inputs: feeds, selection: &Selection::Names(Vec::new()) })?;
+                    cpu.run(&RunRequest {
+                        model: &model,
+                        index: &index,
+                        inputs: feeds,
+                        selection: &Selection::Names(Vec::new()),
+                    })?;
                 }
                 None => {
                     layerwise_runtime::tensor_types(&model, &index, &[])?;
@@ -176,13 +199,17 @@ pub fn convert_that_loads(
     let kept_fp32: std::collections::HashSet<&str> = conversion.fp32_nodes.iter().map(|(n, _)| n.as_str()).collect();
     let index = GraphIndex::build(model.graph())?;
     let mut ops: Vec<String> = Vec::new();
-    for n in index.nodes.iter().filter(|n| !kept_fp32.contains(n.name.as_str()) && !matches!(n.op_type.as_str(), "Constant" | "Cast" | "Shape" | "Size")) {
+    for n in index.nodes.iter().filter(|n| {
+        !kept_fp32.contains(n.name.as_str()) && !matches!(n.op_type.as_str(), "Constant" | "Cast" | "Shape" | "Size")
+    }) {
         if !ops.contains(&n.op_type) && !options.keep_ops.contains(&n.op_type) {
             ops.push(n.op_type.clone());
         }
     }
     ops.sort_by_key(|op| !matches!(op.as_str(), "LSTM" | "GRU" | "RNN"));
-    let attempt = |keep: &[String], convert: &mut dyn FnMut(&ConvertOptions) -> Result<Conversion>| -> Result<(Conversion, LoadCheck)> {
+    let attempt = |keep: &[String],
+                   convert: &mut dyn FnMut(&ConvertOptions) -> Result<Conversion>|
+     -> Result<(Conversion, LoadCheck)> {
         let mut o = options.clone();
         o.keep_ops.extend(keep.iter().cloned());
         let c = convert(&o)?;
@@ -193,7 +220,14 @@ pub fn convert_that_loads(
     for op in &ops {
         let (c, result) = attempt(std::slice::from_ref(op), convert)?;
         if result.status != LoadStatus::Crashed {
-            return Ok((c, LoadCheck { detail: Some(format!("{crash_note}; with every {op} kept in FP32 it {}", outcome(&result))), kept_ops: vec![op.clone()], ..result }));
+            return Ok((
+                c,
+                LoadCheck {
+                    detail: Some(format!("{crash_note}; with every {op} kept in FP32 it {}", outcome(&result))),
+                    kept_ops: vec![op.clone()],
+                    ..result
+                },
+            ));
         }
     }
     // No single op type: keep them cumulatively until it loads, then drop those not needed.
@@ -204,7 +238,8 @@ pub fn convert_that_loads(
         if result.status != LoadStatus::Crashed {
             let mut i = 0;
             while i + 1 < keep.len() {
-                let without: Vec<String> = keep.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| o.clone()).collect();
+                let without: Vec<String> =
+                    keep.iter().enumerate().filter(|(j, _)| *j != i).map(|(_, o)| o.clone()).collect();
                 if attempt(&without, convert)?.1.status != LoadStatus::Crashed {
                     keep = without;
                 } else {
@@ -212,7 +247,18 @@ pub fn convert_that_loads(
                 }
             }
             let (c, result) = attempt(&keep, convert)?;
-            return Ok((c, LoadCheck { detail: Some(format!("{crash_note}; with {} kept in FP32 it {}", keep.join(", "), outcome(&result))), kept_ops: keep, ..result }));
+            return Ok((
+                c,
+                LoadCheck {
+                    detail: Some(format!(
+                        "{crash_note}; with {} kept in FP32 it {}",
+                        keep.join(", "),
+                        outcome(&result)
+                    )),
+                    kept_ops: keep,
+                    ..result
+                },
+            ));
         }
     }
     // Even all-FP32 ops crash: leave the first conversion and say so.

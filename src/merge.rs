@@ -29,7 +29,9 @@ pub fn merge(partials: &[PathBuf]) -> Result<Report> {
 pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
     let mut reports: Vec<(PathBuf, Report, Shard)> = Vec::new();
     for (path, mut report) in partials {
-        let shard = report.extras.shard.take().with_context(|| format!("{} is not a partial report: it was not written with bisect --shard", path.display()))?;
+        let shard = report.extras.shard.take().with_context(|| {
+            format!("{} is not a partial report: it was not written with bisect --shard", path.display())
+        })?;
         reports.push((path, report, shard));
     }
     // All shards of one job: the same split, model, backends, tolerances and tensors.
@@ -39,18 +41,33 @@ pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
             bail!("{} and {} come from different jobs: their 'model' differ", first_path.display(), path.display());
         }
         if report.tolerances != first.tolerances {
-            bail!("{} and {} come from different jobs: their 'tolerances' differ", first_path.display(), path.display());
+            bail!(
+                "{} and {} come from different jobs: their 'tolerances' differ",
+                first_path.display(),
+                path.display()
+            );
         }
         if report.reference.spec != first.reference.spec || report.cand.spec != first.cand.spec {
             bail!("{} and {} come from different jobs: their backends differ", first_path.display(), path.display());
         }
         if let (Some(a), Some(b)) = (&first_shard.samples_digest, &shard.samples_digest) {
             if a != b {
-                bail!("{} and {} come from different sample folders: their samples' names or sizes differ", first_path.display(), path.display());
+                bail!(
+                    "{} and {} come from different sample folders: their samples' names or sizes differ",
+                    first_path.display(),
+                    path.display()
+                );
             }
         }
-        if shard.count != first_shard.count || shard.total_samples != first_shard.total_samples || shard.order != first_shard.order {
-            bail!("{} and {} come from different splits or models (shard count, sample count or tensors differ)", first_path.display(), path.display());
+        if shard.count != first_shard.count
+            || shard.total_samples != first_shard.total_samples
+            || shard.order != first_shard.order
+        {
+            bail!(
+                "{} and {} come from different splits or models (shard count, sample count or tensors differ)",
+                first_path.display(),
+                path.display()
+            );
         }
     }
     let count = first_shard.count;
@@ -64,10 +81,16 @@ pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
         bail!("shard {missing}/{count} is missing: merge needs the partial report of every shard");
     }
     // Every sample once, in the order one run takes them (file names, sorted).
-    let mut samples: Vec<(SampleData, usize)> = reports.iter().enumerate().flat_map(|(r, (_, _, s))| s.samples.iter().cloned().map(move |d| (d, r))).collect();
+    let mut samples: Vec<(SampleData, usize)> =
+        reports.iter().enumerate().flat_map(|(r, (_, _, s))| s.samples.iter().cloned().map(move |d| (d, r))).collect();
     samples.sort_by(|a, b| a.0.run.sample.cmp(&b.0.run.sample));
-    if samples.len() != first_shard.total_samples || samples.windows(2).any(|w| w[0].0.run.sample == w[1].0.run.sample) {
-        bail!("the shards hold {} samples, not the {} of the folder, once each", samples.len(), first_shard.total_samples);
+    if samples.len() != first_shard.total_samples || samples.windows(2).any(|w| w[0].0.run.sample == w[1].0.run.sample)
+    {
+        bail!(
+            "the shards hold {} samples, not the {} of the folder, once each",
+            samples.len(),
+            first_shard.total_samples
+        );
     }
     let data: Vec<SampleData> = samples.iter().map(|(d, _)| d.clone()).collect();
     let chosen = chosen_sample(&data).expect("at least one sample");

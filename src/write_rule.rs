@@ -36,12 +36,22 @@ impl Reads {
     }
 
     pub fn file(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
-        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), resolved: resolved(path.as_ref()), folder: false });
+        self.entries.push(Read {
+            what: what.into(),
+            path: path.as_ref().to_path_buf(),
+            resolved: resolved(path.as_ref()),
+            folder: false,
+        });
         self
     }
 
     pub fn folder(&mut self, what: impl Into<String>, path: impl AsRef<Path>) -> &mut Reads {
-        self.entries.push(Read { what: what.into(), path: path.as_ref().to_path_buf(), resolved: resolved(path.as_ref()), folder: true });
+        self.entries.push(Read {
+            what: what.into(),
+            path: path.as_ref().to_path_buf(),
+            resolved: resolved(path.as_ref()),
+            folder: true,
+        });
         self
     }
 
@@ -89,7 +99,10 @@ impl Reads {
                     reads.folder(format!("the saved {side} run"), path);
                     // A saved run reads the inputs file beside its folder.
                     if let Some(parent) = path.parent() {
-                        reads.file(format!("the inputs of the saved {side} run"), parent.join(layerwise_runtime::saved::INPUTS_FILE));
+                        reads.file(
+                            format!("the inputs of the saved {side} run"),
+                            parent.join(layerwise_runtime::saved::INPUTS_FILE),
+                        );
                     }
                 } else {
                     reads.file(format!("the saved {side} run"), path);
@@ -105,10 +118,20 @@ impl Reads {
         for read in &self.entries {
             let Some(r) = &read.resolved else { continue };
             if *r == t {
-                bail!("{what} {} would overwrite {} {}; choose another path", target.display(), read.what, read.path.display());
+                bail!(
+                    "{what} {} would overwrite {} {}; choose another path",
+                    target.display(),
+                    read.what,
+                    read.path.display()
+                );
             }
             if read.folder && t.starts_with(r) {
-                bail!("{what} {} would write into {} {}; choose a path outside it", target.display(), read.what, read.path.display());
+                bail!(
+                    "{what} {} would write into {} {}; choose a path outside it",
+                    target.display(),
+                    read.what,
+                    read.path.display()
+                );
             }
         }
         Ok(())

@@ -25,26 +25,55 @@ fn f16(x: f32) -> f32 {
 
 #[test]
 fn fp16_reduce_mean_is_the_h100s_bit_for_bit_on_recorded_inputs() {
-    let data = read_npz(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/h100_reduce_mean_fp16.npz"))).unwrap();
-    let get = |name: &str| data.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} in the recorded data")).1.clone();
+    let data =
+        read_npz(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/h100_reduce_mean_fp16.npz")))
+            .unwrap();
+    let get = |name: &str| {
+        data.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} in the recorded data")).1.clone()
+    };
     let mut differs_from_per_op_rounding = 0;
     for n in [1000usize, 3000] {
         let dir = tempfile::tempdir().unwrap();
         save(&reduce_mean(n), &dir.path().join("m.onnx"));
         let x = get(&format!("x_{n}"));
         write_npy_file(&dir.path().join("x.npy"), &x).unwrap();
-        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "sim:fp16", "--save-tensors", "saved"], dir.path());
+        let out = layerwise(
+            &["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "sim:fp16", "--save-tensors", "saved"],
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
         let emulated = saved_tensor(&dir.path().join("saved/cand"), "y").to_f32().into_owned();
         let h100 = get(&format!("h100_fp16_{n}")).to_f32().into_owned();
-        assert_eq!(emulated.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n = {n}: emulated {emulated:?}, H100 {h100:?}");
+        assert_eq!(
+            emulated.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "n = {n}: emulated {emulated:?}, H100 {h100:?}"
+        );
         // The typed evaluation of the converted file computes the kernel's value too.
         let c = layerwise(&["convert", "m.onnx", "--to", "fp16", "-o", "m16.onnx"], dir.path());
         assert_eq!(c.status.code(), Some(0), "{}", text(&c));
-        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "ort:cpu", "--cand-model", "m16.onnx", "--save-tensors", "typed"], dir.path());
+        let out = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--input",
+                "x=x.npy",
+                "--cand",
+                "ort:cpu",
+                "--cand-model",
+                "m16.onnx",
+                "--save-tensors",
+                "typed",
+            ],
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
         let typed = saved_tensor(&dir.path().join("typed/cand"), "y").to_f32().into_owned();
-        assert_eq!(typed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "n = {n}: typed {typed:?}, H100 {h100:?}");
+        assert_eq!(
+            typed.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            h100.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "n = {n}: typed {typed:?}, H100 {h100:?}"
+        );
         // What rounding only the mean (the previous emulation) gives, row by row.
         let xs = x.to_f32();
         for (row, want) in h100.iter().enumerate() {
@@ -78,7 +107,8 @@ fn a_reduce_mean_whose_sum_leaves_fp16s_range_is_never_a_silent_pass() {
     assert_eq!(fd["cause"]["kind"], "accumulator_overflow", "{fd}");
     assert!(fd["cause"]["detail"].as_str().unwrap().contains("stores that sum in FP16"), "{fd}");
     // fix keeps the reduction in FP32, and the written model holds in its own types.
-    let out = layerwise(&["fix", "m.onnx", "--val-range", "x:29,31", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "m.onnx", "--val-range", "x:29,31", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["pool"]), "{}", text(&out));
@@ -100,12 +130,18 @@ fn tf32_ops() -> ModelProto {
     b.initializer(f32_tensor("w", &[64, 4], &det(256, 0.3)));
     b.initializer(f32_tensor("k", &[8, 2, 3, 3], &det(144, 0.9)));
     b.node("LSTM", "lstm", &["x", "W", "R"], &["y"], vec![attr::int("hidden_size", 16)]);
-    b.node("Einsum", "einsum", &["a", "w"], &["e"], vec![layerwise_model::onnx::AttributeProto {
-        name: Some("equation".into()),
-        r#type: Some(layerwise_model::onnx::attribute_proto::AttributeType::String as i32),
-        s: Some(b"ij,jk->ik".to_vec().into()),
-        ..Default::default()
-    }]);
+    b.node(
+        "Einsum",
+        "einsum",
+        &["a", "w"],
+        &["e"],
+        vec![layerwise_model::onnx::AttributeProto {
+            name: Some("equation".into()),
+            r#type: Some(layerwise_model::onnx::attribute_proto::AttributeType::String as i32),
+            s: Some(b"ij,jk->ik".to_vec().into()),
+            ..Default::default()
+        }],
+    );
     b.node("ConvTranspose", "deconv", &["c", "k"], &["d"], vec![]);
     b.output("y", DataType::Float);
     b.output("e", DataType::Float);
@@ -120,10 +156,28 @@ fn sim_tf32_rounds_recurrent_ops_and_einsum_but_not_conv_transpose() {
     // emulation gave exactly 0 before); ConvTranspose showed none.
     let dir = tempfile::tempdir().unwrap();
     save(&tf32_ops(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--val-range", "a:-1,1", "--val-range", "c:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "sim:tf32",
+            "--val-range",
+            "x:-1,1",
+            "--val-range",
+            "a:-1,1",
+            "--val-range",
+            "c:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     let r = json(&dir.path().join("r.json"));
-    let error = |name: &str| r["outputs"].as_array().unwrap().iter().find(|o| o["name"] == name).unwrap()["rel_l2_err"].as_f64().unwrap();
+    let error = |name: &str| {
+        r["outputs"].as_array().unwrap().iter().find(|o| o["name"] == name).unwrap()["rel_l2_err"].as_f64().unwrap()
+    };
     assert!(error("y") > 1e-5, "the LSTM reads TF32: {}", error("y"));
     assert!(error("e") > 1e-5, "the Einsum reads TF32: {}", error("e"));
     assert!(error("d") < 1e-6, "the ConvTranspose stays float32: {}", error("d"));
@@ -143,7 +197,10 @@ fn fp16_cumsum_keeps_its_running_sum_in_fp16_as_the_h100_does() {
     save(&b.build(), &dir.path().join("m.onnx"));
     let x: Vec<f32> = (0..2 * n).map(|i| 1.0 + ((i * 7919) % 1000) as f32 * 1e-6).collect();
     write_npy_file(&dir.path().join("x.npy"), &Tensor::new(vec![2, n], TensorData::F32(x.clone()))).unwrap();
-    let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--save-tensors", "saved", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--input", "x=x.npy", "--save-tensors", "saved", "--json", "r.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "the running sum stalls at 2048 in FP16: {}", text(&out));
     let emulated = saved_tensor(&dir.path().join("saved/cand"), "y").to_f32().into_owned();
     for row in 0..2 {
@@ -179,8 +236,12 @@ fn fp16_cumsum_keeps_its_running_sum_in_fp16_as_the_h100_does() {
 /// where the float32 op rounded once differs on hundreds of them.
 #[test]
 fn stepwise_unary_kernels_are_the_h100s_bit_for_bit() {
-    let data = read_npz(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/h100_unary_stepwise.npz"))).unwrap();
-    let get = |name: &str| data.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} in the recorded data")).1.clone();
+    let data =
+        read_npz(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/h100_unary_stepwise.npz")))
+            .unwrap();
+    let get = |name: &str| {
+        data.iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("{name} in the recorded data")).1.clone()
+    };
     for (op, tag) in [("Sigmoid", "bf16"), ("Softplus", "bf16"), ("Softplus", "fp16")] {
         let x = get(&format!("{op}_{tag}_x"));
         let h100: Vec<u32> = get(&format!("{op}_{tag}_h100")).to_f32().iter().map(|v| v.to_bits()).collect();
@@ -193,24 +254,71 @@ fn stepwise_unary_kernels_are_the_h100s_bit_for_bit() {
         let dir = tempfile::tempdir().unwrap();
         save(&b.build(), &dir.path().join("m.onnx"));
         write_npy_file(&dir.path().join("x.npy"), &x).unwrap();
-        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", &format!("sim:{tag}"), "--save-tensors", "emulated", "--no-noise-floor"], dir.path());
+        let out = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--input",
+                "x=x.npy",
+                "--cand",
+                &format!("sim:{tag}"),
+                "--save-tensors",
+                "emulated",
+                "--no-noise-floor",
+            ],
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
-        let emulated: Vec<u32> = saved_tensor(&dir.path().join("emulated/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
+        let emulated: Vec<u32> =
+            saved_tensor(&dir.path().join("emulated/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
         let c = layerwise(&["convert", "m.onnx", "--to", tag, "-o", "low.onnx"], dir.path());
         assert_eq!(c.status.code(), Some(0), "{}", text(&c));
         assert!(!text(&c).contains("FP32 op:"), "{op} is converted: {}", text(&c));
-        let out = layerwise(&["bisect", "m.onnx", "--input", "x=x.npy", "--cand", "ort:cpu", "--cand-model", "low.onnx", "--save-tensors", "typed", "--no-noise-floor"], dir.path());
+        let out = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--input",
+                "x=x.npy",
+                "--cand",
+                "ort:cpu",
+                "--cand-model",
+                "low.onnx",
+                "--save-tensors",
+                "typed",
+                "--no-noise-floor",
+            ],
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
-        let typed: Vec<u32> = saved_tensor(&dir.path().join("typed/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
+        let typed: Vec<u32> =
+            saved_tensor(&dir.path().join("typed/cand"), "y").to_f32().iter().map(|v| v.to_bits()).collect();
         let xs = x.to_f32();
         let round = |v: f32| if tag == "bf16" { half::bf16::from_f32(v).to_f32() } else { f16(v) };
         let once = |v: f32| round(if op == "Sigmoid" { 1.0 / (1.0 + (-v).exp()) } else { (1.0 + v.exp()).ln() });
         let mut differs_once = 0;
         for i in 0..n {
-            assert_eq!(emulated[i], h100[i], "{op} {tag}, x = {}: emulated {}, H100 {}", xs[i], f32::from_bits(emulated[i]), f32::from_bits(h100[i]));
-            assert_eq!(typed[i], h100[i], "{op} {tag}, x = {}: typed {}, H100 {}", xs[i], f32::from_bits(typed[i]), f32::from_bits(h100[i]));
+            assert_eq!(
+                emulated[i],
+                h100[i],
+                "{op} {tag}, x = {}: emulated {}, H100 {}",
+                xs[i],
+                f32::from_bits(emulated[i]),
+                f32::from_bits(h100[i])
+            );
+            assert_eq!(
+                typed[i],
+                h100[i],
+                "{op} {tag}, x = {}: typed {}, H100 {}",
+                xs[i],
+                f32::from_bits(typed[i]),
+                f32::from_bits(h100[i])
+            );
             differs_once += usize::from(once(xs[i]).to_bits() != h100[i]);
         }
-        assert!(differs_once > 100, "{op} {tag}: the recorded values tell stepwise rounding from rounding once ({differs_once} differ)");
+        assert!(
+            differs_once > 100,
+            "{op} {tag}: the recorded values tell stepwise rounding from rounding once ({differs_once} differ)"
+        );
     }
 }

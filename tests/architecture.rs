@@ -44,7 +44,11 @@ fn references(root: &Path, file: &Path) -> BTreeSet<PathBuf> {
             Some(&"crate") => refs.extend(module_file(&parts[1..])),
             Some(&"super") => {
                 // A file's parent module is its folder's mod.rs (or lib.rs at the root).
-                let parent_dir = if file.file_name().is_some_and(|n| n == "mod.rs") { here.parent().unwrap().to_path_buf() } else { here.clone() };
+                let parent_dir = if file.file_name().is_some_and(|n| n == "mod.rs") {
+                    here.parent().unwrap().to_path_buf()
+                } else {
+                    here.clone()
+                };
                 let mut dir = parent_dir.clone();
                 let mut found = None;
                 for p in &parts[1..] {
@@ -72,7 +76,8 @@ fn no_two_files_of_a_crate_import_each_other() {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(root);
         let mut files = Vec::new();
         rust_files(&root, &mut files);
-        let edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> = files.iter().map(|f| (f.clone(), references(&root, f))).collect();
+        let edges: BTreeMap<PathBuf, BTreeSet<PathBuf>> =
+            files.iter().map(|f| (f.clone(), references(&root, f))).collect();
         imports += edges.values().map(BTreeSet::len).sum::<usize>();
         for (a, refs) in &edges {
             for b in refs {
@@ -90,14 +95,22 @@ fn no_two_files_of_a_crate_import_each_other() {
 fn crates_depend_only_on_the_crates_before_them() {
     let order = ["model", "runtime", "analysis", "report"];
     for (i, name) in order.iter().enumerate() {
-        let manifest = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("crates").join(name).join("Cargo.toml")).unwrap();
+        let manifest =
+            std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("crates").join(name).join("Cargo.toml"))
+                .unwrap();
         let dependencies = manifest.split("[dependencies]").nth(1).unwrap_or("").split("\n[").next().unwrap_or("");
         for (j, other) in order.iter().enumerate() {
             let depends = dependencies.contains(&format!("layerwise-{other}"));
-            assert!(!(depends && j >= i), "layerwise-{name} depends on layerwise-{other}, which comes after it or is itself");
+            assert!(
+                !(depends && j >= i),
+                "layerwise-{name} depends on layerwise-{other}, which comes after it or is itself"
+            );
         }
         if *name == "analysis" || *name == "report" {
-            assert!(!dependencies.contains("layerwise-runtime") && !dependencies.contains("\nort"), "layerwise-{name} must not depend on the runtime crate or ONNX Runtime");
+            assert!(
+                !dependencies.contains("layerwise-runtime") && !dependencies.contains("\nort"),
+                "layerwise-{name} must not depend on the runtime crate or ONNX Runtime"
+            );
         }
     }
 }

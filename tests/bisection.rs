@@ -28,10 +28,19 @@ fn search_marking_finds_the_same_first_divergent_layer_in_few_runs() {
         let expected = all.verdict.first_divergent.as_ref().map(|f| f.node.clone());
         assert!(expected.is_some(), "{label}: mark all must find a first divergent layer");
         assert_eq!(search.verdict.first_divergent.as_ref().map(|f| f.node.clone()), expected, "{label}");
-        assert_eq!(search.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind), all.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind), "{label}");
+        assert_eq!(
+            search.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind),
+            all.verdict.first_divergent.as_ref().map(|f| f.cause.best.kind),
+            "{label}"
+        );
         let s = search.extras.search.as_ref().expect("search section");
         let nodes = all.model.node_count;
-        assert!(s.runs.len() <= run_bound(nodes), "{label}: {} candidate runs for {nodes} nodes (bound {})", s.runs.len(), run_bound(nodes));
+        assert!(
+            s.runs.len() <= run_bound(nodes),
+            "{label}: {} candidate runs for {nodes} nodes (bound {})",
+            s.runs.len(),
+            run_bound(nodes)
+        );
         let marked: usize = s.runs.iter().map(|r| r.marked.len()).sum();
         assert!(marked < nodes / 2 || nodes < 20, "{label}: {marked} tensors marked of {nodes}");
         assert!(all.extras.search.is_none());
@@ -58,7 +67,12 @@ fn isolation_separates_the_introducing_node_from_those_that_propagate() {
     for n in ["head/MatMul", "head/Add", "encoder/ln/Div", "encoder/ln/Sqrt"] {
         assert_eq!(role(n), "propagates", "{n}");
         let l = iso.nodes.iter().find(|l| l.node == n).unwrap();
-        assert!(l.local_error < 1e-2 && l.in_model_error > 0.5, "{n}: alone {} vs in the model {}", l.local_error, l.in_model_error);
+        assert!(
+            l.local_error < 1e-2 && l.in_model_error > 0.5,
+            "{n}: alone {} vs in the model {}",
+            l.local_error,
+            l.in_model_error
+        );
     }
     // The ReduceMean after Pow sees inf alone too, but only because its input is out of range.
     let var = iso.nodes.iter().find(|l| l.node == "encoder/ln/ReduceMean_1").unwrap();
@@ -125,7 +139,10 @@ fn a_memory_budget_splits_runs_and_gives_the_same_results() {
     assert_eq!(whole.extras.memory.as_ref().map(|m| m.groups), Some(1), "the default budget holds this model at once");
     // Each of the ~55 tensors is 1 KiB; 16 KiB for both sides makes several groups (separate runs:
     // a paired comparison holds no tensors to split).
-    let split = bisect_model(&m, &BisectOptions { max_memory: Some(16 << 10), separate_runs: true, ..options(Marking::All) }).unwrap().report;
+    let split =
+        bisect_model(&m, &BisectOptions { max_memory: Some(16 << 10), separate_runs: true, ..options(Marking::All) })
+            .unwrap()
+            .report;
     let plan = split.extras.memory.as_ref().expect("memory section");
     assert!(plan.groups >= 4, "{plan:?}");
     assert!(plan.largest_group_bytes <= 8 << 10, "{plan:?}");
@@ -138,18 +155,27 @@ fn a_memory_budget_splits_runs_and_gives_the_same_results() {
         for (key, va) in ma.as_object().unwrap() {
             let vb = &mb[key];
             match (va.as_f64(), vb.as_f64()) {
-                (Some(x), Some(y)) if va.is_f64() || vb.is_f64() => assert!((x - y).abs() <= 1e-3 * x.abs().max(1e-9), "{} {key}: {x} vs {y}", a.name),
+                (Some(x), Some(y)) if va.is_f64() || vb.is_f64() => {
+                    assert!((x - y).abs() <= 1e-3 * x.abs().max(1e-9), "{} {key}: {x} vs {y}", a.name)
+                }
                 _ => assert_eq!(va, vb, "{} {key}", a.name),
             }
         }
         assert_eq!(a.pass, b.pass, "{}", a.name);
     }
     let shape = |v: &layerwise_analysis::Verdict| {
-        (v.status, v.first_divergent.as_ref().map(|f| (f.node.clone(), f.cause.best.kind)), v.chain.iter().map(|c| c.tensor.clone()).collect::<Vec<_>>())
+        (
+            v.status,
+            v.first_divergent.as_ref().map(|f| (f.node.clone(), f.cause.best.kind)),
+            v.chain.iter().map(|c| c.tensor.clone()).collect::<Vec<_>>(),
+        )
     };
     assert_eq!(shape(&whole.verdict), shape(&split.verdict), "same verdict split or not");
     assert_eq!(split.verdict.first_divergent.as_ref().unwrap().node, "ln/pow");
-    assert!(split.first_divergent_detail.as_ref().unwrap().histogram.is_some(), "histogram kept from the group that held it");
+    assert!(
+        split.first_divergent_detail.as_ref().unwrap().histogram.is_some(),
+        "histogram kept from the group that held it"
+    );
 }
 
 #[test]
@@ -181,7 +207,11 @@ fn many_samples_are_aggregated_and_the_triggering_sample_named() {
     assert!(pow.worst_error.is_infinite() && pow.mean_error.is_infinite());
     let features = samples.tensors.iter().find(|t| t.tensor == "features").unwrap();
     assert!(features.mean_error <= features.worst_error && features.mean_error > 0.0);
-    assert_eq!(report.verdict.first_divergent.as_ref().unwrap().node, "encoder/ln/Pow", "the verdict comes from the loud sample");
+    assert_eq!(
+        report.verdict.first_divergent.as_ref().unwrap().node,
+        "encoder/ln/Pow",
+        "the verdict comes from the loud sample"
+    );
     // A folder without samples is an error.
     let empty = tempfile::tempdir().unwrap();
     o.inputs.npz = Some(empty.path().to_path_buf());

@@ -69,7 +69,8 @@ fn write_positions(dir: &std::path::Path) {
 fn x_plus_65504_minus_65504_is_absorbed_at_the_add_and_cancelled_at_the_sub() {
     let dir = tempfile::tempdir().unwrap();
     save(&needs_constraints(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
     let v = &json(&dir.path().join("r.json"))["verdict"];
@@ -82,29 +83,42 @@ fn x_plus_65504_minus_65504_is_absorbed_at_the_add_and_cancelled_at_the_sub() {
     assert!(detail.contains("its result reaches 6.55") && detail.contains("FP16's step is 32"), "{detail}");
     assert!(detail.contains("what it adds, 'flipped', is at most 1.") && detail.contains("absorbed"), "{detail}");
     // And the cancellation at the Sub, with its numbers.
-    assert!(detail.contains("'sub_big' (Sub) cancels the large part: its result is at most 1.") && detail.contains("(relative L2 1.00e0)"), "{detail}");
+    assert!(
+        detail.contains("'sub_big' (Sub) cancels the large part: its result is at most 1.")
+            && detail.contains("(relative L2 1.00e0)"),
+        "{detail}"
+    );
     assert_eq!(v["chain"].as_array().unwrap().last().unwrap()["node"], "add_big", "the chain reaches the Add");
-    assert!(v["breaks"].as_array().unwrap().iter().any(|b| b["node"] == "sub_big" && b["cause"]["kind"] == "cancellation"), "{}", v["breaks"]);
+    assert!(
+        v["breaks"].as_array().unwrap().iter().any(|b| b["node"] == "sub_big" && b["cause"]["kind"] == "cancellation"),
+        "{}",
+        v["breaks"]
+    );
     for wrong in ["accumulated, not introduced", "drift plus a sensitive consumer", "amplifies its input error"] {
         assert!(!t.contains(wrong), "'{wrong}' in: {t}");
     }
     assert!(t.contains("yet the error is not accumulated: it is one rounding at 'add_big' (Add)"), "{t}");
     // Run alone, the Add's relative L2 is tiny by nature; what it loses is absolute.
     let report = json(&dir.path().join("r.json"));
-    let add = report["isolation"]["nodes"].as_array().unwrap().iter().find(|n| n["node"] == "add_big").cloned().unwrap();
+    let add =
+        report["isolation"]["nodes"].as_array().unwrap().iter().find(|n| n["node"] == "add_big").cloned().unwrap();
     assert_eq!(add["role"], "loses", "{add}");
     assert!(add["note"].as_str().unwrap().contains("run alone it is off by up to 1.71"), "{add}");
     assert!(t.contains("keeping add_big (offset_and_back) at reference precision removes 100% of the error"), "{t}");
 
     // `fix` keeps the Add and the Sub, and its verdict says why.
-    let out = layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "fixed: {t}");
     let fix = json(&dir.path().join("fix.json"));
     let kept = serde_json::to_string(&fix).unwrap();
     assert!(kept.contains("add_big") && kept.contains("sub_big"), "{kept}");
     assert!(t.contains("keep offset_and_back [add_big, sub_big]"), "{t}");
-    assert!(t.contains("because add_big (Add)") && t.contains("it is absorbed") && t.contains("'sub_big' (Sub) cancels"), "the fix's verdict says why: {t}");
+    assert!(
+        t.contains("because add_big (Add)") && t.contains("it is absorbed") && t.contains("'sub_big' (Sub) cancels"),
+        "the fix's verdict says why: {t}"
+    );
 }
 
 #[test]
@@ -114,7 +128,8 @@ fn a_rotary_angle_stored_in_fp16_leaves_cos_nothing() {
     write_positions(dir.path());
     // Without the noise floor: FP16's rounding of inv_freq alone moves the angles too (see the
     // report); here the walk's verdict and the keep check are what is tested.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "pos.npz", "--json", "r.json"], dir.path());
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "pos.npz", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
     let v = &json(&dir.path().join("r.json"))["verdict"];
@@ -123,12 +138,18 @@ fn a_rotary_angle_stored_in_fp16_leaves_cos_nothing() {
     assert_eq!(fd["cause"]["kind"], "periodic_argument", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     // Angles up to 4,063: FP16's step in [2048, 4096) is 2^(11 - 10) = 2, against a period of 6.28.
-    assert!(detail.contains("reaches 4.0630e3") && detail.contains("FP16's step is 2 (0.32 of the period 2*pi = 6.28"), "{detail}");
+    assert!(
+        detail.contains("reaches 4.0630e3") && detail.contains("FP16's step is 2 (0.32 of the period 2*pi = 6.28"),
+        "{detail}"
+    );
     assert!(detail.contains("what it returns is noise"), "{detail}");
     for wrong in ["drift plus a sensitive consumer", "amplifies its input error"] {
         assert!(!t.contains(wrong), "'{wrong}' in: {t}");
     }
-    assert!(t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"), "{t}");
+    assert!(
+        t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"),
+        "{t}"
+    );
 }
 
 #[test]
@@ -147,14 +168,32 @@ fn an_angle_computed_from_stored_positions_is_named_not_called_ill_conditioned()
     let detail = fd["cause"]["detail"].as_str().unwrap();
     assert!(detail.contains("reaches 4.0630e3") && detail.contains("FP16's step is 2"), "{detail}");
     // Off by more than half a step: the weights' own rounding is named.
-    assert!(detail.contains("more than its own rounding (half a step, 1)") && detail.contains("its weights 'pos', 'inv_freq'"), "{detail}");
+    assert!(
+        detail.contains("more than its own rounding (half a step, 1)")
+            && detail.contains("its weights 'pos', 'inv_freq'"),
+        "{detail}"
+    );
     // The chain goes through the weight-derived Cos to the Mul that stores the angle.
     let chain: Vec<&str> = v["chain"].as_array().unwrap().iter().map(|s| s["node"].as_str().unwrap()).collect();
     assert_eq!(chain, ["rotate", "x_cos", "cos", "angle_mul"], "{t}");
     // Each chain node is run alone on the reference's values, the weight-derived cos_out too.
-    let role = |n: &str| report["isolation"]["nodes"].as_array().unwrap().iter().find(|l| l["node"] == n).map(|l| l["role"].as_str().unwrap().to_string());
+    let role = |n: &str| {
+        report["isolation"]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["node"] == n)
+            .map(|l| l["role"].as_str().unwrap().to_string())
+    };
     assert_eq!(role("x_cos").as_deref(), Some("propagates"), "{}", report["isolation"]);
     assert_eq!(role("angle_mul").as_deref(), Some("loses"), "{}", report["isolation"]);
-    assert!(t.contains("cos errs by rel L2") && t.contains("fed the exact value, it still reads it stored in the candidate's format"), "{t}");
-    assert!(t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"), "{t}");
+    assert!(
+        t.contains("cos errs by rel L2")
+            && t.contains("fed the exact value, it still reads it stored in the candidate's format"),
+        "{t}"
+    );
+    assert!(
+        t.contains("keeping angle_mul (periodic_argument) at reference precision removes 100% of the error"),
+        "{t}"
+    );
 }

@@ -74,14 +74,18 @@ impl Catalogue {
         // Each cause is said once, and no context is empty ("error: : ...").
         let said = text(&out);
         let parts: Vec<&str> = said.trim().split(": ").collect();
-        assert!(parts.windows(2).all(|w| w[0] != w[1]) && !said.contains("error: :"), "{args:?}: a cause repeated or an empty context: {said}");
+        assert!(
+            parts.windows(2).all(|w| w[0] != w[1]) && !said.contains("error: :"),
+            "{args:?}: a cause repeated or an empty context: {said}"
+        );
         assert_eq!(snapshot(self.dir.path()), before, "{args:?} changed, wrote or left files behind");
     }
 }
 
 /// Every file under `dir` with its bytes.
 fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut v: Vec<(PathBuf, Vec<u8>)> = walk(dir).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap_or_default())).collect();
+    let mut v: Vec<(PathBuf, Vec<u8>)> =
+        walk(dir).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap_or_default())).collect();
     v.sort();
     v
 }
@@ -118,7 +122,10 @@ fn malformed_inputs_each_get_their_own_error() {
     b.node("Relu", "relu", &["ghost"], &["y"], vec![]);
     b.output("y", DataType::Float);
     let m = c.model("dangling.onnx", &b.build());
-    c.case(&["bisect", &m], "node 'relu' (Relu) reads tensor 'ghost', which no node, graph input or initializer provides");
+    c.case(
+        &["bisect", &m],
+        "node 'relu' (Relu) reads tensor 'ghost', which no node, graph input or initializer provides",
+    );
 
     let mut b = base();
     b.node("Relu", "one", &["x"], &["y"], vec![]);
@@ -168,15 +175,36 @@ fn malformed_inputs_each_get_their_own_error() {
 
     // Inputs.
     let dynm = c.model("dyn.onnx", &dynamic_model());
-    c.case(&["bisect", &dynm, "--input-shape", "x:99999999999x4", "--input-shape", "ids:99999999999"], "input 'x': shape 99999999999x4 needs");
-    c.case(&["bisect", &dynm, "--input-shape", "x:4611686018427387904x4", "--input-shape", "ids:4611686018427387904"], "is too large to hold");
+    c.case(
+        &["bisect", &dynm, "--input-shape", "x:99999999999x4", "--input-shape", "ids:99999999999"],
+        "input 'x': shape 99999999999x4 needs",
+    );
+    c.case(
+        &["bisect", &dynm, "--input-shape", "x:4611686018427387904x4", "--input-shape", "ids:4611686018427387904"],
+        "is too large to hold",
+    );
     // Found by the independent tester: a repeated option lost silently to the first; a zero
     // dimension gave a PASS with nothing compared.
-    c.case(&["bisect", &dynm, "--input-shape", "x:2x4", "--input-shape", "x:3x4", "--input-shape", "ids:2"], "--input-shape is given twice for input 'x'");
-    c.case(&["bisect", &dynm, "--val-range", "x:0,1", "--val-range", "x:-5,5"], "--val-range is given twice for input 'x'");
-    c.case(&["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0"], "every model output is empty, so nothing can be compared: inputs with no element: 'x' 0x4, 'ids' 0");
-    c.case(&["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "--mark", "search"], "every model output is empty, so nothing can be compared");
-    c.case(&["fix", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "-o", &c.p("empty_fixed.onnx")], "every model output is empty, so nothing can be compared");
+    c.case(
+        &["bisect", &dynm, "--input-shape", "x:2x4", "--input-shape", "x:3x4", "--input-shape", "ids:2"],
+        "--input-shape is given twice for input 'x'",
+    );
+    c.case(
+        &["bisect", &dynm, "--val-range", "x:0,1", "--val-range", "x:-5,5"],
+        "--val-range is given twice for input 'x'",
+    );
+    c.case(
+        &["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0"],
+        "every model output is empty, so nothing can be compared: inputs with no element: 'x' 0x4, 'ids' 0",
+    );
+    c.case(
+        &["bisect", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "--mark", "search"],
+        "every model output is empty, so nothing can be compared",
+    );
+    c.case(
+        &["fix", &dynm, "--input-shape", "x:0x4", "--input-shape", "ids:0", "-o", &c.p("empty_fixed.onnx")],
+        "every model output is empty, so nothing can be compared",
+    );
     // An .npy header declaring an absurd shape over a few bytes of data.
     let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000, 4), }";
     let mut npy = b"\x93NUMPY\x01\x00".to_vec();
@@ -197,10 +225,19 @@ fn malformed_inputs_each_get_their_own_error() {
     write_npz(&c.path("samples/b.npz"), &[("x", &x)]).unwrap();
     c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--mark", "search"], "--mark search runs one sample");
     // --devices: GPUs for the samples of a folder.
-    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,1"], "neither --ref ort:cpu nor --cand sim:fp16 runs on one");
+    c.case(
+        &["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,1"],
+        "neither --ref ort:cpu nor --cand sim:fp16 runs on one",
+    );
     c.case(&["bisect", &good, "--cand", "ort:cuda", "--devices", "0,1"], "give a folder of .npz files");
-    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda", "--devices", "0", "--shard", "0/2"], "--devices and --shard do not combine");
-    c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda,device=1", "--devices", "0,1"], "names its own device");
+    c.case(
+        &["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda", "--devices", "0", "--shard", "0/2"],
+        "--devices and --shard do not combine",
+    );
+    c.case(
+        &["bisect", &good, "--inputs", &c.p("samples"), "--cand", "ort:cuda,device=1", "--devices", "0,1"],
+        "names its own device",
+    );
     c.case(&["bisect", &good, "--inputs", &c.p("samples"), "--devices", "0,x"], "invalid value 'x'");
 
     // Outputs never replace inputs, however the path is spelled (the snapshot proves the model,
@@ -208,7 +245,10 @@ fn malformed_inputs_each_get_their_own_error() {
     let dotted = format!("{}/./good.onnx", c.dir.path().display());
     c.case(&["bisect", &good, "--html", &good], "the HTML report");
     c.case(&["bisect", &good, "--csv", &dotted], "would overwrite the input model");
-    c.case(&["bisect", &good, "--inputs", &c.p("samples/a.npz"), "--markdown", &c.p("samples/a.npz")], "would overwrite the inputs");
+    c.case(
+        &["bisect", &good, "--inputs", &c.p("samples/a.npz"), "--markdown", &c.p("samples/a.npz")],
+        "would overwrite the inputs",
+    );
     c.case(&["fix", &good, "-o", &dotted], "would overwrite the input model");
     c.case(&["fix", &good, "--json", &good], "would overwrite the input model");
     c.case(&["convert", &good, "-o", &dotted], "would overwrite the input model");

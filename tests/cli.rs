@@ -43,7 +43,8 @@ fn demo_finds_the_planted_layer_and_writes_its_report() {
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("First divergent layer: encoder/ln/Pow (Pow)"), "{t}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("demo/report.json")).unwrap()).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(case.path("demo/report.json")).unwrap()).unwrap();
     assert_eq!(report["schema"], "layerwise.report/1");
     assert_eq!(report["verdict"]["status"], "diverged");
     assert_eq!(report["verdict"]["first_divergent"]["node"], "encoder/ln/Pow");
@@ -84,7 +85,12 @@ fn exit_codes_follow_the_verdict_and_the_model_is_untouched() {
     assert!(text(&broken).contains("First divergent layer: head/Exp (Exp)"), "{}", text(&broken));
     assert!(case.path("r.json").exists());
     assert_eq!(std::fs::read(case.path("broken.onnx")).unwrap(), before, "the input model is never modified");
-    let leftovers: Vec<_> = std::fs::read_dir(case.dir.path()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name()).filter(|n| n.to_string_lossy().ends_with(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(case.dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "no temporary files left: {leftovers:?}");
 }
 
@@ -109,7 +115,8 @@ fn bad_inputs_give_specific_errors() {
         use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
         let t = &mut ext.graph.as_mut().unwrap().initializer[0];
         t.raw_data = None;
-        t.external_data = vec![StringStringEntryProto { key: Some("location".into()), value: Some("weights.bin".into()) }];
+        t.external_data =
+            vec![StringStringEntryProto { key: Some("location".into()), value: Some("weights.bin".into()) }];
         t.data_location = Some(DataLocation::External as i32);
     }
     save(&ext, &case.path("ext.onnx"));
@@ -132,19 +139,37 @@ fn bad_inputs_give_specific_errors() {
     case.fails(&[&dynm, "--inputs", &case.p("extra.npz")], "holds array 'y', but the model has no input of that name");
     write_npz(&case.path("good.npz"), &[("x", &x), ("ids", &ids)]).unwrap();
     // A symbol must take one value across inputs.
-    case.fails(&[&dynm, "--input-shape", "x:3x4", "--input-shape", "ids:2"], "dimension 'batch' is 2 in input 'ids' but 3 in input 'x'");
+    case.fails(
+        &[&dynm, "--input-shape", "x:3x4", "--input-shape", "ids:2"],
+        "dimension 'batch' is 2 in input 'ids' but 3 in input 'x'",
+    );
     case.fails(&[&dynm, "--input-shape", "nope:1x4"], "the model has no input 'nope'");
     // Backend specs.
-    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", "tensorflow:gpu"], "unknown backend spec 'tensorflow:gpu'");
-    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", "ort:cpu,opt=fast"], "opt must be disable, basic, extended or all");
-    case.fails(&[&dynm, "--inputs", &case.p("good.npz"), "--cand", &format!("npz:{}", case.p("nothing"))], "does not exist");
+    case.fails(
+        &[&dynm, "--inputs", &case.p("good.npz"), "--cand", "tensorflow:gpu"],
+        "unknown backend spec 'tensorflow:gpu'",
+    );
+    case.fails(
+        &[&dynm, "--inputs", &case.p("good.npz"), "--cand", "ort:cpu,opt=fast"],
+        "opt must be disable, basic, extended or all",
+    );
+    case.fails(
+        &[&dynm, "--inputs", &case.p("good.npz"), "--cand", &format!("npz:{}", case.p("nothing"))],
+        "does not exist",
+    );
     // Unwritable report folder: refused before any work.
-    let out = layerwise(&["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("no/such/dir/r.json")], case.dir.path());
+    let out = layerwise(
+        &["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("no/such/dir/r.json")],
+        case.dir.path(),
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out).contains("folder") && text(&out).contains("does not exist"), "{}", text(&out));
 
     // And the good inputs work, with the dynamic dimension taken from the file.
-    let ok = layerwise(&["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("report.json")], case.dir.path());
+    let ok = layerwise(
+        &["bisect", &dynm, "--inputs", &case.p("good.npz"), "--json", &case.p("report.json")],
+        case.dir.path(),
+    );
     assert_eq!(ok.status.code(), Some(0), "{}", text(&ok));
     assert!(text(&ok).contains("input      x float32 2x4 from npz:"), "{}", text(&ok));
 
@@ -159,11 +184,18 @@ fn bad_inputs_give_specific_errors() {
 
     save(&planted(Ending::Healthy), &case.path("chain.onnx"));
     let json = case.p("subset.json");
-    let subset = layerwise(&["bisect", &case.p("chain.onnx"), "--tensors", "branch_b_mul7,branch_a_add3", "--json", &json], case.dir.path());
+    let subset = layerwise(
+        &["bisect", &case.p("chain.onnx"), "--tensors", "branch_b_mul7,branch_a_add3", "--json", &json],
+        case.dir.path(),
+    );
     assert_eq!(subset.status.code(), Some(0), "{}", text(&subset));
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("subset.json")).unwrap()).unwrap();
     let names: Vec<&str> = report["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["branch_a_add3", "branch_b_mul7", "out"], "the chosen tensors plus the output, in topological order");
+    assert_eq!(
+        names,
+        ["branch_a_add3", "branch_b_mul7", "out"],
+        "the chosen tensors plus the output, in topological order"
+    );
     case.fails(&[&case.p("chain.onnx"), "--tensors", "no_such_tensor"], "tensor 'no_such_tensor' does not exist");
 }
 
@@ -194,15 +226,24 @@ fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
     let sim = layerwise(&["bisect", &case.p("ext.onnx")], case.dir.path());
     assert_eq!(sim.status.code(), Some(0), "{}", text(&sim));
     assert!(text(&sim).contains("compared 4 tensors"), "{}", text(&sim));
-    let out = layerwise(&["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")], case.dir.path());
+    let out = layerwise(
+        &["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")],
+        case.dir.path(),
+    );
     assert_eq!(out.status.code(), Some(2), "a missing output folder is an error: {}", text(&out));
     std::fs::create_dir(case.path("out")).unwrap();
-    let out = layerwise(&["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")], case.dir.path());
+    let out = layerwise(
+        &["convert", &case.p("ext.onnx"), "--to", "fp16", "--keep-fp32", "softmax", "-o", &case.p("out/fp16.onnx")],
+        case.dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("3 nodes FP16, 1 FP32, 4 Casts inserted"), "{}", text(&out));
     assert!(text(&out).contains("FP32 softmax: --keep-fp32"), "{}", text(&out));
     // The converted model stands alone (weights inlined) and compares against the original.
-    let cmp = layerwise(&["bisect", &case.p("ext.onnx"), "--cand", "ort:cpu", "--cand-model", &case.p("out/fp16.onnx")], case.dir.path());
+    let cmp = layerwise(
+        &["bisect", &case.p("ext.onnx"), "--cand", "ort:cpu", "--cand-model", &case.p("out/fp16.onnx")],
+        case.dir.path(),
+    );
     assert_eq!(cmp.status.code(), Some(0), "{}", text(&cmp));
 
     let refuse = |args: &[&str], message: &str| {
@@ -211,10 +252,16 @@ fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
         assert!(text(&out).contains(message), "{args:?}: {}", text(&out));
     };
     refuse(&["convert", &case.p("ext.onnx"), "-o", &case.p("ext.onnx")], "would overwrite the input model");
-    refuse(&["convert", &case.p("ext.onnx"), "--keep-fp32", "nope", "-o", &case.p("x.onnx")], "node 'nope' does not exist");
+    refuse(
+        &["convert", &case.p("ext.onnx"), "--keep-fp32", "nope", "-o", &case.p("x.onnx")],
+        "node 'nope' does not exist",
+    );
     refuse(&["convert", &case.p("ext.onnx"), "--to", "int8", "-o", &case.p("x.onnx")], "invalid value 'int8'");
     // An op type the model has no node of was ignored (exit 0, found by the independent tester).
-    refuse(&["convert", &case.p("ext.onnx"), "--keep-fp32-op", "Softmax,Bogus", "-o", &case.p("x.onnx")], "no node of op type 'Bogus'");
+    refuse(
+        &["convert", &case.p("ext.onnx"), "--keep-fp32-op", "Softmax,Bogus", "-o", &case.p("x.onnx")],
+        "no node of op type 'Bogus'",
+    );
     // A converted model converted again: said so, not only the converter's own tensor names.
     let demo = case.path("demo.onnx");
     save(&layerwise::demo::demo_model(), &demo);
@@ -228,10 +275,17 @@ fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
 fn fix_exit_codes_and_outputs() {
     let case = Case::new();
     save(&common::planted_layernorm(), &case.path("ln.onnx"));
-    let out = layerwise(&["fix", &case.p("ln.onnx"), "-o", &case.p("fixed.onnx"), "--json", &case.p("fix.json")], case.dir.path());
+    let out = layerwise(
+        &["fix", &case.p("ln.onnx"), "-o", &case.p("fixed.onnx"), "--json", &case.p("fix.json")],
+        case.dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("FIX: FIXED - keeping 9 of"), "{}", text(&out));
-    assert!(text(&out).contains("trtexec --onnx=MODEL --fp16 --precisionConstraints=obey --layerPrecisions='ln/mean:fp32"), "{}", text(&out));
+    assert!(
+        text(&out).contains("trtexec --onnx=MODEL --fp16 --precisionConstraints=obey --layerPrecisions='ln/mean:fp32"),
+        "{}",
+        text(&out)
+    );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(case.path("fix.json")).unwrap()).unwrap();
     assert_eq!(report["schema"], "layerwise.fix/1");
     assert_eq!(report["status"], "fixed");
@@ -256,10 +310,17 @@ fn a_newer_ir_version_is_lowered_where_every_opset_is_supported() {
     let mut newer = dynamic_model();
     newer.ir_version = Some(14);
     save(&newer, &dir.path().join("ir14.onnx"));
-    let out = layerwise(&["bisect", "ir14.onnx", "--input-shape", "x:1x4", "--input-shape", "ids:1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ir14.onnx", "--input-shape", "x:1x4", "--input-shape", "ids:1", "--json", "r.json"],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
-    assert!(r["cand"]["notes"].to_string().contains("declares IR version 14; ONNX Runtime 1.31.1 reads up to 13"), "{}", r["cand"]["notes"]);
+    assert!(
+        r["cand"]["notes"].to_string().contains("declares IR version 14; ONNX Runtime 1.31.1 reads up to 13"),
+        "{}",
+        r["cand"]["notes"]
+    );
     assert_eq!(r["model"]["ir_version"], 14, "the report describes the file as it is");
     let mut future = newer.clone();
     future.opset_import[0].version = Some(28);
@@ -286,7 +347,12 @@ fn nan_inputs_are_said_and_a_conflicting_input_shape_is_refused() {
     assert!(text(&out).contains("input 'x' (npz:nan.npz) holds 100 NaN and 0 inf values of 512"), "{}", text(&out));
     let conflict = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--input-shape", "x:1x8x32"], dir.path());
     assert_eq!(conflict.status.code(), Some(2), "{}", text(&conflict));
-    assert!(text(&conflict).contains("--input-shape x:1x8x32 conflicts with the shape 1x8x64 that npz:nan.npz holds for 'x'"), "{}", text(&conflict));
+    assert!(
+        text(&conflict)
+            .contains("--input-shape x:1x8x32 conflicts with the shape 1x8x64 that npz:nan.npz holds for 'x'"),
+        "{}",
+        text(&conflict)
+    );
 }
 
 /// Issue "a newcomer's day", beyond the anchor: per-output tolerances, as Polygraphy's
@@ -299,7 +365,10 @@ fn a_tolerance_can_be_given_for_one_output() {
     save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
     let strict = layerwise(&["bisect", "demo.onnx", "--no-noise-floor"], dir.path());
     assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
-    let loose = layerwise(&["bisect", "demo.onnx", "--atol", "logits:1e9", "--rtol", "logits:0", "--json", "r.json"], dir.path());
+    let loose = layerwise(
+        &["bisect", "demo.onnx", "--atol", "logits:1e9", "--rtol", "logits:0", "--json", "r.json"],
+        dir.path(),
+    );
     assert_eq!(loose.status.code(), Some(0), "{}", text(&loose));
     assert!(text(&loose).contains("'logits': |cand - ref| <= 1000000000 + 0 * |ref|"), "{}", text(&loose));
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("r.json")).unwrap()).unwrap();
@@ -307,7 +376,11 @@ fn a_tolerance_can_be_given_for_one_output() {
     assert_eq!(r["tolerances"]["atol"], 1e-4, "every other tensor keeps the defaults");
     let unknown = layerwise(&["bisect", "demo.onnx", "--atol", "nope:1e-3"], dir.path());
     assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
-    assert!(text(&unknown).contains("a tolerance is given for 'nope', which is not a tensor the model computes"), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("a tolerance is given for 'nope', which is not a tensor the model computes"),
+        "{}",
+        text(&unknown)
+    );
     let bad = layerwise(&["bisect", "demo.onnx", "--atol", "logits:much"], dir.path());
     assert_eq!(bad.status.code(), Some(2), "{}", text(&bad));
 }
@@ -376,7 +449,10 @@ fn no_output_replaces_the_models_external_weights() {
         (&["merge", "r.json", "--json", "m.weights"][..], "would overwrite the external data of the report's model"),
         (&["merge", "r.json", "--json", "merged.json", "--html", "m.onnx"][..], "would overwrite the report's model"),
         // `fix -o OUT` also writes OUT.keep-fp32.json.
-        (&["fix", "fx.onnx.keep-fp32.json", "-o", "fx.onnx"][..], "the keep list written beside -o fx.onnx.keep-fp32.json would overwrite the input model"),
+        (
+            &["fix", "fx.onnx.keep-fp32.json", "-o", "fx.onnx"][..],
+            "the keep list written beside -o fx.onnx.keep-fp32.json would overwrite the input model",
+        ),
     ] {
         let out = layerwise(args, dir.path());
         assert_refused(&out, args, says);
@@ -443,11 +519,17 @@ fn an_external_constant_is_read_from_the_models_folder() {
     save(&proto, &dir.path().join("model/model.onnx"));
     write_npy_file(&dir.path().join("decoy/x.npy"), &Tensor::f32(vec![1, 4], vec![0.0; 4])).unwrap();
 
-    let out = layerwise(&["bisect", "../model/model.onnx", "--separate-runs", "--input", "x=x.npy", "--save-tensors", "st"], &dir.path().join("decoy"));
+    let out = layerwise(
+        &["bisect", "../model/model.onnx", "--separate-runs", "--input", "x=x.npy", "--save-tensors", "st"],
+        &dir.path().join("decoy"),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let c = common::saved_tensor(&dir.path().join("decoy/st/ref"), "c");
     assert_eq!(c.data, TensorData::F32(vec![0.0, 1.0, 2.0, 3.0]), "the model's own w.data");
-    for args in [&["bisect", "../model/model.onnx", "--input", "x=x.npy"][..], &["fix", "../model/model.onnx", "--input", "x=x.npy"][..]] {
+    for args in [
+        &["bisect", "../model/model.onnx", "--input", "x=x.npy"][..],
+        &["fix", "../model/model.onnx", "--input", "x=x.npy"][..],
+    ] {
         let out = layerwise(args, &dir.path().join("decoy"));
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
         assert!(!text(&out).contains("not measured"), "{args:?}: {}", text(&out));
@@ -495,7 +577,11 @@ fn batch_is_refused_where_the_sides_do_not_run_on_one_gpu() {
     let out = layerwise(&["bisect", "m.onnx", "--inputs", "samples", "--batch", "2"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("--batch 2 runs samples together on the GPU where both sides run there") && t.contains("here --ref ort:cpu and --cand sim:fp16"), "{t}");
+    assert!(
+        t.contains("--batch 2 runs samples together on the GPU where both sides run there")
+            && t.contains("here --ref ort:cpu and --cand sim:fp16"),
+        "{t}"
+    );
     // One sample, or random inputs: refused alike (found by the independent tester, stop 49: it
     // was ignored there).
     for one in [&["--inputs", "samples/s0.npz"][..], &[][..]] {

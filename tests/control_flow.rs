@@ -52,10 +52,28 @@ fn network_in_an_if(planted: bool) -> ModelProto {
     let (then_nodes, then_weights) = body_chain("net/", "x", 40, planted, "then_y");
     let (else_nodes, else_weights) = body_chain("small/", "x", 3, false, "else_y");
     let dims = [Dim::from(1), Dim::from(64)];
-    let then_branch = GraphProto { name: Some("then".into()), node: then_nodes, initializer: then_weights, output: vec![value("then_y", DataType::Float, Some(&dims))], ..Default::default() };
-    let else_branch = GraphProto { name: Some("else".into()), node: else_nodes, initializer: else_weights, output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: then_nodes,
+        initializer: then_weights,
+        output: vec![value("then_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: else_nodes,
+        initializer: else_weights,
+        output: vec![value("else_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
-    b.node("If", "by_rate", &["cond"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node(
+        "If",
+        "by_rate",
+        &["cond"],
+        &["y"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.output("y", DataType::Float);
     b.build()
 }
@@ -71,7 +89,12 @@ fn loop_of(trips: i64) -> ModelProto {
     let mut b = ModelBuilder::new("loop", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
     b.initializer(i64_tensor("trips", &[], &[trips]));
-    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("go".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     let nodes = vec![
         node("Mul", "grow", &["v_in", "k_grow"], &["v1"], vec![]),
         node("Mul", "scale", &["v1", "k_scale"], &["s"], vec![]),
@@ -84,9 +107,21 @@ fn loop_of(trips: i64) -> ModelProto {
     let body = GraphProto {
         name: Some("body".into()),
         node: nodes,
-        initializer: vec![f32_tensor("k_grow", &[1], &[1.5]), f32_tensor("k_scale", &[1], &[40.0]), f32_tensor("k_unscale", &[1], &[1600.0])],
-        input: vec![value("i", DataType::Int64, Some(&[])), value("cond_in", DataType::Bool, Some(&[])), value("v_in", DataType::Float, None)],
-        output: vec![value("cond_out", DataType::Bool, Some(&[])), value("v_out", DataType::Float, None), value("trace_v", DataType::Float, None)],
+        initializer: vec![
+            f32_tensor("k_grow", &[1], &[1.5]),
+            f32_tensor("k_scale", &[1], &[40.0]),
+            f32_tensor("k_unscale", &[1], &[1600.0]),
+        ],
+        input: vec![
+            value("i", DataType::Int64, Some(&[])),
+            value("cond_in", DataType::Bool, Some(&[])),
+            value("v_in", DataType::Float, None),
+        ],
+        output: vec![
+            value("cond_out", DataType::Bool, Some(&[])),
+            value("v_out", DataType::Float, None),
+            value("trace_v", DataType::Float, None),
+        ],
         ..Default::default()
     };
     b.node("Loop", "steps", &["trips", "go", "x"], &["v_final", "trace"], vec![attr::graph("body", body)]);
@@ -96,7 +131,8 @@ fn loop_of(trips: i64) -> ModelProto {
 }
 
 fn write_sr(dir: &std::path::Path, rate: i64) {
-    layerwise_runtime::npy::write_npy_file(&dir.join("sr.npy"), &Tensor::new(vec![], TensorData::I64(vec![rate]))).unwrap();
+    layerwise_runtime::npy::write_npy_file(&dir.join("sr.npy"), &Tensor::new(vec![], TensorData::I64(vec![rate])))
+        .unwrap();
 }
 
 #[test]
@@ -104,7 +140,8 @@ fn an_overflow_inside_the_branch_taken_is_named_and_the_branch_is_compared() {
     let dir = tempfile::tempdir().unwrap();
     save(&network_in_an_if(true), &dir.path().join("vad.onnx"));
     write_sr(dir.path(), 16000);
-    let out = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--json", "r.json", "--html", "r.html"], dir.path());
+    let out =
+        layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--json", "r.json", "--html", "r.html"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "the overflow is found: {t}");
     let r = json(&dir.path().join("r.json"));
@@ -115,7 +152,12 @@ fn an_overflow_inside_the_branch_taken_is_named_and_the_branch_is_compared() {
     assert!(t.contains("control    If 'by_rate': then_branch taken"), "{t}");
     // The whole network is compared, not just the If's output.
     let compared = r["tensors"].as_array().unwrap().len();
-    let in_branch = r["tensors"].as_array().unwrap().iter().filter(|t| t["name"].as_str().unwrap().starts_with("by_rate/then/")).count();
+    let in_branch = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["name"].as_str().unwrap().starts_with("by_rate/then/"))
+        .count();
     assert!(in_branch >= 40, "{in_branch} of {compared} compared tensors are the branch's");
     assert!(r["not_compared"].as_array().unwrap().is_empty(), "{}", r["not_compared"]);
 
@@ -185,7 +227,10 @@ fn an_overflow_inside_a_loop_body_is_named_with_its_iteration() {
     assert_eq!(r["control_flow"]["inlined"][0]["taken"], "6 iterations");
     // The stacked output is rebuilt from the iterations and matches ONNX Runtime's Loop: the
     // reference of the unrolled model is the original model's output.
-    let keep = layerwise(&["bisect", "loop.onnx", "--keep-control-flow", "--cand", "ort:cpu", "--save-tensors", "kept"], dir.path());
+    let keep = layerwise(
+        &["bisect", "loop.onnx", "--keep-control-flow", "--cand", "ort:cpu", "--save-tensors", "kept"],
+        dir.path(),
+    );
     assert_eq!(keep.status.code(), Some(0), "{}", text(&keep));
     let unrolled = layerwise(&["bisect", "loop.onnx", "--cand", "ort:cpu", "--save-tensors", "unrolled"], dir.path());
     assert_eq!(unrolled.status.code(), Some(0), "{}", text(&unrolled));
@@ -214,14 +259,36 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     let if_node = converted.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
     for branch in ["then_branch", "else_branch"] {
         let body = if_node.attribute.iter().find(|a| a.name() == branch).unwrap().g.as_ref().unwrap();
-        assert!(body.initializer.iter().all(|t| t.data_type() == DataType::Float16 as i32), "{branch} weights are FP16");
+        assert!(
+            body.initializer.iter().all(|t| t.data_type() == DataType::Float16 as i32),
+            "{branch} weights are FP16"
+        );
         assert!(body.node.iter().any(|n| n.op_type() == "Cast"), "{branch} casts at its float32 interface");
     }
-    let out = layerwise(&["bisect", "vad.onnx", "--input", "sr=sr.npy", "--cand", "ort:cpu", "--cand-model", "vad16.onnx", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "vad.onnx",
+            "--input",
+            "sr=sr.npy",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "vad16.onnx",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     let r = json(&dir.path().join("r.json"));
-    let sq = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "by_rate/then/net/sq").expect("the branch's tensors are compared");
+    let sq = r["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "by_rate/then/net/sq")
+        .expect("the branch's tensors are compared");
     assert!(sq["metrics"]["cand_inf"].as_u64().unwrap() > 0, "FP16 storage inside the branch overflows: {sq}");
     let before = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "by_rate/then/net/t19").unwrap();
     assert_eq!(before["metrics"]["cand_inf"], 0, "{before}");
@@ -229,13 +296,19 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     // fix keeps the node inside the branch and the reader of its out-of-range output (the
     // written model would cast that value to FP16 at the island's edge), writes the original
     // structure (the If stays), and the written file passes in its own types.
-    let out = layerwise(&["fix", "vad.onnx", "--input", "sr=sr.npy", "-o", "vad_fixed.onnx", "--json", "fix.json"], dir.path());
+    let out = layerwise(
+        &["fix", "vad.onnx", "--input", "sr=sr.npy", "-o", "vad_fixed.onnx", "--json", "fix.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate/then/net/square", "by_rate/then/net/down"]), "{t}");
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
-    assert!(fix["trtexec_flags"].as_str().unwrap().contains("'net/square:fp32,net/down:fp32'"), "TensorRT names the layer by the node's own name: {t}");
+    assert!(
+        fix["trtexec_flags"].as_str().unwrap().contains("'net/square:fp32,net/down:fp32'"),
+        "TensorRT names the layer by the node's own name: {t}"
+    );
     let fixed = layerwise_model::Model::load(&dir.path().join("vad_fixed.onnx")).unwrap();
     assert!(fixed.graph().node.iter().any(|n| n.op_type() == "If"), "the fixed model keeps its If");
 
@@ -245,7 +318,8 @@ fn convert_and_fix_reach_into_if_branches_and_loop_bodies() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("loop_fix.json"));
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
-    let kept: Vec<&str> = fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+    let kept: Vec<&str> =
+        fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
     assert!(kept.contains(&"steps/body/square"), "{kept:?}");
 }
 
@@ -258,12 +332,29 @@ fn outer_tensor_read_on_both_sides_of_an_if() -> ModelProto {
     b.initializer(f32_tensor("minus_one", &[], &[-1.0]));
     let (then_nodes, then_weights) = body_chain("net/", "x", 6, true, "then_y");
     let dims = [Dim::from(1), Dim::from(64)];
-    let then_branch = GraphProto { name: Some("then".into()), node: then_nodes, initializer: then_weights, output: vec![value("then_y", DataType::Float, Some(&dims))], ..Default::default() };
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])], output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: then_nodes,
+        initializer: then_weights,
+        output: vec![value("then_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])],
+        output: vec![value("else_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     b.node("Abs", "magnitude", &["x"], &["a"], vec![]);
     b.node("ReduceMax", "largest", &["a"], &["m"], vec![attr::int("keepdims", 0)]);
     b.node("Greater", "above", &["m", "minus_one"], &["cond"], vec![]);
-    b.node("If", "gate", &["cond"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node(
+        "If",
+        "gate",
+        &["cond"],
+        &["y"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.output("y", DataType::Float);
     b.build()
 }
@@ -295,10 +386,26 @@ fn an_outer_tensor_read_inside_and_outside_a_branch_converts_to_a_model_that_loa
     b.input("x", DataType::Float, &dims);
     b.input("c", DataType::Bool, &[]);
     b.initializer(f32_tensor("B", &[4], &[-1.0, -0.5, 0.5, 1.0]));
-    let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Mul", "tmul2", &["t", "B"], &["a"], vec![])], output: vec![value("a", DataType::Float, Some(&dims))], ..Default::default() };
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Add", "eadd", &["t", "B"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: vec![node("Mul", "tmul2", &["t", "B"], &["a"], vec![])],
+        output: vec![value("a", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: vec![node("Add", "eadd", &["t", "B"], &["e"], vec![])],
+        output: vec![value("e", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     b.node("Mul", "tmul", &["x", "B"], &["t"], vec![]);
-    b.node("If", "if", &["c"], &["iy"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node(
+        "If",
+        "if",
+        &["c"],
+        &["iy"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.node("Add", "final", &["iy", "t"], &["y"], vec![]);
     b.output("y", DataType::Float);
     b.output("t", DataType::Float);
@@ -316,7 +423,8 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     for (i, rate) in [16000i64, 8000].into_iter().enumerate() {
         let x = Tensor::new(vec![1, 64], TensorData::F32((0..64).map(|k| 0.5 + k as f32 / 128.0).collect()));
         let sr = Tensor::new(vec![], TensorData::I64(vec![rate]));
-        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)]).unwrap();
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)])
+            .unwrap();
     }
     let out = layerwise(&["bisect", "vad.onnx", "--inputs", "samples", "--json", "r.json"], dir.path());
     let t = text(&out);
@@ -329,7 +437,8 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
 
     // fix cannot vouch for an FP16 branch it does not see into (the independent tester got FIXED
     // for an If whose taken branch overflows FP16): the If stays FP32 whole, and that holds.
-    let out = layerwise(&["fix", "vad.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "vad.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
@@ -339,7 +448,12 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     let if_node = fixed.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
     for branch in &if_node.attribute {
         let body = branch.g.as_ref().unwrap();
-        assert!(body.node.iter().all(|n| n.op_type() != "Cast") && body.initializer.iter().all(|w| w.data_type() == DataType::Float as i32), "{} stays float32", branch.name());
+        assert!(
+            body.node.iter().all(|n| n.op_type() != "Cast")
+                && body.initializer.iter().all(|w| w.data_type() == DataType::Float as i32),
+            "{} stays float32",
+            branch.name()
+        );
     }
 }
 
@@ -361,7 +475,11 @@ fn a_loop_left_as_it_is_is_kept_whole_with_the_outer_weights_it_reads() {
             node("Add", "y", &["h2", "h"], &["h3"], vec![]),
             node("Identity", "bid", &["cond"], &["cond_out"], vec![]),
         ],
-        input: vec![value("i", DataType::Int64, Some(&[])), value("cond", DataType::Bool, Some(&[])), value("h", DataType::Float, Some(&rows))],
+        input: vec![
+            value("i", DataType::Int64, Some(&[])),
+            value("cond", DataType::Bool, Some(&[])),
+            value("h", DataType::Float, Some(&rows)),
+        ],
         output: vec![value("cond_out", DataType::Bool, Some(&[])), value("h3", DataType::Float, Some(&rows))],
         ..Default::default()
     };
@@ -371,7 +489,12 @@ fn a_loop_left_as_it_is_is_kept_whole_with_the_outer_weights_it_reads() {
     b.initializer(f("C1", &[], &[3000.0]));
     b.initializer(f("C2", &[], &[1.0 / 9e6]));
     b.initializer(i64_tensor("n", &[], &[3]));
-    b.initializer(TensorProto { name: Some("tr".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("tr".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     b.node("Loop", "loop", &["n", "tr", "x"], &["hl"], vec![attr::graph("body", body)]);
     b.node("Tanh", "fin", &["hl"], &["out"], vec![]);
     b.output("out", DataType::Float);
@@ -385,14 +508,23 @@ fn a_loop_left_as_it_is_is_kept_whole_with_the_outer_weights_it_reads() {
     let out = layerwise(&["bisect", "loop.onnx", "--inputs", "samples", "--json", "r.json"], dir.path());
     let r = json(&dir.path().join("r.json"));
     assert_eq!(r["control_flow"]["kept"][0][0], "loop", "the Loop is left as it is: {}", text(&out));
-    let out = layerwise(&["fix", "loop.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "loop.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["loop"]), "{t}");
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
-    assert!(fixed.graph().initializer.iter().find(|t| t.name() == "W").is_some_and(|t| t.data_type() == DataType::Float as i32), "the weight the kept body reads stays float32");
+    assert!(
+        fixed
+            .graph()
+            .initializer
+            .iter()
+            .find(|t| t.name() == "W")
+            .is_some_and(|t| t.data_type() == DataType::Float as i32),
+        "the weight the kept body reads stays float32"
+    );
 }
 
 /// Found by the independent tester (silero_vad over 16 kHz and 8 kHz samples): an If kept for
@@ -409,14 +541,28 @@ fn an_if_kept_in_fp32_keeps_its_branches_whole_and_fix_says_fixed() {
     b.initializer(f32_tensor("half", &[], &[0.5]));
     let then_branch = GraphProto {
         name: Some("then".into()),
-        node: vec![node("Mul", "up", &["x", "big"], &["u"], vec![]), node("Div", "down", &["u", "big"], &["then_y"], vec![])],
+        node: vec![
+            node("Mul", "up", &["x", "big"], &["u"], vec![]),
+            node("Div", "down", &["u", "big"], &["then_y"], vec![]),
+        ],
         initializer: vec![f32_tensor("big", &[], &[70000.0])],
         output: vec![value("then_y", DataType::Float, Some(&dims))],
         ..Default::default()
     };
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])], output: vec![value("else_y", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: vec![node("Neg", "negate", &["x"], &["else_y"], vec![])],
+        output: vec![value("else_y", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
-    b.node("If", "by_rate", &["cond"], &["b"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node(
+        "If",
+        "by_rate",
+        &["cond"],
+        &["b"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.node("Mul", "scale", &["b", "half"], &["y"], vec![]);
     b.output("y", DataType::Float);
     let dir = tempfile::tempdir().unwrap();
@@ -425,21 +571,33 @@ fn an_if_kept_in_fp32_keeps_its_branches_whole_and_fix_says_fixed() {
     for (i, rate) in [16000i64, 8000].into_iter().enumerate() {
         let x = Tensor::f32(vec![1, 4], vec![0.5, 1.0, 1.5, 2.0]);
         let sr = Tensor::new(vec![], TensorData::I64(vec![rate]));
-        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)]).unwrap();
+        layerwise_runtime::npy::write_npz(&dir.path().join(format!("samples/s{i}.npz")), &[("x", &x), ("sr", &sr)])
+            .unwrap();
     }
-    let out = layerwise(&["fix", "m.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "m.onnx", "--inputs", "samples", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
     assert_eq!(fix["keep_fp32"], serde_json::json!(["by_rate"]), "{t}");
     // One node kept, but it holds both branches (3 nodes): the summary says so (a tester read "1 of
     // 5 nodes" where the one was the whole model).
-    assert!(fix["summary"].as_str().unwrap().contains("the control flow kept whole holds 3 more nodes in its bodies, all FP32 too"), "{}", fix["summary"]);
+    assert!(
+        fix["summary"]
+            .as_str()
+            .unwrap()
+            .contains("the control flow kept whole holds 3 more nodes in its bodies, all FP32 too"),
+        "{}",
+        fix["summary"]
+    );
     assert_eq!(fix["fixed_model_check"]["pass"], true, "{t}");
     let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     let if_node = fixed.graph().node.iter().find(|n| n.op_type() == "If").unwrap();
     let then_branch = if_node.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.as_ref().unwrap();
-    assert!(then_branch.initializer.iter().all(|w| w.data_type() == DataType::Float as i32), "the kept If's branch stays float32");
+    assert!(
+        then_branch.initializer.iter().all(|w| w.data_type() == DataType::Float as i32),
+        "the kept If's branch stays float32"
+    );
     assert!(then_branch.node.iter().all(|n| n.op_type() != "Cast"), "nothing of the kept branch is cast");
 }
 
@@ -450,16 +608,33 @@ fn squares_in_a_loop_and_a_scan() -> (ModelProto, ModelProto) {
     let four = [Dim::from(4)];
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Mul", "sq", &["x_in", "x_in"], &["sq"], vec![]), node("Div", "div", &["sq", "k"], &["x_out"], vec![]), node("Identity", "id", &["c_in"], &["c_out"], vec![])],
-        input: vec![value("i", DataType::Int64, Some(&[])), value("c_in", DataType::Bool, Some(&[])), value("x_in", DataType::Float, Some(&four))],
-        output: vec![value("c_out", DataType::Bool, Some(&[])), value("x_out", DataType::Float, Some(&four)), value("sq", DataType::Float, Some(&four))],
+        node: vec![
+            node("Mul", "sq", &["x_in", "x_in"], &["sq"], vec![]),
+            node("Div", "div", &["sq", "k"], &["x_out"], vec![]),
+            node("Identity", "id", &["c_in"], &["c_out"], vec![]),
+        ],
+        input: vec![
+            value("i", DataType::Int64, Some(&[])),
+            value("c_in", DataType::Bool, Some(&[])),
+            value("x_in", DataType::Float, Some(&four)),
+        ],
+        output: vec![
+            value("c_out", DataType::Bool, Some(&[])),
+            value("x_out", DataType::Float, Some(&four)),
+            value("sq", DataType::Float, Some(&four)),
+        ],
         ..Default::default()
     };
     let mut b = ModelBuilder::new("loop_min", 13);
     b.input("trips", DataType::Int64, &[]);
     b.input("x0", DataType::Float, &four);
     b.initializer(f32_tensor("k", &[], &[1000.0]));
-    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("go".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     b.node("Loop", "loop", &["trips", "go", "x0"], &["x_final", "sqs"], vec![attr::graph("body", body)]);
     b.output("x_final", DataType::Float);
     b.output("sqs", DataType::Float);
@@ -494,7 +669,12 @@ fn fix_writes_loop_and_scan_models_whose_keep_list_names_unrolled_nodes() {
     let rows = Tensor::f32(vec![2, 4], vec![300.0, 400.0, 500.0, 600.0, 1.0, 2.0, 3.0, 4.0]);
     layerwise_runtime::npy::write_npz(&dir.path().join("scan.npz"), &[("X", &rows)]).unwrap();
     for (model, unrolled) in [("loop", "loop/iter0/sq"), ("scan", "scan/iter0/sq")] {
-        let (m, inputs, fixed, report) = (format!("{model}.onnx"), format!("{model}.npz"), format!("{model}_fixed.onnx"), format!("{model}_fix.json"));
+        let (m, inputs, fixed, report) = (
+            format!("{model}.onnx"),
+            format!("{model}.npz"),
+            format!("{model}_fixed.onnx"),
+            format!("{model}_fix.json"),
+        );
         let out = layerwise(&["bisect", &m, "--inputs", &inputs], dir.path());
         assert_eq!(out.status.code(), Some(1), "{model} diverges: {}", text(&out));
         let out = layerwise(&["fix", &m, "--inputs", &inputs, "-o", &fixed, "--json", &report], dir.path());
@@ -505,7 +685,10 @@ fn fix_writes_loop_and_scan_models_whose_keep_list_names_unrolled_nodes() {
         assert_eq!(fix["fixed_model_load"]["status"], "loads", "{model}: {t}");
         assert_eq!(fix["fixed_model_check"]["pass"], true, "{model}: {t}");
         let written = layerwise_model::Model::load(&dir.path().join(&fixed)).unwrap();
-        assert!(written.graph().node.iter().any(|n| n.op_type() == if model == "loop" { "Loop" } else { "Scan" }), "{model}: the written model keeps its structure");
+        assert!(
+            written.graph().node.iter().any(|n| n.op_type() == if model == "loop" { "Loop" } else { "Scan" }),
+            "{model}: the written model keeps its structure"
+        );
         if model == "loop" {
             // Both iterations keep `sq`: one layer of the body, named once, and the gathering of
             // scan outputs the unrolling made is no layer at all.
@@ -524,13 +707,29 @@ fn planted_scan() -> ModelProto {
     b.initializer(f32_tensor("s0", &[4], &[0.0; 4]));
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Add", "accumulate", &["s_in", "row"], &["t"], vec![]), node("Mul", "grow", &["t", "three"], &["s_out"], vec![]), node("Identity", "emit", &["s_out"], &["y_row"], vec![])],
+        node: vec![
+            node("Add", "accumulate", &["s_in", "row"], &["t"], vec![]),
+            node("Mul", "grow", &["t", "three"], &["s_out"], vec![]),
+            node("Identity", "emit", &["s_out"], &["y_row"], vec![]),
+        ],
         initializer: vec![f32_tensor("three", &[1], &[3.0])],
-        input: vec![value("s_in", DataType::Float, Some(&[Dim::from(4)])), value("row", DataType::Float, Some(&[Dim::from(4)]))],
-        output: vec![value("s_out", DataType::Float, Some(&[Dim::from(4)])), value("y_row", DataType::Float, Some(&[Dim::from(4)]))],
+        input: vec![
+            value("s_in", DataType::Float, Some(&[Dim::from(4)])),
+            value("row", DataType::Float, Some(&[Dim::from(4)])),
+        ],
+        output: vec![
+            value("s_out", DataType::Float, Some(&[Dim::from(4)])),
+            value("y_row", DataType::Float, Some(&[Dim::from(4)])),
+        ],
         ..Default::default()
     };
-    b.node("Scan", "scan", &["s0", "x"], &["s_final", "ys"], vec![attr::graph("body", body), attr::int("num_scan_inputs", 1)]);
+    b.node(
+        "Scan",
+        "scan",
+        &["s0", "x"],
+        &["s_final", "ys"],
+        vec![attr::graph("body", body), attr::int("num_scan_inputs", 1)],
+    );
     b.output("s_final", DataType::Float);
     b.output("ys", DataType::Float);
     b.build()
@@ -559,7 +758,11 @@ fn a_scan_is_unrolled_into_its_steps_and_computes_what_the_scan_does() {
     run(&[], "unrolled");
     let saved = |folder: &str, tensor: &str| saved_tensor(&dir.path().join(folder).join("ref"), tensor);
     for output in ["s_final", "ys"] {
-        assert_eq!(saved("kept", output), saved("unrolled", output), "{output}: the unrolled scan computes what the Scan computes");
+        assert_eq!(
+            saved("kept", output),
+            saved("unrolled", output),
+            "{output}: the unrolled scan computes what the Scan computes"
+        );
     }
     assert_eq!(saved("unrolled", "ys").shape, vec![12, 4]);
 }
@@ -580,9 +783,25 @@ fn a_candidate_model_that_takes_the_other_branch_is_compared_at_its_outputs_and_
         b.node("Sigmoid", "squash", &["x"], &["p"], vec![]);
         b.node("ReduceSum", "total", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
         b.node("Greater", "is_loud", &["s", "threshold"], &["cond"], vec![]);
-        let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Neg", "flip", &["x"], &["flipped"], vec![])], output: vec![value("flipped", DataType::Float, Some(&dims))], ..Default::default() };
-        let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Identity", "pass", &["p"], &["passed"], vec![])], output: vec![value("passed", DataType::Float, Some(&dims))], ..Default::default() };
-        b.node("If", "gate", &["cond"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+        let then_branch = GraphProto {
+            name: Some("then".into()),
+            node: vec![node("Neg", "flip", &["x"], &["flipped"], vec![])],
+            output: vec![value("flipped", DataType::Float, Some(&dims))],
+            ..Default::default()
+        };
+        let else_branch = GraphProto {
+            name: Some("else".into()),
+            node: vec![node("Identity", "pass", &["p"], &["passed"], vec![])],
+            output: vec![value("passed", DataType::Float, Some(&dims))],
+            ..Default::default()
+        };
+        b.node(
+            "If",
+            "gate",
+            &["cond"],
+            &["y"],
+            vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+        );
         b.node("Relu", "post", &["y"], &["out"], vec![]);
         b.output("out", DataType::Float);
         b.build()
@@ -591,7 +810,10 @@ fn a_candidate_model_that_takes_the_other_branch_is_compared_at_its_outputs_and_
     // The reference's condition is false (else: Sigmoid passed on), the candidate's true (Neg).
     save(&twin(100.0), &dir.path().join("ref.onnx"));
     save(&twin(-100.0), &dir.path().join("cand.onnx"));
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "cand.onnx", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "cand.onnx", "--json", "r.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "the outputs differ (-x against sigmoid(x)): {t}");
     let r = json(&dir.path().join("r.json"));
@@ -601,10 +823,25 @@ fn a_candidate_model_that_takes_the_other_branch_is_compared_at_its_outputs_and_
     assert!(tensor("y")["metrics"]["rel_l2_err"].as_f64().unwrap() > 1.0, "{}", tensor("y"));
     assert!(tensor("out")["metrics"]["rel_l2_err"].as_f64().unwrap() > 0.9, "{}", tensor("out"));
     let gate = &r["control_flow"]["inlined"][0];
-    assert_eq!((gate["taken"].as_str(), gate["candidate_taken"].as_str()), (Some("else_branch"), Some("then_branch")), "{t}");
+    assert_eq!(
+        (gate["taken"].as_str(), gate["candidate_taken"].as_str()),
+        (Some("else_branch"), Some("then_branch")),
+        "{t}"
+    );
     assert!(t.contains("else_branch taken by the reference, then_branch by the candidate model"), "{t}");
-    assert!(r["verdict"]["conclusions"].as_array().unwrap().iter().any(|c| c.as_str().unwrap().contains("takes then_branch at 'gate' where the reference takes else_branch")), "{t}");
-    assert!(r["counterfactual"].is_null(), "no keep list is checked on the reference's branch: {}", r["counterfactual"]);
+    assert!(
+        r["verdict"]["conclusions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains("takes then_branch at 'gate' where the reference takes else_branch")),
+        "{t}"
+    );
+    assert!(
+        r["counterfactual"].is_null(),
+        "no keep list is checked on the reference's branch: {}",
+        r["counterfactual"]
+    );
 }
 
 /// x[1,4] (up to 2), sr -> If 'by_rate' (sr == 16000) -> y = b * 0.5. Nested: the then-branch
@@ -621,16 +858,40 @@ fn overflow_through_an_if_output(nested: bool) -> ModelProto {
     b.initializer(i64_tensor("sr16k", &[], &[16000]));
     b.initializer(f32_tensor("half", &[], &[0.5]));
     b.initializer(f32_tensor("big", &[], &[70000.0]));
-    let branch = |name: &str, nodes: Vec<NodeProto>, out: &str| GraphProto { name: Some(name.into()), node: nodes, output: vec![value(out, DataType::Float, Some(&dims))], ..Default::default() };
+    let branch = |name: &str, nodes: Vec<NodeProto>, out: &str| GraphProto {
+        name: Some(name.into()),
+        node: nodes,
+        output: vec![value(out, DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     let negate = |out: &str| branch("else", vec![node("Neg", "negate", &["x"], &[out], vec![])], out);
     let scale_up = |out: &str| branch("then", vec![node("Mul", "up", &["x", "big"], &[out], vec![])], out);
     b.node("Equal", "is_16k", &["sr", "sr16k"], &["cond"], vec![]);
     if nested {
-        let stage = node("If", "stage", &["cond"], &["u"], vec![attr::graph("then_branch", scale_up("inner_u")), attr::graph("else_branch", negate("inner_n"))]);
-        let then_branch = branch("then", vec![stage, node("Div", "down", &["u", "big"], &["then_y"], vec![])], "then_y");
-        b.node("If", "by_rate", &["cond"], &["b"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", negate("else_y"))]);
+        let stage = node(
+            "If",
+            "stage",
+            &["cond"],
+            &["u"],
+            vec![attr::graph("then_branch", scale_up("inner_u")), attr::graph("else_branch", negate("inner_n"))],
+        );
+        let then_branch =
+            branch("then", vec![stage, node("Div", "down", &["u", "big"], &["then_y"], vec![])], "then_y");
+        b.node(
+            "If",
+            "by_rate",
+            &["cond"],
+            &["b"],
+            vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", negate("else_y"))],
+        );
     } else {
-        b.node("If", "by_rate", &["cond"], &["u"], vec![attr::graph("then_branch", scale_up("then_y")), attr::graph("else_branch", negate("else_y"))]);
+        b.node(
+            "If",
+            "by_rate",
+            &["cond"],
+            &["u"],
+            vec![attr::graph("then_branch", scale_up("then_y")), attr::graph("else_branch", negate("else_y"))],
+        );
         b.node("Div", "down", &["u", "big"], &["b"], vec![]);
     }
     b.node("Mul", "scale", &["b", "half"], &["y"], vec![]);
@@ -649,10 +910,14 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
     let x = Tensor::f32(vec![1, 4], vec![0.5, 1.0, 1.5, 2.0]);
     let sr = Tensor::new(vec![], TensorData::I64(vec![16000]));
     layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x), ("sr", &sr)]).unwrap();
-    for (nested, up, handover) in [(true, "by_rate/then/stage/then/up", "by_rate/then/stage/output0"), (false, "by_rate/then/up", "by_rate/output0")] {
+    for (nested, up, handover) in [
+        (true, "by_rate/then/stage/then/up", "by_rate/then/stage/output0"),
+        (false, "by_rate/then/up", "by_rate/output0"),
+    ] {
         let model = if nested { "nested.onnx" } else { "flat.onnx" };
         save(&overflow_through_an_if_output(nested), &dir.path().join(model));
-        let out = layerwise(&["fix", model, "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+        let out =
+            layerwise(&["fix", model, "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(0), "{model}: {t}");
         let fix = json(&dir.path().join("fix.json"));
@@ -663,18 +928,30 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
         assert_eq!(fix["fixed_model_check"]["pass"], true, "{model}: {t}");
         // The else branches no run computed are said to be unchecked (an independent tester's ask).
         let summary = fix["summary"].as_str().unwrap();
-        assert!(summary.contains("'by_rate' took its then_branch") && summary.contains("the branches not taken are written converted with nothing kept"), "{model}: {summary}");
+        assert!(
+            summary.contains("'by_rate' took its then_branch")
+                && summary.contains("the branches not taken are written converted with nothing kept"),
+            "{model}: {summary}"
+        );
         // The keep list names the hand-over, which is no node of the file: the summary says why
         // the file lists fewer FP32 nodes (two testers asked).
-        assert!(summary.contains("1 of the kept names hand a body's value to its If's or Loop's output"), "{model}: {summary}");
+        assert!(
+            summary.contains("1 of the kept names hand a body's value to its If's or Loop's output"),
+            "{model}: {summary}"
+        );
         // The written model's FP32 nodes are named where they are; the hand-over is no node of it.
-        let fp32: Vec<&str> = fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
+        let fp32: Vec<&str> =
+            fix["fixed_model_fp32_nodes"].as_array().unwrap().iter().map(|p| p[0].as_str().unwrap()).collect();
         assert!(fp32.contains(&up) && !fp32.contains(&handover), "{model}: {fp32:?}");
         let flags = fix["trtexec_flags"].as_str().unwrap();
-        assert!(flags.contains("up:fp32") && !flags.contains("output0"), "{model}: TensorRT has no layer the inlining made: {flags}");
+        assert!(
+            flags.contains("up:fp32") && !flags.contains("output0"),
+            "{model}: TensorRT has no layer the inlining made: {flags}"
+        );
         // Inside the written branch, `up` reads the float32 input and weight: nothing cast.
         let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
-        let then_of = |n: &NodeProto| n.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
+        let then_of =
+            |n: &NodeProto| n.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
         let mut branch = then_of(fixed.graph().node.iter().find(|n| n.name() == "by_rate").unwrap());
         if nested {
             branch = then_of(branch.node.iter().find(|n| n.name() == "stage").unwrap());
@@ -695,14 +972,32 @@ fn fix_writes_a_keep_list_that_names_an_if_output_nested_or_not() {
     // ONNX's branch names and a body node's own name (as the trtexec flags print it) are refused
     // with the name layerwise would take (an independent tester's two likely guesses).
     // A path that skips a level is hinted from the top too.
-    for (guess, meant) in [("by_rate/then_branch/stage/then/up", "by_rate/then/stage/then/up"), ("up", "by_rate/then/stage/then/up"), ("by_rate/then/up", "by_rate/then/stage/then/up")] {
+    for (guess, meant) in [
+        ("by_rate/then_branch/stage/then/up", "by_rate/then/stage/then/up"),
+        ("up", "by_rate/then/stage/then/up"),
+        ("by_rate/then/up", "by_rate/then/stage/then/up"),
+    ] {
         let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", guess], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(2), "{t}");
-        assert!(t.contains(&format!("node '{guess}' does not exist in the model as named;")) && t.contains(&format!("try '{meant}'")), "{t}");
+        assert!(
+            t.contains(&format!("node '{guess}' does not exist in the model as named;"))
+                && t.contains(&format!("try '{meant}'")),
+            "{t}"
+        );
         assert!(!dir.path().join("c.onnx").exists(), "{t}");
     }
-    let out = layerwise(&["convert", "nested.onnx", "-o", "c.onnx", "--keep-fp32", "by_rate/then/stage/then/up,by_rate/then/stage/output0"], dir.path());
+    let out = layerwise(
+        &[
+            "convert",
+            "nested.onnx",
+            "-o",
+            "c.onnx",
+            "--keep-fp32",
+            "by_rate/then/stage/then/up,by_rate/then/stage/output0",
+        ],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
@@ -719,16 +1014,30 @@ fn constants_read_by_muls() -> ModelProto {
     let thirds = || f32_tensor("v", &[4], &[1.0 / 3.0, std::f32::consts::PI, 1e-5, 7.0]);
     let then_branch = GraphProto {
         name: Some("then".into()),
-        node: vec![node("Constant", "", &[], &["c"], vec![attr::tensor("value", thirds())]), node("Mul", "mul", &["x", "c"], &["t"], vec![])],
+        node: vec![
+            node("Constant", "", &[], &["c"], vec![attr::tensor("value", thirds())]),
+            node("Mul", "mul", &["x", "c"], &["t"], vec![]),
+        ],
         output: vec![value("t", DataType::Float, Some(&dims))],
         ..Default::default()
     };
     // The else branch reads a main-graph Constant from the outer scope: the If reads it.
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Sub", "shift", &["x", "o_value"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: vec![node("Sub", "shift", &["x", "o_value"], &["e"], vec![])],
+        output: vec![value("e", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
     b.node("Constant", "o", &[], &["o_value"], vec![attr::tensor("value", thirds())]);
     b.node("ReduceSum", "sum", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
     b.node("Greater", "positive", &["s", "zero"], &["cond"], vec![]);
-    b.node("If", "If_0", &["cond"], &["y0"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    b.node(
+        "If",
+        "If_0",
+        &["cond"],
+        &["y0"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.node("Constant", "k", &[], &["k_value"], vec![attr::tensor("value", thirds())]);
     b.node("Mul", "scale", &["y0", "k_value"], &["y"], vec![]);
     b.output("y", DataType::Float);
@@ -754,7 +1063,10 @@ fn a_constant_in_a_keep_list_is_refused_with_the_nodes_that_read_it() {
         for l in listed {
             assert!(t.contains(l), "{keep}: {t}");
         }
-        assert!(t.contains("naming it changes nothing") && t.contains(&format!("(--keep-fp32 {readers})")), "{keep}: {t}");
+        assert!(
+            t.contains("naming it changes nothing") && t.contains(&format!("(--keep-fp32 {readers})")),
+            "{keep}: {t}"
+        );
         assert!(!dir.path().join("c.onnx").exists(), "{keep}: nothing written");
     }
     // Every Constant of every graph named at once (the testers had to rerun once per Constant,
@@ -762,7 +1074,11 @@ fn a_constant_in_a_keep_list_is_refused_with_the_nodes_that_read_it() {
     let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", "k,If_0/then/Constant#0"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("names 2 Constant nodes: 'If_0/then/Constant#0' (read by If_0/then/mul); 'k' (read by scale)") && t.contains("leave them out"), "{t}");
+    assert!(
+        t.contains("names 2 Constant nodes: 'If_0/then/Constant#0' (read by If_0/then/mul); 'k' (read by scale)")
+            && t.contains("leave them out"),
+        "{t}"
+    );
     let mut b = ModelBuilder::new("two", 17);
     b.input("x", DataType::Float, &[Dim::from(2)]);
     b.node("Constant", "a", &[], &["av"], vec![attr::tensor("value", f32_tensor("a", &[2], &[1.0 / 3.0, 2.0]))]);
@@ -774,7 +1090,10 @@ fn a_constant_in_a_keep_list_is_refused_with_the_nodes_that_read_it() {
     let out = layerwise(&["convert", "two.onnx", "-o", "c.onnx", "--keep-fp32", "b,a"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("names 2 Constant nodes: 'a' (read by m); 'b' (read by p)") && t.contains("(--keep-fp32 m,p)"), "{t}");
+    assert!(
+        t.contains("names 2 Constant nodes: 'a' (read by m); 'b' (read by p)") && t.contains("(--keep-fp32 m,p)"),
+        "{t}"
+    );
     // The readers alone convert.
     let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx", "--keep-fp32", "If_0/then/mul,scale"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -796,7 +1115,11 @@ fn an_overflowing_weight_no_node_reads_is_said_to_stay_float32() {
     let out = layerwise(&["convert", "lone.onnx", "-o", "c.onnx"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
-    assert!(t.contains("weight 'lone_out' is beyond the FP16 range; no node reads it, and it stays float32") && !t.contains("read by \n"), "{t}");
+    assert!(
+        t.contains("weight 'lone_out' is beyond the FP16 range; no node reads it, and it stays float32")
+            && !t.contains("read by \n"),
+        "{t}"
+    );
     let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
     let lone = written.graph().initializer.iter().find(|t| t.name() == "lone_out").unwrap();
     assert_eq!(lone.data_type(), DataType::Float as i32, "kept float32");
@@ -813,18 +1136,42 @@ fn an_overflowing_weight_read_inside_a_branch_keeps_its_reader_fp32_there() {
     b.input("x", DataType::Float, &dims);
     b.input("c", DataType::Bool, &[]);
     b.initializer(f32_tensor("big", &[2], &[100_000.0, 1.0]));
-    let then_branch = GraphProto { name: Some("then".into()), node: vec![node("Add", "addbig", &["x", "big"], &["t"], vec![])], output: vec![value("t", DataType::Float, Some(&dims))], ..Default::default() };
-    let else_branch = GraphProto { name: Some("else".into()), node: vec![node("Neg", "negate", &["x"], &["e"], vec![])], output: vec![value("e", DataType::Float, Some(&dims))], ..Default::default() };
-    b.node("If", "myif", &["c"], &["y"], vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)]);
+    let then_branch = GraphProto {
+        name: Some("then".into()),
+        node: vec![node("Add", "addbig", &["x", "big"], &["t"], vec![])],
+        output: vec![value("t", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    let else_branch = GraphProto {
+        name: Some("else".into()),
+        node: vec![node("Neg", "negate", &["x"], &["e"], vec![])],
+        output: vec![value("e", DataType::Float, Some(&dims))],
+        ..Default::default()
+    };
+    b.node(
+        "If",
+        "myif",
+        &["c"],
+        &["y"],
+        vec![attr::graph("then_branch", then_branch), attr::graph("else_branch", else_branch)],
+    );
     b.output("y", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
     let out = layerwise(&["convert", "m.onnx", "-o", "c.onnx"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
-    assert!(t.contains("FP32 myif/then/addbig: reads weight 'big', which is beyond the FP16 range") && t.contains("weight 'big' is beyond the FP16 range; read by myif/then/addbig"), "{t}");
+    assert!(
+        t.contains("FP32 myif/then/addbig: reads weight 'big', which is beyond the FP16 range")
+            && t.contains("weight 'big' is beyond the FP16 range; read by myif/then/addbig"),
+        "{t}"
+    );
     let written = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap();
     let myif = written.graph().node.iter().find(|n| n.name() == "myif").unwrap();
     let then = myif.attribute.iter().find(|a| a.name() == "then_branch").unwrap().g.clone().unwrap();
     let add = then.node.iter().find(|n| n.name() == "addbig").unwrap();
-    assert_eq!(add.input, vec!["x".to_string(), "big".to_string()], "the float32 weight read as it is, no Cast to FP16");
+    assert_eq!(
+        add.input,
+        vec!["x".to_string(), "big".to_string()],
+        "the float32 weight read as it is, no Cast to FP16"
+    );
 }

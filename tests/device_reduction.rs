@@ -9,7 +9,6 @@ use layerwise_analysis::{compute, metrics_of_totals, Metrics, Tolerance};
 use layerwise_runtime::device_stats::{DevicePair, DeviceReducer, ElementKind};
 use rand::{Rng, SeedableRng};
 
-
 /// Relative closeness of two float metrics (equal infinities and NaNs agree).
 fn close(a: f64, b: f64, rel: f64) -> bool {
     a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= rel * a.abs().max(b.abs())
@@ -31,7 +30,11 @@ fn assert_same(what: &str, host: &Metrics, device: &Metrics, rel: f64) {
         assert_eq!(h, d, "{what}: {field}");
     }
     assert_eq!(host.mask_sentinels, device.mask_sentinels, "{what}: sentinels");
-    for (field, h, d) in [("max_abs_err", host.max_abs_err, device.max_abs_err), ("ref_max_abs", host.ref_max_abs, device.ref_max_abs), ("ref_fp16_subnormal_share", host.ref_fp16_subnormal_share, device.ref_fp16_subnormal_share)] {
+    for (field, h, d) in [
+        ("max_abs_err", host.max_abs_err, device.max_abs_err),
+        ("ref_max_abs", host.ref_max_abs, device.ref_max_abs),
+        ("ref_fp16_subnormal_share", host.ref_fp16_subnormal_share, device.ref_fp16_subnormal_share),
+    ] {
         assert!(h == d || (h.is_nan() && d.is_nan()), "{what}: {field} {h} on the host, {d} on the GPU");
     }
     for (field, h, d) in [
@@ -100,13 +103,66 @@ fn the_gpu_totals_give_the_hosts_metrics() {
     // Integer tensors (shapes, indices): beyond 2^24 float32 rounds them, as the host does.
     let ints: Vec<i64> = (0..n as i64).map(|i| (i - 150_000) * 977 + (1 << 25) * (i % 3)).collect();
     let cases: Vec<(&str, Vec<f32>, Side, Tolerance)> = vec![
-        ("int64 pair, a few values off", Side::I64(ints.clone()).values(), Side::I64(ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 3 { x + 1 + i as i64 } else { x }).collect()), Tolerance::FP32),
-        ("int32 pair, a few values off", Side::I32(ints.iter().map(|&x| x as i32).collect()).values(), Side::I32(ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 5 { x as i32 - 7 } else { x as i32 }).collect()), Tolerance::FP16),
-        ("FP16 candidate stored as FP16", reference.clone(), Side::F16(reference.iter().map(|&x| f16::from_f32(x * 1.001)).collect()), Tolerance::FP16),
-        ("BF16 candidate stored as BF16", reference.clone(), Side::Bf16(reference.iter().map(|&x| bf16::from_f32(x)).collect()), Tolerance::BF16),
-        ("float32 candidate, a few elements off", reference.clone(), Side::F32(reference.iter().enumerate().map(|(i, &x)| if i % 50_000 == 7 { x + 0.5 + (i / 50_000) as f32 * 0.25 } else { x }).collect()), Tolerance::FP32),
+        (
+            "int64 pair, a few values off",
+            Side::I64(ints.clone()).values(),
+            Side::I64(
+                ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 3 { x + 1 + i as i64 } else { x }).collect(),
+            ),
+            Tolerance::FP32,
+        ),
+        (
+            "int32 pair, a few values off",
+            Side::I32(ints.iter().map(|&x| x as i32).collect()).values(),
+            Side::I32(
+                ints.iter().enumerate().map(|(i, &x)| if i % 40_000 == 5 { x as i32 - 7 } else { x as i32 }).collect(),
+            ),
+            Tolerance::FP16,
+        ),
+        (
+            "FP16 candidate stored as FP16",
+            reference.clone(),
+            Side::F16(reference.iter().map(|&x| f16::from_f32(x * 1.001)).collect()),
+            Tolerance::FP16,
+        ),
+        (
+            "BF16 candidate stored as BF16",
+            reference.clone(),
+            Side::Bf16(reference.iter().map(|&x| bf16::from_f32(x)).collect()),
+            Tolerance::BF16,
+        ),
+        (
+            "float32 candidate, a few elements off",
+            reference.clone(),
+            Side::F32(
+                reference
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &x)| if i % 50_000 == 7 { x + 0.5 + (i / 50_000) as f32 * 0.25 } else { x })
+                    .collect(),
+            ),
+            Tolerance::FP32,
+        ),
         ("non-finite values and sentinels", special_ref.clone(), Side::F32(special_cand.clone()), Tolerance::FP16),
-        ("sentinels only where both agree", special_ref.iter().map(|&x| if x.is_nan() || x.is_infinite() { 1.0 } else { x }).collect(), Side::F32(special_ref.iter().map(|&x| if x.is_nan() || x.is_infinite() { 1.0 } else if x.abs() < 1e30 { f16::from_f32(x).to_f32() } else { x }).collect()), Tolerance::FP16),
+        (
+            "sentinels only where both agree",
+            special_ref.iter().map(|&x| if x.is_nan() || x.is_infinite() { 1.0 } else { x }).collect(),
+            Side::F32(
+                special_ref
+                    .iter()
+                    .map(|&x| {
+                        if x.is_nan() || x.is_infinite() {
+                            1.0
+                        } else if x.abs() < 1e30 {
+                            f16::from_f32(x).to_f32()
+                        } else {
+                            x
+                        }
+                    })
+                    .collect(),
+            ),
+            Tolerance::FP16,
+        ),
         ("one element", vec![3.0], Side::F32(vec![3.5]), Tolerance::FP16),
         ("empty", Vec::new(), Side::F32(Vec::new()), Tolerance::FP16),
     ];
@@ -123,16 +179,35 @@ fn the_gpu_totals_give_the_hosts_metrics() {
         let (rp, rk) = reference_side.upload(&mut reducer);
         let (cp, ck) = c.upload(&mut reducer);
         buffers.extend([rp, cp]);
-        pairs.push(DevicePair { reference: rp as *const _, candidate: cp as *const _, len: r.len(), blocks: 1, reference_stride: r.len(), candidate_stride: r.len(), reference_kind: rk, candidate_kind: ck, atol: tol.atol, rtol: tol.rtol, range_tol: tol.range_tol });
+        pairs.push(DevicePair {
+            reference: rp as *const _,
+            candidate: cp as *const _,
+            len: r.len(),
+            blocks: 1,
+            reference_stride: r.len(),
+            candidate_stride: r.len(),
+            reference_kind: rk,
+            candidate_kind: ck,
+            atol: tol.atol,
+            rtol: tol.rtol,
+            range_tol: tol.range_tol,
+        });
     }
     // Blocks: every other row of 1,000 elements of the float32 case (a sample of a batch whose
     // samples are not the first dimension), against the same rows gathered on the host.
     let (rows, row) = (150, 1000);
     let float32_case = 4;
     let (_, r, c, tol) = &cases[float32_case];
-    let gather = |v: &[f32]| -> Vec<f32> { (0..rows).flat_map(|b| v[2 * b * row..(2 * b + 1) * row].to_vec()).collect() };
+    let gather =
+        |v: &[f32]| -> Vec<f32> { (0..rows).flat_map(|b| v[2 * b * row..(2 * b + 1) * row].to_vec()).collect() };
     let (gathered_r, gathered_c) = (gather(r), gather(&c.values()));
-    let strided = DevicePair { blocks: rows, reference_stride: 2 * row, candidate_stride: 2 * row, len: rows * row, ..pairs[float32_case] };
+    let strided = DevicePair {
+        blocks: rows,
+        reference_stride: 2 * row,
+        candidate_stride: 2 * row,
+        len: rows * row,
+        ..pairs[float32_case]
+    };
     let _ = tol;
     pairs.push(strided);
     let reduced = reducer.reduce(&pairs).unwrap_or_else(|e| panic!("{e}"));

@@ -37,7 +37,22 @@ fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
     save(&chain("", 1.0), &dir.path().join("ref.onnx"));
     save(&chain("twin/", 1.3), &dir.path().join("twin.onnx"));
     // Names only (--match name): the twin's intermediate tensors cannot be paired.
-    let args = ["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--match", "name", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"];
+    let args = [
+        "bisect",
+        "ref.onnx",
+        "--cand",
+        "ort:cpu",
+        "--cand-model",
+        "twin.onnx",
+        "--match",
+        "name",
+        "--json",
+        "r.json",
+        "--html",
+        "r.html",
+        "--markdown",
+        "r.md",
+    ];
     let out = layerwise(&args, dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
@@ -58,7 +73,10 @@ fn a_renamed_twin_is_not_called_exact_and_sight_ends_at_the_output_node() {
     }
     // Paired by structure (the default), the walk sees the inputs and names the node whose weight
     // differs, from inputs measured exact.
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--json", "auto.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--json", "auto.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let fd = &json(&dir.path().join("auto.json"))["verdict"]["first_divergent"];
     assert_eq!(fd["node"], "mul2", "{fd}");
@@ -106,24 +124,42 @@ fn nested_if(fp16: bool) -> ModelProto {
     let w: Vec<f32> = (0..64).map(|i| ((i * 37 % 17) as f32 - 8.0) / 2.0).collect();
     let w2_scale = if fp16 { 1.2 } else { 1.0 };
     let w2: Vec<f32> = (0..64).map(|i| w2_scale * ((i * 11 % 13) as f32 - 6.0) / 12.0).collect();
-    let tensor = |name: &str, dims: &[i64], v: &[f32]| if fp16 { f16_tensor(name, dims, v) } else { f32_tensor(name, dims, v) };
+    let tensor =
+        |name: &str, dims: &[i64], v: &[f32]| if fp16 { f16_tensor(name, dims, v) } else { f32_tensor(name, dims, v) };
     let inner = node(
         "If",
         "inner_if",
         &["cond2"],
         &["inner_out"],
         vec![
-            attr::graph("then_branch", body("inner_then", vec![node("MatMul", "inner_then_mm", &["h1", "W2"], &["it_out"], vec![])], "it_out", elem)),
-            attr::graph("else_branch", body("inner_else", vec![node("Relu", "inner_else_relu", &["h1"], &["ie_out"], vec![])], "ie_out", elem)),
+            attr::graph(
+                "then_branch",
+                body(
+                    "inner_then",
+                    vec![node("MatMul", "inner_then_mm", &["h1", "W2"], &["it_out"], vec![])],
+                    "it_out",
+                    elem,
+                ),
+            ),
+            attr::graph(
+                "else_branch",
+                body("inner_else", vec![node("Relu", "inner_else_relu", &["h1"], &["ie_out"], vec![])], "ie_out", elem),
+            ),
         ],
     );
     let outer_then = body(
         "outer_then",
-        vec![node("MatMul", "then_mm", &["h0", "W"], &["h1"], vec![]), bool_constant("cond2_const", "cond2"), inner, node("Mul", "then_scale", &["inner_out", "small"], &["ot_out"], vec![])],
+        vec![
+            node("MatMul", "then_mm", &["h0", "W"], &["h1"], vec![]),
+            bool_constant("cond2_const", "cond2"),
+            inner,
+            node("Mul", "then_scale", &["inner_out", "small"], &["ot_out"], vec![]),
+        ],
         "ot_out",
         elem,
     );
-    let outer_else = body("outer_else", vec![node("Sigmoid", "else_sig", &["h0"], &["oe_out"], vec![])], "oe_out", elem);
+    let outer_else =
+        body("outer_else", vec![node("Sigmoid", "else_sig", &["h0"], &["oe_out"], vec![])], "oe_out", elem);
     let mut b = ModelBuilder::new("nested-if", 17);
     b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
     b.initializer(tensor("W", &[8, 8], &w));
@@ -139,7 +175,13 @@ fn nested_if(fp16: bool) -> ModelProto {
     };
     b.node("Mul", "pre_mul", &[x, "two"], &["h0"], vec![]);
     b.node("Constant", "cond_const", &[], &["cond"], vec![attr::tensor("value", true_tensor())]);
-    b.node("If", "outer_if", &["cond"], &["if_out"], vec![attr::graph("then_branch", outer_then), attr::graph("else_branch", outer_else)]);
+    b.node(
+        "If",
+        "outer_if",
+        &["cond"],
+        &["if_out"],
+        vec![attr::graph("then_branch", outer_then), attr::graph("else_branch", outer_else)],
+    );
     if fp16 {
         b.node("Add", "post_add", &["if_out", "one"], &["y16"], vec![]);
         b.node("Cast", "out_cast", &["y16"], &["y"], vec![attr::int("to", DataType::Float as i64)]);
@@ -160,7 +202,18 @@ fn nested_if_bodies_against_their_fp16_twin_run_every_step() {
     // With the If kept as a unit (--keep-control-flow) and with its bodies followed (the default,
     // which also flattens the twin's own Ifs), the node named is the one whose weight differs.
     for (keep, expected) in [(true, "outer_if"), (false, "outer_if/then/inner_if/then/inner_then_mm")] {
-        let mut args = vec!["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--val-range", "x:-3,3", "--json", "r.json"];
+        let mut args = vec![
+            "bisect",
+            "ref.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "twin.onnx",
+            "--val-range",
+            "x:-3,3",
+            "--json",
+            "r.json",
+        ];
         if keep {
             args.push("--keep-control-flow");
         }
@@ -238,10 +291,16 @@ fn one_verdict_in_every_format() {
     let out = layerwise(&["demo", "--out-dir", "demo"], dir.path());
     let terminal = text(&out);
     let r = json(&dir.path().join("demo/report.json"));
-    let conclusions: Vec<&str> = r["verdict"]["conclusions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    let conclusions: Vec<&str> =
+        r["verdict"]["conclusions"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     assert!(conclusions.len() >= 3, "noise floor, run alone, keeping: {conclusions:?}");
     assert!(conclusions.iter().any(|c| c.contains("run alone")) && conclusions.iter().any(|c| c.contains("keeping")));
-    let html = std::fs::read_to_string(dir.path().join("demo/report.html")).unwrap().replace("&quot;", "\"").replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&");
+    let html = std::fs::read_to_string(dir.path().join("demo/report.html"))
+        .unwrap()
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
     let markdown = std::fs::read_to_string(dir.path().join("demo/summary.md")).unwrap().replace("\\|", "|");
     let summary = r["verdict"]["summary"].as_str().unwrap();
     for sentence in conclusions.iter().copied().chain([summary]) {
@@ -285,7 +344,10 @@ fn the_memory_plan_uses_real_shapes_and_never_splits_what_fits() {
     save(&data_dependent_dims(), &dir.path().join("m.onnx"));
     // Real tensors: three [~256, ~256] float32 (~0.8 MiB) and small ones; the largest-dimension
     // guess for the unknown N would plan 3 x 512 x 512 x 4 bytes = 3 MiB.
-    let out = layerwise(&["bisect", "m.onnx", "--input-shape", "x:1x512", "--max-memory", "4M", "--separate-runs", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--input-shape", "x:1x512", "--max-memory", "4M", "--separate-runs", "--json", "r.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert!(out.status.code() == Some(0) || out.status.code() == Some(1), "{t}");
     let r = json(&dir.path().join("r.json"));
@@ -305,7 +367,10 @@ fn the_memory_plan_uses_real_shapes_and_never_splits_what_fits() {
         })
         .sum();
     let estimated = plan["estimated_bytes"].as_u64().unwrap();
-    assert!(estimated <= 2 * actual && actual <= 2 * estimated, "estimated {estimated} bytes, returned {actual}: {plan}");
+    assert!(
+        estimated <= 2 * actual && actual <= 2 * estimated,
+        "estimated {estimated} bytes, returned {actual}: {plan}"
+    );
     assert_eq!(plan["groups"], 1, "the tensors fit 4 MiB for both sides: {plan}");
     assert!(plan["shapes_from"].as_str().unwrap().contains("shapes-only reference run"), "{plan}");
 }
@@ -326,7 +391,10 @@ fn the_noise_floor_leaves_shape_inputs_alone() {
     b.output("y", DataType::Float);
     let dir = tempfile::tempdir().unwrap();
     save(&b.build(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--json", "r.json", "--rtol", "1e-5", "--atol", "0", "--range-tol", "0"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--json", "r.json", "--rtol", "1e-5", "--atol", "0", "--range-tol", "0"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let r = json(&dir.path().join("r.json"));
@@ -353,7 +421,8 @@ fn the_noise_floor_is_not_measured_where_the_candidate_output_is_not_finite() {
     assert_eq!(r["verdict"]["first_divergent"]["node"], "exp", "{t}");
     assert!(r["noise_floor"].is_null(), "{}", r["noise_floor"]);
     assert!(t.contains("noise floor not measured: the candidate's error on 'y' is not finite (inf)"), "{t}");
-    let steps: Vec<&str> = r["run_info"]["durations_s"].as_array().unwrap().iter().map(|s| s[0].as_str().unwrap()).collect();
+    let steps: Vec<&str> =
+        r["run_info"]["durations_s"].as_array().unwrap().iter().map(|s| s[0].as_str().unwrap()).collect();
     assert!(!steps.iter().any(|s| s.contains("noise floor")), "{steps:?}");
 }
 
@@ -385,7 +454,9 @@ fn onnx_runtime_logs_stay_off_the_terminal_and_in_the_report_unless_verbose() {
     let dir = tempfile::tempdir().unwrap();
     save(&model_with_an_unused_weight(), &dir.path().join("unused.onnx"));
     save(&model_that_fails_at_run_time(), &dir.path().join("fails.onnx"));
-    let raw_log = |stderr: &str| stderr.contains(":onnxruntime:") || stderr.contains("[W:onnxruntime") || stderr.contains("[E:onnxruntime");
+    let raw_log = |stderr: &str| {
+        stderr.contains(":onnxruntime:") || stderr.contains("[W:onnxruntime") || stderr.contains("[E:onnxruntime")
+    };
 
     let out = layerwise(&["bisect", "unused.onnx", "--json", "r.json"], dir.path());
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
@@ -402,7 +473,10 @@ fn onnx_runtime_logs_stay_off_the_terminal_and_in_the_report_unless_verbose() {
 
     let out = layerwise(&["bisect", "unused.onnx", "--verbose"], dir.path());
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(stderr.contains("[ONNX Runtime warning] Removing initializer 'unused_weight'"), "--verbose shows it: {stderr}");
+    assert!(
+        stderr.contains("[ONNX Runtime warning] Removing initializer 'unused_weight'"),
+        "--verbose shows it: {stderr}"
+    );
 
     // A run that fails: one clear error from layerwise, none of ONNX Runtime's own lines.
     let out = layerwise(&["bisect", "fails.onnx", "--input-shape", "x:1x7"], dir.path());
@@ -506,16 +580,27 @@ fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
     let r = common::json(&dir.path().join("r.json"));
     let summary = r["verdict"]["summary"].as_str().unwrap();
     assert!(summary.contains("inf/NaN are born at 2 independent places, each needing a fix"), "{summary}");
-    let (early_at, late_at) = (summary.find("early/grow (Mul)").expect(summary), summary.find("late/grow (Mul)").expect(summary));
+    let (early_at, late_at) =
+        (summary.find("early/grow (Mul)").expect(summary), summary.find("late/grow (Mul)").expect(summary));
     assert!(early_at < late_at, "graph order: {summary}");
     // Each origin's cause: the weight 7e4, which is inf in FP16 before either Mul computes (the
     // outputs' magnitude was given as the cause before; found by the independent tester).
-    assert_eq!(summary.matches("weight 'big' has 1 of 1 values beyond the FP16 range").count(), 2, "each origin's cause: {summary}");
-    assert!(summary.contains("keeping them together at reference precision brings every output within tolerance"), "{summary}");
+    assert_eq!(
+        summary.matches("weight 'big' has 1 of 1 values beyond the FP16 range").count(),
+        2,
+        "each origin's cause: {summary}"
+    );
+    assert!(
+        summary.contains("keeping them together at reference precision brings every output within tolerance"),
+        "{summary}"
+    );
     let checks = r["counterfactual"]["checks"].as_array().unwrap();
     let together = checks.iter().find(|c| c["reason"] == "non_finite_origins_together").expect("the together check");
     assert_eq!(together["fixes"], true);
-    assert!(checks.iter().filter(|c| c["reason"] != "non_finite_origins_together").all(|c| c["fixes"] == false), "{checks:?}");
+    assert!(
+        checks.iter().filter(|c| c["reason"] != "non_finite_origins_together").all(|c| c["fixes"] == false),
+        "{checks:?}"
+    );
     assert!(t.contains("inf/NaN are born at 2 independent places"), "{t}");
 }
 
@@ -588,7 +673,8 @@ fn a_constant_beyond_bf16_names_its_reader_with_the_value_t5_mask() {
     let x = Tensor::new(vec![1, 8], TensorData::F32((0..8).map(|k| k as f32 / 8.0).collect()));
     let m = Tensor::new(vec![1, 8], TensorData::F32(vec![1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0]));
     layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x), ("m", &m)]).unwrap();
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--inputs", "in.npz", "--json", "r.json"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let fd = &json(&dir.path().join("r.json"))["verdict"]["first_divergent"];
@@ -624,7 +710,9 @@ fn index_from_probabilities(through_a_node: bool) -> (ModelProto, Vec<f32>) {
     b.node("ReduceSum", "sum", &["x2"], &["s"], vec![attr::int("keepdims", 1)]);
     b.node("Add", "add", &["y", "s"], &["out"], vec![]);
     b.output("out", DataType::Float);
-    let x: Vec<f32> = (0..64).map(|i| if i % 8 == 3 { 0.99976 + 0.00003 * (i / 8) as f32 } else { 0.9 * ((i * 29 % 64) as f32) / 64.0 }).collect();
+    let x: Vec<f32> = (0..64)
+        .map(|i| if i % 8 == 3 { 0.99976 + 0.00003 * (i / 8) as f32 } else { 0.9 * ((i * 29 % 64) as f32) / 64.0 })
+        .collect();
     (b.build(), x)
 }
 
@@ -635,7 +723,11 @@ fn an_index_cast_from_a_rounded_probability_is_named_and_kept_with_what_computes
         let dir = tempfile::tempdir().unwrap();
         let (model, x) = index_from_probabilities(through_a_node);
         save(&model, &dir.path().join("m.onnx"));
-        layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &Tensor::new(vec![1, 64], TensorData::F32(x)))]).unwrap();
+        layerwise_runtime::npy::write_npz(
+            &dir.path().join("in.npz"),
+            &[("x", &Tensor::new(vec![1, 64], TensorData::F32(x)))],
+        )
+        .unwrap();
         let out = layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(1), "{t}");
@@ -650,7 +742,8 @@ fn an_index_cast_from_a_rounded_probability_is_named_and_kept_with_what_computes
         assert_eq!(check["pattern"], if through_a_node { "integer_from_float" } else { "node" }, "{t}");
         assert!(!t.contains("drift plus a sensitive consumer"), "{t}");
 
-        let out = layerwise(&["fix", "m.onnx", "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+        let out =
+            layerwise(&["fix", "m.onnx", "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
         let t = text(&out);
         assert_eq!(out.status.code(), Some(0), "{t}");
         let f = json(&dir.path().join("fix.json"));

@@ -34,15 +34,47 @@ fn sim_tf32_rounds_what_a_tf32_tensor_core_reads_and_names_the_matmul() {
     let dir = tempfile::tempdir().unwrap();
     save(&tf32_sensitive_matmul(), &dir.path().join("m.onnx"));
     let range = "x:1,1.0009765625";
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", range, "--json", "tf32.json", "--save-tensors", "saved"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "sim:tf32",
+            "--val-range",
+            range,
+            "--json",
+            "tf32.json",
+            "--save-tensors",
+            "saved",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let r = json(&dir.path().join("tf32.json"));
-    assert!(r["cand"]["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("TF32 emulation: 2 Conv/MatMul/Gemm inputs")), "{}", r["cand"]["notes"]);
+    assert!(
+        r["cand"]["notes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().starts_with("TF32 emulation: 2 Conv/MatMul/Gemm inputs")),
+        "{}",
+        r["cand"]["notes"]
+    );
     // The product is the float32 product of the TF32-rounded inputs (w = ±1 is exact in TF32).
-    let x = layerwise_runtime::npy::read_npz(&dir.path().join("saved/inputs.npz")).unwrap().into_iter().find(|(n, _)| n == "x").unwrap().1;
+    let x = layerwise_runtime::npy::read_npz(&dir.path().join("saved/inputs.npz"))
+        .unwrap()
+        .into_iter()
+        .find(|(n, _)| n == "x")
+        .unwrap()
+        .1;
     let y = saved_tensor(&dir.path().join("saved/cand"), "y").to_f32()[0] as f64;
-    let expected: f64 = x.to_f32().iter().enumerate().map(|(i, &v)| if i % 2 == 0 { 1.0 } else { -1.0 } * layerwise_model::rounding::round_tf32(v) as f64).sum();
+    let expected: f64 = x
+        .to_f32()
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if i % 2 == 0 { 1.0 } else { -1.0 } * layerwise_model::rounding::round_tf32(v) as f64)
+        .sum();
     assert!((y - expected).abs() <= 1e-6 * 4096.0, "TF32 product {y} against {expected}");
     // The weights (±1) are exact in TF32: the noise floor, which perturbs only what TF32 rounds,
     // moves nothing (it used to perturb them by a relative 2^-11 and call the output
@@ -52,7 +84,10 @@ fn sim_tf32_rounds_what_a_tf32_tensor_core_reads_and_names_the_matmul() {
     assert_eq!(r["verdict"]["first_divergent"]["cause"]["kind"], "tf32", "{t}");
     // Without the noise floor the walk names the MatMul, with the cause of the candidate's
     // arithmetic.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", range, "--no-noise-floor", "--json", "walk.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", range, "--no-noise-floor", "--json", "walk.json"],
+        dir.path(),
+    );
     let t = text(&out);
     let w = json(&dir.path().join("walk.json"));
     assert_eq!(w["verdict"]["first_divergent"]["node"], "sum/MatMul", "{t}");
@@ -81,7 +116,10 @@ fn a_precision_failure_only_bf16_has_is_found_by_sim_bf16_and_not_by_sim_fp16() 
     save(&cancellation(), &dir.path().join("m.onnx"));
     write_input(dir.path(), "x.npy", vec![1, 9], (8..=16).map(|k| k as f32 / 16.0).collect());
     let run = |cand: &str, json_name: &str| {
-        let out = layerwise(&["bisect", "m.onnx", "--cand", cand, "--input", "x=x.npy", "--no-noise-floor", "--json", json_name], dir.path());
+        let out = layerwise(
+            &["bisect", "m.onnx", "--cand", cand, "--input", "x=x.npy", "--no-noise-floor", "--json", json_name],
+            dir.path(),
+        );
         (out.status.code(), text(&out), json(&dir.path().join(json_name)))
     };
     let (code, t, r) = run("sim:fp16", "fp16.json");
@@ -94,7 +132,14 @@ fn a_precision_failure_only_bf16_has_is_found_by_sim_bf16_and_not_by_sim_fp16() 
     assert_eq!(fd["node"], "shift/Add", "BF16's rounding of 64 + x is the error: {t}");
     assert_eq!(fd["cause"]["kind"], "cancellation", "{t}");
     assert!(fd["cause"]["detail"].as_str().unwrap().contains("BF16's step is 5.0e-1"), "{t}");
-    assert!(r["verdict"]["breaks"].as_array().unwrap().iter().any(|b| b["node"] == "shift/Sub" && b["cause"]["kind"] == "cancellation"), "{t}");
+    assert!(
+        r["verdict"]["breaks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["node"] == "shift/Sub" && b["cause"]["kind"] == "cancellation"),
+        "{t}"
+    );
     // Causes follow BF16's arithmetic: no FP16 range, no FP16 subnormals.
     let all = fd["cause"].to_string();
     assert!(!all.contains("FP16"), "{all}");
@@ -125,9 +170,13 @@ fn bf16_rounding_in_the_emulated_model_is_round_to_nearest_even() {
         b.output("y", DataType::Float);
         save(&b.build(), &dir.path().join("m.onnx"));
         let ulp = 2f32.powi(-7);
-        let values = vec![1.0 + ulp / 2.0, 1.0 + 1.5 * ulp, 3.0 + ulp, 0.1, 7.77, 12345.678, 1.0 + 3.0 * ulp / 4.0, 2.5e-3];
+        let values =
+            vec![1.0 + ulp / 2.0, 1.0 + 1.5 * ulp, 3.0 + ulp, 0.1, 7.77, 12345.678, 1.0 + 3.0 * ulp / 4.0, 2.5e-3];
         write_input(dir.path(), "x.npy", vec![8], values.clone());
-        let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--input", "x=x.npy", "--save-tensors", "s"], dir.path());
+        let out = layerwise(
+            &["bisect", "m.onnx", "--cand", "sim:bf16", "--input", "x=x.npy", "--save-tensors", "s"],
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
         let got = saved_tensor(&dir.path().join("s/cand"), "y");
         let expected: Vec<f32> = values.iter().map(|&v| Rounding::Bf16.round(v)).collect();
@@ -171,24 +220,47 @@ fn a_batchnorm_variance_beyond_fp16_breaks_a_typed_fp16_model_but_not_a_tensorrt
     assert_eq!(out.status.code(), Some(0), "{t}");
     let trt = json(&dir.path().join("trt.json"));
     let notes: Vec<&str> = trt["cand"]["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
-    assert!(notes.iter().any(|n| n.contains("1 BatchNorms folded into their Convs")), "the semantics used are reported: {notes:?}");
+    assert!(
+        notes.iter().any(|n| n.contains("1 BatchNorms folded into their Convs")),
+        "the semantics used are reported: {notes:?}"
+    );
     // The Conv's own output does not exist in the engine: not compared, with the reason.
     let not_compared = trt["not_compared"].as_array().unwrap();
-    assert!(not_compared.iter().any(|n| n["tensor"] == "c" && n["reason"].as_str().unwrap().contains("folded")), "{not_compared:?}");
+    assert!(
+        not_compared.iter().any(|n| n["tensor"] == "c" && n["reason"].as_str().unwrap().contains("folded")),
+        "{not_compared:?}"
+    );
     // Issue "verdicts per precision", item 6: statements about weights follow what the candidate
     // stores. The engine never stores the variance, so no report claims it overflows.
-    let overflowing = |r: &serde_json::Value| r["weights_out_of_fp16_range"].as_array().unwrap().iter().filter(|w| w["overflow_count"].as_u64() > Some(0)).count();
+    let overflowing = |r: &serde_json::Value| {
+        r["weights_out_of_fp16_range"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|w| w["overflow_count"].as_u64() > Some(0))
+            .count()
+    };
     assert_eq!(overflowing(&typed), 1, "the typed FP16 model stores it");
     assert_eq!(overflowing(&trt), 0, "{}", trt["weights_out_of_fp16_range"]);
     // As a Paddle export writes them, the parameters are Constant nodes, so the variance is a
     // tensor: the engine never holds it, so it is not compared (and no inf is claimed in it).
     let mut constants = conv_batchnorm_with_a_huge_variance();
     let g = constants.graph.as_mut().unwrap();
-    let params: Vec<_> = g.initializer.iter().filter(|t| ["gamma", "beta", "mean", "var"].contains(&t.name())).cloned().collect();
+    let params: Vec<_> =
+        g.initializer.iter().filter(|t| ["gamma", "beta", "mean", "var"].contains(&t.name())).cloned().collect();
     g.initializer.retain(|t| !["gamma", "beta", "mean", "var"].contains(&t.name()));
     for (i, t) in params.into_iter().enumerate() {
         let name = t.name().to_string();
-        g.node.insert(i, layerwise_model::builder::node("Constant", &format!("const_{name}"), &[], &[&name], vec![attr::tensor("value", t)]));
+        g.node.insert(
+            i,
+            layerwise_model::builder::node(
+                "Constant",
+                &format!("const_{name}"),
+                &[],
+                &[&name],
+                vec![attr::tensor("value", t)],
+            ),
+        );
     }
     save(&constants, &dir.path().join("c.onnx"));
     let out = layerwise(&["bisect", "c.onnx", "--cand", "sim:fp16,engine=trt", "--json", "c.json"], dir.path());
@@ -196,7 +268,15 @@ fn a_batchnorm_variance_beyond_fp16_breaks_a_typed_fp16_model_but_not_a_tensorrt
     let c = json(&dir.path().join("c.json"));
     assert_eq!(c["verdict"]["non_finite"].as_array().unwrap().len(), 0, "{}", text(&out));
     assert!(!text(&out).contains("Non-finite"), "{}", text(&out));
-    assert!(c["not_compared"].as_array().unwrap().iter().any(|n| n["tensor"] == "var" && n["reason"].as_str().unwrap().contains("never stores it")), "{}", c["not_compared"]);
+    assert!(
+        c["not_compared"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n["tensor"] == "var" && n["reason"].as_str().unwrap().contains("never stores it")),
+        "{}",
+        c["not_compared"]
+    );
     assert!(c["tensors"].as_array().unwrap().iter().all(|t| t["name"] != "var"), "not compared");
 }
 
@@ -205,7 +285,10 @@ fn fix_with_sim_bf16_writes_a_bf16_model_with_the_keep_list() {
     let dir = tempfile::tempdir().unwrap();
     save(&cancellation(), &dir.path().join("m.onnx"));
     write_input(dir.path(), "x.npy", vec![1, 9], (8..=16).map(|k| k as f32 / 16.0).collect());
-    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:bf16", "--input", "x=x.npy", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out = layerwise(
+        &["fix", "m.onnx", "--cand", "sim:bf16", "--input", "x=x.npy", "-o", "fixed.onnx", "--json", "fix.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
@@ -237,14 +320,34 @@ fn tf32_candidates_get_fp16_tolerances_and_say_so() {
     b.node("MatMul", "mm", &["x", "w"], &["y"], vec![]);
     b.output("y", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
-    let tf32 = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--json", "tf32.json"], dir.path());
+    let tf32 = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--json", "tf32.json"],
+        dir.path(),
+    );
     assert_eq!(tf32.status.code(), Some(0), "{}", text(&tf32));
     assert!(text(&tf32).contains("(TF32 defaults)"), "{}", text(&tf32));
     let r = json(&dir.path().join("tf32.json"));
     assert_eq!(r["tolerances"]["defaults_for"], "TF32");
     assert_eq!(r["tolerances"]["rtol"], 1e-2);
     // The same errors under float32's tolerances (given by hand) fail: the default matters.
-    let strict = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--atol", "1e-5", "--rtol", "1e-3", "--range-tol", "1e-4", "--no-noise-floor"], dir.path());
+    let strict = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "sim:tf32",
+            "--val-range",
+            "x:-1,1",
+            "--atol",
+            "1e-5",
+            "--rtol",
+            "1e-3",
+            "--range-tol",
+            "1e-4",
+            "--no-noise-floor",
+        ],
+        dir.path(),
+    );
     assert_eq!(strict.status.code(), Some(1), "{}", text(&strict));
     assert!(text(&strict).contains("as given; TF32 defaults are 0.0001 + 0.01"), "{}", text(&strict));
     // A float32 candidate without tensor cores keeps float32's.
@@ -265,7 +368,10 @@ fn a_bf16_cand_model_without_bf16_weights_is_judged_as_bf16() {
     save(&b.build(), &dir.path().join("m.onnx"));
     let c = layerwise(&["convert", "m.onnx", "--to", "bf16", "-o", "low.onnx"], dir.path());
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "low.onnx", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "low.onnx", "--json", "r.json"],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     assert_eq!(json(&dir.path().join("r.json"))["tolerances"]["defaults_for"], "BF16", "{}", text(&out));
 }
@@ -281,8 +387,16 @@ fn variance_by_cancellation() -> ModelProto {
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(n)]);
     b.initializer(f32_tensor("inv_n", &[], &[1.0 / n as f32]));
     b.initializer(f32_tensor("eps", &[], &[1e-5]));
-    b.initializer(f32_tensor("gamma", &[n as i64], &(0..n).map(|i| 0.3 + 0.1 * ((i * 37 % 17) as f32 / 17.0)).collect::<Vec<_>>()));
-    b.initializer(f32_tensor("beta", &[n as i64], &(0..n).map(|i| 0.1 * ((i * 13 % 11) as f32 / 11.0) - 0.05).collect::<Vec<_>>()));
+    b.initializer(f32_tensor(
+        "gamma",
+        &[n as i64],
+        &(0..n).map(|i| 0.3 + 0.1 * ((i * 37 % 17) as f32 / 17.0)).collect::<Vec<_>>(),
+    ));
+    b.initializer(f32_tensor(
+        "beta",
+        &[n as i64],
+        &(0..n).map(|i| 0.1 * ((i * 13 % 11) as f32 / 11.0) - 0.05).collect::<Vec<_>>(),
+    ));
     b.initializer(layerwise_model::builder::i64_tensor("axes", &[1], &[-1]));
     b.node("ReduceSum", "ln/sum", &["x", "axes"], &["s"], vec![attr::int("keepdims", 1)]);
     b.node("Mul", "ln/mean", &["s", "inv_n"], &["mean"], vec![]);
@@ -309,12 +423,18 @@ fn variance_by_cancellation() -> ModelProto {
 fn the_bf16_noise_floor_leaves_a_constant_bf16_stores_exactly_alone() {
     let dir = tempfile::tempdir().unwrap();
     save(&variance_by_cancellation(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:bf16", "--val-range", "x:99,101", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:bf16", "--val-range", "x:99,101", "--json", "r.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let r = json(&dir.path().join("r.json"));
     let floor = &r["noise_floor"];
     assert_eq!(floor["ill_conditioned"], false, "{}", text(&out));
-    assert!(floor["ratio"].as_f64().unwrap() > 30.0, "the candidate errs far more than BF16's rounding of the weights moves the output: {floor}");
+    assert!(
+        floor["ratio"].as_f64().unwrap() > 30.0,
+        "the candidate errs far more than BF16's rounding of the weights moves the output: {floor}"
+    );
     assert!(floor["exact_values"].as_u64().unwrap() >= 1, "1/512 is exact in BF16 and left alone: {floor}");
     assert!(floor["perturbation"].as_str().unwrap().contains("BF16 storage rounds"), "{floor}");
     let fd = &r["verdict"]["first_divergent"];
@@ -338,13 +458,28 @@ fn a_passing_tf32_candidate_says_the_differences_are_tf32_rounding_and_where_the
     b.node("MatMul", "proj", &["a", "w"], &["y"], vec![]);
     b.output("y", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--json", "r.json", "--markdown", "r.md"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", "x:-1,1", "--json", "r.json", "--markdown", "r.md"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let line = json(&dir.path().join("r.json"))["verdict"]["conclusions"].as_array().unwrap().iter().filter_map(|c| c.as_str()).find(|c| c.starts_with("TF32:")).map(str::to_string);
+    let line = json(&dir.path().join("r.json"))["verdict"]["conclusions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c.as_str())
+        .find(|c| c.starts_with("TF32:"))
+        .map(str::to_string);
     let line = line.unwrap_or_else(|| panic!("no TF32 line in the verdict: {}", text(&out)));
-    assert!(line.contains("consistent with TF32 rounding") && line.contains("'proj'") && line.contains("tf32=off"), "{line}");
+    assert!(
+        line.contains("consistent with TF32 rounding") && line.contains("'proj'") && line.contains("tf32=off"),
+        "{line}"
+    );
     assert!(text(&out).contains(&line), "the terminal says it too");
-    assert!(std::fs::read_to_string(dir.path().join("r.md")).unwrap().contains("TF32: the differences"), "and the Markdown summary");
+    assert!(
+        std::fs::read_to_string(dir.path().join("r.md")).unwrap().contains("TF32: the differences"),
+        "and the Markdown summary"
+    );
     // A float32 candidate without tensor cores has no such line.
     let cpu = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--val-range", "x:-1,1"], dir.path());
     assert!(!text(&cpu).contains("TF32:"), "{}", text(&cpu));
@@ -367,13 +502,18 @@ fn an_ill_conditioned_verdict_keeps_the_measured_mechanism_and_names_no_layer_at
     b.node("Mul", "amplify", &["d", "gain"], &["y"], vec![]);
     b.output("y", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--val-range", "x:1,2", "--json", "r.json"], dir.path());
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let r = json(&dir.path().join("r.json"));
     assert_eq!(r["noise_floor"]["ill_conditioned"], true, "{}", text(&out));
     assert!(r["verdict"]["first_divergent"].is_null(), "no layer is at fault");
-    let conclusions: Vec<&str> = r["verdict"]["conclusions"].as_array().unwrap().iter().filter_map(|c| c.as_str()).collect();
-    let mechanism = conclusions.iter().find(|c| c.starts_with("measured mechanism:")).unwrap_or_else(|| panic!("the mechanism is gone: {conclusions:?}"));
+    let conclusions: Vec<&str> =
+        r["verdict"]["conclusions"].as_array().unwrap().iter().filter_map(|c| c.as_str()).collect();
+    let mechanism = conclusions
+        .iter()
+        .find(|c| c.starts_with("measured mechanism:"))
+        .unwrap_or_else(|| panic!("the mechanism is gone: {conclusions:?}"));
     assert!(mechanism.contains("no single layer is at fault"), "{mechanism}");
     assert!(text(&out).contains("measured mechanism:"), "{}", text(&out));
 }
@@ -401,13 +541,19 @@ fn a_resize_with_empty_constant_scales_is_emulated() {
     }
     let out = layerwise(&["convert", "resize.onnx", "--to", "fp16-emulated", "-o", "emu.onnx"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let out = layerwise(&["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "emu.onnx", "--json", "e.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "emu.onnx", "--json", "e.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "the emulated file loads and runs: {}", text(&out));
     // The typed evaluation of a converted FP16 file runs the Resize alone with its Constants as
     // constants, as ONNX Runtime's shape inference needs them.
     let out = layerwise(&["convert", "resize.onnx", "--to", "fp16", "-o", "m16.onnx"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    let out = layerwise(&["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "m16.onnx", "--json", "t.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "resize.onnx", "--cand", "ort:cpu", "--cand-model", "m16.onnx", "--json", "t.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "the FP16 file is evaluated in its own types: {}", text(&out));
     let report = json(&dir.path().join("t.json"));
     assert!(report["cand"]["notes"].to_string().contains("one node at a time"), "{}", report["cand"]["notes"]);

@@ -11,10 +11,13 @@ use layerwise_analysis::Status;
 use layerwise_model::convert::{check_float_types, convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::onnx::{type_proto, ModelProto};
 use layerwise_model::{DataType, GraphIndex, Model};
-use layerwise_runtime::float32_tensors;
 use layerwise_report::{FixStage, FixStatus};
+use layerwise_runtime::float32_tensors;
 
-fn convert(proto: ModelProto, options: ConvertOptions) -> (Model, layerwise_model::convert::Conversion, HashSet<String>) {
+fn convert(
+    proto: ModelProto,
+    options: ConvertOptions,
+) -> (Model, layerwise_model::convert::Conversion, HashSet<String>) {
     let model = Model::from_proto(proto, "test").unwrap();
     let index = GraphIndex::build(model.graph()).unwrap();
     let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
@@ -23,7 +26,14 @@ fn convert(proto: ModelProto, options: ConvertOptions) -> (Model, layerwise_mode
 }
 
 fn casts(p: &ModelProto) -> Vec<(String, String, i64)> {
-    p.graph.as_ref().unwrap().node.iter().filter(|n| n.op_type() == "Cast").map(|n| (n.input[0].clone(), n.output[0].clone(), n.attribute[0].i.unwrap())).collect()
+    p.graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .filter(|n| n.op_type() == "Cast")
+        .map(|n| (n.input[0].clone(), n.output[0].clone(), n.attribute[0].i.unwrap()))
+        .collect()
 }
 
 fn initializer_type(p: &ModelProto, name: &str) -> i32 {
@@ -84,7 +94,8 @@ fn conversion_types_and_casts_are_exactly_at_the_boundaries() {
 
 #[test]
 fn the_type_check_catches_a_missing_cast() {
-    let (_, mut kept, float) = convert(convertible(), ConvertOptions { keep_nodes: ["softmax".to_string()].into(), ..Default::default() });
+    let (_, mut kept, float) =
+        convert(convertible(), ConvertOptions { keep_nodes: ["softmax".to_string()].into(), ..Default::default() });
     assert!(check_float_types(&kept.proto, &float).is_empty());
     // Feed the FP16 Add the Softmax's FP32 output directly, skipping the Cast back to FP16.
     let add = kept.proto.graph.as_mut().unwrap().node.iter_mut().find(|n| n.name() == "add").unwrap();
@@ -96,7 +107,11 @@ fn the_type_check_catches_a_missing_cast() {
 #[test]
 fn overflowing_weight_keeps_its_consumer_fp32() {
     let (_, conversion, float) = convert(batchnorm_overflow(), ConvertOptions::default());
-    assert!(conversion.fp32_nodes.iter().any(|(n, why)| n == "bn" && why.contains("bn_var")), "{:?}", conversion.fp32_nodes);
+    assert!(
+        conversion.fp32_nodes.iter().any(|(n, why)| n == "bn" && why.contains("bn_var")),
+        "{:?}",
+        conversion.fp32_nodes
+    );
     assert_eq!(conversion.overflowing_weights, [("bn_var".to_string(), vec!["bn".to_string()])]);
     assert_eq!(initializer_type(&conversion.proto, "bn_var"), DataType::Float as i32);
     assert_eq!(initializer_type(&conversion.proto, "conv_w"), DataType::Float16 as i32);
@@ -111,7 +126,10 @@ fn converted_model_runs_in_onnx_runtime_and_compares_by_name() {
     let converted = dir.path().join("model_fp16.onnx");
     save(&model.proto, &original);
     model.save_standalone(&conversion.proto, &converted).unwrap();
-    let options = BisectOptions { cand_model: Some(converted), ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
+    let options = BisectOptions {
+        cand_model: Some(converted),
+        ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu"))
+    };
     let outcome = bisect(&options).unwrap();
     assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
     let a = outcome.report.tensors.iter().find(|t| t.name == "a").unwrap();
@@ -139,12 +157,16 @@ fn fix_keeps_the_layernorm_pattern_and_verifies() {
     assert!(r.keep_fp32.len() * 5 < r.node_count, "{} of {}", r.keep_fp32.len(), r.node_count);
     assert_eq!(r.candidate_runs, 2, "one run to diagnose, one to verify");
     assert!(r.outputs.iter().all(|o| !o.before_pass && o.after_pass));
-    assert!(r.trtexec_flags.contains("--layerPrecisions='ln/mean:fp32,ln/sub:fp32,") && r.trtexec_flags.contains("--precisionConstraints=obey"));
+    assert!(
+        r.trtexec_flags.contains("--layerPrecisions='ln/mean:fp32,ln/sub:fp32,")
+            && r.trtexec_flags.contains("--precisionConstraints=obey")
+    );
     // The written model: FP32 islands where the keep list says, and it runs for real in FP16.
     let check = r.fixed_model_check.as_ref().unwrap();
     assert!(check.structural_problems.is_empty(), "{:?}", check.structural_problems);
     assert!(check.pass, "{:?}", check.outputs);
-    let keep_json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("fixed.onnx.keep-fp32.json")).unwrap()).unwrap();
+    let keep_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("fixed.onnx.keep-fp32.json")).unwrap()).unwrap();
     assert_eq!(keep_json["keep_fp32"].as_array().unwrap().len(), 9);
 }
 
@@ -191,7 +213,11 @@ fn fix_keeps_conv_batchnorm_whose_weight_overflows() {
     assert_eq!(outcome.report.status, FixStatus::Fixed, "{}", outcome.text);
     assert!(outcome.report.keep_fp32.is_empty(), "{}", outcome.text);
     assert!(outcome.report.summary.contains("bn: reads weight 'bn_var'"), "{}", outcome.text);
-    assert!(outcome.report.fixed_model_fp32_nodes.iter().any(|(n, _)| n == "bn"), "{:?}", outcome.report.fixed_model_fp32_nodes);
+    assert!(
+        outcome.report.fixed_model_fp32_nodes.iter().any(|(n, _)| n == "bn"),
+        "{:?}",
+        outcome.report.fixed_model_fp32_nodes
+    );
     assert!(outcome.report.fixed_model_check.as_ref().unwrap().pass);
 }
 
@@ -215,7 +241,11 @@ fn conversion_retargets_casts_constant_of_shape_and_value_info() {
         ..Default::default()
     });
     let (model, conversion, float) = convert(proto, ConvertOptions::default());
-    assert!(check_float_types(&conversion.proto, &float).is_empty(), "{:?}", check_float_types(&conversion.proto, &float));
+    assert!(
+        check_float_types(&conversion.proto, &float).is_empty(),
+        "{:?}",
+        check_float_types(&conversion.proto, &float)
+    );
     let g = conversion.proto.graph.as_ref().unwrap();
     let node = |name: &str| g.node.iter().find(|n| n.name() == name).unwrap();
     assert_eq!(node("ids_to_float").attribute[0].i, Some(F16), "Cast to FLOAT becomes Cast to FLOAT16");
@@ -228,7 +258,11 @@ fn conversion_retargets_casts_constant_of_shape_and_value_info() {
     let (orig, conv) = (dir.path().join("m.onnx"), dir.path().join("m16.onnx"));
     save(&model.proto, &orig);
     model.save_standalone(&conversion.proto, &conv).unwrap();
-    let outcome = bisect(&BisectOptions { cand_model: Some(conv), ..BisectOptions::new(&orig, spec("ort:cpu"), spec("ort:cpu")) }).unwrap();
+    let outcome = bisect(&BisectOptions {
+        cand_model: Some(conv),
+        ..BisectOptions::new(&orig, spec("ort:cpu"), spec("ort:cpu"))
+    })
+    .unwrap();
     assert_eq!(outcome.report.verdict.status, Status::Pass, "{}", outcome.text);
 }
 
@@ -267,7 +301,11 @@ fn fix_falls_back_to_a_topological_region_when_pattern_keeps_fail() {
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     let region = r.patterns.iter().find(|p| p.kind == "region").unwrap_or_else(|| panic!("a region: {}", outcome.text));
     assert!(!region.nodes.is_empty() && region.nodes.len() < r.node_count, "{}", outcome.text);
-    assert!(r.rounds.iter().any(|x| x.stage == FixStage::Region) && r.rounds.iter().any(|x| x.stage == FixStage::Prune), "{:?}", r.rounds);
+    assert!(
+        r.rounds.iter().any(|x| x.stage == FixStage::Region) && r.rounds.iter().any(|x| x.stage == FixStage::Prune),
+        "{:?}",
+        r.rounds
+    );
     // Bisection from both ends and an eighths prune: far fewer runs than one per node.
     assert!(r.candidate_runs <= 2 + 2 * 7 + 8 + 4, "{} runs", r.candidate_runs);
     assert!(outcome.text.contains("rounds: diagnose 1"), "{}", outcome.text);
@@ -300,18 +338,35 @@ fn the_file_written_beside_the_prune_rounds_is_the_fixed_file() {
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert_eq!(r.patterns.len(), 2, "{}", outcome.text);
-    assert!(r.rounds.iter().filter(|x| x.stage == FixStage::Prune).all(|x| x.status == Status::Diverged), "{:?}", r.rounds);
+    assert!(
+        r.rounds.iter().filter(|x| x.stage == FixStage::Prune).all(|x| x.status == Status::Diverged),
+        "{:?}",
+        r.rounds
+    );
     let steps: Vec<&str> = r.run_info.durations_s.iter().map(|(s, _)| s.as_str()).collect();
-    assert!(steps.contains(&"writing the fixed model and loading it in a child process (beside the prune rounds)"), "{steps:?}");
+    assert!(
+        steps.contains(&"writing the fixed model and loading it in a child process (beside the prune rounds)"),
+        "{steps:?}"
+    );
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "{:?}", r.fixed_model_check);
     assert_eq!(r.fixed_model_load.as_ref().unwrap().status, layerwise_report::LoadStatus::Loads);
     // The same keep list converted afterwards gives the same bytes.
     let model = Model::load(&path).unwrap();
     let index = GraphIndex::build(model.graph()).unwrap();
     let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
-    let again = convert_fp16(&model, &index, &float, &ConvertOptions { keep_nodes: r.keep_fp32.iter().cloned().collect(), ..Default::default() }).unwrap();
+    let again = convert_fp16(
+        &model,
+        &index,
+        &float,
+        &ConvertOptions { keep_nodes: r.keep_fp32.iter().cloned().collect(), ..Default::default() },
+    )
+    .unwrap();
     let written = Model::load(&dir.path().join("fixed.onnx")).unwrap();
-    assert_eq!(written.graph().node, again.proto.graph.as_ref().unwrap().node, "the written file is the keep list's conversion");
+    assert_eq!(
+        written.graph().node,
+        again.proto.graph.as_ref().unwrap().node,
+        "the written file is the keep list's conversion"
+    );
 }
 
 /// `--max-rounds 0` is no search: the diagnosing run only, no region or prune rounds (an
@@ -354,7 +409,11 @@ fn the_region_search_keeps_nodes_that_compute_from_weights_alone() {
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert!(!outcome.text.contains("even keeping every node"), "{}", outcome.text);
-    assert!(r.keep_fp32.iter().any(|n| n.starts_with("weights/")), "the weights' Identities are kept: {:?}", r.keep_fp32);
+    assert!(
+        r.keep_fp32.iter().any(|n| n.starts_with("weights/")),
+        "the weights' Identities are kept: {:?}",
+        r.keep_fp32
+    );
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
 
@@ -371,7 +430,10 @@ fn fix_holds_on_every_sample_of_a_folder() {
         std::fs::create_dir_all(d.join(folder)).unwrap();
         for (k, scale) in scales.iter().enumerate() {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(k as u64);
-            let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], (0..8 * 64).map(|_| rng.random::<f32>() * scale).collect());
+            let x = layerwise_runtime::Tensor::f32(
+                vec![1, 8, 64],
+                (0..8 * 64).map(|_| rng.random::<f32>() * scale).collect(),
+            );
             layerwise_runtime::npy::write_npz(&d.join(format!("{folder}/s{k}.npz")), &[("x", &x)]).unwrap();
         }
     }
@@ -403,13 +465,18 @@ fn a_counterfactual_rerun_of_the_changed_part_equals_the_whole_model_with_the_ke
     model.save_standalone(&conversion.proto, &converted).unwrap();
     let nodes = conversion.proto.graph.as_ref().unwrap().node.len();
     // Separate runs hold the candidate's tensors, which the border is fed from.
-    let options = BisectOptions { cand_model: Some(converted), separate_runs: true, ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
+    let options = BisectOptions {
+        cand_model: Some(converted),
+        separate_runs: true,
+        ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu"))
+    };
     let report = bisect(&options).unwrap().report;
     assert_eq!(report.verdict.status, Status::Diverged);
     let cf = report.extras.counterfactual.as_ref().expect("a counterfactual section");
     assert!(!cf.checks.is_empty());
     for check in &cf.checks {
-        let rerun = check.nodes_rerun.unwrap_or_else(|| panic!("{}: the whole model ran, not the changed part", check.node));
+        let rerun =
+            check.nodes_rerun.unwrap_or_else(|| panic!("{}: the whole model ran, not the changed part", check.node));
         assert!(rerun > 0 && rerun < nodes / 2, "{}: {rerun} of {nodes} nodes re-run", check.node);
         let keep = ConvertOptions { keep_nodes: check.kept.iter().cloned().collect(), ..ConvertOptions::default() };
         let (_, kept, _) = convert(planted_layernorm(), keep);
@@ -418,9 +485,20 @@ fn a_counterfactual_rerun_of_the_changed_part_equals_the_whole_model_with_the_ke
         // Only the outputs marked, as the counterfactual's reference run marks them (marking every
         // tensor changes how ONNX Runtime fuses the float32 reference, in the last bits).
         let only_outputs = layerwise_model::Selection::Names(Vec::new());
-        let whole = BisectOptions { cand_model: Some(kept_path), counterfactual: false, selection: only_outputs, ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu")) };
+        let whole = BisectOptions {
+            cand_model: Some(kept_path),
+            counterfactual: false,
+            selection: only_outputs,
+            ..BisectOptions::new(&original, spec("ort:cpu"), spec("ort:cpu"))
+        };
         let whole = bisect(&whole).unwrap().report;
-        let level = whole.tensors.iter().find(|t| t.name == cf.output).expect("the worst output compared").metrics.error_level();
+        let level = whole
+            .tensors
+            .iter()
+            .find(|t| t.name == cf.output)
+            .expect("the worst output compared")
+            .metrics
+            .error_level();
         assert!(level.is_finite() && level > 0.0, "{}: {level}", check.node);
         let diff = (check.output_error_after - level).abs() / level;
         assert!(diff < 1e-9, "{}: part {} against whole {level}", check.node, check.output_error_after);
@@ -455,16 +533,26 @@ fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
     b.node("Relu", "out", &[&sum], &["y"], vec![]);
     b.output("y", DataType::Float);
     common::save(&b.build(), &dir.path().join("m.onnx"));
-    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json", "--max-rounds", "40"], dir.path());
+    let out = common::layerwise(
+        &["fix", "m.onnx", "--val-range", "x:1,2", "-o", "fixed.onnx", "--json", "fix.json", "--max-rounds", "40"],
+        dir.path(),
+    );
     let t = common::text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let f = common::json(&dir.path().join("fix.json"));
     let keep = f["keep_fp32"].as_array().unwrap();
     assert!(keep.len() >= 17, "{t}");
     let summary = f["summary"].as_str().unwrap();
-    assert!(summary.contains(" groups: ") && summary.contains("every node in the fix report and the keep list"), "{summary}");
+    assert!(
+        summary.contains(" groups: ") && summary.contains("every node in the fix report and the keep list"),
+        "{summary}"
+    );
     assert!(summary.len() < 1000 && !summary.contains("shrink_9"), "the summary lists every node: {summary}");
-    assert!(summary.contains("BF16 needs no keep list: sim:bf16 with nothing kept has every output within BF16's tolerance"), "{summary}");
+    assert!(
+        summary
+            .contains("BF16 needs no keep list: sim:bf16 with nothing kept has every output within BF16's tolerance"),
+        "{summary}"
+    );
     assert_eq!(f["other_precision"]["candidate"], "sim:bf16");
     assert_eq!(f["other_precision"]["pass"], true);
     assert!(f["other_precision"]["worst_output_rel_l2"].as_f64().unwrap() < 1e-2, "{}", f["other_precision"]);
@@ -516,13 +604,21 @@ fn fix_writes_a_node_onnx_runtime_refuses_in_fp16_as_fp32() {
     b.node("Relu", "relu", &["c"], &["y"], vec![]);
     b.output("y", DataType::Float);
     common::save(&b.build(), &dir.path().join("m.onnx"));
-    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out = common::layerwise(
+        &["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"],
+        dir.path(),
+    );
     let t = common::text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let f = common::json(&dir.path().join("fix.json"));
     assert_eq!(f["status"], "fixed", "{t}");
     let fp32 = f["fixed_model_fp32_nodes"].as_array().unwrap();
-    assert!(fp32.iter().any(|n| n[0] == "celu" && n[1].as_str().unwrap().contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")), "{}", f["fixed_model_fp32_nodes"]);
+    assert!(
+        fp32.iter().any(|n| n[0] == "celu"
+            && n[1].as_str().unwrap().contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")),
+        "{}",
+        f["fixed_model_fp32_nodes"]
+    );
     assert_eq!(f["fixed_model_load"]["status"], "loads", "{}", f["fixed_model_load"]);
     assert_eq!(f["fixed_model_check"]["pass"], true, "{}", f["fixed_model_check"]);
     let written = Model::load(&dir.path().join("fixed.onnx")).unwrap();
@@ -552,9 +648,13 @@ fn the_type_check_of_a_large_converted_model_finds_every_refused_node() {
     let model = Model::from_proto(b.build(), "chain.onnx").unwrap();
     let index = GraphIndex::build(model.graph()).unwrap();
     let float = float_tensor_set(&model, &float32_tensors(&model, &index).unwrap());
-    let (conversion, refused) = layerwise::keep::convert_checked(&model, &index, &float, &ConvertOptions::default()).unwrap();
+    let (conversion, refused) =
+        layerwise::keep::convert_checked(&model, &index, &float, &ConvertOptions::default()).unwrap();
     assert_eq!(refused.keys().cloned().collect::<Vec<_>>(), ["act1190", "act3", "act700"], "{refused:?}");
-    assert!(refused.values().all(|why| why.contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")), "{refused:?}");
+    assert!(
+        refused.values().all(|why| why.contains("ONNX Runtime refuses Celu with FP16 inputs at opset 17")),
+        "{refused:?}"
+    );
     let converted = Model::from_proto(conversion.proto, "converted.onnx").unwrap();
     layerwise_runtime::check_types(&converted).unwrap();
 }

@@ -19,14 +19,19 @@ fn golden_dir() -> PathBuf {
 fn models() -> Vec<(&'static str, ModelProto)> {
     let mut all: Vec<(&'static str, ModelProto)> = common::breaking_models()
         .into_iter()
-        .map(|(label, m)| (match label {
-            "demo" => "demo",
-            "planted exp" => "planted_exp",
-            "planted softmax" => "planted_softmax",
-            "planted layernorm" => "planted_layernorm",
-            "bn overflow" => "bn_overflow",
-            other => panic!("name a golden folder for '{other}'"),
-        }, m))
+        .map(|(label, m)| {
+            (
+                match label {
+                    "demo" => "demo",
+                    "planted exp" => "planted_exp",
+                    "planted softmax" => "planted_softmax",
+                    "planted layernorm" => "planted_layernorm",
+                    "bn overflow" => "bn_overflow",
+                    other => panic!("name a golden folder for '{other}'"),
+                },
+                m,
+            )
+        })
         .collect();
     all.push(("healthy", common::planted(common::Ending::Healthy)));
     all.push(("convertible", common::convertible()));
@@ -71,9 +76,15 @@ fn check(model: &str, name: &str, actual: &str, failures: &mut Vec<String>) {
         std::fs::write(&path, actual).unwrap();
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test golden)", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test golden)", path.display())
+    });
     if expected != *actual {
-        let line = expected.lines().zip(actual.lines()).position(|(a, b)| a != b).unwrap_or(expected.lines().count().min(actual.lines().count()));
+        let line = expected
+            .lines()
+            .zip(actual.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(expected.lines().count().min(actual.lines().count()));
         failures.push(format!(
             "{}: differs from line {}:\n  golden: {:?}\n  now:    {:?}",
             path.display(),
@@ -91,16 +102,43 @@ fn bisect_and_fix_outputs_match_the_golden_files() {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         common::save(&proto, &d.join("m.onnx"));
-        let bisect = layerwise(&["bisect", "m.onnx", "--json", "r.json", "--html", "r.html", "--markdown", "r.md", "--csv", "r.csv", "--model-explorer", "me.json"], d);
+        let bisect = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--json",
+                "r.json",
+                "--html",
+                "r.html",
+                "--markdown",
+                "r.md",
+                "--csv",
+                "r.csv",
+                "--model-explorer",
+                "me.json",
+            ],
+            d,
+        );
         assert!(matches!(bisect.status.code(), Some(0 | 1)), "{name}: {}", text(&bisect));
-        check(name, "bisect.txt", &format!("exit {:?}\n{}", bisect.status.code(), without_times(&text(&bisect))), &mut failures);
+        check(
+            name,
+            "bisect.txt",
+            &format!("exit {:?}\n{}", bisect.status.code(), without_times(&text(&bisect))),
+            &mut failures,
+        );
         check(name, "bisect.json", &json_without_run_info(&d.join("r.json")), &mut failures);
         // The typed report is the document model: the JSON reads back into it and writes out
         // unchanged, field for field.
         let written = common::json(&d.join("r.json"));
-        let typed: layerwise_report::Report = serde_json::from_value(written.clone()).unwrap_or_else(|e| panic!("{name}: the JSON report does not read back into Report: {e}"));
+        let typed: layerwise_report::Report = serde_json::from_value(written.clone())
+            .unwrap_or_else(|e| panic!("{name}: the JSON report does not read back into Report: {e}"));
         assert_eq!(serde_json::to_value(&typed).unwrap(), written, "{name}: Report round trip");
-        check(name, "bisect.html", &html_without_run_info(&std::fs::read_to_string(d.join("r.html")).unwrap()), &mut failures);
+        check(
+            name,
+            "bisect.html",
+            &html_without_run_info(&std::fs::read_to_string(d.join("r.html")).unwrap()),
+            &mut failures,
+        );
         check(name, "bisect.md", &without_times(&std::fs::read_to_string(d.join("r.md")).unwrap()), &mut failures);
         check(name, "bisect.csv", &std::fs::read_to_string(d.join("r.csv")).unwrap(), &mut failures);
         check(name, "model-explorer.json", &std::fs::read_to_string(d.join("me.json")).unwrap(), &mut failures);
@@ -110,7 +148,8 @@ fn bisect_and_fix_outputs_match_the_golden_files() {
         check(name, "fix.txt", &format!("exit {:?}\n{}", fix.status.code(), without_times(&text(&fix))), &mut failures);
         check(name, "fix.json", &json_without_run_info(&d.join("fix.json")), &mut failures);
         let written = common::json(&d.join("fix.json"));
-        let typed = layerwise_report::read_fix_report(&d.join("fix.json")).unwrap_or_else(|e| panic!("{name}: the fix report does not read back into FixReport: {e}"));
+        let typed = layerwise_report::read_fix_report(&d.join("fix.json"))
+            .unwrap_or_else(|e| panic!("{name}: the fix report does not read back into FixReport: {e}"));
         assert_eq!(serde_json::to_value(&typed).unwrap(), written, "{name}: FixReport round trip");
     }
     assert!(failures.is_empty(), "{} golden files differ:\n{}", failures.len(), failures.join("\n"));

@@ -46,7 +46,14 @@ fn outputs(report: &serde_json::Value) -> Vec<(String, bool, bool, serde_json::V
         .as_array()
         .unwrap()
         .iter()
-        .map(|o| (o["name"].as_str().unwrap().to_string(), o["compared"].as_bool().unwrap(), o["pass"].as_bool().unwrap(), o["rel_l2_err"].clone()))
+        .map(|o| {
+            (
+                o["name"].as_str().unwrap().to_string(),
+                o["compared"].as_bool().unwrap(),
+                o["pass"].as_bool().unwrap(),
+                o["rel_l2_err"].clone(),
+            )
+        })
         .collect()
 }
 
@@ -68,7 +75,8 @@ fn a_passed_through_input_is_compared_exactly_in_every_format() {
     let d = dir.path();
     save(&passed_through(None), &d.join("m.onnx"));
     for separate in [false, true] {
-        let mut args = vec!["bisect", "m.onnx", "--json", "r.json", "--markdown", "r.md", "--csv", "r.csv", "--html", "r.html"];
+        let mut args =
+            vec!["bisect", "m.onnx", "--json", "r.json", "--markdown", "r.md", "--csv", "r.csv", "--html", "r.html"];
         if separate {
             args.push("--separate-runs");
         }
@@ -82,7 +90,11 @@ fn a_passed_through_input_is_compared_exactly_in_every_format() {
         assert_eq!(x.3.as_f64(), Some(0.0), "both sides return the input as fed: {x:?}");
         assert!(r["not_compared"].as_array().unwrap().iter().all(|n| n["tensor"] != "x"), "{}", r["not_compared"]);
         let row = csv_row(&d.join("r.csv"), "x").expect("a CSV row for x");
-        assert_eq!((row["is_output"].as_str(), row["pass"].as_str(), row["rel_l2_err"].as_str()), ("true", "true", "0.0"), "{row:?}");
+        assert_eq!(
+            (row["is_output"].as_str(), row["pass"].as_str(), row["rel_l2_err"].as_str()),
+            ("true", "true", "0.0"),
+            "{row:?}"
+        );
         let md = std::fs::read_to_string(d.join("r.md")).unwrap();
         assert!(md.contains("✅ PASS") && md.contains("| `x` | input | 0 |"), "{md}");
         let html = std::fs::read_to_string(d.join("r.html")).unwrap();
@@ -105,7 +117,10 @@ fn a_passed_through_input_beside_a_diverging_output_is_within_tolerance() {
         let out = layerwise(&["bisect", "m.onnx", "--mark", mark, "--json", "r.json"], d);
         let said = text(&out);
         assert_eq!(out.status.code(), Some(1), "{said}");
-        assert!(said.contains("VERDICT: DIVERGED - 1 of 2 outputs out of tolerance: 'y' (rel L2 inf)"), "--mark {mark}: {said}");
+        assert!(
+            said.contains("VERDICT: DIVERGED - 1 of 2 outputs out of tolerance: 'y' (rel L2 inf)"),
+            "--mark {mark}: {said}"
+        );
         assert!(!said.contains("'x' (rel L2"), "{said}");
         let r = json(&d.join("r.json"));
         let x = outputs(&r).into_iter().find(|o| o.0 == "x").unwrap();
@@ -177,7 +192,13 @@ fn a_candidate_model_with_an_fp16_input_returns_it_rounded() {
         let out = layerwise(&args, d);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
         let r = json(&d.join("r.json"));
-        let x = r["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "x").unwrap_or_else(|| panic!("x compared: {}", r["outputs"])).clone();
+        let x = r["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == "x")
+            .unwrap_or_else(|| panic!("x compared: {}", r["outputs"]))
+            .clone();
         assert_eq!(x["cand_dtype"], "float16", "{x}");
         let e = x["metrics"]["rel_l2_err"].as_f64().unwrap();
         assert!(e > 0.0 && e < 1e-3, "FP16 rounding of the input: {e}");
@@ -205,15 +226,30 @@ fn a_weight_output_is_said_not_compared_everywhere() {
         let out = layerwise(&all, d);
         let said = text(&out);
         assert_eq!(out.status.code(), Some(0), "{said}");
-        assert!(said.contains("VERDICT: PASS - all 1 compared model outputs are within tolerance; not compared: 'w'"), "{args:?}: {said}");
+        assert!(
+            said.contains("VERDICT: PASS - all 1 compared model outputs are within tolerance; not compared: 'w'"),
+            "{args:?}: {said}"
+        );
         assert!(!said.contains("all 2 model outputs"), "{said}");
         let r = json(&d.join("r.json"));
         let w = outputs(&r).into_iter().find(|o| o.0 == "w").unwrap();
         assert!(!w.1, "{w:?}");
-        let reason = r["not_compared"].as_array().unwrap().iter().find(|n| n["tensor"] == "w").unwrap_or_else(|| panic!("{args:?}: w in not_compared: {}", r["not_compared"]))["reason"].as_str().unwrap().to_string();
+        let reason = r["not_compared"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["tensor"] == "w")
+            .unwrap_or_else(|| panic!("{args:?}: w in not_compared: {}", r["not_compared"]))["reason"]
+            .as_str()
+            .unwrap()
+            .to_string();
         assert!(reason.contains("a weight (initializer) passed straight to the output"), "{reason}");
         let summary = r["verdict"]["summary"].as_str().unwrap();
-        assert!(summary.starts_with("all compared model outputs are within tolerance; output 'w' was not compared: a weight"), "{summary}");
+        assert!(
+            summary
+                .starts_with("all compared model outputs are within tolerance; output 'w' was not compared: a weight"),
+            "{summary}"
+        );
         for file in ["r.md", "r.html"] {
             assert!(std::fs::read_to_string(d.join(file)).unwrap().contains("output 'w' was not compared"), "{file}");
         }
@@ -221,12 +257,20 @@ fn a_weight_output_is_said_not_compared_everywhere() {
     let out = layerwise(&["fix", "m.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
     let said = text(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
-    assert!(said.contains("FIX: FIXED - all compared outputs are within tolerance") && said.contains("output 'w' was not compared"), "{said}");
+    assert!(
+        said.contains("FIX: FIXED - all compared outputs are within tolerance")
+            && said.contains("output 'w' was not compared"),
+        "{said}"
+    );
     assert!(!said.contains("FAIL"), "{said}");
     assert!(d.join("fixed.onnx").is_file());
     let f = json(&d.join("fix.json"));
     assert_eq!(f["fixed_model_check"]["pass"], true);
-    assert!(f["outputs"].as_array().unwrap().iter().all(|o| o["name"] != "w"), "w is in no table of errors: {}", f["outputs"]);
+    assert!(
+        f["outputs"].as_array().unwrap().iter().all(|o| o["name"] != "w"),
+        "w is in no table of errors: {}",
+        f["outputs"]
+    );
 }
 
 /// An output listed twice is one output in the verdict: a diverging one is named once.
@@ -259,7 +303,6 @@ fn an_output_listed_twice_is_named_once() {
     assert_eq!(json(&d.join("fix.json"))["outputs"].as_array().unwrap().len(), 1);
 }
 
-
 /// A data loader script that ends Python (an exit at import, an exception, an exit with status 0
 /// before any sample, a kill mid-way) is the script's failure: `--data-loader-script PATH`, the
 /// exit status, the end of its stderr (bounded), never the scratch folder as `--inputs`.
@@ -281,19 +324,41 @@ fn a_data_loader_script_that_fails_is_named_with_its_exit_status_and_stderr() {
     for (name, source, expected) in scripts {
         std::fs::write(d.join(name), source).unwrap();
         for command in ["bisect", "fix"] {
-            let out = Command::new(env!("CARGO_BIN_EXE_layerwise")).args([command, "m.onnx", "--data-loader-script", name]).current_dir(d).env("PYTHONPATH", &python_path).env_remove("LAYERWISE_PYTHON").output().unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_layerwise"))
+                .args([command, "m.onnx", "--data-loader-script", name])
+                .current_dir(d)
+                .env("PYTHONPATH", &python_path)
+                .env_remove("LAYERWISE_PYTHON")
+                .output()
+                .unwrap();
             let said = text(&out);
             assert_eq!(out.status.code(), Some(2), "{name}: {said}");
-            assert!(said.contains(&format!("error: --data-loader-script {name}: the script failed: Python exited with ")), "{name}: {said}");
+            assert!(
+                said.contains(&format!("error: --data-loader-script {name}: the script failed: Python exited with ")),
+                "{name}: {said}"
+            );
             for e in *expected {
                 assert!(said.contains(e), "{name}: expected '{e}' in: {said}");
             }
-            assert!(!said.contains("--inputs") && !said.contains("layerwise-data-") && !said.contains(".npz"), "{name}: {said}");
+            assert!(
+                !said.contains("--inputs") && !said.contains("layerwise-data-") && !said.contains(".npz"),
+                "{name}: {said}"
+            );
             assert!(said.len() < 4000, "{name}: the stderr shown is bounded ({} bytes)", said.len());
         }
     }
     // A script whose loader works still gives its samples.
-    std::fs::write(d.join("good.py"), "import numpy as np\ndef load_data():\n    yield {'x': np.ones((1, 4), np.float32)}\n").unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_layerwise")).args(["bisect", "m.onnx", "--data-loader-script", "good.py"]).current_dir(d).env("PYTHONPATH", &python_path).env_remove("LAYERWISE_PYTHON").output().unwrap();
+    std::fs::write(
+        d.join("good.py"),
+        "import numpy as np\ndef load_data():\n    yield {'x': np.ones((1, 4), np.float32)}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["bisect", "m.onnx", "--data-loader-script", "good.py"])
+        .current_dir(d)
+        .env("PYTHONPATH", &python_path)
+        .env_remove("LAYERWISE_PYTHON")
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }

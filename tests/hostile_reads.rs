@@ -127,7 +127,11 @@ impl Cases {
         assert!(!said.contains("panicked"), "{args:?}: {said}");
         assert_eq!(snapshot(self.root.path()), before, "{args:?} changed, wrote or left files behind");
         // ONNX Runtime keeps a session id of its own there (`.ses`); layerwise's are named so.
-        let left: Vec<PathBuf> = std::fs::read_dir(self.tmp.path()).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_string_lossy().contains("layerwise")).collect();
+        let left: Vec<PathBuf> = std::fs::read_dir(self.tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().contains("layerwise"))
+            .collect();
         assert!(left.is_empty(), "{args:?} left temporary files: {left:?}");
         said
     }
@@ -169,7 +173,9 @@ fn external_data_through_a_link_out_of_the_models_folder_is_refused_by_every_com
     write_npz(&c.path("m/cand.npz"), &[("a", &y), ("y", &y)]).unwrap();
 
     let outside = "points outside the model's folder (through a symbolic link";
-    for (model, message) in [("m/file.onnx", outside), ("m/folder.onnx", outside), ("m/pipe.onnx", "not a regular file")] {
+    for (model, message) in
+        [("m/file.onnx", outside), ("m/folder.onnx", outside), ("m/pipe.onnx", "not a regular file")]
+    {
         let m = c.p(model);
         let (out, fixed, json) = (c.p("m/out.onnx"), c.p("m/fixed.onnx"), c.p("m/r.json"));
         // The same message from every command, `convert` included (it embedded the bytes).
@@ -180,11 +186,19 @@ fn external_data_through_a_link_out_of_the_models_folder_is_refused_by_every_com
         c.refused(&["bisect", &c.p("m/good.onnx"), "--cand-model", &m, "--json", &json], message, QUICK);
     }
     // The message names the file's real place, and ends in the usual refusal.
-    let said = c.refused(&["bisect", &c.p("m/file.onnx")], "external data of initializer 'w': location 'w.bin' points outside", QUICK);
+    let said = c.refused(
+        &["bisect", &c.p("m/file.onnx")],
+        "external data of initializer 'w': location 'w.bin' points outside",
+        QUICK,
+    );
     assert!(said.contains("outside/secret.bin") && said.contains("; refused"), "{said}");
 
     // A link that stays inside the folder is followed as before.
-    std::fs::write(c.path("m/real/w.bin"), [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(
+        c.path("m/real/w.bin"),
+        [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
     std::os::unix::fs::symlink(c.path("m/real"), c.path("m/inside")).unwrap();
     save(&external("inside/w.bin"), &c.path("m/inside.onnx"));
     c.runs(&["bisect", &c.p("m/inside.onnx")]);
@@ -220,19 +234,28 @@ fn files_that_are_devices_or_fifos_are_refused_before_reading() {
         c.refused(&["fix", &m, "-o", &out], not_regular, QUICK);
         c.refused(&["bisect", &good, "--cand-model", &m, "--json", &json], not_regular, QUICK);
     }
-    let said = c.refused(&["bisect", &c.p("zero.onnx")], "it is a character device, not a regular file; refused", QUICK);
+    let said =
+        c.refused(&["bisect", &c.p("zero.onnx")], "it is a character device, not a regular file; refused", QUICK);
     assert!(said.contains("zero.onnx"), "{said}");
     c.refused(&["bisect", &c.p("fifo.onnx")], "it is a named pipe (FIFO), not a regular file; refused", QUICK);
     c.refused(&["bisect", &good, "--inputs", &c.p("fifo.npz"), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--inputs", &c.p("zero.npz"), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("zero.npy")), "--json", &json], not_regular, QUICK);
-    c.refused(&["bisect", &good, "--inputs", &c.p("samples"), "--json", &json], "sample b.npz: it is a named pipe (FIFO), not a regular file", QUICK);
+    c.refused(
+        &["bisect", &good, "--inputs", &c.p("samples"), "--json", &json],
+        "sample b.npz: it is a named pipe (FIFO), not a regular file",
+        QUICK,
+    );
     // A folder named like a sample is refused too, not skipped without a word (the independent
     // tester, stop 49).
     std::fs::create_dir(c.path("folders")).unwrap();
     write_npz(&c.path("folders/a.npz"), &[("x", &Tensor::f32(vec![1, 4], vec![0.5; 4]))]).unwrap();
     std::fs::create_dir(c.path("folders/b.npz")).unwrap();
-    c.refused(&["bisect", &good, "--inputs", &c.p("folders"), "--json", &json], "sample b.npz: it is a folder, not a regular file", QUICK);
+    c.refused(
+        &["bisect", &good, "--inputs", &c.p("folders"), "--json", &json],
+        "sample b.npz: it is a folder, not a regular file",
+        QUICK,
+    );
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("fifo.npz")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("zero.npz")), "--json", &json], not_regular, QUICK);
     c.refused(&["bisect", &good, "--cand", &format!("npz:{}", c.p("run")), "--json", &json], not_regular, QUICK);
@@ -377,25 +400,45 @@ fn npz_and_npy_headers_are_checked_before_their_data_is_read() {
     std::fs::write(c.path("bomb.npz"), zip_one("x.npy", &member, (header.len() + zeros) as u32)).unwrap();
     assert!(std::fs::metadata(c.path("bomb.npz")).unwrap().len() < 4 << 20, "the bomb is small");
     let started = Instant::now();
-    let said = c.refused(&["bisect", &good, "--inputs", &c.p("bomb.npz")], "input 'x' has shape 100000000 from npz:", Duration::from_secs(60));
+    let said = c.refused(
+        &["bisect", &good, "--inputs", &c.p("bomb.npz")],
+        "input 'x' has shape 100000000 from npz:",
+        Duration::from_secs(60),
+    );
     assert!(said.contains("but the model declares [1, 4]"), "{said}");
-    assert!(started.elapsed() < Duration::from_secs(15), "refused from the header, not after decompressing: {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "refused from the header, not after decompressing: {:?}",
+        started.elapsed()
+    );
 
     // The same lie in a plain .npy of 16 bytes of data.
     let mut npy = header.clone();
     npy.extend([0u8; 16]);
     std::fs::write(c.path("big.npy"), &npy).unwrap();
-    c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("big.npy"))], "input 'x' has shape 100000000 from npy:", QUICK);
+    c.refused(
+        &["bisect", &good, "--input", &format!("x={}", c.p("big.npy"))],
+        "input 'x' has shape 100000000 from npy:",
+        QUICK,
+    );
     // A header of the right shape over too little data: refused before reading, with the sizes.
     let mut short = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), }");
     short.extend([0u8; 8]);
     std::fs::write(c.path("short.npy"), &short).unwrap();
-    c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("short.npy"))], "declares shape 1x4 (16 bytes of data), but only 8 bytes follow", QUICK);
+    c.refused(
+        &["bisect", &good, "--input", &format!("x={}", c.p("short.npy"))],
+        "declares shape 1x4 (16 bytes of data), but only 8 bytes follow",
+        QUICK,
+    );
     // The wrong type is refused from the header too.
     let mut ints = npy_header("{'descr': '<i8', 'fortran_order': False, 'shape': (1, 4), }");
     ints.extend([0u8; 32]);
     std::fs::write(c.path("ints.npy"), &ints).unwrap();
-    c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("ints.npy"))], "input 'x' must be float32 but npy:", QUICK);
+    c.refused(
+        &["bisect", &good, "--input", &format!("x={}", c.p("ints.npy"))],
+        "input 'x' must be float32 but npy:",
+        QUICK,
+    );
 }
 
 #[test]
@@ -405,29 +448,44 @@ fn deep_or_huge_npy_headers_are_refused_with_a_short_message() {
     let good = c.p("good.onnx");
     // A version-2 header (its length a u32) nesting 1,000,000 deep: 2 MB that the parser echoed
     // into the error message whole.
-    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {}{}, }}\n", "(".repeat(1_000_000), ")".repeat(1_000_000));
+    let dict = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': {}{}, }}\n",
+        "(".repeat(1_000_000),
+        ")".repeat(1_000_000)
+    );
     let mut deep = b"\x93NUMPY\x02\x00".to_vec();
     deep.extend((dict.len() as u32).to_le_bytes());
     deep.extend(dict.as_bytes());
     std::fs::write(c.path("deep.npy"), &deep).unwrap();
-    let said = c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("deep.npy"))], "more than the 65535 layerwise reads", QUICK);
+    let said = c.refused(
+        &["bisect", &good, "--input", &format!("x={}", c.p("deep.npy"))],
+        "more than the 65535 layerwise reads",
+        QUICK,
+    );
     assert!(said.len() < 2000, "{} bytes of message", said.len());
     // Nested within the size limit: refused on its depth, with a short message (no recursion to
     // the bottom, no echo).
-    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {}{}, }}", "(".repeat(20_000), ")".repeat(20_000));
+    let dict =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {}{}, }}", "(".repeat(20_000), ")".repeat(20_000));
     std::fs::write(c.path("nested.npy"), npy_header(&dict)).unwrap();
-    let said = c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("nested.npy"))], "its .npy header nests brackets 20001 deep", QUICK);
+    let said = c.refused(
+        &["bisect", &good, "--input", &format!("x={}", c.p("nested.npy"))],
+        "its .npy header nests brackets 20001 deep",
+        QUICK,
+    );
     assert!(said.len() < 2000, "{} bytes of message", said.len());
     // A header the parser refuses is quoted in a short excerpt at most.
     let junk = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4), 'x': {} }}", "z".repeat(30_000));
     std::fs::write(c.path("junk.npy"), npy_header(&junk)).unwrap();
-    let said = c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("junk.npy"))], "not a valid .npy array", QUICK);
+    let said =
+        c.refused(&["bisect", &good, "--input", &format!("x={}", c.p("junk.npy"))], "not a valid .npy array", QUICK);
     assert!(said.len() < 2000, "{} bytes of message", said.len());
     // The same in an .npz member, and an array name of 60,000 characters quoted short.
     let x = Tensor::f32(vec![1, 4], vec![0.5; 4]);
     let long = "n".repeat(60_000);
     write_npz(&c.path("long.npz"), &[(long.as_str(), &x)]).unwrap();
-    let said = c.refused(&["bisect", &good, "--inputs", &c.p("long.npz")], "but the model has no input of that name", QUICK);
+    let said =
+        c.refused(&["bisect", &good, "--inputs", &c.p("long.npz")], "but the model has no input of that name", QUICK);
     assert!(said.len() < 2000, "{} bytes of message", said.len());
 }
 
@@ -448,7 +506,11 @@ fn runs_that_cannot_fit_in_memory_are_refused_up_front_with_the_figures() {
         args.extend_from_slice(extra);
         let said = c.refused(&args, "--max-memory 1.0 MiB: this run holds at least", QUICK);
         assert!(said.contains("3.8 MiB of inputs") && said.contains("the largest tensor 'y' 3.8 MiB"), "{said}");
-        let why = if extra.contains(&"--save-tensors") { "--save-tensors holds every tensor at once" } else { "a single tensor cannot be split into smaller groups" };
+        let why = if extra.contains(&"--save-tensors") {
+            "--save-tensors holds every tensor at once"
+        } else {
+            "a single tensor cannot be split into smaller groups"
+        };
         assert!(said.contains(why), "{said}");
     }
     // What fits its budget runs as before.

@@ -63,7 +63,8 @@ fn setup() -> tempfile::TempDir {
 /// A character no terminal may receive raw: control (but the newlines that end lines) or bidi
 /// (written out here rather than taken from the code under test).
 fn raw_control(text: &str) -> Option<char> {
-    let bidi = |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    let bidi =
+        |c: char| matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
     text.chars().find(|&c| c != '\n' && (c.is_control() || bidi(c)))
 }
 
@@ -72,14 +73,20 @@ fn assert_terminal_clean(what: &str, out: &std::process::Output) {
         let t = String::from_utf8_lossy(bytes);
         assert_eq!(raw_control(&t), None, "{what} {stream} holds a raw control or bidi character:\n{t}");
         // The newline payload must not start a line of its own.
-        assert!(!t.lines().any(|l| l.trim_start().starts_with("VERDICT: PASS")), "{what} {stream}: a name forged a line:\n{t}");
+        assert!(
+            !t.lines().any(|l| l.trim_start().starts_with("VERDICT: PASS")),
+            "{what} {stream}: a name forged a line:\n{t}"
+        );
     }
 }
 
 #[test]
 fn bisect_and_fix_print_names_with_control_and_bidi_characters_escaped() {
     let dir = setup();
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--csv", "r.csv"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--csv", "r.csv"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_terminal_clean("bisect", &out);
     assert!(text(&out).contains("\\x1b]0;PWNED\\x07\\x1b[2J"), "the ESC payload is shown escaped: {}", text(&out));
@@ -87,7 +94,10 @@ fn bisect_and_fix_print_names_with_control_and_bidi_characters_escaped() {
     let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir.path());
     assert_terminal_clean("fix", &out);
     // An error quoting a name is escaped too.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--tensors", "Tt\x1b]0;PWNED\x07\x1b[2J,nope\u{202e}"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:fp16", "--tensors", "Tt\x1b]0;PWNED\x07\x1b[2J,nope\u{202e}"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert_terminal_clean("an error", &out);
 }
@@ -95,7 +105,8 @@ fn bisect_and_fix_print_names_with_control_and_bidi_characters_escaped() {
 /// Every event of a CommonMark (GFM tables) parse of `md`; fails on raw HTML, and on a table row
 /// whose cell count differs from its header's.
 fn markdown_events(what: &str, md: &str) -> Vec<Event<'static>> {
-    let events: Vec<Event<'static>> = Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH).map(|e| e.into_static()).collect();
+    let events: Vec<Event<'static>> =
+        Parser::new_ext(md, Options::ENABLE_TABLES | Options::ENABLE_STRIKETHROUGH).map(|e| e.into_static()).collect();
     for e in &events {
         assert!(!matches!(e, Event::Html(_) | Event::InlineHtml(_)), "{what}: raw HTML {e:?} in:\n{md}");
     }
@@ -105,7 +116,9 @@ fn markdown_events(what: &str, md: &str) -> Vec<Event<'static>> {
             Event::Start(Tag::Table(alignments)) => columns = Some(alignments.len()),
             Event::Start(Tag::TableHead | Tag::TableRow) => cells = 0,
             Event::Start(Tag::TableCell) => cells += 1,
-            Event::End(TagEnd::TableHead | TagEnd::TableRow) => assert_eq!(Some(cells), columns, "{what}: a row with {cells} cells in:\n{md}"),
+            Event::End(TagEnd::TableHead | TagEnd::TableRow) => {
+                assert_eq!(Some(cells), columns, "{what}: a row with {cells} cells in:\n{md}")
+            }
             _ => {}
         }
     }
@@ -128,7 +141,10 @@ fn shown_texts(events: &[Event]) -> Vec<String> {
 /// The three Markdown files a run of `m.onnx` writes: `--markdown` (r.md), `report --fix`
 /// (with-fix.md) and the `--repro` README. The last command's output, for messages.
 fn write_markdown_reports(dir: &Path) -> std::process::Output {
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"], dir);
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json", "--markdown", "r.md", "--repro", "repro"],
+        dir,
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let out = layerwise(&["fix", "m.onnx", "--cand", "sim:fp16", "--json", "fix.json"], dir);
     assert!(dir.join("fix.json").is_file(), "{}", text(&out));
@@ -142,7 +158,8 @@ fn markdown_reports_hold_no_html_and_keep_their_table_columns() {
     let dir = setup();
     let out = write_markdown_reports(dir.path());
     for file in ["r.md", "with-fix.md", "repro/README.md"] {
-        let md = std::fs::read_to_string(dir.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}\n{}", text(&out)));
+        let md =
+            std::fs::read_to_string(dir.path().join(file)).unwrap_or_else(|e| panic!("{file}: {e}\n{}", text(&out)));
         let events = markdown_events(file, &md);
         assert_eq!(raw_control(&md), None, "{file}:\n{md}");
         let texts = shown_texts(&events);
@@ -182,7 +199,12 @@ fn csv_cells_never_start_a_formula_and_numbers_stay_numbers() {
 /// `dir`: its arguments, one per line.
 fn run_as_bash(command: &str, dir: &Path) -> Vec<String> {
     let rest = command.strip_prefix("trtexec ").unwrap_or_else(|| panic!("not a trtexec line: {command}"));
-    let out = std::process::Command::new("bash").arg("-c").arg(format!("printf '%s\\n' {rest}")).current_dir(dir).output().unwrap();
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("printf '%s\\n' {rest}"))
+        .current_dir(dir)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{command}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().lines().map(str::to_string).collect()
 }
@@ -196,12 +218,30 @@ fn printed_trtexec_lines_paste_as_one_command_with_the_intended_arguments() {
     let printed = String::from_utf8_lossy(&out.stdout).to_string();
     let fix = common::json(&dir.path().join("fix.json"));
     // JSON keeps the names exact.
-    let keep: Vec<String> = fix["keep_fp32"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
-    assert!(keep.iter().any(|k| k == HOSTILE[0]) && keep.iter().any(|k| k == HOSTILE[1]), "the payloads are kept: {keep:?}\n{}", text(&out));
-    let layers: Vec<String> = keep.iter().filter(|k| !k.chars().any(|c| c.is_control() || c == '\u{202e}')).map(|k| format!("{k}:fp32")).collect();
-    let intended = ["--onnx=MODEL".to_string(), "--fp16".into(), "--precisionConstraints=obey".into(), format!("--layerPrecisions={}", layers.join(","))];
+    let keep: Vec<String> =
+        fix["keep_fp32"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect();
+    assert!(
+        keep.iter().any(|k| k == HOSTILE[0]) && keep.iter().any(|k| k == HOSTILE[1]),
+        "the payloads are kept: {keep:?}\n{}",
+        text(&out)
+    );
+    let layers: Vec<String> = keep
+        .iter()
+        .filter(|k| !k.chars().any(|c| c.is_control() || c == '\u{202e}'))
+        .map(|k| format!("{k}:fp32"))
+        .collect();
+    let intended = [
+        "--onnx=MODEL".to_string(),
+        "--fp16".into(),
+        "--precisionConstraints=obey".into(),
+        format!("--layerPrecisions={}", layers.join(",")),
+    ];
 
-    std::fs::write(dir.path().join("keep-flags.txt"), common::json(&dir.path().join("fixed.onnx.keep-fp32.json"))["trtexec_flags"].as_str().unwrap_or_default()).unwrap();
+    std::fs::write(
+        dir.path().join("keep-flags.txt"),
+        common::json(&dir.path().join("fixed.onnx.keep-fp32.json"))["trtexec_flags"].as_str().unwrap_or_default(),
+    )
+    .unwrap();
     let out = layerwise(&["report", "r.json", "--fix", "fix.json", "--markdown", "s.md"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let md = std::fs::read_to_string(dir.path().join("s.md")).unwrap();
@@ -213,7 +253,13 @@ fn printed_trtexec_lines_paste_as_one_command_with_the_intended_arguments() {
     let commands = [
         ("the terminal", printed.lines().find_map(|l| l.split_once("(weakly typed): ").map(|(_, c)| c.to_string()))),
         ("fix.json", fix["trtexec_flags"].as_str().map(|f| format!("trtexec --onnx=MODEL {f}"))),
-        ("the keep list", Some(format!("trtexec --onnx=MODEL {}", std::fs::read_to_string(dir.path().join("keep-flags.txt")).unwrap()))),
+        (
+            "the keep list",
+            Some(format!(
+                "trtexec --onnx=MODEL {}",
+                std::fs::read_to_string(dir.path().join("keep-flags.txt")).unwrap()
+            )),
+        ),
         ("the Markdown", from_markdown),
     ];
     for (what, command) in commands {
@@ -225,7 +271,10 @@ fn printed_trtexec_lines_paste_as_one_command_with_the_intended_arguments() {
         assert!(!dir.path().join("PWNED").exists(), "{what}: pasting {command} ran a command");
     }
     // The names left out are said, escaped.
-    assert!(printed.contains("not in --layerPrecisions") && printed.contains("t\\x1b]0;PWNED\\x07\\x1b[2J"), "{printed}");
+    assert!(
+        printed.contains("not in --layerPrecisions") && printed.contains("t\\x1b]0;PWNED\\x07\\x1b[2J"),
+        "{printed}"
+    );
 }
 
 /// Found by the independent tester: GitHub renders Markdown with GFM's autolinks, so a name that
@@ -251,7 +300,13 @@ fn markdown_reports_hold_no_link_or_mention_as_github_renders_them() {
         let html = escape_check::github_html(&md);
         assert!(!html.contains("<a "), "{file}: a link in GitHub's rendering:\n{md}\n{html}");
         let outside = escape_check::outside_code(&html);
-        assert!(!outside.contains("@octocat") && !outside.contains("#12"), "{file}: a mention or an issue link outside code:\n{md}\n{html}");
-        assert!(html.contains("<code>@octocat</code>") || file == "repro/README.md", "{file}: the name is still shown:\n{html}");
+        assert!(
+            !outside.contains("@octocat") && !outside.contains("#12"),
+            "{file}: a mention or an issue link outside code:\n{md}\n{html}"
+        );
+        assert!(
+            html.contains("<code>@octocat</code>") || file == "repro/README.md",
+            "{file}: the name is still shown:\n{html}"
+        );
     }
 }

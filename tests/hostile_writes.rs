@@ -82,7 +82,11 @@ fn save_tensors_into_a_folder_with_files_is_refused_and_nothing_there_is_lost() 
     save(&model(), &dir.path().join("ref/model.onnx"));
     std::fs::write(dir.path().join("cand/notes.txt"), "mine").unwrap();
     input_npz(&dir.path().join("inputs.npz"), 1.0);
-    refused_and_untouched(dir.path(), &["bisect", "ref/model.onnx", "--save-tensors", "."], "--save-tensors .: the folder is not empty");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "ref/model.onnx", "--save-tensors", "."],
+        "--save-tensors .: the folder is not empty",
+    );
     // With external data: the model and its weights stay.
     with_external_weights(&dir.path().join("ref"), "ext.onnx", "ext.data");
     refused_and_untouched(dir.path(), &["bisect", "ref/ext.onnx", "--save-tensors", "."], "the folder is not empty");
@@ -94,7 +98,11 @@ fn save_tensors_onto_a_file_is_refused_before_any_staging_folder_is_made() {
     let dir = tempfile::tempdir().unwrap();
     save(&model(), &dir.path().join("m.onnx"));
     std::fs::write(dir.path().join("taken"), "a file of mine").unwrap();
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--save-tensors", "taken"], "--save-tensors taken: it is a file, not a folder");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--save-tensors", "taken"],
+        "--save-tensors taken: it is a file, not a folder",
+    );
 }
 
 #[test]
@@ -105,7 +113,10 @@ fn save_tensors_over_several_samples_writes_each_sample_and_each_replays() {
     std::fs::create_dir(dir.path().join("samples")).unwrap();
     input_npz(&dir.path().join("samples/quiet.npz"), 0.001);
     input_npz(&dir.path().join("samples/loud.npz"), 1.0);
-    let out = layerwise(&["bisect", "m.onnx", "--inputs", "samples", "--save-tensors", "saved", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--inputs", "samples", "--save-tensors", "saved", "--json", "r.json"],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     for sample in ["quiet", "loud"] {
         let folder = dir.path().join("saved").join(sample);
@@ -113,10 +124,24 @@ fn save_tensors_over_several_samples_writes_each_sample_and_each_replays() {
             assert!(folder.join(part).is_file(), "{} missing: {}", folder.join(part).display(), text(&out));
         }
         // Each sample's saved candidate replays against the reference on that sample's inputs.
-        let replay = layerwise(&["bisect", "m.onnx", "--cand", &format!("npz:saved/{sample}/cand"), "--inputs", &format!("saved/{sample}/inputs.npz")], dir.path());
+        let replay = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--cand",
+                &format!("npz:saved/{sample}/cand"),
+                "--inputs",
+                &format!("saved/{sample}/inputs.npz"),
+            ],
+            dir.path(),
+        );
         assert!(matches!(replay.status.code(), Some(0 | 1)), "{sample}: {}", text(&replay));
     }
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(".layerwise")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with(".layerwise"))
+        .collect();
     assert!(leftovers.is_empty(), "staging left behind: {leftovers:?}");
 }
 
@@ -126,10 +151,22 @@ fn an_output_whose_weights_file_would_be_the_inputs_external_data_is_refused() {
     // was named so, and `convert -o out.onnx` overwrote the input's weights (exit 0).
     let dir = tempfile::tempdir().unwrap();
     with_external_weights(dir.path(), "m.onnx", "out.onnx.data");
-    refused_and_untouched(dir.path(), &["convert", "m.onnx", "--to", "fp16", "-o", "out.onnx"], "would overwrite the input model's external data");
-    refused_and_untouched(dir.path(), &["fix", "m.onnx", "-o", "out.onnx"], "would overwrite the input model's external data");
+    refused_and_untouched(
+        dir.path(),
+        &["convert", "m.onnx", "--to", "fp16", "-o", "out.onnx"],
+        "would overwrite the input model's external data",
+    );
+    refused_and_untouched(
+        dir.path(),
+        &["fix", "m.onnx", "-o", "out.onnx"],
+        "would overwrite the input model's external data",
+    );
     // The input itself is refused as -o's weights file too, under any spelling.
-    refused_and_untouched(dir.path(), &["convert", "m.onnx", "--to", "fp16", "-o", "./out.onnx"], "the weights file written beside -o");
+    refused_and_untouched(
+        dir.path(),
+        &["convert", "m.onnx", "--to", "fp16", "-o", "./out.onnx"],
+        "the weights file written beside -o",
+    );
 }
 
 #[test]
@@ -139,21 +176,49 @@ fn reports_never_replace_a_script_a_sample_or_a_saved_run() {
     let dir = tempfile::tempdir().unwrap();
     save(&model(), &dir.path().join("m.onnx"));
     std::fs::write(dir.path().join("data.py"), "def load_data():\n    yield {}\n").unwrap();
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--data-loader-script", "data.py", "--json", "data.py"], "would overwrite the data-loader script");
-    refused_and_untouched(dir.path(), &["fix", "m.onnx", "--data-loader-script", "data.py:load_data", "--json", "./data.py"], "would overwrite the data-loader script");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--data-loader-script", "data.py", "--json", "data.py"],
+        "would overwrite the data-loader script",
+    );
+    refused_and_untouched(
+        dir.path(),
+        &["fix", "m.onnx", "--data-loader-script", "data.py:load_data", "--json", "./data.py"],
+        "would overwrite the data-loader script",
+    );
 
     std::fs::create_dir(dir.path().join("samples")).unwrap();
     input_npz(&dir.path().join("samples/a.npz"), 1.0);
     input_npz(&dir.path().join("samples/b.npz"), 0.5);
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--inputs", "samples", "--json", "samples/b.npz"], "would overwrite a sample of --inputs samples");
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--inputs", "samples", "--csv", "samples/a.npz"], "would overwrite a sample");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--inputs", "samples", "--json", "samples/b.npz"],
+        "would overwrite a sample of --inputs samples",
+    );
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--inputs", "samples", "--csv", "samples/a.npz"],
+        "would overwrite a sample",
+    );
 
     input_npz(&dir.path().join("x.npz"), 1.0);
     let out = layerwise(&["bisect", "m.onnx", "--inputs", "x.npz", "--save-tensors", "sv"], dir.path());
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--json", "sv/cand/manifest.json"], "would write into the saved candidate run sv/cand");
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--html", "sv/cand/report.html"], "would write into the saved candidate run");
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--save-tensors", "sv"], "--save-tensors sv: the folder is not empty");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--json", "sv/cand/manifest.json"],
+        "would write into the saved candidate run sv/cand",
+    );
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--html", "sv/cand/report.html"],
+        "would write into the saved candidate run",
+    );
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--cand", "npz:sv/cand", "--inputs", "sv/inputs.npz", "--save-tensors", "sv"],
+        "--save-tensors sv: the folder is not empty",
+    );
 }
 
 #[test]
@@ -167,7 +232,9 @@ fn demo_refuses_a_folder_with_files_and_force_replaces_only_its_own() {
     let out = layerwise(&["demo", "--force"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert_eq!(std::fs::read_to_string(dir.path().join("layerwise-demo/notes.txt")).unwrap(), "mine");
-    assert!(std::fs::read_to_string(dir.path().join("layerwise-demo/report.json")).unwrap().contains("layerwise.report/"));
+    assert!(std::fs::read_to_string(dir.path().join("layerwise-demo/report.json"))
+        .unwrap()
+        .contains("layerwise.report/"));
     // A new folder needs no --force.
     let out = layerwise(&["demo", "--out-dir", "fresh"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
@@ -182,21 +249,37 @@ fn demo_refuses_a_folder_with_files_and_force_replaces_only_its_own() {
 fn filled_folders_samples_folders_keep_lists_and_dashed_paths_are_kept_apart() {
     let dir = tempfile::tempdir().unwrap();
     save(&model(), &dir.path().join("m.onnx"));
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--save-tensors", "st", "--repro", "st"], "--save-tensors st would overwrite the folder --repro fills");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--save-tensors", "st", "--repro", "st"],
+        "--save-tensors st would overwrite the folder --repro fills",
+    );
     std::fs::create_dir(dir.path().join("samples")).unwrap();
     input_npz(&dir.path().join("samples/a.npz"), 1.0);
-    refused_and_untouched(dir.path(), &["bisect", "m.onnx", "--inputs", "samples", "--json", "samples/c.npz"], "would write into the samples folder --inputs");
+    refused_and_untouched(
+        dir.path(),
+        &["bisect", "m.onnx", "--inputs", "samples", "--json", "samples/c.npz"],
+        "would write into the samples folder --inputs",
+    );
 
     let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     let out = layerwise(&["fix", "m.onnx", "-o", "fx.onnx", "--json", "f.json"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    refused_and_untouched(dir.path(), &["report", "r.json", "--fix", "f.json", "--markdown", "fx.onnx.keep-fp32.json"], "would overwrite the keep list beside the fixed model");
+    refused_and_untouched(
+        dir.path(),
+        &["report", "r.json", "--fix", "f.json", "--markdown", "fx.onnx.keep-fp32.json"],
+        "would overwrite the keep list beside the fixed model",
+    );
 
     let out = layerwise(&["demo", "--out-dir=-rf"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let said = String::from_utf8_lossy(&out.stdout);
-    let line = said.lines().find(|l| l.starts_with("Try it yourself: ")).expect("the demo's line").trim_start_matches("Try it yourself: ");
+    let line = said
+        .lines()
+        .find(|l| l.starts_with("Try it yourself: "))
+        .expect("the demo's line")
+        .trim_start_matches("Try it yourself: ");
     let words = shell_words::split(line).unwrap();
     assert_eq!(words[..2], ["layerwise", "bisect"]);
     assert_eq!(words[2], "./-rf/demo.onnx", "{line}");

@@ -47,14 +47,19 @@ fn external(name: &str, dims: &[i64], offset: u64, length: u64) -> TensorProto {
         dims: dims.to_vec(),
         data_type: Some(DataType::Float as i32),
         data_location: Some(DataLocation::External as i32),
-        external_data: vec![entry("location", "huge.onnx.data".into()), entry("offset", offset.to_string()), entry("length", length.to_string())],
+        external_data: vec![
+            entry("location", "huge.onnx.data".into()),
+            entry("offset", offset.to_string()),
+            entry("length", length.to_string()),
+        ],
         ..Default::default()
     }
 }
 
 /// Writes huge.onnx and huge.onnx.data into `dir`; returns the weight bytes.
 fn write_model(dir: &Path) -> u64 {
-    let mut data = std::io::BufWriter::with_capacity(1 << 22, std::fs::File::create(dir.join("huge.onnx.data")).unwrap());
+    let mut data =
+        std::io::BufWriter::with_capacity(1 << 22, std::fs::File::create(dir.join("huge.onnx.data")).unwrap());
     let table = fill(&mut data, (ROWS * WIDTH) as u64, 1, 1.0);
     let w1 = fill(&mut data, (WIDTH * WIDTH) as u64, 2, 1.0 / 32.0);
     let w2 = fill(&mut data, (WIDTH * OUT) as u64, 3, 1.0 / 32.0);
@@ -121,7 +126,10 @@ fn model_over_2gb_with_external_data() {
     // 4427 MiB for this model); layerwise must add no copy of its own on top. (Paired, a model
     // with external weights runs without the optimizations, and this stays near the lean run.)
     let default = bisect(&model_dir, &work, "ort:cpu", "default.json");
-    assert!(default < 2.3 * weights_mib, "peak memory {default:.0} MiB for {weights_mib:.0} MiB of weights: more than ONNX Runtime's own two copies");
+    assert!(
+        default < 2.3 * weights_mib,
+        "peak memory {default:.0} MiB for {weights_mib:.0} MiB of weights: more than ONNX Runtime's own two copies"
+    );
     assert_eq!(listing(&model_dir), before, "the model's folder changed");
 }
 
@@ -129,7 +137,10 @@ fn model_over_2gb_with_external_data() {
 fn bisect(model_dir: &Path, work: &Path, reference: &str, json: &str) -> f64 {
     let started = Instant::now();
     let model = model_dir.join("huge.onnx");
-    let out = common::layerwise(&["bisect", model.to_str().unwrap(), "--ref", reference, "--cand", "sim:fp16", "--json", json, "--seed", "7"], work);
+    let out = common::layerwise(
+        &["bisect", model.to_str().unwrap(), "--ref", reference, "--cand", "sim:fp16", "--json", json, "--seed", "7"],
+        work,
+    );
     let wall_s = started.elapsed().as_secs_f64();
     let text = common::text(&out);
     assert!(matches!(out.status.code(), Some(0) | Some(1)), "bisect failed:\n{text}");
@@ -146,6 +157,9 @@ fn bisect(model_dir: &Path, work: &Path, reference: &str, json: &str) -> f64 {
     let rows_err = rows["metrics"]["max_abs_err"].as_f64().unwrap();
     assert!(rows_err > 0.0 && rows_err <= 1.0 / 2048.0, "FP16 rounding of table rows in [-1, 1): max abs {rows_err}");
     let peak = report["run_info"]["peak_memory_mib"].as_f64().expect("peak memory in run_info");
-    println!("--ref {reference}: bisect {wall_s:.1} s, peak memory {peak:.0} MiB; steps {}", report["run_info"]["durations_s"]);
+    println!(
+        "--ref {reference}: bisect {wall_s:.1} s, peak memory {peak:.0} MiB; steps {}",
+        report["run_info"]["durations_s"]
+    );
     peak
 }

@@ -30,7 +30,8 @@ fn slow_model(dir: &Path) {
 }
 
 fn entries(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
+    let mut v: Vec<String> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().to_string()).collect();
     v.sort();
     v
 }
@@ -45,10 +46,18 @@ fn ctrl_c_leaves_no_temporary_files_and_no_partial_report() {
     slow_model(&work);
     // A complete run first: what it leaves in the temporary folder is not ours to remove (ONNX
     // Runtime 1.31 keeps a `.ses` session file there, created by every run, complete or not).
-    let complete = Command::new(env!("CARGO_BIN_EXE_layerwise")).args(["bisect", "slow.onnx", "--cand", "sim:fp16"]).current_dir(&work).env("TMPDIR", &tmp).output().unwrap();
+    let complete = Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["bisect", "slow.onnx", "--cand", "sim:fp16"])
+        .current_dir(&work)
+        .env("TMPDIR", &tmp)
+        .output()
+        .unwrap();
     assert!(matches!(complete.status.code(), Some(0) | Some(1)), "{}", common::text(&complete));
     let baseline = entries(&tmp);
-    assert!(baseline.iter().all(|e| !e.starts_with("layerwise") && !e.starts_with(".layerwise")), "a complete run left {baseline:?}");
+    assert!(
+        baseline.iter().all(|e| !e.starts_with("layerwise") && !e.starts_with(".layerwise")),
+        "a complete run left {baseline:?}"
+    );
     // Interrupt the moment a scratch folder appears, and later into the run.
     for delay_ms in [0u64, 30, 150] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_layerwise"))
@@ -74,7 +83,11 @@ fn ctrl_c_leaves_no_temporary_files_and_no_partial_report() {
         match out.status.code() {
             Some(130) => {
                 assert!(stderr.contains("interrupted; temporary files removed"), "{stderr}");
-                assert_eq!(entries(&work), ["slow.onnx"], "an interrupted run left files beside the model (temporary folder seen: {seen:?})");
+                assert_eq!(
+                    entries(&work),
+                    ["slow.onnx"],
+                    "an interrupted run left files beside the model (temporary folder seen: {seen:?})"
+                );
             }
             // The run finished before the signal arrived: its reports are complete.
             Some(0) | Some(1) => {
@@ -87,7 +100,11 @@ fn ctrl_c_leaves_no_temporary_files_and_no_partial_report() {
         }
         assert_eq!(entries(&tmp), baseline, "temporary files left after Ctrl-C at +{delay_ms} ms");
         if delay_ms == 0 {
-            assert_eq!(out.status.code(), Some(130), "interrupted with a scratch folder present ({seen:?}), the run must stop");
+            assert_eq!(
+                out.status.code(),
+                Some(130),
+                "interrupted with a scratch folder present ({seen:?}), the run must stop"
+            );
         }
     }
 }
@@ -112,7 +129,11 @@ fn full_disk_leaves_no_partial_report() {
         .output()
         .unwrap_or_else(|e| panic!("the disk-full test needs util-linux's unshare (apt-get install util-linux): {e}"));
     let text = common::text(&out);
-    assert_ne!(out.status.code(), Some(99), "cannot mount a tmpfs in a user namespace (unprivileged user namespaces disabled?):\n{text}");
+    assert_ne!(
+        out.status.code(),
+        Some(99),
+        "cannot mount a tmpfs in a user namespace (unprivileged user namespaces disabled?):\n{text}"
+    );
     assert!(text.contains("No space left on device"), "{text}");
     assert!(text.contains("exit=2"), "{text}");
     assert!(text.contains("left=[]"), "a partial report or temporary file was left on the full disk:\n{text}");
@@ -123,7 +144,9 @@ fn processes_with(needle: &str) -> Vec<u32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle)))
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+        })
         .collect()
 }
 
@@ -168,7 +191,13 @@ fn an_interrupted_fix_takes_its_load_check_child_with_it() {
     }
     // Its own scratch goes with it (it ends through its SIGTERM handler).
     let deadline = Instant::now();
-    let left = || entries(&tmp).into_iter().chain(entries(&work)).filter(|e| e.starts_with("layerwise") || e.starts_with(".layerwise")).collect::<Vec<_>>();
+    let left = || {
+        entries(&tmp)
+            .into_iter()
+            .chain(entries(&work))
+            .filter(|e| e.starts_with("layerwise") || e.starts_with(".layerwise"))
+            .collect::<Vec<_>>()
+    };
     while !left().is_empty() {
         assert!(deadline.elapsed() < Duration::from_secs(5), "temporary files left: {:?}", left());
         std::thread::sleep(Duration::from_millis(20));

@@ -64,7 +64,9 @@ fn run_emulation(proto: ModelProto) -> HashMap<String, Tensor> {
     let emulated = Model::from_proto(proto, "emulated").unwrap();
     let index = GraphIndex::build(emulated.graph()).unwrap();
     let mut cpu = create_backend(&spec("ort:cpu,opt=disable")).unwrap();
-    cpu.run(&RunRequest { model: &emulated, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors
+    cpu.run(&RunRequest { model: &emulated, index: &index, inputs: &input(), selection: &Selection::All })
+        .unwrap()
+        .tensors
 }
 
 fn emulated_with(model: &Model, keep: &[&str]) -> ModelProto {
@@ -83,13 +85,19 @@ fn typed_run_of_written(model: &Model, keep: &[&str]) -> HashMap<String, Tensor>
     let written = Model::from_proto(conversion.proto, "written").unwrap();
     let wi = GraphIndex::build(written.graph()).unwrap();
     let mut typed = TypedBackend::new(&spec("ort:cpu"), None);
-    typed.run(&RunRequest { model: &written, index: &wi, inputs: &input(), selection: &Selection::All }).unwrap().tensors
+    typed
+        .run(&RunRequest { model: &written, index: &wi, inputs: &input(), selection: &Selection::All })
+        .unwrap()
+        .tensors
 }
 
 fn reference(model: &Model) -> Vec<f32> {
     let index = GraphIndex::build(model.graph()).unwrap();
     let mut cpu = create_backend(&spec("ort:cpu")).unwrap();
-    as_f32(&cpu.run(&RunRequest { model, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors["out"])
+    as_f32(
+        &cpu.run(&RunRequest { model, index: &index, inputs: &input(), selection: &Selection::All }).unwrap().tensors
+            ["out"],
+    )
 }
 
 #[test]
@@ -98,7 +106,11 @@ fn a_kept_reduce_sum_whose_fp32_output_overflows_at_the_island_edge_is_no_fix() 
     let want = reference(&model);
     let err = |tensors: &HashMap<String, Tensor>| {
         let out = as_f32(&tensors["out"]);
-        if out.iter().any(|v| !v.is_finite()) { f64::INFINITY } else { rel_l2(&out, &want) }
+        if out.iter().any(|v| !v.is_finite()) {
+            f64::INFINITY
+        } else {
+            rel_l2(&out, &want)
+        }
     };
     // Nothing kept: the sum overflows FP16.
     assert!(err(&run_emulation(emulated_with(&model, &[]))) > 0.5);
@@ -120,7 +132,12 @@ fn a_kept_reduce_sum_whose_fp32_output_overflows_at_the_island_edge_is_no_fix() 
         for name in index.computed_tensors() {
             let (e, t) = (as_f32(&emulated[name]), as_f32(&typed[name]));
             let same = e.iter().zip(&t).all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()));
-            assert!(same, "keep {keep:?}: tensor '{name}' differs: emulated {:?} typed {:?}", &e[..4.min(e.len())], &t[..4.min(t.len())]);
+            assert!(
+                same,
+                "keep {keep:?}: tensor '{name}' differs: emulated {:?} typed {:?}",
+                &e[..4.min(e.len())],
+                &t[..4.min(t.len())]
+            );
         }
     }
 }
@@ -145,7 +162,10 @@ fn without_the_edge_rule_the_emulation_passes_a_keep_list_the_typed_check_reject
     let old = as_f32(&run_emulation(reverted)["out"]);
     assert!(rel_l2(&old, &want) < 1e-2, "the old emulation passed {{ReduceSum}}: rel L2 {}", rel_l2(&old, &want));
     let written = as_f32(&typed_run_of_written(&model, &["sum_sq"])["out"]);
-    assert!(written.iter().any(|v| !v.is_finite()) || rel_l2(&written, &want) > 0.5, "the typed check of the written model fails it");
+    assert!(
+        written.iter().any(|v| !v.is_finite()) || rel_l2(&written, &want) > 0.5,
+        "the typed check of the written model fails it"
+    );
 }
 
 #[test]
@@ -153,13 +173,18 @@ fn fix_keeps_the_sum_and_its_consumer_and_its_check_is_the_typed_evaluation() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("ln.onnx");
     save(&sum_of_squares_layernorm(), &model);
-    let out = layerwise(&["fix", "ln.onnx", "--val-range", "x:-30,30", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let out =
+        layerwise(&["fix", "ln.onnx", "--val-range", "x:-30,30", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
     let fix = json(&dir.path().join("fix.json"));
     let keep: Vec<&str> = fix["keep_fp32"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
     assert!(keep.contains(&"sum_sq") && keep.contains(&"mean_sq"), "keep list {keep:?}");
     assert_eq!(fix["fixed_model_check"]["pass"], true);
-    assert!(fix["fixed_model_check"]["backend"].as_str().unwrap().starts_with("typed evaluation"), "{}", fix["fixed_model_check"]);
+    assert!(
+        fix["fixed_model_check"]["backend"].as_str().unwrap().starts_with("typed evaluation"),
+        "{}",
+        fix["fixed_model_check"]
+    );
 }
 
 #[test]
@@ -170,13 +195,27 @@ fn a_converted_fp16_model_on_ort_cpu_is_evaluated_in_its_own_types() {
     save(&sum_of_squares_layernorm(), &dir.path().join("ln.onnx"));
     let c = layerwise(&["convert", "ln.onnx", "--to", "fp16", "-o", "c.onnx"], dir.path());
     assert_eq!(c.status.code(), Some(0), "{}", common::text(&c));
-    let args = ["bisect", "ln.onnx", "--val-range", "x:-30,30", "--cand", "ort:cpu", "--cand-model", "c.onnx", "--json", "r.json"];
+    let args = [
+        "bisect",
+        "ln.onnx",
+        "--val-range",
+        "x:-30,30",
+        "--cand",
+        "ort:cpu",
+        "--cand-model",
+        "c.onnx",
+        "--json",
+        "r.json",
+    ];
     let out = layerwise(&args, dir.path());
     assert_eq!(out.status.code(), Some(1), "diverges in its own types: {}", common::text(&out));
     let report = json(&dir.path().join("r.json"));
     let notes = report["candidate_run"]["notes"].to_string() + &report.to_string();
     assert!(notes.contains("typed evaluation"), "the report says how the candidate ran");
     // typed=off is ONNX Runtime's whole-model run, which computes the FP16 model in float32.
-    let old = layerwise(&["bisect", "ln.onnx", "--val-range", "x:-30,30", "--cand", "ort:cpu,typed=off", "--cand-model", "c.onnx"], dir.path());
+    let old = layerwise(
+        &["bisect", "ln.onnx", "--val-range", "x:-30,30", "--cand", "ort:cpu,typed=off", "--cand-model", "c.onnx"],
+        dir.path(),
+    );
     assert_eq!(old.status.code(), Some(0), "ONNX Runtime's CPU provider hides the overflow: {}", common::text(&old));
 }

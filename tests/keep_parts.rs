@@ -35,7 +35,11 @@ fn blocks_model() -> Model {
         }
         let scale = if OVERFLOWING.contains(&k) { 130000.0 } else { 0.1 };
         let w1: Vec<f32> = (0..16 * 32).map(|i| scale * (((i * 37 + k * 11) % 17) as f32 / 17.0 - 0.45)).collect();
-        let w2: Vec<f32> = (0..32 * 16).map(|i| (if OVERFLOWING.contains(&k) { 1e-6 } else { 0.05 }) * (((i * 29 + k * 7) % 13) as f32 / 13.0 - 0.5)).collect();
+        let w2: Vec<f32> = (0..32 * 16)
+            .map(|i| {
+                (if OVERFLOWING.contains(&k) { 1e-6 } else { 0.05 }) * (((i * 29 + k * 7) % 13) as f32 / 13.0 - 0.5)
+            })
+            .collect();
         b.initializer(f32_tensor(&format!("{p}/W1"), &[16, 32], &w1));
         b.initializer(f32_tensor(&format!("{p}/W2"), &[32, 16], &w2));
         let names = |s: &str| format!("{p}/{s}");
@@ -47,9 +51,27 @@ fn blocks_model() -> Model {
         b.node("Add", &names("residual"), &[&x, &names("f")], &[&names("out")], vec![]);
         if k == OVERFLOWING[0] {
             b.node("Shape", &names("shape"), &[&names("u")], &[&names("u_shape")], vec![]);
-            b.node("Cast", &names("cast"), &[&names("u")], &[&names("u_f64")], vec![attr::int("to", DataType::Double as i64)]);
-            b.node("Cast", &names("cast_back"), &[&names("u_f64")], &[&names("u_back")], vec![attr::int("to", DataType::Float as i64)]);
-            b.node("ReduceMax", &names("u_max"), &[&names("u_back")], &[&names("u_peak")], vec![attr::int("keepdims", 0)]);
+            b.node(
+                "Cast",
+                &names("cast"),
+                &[&names("u")],
+                &[&names("u_f64")],
+                vec![attr::int("to", DataType::Double as i64)],
+            );
+            b.node(
+                "Cast",
+                &names("cast_back"),
+                &[&names("u_f64")],
+                &[&names("u_back")],
+                vec![attr::int("to", DataType::Float as i64)],
+            );
+            b.node(
+                "ReduceMax",
+                &names("u_max"),
+                &[&names("u_back")],
+                &[&names("u_peak")],
+                vec![attr::int("keepdims", 0)],
+            );
         }
         if k == 1 {
             b.node("Identity", "early_out", &[&names("out")], &["early"], vec![]);
@@ -101,14 +123,19 @@ fn every_tensor_computed_from_an_earlier_run_equals_the_whole_model_run() {
     let feeds = feeds();
     let mut cand = candidate();
     let mut keeper = KeepRunner::new(&model, &index, cand.as_mut());
-    let whole = |keeper: &mut KeepRunner, cand: &mut Box<dyn layerwise_runtime::Backend>, keep: &[String]| keeper.run(cand.as_mut(), keep, &feeds, &Selection::All).unwrap().tensors;
+    let whole = |keeper: &mut KeepRunner, cand: &mut Box<dyn layerwise_runtime::Backend>, keep: &[String]| {
+        keeper.run(cand.as_mut(), keep, &feeds, &Selection::All).unwrap().tensors
+    };
     let nothing = whole(&mut keeper, &mut cand, &[]);
     // The overflow propagates: the run with nothing kept is not the one with keep lists below.
     assert!(nothing["y"].to_f32().iter().any(|v| !v.is_finite()));
     let first = ffn(OVERFLOWING[0]);
     let two: Vec<String> = ffn(OVERFLOWING[0]).into_iter().chain(ffn(OVERFLOWING[1])).collect();
     let all: Vec<String> = OVERFLOWING.iter().flat_map(|&k| ffn(k)).collect();
-    let late_and_shape: Vec<String> = ffn(OVERFLOWING[2]).into_iter().chain([format!("b{}/shape", OVERFLOWING[0]), format!("b{}/cast", OVERFLOWING[0]), "b0/Mul_0".to_string()]).collect();
+    let late_and_shape: Vec<String> = ffn(OVERFLOWING[2])
+        .into_iter()
+        .chain([format!("b{}/shape", OVERFLOWING[0]), format!("b{}/cast", OVERFLOWING[0]), "b0/Mul_0".to_string()])
+        .collect();
     // With no run held every node runs, in pieces.
     let pieced = keeper.run_all_from(cand.as_mut(), &[], &feeds, &[]).unwrap().expect("an emulation runs by pieces");
     assert_same("nothing kept, every piece", &nothing, &pieced.into_tensors());
@@ -116,11 +143,17 @@ fn every_tensor_computed_from_an_earlier_run_equals_the_whole_model_run() {
     let mut held_all = None;
     for keep in [&first, &two, &all, &late_and_shape] {
         let expected = whole(&mut keeper, &mut cand, keep);
-        let from_nothing = keeper.run_all_from(cand.as_mut(), keep, &feeds, std::slice::from_ref(&held_nothing)).unwrap().expect("computed by parts");
+        let from_nothing = keeper
+            .run_all_from(cand.as_mut(), keep, &feeds, std::slice::from_ref(&held_nothing))
+            .unwrap()
+            .expect("computed by parts");
         assert_same(&format!("{keep:?} from nothing kept"), &expected, &from_nothing.into_tensors());
         // From a run with another keep list: what either keeps runs again.
         if let Some(held) = &held_all {
-            let from_other = keeper.run_all_from(cand.as_mut(), keep, &feeds, std::slice::from_ref(held)).unwrap().expect("computed by parts");
+            let from_other = keeper
+                .run_all_from(cand.as_mut(), keep, &feeds, std::slice::from_ref(held))
+                .unwrap()
+                .expect("computed by parts");
             assert_same(&format!("{keep:?} from every overflow kept"), &expected, &from_other.into_tensors());
         }
         if keep == &all {
@@ -129,7 +162,10 @@ fn every_tensor_computed_from_an_earlier_run_equals_the_whole_model_run() {
     }
     // Keeping something removed again: from every overflow kept back to the first only.
     let expected = whole(&mut keeper, &mut cand, &first);
-    let back = keeper.run_all_from(cand.as_mut(), &first, &feeds, std::slice::from_ref(held_all.as_ref().unwrap())).unwrap().unwrap();
+    let back = keeper
+        .run_all_from(cand.as_mut(), &first, &feeds, std::slice::from_ref(held_all.as_ref().unwrap()))
+        .unwrap()
+        .unwrap();
     assert_same("first only, from all kept", &expected, &back.into_tensors());
 }
 
@@ -140,7 +176,12 @@ fn outputs_computed_from_a_shared_prefix_equal_the_whole_model_run() {
     let feeds = feeds();
     let mut cand = candidate();
     let mut keeper = KeepRunner::new(&model, &index, cand.as_mut());
-    let checks: Vec<Vec<String>> = vec![ffn(OVERFLOWING[1]), ffn(OVERFLOWING[0]), OVERFLOWING.iter().flat_map(|&k| ffn(k)).collect(), ffn(OVERFLOWING[2])];
+    let checks: Vec<Vec<String>> = vec![
+        ffn(OVERFLOWING[1]),
+        ffn(OVERFLOWING[0]),
+        OVERFLOWING.iter().flat_map(|&k| ffn(k)).collect(),
+        ffn(OVERFLOWING[2]),
+    ];
     // No tensor held (a paired comparison): the baseline fills in as the checks need it.
     let mut baseline = HeldRun::nothing_yet(&mut keeper, &[]);
     // The comparison's candidate tensors (separate runs) held.
@@ -149,10 +190,12 @@ fn outputs_computed_from_a_shared_prefix_equal_the_whole_model_run() {
     for keep in &checks {
         let expected = keeper.run(cand.as_mut(), keep, &feeds, &Selection::Names(Vec::new())).unwrap().tensors;
         assert_eq!(expected.len(), 3, "the model's outputs");
-        let (part, rerun) = keeper.outputs_from(cand.as_mut(), keep, &feeds, &mut baseline).unwrap().expect("computed by parts");
+        let (part, rerun) =
+            keeper.outputs_from(cand.as_mut(), keep, &feeds, &mut baseline).unwrap().expect("computed by parts");
         assert_same(&format!("{keep:?}, baseline filled in"), &expected, &part.tensors);
         assert!(rerun > 0 && rerun < index.nodes.len(), "{keep:?}: {rerun} of {} nodes ran again", index.nodes.len());
-        let (part, _) = keeper.outputs_from(cand.as_mut(), keep, &feeds, &mut of_comparison).unwrap().expect("computed by parts");
+        let (part, _) =
+            keeper.outputs_from(cand.as_mut(), keep, &feeds, &mut of_comparison).unwrap().expect("computed by parts");
         assert_same(&format!("{keep:?}, from the comparison's tensors"), &expected, &part.tensors);
     }
 }
@@ -167,7 +210,11 @@ fn fix_keeps_every_independent_overflow_in_one_round() {
     let path = dir.path().join("blocks.onnx");
     std::fs::write(&path, prost::Message::encode_to_vec(&blocks_model().proto)).unwrap();
     let options = layerwise::fix::FixOptions {
-        bisect: layerwise::pipeline::BisectOptions::new(&path, BackendSpec::parse("ort:cpu").unwrap(), BackendSpec::parse("sim:fp16").unwrap()),
+        bisect: layerwise::pipeline::BisectOptions::new(
+            &path,
+            BackendSpec::parse("ort:cpu").unwrap(),
+            BackendSpec::parse("sim:fp16").unwrap(),
+        ),
         output: None,
         max_rounds: 2,
     };
@@ -175,7 +222,12 @@ fn fix_keeps_every_independent_overflow_in_one_round() {
     let r = &outcome.report;
     let stages: Vec<layerwise_report::FixStage> = r.rounds.iter().map(|x| x.stage).collect();
     assert_eq!(r.status, layerwise_report::FixStatus::Fixed, "{}", outcome.text);
-    assert_eq!(stages.iter().filter(|s| **s == layerwise_report::FixStage::Pattern).count(), 1, "{stages:?}\n{}", outcome.text);
+    assert_eq!(
+        stages.iter().filter(|s| **s == layerwise_report::FixStage::Pattern).count(),
+        1,
+        "{stages:?}\n{}",
+        outcome.text
+    );
     assert!(!stages.contains(&layerwise_report::FixStage::Region), "{stages:?}");
     for k in OVERFLOWING {
         assert!(r.keep_fp32.contains(&format!("b{k}/ffn_in")), "block {k} kept: {:?}", r.keep_fp32);

@@ -37,7 +37,8 @@ fn run(args: &[&str], dir: &std::path::Path, crash_op: Option<&str>) -> std::pro
 fn gru_is_fp32(path: &std::path::Path) -> bool {
     let m = Model::load(path).unwrap();
     let gru = m.graph().node.iter().find(|n| n.op_type() == "GRU").unwrap();
-    let fp16: Vec<&str> = m.graph().initializer.iter().filter(|t| t.data_type() == DataType::Float16 as i32).map(|t| t.name()).collect();
+    let fp16: Vec<&str> =
+        m.graph().initializer.iter().filter(|t| t.data_type() == DataType::Float16 as i32).map(|t| t.name()).collect();
     !gru.input.iter().any(|i| fp16.contains(&i.as_str()))
 }
 
@@ -48,7 +49,11 @@ fn convert_keeps_in_fp32_the_op_type_that_crashes_onnx_runtime_and_says_so() {
     // No crash: the GRU is converted, and the output says the model loads.
     let out = run(&["convert", "m.onnx", "-o", "plain.onnx"], dir.path(), None);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-    assert!(text(&out).contains("loads and runs it with its default options on seeded random inputs"), "{}", text(&out));
+    assert!(
+        text(&out).contains("loads and runs it with its default options on seeded random inputs"),
+        "{}",
+        text(&out)
+    );
     assert!(!gru_is_fp32(&dir.path().join("plain.onnx")));
     // A crash on FP16 GRUs: the GRU is kept in FP32, and the output says why.
     let out = run(&["convert", "m.onnx", "-o", "c.onnx"], dir.path(), Some("GRU"));
@@ -62,7 +67,11 @@ fn convert_keeps_in_fp32_the_op_type_that_crashes_onnx_runtime_and_says_so() {
 fn fix_reports_the_load_check_of_the_model_it_writes() {
     let dir = tempfile::tempdir().unwrap();
     save(&gru_model(), &dir.path().join("m.onnx"));
-    let out = run(&["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"], dir.path(), Some("GRU"));
+    let out = run(
+        &["fix", "m.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "fix.json"],
+        dir.path(),
+        Some("GRU"),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let fix = json(&dir.path().join("fix.json"));
@@ -126,7 +135,12 @@ fn a_renamed_executable_checks_the_load_with_itself() {
     std::fs::copy(env!("CARGO_BIN_EXE_layerwise"), &copy).unwrap();
     std::fs::write(bin.join("layerwise"), "freed").unwrap();
     save(&gru_model(), &dir.path().join("m.onnx"));
-    let out = std::process::Command::new(&copy).args(["convert", "m.onnx", "-o", "c.onnx"]).current_dir(dir.path()).env_remove("LAYERWISE_TEST_CRASH_OP").output().unwrap();
+    let out = std::process::Command::new(&copy)
+        .args(["convert", "m.onnx", "-o", "c.onnx"])
+        .current_dir(dir.path())
+        .env_remove("LAYERWISE_TEST_CRASH_OP")
+        .output()
+        .unwrap();
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("loads and runs it with its default options on seeded random inputs"), "{t}");

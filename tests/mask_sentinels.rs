@@ -35,7 +35,13 @@ fn attention_model(quantize_scores: bool) -> ModelProto {
     b.initializer(f32_tensor("mask", &[1, 1, TOKENS], &[0.0, 0.0, 0.0, f32::MIN]));
     if quantize_scores {
         b.initializer(f32_tensor("score_scale", &[], &[(f32::MAX as f64 / 255.0) as f32]));
-        b.initializer(TensorProto { name: Some("score_zero".into()), dims: vec![], data_type: Some(DataType::Int8 as i32), int32_data: vec![127], ..Default::default() });
+        b.initializer(TensorProto {
+            name: Some("score_zero".into()),
+            dims: vec![],
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: vec![127],
+            ..Default::default()
+        });
     }
     let mut h = "x".to_string();
     for l in 0..2u32 {
@@ -69,12 +75,32 @@ fn a_score_quantizer_spanning_the_mask_is_found_in_the_first_layer_not_blamed_on
     save(&attention_model(false), &dir.path().join("m.onnx"));
     save(&attention_model(true), &dir.path().join("q.onnx"));
     // The floor (one step of each quantizer) would take the scores' step of 1.33e36 too: not measured here.
-    let args = ["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--no-noise-floor", "--json", "r.json"];
+    let args = [
+        "bisect",
+        "m.onnx",
+        "--cand",
+        "ort:cpu",
+        "--cand-model",
+        "q.onnx",
+        "--val-range",
+        "x:-1,1",
+        "--no-noise-floor",
+        "--json",
+        "r.json",
+    ];
     let out = layerwise(&args, dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "the uniform attention fails the output: {t}");
     let report = json(&dir.path().join("r.json"));
-    let record = |name: &str| report["tensors"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned().unwrap_or_else(|| panic!("'{name}' not compared: {t}"));
+    let record = |name: &str| {
+        report["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("'{name}' not compared: {t}"))
+    };
     let first = &report["verdict"]["first_divergent"];
     assert_eq!(first["node"], "softmax0", "the first layer's attention is where the quantized scores break it: {t}");
     assert_ne!(first["cause"]["best"]["kind"], "large_logits", "{t}");

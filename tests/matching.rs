@@ -15,7 +15,13 @@ use serde_json::Value;
 fn renamed(model: &ModelProto) -> ModelProto {
     let mut m = model.clone();
     let g = m.graph.as_mut().unwrap();
-    let keep: HashSet<String> = g.input.iter().chain(&g.output).map(|v| v.name().to_string()).chain(g.initializer.iter().map(|t| t.name().to_string())).collect();
+    let keep: HashSet<String> = g
+        .input
+        .iter()
+        .chain(&g.output)
+        .map(|v| v.name().to_string())
+        .chain(g.initializer.iter().map(|t| t.name().to_string()))
+        .collect();
     let mut names: HashMap<String, String> = HashMap::new();
     for (i, n) in g.node.iter_mut().enumerate() {
         n.name = Some(format!("exported_{i}"));
@@ -65,7 +71,16 @@ fn planted_with_identity() -> ModelProto {
     let at = g.node.iter().position(|n| n.name() == "branch_a/Add_10").unwrap();
     let out = g.node[at].output[0].clone();
     g.node[at].output[0] = format!("{out}_pre");
-    g.node.insert(at + 1, NodeProto { op_type: Some("Identity".into()), name: Some("branch_a/keep".into()), input: vec![format!("{out}_pre")], output: vec![out], ..Default::default() });
+    g.node.insert(
+        at + 1,
+        NodeProto {
+            op_type: Some("Identity".into()),
+            name: Some("branch_a/keep".into()),
+            input: vec![format!("{out}_pre")],
+            output: vec![out],
+            ..Default::default()
+        },
+    );
     m
 }
 
@@ -80,7 +95,10 @@ fn a_renamed_export_is_matched_by_structure_and_gives_the_same_first_divergent_l
     save(&reference, &dir.path().join("ref.onnx"));
     save(&renamed(&reference), &dir.path().join("renamed.onnx"));
     let run = |cand: &str, mode: &str, json_name: &str| {
-        let out = layerwise(&["bisect", "ref.onnx", "--cand", "sim:fp16", "--cand-model", cand, "--match", mode, "--json", json_name], dir.path());
+        let out = layerwise(
+            &["bisect", "ref.onnx", "--cand", "sim:fp16", "--cand-model", cand, "--match", mode, "--json", json_name],
+            dir.path(),
+        );
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
         json(&dir.path().join(json_name))
     };
@@ -90,7 +108,12 @@ fn a_renamed_export_is_matched_by_structure_and_gives_the_same_first_divergent_l
     let expected = &same["verdict"]["first_divergent"]["node"];
     assert_eq!(expected, "head/Exp");
     assert_eq!(&by_structure["verdict"]["first_divergent"]["node"], expected);
-    assert!(compared(&by_structure) * 10 >= compared(&same) * 9, "{} of {} tensors matched", compared(&by_structure), compared(&same));
+    assert!(
+        compared(&by_structure) * 10 >= compared(&same) * 9,
+        "{} of {} tensors matched",
+        compared(&by_structure),
+        compared(&same)
+    );
     let matching = &by_structure["matching"];
     assert_eq!(matching["mode"], "auto");
     assert!(matching["by_structure"].as_u64().unwrap() > 100, "{matching}");
@@ -112,14 +135,18 @@ fn inserted_casts_and_a_removed_identity_do_not_break_the_matching() {
     assert!(converted.graph().node.iter().any(|n| n.op_type() == "Cast"), "the converter inserted Casts");
     save(&renamed(&without_identity(&converted.proto)), &dir.path().join("cand.onnx"));
 
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "cand.onnx", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "cand.onnx", "--json", "r.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let r = json(&dir.path().join("r.json"));
     assert_eq!(r["verdict"]["first_divergent"]["node"], "head/Exp", "{t}");
     // The reference's Identity output is the value of its input in the candidate.
     let pairs = r["matching"]["structure_pairs"].as_array().unwrap();
-    let identity_out = reference.graph.as_ref().unwrap().node.iter().find(|n| n.name() == "branch_a/keep").unwrap().output[0].clone();
+    let identity_out =
+        reference.graph.as_ref().unwrap().node.iter().find(|n| n.name() == "branch_a/keep").unwrap().output[0].clone();
     assert!(pairs.iter().any(|p| p[0] == identity_out.as_str()), "the Identity's output is paired: {pairs:?}");
     let total = reference.graph.as_ref().unwrap().node.len();
     assert!(compared(&r) * 10 >= total * 9, "{} of {total} tensors compared", compared(&r));
@@ -150,7 +177,10 @@ fn a_twin_with_other_inputs_gets_the_inputs_it_declares() {
     save(&twin(false), &dir.path().join("twin.onnx"));
     let write = |file: &str, extra: bool| {
         let mut arrays = vec![
-            ("input".to_string(), layerwise_runtime::Tensor::f32(vec![1, 8], vec![0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8])),
+            (
+                "input".to_string(),
+                layerwise_runtime::Tensor::f32(vec![1, 8], vec![0.1, 0.2, -0.3, 0.4, 0.5, -0.6, 0.7, 0.8]),
+            ),
             ("sr".to_string(), layerwise_runtime::Tensor::new(vec![], layerwise_runtime::TensorData::I64(vec![16000]))),
         ];
         if extra {
@@ -160,12 +190,36 @@ fn a_twin_with_other_inputs_gets_the_inputs_it_declares() {
         layerwise_runtime::npy::write_npz(&dir.path().join(file), &refs).unwrap();
     };
     write("in.npz", false);
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "ref.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "twin.onnx",
+            "--inputs",
+            "in.npz",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let notes = json(&dir.path().join("r.json"))["cand"]["notes"].clone();
-    assert!(notes.as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("input 'sr' is fed to the reference only")), "{notes}");
+    assert!(
+        notes
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|n| n.as_str().unwrap().contains("input 'sr' is fed to the reference only")),
+        "{notes}"
+    );
     write("bad.npz", true);
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--inputs", "bad.npz"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "twin.onnx", "--inputs", "bad.npz"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("holds array 'bogus', which neither model declares (reference inputs: input, sr; candidate model inputs: input)"), "{}", text(&out));
     assert!(!text(&out).contains("error: :"), "no empty context: {}", text(&out));
@@ -183,7 +237,8 @@ fn a_floor_against_a_file_with_other_weight_names_says_what_it_could_not_tell() 
     assert_eq!(c.status.code(), Some(0), "{}", text(&c));
     let mut converted = layerwise_model::Model::load(&dir.path().join("c.onnx")).unwrap().proto;
     let g = converted.graph.as_mut().unwrap();
-    let names: HashMap<String, String> = g.initializer.iter().enumerate().map(|(i, t)| (t.name().to_string(), format!("w{i}"))).collect();
+    let names: HashMap<String, String> =
+        g.initializer.iter().enumerate().map(|(i, t)| (t.name().to_string(), format!("w{i}"))).collect();
     for t in g.initializer.iter_mut() {
         t.name = Some(names[t.name()].clone());
     }
@@ -195,13 +250,21 @@ fn a_floor_against_a_file_with_other_weight_names_says_what_it_could_not_tell() 
         }
     }
     save(&converted, &dir.path().join("renamed.onnx"));
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "renamed.onnx", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "renamed.onnx", "--json", "r.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let r = json(&dir.path().join("r.json"));
     let said = r["verdict"]["conclusions"].to_string();
     assert!(said.contains("names its weights differently"), "{said}");
     // With the names kept, nothing of the kind is said.
-    let out = layerwise(&["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "c.onnx", "--json", "k.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "ref.onnx", "--cand", "ort:cpu", "--cand-model", "c.onnx", "--json", "k.json"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
-    assert!(!json(&dir.path().join("k.json"))["verdict"]["conclusions"].to_string().contains("names its weights differently"));
+    assert!(!json(&dir.path().join("k.json"))["verdict"]["conclusions"]
+        .to_string()
+        .contains("names its weights differently"));
 }

@@ -31,7 +31,13 @@ fn node_tests() -> PathBuf {
 fn renamed(proto: &ModelProto) -> ModelProto {
     let mut out = proto.clone();
     let g = out.graph.as_mut().unwrap();
-    let keep: std::collections::HashSet<String> = g.input.iter().chain(&g.output).map(|v| v.name().to_string()).chain(g.initializer.iter().map(|t| t.name().to_string())).collect();
+    let keep: std::collections::HashSet<String> = g
+        .input
+        .iter()
+        .chain(&g.output)
+        .map(|v| v.name().to_string())
+        .chain(g.initializer.iter().map(|t| t.name().to_string()))
+        .collect();
     let mut map: HashMap<String, String> = HashMap::new();
     for n in &g.node {
         for o in n.output.iter().filter(|o| !o.is_empty() && !keep.contains(*o)) {
@@ -105,7 +111,13 @@ fn sweep_one(test_dir: &Path) -> Vec<Run> {
     std::fs::copy(&model, work.path().join("m.onnx")).unwrap();
     let mut runs = Vec::new();
     let mut record = |command: &'static str, (code, text): (Option<i32>, String)| {
-        runs.push(Run { command, test: name.clone(), code, panicked: text.contains("panicked"), first_error: if code == Some(2) { reason(&text) } else { String::new() } });
+        runs.push(Run {
+            command,
+            test: name.clone(),
+            code,
+            panicked: text.contains("panicked"),
+            first_error: if code == Some(2) { reason(&text) } else { String::new() },
+        });
     };
     let converted = layerwise(&["convert", "m.onnx", "--to", "fp16", "-o", "c.onnx"], work.path());
     let converted_ok = converted.0 == Some(0);
@@ -113,7 +125,10 @@ fn sweep_one(test_dir: &Path) -> Vec<Run> {
     if converted_ok {
         let proto = Model::load(&work.path().join("c.onnx")).unwrap().proto;
         std::fs::write(work.path().join("r.onnx"), renamed(&proto).encode_to_vec()).unwrap();
-        record("bisect --cand-model (renamed)", layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "r.onnx"], work.path()));
+        record(
+            "bisect --cand-model (renamed)",
+            layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "r.onnx"], work.path()),
+        );
     }
     record("bisect --repro", layerwise(&["bisect", "m.onnx", "--repro", "repro"], work.path()));
     record("fix -o", layerwise(&["fix", "m.onnx", "-o", "f.onnx"], work.path()));
@@ -125,7 +140,11 @@ fn sweep_one(test_dir: &Path) -> Vec<Run> {
 fn every_node_test_through_every_command_exits_0_1_or_2() {
     let root = node_tests();
     let filter = std::env::var("LAYERWISE_SWEEP_FILTER").unwrap_or_default();
-    let mut tests: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.join("model.onnx").is_file()).collect();
+    let mut tests: Vec<PathBuf> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("model.onnx").is_file())
+        .collect();
     tests.retain(|p| p.file_name().unwrap().to_string_lossy().contains(&filter));
     tests.sort();
     let started = std::time::Instant::now();
@@ -134,12 +153,23 @@ fn every_node_test_through_every_command_exits_0_1_or_2() {
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut bad: Vec<String> = Vec::new();
     for r in &runs {
-        *by_code.entry(match r.code { Some(c) => format!("exit {c}"), None => "killed by a signal".into() }).or_default() += 1;
+        *by_code
+            .entry(match r.code {
+                Some(c) => format!("exit {c}"),
+                None => "killed by a signal".into(),
+            })
+            .or_default() += 1;
         if r.code == Some(2) {
             *reasons.entry(r.first_error.clone()).or_default() += 1;
         }
         if !matches!(r.code, Some(0..=2)) || r.panicked {
-            bad.push(format!("{} ({}): exit {:?}{}", r.test, r.command, r.code, if r.panicked { ", panic text" } else { "" }));
+            bad.push(format!(
+                "{} ({}): exit {:?}{}",
+                r.test,
+                r.command,
+                r.code,
+                if r.panicked { ", panic text" } else { "" }
+            ));
         }
     }
     let mut summary = format!(

@@ -54,7 +54,11 @@ fn node_tests() -> PathBuf {
         "`{python} -m pip download --no-deps onnx=={ONNX_VERSION}` failed (the suite needs pip and the package index, or LAYERWISE_ONNX_NODE_TESTS pointing at an extracted onnx/backend/test/data/node folder):\n{}",
         String::from_utf8_lossy(&pip.stderr)
     );
-    let wheel = std::fs::read_dir(work.path()).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|e| e == "whl")).expect("pip wrote no wheel");
+    let wheel = std::fs::read_dir(work.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .expect("pip wrote no wheel");
     let mut archive = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap()).unwrap();
     let staged = work.path().join("node");
     for i in 0..archive.len() {
@@ -93,7 +97,8 @@ impl Outcome {
 const PASS: &str = "pass: outputs match after round trip and expose-all, sim:fp16 runs";
 const NOTHING_COMPARABLE: &str = "pass (ran; no output to compare: sequences, optionals, strings, FP8, INT4, ...)";
 const ORT_CANNOT_RUN: &str = "explained: ONNX Runtime cannot run the untouched model";
-const ORT_DIFFERS: &str = "explained: ONNX Runtime's result on the untouched model already differs from ONNX's expected output";
+const ORT_DIFFERS: &str =
+    "explained: ONNX Runtime's result on the untouched model already differs from ONNX's expected output";
 const INPUT_NOT_TENSOR: &str = "explained: an input is a sequence, optional or map (layerwise feeds tensors only)";
 const INPUT_TYPE: &str = "explained: an input's element type is one layerwise does not carry (string, FP8, INT4, ...)";
 const BUG_LOAD: &str = "BUG: layerwise refuses to load the model";
@@ -116,7 +121,13 @@ fn is_tensor(v: &layerwise_model::onnx::ValueInfoProto) -> bool {
 /// element types.
 fn close(actual: &Tensor, expected: &Tensor) -> Result<(), String> {
     if actual.shape != expected.shape || actual.dtype() != expected.dtype() {
-        return Err(format!("got {} {:?}, expected {} {:?}", actual.dtype().name(), actual.shape, expected.dtype().name(), expected.shape));
+        return Err(format!(
+            "got {} {:?}, expected {} {:?}",
+            actual.dtype().name(),
+            actual.shape,
+            expected.dtype().name(),
+            expected.shape
+        ));
     }
     if !actual.dtype().is_float() {
         return if actual.data == expected.data { Ok(()) } else { Err("integer values differ".into()) };
@@ -152,7 +163,8 @@ fn data_sets(dir: &Path, model: &Model) -> Result<Vec<DataSet>, Outcome> {
     let graph = model.graph();
     let initializers: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name()).collect();
     let inputs: Vec<_> = graph.input.iter().filter(|v| !initializers.contains(v.name())).collect();
-    let mut sets: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
+    let mut sets: Vec<PathBuf> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_dir()).collect();
     sets.sort();
     let mut out = Vec::new();
     for set in sets {
@@ -165,7 +177,8 @@ fn data_sets(dir: &Path, model: &Model) -> Result<Vec<DataSet>, Outcome> {
             if !is_tensor(decl) {
                 return Err(Outcome::new(INPUT_NOT_TENSOR, decl.name()));
             }
-            let t = Tensor::from_proto(&read_pb(&file)).map_err(|why| Outcome::new(INPUT_TYPE, format!("{}: {why}", decl.name())))?;
+            let t = Tensor::from_proto(&read_pb(&file))
+                .map_err(|why| Outcome::new(INPUT_TYPE, format!("{}: {why}", decl.name())))?;
             ds.inputs.push((decl.name().to_string(), t));
         }
         for (k, decl) in graph.output.iter().enumerate() {
@@ -182,7 +195,13 @@ fn data_sets(dir: &Path, model: &Model) -> Result<Vec<DataSet>, Outcome> {
     Ok(out)
 }
 
-fn run(backend: &mut Box<dyn Backend>, model: &Model, index: &GraphIndex, inputs: &[(String, Tensor)], selection: &Selection) -> Result<layerwise_runtime::RunOutput, String> {
+fn run(
+    backend: &mut Box<dyn Backend>,
+    model: &Model,
+    index: &GraphIndex,
+    inputs: &[(String, Tensor)],
+    selection: &Selection,
+) -> Result<layerwise_runtime::RunOutput, String> {
     backend.run(&RunRequest { model, index, inputs, selection }).map_err(|e| e.to_string())
 }
 
@@ -270,7 +289,11 @@ fn onnx_backend_node_tests() {
         .map(|dir| {
             let name = dir.file_name().unwrap().to_string_lossy().to_string();
             let outcome = std::panic::catch_unwind(|| one_test(dir)).unwrap_or_else(|p| {
-                let why = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+                let why = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
                 Outcome::new(BUG_PANIC, why)
             });
             (name, outcome)
@@ -281,7 +304,10 @@ fn onnx_backend_node_tests() {
     for (name, o) in &outcomes {
         by_category.entry(o.category).or_default().push((name, &o.detail));
     }
-    let mut summary = format!("# ONNX {ONNX_VERSION} backend node tests on layerwise\n\n{} tests.\n\n| outcome | tests |\n| --- | --- |\n", outcomes.len());
+    let mut summary = format!(
+        "# ONNX {ONNX_VERSION} backend node tests on layerwise\n\n{} tests.\n\n| outcome | tests |\n| --- | --- |\n",
+        outcomes.len()
+    );
     for (category, tests) in &by_category {
         writeln!(summary, "| {category} | {} |", tests.len()).unwrap();
     }
@@ -308,13 +334,24 @@ fn onnx_backend_node_tests() {
     std::fs::write(out.join("onnx-node-suite.md"), &summary).unwrap();
     println!("{summary}");
 
-    let bugs: Vec<String> = outcomes.iter().filter(|(_, o)| o.category.starts_with("BUG")).map(|(n, o)| format!("{n}: {}: {}", o.category, o.detail)).collect();
+    let bugs: Vec<String> = outcomes
+        .iter()
+        .filter(|(_, o)| o.category.starts_with("BUG"))
+        .map(|(n, o)| format!("{n}: {}: {}", o.category, o.detail))
+        .collect();
     assert!(bugs.is_empty(), "{} node tests point at layerwise:\n{}", bugs.len(), bugs.join("\n"));
     // A tensor asked for and not returned would be a lost intermediate, not a type we skip.
-    let lost: Vec<&str> = why_unavailable.keys().copied().filter(|why| !why.contains("not a tensor") && !why.contains("is not compared")).collect();
+    let lost: Vec<&str> = why_unavailable
+        .keys()
+        .copied()
+        .filter(|why| !why.contains("not a tensor") && !why.contains("is not compared"))
+        .collect();
     assert!(lost.is_empty(), "exposed tensors missing from runs: {lost:?}");
     // A broken harness (inputs misread, say) would push everything into "ONNX Runtime differs".
     let passed = by_category.get(PASS).map_or(0, Vec::len);
     let differs = by_category.get(ORT_DIFFERS).map_or(0, Vec::len);
-    assert!(passed > 10 * differs, "{passed} passed but {differs} differ from ONNX's expected outputs: check the harness");
+    assert!(
+        passed > 10 * differs,
+        "{passed} passed but {differs} differ from ONNX's expected outputs: check the harness"
+    );
 }

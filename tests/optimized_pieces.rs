@@ -37,7 +37,13 @@ fn relu_chain() -> ModelProto {
     let mut b = ModelBuilder::new("relu-chain", 17);
     b.input("x", DataType::Float, &[Dim::from(4), Dim::from(32)]);
     b.initializer(f32_tensor("half", &[1], &[0.5]));
-    b.node("Constant", "shift_c", &[], &["shift_raw"], vec![attr::tensor("value", f32_tensor("v", &[32], &[0.01; 32]))]);
+    b.node(
+        "Constant",
+        "shift_c",
+        &[],
+        &["shift_raw"],
+        vec![attr::tensor("value", f32_tensor("v", &[32], &[0.01; 32]))],
+    );
     b.node("Mul", "shift", &["shift_raw", "half"], &["shift"], vec![]);
     let mut prev = "x".to_string();
     for i in 0..298 {
@@ -64,7 +70,13 @@ fn decoder(blocks: usize) -> ModelProto {
     for (name, v) in [("eps", 1e-5), ("one", 1.0), ("half", 0.5), ("sqrt2", std::f32::consts::SQRT_2)] {
         b.initializer(f32_tensor(name, &[1], &[v]));
     }
-    b.node("Constant", "scale_c", &[], &["sqrt_h"], vec![attr::tensor("value", f32_tensor("v", &[1], &[(H as f32).sqrt()]))]);
+    b.node(
+        "Constant",
+        "scale_c",
+        &[],
+        &["sqrt_h"],
+        vec![attr::tensor("value", f32_tensor("v", &[1], &[(H as f32).sqrt()]))],
+    );
     b.node("Div", "scale", &["one", "sqrt_h"], &["attn_scale"], vec![]);
     let layer_norm = |b: &mut ModelBuilder, p: &str, x: &str, seed: u64| -> String {
         b.initializer(weights(&format!("{p}_gamma"), &[H], seed, 1.0));
@@ -144,7 +156,13 @@ fn conv_network(blocks: usize) -> ModelProto {
         b.initializer(weights(&t("bn_mean"), &[C], seed + 4, 0.1));
         b.initializer(f32_tensor(&t("bn_var"), &[C], &[1.5; C as usize]));
         b.node("Conv", &t("conv"), &[&x, &t("w"), &t("b")], &[&t("conv")], vec![attr::ints("pads", &[1, 1, 1, 1])]);
-        b.node("BatchNormalization", &t("bn"), &[&t("conv"), &t("bn_scale"), &t("bn_bias"), &t("bn_mean"), &t("bn_var")], &[&t("bn")], vec![]);
+        b.node(
+            "BatchNormalization",
+            &t("bn"),
+            &[&t("conv"), &t("bn_scale"), &t("bn_bias"), &t("bn_mean"), &t("bn_var")],
+            &[&t("bn")],
+            vec![],
+        );
         b.node("Relu", &t("relu"), &[&t("bn")], &[&t("relu")], vec![]);
         b.node("Conv", &t("mix"), &[&t("relu"), "mix_w"], &[&t("mix")], vec![attr::ints("pads", &[1, 1, 1, 1])]);
         b.node("Add", &t("res"), &[&x, &t("mix")], &[&t("res")], vec![]);
@@ -192,7 +210,12 @@ impl PairReducer for BitForBit {
 
 /// The reference's program for `model` (`ort:cpu`, every tensor exposed), optimized with the
 /// piece size `piece_nodes` (0: whole).
-fn reference_program(model: &Model, index: &GraphIndex, feeds: &[(String, layerwise_runtime::Tensor)], piece_nodes: usize) -> OnnxProgram {
+fn reference_program(
+    model: &Model,
+    index: &GraphIndex,
+    feeds: &[(String, layerwise_runtime::Tensor)],
+    piece_nodes: usize,
+) -> OnnxProgram {
     std::env::set_var("LAYERWISE_OPTIMIZE_PIECE_NODES", piece_nodes.to_string());
     let request = RunRequest { model, index, inputs: feeds, selection: &Selection::All };
     let program = create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap();
@@ -206,11 +229,25 @@ fn in_pieces(program: &OnnxProgram) -> Option<&String> {
 
 /// The tensors of `program` that differ from `other`'s bit for bit, each run alone with
 /// optimizations disabled, as a paired session runs them.
-fn differing_alone(model: &Model, program: &OnnxProgram, other: &OnnxProgram, feeds: &[(String, layerwise_runtime::Tensor)]) -> Vec<String> {
-    let run = |p: &OnnxProgram| ModelSession::cpu_at(model, &p.proto, "ort:cpu", OptLevel::Disable).unwrap().run(feeds).unwrap();
+fn differing_alone(
+    model: &Model,
+    program: &OnnxProgram,
+    other: &OnnxProgram,
+    feeds: &[(String, layerwise_runtime::Tensor)],
+) -> Vec<String> {
+    let run = |p: &OnnxProgram| {
+        ModelSession::cpu_at(model, &p.proto, "ort:cpu", OptLevel::Disable).unwrap().run(feeds).unwrap()
+    };
     let (a, b) = (run(program), run(other));
     assert_eq!(a.len(), b.len());
-    let mut differing: Vec<String> = a.iter().filter(|(name, t)| b.get(*name).is_none_or(|u| u.dtype() != t.dtype() || u.shape != t.shape || u.to_le_bytes() != t.to_le_bytes())).map(|(name, _)| name.clone()).collect();
+    let mut differing: Vec<String> = a
+        .iter()
+        .filter(|(name, t)| {
+            b.get(*name)
+                .is_none_or(|u| u.dtype() != t.dtype() || u.shape != t.shape || u.to_le_bytes() != t.to_le_bytes())
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
     differing.sort();
     differing
 }
@@ -218,7 +255,12 @@ fn differing_alone(model: &Model, program: &OnnxProgram, other: &OnnxProgram, fe
 #[test]
 fn the_reference_optimized_in_pieces_computes_every_tensor_as_the_whole_optimized_does() {
     let _knob = KNOB.lock().unwrap_or_else(|e| e.into_inner());
-    let models = [("relu chain", relu_chain()), ("decoder", decoder(10)), ("conv network", conv_network(40)), ("FP16 islands", fp16_islands(40))];
+    let models = [
+        ("relu chain", relu_chain()),
+        ("decoder", decoder(10)),
+        ("conv network", conv_network(40)),
+        ("FP16 islands", fp16_islands(40)),
+    ];
     for (label, proto) in models {
         let model = Model::from_proto(proto, label).unwrap();
         let index = GraphIndex::build(model.graph()).unwrap();
@@ -233,7 +275,13 @@ fn the_reference_optimized_in_pieces_computes_every_tensor_as_the_whole_optimize
         let order: Vec<String> = index.computed_tensors().map(str::to_string).collect();
         assert_eq!(pieces.proto.graph.as_ref().unwrap().output.len(), order.len(), "{label}");
         let differing = differing_alone(&model, &whole, &pieces, &feeds);
-        assert!(differing.is_empty(), "{label}: {} of {} tensors differ: {:?}", differing.len(), order.len(), &differing[..differing.len().min(10)]);
+        assert!(
+            differing.is_empty(),
+            "{label}: {} of {} tensors differ: {:?}",
+            differing.len(),
+            order.len(),
+            &differing[..differing.len().min(10)]
+        );
         // And paired with the whole program in one session, as a bisect runs it. Not the FP16
         // model: its whole program names the Casts ONNX Runtime inserted, and a paired session
         // of it does not compute what it computes alone (whole against whole differs too).
@@ -245,7 +293,13 @@ fn the_reference_optimized_in_pieces_computes_every_tensor_as_the_whole_optimize
         assert!(run.unavailable.is_empty(), "{label}: {:?}", run.unavailable);
         assert_eq!(run.paired.len(), order.len(), "{label}");
         let differing = same.differing.lock().unwrap();
-        assert!(differing.is_empty(), "{label}: paired, {} of {} tensors differ: {:?}", differing.len(), order.len(), &differing[..differing.len().min(10)]);
+        assert!(
+            differing.is_empty(),
+            "{label}: paired, {} of {} tensors differ: {:?}",
+            differing.len(),
+            order.len(),
+            &differing[..differing.len().min(10)]
+        );
     }
 }
 
@@ -260,4 +314,3 @@ fn a_graph_with_a_shape_value_across_every_border_is_optimized_whole() {
     assert!(in_pieces(&program).is_none(), "{:?}", program.notes);
     assert_eq!(program.proto.graph.as_ref().unwrap().output.len(), index.computed_tensors().count());
 }
-

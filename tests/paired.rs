@@ -37,7 +37,14 @@ fn the_paired_comparison_reports_what_separate_runs_report() {
             assert_eq!(paired[key], separate[key], "{label}: {key} differs");
         }
         assert_eq!(paired["verdict"]["status"], "diverged", "{label}: these models all break");
-        assert!(paired["ref"]["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("compared in one ONNX Runtime session")), "{label}");
+        assert!(
+            paired["ref"]["notes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n.as_str().unwrap().contains("compared in one ONNX Runtime session")),
+            "{label}"
+        );
     }
 }
 
@@ -75,16 +82,30 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
 }
 
 /// `proto` with every float initializer moved into `folder/w.bin` as external data.
-fn with_external_weights(mut proto: layerwise_model::onnx::ModelProto, folder: &std::path::Path) -> layerwise_model::onnx::ModelProto {
+fn with_external_weights(
+    mut proto: layerwise_model::onnx::ModelProto,
+    folder: &std::path::Path,
+) -> layerwise_model::onnx::ModelProto {
     use layerwise_model::onnx::{tensor_proto::DataLocation, StringStringEntryProto};
     let mut data = Vec::new();
-    for t in proto.graph.as_mut().unwrap().initializer.iter_mut().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32) {
+    for t in proto
+        .graph
+        .as_mut()
+        .unwrap()
+        .initializer
+        .iter_mut()
+        .filter(|t| t.data_type() == layerwise_model::DataType::Float as i32)
+    {
         let raw = match t.raw_data.take() {
             Some(raw) => raw.to_vec(),
             None => t.float_data.drain(..).flat_map(f32::to_le_bytes).collect(),
         };
         let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-        t.external_data = vec![entry("location", "w.bin".into()), entry("offset", data.len().to_string()), entry("length", raw.len().to_string())];
+        t.external_data = vec![
+            entry("location", "w.bin".into()),
+            entry("offset", data.len().to_string()),
+            entry("length", raw.len().to_string()),
+        ];
         t.data_location = Some(DataLocation::External as i32);
         data.extend_from_slice(&raw);
     }
@@ -119,7 +140,11 @@ fn a_model_with_external_weights_pairs_and_reports_what_separate_runs_report() {
             // bits on captcha-whisperer's CRNN, verdict equal; the cause is not found.)
             assert_eq!(paired[key], inline_report[key], "{label}: {key} differs from the inline model's");
         }
-        assert_eq!(std::fs::read(dir.path().join("w.bin")).unwrap(), weights_before, "{label}: the weights file is left as it was");
+        assert_eq!(
+            std::fs::read(dir.path().join("w.bin")).unwrap(),
+            weights_before,
+            "{label}: the weights file is left as it was"
+        );
     }
 }
 
@@ -134,7 +159,18 @@ fn a_candidate_model_holding_fp16_is_compared_in_separate_runs_on_onnx_runtime_a
     let out = common::layerwise(&["convert", "m.onnx", "--to", "fp16", "--fp16-io", "-o", "m16.onnx"], dir.path());
     assert_eq!(out.status.code(), Some(0), "{}", common::text(&out));
     let run = |cand: &str, extra: &[&str], json: &str| {
-        let mut args = vec!["bisect", "m.onnx", "--cand", cand, "--cand-model", "m16.onnx", "--json", json, "--no-isolate", "--no-counterfactual"];
+        let mut args = vec![
+            "bisect",
+            "m.onnx",
+            "--cand",
+            cand,
+            "--cand-model",
+            "m16.onnx",
+            "--json",
+            json,
+            "--no-isolate",
+            "--no-counterfactual",
+        ];
         args.extend_from_slice(extra);
         let out = common::layerwise(&args, dir.path());
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", common::text(&out));
@@ -166,12 +202,16 @@ fn a_sample_set_runs_in_one_paired_session_and_reports_what_separate_runs_report
     // runs'.
     let dir = tempfile::tempdir().unwrap();
     for i in 0..5 {
-        let x = layerwise_runtime::Tensor::f32(vec![1, 256], (0..256).map(|k| ((k * 7 + i * 13) % 97) as f32 / 97.0 * (1.0 + i as f32)).collect());
+        let x = layerwise_runtime::Tensor::f32(
+            vec![1, 256],
+            (0..256).map(|k| ((k * 7 + i * 13) % 97) as f32 / 97.0 * (1.0 + i as f32)).collect(),
+        );
         layerwise_runtime::npy::write_npz(&dir.path().join(format!("s{i}.npz")), &[("x", &x)]).unwrap();
     }
     let m = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted").unwrap();
     let run = |separate_runs: bool| {
-        let mut options = BisectOptions { separate_runs, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) };
+        let mut options =
+            BisectOptions { separate_runs, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) };
         options.inputs.npz = Some(dir.path().to_path_buf());
         serde_json::to_value(bisect_model(&m, &options).unwrap().report).unwrap()
     };
@@ -182,7 +222,8 @@ fn a_sample_set_runs_in_one_paired_session_and_reports_what_separate_runs_report
     assert_eq!(paired["tensors"], separate["tensors"]);
     assert_eq!(paired["verdict"], separate["verdict"]);
     // The samples differ, so a session that handed every run the first sample's numbers fails.
-    let errors: Vec<&serde_json::Value> = paired["samples"]["runs"].as_array().unwrap().iter().map(|r| &r["worst_output_error"]).collect();
+    let errors: Vec<&serde_json::Value> =
+        paired["samples"]["runs"].as_array().unwrap().iter().map(|r| &r["worst_output_error"]).collect();
     assert!(errors.windows(2).any(|w| w[0] != w[1]), "{errors:?}");
 }
 
@@ -201,7 +242,11 @@ fn a_model_with_local_functions_pairs_and_its_calls_are_opened() {
         domain: Some("custom".into()),
         input: vec!["X".into()],
         output: vec!["Y".into()],
-        node: vec![node("Mul", "sq", &["X", "X"], &["XX"], vec![]), node("Mul", "gain", &["XX", "G"], &["Y"], vec![]), node("Constant", "g", &[], &["G"], vec![attr::tensor("value", f32_tensor("G", &[], &[300.0]))])],
+        node: vec![
+            node("Mul", "sq", &["X", "X"], &["XX"], vec![]),
+            node("Mul", "gain", &["XX", "G"], &["Y"], vec![]),
+            node("Constant", "g", &[], &["G"], vec![attr::tensor("value", f32_tensor("G", &[], &[300.0]))]),
+        ],
         opset_import: vec![OperatorSetIdProto { domain: Some(String::new()), version: Some(17) }],
         ..Default::default()
     };
@@ -220,12 +265,22 @@ fn a_model_with_local_functions_pairs_and_its_calls_are_opened() {
     assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
     let r = common::json(&dir.path().join("r.json"));
     assert_eq!(r["memory"]["comparison"], "paired", "{}", common::text(&out));
-    assert!(r["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "call/XX"), "the call's inner tensors are compared");
+    assert!(
+        r["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "call/XX"),
+        "the call's inner tensors are compared"
+    );
     assert!(r["verdict"]["first_divergent"]["node"].as_str().unwrap().starts_with("call/"), "{}", common::text(&out));
-    let fix = common::layerwise(&["fix", "fn.onnx", "--val-range", "x:10,20", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let fix = common::layerwise(
+        &["fix", "fn.onnx", "--val-range", "x:10,20", "-o", "fixed.onnx", "--json", "f.json"],
+        dir.path(),
+    );
     assert_eq!(fix.status.code(), Some(0), "{}", common::text(&fix));
     let f = common::json(&dir.path().join("f.json"));
-    assert!(f["keep_fp32"].as_array().unwrap().iter().any(|k| k.as_str().unwrap().starts_with("call/")), "{}", f["keep_fp32"]);
+    assert!(
+        f["keep_fp32"].as_array().unwrap().iter().any(|k| k.as_str().unwrap().starts_with("call/")),
+        "{}",
+        f["keep_fp32"]
+    );
     assert_eq!(f["fixed_model_check"]["pass"], true, "{}", f["fixed_model_check"]);
 }
 
@@ -271,13 +326,20 @@ fn a_paired_graph_split_into_segments_reports_what_one_session_reports() {
             assert!(out.status.code().is_some_and(|c| c <= 1), "{label}: {}", common::text(&out));
             let mut report = common::json_without_run_info(&dir.path().join(json));
             let notes = report["ref"]["notes"].as_array_mut().unwrap();
-            let at = notes.iter().position(|n| n.as_str().unwrap().starts_with("compared in ")).unwrap_or_else(|| panic!("{label}: no pairing note in {notes:?}"));
+            let at = notes
+                .iter()
+                .position(|n| n.as_str().unwrap().starts_with("compared in "))
+                .unwrap_or_else(|| panic!("{label}: no pairing note in {notes:?}"));
             (notes.remove(at).as_str().unwrap().to_string(), report)
         };
         let (one_note, one) = bisect("0", "one.json");
         let (split_note, split) = bisect("7", "split.json");
         assert!(one_note.starts_with("compared in one ONNX Runtime session"), "{label}: {one_note}");
-        let sessions: usize = split_note.strip_prefix("compared in ").and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let sessions: usize = split_note
+            .strip_prefix("compared in ")
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         assert!(sessions > 1, "{label}: {split_note}");
         assert_eq!(one["memory"]["comparison"], "paired", "{label}");
         assert!(!one["tensors"].as_array().unwrap().is_empty(), "{label}");

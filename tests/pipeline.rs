@@ -12,7 +12,10 @@ use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{create_backend, RunRequest, Tensor, TensorData};
 
 fn options(json: Option<std::path::PathBuf>) -> BisectOptions {
-    BisectOptions { outputs: layerwise_report::Outputs { json, ..Default::default() }, ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16")) }
+    BisectOptions {
+        outputs: layerwise_report::Outputs { json, ..Default::default() },
+        ..BisectOptions::new("in-memory", spec("ort:cpu"), spec("sim:fp16"))
+    }
 }
 
 fn run(backend: &str, model: &Model, inputs: &[(String, Tensor)]) -> HashMap<String, Tensor> {
@@ -68,7 +71,12 @@ fn planted_overflow_behind_drift_is_found_and_drift_is_not_blamed() {
 fn sensitive_layer_after_drift_is_named() {
     let model = Model::from_proto(planted(Ending::SoftmaxAmplification), "planted-softmax").unwrap();
     let outcome = bisect_model(&model, &options(None)).unwrap();
-    let fd = outcome.report.verdict.first_divergent.as_ref().unwrap_or_else(|| panic!("no first divergent layer:\n{}", outcome.text));
+    let fd = outcome
+        .report
+        .verdict
+        .first_divergent
+        .as_ref()
+        .unwrap_or_else(|| panic!("no first divergent layer:\n{}", outcome.text));
     assert_eq!(fd.node, "head/Softmax", "{}", outcome.text);
     // Logits near 2000 keep ~1 absolute precision in FP16: the cause is their absolute error.
     assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);
@@ -101,7 +109,8 @@ fn saved_tensors_compare_like_a_live_run() {
     replay.candidate = spec(&format!("npz:{}", dir.path().join("cand").display()));
     replay.inputs.npz = Some(dir.path().join("inputs.npz"));
     let saved = bisect_model(&model, &replay).unwrap();
-    let node = |o: &layerwise::pipeline::BisectOutcome| o.report.verdict.first_divergent.as_ref().map(|f| f.node.clone());
+    let node =
+        |o: &layerwise::pipeline::BisectOutcome| o.report.verdict.first_divergent.as_ref().map(|f| f.node.clone());
     assert_eq!(node(&saved), node(&live));
     assert_eq!(saved.report.tensors.len(), live.report.tensors.len());
     // Other inputs than the saved run's are refused rather than compared.
@@ -120,9 +129,11 @@ fn same_seed_same_report() {
         v.as_object_mut().unwrap().remove("run_info");
         v
     };
-    assert_eq!(strip(bisect_model(&model, &options(None)).unwrap()), strip(bisect_model(&model, &options(None)).unwrap()));
+    assert_eq!(
+        strip(bisect_model(&model, &options(None)).unwrap()),
+        strip(bisect_model(&model, &options(None)).unwrap())
+    );
 }
-
 
 #[test]
 fn reports_name_the_engine_layer_that_contains_the_first_divergent_node() {
@@ -145,10 +156,16 @@ fn reports_name_the_engine_layer_that_contains_the_first_divergent_node() {
     replay.candidate = spec(&format!("npz:{}", dir.path().join("cand").display()));
     replay.inputs.npz = Some(dir.path().join("inputs.npz"));
     let outcome = bisect_model(&model, &replay).unwrap();
-    let layer = outcome.report.first_divergent_detail.as_ref().unwrap().engine_layer.as_ref().expect("the engine layer");
+    let layer =
+        outcome.report.first_divergent_detail.as_ref().unwrap().engine_layer.as_ref().expect("the engine layer");
     assert_eq!(layer.name, "{ForeignNode[head/scale...merge/Mul]}");
     assert_eq!(layer.onnx_nodes, 3);
-    assert!(outcome.text.contains("inside TensorRT layer {ForeignNode[head/scale...merge/Mul]} (3 ONNX nodes fused)"), "{}", outcome.text);
+    assert!(
+        outcome.text.contains("inside TensorRT layer {ForeignNode[head/scale...merge/Mul]} (3 ONNX nodes fused)"),
+        "{}",
+        outcome.text
+    );
     let html = layerwise_report::render_html(&outcome.report);
-    assert!(html.contains(r#"<p id="engine-layer">Inside TensorRT layer <code>{ForeignNode[head/scale...merge/Mul]}</code>"#));
+    assert!(html
+        .contains(r#"<p id="engine-layer">Inside TensorRT layer <code>{ForeignNode[head/scale...merge/Mul]}</code>"#));
 }

@@ -16,14 +16,33 @@ fn a_qdq_candidate_is_judged_as_int8_and_a_relu_its_quantizer_took_over_is_paire
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&qdq_model(&w1, &w2), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     let report = json(&dir.path().join("r.json"));
     assert_eq!(report["tolerances"]["defaults_for"], "INT8", "{t}");
     assert!(t.contains("(INT8 defaults)"), "{t}");
     let notes = report["cand"]["notes"].to_string();
-    assert!(notes.contains("quantized (Q/DQ): 2 activation quantizers (2 int8 per tensor); 2 quantized weights (2 int8 per tensor)"), "{notes}");
+    assert!(
+        notes.contains(
+            "quantized (Q/DQ): 2 activation quantizers (2 int8 per tensor); 2 quantized weights (2 int8 per tensor)"
+        ),
+        "{notes}"
+    );
     // Nothing says FP16: the model holds no FP16 tensor.
     assert!(!t.contains("FP16"), "{t}");
     for said in [&report["verdict"]["summary"], &report["verdict"]["conclusions"], &report["cand"]["notes"]] {
@@ -33,7 +52,15 @@ fn a_qdq_candidate_is_judged_as_int8_and_a_relu_its_quantizer_took_over_is_paire
     // The reference's Relu output 'r' is what the clipping quantizer holds: 'r_f'.
     let pairs = report["matching"]["structure_pairs"].to_string();
     assert!(pairs.contains(r#"["h","r"]"#) && pairs.contains(r#"["r","r_f"]"#), "{pairs}");
-    let record = |name: &str| report["tensors"].as_array().unwrap().iter().find(|r| r["name"] == name).cloned().unwrap_or_else(|| panic!("'{name}' not compared: {t}"));
+    let record = |name: &str| {
+        report["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("'{name}' not compared: {t}"))
+    };
     // One int8 quantizer's noise, not a Relu's missing clipping (rel L2 above 0.5 when 'r' was
     // compared with the unclipped 'r').
     for name in ["h", "r", "y"] {
@@ -54,7 +81,21 @@ fn a_quantizer_that_does_not_clip_is_not_taken_for_a_relu() {
         n.input[2] = "z0".into();
     }
     save(&q, &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     let report = json(&dir.path().join("r.json"));
     assert!(report["matching"]["unmatched_reference"].to_string().contains(r#""r""#), "{t}");
@@ -72,25 +113,50 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     let faithful = qdq_model(&w1, &w2);
     let mut clipped = faithful.clone();
     for w in clipped.graph.as_mut().unwrap().initializer.iter_mut().filter(|w| w.name() == "sr") {
-        let s = f32::from_le_bytes(w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()));
+        let s = f32::from_le_bytes(
+            w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()),
+        );
         *w = f32_tensor("sr", &[], &[s / 16.0]);
     }
     save(&faithful, &dir.path().join("q.onnx"));
     save(&clipped, &dir.path().join("clipped.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "clipped.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
     let report = json(&dir.path().join("r.json"));
     let floor = &report["noise_floor"];
     assert_eq!(floor["rounds"], "one step of each quantizer", "{floor}");
-    assert!(floor["perturbation"].as_str().unwrap().contains("2 quantized activations given noise") && floor["perturbation"].as_str().unwrap().contains("of 2 quantized weights"), "{floor}");
+    assert!(
+        floor["perturbation"].as_str().unwrap().contains("2 quantized activations given noise")
+            && floor["perturbation"].as_str().unwrap().contains("of 2 quantized weights"),
+        "{floor}"
+    );
     assert!(floor["ratio"].as_f64().unwrap() > 10.0, "{floor}");
     let fd = &report["verdict"]["first_divergent"];
     assert_eq!(fd["node"], "relu", "{t}");
     // Named as what it is: the reference leaves the quantizer's range and is clipped.
     assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
-    assert!(detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,") && detail.contains("zero point -128") && detail.contains("2 of its 8 values (25.0%) are beyond it and clipped to its end, by up to"), "{detail}");
+    assert!(
+        detail.contains("the candidate's int8 quantizer of 'r' holds [0.0000e0,")
+            && detail.contains("zero point -128")
+            && detail.contains("2 of its 8 values (25.0%) are beyond it and clipped to its end, by up to"),
+        "{detail}"
+    );
     // Run alone with its own quantizers: the Relu the quantizer took over is that quantizer, fed
     // the reference's 'h'; it alone introduces the error (before, no chain node could be run alone:
     // "no type and shape known for 'r_f'").
@@ -99,7 +165,27 @@ fn the_floor_of_a_quantized_candidate_is_one_step_of_each_quantizer() {
     assert!(!t.contains("FP16") && !t.contains("ill-conditioned"), "{t}");
 
     // The faithful model judged at float32's tolerances: its error is the quantizers' own.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "f.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--atol",
+            "1e-6",
+            "--rtol",
+            "1e-4",
+            "--range-tol",
+            "1e-4",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged at float32's tolerances: {t}");
     let floor = &json(&dir.path().join("f.json"))["noise_floor"];
@@ -115,7 +201,13 @@ fn fp8_model(w1: &[f32], w2: &[f32]) -> ModelProto {
     b.initializer(f32_tensor("w1", &[8, 8], w1));
     b.initializer(f32_tensor("w2", &[8, 4], w2));
     b.initializer(f32_tensor("s", &[], &[1.0 / 64.0]));
-    b.initializer(TensorProto { name: Some("z8".into()), dims: vec![], data_type: Some(DataType::Float8e4m3fn as i32), int32_data: vec![0], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("z8".into()),
+        dims: vec![],
+        data_type: Some(DataType::Float8e4m3fn as i32),
+        int32_data: vec![0],
+        ..Default::default()
+    });
     b.node("QuantizeLinear", "x_q", &["x", "s", "z8"], &["x_q8"], vec![]);
     b.node("DequantizeLinear", "x_dq", &["x_q8", "s", "z8"], &["x_f"], vec![]);
     b.node("MatMul", "mm1", &["x_f", "w1"], &["h"], vec![]);
@@ -135,11 +227,28 @@ fn an_fp8_candidate_is_judged_with_fp8_tolerances_and_floor() {
     float.opset_import[0].version = Some(19);
     save(&float, &dir.path().join("m.onnx"));
     save(&fp8_model(&w1, &w2), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     let report = json(&dir.path().join("r.json"));
     assert_eq!(report["tolerances"]["defaults_for"], "FP8 E4M3", "{t}");
-    assert!(report["cand"]["notes"].to_string().contains("2 activation quantizers (2 float8 e4m3fn per tensor)"), "{t}");
+    assert!(
+        report["cand"]["notes"].to_string().contains("2 activation quantizers (2 float8 e4m3fn per tensor)"),
+        "{t}"
+    );
     assert!(!t.contains("FP16"), "{t}");
     // At float32's tolerances it diverges. The floor is float8's own rounding (relative: up to
     // half a step, at most 2^-4 of each value), measured 5.6e-2; a floor of the scale's size (1/128
@@ -147,7 +256,27 @@ fn an_fp8_candidate_is_judged_with_fp8_tolerances_and_floor() {
     // As deployed (only its output), ONNX Runtime 1.31.1's CPU provider drops the Relu before the
     // float8 quantizer (its Relu/QuantizeLinear fusion takes zero point 0 for a clipping one, true
     // of uint8 only): y errs by 9.4e-1, far above the floor, and the note gives both numbers.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "f.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--atol",
+            "1e-6",
+            "--rtol",
+            "1e-4",
+            "--range-tol",
+            "1e-4",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let report = json(&dir.path().join("f.json"));
@@ -188,7 +317,27 @@ fn a_floor_that_overflows_decides_nothing() {
     };
     save(&float("m", false), &dir.path().join("m.onnx"));
     save(&float("q", true), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--atol", "1e-6", "--rtol", "1e-4", "--range-tol", "1e-4", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--atol",
+            "1e-6",
+            "--rtol",
+            "1e-4",
+            "--range-tol",
+            "1e-4",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let report = json(&dir.path().join("r.json"));
@@ -207,20 +356,42 @@ fn the_counterfactual_of_a_quantized_candidate_keeps_the_break_unquantized() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "clipped.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let report = json(&dir.path().join("r.json"));
     let cf = &report["counterfactual"];
     assert!(cf["checks"].is_array(), "{t}\n{cf}");
-    let check = cf["checks"].as_array().unwrap().iter().find(|c| c["node"] == "relu").unwrap_or_else(|| panic!("relu not checked: {cf}"));
+    let check = cf["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["node"] == "relu")
+        .unwrap_or_else(|| panic!("relu not checked: {cf}"));
     assert!(check["explained"].as_f64().unwrap() > 0.9, "{cf}");
     // Measured 9.8e-1 and 8.5e-3: the other quantizers stay, so some error does (the float model
     // converted to FP16, which the check ran before, claimed 100%).
     let after = check["output_error_after"].as_f64().unwrap();
     assert!(after < 0.05 && after > 1e-3, "{cf}");
     let conclusion = cf["conclusion"].as_str().unwrap();
-    assert!(conclusion.contains("keeping relu") && conclusion.contains("unquantized (its quantizers removed)"), "{conclusion}");
+    assert!(
+        conclusion.contains("keeping relu") && conclusion.contains("unquantized (its quantizers removed)"),
+        "{conclusion}"
+    );
     assert!(!t.contains("FP16"), "{t}");
 }
 
@@ -238,7 +409,23 @@ fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
     let before = std::fs::read(dir.path().join("clipped.onnx")).unwrap();
-    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "clipped.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let out = layerwise(
+        &[
+            "fix",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "clipped.onnx",
+            "--val-range",
+            "x:-1,1",
+            "-o",
+            "fixed.onnx",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let report = json(&dir.path().join("f.json"));
@@ -255,8 +442,16 @@ fn fix_of_a_quantized_candidate_leaves_the_clipped_quantizer_unquantized() {
     assert_eq!(ops.iter().filter(|o| **o == "QuantizeLinear").count(), 0, "{ops:?}");
     assert!(ops.contains(&"Relu"), "{ops:?}");
     let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
-    assert_eq!(list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"], serde_json::json!(["mm2", "mm1"]), "{list}");
-    assert_eq!(list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"], serde_json::json!(["^mm2$", "^mm1$"]), "{list}");
+    assert_eq!(
+        list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"],
+        serde_json::json!(["mm2", "mm1"]),
+        "{list}"
+    );
+    assert_eq!(
+        list["modelopt.onnx.quantization.quantize"]["nodes_to_exclude"],
+        serde_json::json!(["^mm2$", "^mm1$"]),
+        "{list}"
+    );
 }
 
 /// A --cand-model that is no Q/DQ version of the model is refused with exit 2, before any output.
@@ -266,7 +461,21 @@ fn fix_refuses_a_candidate_model_that_is_not_quantized() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&float_model(&w2.repeat(2), &w1[..32]), &dir.path().join("other.onnx"));
-    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "other.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"], dir.path());
+    let out = layerwise(
+        &[
+            "fix",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "other.onnx",
+            "--val-range",
+            "x:-1,1",
+            "-o",
+            "fixed.onnx",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("fix --cand-model takes a Q/DQ version of the model") && t.contains("has none"), "{t}");
@@ -282,7 +491,21 @@ fn the_quantizer_that_alone_gives_the_error_is_named_at_fault() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&clipped_model(&w1, &w2), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let r = json(&dir.path().join("r.json"));
@@ -293,7 +516,11 @@ fn the_quantizer_that_alone_gives_the_error_is_named_at_fault() {
     let (top, together) = (each[0]["error"].as_f64().unwrap(), alone["together"].as_f64().unwrap());
     assert!(top >= 0.5 * together && together > 0.1, "{alone}");
     assert!(each[1]["error"].as_f64().unwrap() < 0.1 * together, "the input's quantizer is not at fault: {alone}");
-    assert!(r["verdict"]["summary"].as_str().unwrap().contains("(QuantizeLinear 'r_q')") || t.contains("the quantizer of") && t.contains("(QuantizeLinear 'r_q') is at fault"), "{t}");
+    assert!(
+        r["verdict"]["summary"].as_str().unwrap().contains("(QuantizeLinear 'r_q')")
+            || t.contains("the quantizer of") && t.contains("(QuantizeLinear 'r_q') is at fault"),
+        "{t}"
+    );
 }
 
 /// Beyond 256 activation quantizers, the 256 with the largest error of their own on the
@@ -307,7 +534,13 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
         let mut b = ModelBuilder::new("chain", 17);
         b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
         b.initializer(f32_tensor("c", &[], &[0.001]));
-        b.initializer(TensorProto { name: Some("z".into()), dims: vec![], data_type: Some(DataType::Int8 as i32), int32_data: vec![0], ..Default::default() });
+        b.initializer(TensorProto {
+            name: Some("z".into()),
+            dims: vec![],
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: vec![0],
+            ..Default::default()
+        });
         let mut prev = "x".to_string();
         for i in 0..n {
             let out = format!("t{i}");
@@ -317,8 +550,20 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
                 // |t| stays below 2: a step of 2/127, 1000x coarser at the planted one.
                 let scale = if i == planted { 2000.0 / 127.0 } else { 2.0 / 127.0 };
                 b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale]));
-                b.node("QuantizeLinear", &format!("q{i}"), &[&out, &format!("s{i}"), "z"], &[&format!("{out}_q")], vec![]);
-                b.node("DequantizeLinear", &format!("dq{i}"), &[&format!("{out}_q"), &format!("s{i}"), "z"], &[&format!("{out}_f")], vec![]);
+                b.node(
+                    "QuantizeLinear",
+                    &format!("q{i}"),
+                    &[&out, &format!("s{i}"), "z"],
+                    &[&format!("{out}_q")],
+                    vec![],
+                );
+                b.node(
+                    "DequantizeLinear",
+                    &format!("dq{i}"),
+                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
+                    &[&format!("{out}_f")],
+                    vec![],
+                );
                 prev = format!("{out}_f");
             }
         }
@@ -329,14 +574,33 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
     let dir = tempfile::tempdir().unwrap();
     save(&build(false), &dir.path().join("m.onnx"));
     save(&build(true), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--no-isolate", "--no-counterfactual", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--no-isolate",
+            "--no-counterfactual",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let alone = &json(&dir.path().join("r.json"))["quantizers_alone"];
     assert_eq!(alone["each"].as_array().unwrap().len(), 256, "{t}");
     let skipped = alone["not_measured"].as_array().unwrap();
     assert_eq!(skipped.len(), n - 256, "{alone}");
-    assert!(skipped[0][1].as_str().unwrap().contains("not among the 256 of the 300 with the largest error of their own"), "{alone}");
+    assert!(
+        skipped[0][1].as_str().unwrap().contains("not among the 256 of the 300 with the largest error of their own"),
+        "{alone}"
+    );
     assert_eq!(alone["each"][0]["node"], format!("q{planted}"), "{alone}");
     assert!(t.contains(&format!("(QuantizeLinear 'q{planted}') is at fault")), "{t}");
 }
@@ -351,7 +615,10 @@ fn fix_refuses_a_qoperator_candidate_and_writes_nothing() {
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&qoperator_model(&w1, &w2, 1.0), &dir.path().join("q.onnx"));
     let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"], dir.path());
+    let out = layerwise(
+        &["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(t.contains("computes with QLinearMatMul (the QOperator format"), "{t}");
@@ -368,11 +635,29 @@ fn bisect_of_a_qoperator_candidate_says_its_integer_ops_are_not_seen_inside() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&qoperator_model(&w1, &w2, 16.0), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let notes = json(&dir.path().join("r.json"))["cand"]["notes"].to_string();
-    assert!(notes.contains("1 integer ops (QLinearMatMul 'mm1': the QOperator format") && notes.contains("their inside and their own output scales are not read"), "{notes}");
+    assert!(
+        notes.contains("1 integer ops (QLinearMatMul 'mm1': the QOperator format")
+            && notes.contains("their inside and their own output scales are not read"),
+        "{notes}"
+    );
     assert!(!notes.contains("computed in float32 between its quantizers"), "{notes}");
 }
 
@@ -382,7 +667,10 @@ fn a_quantized_cand_model_without_cand_runs_as_deployed_on_ort_cpu_not_through_t
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&qdq_model(&w1, &w2), &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     assert!(t.contains("layerwise: the candidate model is quantized (2 activation quantizers (2 int8 per tensor); 2 quantized weights (2 int8 per tensor)): the candidate is ort:cpu"), "{t}");
@@ -390,11 +678,31 @@ fn a_quantized_cand_model_without_cand_runs_as_deployed_on_ort_cpu_not_through_t
     assert_eq!(report["cand"]["spec"], "ort:cpu", "{t}");
     assert_eq!(report["tolerances"]["defaults_for"], "INT8", "{t}");
     // The same as naming the deployed runtime.
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "named.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "named.json",
+        ],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
-    assert_eq!(common::json_without_run_info(&dir.path().join("r.json")), common::json_without_run_info(&dir.path().join("named.json")));
+    assert_eq!(
+        common::json_without_run_info(&dir.path().join("r.json")),
+        common::json_without_run_info(&dir.path().join("named.json"))
+    );
     // A float --cand-model keeps the FP16 emulation as default.
-    let out = layerwise(&["bisect", "m.onnx", "--cand-model", "m.onnx", "--val-range", "x:-1,1", "--json", "float.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand-model", "m.onnx", "--val-range", "x:-1,1", "--json", "float.json"],
+        dir.path(),
+    );
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     assert_eq!(json(&dir.path().join("float.json"))["cand"]["spec"], "sim:fp16");
 }

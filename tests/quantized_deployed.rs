@@ -20,7 +20,13 @@ const LOGITS: [[f32; 8]; 4] = [
 ];
 
 fn int_tensor(name: &str, data_type: DataType, value: i32) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: vec![], data_type: Some(data_type as i32), int32_data: vec![value], ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(data_type as i32),
+        int32_data: vec![value],
+        ..Default::default()
+    }
 }
 
 /// x[4,8] -> Softmax -> y.
@@ -96,7 +102,10 @@ fn deployed_and_exposed(dir: &std::path::Path, model: &str, feeds: &[(String, Te
     let r = reference();
     let deployed = rel_l2(&candidate_output(&dir.join(model), feeds, false), &r);
     let exposed = rel_l2(&candidate_output(&dir.join(model), feeds, true), &r);
-    assert!(deployed > 1.5 * exposed, "the fused kernel must differ measurably: deployed {deployed:.3e}, exposed {exposed:.3e}");
+    assert!(
+        deployed > 1.5 * exposed,
+        "the fused kernel must differ measurably: deployed {deployed:.3e}, exposed {exposed:.3e}"
+    );
     (deployed, exposed)
 }
 
@@ -111,16 +120,27 @@ fn bisect_reports_the_output_error_of_the_candidate_as_deployed() {
     let dir = tempfile::tempdir().unwrap();
     let feeds = write_case(dir.path());
     let (deployed, exposed) = deployed_and_exposed(dir.path(), "q.onnx", &feeds);
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--inputs", "x.npz", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--inputs", "x.npz", "--json", "r.json"],
+        dir.path(),
+    );
     let t = text(&out);
     assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
     let report = json(&dir.path().join("r.json"));
-    let y = report["tensors"].as_array().unwrap().iter().find(|r| r["name"] == "y").unwrap_or_else(|| panic!("no record of y: {report}"));
+    let y = report["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "y")
+        .unwrap_or_else(|| panic!("no record of y: {report}"));
     let reported = y["metrics"]["rel_l2_err"].as_f64().unwrap();
     assert!(close(reported, deployed), "reported {reported:.4e}, deployed {deployed:.4e}, exposed {exposed:.4e}");
     let notes = report["cand"]["notes"].to_string();
     let both = format!("'y' {deployed:.2e} as deployed, {exposed:.2e} exposed");
-    assert!(notes.contains("Q/DQ fusions and integer kernels, as the user runs it") && notes.contains(&both), "{both} not in {notes}");
+    assert!(
+        notes.contains("Q/DQ fusions and integer kernels, as the user runs it") && notes.contains(&both),
+        "{both} not in {notes}"
+    );
 }
 
 /// fix's check of the written model is a deployed run, and its before/after numbers are the
@@ -131,7 +151,23 @@ fn fix_checks_the_written_model_as_deployed() {
     let dir = tempfile::tempdir().unwrap();
     let feeds = write_case(dir.path());
     let (deployed, exposed) = deployed_and_exposed(dir.path(), "q.onnx", &feeds);
-    let out = layerwise(&["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--inputs", "x.npz", "-o", "fixed.onnx", "--json", "f.json"], dir.path());
+    let out = layerwise(
+        &[
+            "fix",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--inputs",
+            "x.npz",
+            "-o",
+            "fixed.onnx",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     let report = json(&dir.path().join("f.json"));

@@ -37,7 +37,11 @@ fn float_model(w1: &[f32], c: &[f32], w2: &[f32]) -> ModelProto {
 fn qdq_model(w1: &[f32], c: &[f32], w2: &[f32], hs_scale: f32) -> ModelProto {
     let s1 = max_abs(w1) / 127.0;
     // |hs_j| <= 8 max_k |w1_kj| |c_j| for x in [-1, 1].
-    let shs = (0..8).map(|j| 8.0 * max_abs(&(0..8).map(|k| w1[k * 8 + j]).collect::<Vec<_>>()) * c[j].abs()).fold(0f32, f32::max) / 127.0 * hs_scale;
+    let shs = (0..8)
+        .map(|j| 8.0 * max_abs(&(0..8).map(|k| w1[k * 8 + j]).collect::<Vec<_>>()) * c[j].abs())
+        .fold(0f32, f32::max)
+        / 127.0
+        * hs_scale;
     let mut b = ModelBuilder::new("mlp_int8", 17);
     b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
     b.initializer(int8_tensor("w1_q", &[8, 8], &w1.iter().map(|v| (v / s1).round() as i32).collect::<Vec<_>>()));
@@ -65,7 +69,21 @@ fn bisect(float: &ModelProto, quantized: &ModelProto) -> (serde_json::Value, Str
     let dir = tempfile::tempdir().unwrap();
     save(float, &dir.path().join("m.onnx"));
     save(quantized, &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "diverged: {t}");
     let report = json(&dir.path().join("r.json"));
@@ -94,7 +112,12 @@ fn a_scale_shrunk_16x_is_clipping_with_the_values_counted() {
     assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     eprintln!("{detail}");
-    assert!(detail.contains("int8 quantizer of its input 'hs' holds [") && detail.contains("of its 32 values (") && detail.contains("are beyond it and clipped to its end, by up to"), "{detail}");
+    assert!(
+        detail.contains("int8 quantizer of its input 'hs' holds [")
+            && detail.contains("of its 32 values (")
+            && detail.contains("are beyond it and clipped to its end, by up to"),
+        "{detail}"
+    );
     assert!(!detail.contains("not measured") && !detail.contains("not counted"), "{detail}");
     no_fp16(&report, &t);
 }
@@ -116,9 +139,22 @@ fn one_channel_1000x_larger_before_a_per_tensor_quantizer_is_an_outlier_step() {
     assert_eq!(fd["cause"]["kind"], "quantizer_outlier_step", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     eprintln!("{detail}");
-    assert!(detail.contains("int8 per-tensor quantizer of its input 'hs' has one step of") && detail.contains("in channel 0, while every other channel (28 values) stays within"), "{detail}");
-    assert!(detail.contains("and that step rounds 28 of its 32 values (87.5%) to 0") && detail.contains("with a step fit to the bulk"), "{detail}");
-    assert!(report["verdict"]["conclusions"].to_string().contains("'hs' (step 6.09e1 forced by outliers, taken as 1.21e-2)"), "{t}");
+    assert!(
+        detail.contains("int8 per-tensor quantizer of its input 'hs' has one step of")
+            && detail.contains("in channel 0, while every other channel (28 values) stays within"),
+        "{detail}"
+    );
+    assert!(
+        detail.contains("and that step rounds 28 of its 32 values (87.5%) to 0")
+            && detail.contains("with a step fit to the bulk"),
+        "{detail}"
+    );
+    assert!(
+        report["verdict"]["conclusions"]
+            .to_string()
+            .contains("'hs' (step 6.09e1 forced by outliers, taken as 1.21e-2)"),
+        "{t}"
+    );
     no_fp16(&report, &t);
 }
 
@@ -142,11 +178,19 @@ fn a_per_tensor_weight_with_one_channel_1000x_larger_is_named_with_its_channels(
     eprintln!("{detail}");
     assert!(detail.contains("MatMul 'mm1', which computes this node's input, reads weight 'w1', stored int8 with one scale for the whole tensor") && detail.contains("8 output channels (axis 1)"), "{detail}");
     assert!(detail.contains("7 of them stay below 2 steps"), "{detail}");
-    assert!(report["verdict"]["conclusions"].to_string().contains("'w1' (one scale 7.61e0 for channels 1401x apart, taken per channel)"), "{t}");
+    assert!(
+        report["verdict"]["conclusions"]
+            .to_string()
+            .contains("'w1' (one scale 7.61e0 for channels 1401x apart, taken per channel)"),
+        "{t}"
+    );
     // The weights' share is measured: every weight quantizer on and the activations float gives
     // most of the candidate's error, and the verdict says no activation quantizer removes it.
     let alone = &report["quantizers_alone"];
-    let (weights, candidate) = (alone["weights_together"].as_f64().unwrap_or_else(|| panic!("{alone}")), alone["candidate_error"].as_f64().unwrap());
+    let (weights, candidate) = (
+        alone["weights_together"].as_f64().unwrap_or_else(|| panic!("{alone}")),
+        alone["candidate_error"].as_f64().unwrap(),
+    );
     assert!(weights >= 0.5 * candidate, "{alone}");
     assert!(t.contains("the weights' rounding carries much of the error"), "{t}");
     no_fp16(&report, &t);
@@ -163,7 +207,13 @@ fn fp8_models(w1: &[f32], w2: &[f32], scale: f32) -> (ModelProto, ModelProto) {
         b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
         let read = if quantized {
             b.initializer(f32_tensor("s", &[], &[scale]));
-            b.initializer(TensorProto { name: Some("z8".into()), dims: vec![], data_type: Some(DataType::Float8e4m3fn as i32), int32_data: vec![0], ..Default::default() });
+            b.initializer(TensorProto {
+                name: Some("z8".into()),
+                dims: vec![],
+                data_type: Some(DataType::Float8e4m3fn as i32),
+                int32_data: vec![0],
+                ..Default::default()
+            });
             b.node("QuantizeLinear", "h_q", &["h", "s", "z8"], &["h_q8"], vec![]);
             b.node("DequantizeLinear", "h_dq", &["h_q8", "s", "z8"], &["h_f"], vec![]);
             "h_f"
@@ -191,7 +241,11 @@ fn an_fp8_quantizer_too_small_is_judged_as_fp8_and_its_clipping_counted() {
     assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     eprintln!("{detail}");
-    assert!(detail.contains("float8 e4m3fn quantizer of its input 'h' holds [-4.3750e-1, 4.3750e-1]") && detail.contains("are beyond it and clipped"), "{detail}");
+    assert!(
+        detail.contains("float8 e4m3fn quantizer of its input 'h' holds [-4.3750e-1, 4.3750e-1]")
+            && detail.contains("are beyond it and clipped"),
+        "{detail}"
+    );
     no_fp16(&report, &t);
 }
 
@@ -244,7 +298,11 @@ fn a_zero_point_that_shifts_a_one_sided_range_is_named_with_the_codes_unused() {
     assert_eq!(fd["cause"]["kind"], "quantizer_zero_point", "{t}");
     let detail = fd["cause"]["detail"].as_str().unwrap();
     eprintln!("{detail}");
-    assert!(detail.contains("int8 quantizer of its input 'r' has zero point 120") && detail.contains("while the reference's values are never negative (0.0000e0 to"), "{detail}");
+    assert!(
+        detail.contains("int8 quantizer of its input 'r' has zero point 120")
+            && detail.contains("while the reference's values are never negative (0.0000e0 to"),
+        "{detail}"
+    );
     assert!(detail.contains("they take codes 120 to ") && detail.contains("of its 256 codes, and 9") && detail.contains("% of the codes are never used; a zero point of -128 keeping its end at 7.9094e0 would give a step of 3.1017e-2, 36.4x finer"), "{detail}");
     no_fp16(&report, &t);
 }
@@ -257,7 +315,21 @@ fn a_zero_point_at_the_end_of_a_one_sided_range_passes() {
     let dir = tempfile::tempdir().unwrap();
     save(&float, &dir.path().join("m.onnx"));
     save(&quantized, &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(!t.contains("zero point"), "{t}");
@@ -278,7 +350,13 @@ fn layernorm_models() -> (ModelProto, ModelProto) {
         b.node("Add", "add_eps", &["var", "eps"], &["ve"], vec![]);
         let ve = if quantized {
             b.initializer(f32_tensor("sv", &[], &[1.0 / 255.0]));
-            b.initializer(TensorProto { name: Some("zv".into()), dims: vec![], data_type: Some(DataType::Uint8 as i32), int32_data: vec![0], ..Default::default() });
+            b.initializer(TensorProto {
+                name: Some("zv".into()),
+                dims: vec![],
+                data_type: Some(DataType::Uint8 as i32),
+                int32_data: vec![0],
+                ..Default::default()
+            });
             b.node("QuantizeLinear", "ve_q", &["ve", "sv", "zv"], &["ve_q8"], vec![]);
             b.node("DequantizeLinear", "ve_dq", &["ve_q8", "sv", "zv"], &["ve_f"], vec![]);
             "ve_f"
@@ -301,7 +379,21 @@ fn a_denominator_quantized_to_0_is_named_with_the_values_it_rounds_away() {
     let dir = tempfile::tempdir().unwrap();
     save(&float, &dir.path().join("m.onnx"));
     save(&quantized, &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let report = json(&dir.path().join("r.json"));
@@ -350,7 +442,21 @@ fn an_integer_accumulator_that_passes_2_to_the_31_is_named_with_its_sums() {
     let dir = tempfile::tempdir().unwrap();
     save(&float, &dir.path().join("m.onnx"));
     save(&quantized, &dir.path().join("q.onnx"));
-    let out = layerwise(&["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:0.99,1", "--json", "r.json"], dir.path());
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:0.99,1",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
     let report = json(&dir.path().join("r.json"));
@@ -376,7 +482,11 @@ fn a_requantization_that_saturates_is_clipping_named_as_the_requantization() {
         b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
         b.initializer(f32_tensor("w2", &[8, 4], &w2));
         let (x, w) = if quantized {
-            b.initializer(int8_tensor("w1_q", &[8, 8], &w1.iter().map(|v| (v / s1).round() as i32).collect::<Vec<_>>()));
+            b.initializer(int8_tensor(
+                "w1_q",
+                &[8, 8],
+                &w1.iter().map(|v| (v / s1).round() as i32).collect::<Vec<_>>(),
+            ));
             b.initializer(f32_tensor("s1", &[], &[s1]));
             b.initializer(f32_tensor("sx", &[], &[1.0 / 127.0]));
             b.initializer(int8_tensor("z0", &[], &[0]));

@@ -29,7 +29,8 @@ struct Wheel {
 const PPOCR: &str = "rapidocr-onnxruntime==1.4.4";
 const DET: Wheel = Wheel { requirement: PPOCR, member: "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx" };
 const REC: Wheel = Wheel { requirement: PPOCR, member: "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx" };
-const CLS: Wheel = Wheel { requirement: PPOCR, member: "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx" };
+const CLS: Wheel =
+    Wheel { requirement: PPOCR, member: "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx" };
 const MAGIKA: Wheel = Wheel { requirement: "magika==1.0.3", member: "magika/models/standard_v3_3/model.onnx" };
 const SILERO: Wheel = Wheel { requirement: "silero-vad==6.2.3", member: "silero_vad/data/silero_vad.onnx" };
 const YOLOV8N: Wheel = Wheel { requirement: "nudenet==3.4.2", member: "nudenet/320n.onnx" };
@@ -68,35 +69,151 @@ enum Inputs {
 
 const CASES: &[Case] = &[
     // rapidocr's detector input: (pixels / 255 - 0.5) / 0.5.
-    Case { name: "ppocrv4_det fp16", wheel: &DET, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "x:1x3x640x640", "--val-range", "x:-1,1", "--repro", "repro"] },
-    Case { name: "ppocrv4_det fix fp16", wheel: &DET, inputs: Inputs::Random, setup: &[], args: &["fix", "MODEL", "--input-shape", "x:1x3x640x640", "--val-range", "x:-1,1", "-o", "fixed.onnx"] },
+    Case {
+        name: "ppocrv4_det fp16",
+        wheel: &DET,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "x:1x3x640x640", "--val-range", "x:-1,1", "--repro", "repro"],
+    },
+    Case {
+        name: "ppocrv4_det fix fp16",
+        wheel: &DET,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["fix", "MODEL", "--input-shape", "x:1x3x640x640", "--val-range", "x:-1,1", "-o", "fixed.onnx"],
+    },
     // The model as layerwise converts it, evaluated in its own types.
     Case {
         name: "ppocrv4_det cand-model fp16",
         wheel: &DET,
         inputs: Inputs::Random,
         setup: &["convert", "MODEL", "--to", "fp16", "-o", "det16.onnx", "--quiet"],
-        args: &["bisect", "MODEL", "--input-shape", "x:1x3x640x640", "--val-range", "x:-1,1", "--cand", "ort:cpu", "--cand-model", "det16.onnx"],
+        args: &[
+            "bisect",
+            "MODEL",
+            "--input-shape",
+            "x:1x3x640x640",
+            "--val-range",
+            "x:-1,1",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "det16.onnx",
+        ],
     },
-    Case { name: "ppocrv4_rec fp16", wheel: &REC, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x320", "--val-range", "x:-1,1"] },
+    Case {
+        name: "ppocrv4_rec fp16",
+        wheel: &REC,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x320", "--val-range", "x:-1,1"],
+    },
     // Refused with the command to use: opset 12 has no per-channel int8 Q/DQ.
-    Case { name: "ppocrv4_rec int8", wheel: &REC, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x320", "--val-range", "x:-1,1", "--cand", "sim:int8"] },
-    Case { name: "ppocr_cls fp16", wheel: &CLS, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x192", "--val-range", "x:-1,1"] },
+    Case {
+        name: "ppocrv4_rec int8",
+        wheel: &REC,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x320", "--val-range", "x:-1,1", "--cand", "sim:int8"],
+    },
+    Case {
+        name: "ppocr_cls fp16",
+        wheel: &CLS,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x192", "--val-range", "x:-1,1"],
+    },
     // 2048 bytes, 256 = padding.
-    Case { name: "magika fp16", wheel: &MAGIKA, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "bytes:1x2048", "--val-range", "bytes:0,256"] },
-    Case { name: "magika fix fp16", wheel: &MAGIKA, inputs: Inputs::Random, setup: &[], args: &["fix", "MODEL", "--input-shape", "bytes:1x2048", "--val-range", "bytes:0,256", "-o", "fixed.onnx"] },
-    Case { name: "silero_vad fp16", wheel: &SILERO, inputs: Inputs::VadChunk, setup: &[], args: &["bisect", "MODEL", "--inputs", "INPUTS"] },
-    Case { name: "silero_vad int8", wheel: &SILERO, inputs: Inputs::VadChunk, setup: &[], args: &["bisect", "MODEL", "--inputs", "INPUTS", "--cand", "sim:int8"] },
-    Case { name: "silero_vad fix int8", wheel: &SILERO, inputs: Inputs::VadChunk, setup: &[], args: &["fix", "MODEL", "--inputs", "INPUTS", "--cand", "sim:int8", "-o", "fixed.onnx"] },
+    Case {
+        name: "magika fp16",
+        wheel: &MAGIKA,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "bytes:1x2048", "--val-range", "bytes:0,256"],
+    },
+    Case {
+        name: "magika fix fp16",
+        wheel: &MAGIKA,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["fix", "MODEL", "--input-shape", "bytes:1x2048", "--val-range", "bytes:0,256", "-o", "fixed.onnx"],
+    },
+    Case {
+        name: "silero_vad fp16",
+        wheel: &SILERO,
+        inputs: Inputs::VadChunk,
+        setup: &[],
+        args: &["bisect", "MODEL", "--inputs", "INPUTS"],
+    },
+    Case {
+        name: "silero_vad int8",
+        wheel: &SILERO,
+        inputs: Inputs::VadChunk,
+        setup: &[],
+        args: &["bisect", "MODEL", "--inputs", "INPUTS", "--cand", "sim:int8"],
+    },
+    Case {
+        name: "silero_vad fix int8",
+        wheel: &SILERO,
+        inputs: Inputs::VadChunk,
+        setup: &[],
+        args: &["fix", "MODEL", "--inputs", "INPUTS", "--cand", "sim:int8", "-o", "fixed.onnx"],
+    },
     // nudenet: pixels / 255, letterboxed to 320.
-    Case { name: "yolov8n fp16", wheel: &YOLOV8N, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "images:1x3x320x320", "--val-range", "images:0,1"] },
-    Case { name: "yolov8n int8", wheel: &YOLOV8N, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "images:1x3x320x320", "--val-range", "images:0,1", "--cand", "sim:int8"] },
+    Case {
+        name: "yolov8n fp16",
+        wheel: &YOLOV8N,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "images:1x3x320x320", "--val-range", "images:0,1"],
+    },
+    Case {
+        name: "yolov8n int8",
+        wheel: &YOLOV8N,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &[
+            "bisect",
+            "MODEL",
+            "--input-shape",
+            "images:1x3x320x320",
+            "--val-range",
+            "images:0,1",
+            "--cand",
+            "sim:int8",
+        ],
+    },
     // BGR pixels minus the VGG means (104, 117, 123).
-    Case { name: "open_nsfw fp16", wheel: &NSFW, inputs: Inputs::Random, setup: &[], args: &["bisect", "MODEL", "--input-shape", "input_0:1x224x224x3", "--val-range", "input_0:-123,151"] },
+    Case {
+        name: "open_nsfw fp16",
+        wheel: &NSFW,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &["bisect", "MODEL", "--input-shape", "input_0:1x224x224x3", "--val-range", "input_0:-123,151"],
+    },
     // The attention mask's bias is float32's lowest value in a Constant: beyond FP16 and BF16.
-    Case { name: "minilm fp16", wheel: &MINILM, inputs: Inputs::Tokens, setup: &[], args: &["bisect", "MODEL", "--inputs", "INPUTS"] },
-    Case { name: "minilm bf16", wheel: &MINILM, inputs: Inputs::Tokens, setup: &[], args: &["bisect", "MODEL", "--inputs", "INPUTS", "--cand", "sim:bf16"] },
-    Case { name: "minilm fix fp16", wheel: &MINILM, inputs: Inputs::Tokens, setup: &[], args: &["fix", "MODEL", "--inputs", "INPUTS", "-o", "fixed.onnx"] },
+    Case {
+        name: "minilm fp16",
+        wheel: &MINILM,
+        inputs: Inputs::Tokens,
+        setup: &[],
+        args: &["bisect", "MODEL", "--inputs", "INPUTS"],
+    },
+    Case {
+        name: "minilm bf16",
+        wheel: &MINILM,
+        inputs: Inputs::Tokens,
+        setup: &[],
+        args: &["bisect", "MODEL", "--inputs", "INPUTS", "--cand", "sim:bf16"],
+    },
+    Case {
+        name: "minilm fix fp16",
+        wheel: &MINILM,
+        inputs: Inputs::Tokens,
+        setup: &[],
+        args: &["fix", "MODEL", "--inputs", "INPUTS", "-o", "fixed.onnx"],
+    },
 ];
 
 fn cache() -> PathBuf {
@@ -118,9 +235,20 @@ fn model_path(wheel: &Wheel) -> PathBuf {
         .arg(download.path())
         .arg(wheel.requirement)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run '{python} -m pip' to fetch {}: {e} (install Python with pip)", wheel.requirement));
-    assert!(out.status.success(), "pip download {} failed: {}", wheel.requirement, String::from_utf8_lossy(&out.stderr));
-    let whl = std::fs::read_dir(download.path()).unwrap().map(|e| e.unwrap().path()).find(|p| p.extension().is_some_and(|x| x == "whl")).expect("pip wrote a wheel");
+        .unwrap_or_else(|e| {
+            panic!("cannot run '{python} -m pip' to fetch {}: {e} (install Python with pip)", wheel.requirement)
+        });
+    assert!(
+        out.status.success(),
+        "pip download {} failed: {}",
+        wheel.requirement,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let whl = std::fs::read_dir(download.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .expect("pip wrote a wheel");
     let mut archive = zip::ZipArchive::new(std::fs::File::open(&whl).unwrap()).unwrap();
     for i in 0..archive.len() {
         let mut entry = archive.by_index(i).unwrap();
@@ -153,7 +281,8 @@ fn write_inputs(kind: Inputs, path: &Path) {
             layerwise_runtime::npy::write_npz(path, &[("input_ids", &ids), ("attention_mask", &mask)]).unwrap();
         }
         Inputs::VadChunk => {
-            let audio = Tensor::new(vec![1, 512], TensorData::F32((0..512).map(|_| rng.random_range(-1.0..1.0)).collect()));
+            let audio =
+                Tensor::new(vec![1, 512], TensorData::F32((0..512).map(|_| rng.random_range(-1.0..1.0)).collect()));
             let state = Tensor::new(vec![2, 1, 128], TensorData::F32(vec![0.0; 256]));
             let rate = Tensor::new(vec![], TensorData::I64(vec![16000]));
             layerwise_runtime::npy::write_npz(path, &[("input", &audio), ("state", &state), ("sr", &rate)]).unwrap();
@@ -197,18 +326,23 @@ fn observe(case: &Case, dir: &Path) -> Value {
     if code == Some(2) {
         assert!(!dir.join("report.json").exists(), "{}: exit 2 wrote a report", case.name);
         // The first line of the error, without the paths of this machine.
-        let line = t.lines().find(|l| l.starts_with("error:")).unwrap_or("").replace(&model.display().to_string(), "MODEL");
+        let line =
+            t.lines().find(|l| l.starts_with("error:")).unwrap_or("").replace(&model.display().to_string(), "MODEL");
         seen["error"] = json!(line);
         return seen;
     }
-    let r: Value = serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap_or_else(|e| panic!("{}: no report ({e}): {t}", case.name))).unwrap();
+    let r: Value = serde_json::from_slice(
+        &std::fs::read(dir.join("report.json")).unwrap_or_else(|e| panic!("{}: no report ({e}): {t}", case.name)),
+    )
+    .unwrap();
     if case.args[0] == "fix" {
         seen["status"] = r["status"].clone();
         seen["keep_fp32"] = json!(r["keep_fp32"].as_array().map_or(0, Vec::len));
         seen["fixed_model_fp32_nodes"] = json!(r["fixed_model_fp32_nodes"].as_array().map_or(0, Vec::len));
         let check = &r["fixed_model_check"];
         seen["written_model_pass"] = check["pass"].clone();
-        seen["written_model_rel_l2"] = largest(check["outputs"].as_array().into_iter().flatten().map(|o| &o["after_rel_l2"]));
+        seen["written_model_rel_l2"] =
+            largest(check["outputs"].as_array().into_iter().flatten().map(|o| &o["after_rel_l2"]));
     } else {
         let v = &r["verdict"];
         seen["status"] = v["status"].clone();
@@ -239,7 +373,9 @@ fn agrees(seen: &Value, expected: &Value) -> bool {
             let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
             (a - b).abs() <= 0.05 * b.abs().max(1e-12)
         }
-        (Value::Object(a), Value::Object(b)) => a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| agrees(v, w))),
+        (Value::Object(a), Value::Object(b)) => {
+            a.len() == b.len() && a.iter().all(|(k, v)| b.get(k).is_some_and(|w| agrees(v, w)))
+        }
         (Value::Array(a), Value::Array(b)) => a.len() == b.len() && a.iter().zip(b).all(|(v, w)| agrees(v, w)),
         _ => seen == expected,
     }
@@ -273,7 +409,11 @@ fn real_models_give_their_recorded_verdicts() {
     for name in expected.as_object().unwrap().keys().filter(|k| !seen.as_object().unwrap().contains_key(*k)) {
         wrong.push(format!("{name}: expected, but no case runs it"));
     }
-    assert!(wrong.is_empty(), "the real models' verdicts changed (a change on purpose: LAYERWISE_BLESS=1, then review the diff):\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "the real models' verdicts changed (a change on purpose: LAYERWISE_BLESS=1, then review the diff):\n{}",
+        wrong.join("\n")
+    );
 }
 
 /// The README's example: the command in its first `console` block, run in a folder holding the
@@ -282,9 +422,14 @@ fn real_models_give_their_recorded_verdicts() {
 #[ignore = "fetches real models from PyPI wheels with pip (once, into layerwise's cache); .ci/run turns it on"]
 fn the_readme_example_prints_what_the_readme_shows() {
     let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let block = readme.split("```console\n").nth(1).and_then(|b| b.split("```").next()).expect("README.md has a ```console block");
+    let block = readme
+        .split("```console\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("README.md has a ```console block");
     let mut lines = block.lines();
-    let command = lines.next().and_then(|l| l.strip_prefix("$ layerwise ")).expect("the block starts with '$ layerwise ...'");
+    let command =
+        lines.next().and_then(|l| l.strip_prefix("$ layerwise ")).expect("the block starts with '$ layerwise ...'");
     let shown: Vec<&str> = lines.map(str::trim_end).filter(|l| !l.is_empty()).collect();
     let dir = tempfile::tempdir().unwrap();
     for wheel in MODELS {

@@ -11,7 +11,20 @@ fn all_formats_from_one_run_and_from_the_saved_report() {
     common::save(&common::planted(common::Ending::ExpOverflow), &d.join("m.onnx"));
     let p = |n: &str| d.join(n).display().to_string();
     let run = layerwise(
-        &["bisect", &p("m.onnx"), "--json", &p("r.json"), "--html", &p("r.html"), "--markdown", &p("r.md"), "--csv", &p("r.csv"), "--model-explorer", &p("me.json")],
+        &[
+            "bisect",
+            &p("m.onnx"),
+            "--json",
+            &p("r.json"),
+            "--html",
+            &p("r.html"),
+            "--markdown",
+            &p("r.md"),
+            "--csv",
+            &p("r.csv"),
+            "--model-explorer",
+            &p("me.json"),
+        ],
         d,
     );
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
@@ -24,7 +37,10 @@ fn all_formats_from_one_run_and_from_the_saved_report() {
         assert!(html.contains(&format!("id=\"{id}\"")), "missing #{id}");
     }
     assert!(html.contains("head/Exp") && html.contains("FP16 max 65504"));
-    assert!(!html.contains("http://") && !html.contains("https://") && !html.contains("src=\""), "the HTML loads nothing from outside");
+    assert!(
+        !html.contains("http://") && !html.contains("https://") && !html.contains("src=\""),
+        "the HTML loads nothing from outside"
+    );
     let table = &html[html.find("id=\"tensor-table\"").unwrap()..];
     assert_eq!(table.matches("<tr class=").count(), tensors, "one table row per tensor");
 
@@ -43,12 +59,31 @@ fn all_formats_from_one_run_and_from_the_saved_report() {
     assert_eq!(me["thresholds"].as_array().unwrap().len(), 4);
 
     // The same files from the saved JSON.
-    let later = layerwise(&["report", &p("r.json"), "--html", &p("l.html"), "--markdown", &p("l.md"), "--csv", &p("l.csv"), "--model-explorer", &p("l.json")], d);
+    let later = layerwise(
+        &[
+            "report",
+            &p("r.json"),
+            "--html",
+            &p("l.html"),
+            "--markdown",
+            &p("l.md"),
+            "--csv",
+            &p("l.csv"),
+            "--model-explorer",
+            &p("l.json"),
+        ],
+        d,
+    );
     assert_eq!(later.status.code(), Some(0), "{}", text(&later));
     for (a, b) in [("r.html", "l.html"), ("r.md", "l.md"), ("r.csv", "l.csv"), ("me.json", "l.json")] {
         let (x, y) = (std::fs::read_to_string(d.join(a)).unwrap(), std::fs::read_to_string(d.join(b)).unwrap());
         let at = x.chars().zip(y.chars()).position(|(p, q)| p != q).unwrap_or(x.len().min(y.len()));
-        assert!(x == y, "{a} and {b} differ at char {at}: {:?} vs {:?}", x.chars().skip(at.saturating_sub(40)).take(80).collect::<String>(), y.chars().skip(at.saturating_sub(40)).take(80).collect::<String>());
+        assert!(
+            x == y,
+            "{a} and {b} differ at char {at}: {:?} vs {:?}",
+            x.chars().skip(at.saturating_sub(40)).take(80).collect::<String>(),
+            y.chars().skip(at.saturating_sub(40)).take(80).collect::<String>()
+        );
     }
     // Bad input to `report`.
     std::fs::write(d.join("not.json"), "{ nope").unwrap();

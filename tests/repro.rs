@@ -24,7 +24,14 @@ fn the_repro_shows_the_error_on_the_candidate_and_matches_on_the_reference() {
     assert_eq!(r["repro"]["reproduces"], true);
     assert!(t.contains("repro: repro (1 node(s); the candidate's error shows there too)"), "{t}");
     let repro = dir.path().join("repro");
-    for file in ["model.onnx", "inputs.npz", "README.md", "test_data_set_0/input_0.pb", "test_data_set_0/output_0.pb", "candidate_outputs/output_0.pb"] {
+    for file in [
+        "model.onnx",
+        "inputs.npz",
+        "README.md",
+        "test_data_set_0/input_0.pb",
+        "test_data_set_0/output_0.pb",
+        "candidate_outputs/output_0.pb",
+    ] {
         assert!(repro.join(file).is_file(), "{file} written");
     }
     let readme = std::fs::read_to_string(repro.join("README.md")).unwrap();
@@ -32,13 +39,19 @@ fn the_repro_shows_the_error_on_the_candidate_and_matches_on_the_reference() {
     assert!(readme.contains("layerwise bisect model.onnx --ref ort:cpu --cand sim:fp16 --inputs inputs.npz --atol 1e-4 --rtol 1e-2 --range-tol 1e-2"), "{readme}");
 
     // The candidate on the repro: the same node breaks, for the same reason.
-    let out = layerwise(&["bisect", "model.onnx", "--cand", "sim:fp16", "--inputs", "inputs.npz", "--json", "again.json"], &repro);
+    let out = layerwise(
+        &["bisect", "model.onnx", "--cand", "sim:fp16", "--inputs", "inputs.npz", "--json", "again.json"],
+        &repro,
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let again = json(&repro.join("again.json"));
     assert_eq!(again["verdict"]["first_divergent"]["node"], "head/Exp");
     assert_eq!(again["verdict"]["first_divergent"]["cause"]["kind"], "value_overflow");
     // The reference on the repro gives the recorded outputs, value for value.
-    let out = layerwise(&["bisect", "model.onnx", "--cand", "ort:cpu", "--inputs", "inputs.npz", "--save-tensors", "saved"], &repro);
+    let out = layerwise(
+        &["bisect", "model.onnx", "--cand", "ort:cpu", "--inputs", "inputs.npz", "--save-tensors", "saved"],
+        &repro,
+    );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     let expected = pb(&repro.join("test_data_set_0/output_0.pb"));
     assert_eq!(saved_tensor(&repro.join("saved/ref"), "exp"), expected);

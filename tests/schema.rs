@@ -38,7 +38,10 @@ fn assert_valid(validator: &jsonschema::Validator, doc: &Value, what: &str) {
 
 #[test]
 fn the_published_schemas_are_the_ones_the_types_derive() {
-    for (file, schema) in [(REPORT_SCHEMA_FILE, layerwise_report::report_schema()), (FIX_SCHEMA_FILE, layerwise_report::fix_report_schema())] {
+    for (file, schema) in [
+        (REPORT_SCHEMA_FILE, layerwise_report::report_schema()),
+        (FIX_SCHEMA_FILE, layerwise_report::fix_report_schema()),
+    ] {
         jsonschema::meta::validate(&schema).unwrap_or_else(|e| panic!("{file} is not a valid JSON Schema: {e}"));
         let path = root().join("docs/schema").join(file);
         let derived = serde_json::to_string_pretty(&schema).unwrap() + "\n";
@@ -47,7 +50,9 @@ fn the_published_schemas_are_the_ones_the_types_derive() {
             std::fs::write(&path, &derived).unwrap();
             continue;
         }
-        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test schema)", path.display()));
+        let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test schema)", path.display())
+        });
         assert!(committed == derived, "{} is not the schema the types derive; review the change and rewrite it with LAYERWISE_BLESS=1 cargo test --test schema", path.display());
     }
 }
@@ -55,7 +60,10 @@ fn the_published_schemas_are_the_ones_the_types_derive() {
 /// A `run_info` for the golden files, which leave theirs out (it is the one part that changes
 /// from run to run); the fresh runs below carry their own.
 fn with_run_info(mut doc: Value) -> Value {
-    doc.as_object_mut().unwrap().insert("run_info".into(), json!({ "generated_at_unix_s": 0, "durations_s": [["compare", 0.25]], "peak_memory_mib": null }));
+    doc.as_object_mut().unwrap().insert(
+        "run_info".into(),
+        json!({ "generated_at_unix_s": 0, "durations_s": [["compare", 0.25]], "peak_memory_mib": null }),
+    );
     doc
 }
 
@@ -97,17 +105,40 @@ fn small_loop() -> ModelProto {
     let mut b = ModelBuilder::new("loop", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
     b.initializer(layerwise_model::builder::i64_tensor("trips", &[], &[3]));
-    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("go".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Mul", "grow", &["v_in", "k"], &["v_out"], vec![]), node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![])],
+        node: vec![
+            node("Mul", "grow", &["v_in", "k"], &["v_out"], vec![]),
+            node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![]),
+        ],
         initializer: vec![f32_tensor("k", &[1], &[1.5])],
         input: vec![
-            ValueInfoProto { name: Some("i".into()), r#type: Some(tensor_type(DataType::Int64, Some(&[]))), ..Default::default() },
-            ValueInfoProto { name: Some("cond_in".into()), r#type: Some(tensor_type(DataType::Bool, Some(&[]))), ..Default::default() },
+            ValueInfoProto {
+                name: Some("i".into()),
+                r#type: Some(tensor_type(DataType::Int64, Some(&[]))),
+                ..Default::default()
+            },
+            ValueInfoProto {
+                name: Some("cond_in".into()),
+                r#type: Some(tensor_type(DataType::Bool, Some(&[]))),
+                ..Default::default()
+            },
             value("v_in", None),
         ],
-        output: vec![ValueInfoProto { name: Some("cond_out".into()), r#type: Some(tensor_type(DataType::Bool, Some(&[]))), ..Default::default() }, value("v_out", None)],
+        output: vec![
+            ValueInfoProto {
+                name: Some("cond_out".into()),
+                r#type: Some(tensor_type(DataType::Bool, Some(&[]))),
+                ..Default::default()
+            },
+            value("v_out", None),
+        ],
         ..Default::default()
     };
     b.node("Loop", "steps", &["trips", "go", "x"], &["y"], vec![layerwise_model::builder::attr::graph("body", body)]);
@@ -151,12 +182,35 @@ fn reports_with_every_optional_section_match_the_schema() {
     let (w1, w2) = (common::quantized::weights(64, 1), common::quantized::weights(32, 2));
     save(&common::quantized::float_model(&w1, &w2), &d.join("mlp.onnx"));
     save(&common::quantized::clipped_model(&w1, &w2), &d.join("mlp_int8.onnx"));
-    run(&["bisect", "mlp.onnx", "--cand", "ort:cpu", "--cand-model", "mlp_int8.onnx", "--val-range", "x:-1,1", "--json", "quantized.json"], d);
+    run(
+        &[
+            "bisect",
+            "mlp.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "mlp_int8.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--json",
+            "quantized.json",
+        ],
+        d,
+    );
     run(&["fix", "demo.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
 
     let report = validator(&layerwise_report::report_schema());
     let mut seen = BTreeSet::new();
-    for name in ["samples.json", "part0.json", "part1.json", "merged.json", "search.json", "matching.json", "loop.json", "quantized.json"] {
+    for name in [
+        "samples.json",
+        "part0.json",
+        "part1.json",
+        "merged.json",
+        "search.json",
+        "matching.json",
+        "loop.json",
+        "quantized.json",
+    ] {
         let doc = json(&d.join(name));
         assert_valid(&report, &doc, name);
         seen.extend(doc.as_object().unwrap().iter().filter(|(_, v)| !v.is_null()).map(|(k, _)| k.clone()));
@@ -194,7 +248,12 @@ fn broken_reports_are_rejected_and_non_finite_numbers_are_accepted() {
     let demo = with_run_info(json(&root().join("tests/golden/demo/bisect.json")));
     assert_valid(&report, &demo, "the demo's report");
     // The three spellings of non-finite numbers are numbers.
-    for (pointer, v) in [("/tensors/0/metrics/cosine", "nan"), ("/tensors/0/metrics/max_abs_err", "inf"), ("/tensors/0/metrics/snr_db", "-inf"), ("/noise_floor/ratio", "inf")] {
+    for (pointer, v) in [
+        ("/tensors/0/metrics/cosine", "nan"),
+        ("/tensors/0/metrics/max_abs_err", "inf"),
+        ("/tensors/0/metrics/snr_db", "-inf"),
+        ("/noise_floor/ratio", "inf"),
+    ] {
         assert_valid(&report, &edited(&demo, pointer, Some(json!(v))), &format!("{pointer} = {v:?}"));
     }
     let broken: &[(&str, Option<Value>)] = &[
@@ -227,8 +286,16 @@ fn broken_reports_are_rejected_and_non_finite_numbers_are_accepted() {
     let fix = validator(&layerwise_report::fix_report_schema());
     let demo_fix = with_run_info(json(&root().join("tests/golden/demo/fix.json")));
     assert_valid(&fix, &demo_fix, "the demo's fix report");
-    for (pointer, new) in [("/status", Some(json!("nearly"))), ("/outputs/0/after_rel_l2", Some(json!("fast"))), ("/keep_fp32", None), ("/run_info", None)] {
-        assert!(!fix.is_valid(&edited(&demo_fix, pointer, new.clone())), "fix report: {pointer} = {new:?} passes the schema");
+    for (pointer, new) in [
+        ("/status", Some(json!("nearly"))),
+        ("/outputs/0/after_rel_l2", Some(json!("fast"))),
+        ("/keep_fp32", None),
+        ("/run_info", None),
+    ] {
+        assert!(
+            !fix.is_valid(&edited(&demo_fix, pointer, new.clone())),
+            "fix report: {pointer} = {new:?} passes the schema"
+        );
     }
 }
 
@@ -273,6 +340,7 @@ fn every_field_of_the_schemas_is_in_report_format_md() {
     property_names(&layerwise_report::report_schema(), &mut names);
     property_names(&layerwise_report::fix_report_schema(), &mut names);
     assert!(names.len() > 100, "{} field names", names.len());
-    let missing: Vec<&String> = names.iter().filter(|n| !doc.contains(&format!("`{n}`")) && !doc.contains(&format!(".{n}`"))).collect();
+    let missing: Vec<&String> =
+        names.iter().filter(|n| !doc.contains(&format!("`{n}`")) && !doc.contains(&format!(".{n}`"))).collect();
     assert!(missing.is_empty(), "docs/report-format.md does not define {missing:?}");
 }

@@ -18,11 +18,25 @@ fn four_shards_merged_are_the_single_run_byte_for_byte_apart_from_run_info() {
     for i in 0..4 {
         let shard = format!("{i}/4");
         let json = format!("part{i}.json");
-        let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
+        let out =
+            layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     }
     // Any order of the partials.
-    let out = layerwise(&["merge", "part2.json", "part0.json", "part3.json", "part1.json", "--json", "merged.json", "--html", "merged.html"], dir.path());
+    let out = layerwise(
+        &[
+            "merge",
+            "part2.json",
+            "part0.json",
+            "part3.json",
+            "part1.json",
+            "--json",
+            "merged.json",
+            "--html",
+            "merged.html",
+        ],
+        dir.path(),
+    );
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "the merged verdict decides the exit code: {t}");
     let full = json_without_run_info(&dir.path().join("full.json"));
@@ -44,7 +58,8 @@ fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     write_demo_samples(&dir.path().join("samples"));
     for i in 0..2 {
         let (shard, json) = (format!("{i}/2"), format!("p{i}.json"));
-        let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
+        let out =
+            layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     }
     let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--json", "full.json"], dir.path());
@@ -53,9 +68,14 @@ fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     std::fs::create_dir(dir.path().join("others")).unwrap();
     for entry in std::fs::read_dir(dir.path().join("samples")).unwrap() {
         let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join("others").join(format!("o{}", path.file_name().unwrap().to_string_lossy()))).unwrap();
+        std::fs::copy(
+            &path,
+            dir.path().join("others").join(format!("o{}", path.file_name().unwrap().to_string_lossy())),
+        )
+        .unwrap();
     }
-    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "others", "--shard", "1/2", "--json", "o1.json"], dir.path());
+    let out =
+        layerwise(&["bisect", "demo.onnx", "--inputs", "others", "--shard", "1/2", "--json", "o1.json"], dir.path());
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["merge", "p0.json", "--json", "m.json"], "shard 1/2 is missing"),
@@ -88,12 +108,23 @@ fn progress_shows_as_plain_lines_where_stderr_is_no_terminal() {
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(err.contains("layerwise: sample 1 of 7 (s0.npz)"), "{err}");
     assert!(err.contains("layerwise: sample 7 of 7 (s6.npz), about"), "an estimate once a sample is done: {err}");
-    assert!(err.lines().any(|l| l.contains("sample 3 of 7 (s2.npz), about") && l.contains(" s left: ")), "steps carry the sample: {err}");
+    assert!(
+        err.lines().any(|l| l.contains("sample 3 of 7 (s2.npz), about") && l.contains(" s left: ")),
+        "steps carry the sample: {err}"
+    );
     let quiet = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--quiet"], d);
-    assert!(!String::from_utf8_lossy(&quiet.stderr).contains("layerwise: "), "{}", String::from_utf8_lossy(&quiet.stderr));
+    assert!(
+        !String::from_utf8_lossy(&quiet.stderr).contains("layerwise: "),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
     let fix = layerwise(&["fix", "demo.onnx"], d);
     let err = String::from_utf8_lossy(&fix.stderr).to_string();
-    assert!(err.contains("layerwise: candidate run 1 (keeping 0 nodes in FP32)") && err.contains("layerwise: candidate run 2"), "{err}");
+    assert!(
+        err.contains("layerwise: candidate run 1 (keeping 0 nodes in FP32)")
+            && err.contains("layerwise: candidate run 2"),
+        "{err}"
+    );
 }
 
 /// The demo model in `d`, and three seeded samples of small values (all within tolerance) in
@@ -129,7 +160,6 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
     }
 }
 
-
 /// Found by the independent tester (stop 49): a sample whose inputs hold NaN, inside a set,
 /// passed with "rel L2 0" and no word, where a run of that sample alone warns. Its run now says
 /// how many input values are not finite, in the JSON and on the terminal; the others say nothing.
@@ -147,10 +177,14 @@ fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
     assert!(out.status.code().is_some_and(|c| c <= 1), "{}", text(&out));
     let r = json_without_run_info(&d.join("r.json"));
     let runs = r["samples"]["runs"].as_array().unwrap();
-    let flagged: Vec<(&str, u64)> = runs.iter().filter_map(|run| Some((run["sample"].as_str()?, run.get("nonfinite_inputs")?.as_u64()?))).collect();
+    let flagged: Vec<(&str, u64)> =
+        runs.iter().filter_map(|run| Some((run["sample"].as_str()?, run.get("nonfinite_inputs")?.as_u64()?))).collect();
     assert_eq!(flagged, vec![("s1.npz", 41)], "only the sample with NaN/inf inputs, with their count: {runs:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find(|l| l.trim_start().starts_with("s1.npz")).unwrap_or_else(|| panic!("a line for s1.npz: {stdout}"));
+    let line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("s1.npz"))
+        .unwrap_or_else(|| panic!("a line for s1.npz: {stdout}"));
     assert!(line.contains("WARNING: 41 NaN/inf input values"), "{line}");
     assert!(!stdout.lines().any(|l| l.trim_start().starts_with("s0.npz") && l.contains("WARNING")), "{stdout}");
 }
@@ -165,9 +199,15 @@ fn an_output_that_is_nan_on_both_sides_is_not_called_within_tolerance() {
     save(&layerwise::demo::demo_model(), &d.join("demo.onnx"));
     let x = layerwise_runtime::Tensor::f32(vec![1, 8, 64], vec![f32::NAN; 8 * 64]);
     layerwise_runtime::npy::write_npz(&d.join("nan.npz"), &[("x", &x)]).unwrap();
-    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"], d);
+    let out = layerwise(
+        &["bisect", "demo.onnx", "--inputs", "nan.npz", "--json", "r.json", "--html", "r.html", "--markdown", "r.md"],
+        d,
+    );
     let t = text(&out);
-    assert!(t.contains("VERDICT: PASS - nothing judged: every value of 'logits', 'features' is NaN or inf on both sides"), "{t}");
+    assert!(
+        t.contains("VERDICT: PASS - nothing judged: every value of 'logits', 'features' is NaN or inf on both sides"),
+        "{t}"
+    );
     assert!(!t.contains("within tolerance"), "no output is called within tolerance: {t}");
     let r = json_without_run_info(&d.join("r.json"));
     assert_eq!(r["outputs"][0]["unjudged"], true, "{}", r["outputs"]);
@@ -225,14 +265,25 @@ fn a_data_loader_script_gives_the_samples() {
     )
     .unwrap();
     let python_path = common::numpy_for_tests();
-    let layerwise = |args: &[&str], cwd: &Path| Command::new(env!("CARGO_BIN_EXE_layerwise")).args(args).current_dir(cwd).env("PYTHONPATH", &python_path).output().unwrap();
+    let layerwise = |args: &[&str], cwd: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_layerwise"))
+            .args(args)
+            .current_dir(cwd)
+            .env("PYTHONPATH", &python_path)
+            .output()
+            .unwrap()
+    };
     let out = layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--json", "r.json"], d);
     assert_eq!(out.status.code(), Some(1), "the loud samples diverge: {}", text(&out));
     let r = json_without_run_info(&d.join("r.json"));
     assert_eq!(r["samples"]["count"], 3, "{}", r["samples"]);
     // The samples' scratch folder has a new name each run; the report names the script (found by
     // the independent tester, stop 49: two identical runs differed there).
-    assert!(r["inputs"][0]["source"].as_str().is_some_and(|s| s.starts_with("data loader loader.py: ")), "{}", r["inputs"]);
+    assert!(
+        r["inputs"][0]["source"].as_str().is_some_and(|s| s.starts_with("data loader loader.py: ")),
+        "{}",
+        r["inputs"]
+    );
     layerwise(&["bisect", "demo.onnx", "--data-loader-script", "loader.py", "--json", "again.json"], d);
     assert_eq!(json_without_run_info(&d.join("again.json")), r, "the same run, the same report");
     let out = layerwise(&["fix", "demo.onnx", "--data-loader-script", "loader.py:quiet", "--json", "f.json"], d);
@@ -247,7 +298,11 @@ fn a_data_loader_script_gives_the_samples() {
 /// `--devices` on the CPU: the same spreading over jobs run at once (there one per GPU), so that
 /// the shared queue, the one follow-up run and the merged report are checked without a GPU.
 fn spread_options(dir: &Path) -> layerwise::pipeline::BisectOptions {
-    let mut options = layerwise::pipeline::BisectOptions::new(dir.join("demo.onnx"), common::spec("ort:cpu"), common::spec("sim:fp16"));
+    let mut options = layerwise::pipeline::BisectOptions::new(
+        dir.join("demo.onnx"),
+        common::spec("ort:cpu"),
+        common::spec("sim:fp16"),
+    );
     options.inputs.npz = Some(dir.join("samples"));
     options
 }
@@ -262,9 +317,16 @@ fn samples_spread_over_jobs_at_once_report_what_one_run_reports() {
     let jobs = (0..3).map(|j| (format!("job {j}"), options.clone())).collect();
     let mut spread = layerwise::pipeline::devices::spread_over_jobs(&options, jobs).unwrap();
     let note = spread.cand.notes.pop().unwrap();
-    assert!(note.starts_with("7 samples spread over 3 jobs at once with --devices, taken from one queue (job 0 ran "), "{note}");
+    assert!(
+        note.starts_with("7 samples spread over 3 jobs at once with --devices, taken from one queue (job 0 ran "),
+        "{note}"
+    );
     let counts = note.split_once('(').and_then(|(_, rest)| rest.split_once(')')).unwrap().0;
-    let ran: usize = counts.split(" ran ").skip(1).map(|s| s.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse::<usize>().unwrap()).sum();
+    let ran: usize = counts
+        .split(" ran ")
+        .skip(1)
+        .map(|s| s.split(|c: char| !c.is_ascii_digit()).next().unwrap().parse::<usize>().unwrap())
+        .sum();
     assert_eq!(ran, 7, "every sample once: {note}");
     assert!(note.contains("the steps after the walk ran once, on job "), "{note}");
     let without_run_info = |r: &layerwise_report::Report| {
@@ -283,8 +345,13 @@ fn a_job_that_fails_stops_the_others_and_its_error_is_reported() {
     save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
     write_demo_samples(&dir.path().join("samples"));
     let options = spread_options(dir.path());
-    let broken = layerwise::pipeline::BisectOptions { cand_model: Some(dir.path().join("absent.onnx")), ..options.clone() };
-    let jobs = vec![("job 0".to_string(), options.clone()), ("job 1".to_string(), broken), ("job 2".to_string(), options.clone())];
+    let broken =
+        layerwise::pipeline::BisectOptions { cand_model: Some(dir.path().join("absent.onnx")), ..options.clone() };
+    let jobs = vec![
+        ("job 0".to_string(), options.clone()),
+        ("job 1".to_string(), broken),
+        ("job 2".to_string(), options.clone()),
+    ];
     let error = layerwise::pipeline::devices::spread_over_jobs(&options, jobs).unwrap_err();
     let text = format!("{error:#}");
     assert!(text.starts_with("the job on job 1: ") && text.contains("absent.onnx"), "{text}");

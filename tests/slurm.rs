@@ -24,7 +24,10 @@ fn docs_show_exactly_the_slurm_scripts_the_test_submits() {
     for path in SCRIPTS {
         let script = std::fs::read_to_string(repo().join(path)).unwrap();
         let block = format!("`{path}`:\n\n```sh\n{script}```\n");
-        assert!(docs.contains(&block), "docs/bisect.md must show {path} as it is: a line `{path}`: and a ```sh block with the file's text");
+        assert!(
+            docs.contains(&block),
+            "docs/bisect.md must show {path} as it is: a line `{path}`: and a ```sh block with the file's text"
+        );
     }
 }
 
@@ -48,7 +51,9 @@ fn job_lines(id: &str) -> Vec<String> {
 
 fn field<'a>(line: &'a str, name: &str) -> &'a str {
     let prefix = format!("{name}=");
-    line.split_whitespace().find_map(|w| w.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no {name} in: {line}"))
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in: {line}"))
 }
 
 /// The jobs' output, for a failure's message.
@@ -93,7 +98,10 @@ fn the_documented_array_job_and_merge_on_slurm_give_the_single_runs_report() {
         .unwrap();
     let said = text(&submit);
     assert!(submit.status.success(), "submit.sh: {said}");
-    let ids: Vec<&str> = ["shards=", "merge="].iter().map(|k| said.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in: {said}"))).collect();
+    let ids: Vec<&str> = ["shards=", "merge="]
+        .iter()
+        .map(|k| said.split_whitespace().find_map(|w| w.strip_prefix(k)).unwrap_or_else(|| panic!("no {k} in: {said}")))
+        .collect();
     let (shards_job, merge_job) = (ids[0], ids[1]);
     let out = dir.path().join("out");
 
@@ -124,13 +132,23 @@ fn the_documented_array_job_and_merge_on_slurm_give_the_single_runs_report() {
     }
     let merge = job_lines(merge_job);
     assert_eq!(merge.len(), 1, "{merge:?}");
-    assert_eq!((field(&merge[0], "JobState"), field(&merge[0], "ExitCode")), ("FAILED", "1:0"), "{}\n{}", merge[0], logs(&out));
+    assert_eq!(
+        (field(&merge[0], "JobState"), field(&merge[0], "ExitCode")),
+        ("FAILED", "1:0"),
+        "{}\n{}",
+        merge[0],
+        logs(&out)
+    );
 
     let parts: Vec<_> = (0..SHARDS).map(|i| out.join(format!("parts/part-{i}.json"))).collect();
     assert!(parts.iter().all(|p| p.is_file()), "{parts:?}\n{}", logs(&out));
     let single = json_without_run_info(&dir.path().join("single.json"));
     let merged = json_without_run_info(&out.join("report.json"));
-    assert_eq!(serde_json::to_string(&single).unwrap(), serde_json::to_string(&merged).unwrap(), "merged on Slurm = single run");
+    assert_eq!(
+        serde_json::to_string(&single).unwrap(),
+        serde_json::to_string(&merged).unwrap(),
+        "merged on Slurm = single run"
+    );
     assert_eq!(merged["samples"]["count"], 7);
     assert!(out.join("report.html").is_file());
     let (all, slurm) = (started.elapsed().as_secs_f64(), on_slurm.as_secs_f64());

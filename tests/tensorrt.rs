@@ -5,7 +5,6 @@
 //! LAYERWISE_TRT_LIB_DIR (`.ci/run` does).
 #![cfg(feature = "tensorrt")]
 
-
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::{DataType, GraphIndex, Model, Selection};
 use layerwise_runtime::trt::{build_engine, TrtOptions};
@@ -30,15 +29,29 @@ fn engines_build_on_this_machine_and_map_back_to_onnx_nodes() {
     std::env::set_var("LAYERWISE_CACHE_DIR", cache.path());
     for model in [conv_clip(), Model::from_proto(layerwise::demo::demo_model(), "demo").unwrap()] {
         let index = GraphIndex::build(model.graph()).unwrap();
-        let shapes = [("x".to_string(), if model.path.to_string_lossy() == "demo" { vec![1, 8, 64] } else { vec![1, 8, 16, 16] })];
-        let built = build_engine(&model, &index, &Selection::All, &shapes, &TrtOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+        let shapes = [(
+            "x".to_string(),
+            if model.path.to_string_lossy() == "demo" { vec![1, 8, 64] } else { vec![1, 8, 16, 16] },
+        )];
+        let built = build_engine(&model, &index, &Selection::All, &shapes, &TrtOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(built.size > 0 && !built.from_cache);
-        assert_eq!(built.marked.len() + built.not_exposable.len(), index.nodes.len(), "every tensor marked, or reported as not exposable");
+        assert_eq!(
+            built.marked.len() + built.not_exposable.len(),
+            index.nodes.len(),
+            "every tensor marked, or reported as not exposable"
+        );
         assert!(built.marked.len() * 2 > index.nodes.len(), "{:?} not exposable", built.not_exposable);
         assert!(!built.layers.is_empty());
         // Every ONNX node is computed by some engine layer, named as layerwise names it.
         for node in &index.nodes {
-            assert!(built.layer_of(&node.name).is_some(), "{}: node '{}' in no layer: {:?}", model.path.display(), node.name, built.layers);
+            assert!(
+                built.layer_of(&node.name).is_some(),
+                "{}: node '{}' in no layer: {:?}",
+                model.path.display(),
+                node.name,
+                built.layers
+            );
         }
         let again = build_engine(&model, &index, &Selection::All, &shapes, &TrtOptions::default()).unwrap();
         assert!(again.from_cache, "the second build comes from the engine cache");

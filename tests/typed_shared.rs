@@ -11,7 +11,13 @@ use layerwise_runtime::{Backend, BackendSpec, RunRequest, Tensor, TensorData};
 
 fn f16_tensor(name: &str, dims: &[i64], values: &[f32]) -> TensorProto {
     let raw: Vec<u8> = values.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
-    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Float16 as i32), raw_data: Some(raw.into()), ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Float16 as i32),
+        raw_data: Some(raw.into()),
+        ..Default::default()
+    }
 }
 
 /// Small integers: every product and sum below is exact in FP16 and float32.
@@ -44,7 +50,10 @@ fn nodes_alike_in_a_shared_session_each_compute_from_their_own_weights_and_const
     let model = Model::from_proto(b.build(), "alike").unwrap();
     let index = GraphIndex::build(model.graph()).unwrap();
     let x = values(N, 0);
-    let feeds = vec![("x".to_string(), Tensor::new(vec![1, N], TensorData::F16(x.iter().map(|&v| half::f16::from_f32(v)).collect())))];
+    let feeds = vec![(
+        "x".to_string(),
+        Tensor::new(vec![1, N], TensorData::F16(x.iter().map(|&v| half::f16::from_f32(v)).collect())),
+    )];
     let mut typed = TypedBackend::new(&BackendSpec::ort_cpu(), None);
     let got = |name: &str, out: &layerwise_runtime::RunOutput| out.tensors[name].to_f32().into_owned();
     let a = matmul(&x, &w1, N);
@@ -55,7 +64,9 @@ fn nodes_alike_in_a_shared_session_each_compute_from_their_own_weights_and_const
     assert_ne!(c1, c2, "the two constants give different values");
     // Twice on one backend: the second run reuses the first run's sessions.
     for run in 0..2 {
-        let out = typed.run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::All }).unwrap();
+        let out = typed
+            .run(&RunRequest { model: &model, index: &index, inputs: &feeds, selection: &Selection::All })
+            .unwrap();
         assert_eq!(got("a", &out), a, "run {run}: the first MatMul");
         assert_eq!(got("b", &out), b, "run {run}: the second MatMul, from its own weight");
         assert_eq!(got("c1", &out), c1, "run {run}: the first Add");

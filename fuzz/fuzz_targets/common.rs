@@ -35,7 +35,10 @@ pub struct Input {
     pub select: Vec<u8>,
 }
 
-const OPS: &[&str] = &["Add", "MatMul", "Conv", "Relu", "Cast", "If", "Loop", "Pow", "Softmax", "Constant", "Identity", "Shape", "Reshape", "Custom"];
+const OPS: &[&str] = &[
+    "Add", "MatMul", "Conv", "Relu", "Cast", "If", "Loop", "Pow", "Softmax", "Constant", "Identity", "Shape",
+    "Reshape", "Custom",
+];
 const ATTRS: &[&str] = &["axis", "to", "keepdims", "group", "axes"];
 
 pub fn seeds() -> Vec<ModelProto> {
@@ -71,7 +74,11 @@ pub fn seeds() -> Vec<ModelProto> {
 }
 
 fn value(name: &str, elem: DataType) -> layerwise_model::onnx::ValueInfoProto {
-    layerwise_model::onnx::ValueInfoProto { name: Some(name.into()), r#type: Some(layerwise_model::builder::tensor_type(elem, None)), ..Default::default() }
+    layerwise_model::onnx::ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(layerwise_model::builder::tensor_type(elem, None)),
+        ..Default::default()
+    }
 }
 
 /// An If (two branches reading an outer tensor), a Loop with a scan output and a Scan: what the
@@ -82,14 +89,25 @@ fn control_flow_seed() -> ModelProto {
     b.input("c", DataType::Bool, &[]);
     b.initializer(f32_tensor("k", &[1], &[3.0]));
     b.initializer(i64_tensor("trips", &[], &[3]));
-    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("go".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     let branch = |name: &str, op: &str| GraphProto {
         name: Some(name.into()),
         node: vec![node(op, &format!("{name}/op"), &["x", "k"], &[&format!("{name}_out")], vec![])],
         output: vec![value(&format!("{name}_out"), DataType::Float)],
         ..Default::default()
     };
-    b.node("If", "choose", &["c"], &["chosen"], vec![attr::graph("then_branch", branch("then", "Mul")), attr::graph("else_branch", branch("else", "Add"))]);
+    b.node(
+        "If",
+        "choose",
+        &["c"],
+        &["chosen"],
+        vec![attr::graph("then_branch", branch("then", "Mul")), attr::graph("else_branch", branch("else", "Add"))],
+    );
     let body = GraphProto {
         name: Some("body".into()),
         node: vec![
@@ -98,19 +116,32 @@ fn control_flow_seed() -> ModelProto {
             node("Identity", "record", &["v_out"], &["trace_v"], vec![]),
         ],
         input: vec![value("i", DataType::Int64), value("cond_in", DataType::Bool), value("v_in", DataType::Float)],
-        output: vec![value("cond_out", DataType::Bool), value("v_out", DataType::Float), value("trace_v", DataType::Float)],
+        output: vec![
+            value("cond_out", DataType::Bool),
+            value("v_out", DataType::Float),
+            value("trace_v", DataType::Float),
+        ],
         ..Default::default()
     };
     b.node("Loop", "steps", &["trips", "go", "chosen"], &["v_final", "trace"], vec![attr::graph("body", body)]);
     let scan_body = GraphProto {
         name: Some("scan_body".into()),
-        node: vec![node("Add", "acc", &["s_in", "row"], &["s_out"], vec![]), node("Identity", "emit", &["s_out"], &["e"], vec![])],
+        node: vec![
+            node("Add", "acc", &["s_in", "row"], &["s_out"], vec![]),
+            node("Identity", "emit", &["s_out"], &["e"], vec![]),
+        ],
         input: vec![value("s_in", DataType::Float), value("row", DataType::Float)],
         output: vec![value("s_out", DataType::Float), value("e", DataType::Float)],
         ..Default::default()
     };
     b.node("Squeeze", "flat", &["v_final"], &["v0"], vec![]);
-    b.node("Scan", "running", &["v0", "trace"], &["total", "sums"], vec![attr::int("num_scan_inputs", 1), attr::graph("body", scan_body)]);
+    b.node(
+        "Scan",
+        "running",
+        &["v0", "trace"],
+        &["total", "sums"],
+        vec![attr::int("num_scan_inputs", 1), attr::graph("body", scan_body)],
+    );
     b.output("total", DataType::Float);
     b.output("sums", DataType::Float);
     b.build()
@@ -148,13 +179,21 @@ pub fn apply(proto: &mut ModelProto, edit: &Edit) {
             let t = pick(*tensor);
             let n = &mut graph.node[*node as usize % nodes];
             let s = *slot as usize % (n.input.len() + 1);
-            if s == n.input.len() { n.input.push(t) } else { n.input[s] = t }
+            if s == n.input.len() {
+                n.input.push(t)
+            } else {
+                n.input[s] = t
+            }
         }
         Edit::SetOutput { node, slot, tensor } if !graph.node.is_empty() => {
             let t = pick(*tensor);
             let n = &mut graph.node[*node as usize % nodes];
             let s = *slot as usize % (n.output.len() + 1);
-            if s == n.output.len() { n.output.push(t) } else { n.output[s] = t }
+            if s == n.output.len() {
+                n.output.push(t)
+            } else {
+                n.output[s] = t
+            }
         }
         Edit::SetGraphOutput { slot, tensor } if !graph.output.is_empty() => {
             let len = graph.output.len();
@@ -183,8 +222,13 @@ pub fn apply(proto: &mut ModelProto, edit: &Edit) {
             // Mostly the real data file beside the model (so loading, streaming and FP16 rounding
             // of external weights run), sometimes an arbitrary location.
             let location = if location.len() % 4 == 0 { DATA_FILE.to_string() } else { location.clone() };
-            let (offset, length) = if location == DATA_FILE { (offset % DATA_LEN, length % (DATA_LEN + 8)) } else { (*offset, *length) };
-            t.external_data = vec![entry("location", location), entry("offset", offset.to_string()), entry("length", length.to_string())];
+            let (offset, length) =
+                if location == DATA_FILE { (offset % DATA_LEN, length % (DATA_LEN + 8)) } else { (*offset, *length) };
+            t.external_data = vec![
+                entry("location", location),
+                entry("offset", offset.to_string()),
+                entry("length", length.to_string()),
+            ];
             t.data_location = Some(DataLocation::External as i32);
         }
         Edit::SetIntAttr { node, name, value } if !graph.node.is_empty() => {
@@ -228,4 +272,3 @@ pub fn data_folder() -> &'static std::path::PathBuf {
         dir
     })
 }
-

@@ -25,9 +25,15 @@ fuzz_target!(|input: ExtractInput| {
     if index.nodes.is_empty() {
         return;
     }
-    let groups: Vec<Vec<String>> = input.groups.iter().take(4).map(|g| g.iter().take(6).map(|&i| index.nodes[i as usize % index.nodes.len()].name.clone()).collect()).collect();
+    let groups: Vec<Vec<String>> = input
+        .groups
+        .iter()
+        .take(4)
+        .map(|g| g.iter().take(6).map(|&i| index.nodes[i as usize % index.nodes.len()].name.clone()).collect())
+        .collect();
     let untyped = input.untyped;
-    let types = |t: &str| (t.len() % 7 != untyped as usize % 7).then(|| TensorType { elem: DataType::Float, dims: vec![1, 4] });
+    let types =
+        |t: &str| (t.len() % 7 != untyped as usize % 7).then(|| TensorType { elem: DataType::Float, dims: vec![1, 4] });
     if let Ok(extraction) = extract_groups(&model, &index, &groups, &types) {
         let graph = extraction.proto.graph.as_ref().expect("a graph");
         GraphIndex::build(graph).expect("an extracted graph indexes");

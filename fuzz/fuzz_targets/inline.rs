@@ -25,8 +25,12 @@ fuzz_target!(|input: InlineInput| {
     let Ok(index) = GraphIndex::build(graph) else { return };
     let _ = with_body_copies(&proto);
     let mut taken = HashMap::new();
-    for (n, (branch, iterations)) in index.nodes.iter().filter(|n| n.has_subgraphs).zip(input.decisions.iter().cycle()) {
-        taken.insert(n.name.clone(), if n.op_type == "If" { Taken::Branch(*branch) } else { Taken::Iterations(*iterations as usize % 9) });
+    for (n, (branch, iterations)) in index.nodes.iter().filter(|n| n.has_subgraphs).zip(input.decisions.iter().cycle())
+    {
+        taken.insert(
+            n.name.clone(),
+            if n.op_type == "If" { Taken::Branch(*branch) } else { Taken::Iterations(*iterations as usize % 9) },
+        );
     }
     if let Ok((inlined, _)) = inline_control_flow(&proto, &index, &taken) {
         GraphIndex::build(inlined.graph.as_ref().expect("a graph")).expect("an inlined graph indexes");

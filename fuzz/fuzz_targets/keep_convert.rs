@@ -32,8 +32,17 @@ fuzz_target!(|input: KeepInput| {
     let node_names: Vec<&str> = index.nodes.iter().map(|n| n.name.as_str()).collect();
     let op_types: Vec<&str> = index.nodes.iter().map(|n| n.op_type.as_str()).collect();
     let options = ConvertOptions {
-        keep_nodes: input.model.keep.iter().filter_map(|&i| node_names.get(i as usize).map(|n| n.to_string())).collect(),
-        keep_ops: input.ops.iter().filter_map(|&i| op_types.get(i as usize % op_types.len().max(1)).map(|o| o.to_string())).collect(),
+        keep_nodes: input
+            .model
+            .keep
+            .iter()
+            .filter_map(|&i| node_names.get(i as usize).map(|n| n.to_string()))
+            .collect(),
+        keep_ops: input
+            .ops
+            .iter()
+            .filter_map(|&i| op_types.get(i as usize % op_types.len().max(1)).map(|o| o.to_string()))
+            .collect(),
         keep_io_types: !input.io_fp16,
         target: if input.bf16 { Target::Bf16 } else { Target::Fp16 },
         ..Default::default()
@@ -41,7 +50,8 @@ fuzz_target!(|input: KeepInput| {
     if let Ok(conversion) = convert_fp16(&model, &index, &float, &options) {
         let _ = check_float_types(&conversion.proto, &float);
         let _ = Model::from_bytes(conversion.proto.encode_to_vec(), Path::new("/nonexistent-layerwise-fuzz/c.onnx"));
-        let keep: HashSet<usize> = conversion.fp32_nodes.iter().filter_map(|(n, _)| index.node(n)).map(|n| n.proto_index).collect();
+        let keep: HashSet<usize> =
+            conversion.fp32_nodes.iter().filter_map(|(n, _)| index.node(n)).map(|n| n.proto_index).collect();
         let rounding = if input.bf16 { Rounding::Bf16 } else { Rounding::Fp16 };
         if let Ok(emulated) = emulate(&model, &model.proto, &float, &keep, rounding) {
             GraphIndex::build(emulated.proto.graph.as_ref().expect("a graph")).expect("an emulated graph indexes");

@@ -21,7 +21,11 @@ fuzz_target!(|input: common::Input| {
     let float: HashSet<String> = computed.iter().cloned().collect();
     let keep: HashSet<usize> = input.keep.iter().map(|&i| i as usize % index.nodes.len().max(1)).collect();
     let Ok(candidate) = emulate(&model, &exposed, &float, &keep, Rounding::Fp16) else { return };
-    let tensors: Vec<String> = if computed.is_empty() { Vec::new() } else { input.select.iter().map(|&i| computed[i as usize % computed.len()].clone()).collect() };
+    let tensors: Vec<String> = if computed.is_empty() {
+        Vec::new()
+    } else {
+        input.select.iter().map(|&i| computed[i as usize % computed.len()].clone()).collect()
+    };
     if let Ok(paired) = paired_graph(&exposed, &candidate.proto, &tensors, &Default::default()) {
         GraphIndex::build(paired.proto.graph.as_ref().expect("a graph")).expect("a paired graph indexes");
     }

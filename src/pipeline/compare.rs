@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{add_passed_through, compare_all, fed_value, passed_through, Comparison, Histogram, MemoryPlan, HISTOGRAM_BINS};
+use layerwise_analysis::{
+    add_passed_through, compare_all, fed_value, passed_through, Comparison, Histogram, MemoryPlan, HISTOGRAM_BINS,
+};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_runtime::{tensor_types, Backend, RunOutput, RunRequest, Tensor, TensorData};
 
-use super::setup::{Judging, Setup};
 use super::options::{default_memory_budget, BisectOptions};
+use super::setup::{Judging, Setup};
 use super::steps::Steps;
 
 /// How a job compared its tensors, for the report's `memory.comparison`.
@@ -49,7 +51,8 @@ pub(super) struct Job<'a> {
     pub(super) device_refused: Option<String>,
     /// `--batch`: where each tensor's samples lie in a batched run, once the first batch checked it.
     /// (and every tensor's shape in that batch, which later batches must have).
-    pub(super) batch_layouts: Option<(HashMap<String, layerwise_runtime::device_stats::SampleLayout>, HashMap<String, Vec<usize>>)>,
+    pub(super) batch_layouts:
+        Option<(HashMap<String, layerwise_runtime::device_stats::SampleLayout>, HashMap<String, Vec<usize>>)>,
     /// Why `--batch` is not used (the samples then run one at a time).
     pub(super) batch_refused: Option<String>,
 }
@@ -129,7 +132,10 @@ impl<'a> Job<'a> {
     /// Both sides' values of the model outputs passed straight from an input (no node between),
     /// known without a run: each side returns the value it was fed. `None` where the candidate
     /// model computes such an output itself (only its run can say what it holds).
-    pub(super) fn passed_through_values(&self, feeds: &[(String, Tensor)]) -> Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
+    pub(super) fn passed_through_values(
+        &self,
+        feeds: &[(String, Tensor)],
+    ) -> Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)> {
         let mut reference = HashMap::new();
         add_passed_through(self.model.graph(), &self.index, feeds, &mut reference);
         let mut candidate = HashMap::new();
@@ -152,14 +158,29 @@ impl<'a> Job<'a> {
     pub(super) fn run_candidate(&mut self, feeds: &[(String, Tensor)], selection: &Selection) -> Result<RunOutput> {
         let cand_selection = self.candidate_selection(selection);
         let Job { options, model, index, cand_model, cand_names, candidate, .. } = self;
-        run_candidate_of(candidate.as_mut(), cand_model.as_ref(), cand_names, (model, index), feeds, selection, &cand_selection).with_context(|| format!("candidate {}", options.candidate))
+        run_candidate_of(
+            candidate.as_mut(),
+            cand_model.as_ref(),
+            cand_names,
+            (model, index),
+            feeds,
+            selection,
+            &cand_selection,
+        )
+        .with_context(|| format!("candidate {}", options.candidate))
     }
 
     /// Both sides of one group at once, where the candidate runs on a GPU and the reference on
     /// the CPU: the reference runs on its own thread while the candidate's session builds
     /// (seconds of CUDA and cuDNN setup), so the pair takes about the candidate's time. Each
     /// side's own time goes into the steps.
-    fn run_both_beside(&mut self, feeds: &[(String, Tensor)], selection: &Selection, steps: &mut Steps, label: &str) -> Result<(RunOutput, RunOutput)> {
+    fn run_both_beside(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        selection: &Selection,
+        steps: &mut Steps,
+        label: &str,
+    ) -> Result<(RunOutput, RunOutput)> {
         let cand_selection = self.candidate_selection(selection);
         let Job { options, model, index, cand_model, cand_names, candidate, reference, .. } = self;
         let (model, index): (&Model, &GraphIndex) = (model, index);
@@ -169,9 +190,19 @@ impl<'a> Job<'a> {
                 let out = reference.run(&RunRequest { model, index, inputs: feeds, selection });
                 (out, started.elapsed().as_secs_f64())
             });
-            let cand_out = steps.run(&format!("running candidate {}{label} (the reference beside)", options.candidate), || {
-                run_candidate_of(candidate.as_mut(), cand_model.as_ref(), cand_names, (model, index), feeds, selection, &cand_selection).with_context(|| format!("candidate {}", options.candidate))
-            });
+            let cand_out =
+                steps.run(&format!("running candidate {}{label} (the reference beside)", options.candidate), || {
+                    run_candidate_of(
+                        candidate.as_mut(),
+                        cand_model.as_ref(),
+                        cand_names,
+                        (model, index),
+                        feeds,
+                        selection,
+                        &cand_selection,
+                    )
+                    .with_context(|| format!("candidate {}", options.candidate))
+                });
             (reference_run.join().expect("the reference's thread does not panic"), cand_out)
         });
         steps.record(&format!("running reference {}{label} (beside the candidate)", options.reference), seconds);
@@ -187,7 +218,12 @@ impl<'a> Job<'a> {
     fn plan(&mut self, feeds: &[(String, Tensor)]) -> Result<(Vec<Vec<String>>, Option<MemoryPlan>)> {
         let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
         let types = tensor_types(self.model, &self.index, &shapes)?;
-        let unknown: Vec<String> = self.order.iter().filter(|t| types.get(*t).is_some_and(|ty| ty.dims.iter().any(Option::is_none))).cloned().collect();
+        let unknown: Vec<String> = self
+            .order
+            .iter()
+            .filter(|t| types.get(*t).is_some_and(|ty| ty.dims.iter().any(Option::is_none)))
+            .cloned()
+            .collect();
         let mut measured: HashMap<String, Vec<usize>> = HashMap::new();
         let mut source = "shape inference";
         if !unknown.is_empty() {
@@ -218,7 +254,8 @@ impl<'a> Job<'a> {
         // (both sides and the runtime's); the budget bounds that whole.
         let inputs: u64 = feeds.iter().map(|(_, t)| t.size_bytes() as u64).sum();
         let largest_tensor = self.order.iter().map(|t| size(t)).max().unwrap_or(0);
-        let per_group = (self.budget.saturating_sub(7 * inputs / 2 + largest_tensor) / 3).saturating_sub(outputs).max(1);
+        let per_group =
+            (self.budget.saturating_sub(7 * inputs / 2 + largest_tensor) / 3).saturating_sub(outputs).max(1);
         // Tensors that fit stay in one group: the loop splits only past `per_group`.
         let mut groups: Vec<Vec<String>> = vec![Vec::new()];
         let mut bytes = 0u64;
@@ -235,13 +272,25 @@ impl<'a> Job<'a> {
         }
         largest = largest.max(bytes) + outputs;
         let budget_bytes = (groups.len() > 1 || self.options.max_memory.is_some()).then_some(self.budget);
-        let plan = MemoryPlan { budget_bytes, estimated_bytes: total, groups: groups.len(), largest_group_bytes: largest, shapes_from: source.to_string(), comparison: SEPARATE.to_string(), separate_because: self.separate_because.clone() };
+        let plan = MemoryPlan {
+            budget_bytes,
+            estimated_bytes: total,
+            groups: groups.len(),
+            largest_group_bytes: largest,
+            shapes_from: source.to_string(),
+            comparison: SEPARATE.to_string(),
+            separate_because: self.separate_because.clone(),
+        };
         Ok((groups, Some(plan)))
     }
 
     /// The shapes of `tensors`, from one reference run of the model with a `Shape` node on each:
     /// only the shapes come back, so it needs no more memory than a plain run.
-    fn measure_shapes(&mut self, feeds: &[(String, Tensor)], tensors: &[String]) -> Result<HashMap<String, Vec<usize>>> {
+    fn measure_shapes(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        tensors: &[String],
+    ) -> Result<HashMap<String, Vec<usize>>> {
         if self.options.reference.is_saved() {
             bail!("a saved reference cannot run a rewritten model");
         }
@@ -261,7 +310,12 @@ impl<'a> Job<'a> {
         }
         let probe = self.model.derived(proto, "shape-probe.onnx");
         let probe_index = GraphIndex::build(probe.graph())?;
-        let out = self.reference.run(&RunRequest { model: &probe, index: &probe_index, inputs: feeds, selection: &Selection::Names(names.clone()) })?;
+        let out = self.reference.run(&RunRequest {
+            model: &probe,
+            index: &probe_index,
+            inputs: feeds,
+            selection: &Selection::Names(names.clone()),
+        })?;
         let mut shapes = HashMap::new();
         for (t, n) in tensors.iter().zip(&names) {
             if let Some(TensorData::I64(dims)) = out.tensors.get(n).map(|v| &v.data) {
@@ -272,7 +326,12 @@ impl<'a> Job<'a> {
     }
 
     /// Runs both sides on one sample, all tensors, in as many groups as the budget needs.
-    pub(super) fn compare_sample(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Compared> {
+    pub(super) fn compare_sample(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        steps: &mut Steps,
+        keep_tensors: bool,
+    ) -> Result<Compared> {
         if let Some(compared) = self.compare_on_device(feeds, steps, keep_tensors)? {
             return Ok(compared);
         }
@@ -305,18 +364,31 @@ impl<'a> Job<'a> {
         // Names compared so far: model outputs come back in every group and count once.
         let mut attempted: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (g, group) in groups.iter().enumerate() {
-            let selection = if split || self.options.selection != Selection::All { Selection::Names(group.clone()) } else { Selection::All };
+            let selection = if split || self.options.selection != Selection::All {
+                Selection::Names(group.clone())
+            } else {
+                Selection::All
+            };
             let label = if split { format!(" (group {} of {})", g + 1, groups.len()) } else { String::new() };
             let first_candidate_run = self.candidate_ran.insert((shapes.clone(), g));
-            let (ref_out, cand_out) = if first_candidate_run && self.options.candidate.ort_gpu() && !self.options.reference.ort_gpu() {
-                self.run_both_beside(feeds, &selection, steps, &label)?
-            } else {
-                let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || self.run_reference(feeds, &selection))?;
-                let cand_out = steps.run(&format!("running candidate {}{label}", self.options.candidate), || self.run_candidate(feeds, &selection))?;
-                (ref_out, cand_out)
-            };
-            let order: Vec<String> = group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
-            let mut comparison = steps.run("comparing tensors", || Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances)))?;
+            let (ref_out, cand_out) =
+                if first_candidate_run && self.options.candidate.ort_gpu() && !self.options.reference.ort_gpu() {
+                    self.run_both_beside(feeds, &selection, steps, &label)?
+                } else {
+                    let ref_out = steps.run(&format!("running reference {}{label}", self.options.reference), || {
+                        self.run_reference(feeds, &selection)
+                    })?;
+                    let cand_out = steps
+                        .run(&format!("running candidate {}{label}", self.options.candidate), || {
+                            self.run_candidate(feeds, &selection)
+                        })?;
+                    (ref_out, cand_out)
+                };
+            let order: Vec<String> =
+                group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
+            let mut comparison = steps.run("comparing tensors", || {
+                Ok(compare_all(&self.index, &order, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances))
+            })?;
             // A backend's own reason (fused away, folded, not a tensor type) says more than "missing".
             for (t, why) in ref_out.unavailable.iter().chain(&cand_out.unavailable) {
                 if let Some(entry) = comparison.not_compared.iter_mut().find(|(n, _)| n == t) {
@@ -325,8 +397,12 @@ impl<'a> Job<'a> {
             }
             if split {
                 for record in comparison.records.iter().filter(|r| !r.pass && r.mismatch.is_none()) {
-                    if let (Some(r), Some(c)) = (ref_out.tensors.get(&record.name), cand_out.tensors.get(&record.name)) {
-                        histograms.insert(record.name.clone(), layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), HISTOGRAM_BINS));
+                    if let (Some(r), Some(c)) = (ref_out.tensors.get(&record.name), cand_out.tensors.get(&record.name))
+                    {
+                        histograms.insert(
+                            record.name.clone(),
+                            layerwise_analysis::histogram(&r.to_f32(), &c.to_f32(), HISTOGRAM_BINS),
+                        );
                     }
                 }
             }
@@ -334,7 +410,10 @@ impl<'a> Job<'a> {
             not_compared.extend(comparison.not_compared);
             if g == 0 {
                 result.notes = (ref_out.notes.clone(), cand_out.notes.clone());
-                result.notes.0.extend(self.separate_because.as_ref().map(|why| format!("compared after separate runs: {why}")));
+                result
+                    .notes
+                    .0
+                    .extend(self.separate_because.as_ref().map(|why| format!("compared after separate runs: {why}")));
                 result.notes.1.extend(self.device_note());
                 result.notes.1.extend(self.batch_note());
                 result.engine_layers = cand_out.engine_layers.clone();
@@ -364,20 +443,31 @@ impl Job<'_> {
     /// Both sides run once more with only their outputs; the outputs' records become the deployed
     /// run's, the intermediate tensors stay the exposed run's (what the walk reads), and a note
     /// gives both numbers where they differ. Nothing for any other candidate.
-    pub(super) fn compare_deployed(&mut self, feeds: &[(String, Tensor)], compared: &mut Compared, steps: &mut Steps) -> Result<()> {
+    pub(super) fn compare_deployed(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        compared: &mut Compared,
+        steps: &mut Steps,
+    ) -> Result<()> {
         if self.judging.quantization.is_none() || self.cand_model.is_none() {
             return Ok(());
         }
         let outputs_only = Selection::Names(Vec::new());
-        let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || self.run_reference(feeds, &outputs_only))?;
-        let cand_out = steps.run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || self.run_candidate(feeds, &outputs_only))?;
+        let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || {
+            self.run_reference(feeds, &outputs_only)
+        })?;
+        let cand_out = steps
+            .run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || {
+                self.run_candidate(feeds, &outputs_only)
+            })?;
         let mut outputs: Vec<String> = Vec::new();
         for o in &self.index.outputs {
             if !outputs.contains(o) {
                 outputs.push(o.clone());
             }
         }
-        let deployed = compare_all(&self.index, &outputs, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances);
+        let deployed =
+            compare_all(&self.index, &outputs, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances);
         let comparison = std::mem::take(&mut compared.comparison);
         let mut differ = Vec::new();
         for d in &deployed.records {
@@ -391,8 +481,14 @@ impl Job<'_> {
         }
         let mut records: Vec<_> = comparison.records.into_iter().filter(|r| !outputs.contains(&r.name)).collect();
         records.extend(deployed.records.iter().cloned());
-        let mut not_compared: Vec<_> = comparison.not_compared.into_iter().filter(|(t, _)| !outputs.contains(t)).collect();
-        not_compared.extend(deployed.not_compared.iter().map(|(t, why)| (t.clone(), format!("{why} (in the candidate's run as deployed, only its outputs)"))));
+        let mut not_compared: Vec<_> =
+            comparison.not_compared.into_iter().filter(|(t, _)| !outputs.contains(t)).collect();
+        not_compared.extend(
+            deployed
+                .not_compared
+                .iter()
+                .map(|(t, why)| (t.clone(), format!("{why} (in the candidate's run as deployed, only its outputs)"))),
+        );
         compared.comparison = layerwise_analysis::Comparison::from_records(records, not_compared, &self.order);
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {
@@ -404,7 +500,9 @@ impl Job<'_> {
             }
         }
         for o in &outputs {
-            if let (Some(h), Some(rv), Some(cv)) = (compared.histograms.get_mut(o), ref_out.tensors.get(o), cand_out.tensors.get(o)) {
+            if let (Some(h), Some(rv), Some(cv)) =
+                (compared.histograms.get_mut(o), ref_out.tensors.get(o), cand_out.tensors.get(o))
+            {
                 *h = layerwise_analysis::histogram(&rv.to_f32(), &cv.to_f32(), HISTOGRAM_BINS);
             }
         }
@@ -427,7 +525,10 @@ impl Job<'_> {
     /// where the error arises instead.
     pub(super) fn unmix_deployed_finding(&self, compared: &Compared, verdict: &mut layerwise_analysis::Verdict) {
         let Some(fd) = &verdict.first_divergent else { return };
-        let Some((output, deployed, exposed)) = compared.deployed_differs.iter().find(|(o, _, _)| *o == fd.tensor) else { return };
+        let Some((output, deployed, exposed)) = compared.deployed_differs.iter().find(|(o, _, _)| *o == fd.tensor)
+        else {
+            return;
+        };
         // Sums that pass the int32 accumulator wrap in the fused integer kernel only, and the
         // stored weights and the reference's values place them: the node stays named.
         if fd.cause.best.kind == layerwise_analysis::CauseKind::IntegerAccumulatorOverflow {
@@ -452,20 +553,22 @@ fn run_candidate_of(
     cand_selection: &Selection,
 ) -> Result<RunOutput, layerwise_runtime::RuntimeError> {
     match cand_model {
-        Some((cm, ci)) => candidate.run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: cand_selection }).map(|mut out| {
-            // The reference's outputs passed straight from its inputs pair with the candidate's
-            // outputs of those names: a model output is what the user gets, however computed.
-            let passed: Vec<(String, Tensor)> = passed_through(index)
-                .into_iter()
-                .filter_map(|name| {
-                    let computed = out.tensors.get(&name).cloned();
-                    candidate_passed_through(cm, ci, &name, feeds, computed).map(|v| (name, v))
-                })
-                .collect();
-            out.tensors = under_reference_names(std::mem::take(&mut out.tensors), cand_names);
-            out.tensors.extend(passed);
-            out
-        }),
+        Some((cm, ci)) => candidate
+            .run(&RunRequest { model: cm, index: ci, inputs: feeds, selection: cand_selection })
+            .map(|mut out| {
+                // The reference's outputs passed straight from its inputs pair with the candidate's
+                // outputs of those names: a model output is what the user gets, however computed.
+                let passed: Vec<(String, Tensor)> = passed_through(index)
+                    .into_iter()
+                    .filter_map(|name| {
+                        let computed = out.tensors.get(&name).cloned();
+                        candidate_passed_through(cm, ci, &name, feeds, computed).map(|v| (name, v))
+                    })
+                    .collect();
+                out.tensors = under_reference_names(std::mem::take(&mut out.tensors), cand_names);
+                out.tensors.extend(passed);
+                out
+            }),
         None => candidate.run(&RunRequest { model, index, inputs: feeds, selection }).map(|mut out| {
             add_passed_through(model.graph(), index, feeds, &mut out.tensors);
             out
@@ -476,7 +579,13 @@ fn run_candidate_of(
 /// The candidate model's value of `name`, a reference output passed straight from its input:
 /// its own output of that name, as its run returned it (`computed`) or, where it too passes its
 /// input straight through, the value it was fed. `None` when it has no such output.
-fn candidate_passed_through(cm: &Model, ci: &GraphIndex, name: &str, feeds: &[(String, Tensor)], computed: Option<Tensor>) -> Option<Tensor> {
+fn candidate_passed_through(
+    cm: &Model,
+    ci: &GraphIndex,
+    name: &str,
+    feeds: &[(String, Tensor)],
+    computed: Option<Tensor>,
+) -> Option<Tensor> {
     if !ci.outputs.iter().any(|o| o == name) {
         return None;
     }
@@ -493,7 +602,10 @@ fn candidate_passed_through(cm: &Model, ci: &GraphIndex, name: &str, feeds: &[(S
 /// several reference tensors carry one value, as through a reference Identity). A tensor paired
 /// with nothing is dropped, even if the reference has a tensor of that name: a name alone, on a
 /// node of another op type, is no evidence of the same value.
-fn under_reference_names(mut tensors: HashMap<String, Tensor>, cand_names: &HashMap<String, String>) -> HashMap<String, Tensor> {
+fn under_reference_names(
+    mut tensors: HashMap<String, Tensor>,
+    cand_names: &HashMap<String, String>,
+) -> HashMap<String, Tensor> {
     let mut renamed: HashMap<String, Tensor> = HashMap::with_capacity(tensors.len());
     let mut uses: HashMap<&str, usize> = HashMap::new();
     for c in cand_names.values() {

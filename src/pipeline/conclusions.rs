@@ -14,12 +14,20 @@ pub(super) fn n(v: f64) -> String {
 /// What an emulation does not reproduce of ONNX Runtime's CUDA kernels, for the ops of this model
 /// (measured on the H100, docs/emulation.md's per-op table): one sentence each, with the numbers
 /// of this run.
-pub(super) fn emulation_limits(candidate: &BackendSpec, model: &Model, index: &GraphIndex, comparison: &Comparison) -> Vec<String> {
+pub(super) fn emulation_limits(
+    candidate: &BackendSpec,
+    model: &Model,
+    index: &GraphIndex,
+    comparison: &Comparison,
+) -> Vec<String> {
     let Some(rounding) = candidate.emulated_rounding() else { return Vec::new() };
     let mut out = Vec::new();
     let numel = |t: &str| comparison.get(t).map(|r| r.shape.iter().product::<usize>().max(1));
     for node in &index.nodes {
-        let Some(output) = node.outputs.first().and_then(|o| comparison.get(o)).filter(|r| r.ref_dtype == "float32") else { continue };
+        let Some(output) = node.outputs.first().and_then(|o| comparison.get(o)).filter(|r| r.ref_dtype == "float32")
+        else {
+            continue;
+        };
         match (rounding, node.op_type.as_str()) {
             // A GRU without linear_before_reset has no cuDNN form: the CUDA provider runs it on the CPU.
             (layerwise_model::Rounding::Fp16, "GRU")
@@ -57,11 +65,23 @@ const TF32_ENTRY: f64 = 1e-5;
 /// err less than a tenth of that), how large the outputs' difference is, and how to confirm it.
 /// Said on a pass too, unless the verdict already names a TF32 cause. `None` where no such node
 /// exists: then nothing measured points at TF32.
-pub(super) fn tf32_entry(candidate: Candidate, model: &Model, index: &GraphIndex, comparison: &Comparison, verdict: &Verdict) -> Option<String> {
+pub(super) fn tf32_entry(
+    candidate: Candidate,
+    model: &Model,
+    index: &GraphIndex,
+    comparison: &Comparison,
+    verdict: &Verdict,
+) -> Option<String> {
     if !candidate.tf32 || verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == CauseKind::Tf32) {
         return None;
     }
-    let error_of = |t: &str| if index.is_graph_input(t) || index.is_constant_like(t) { Some(0.0) } else { comparison.get(t).map(|r| r.error_level()) };
+    let error_of = |t: &str| {
+        if index.is_graph_input(t) || index.is_constant_like(t) {
+            Some(0.0)
+        } else {
+            comparison.get(t).map(|r| r.error_level())
+        }
+    };
     let entry = index.nodes.iter().find_map(|node| {
         let proto = &model.graph().node[node.proto_index];
         let slots = layerwise_model::rounding::tf32_slots(proto);
@@ -69,13 +89,29 @@ pub(super) fn tf32_entry(candidate: Candidate, model: &Model, index: &GraphIndex
             return None;
         }
         let output = error_of(node.outputs.first()?)?;
-        let input = slots.iter().filter_map(|&s| node.inputs.get(s)).filter(|t| !t.is_empty()).map(|t| error_of(t)).collect::<Option<Vec<f64>>>()?.into_iter().fold(0.0, f64::max);
+        let input = slots
+            .iter()
+            .filter_map(|&s| node.inputs.get(s))
+            .filter(|t| !t.is_empty())
+            .map(|t| error_of(t))
+            .collect::<Option<Vec<f64>>>()?
+            .into_iter()
+            .fold(0.0, f64::max);
         (output.is_finite() && output >= TF32_ENTRY && input < output / 10.0).then_some((node, input, output))
     })?;
     let (node, input, output) = entry;
-    let worst = index.outputs.iter().filter_map(|o| comparison.get(o).map(|r| (o, r.error_level()))).max_by(|a, b| a.1.total_cmp(&b.1));
-    let largest = worst.map(|(o, e)| format!("the largest output difference is rel L2 {} ('{o}')", n(e))).unwrap_or_default();
-    let what = if verdict.status == Status::Pass { "the differences are consistent with TF32 rounding" } else { "TF32 rounding enters the candidate" };
+    let worst = index
+        .outputs
+        .iter()
+        .filter_map(|o| comparison.get(o).map(|r| (o, r.error_level())))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let largest =
+        worst.map(|(o, e)| format!("the largest output difference is rel L2 {} ('{o}')", n(e))).unwrap_or_default();
+    let what = if verdict.status == Status::Pass {
+        "the differences are consistent with TF32 rounding"
+    } else {
+        "TF32 rounding enters the candidate"
+    };
     Some(format!(
         "TF32: {what}: float32 {} ran on TF32 tensor cores (10-bit mantissa inputs), and TF32-sized error first enters at '{}' ({}: inputs rel L2 {} -> output {}); {largest}; run the candidate with tf32=off to confirm",
         node.op_type, node.name, node.op_type, n(input), n(output)
@@ -233,7 +269,8 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             }
         }
         // What was not run alone is not known to propagate or introduce.
-        let not_run: Vec<String> = iso.skipped.iter().filter(|(n, _)| n != "*").map(|(n, why)| format!("{n} ({why})")).collect();
+        let not_run: Vec<String> =
+            iso.skipped.iter().filter(|(n, _)| n != "*").map(|(n, why)| format!("{n} ({why})")).collect();
         if !iso.nodes.is_empty() && !not_run.is_empty() {
             out.push(format!("not run alone, so whether they introduce error is unknown: {}", not_run.join("; ")));
         }
@@ -247,10 +284,21 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
 /// What measuring a Q/DQ candidate's quantizers one at a time found, in words: the largest alone
 /// against all together, the ones at fault with what their values show (`effects`, measured on the
 /// reference's values), and how much of the candidate's error the activation quantizers explain.
-pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone, effects: &std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect>) -> Vec<String> {
+pub(super) fn quantizers_alone_lines(
+    found: &layerwise_analysis::QuantizersAlone,
+    effects: &std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect>,
+) -> Vec<String> {
     let mut out = Vec::new();
-    let share = |e: f64| if found.together > 0.0 { format!("{:.0}%", 100.0 * e / found.together) } else { "-".to_string() };
-    let largest: Vec<String> = found.each.iter().take(3).map(|q| format!("'{}' (QuantizeLinear '{}') {} ({} of together)", q.tensor, q.node, n(q.error), share(q.error))).collect();
+    let share =
+        |e: f64| if found.together > 0.0 { format!("{:.0}%", 100.0 * e / found.together) } else { "-".to_string() };
+    let largest: Vec<String> = found
+        .each
+        .iter()
+        .take(3)
+        .map(|q| {
+            format!("'{}' (QuantizeLinear '{}') {} ({} of together)", q.tensor, q.node, n(q.error), share(q.error))
+        })
+        .collect();
     out.push(format!(
         "quantizers one at a time on the reference (each alone, float32 between, weights float; {} measured in one session): all of them together give '{}' rel L2 {} (the candidate: {}); alone, {}",
         found.each.len(),
@@ -325,7 +373,10 @@ pub(super) fn quantizers_alone_lines(found: &layerwise_analysis::QuantizersAlone
                 None => reasons.push((why.clone(), 1)),
             }
         }
-        out.push(format!("quantizers not measured one at a time: {}", reasons.iter().map(|(r, k)| format!("{k}: {r}")).collect::<Vec<_>>().join("; ")));
+        out.push(format!(
+            "quantizers not measured one at a time: {}",
+            reasons.iter().map(|(r, k)| format!("{k}: {r}")).collect::<Vec<_>>().join("; ")
+        ));
     }
     out
 }

@@ -17,7 +17,11 @@ const MOST_ROUNDS: usize = 16;
 
 /// The model with its control flow replaced as the reference ran it on every sample, or `None`
 /// when the main graph has no If or Loop. Nodes that cannot be replaced stay, with the reason.
-pub fn flatten_control_flow(model: &Model, reference: &mut dyn Backend, samples: &[Vec<(String, Tensor)>]) -> Result<Option<(Model, ControlFlow)>> {
+pub fn flatten_control_flow(
+    model: &Model,
+    reference: &mut dyn Backend,
+    samples: &[Vec<(String, Tensor)>],
+) -> Result<Option<(Model, ControlFlow)>> {
     let mut current = model.derived(model.proto.clone(), &file_name(model));
     let mut report = ControlFlow::default();
     for _ in 0..MOST_ROUNDS {
@@ -25,7 +29,9 @@ pub fn flatten_control_flow(model: &Model, reference: &mut dyn Backend, samples:
         let pending: Vec<&NodeInfo> = index
             .nodes
             .iter()
-            .filter(|n| matches!(n.op_type.as_str(), "If" | "Loop" | "Scan") && !report.kept.iter().any(|(k, _)| k == &n.name))
+            .filter(|n| {
+                matches!(n.op_type.as_str(), "If" | "Loop" | "Scan") && !report.kept.iter().any(|(k, _)| k == &n.name)
+            })
             .collect();
         if pending.is_empty() {
             break;
@@ -75,9 +81,18 @@ pub fn flatten_control_flow(model: &Model, reference: &mut dyn Backend, samples:
         }
         let (proto, inlined) = inline_control_flow(&current.proto, &index, &taken)?;
         for n in taken.keys().filter(|n| !inlined.iter().any(|i| &&i.node == n)) {
-            report.kept.push((n.clone(), format!("unrolling it would add more than {} nodes", layerwise_model::inline::MOST_UNROLLED_NODES)));
+            report.kept.push((
+                n.clone(),
+                format!("unrolling it would add more than {} nodes", layerwise_model::inline::MOST_UNROLLED_NODES),
+            ));
         }
-        report.inlined.extend(inlined.into_iter().map(|i| InlinedNode { node: i.node, op_type: i.op_type, taken: i.taken, nodes: i.nodes, candidate_taken: None }));
+        report.inlined.extend(inlined.into_iter().map(|i| InlinedNode {
+            node: i.node,
+            op_type: i.op_type,
+            taken: i.taken,
+            nodes: i.nodes,
+            candidate_taken: None,
+        }));
         current = current.derived(proto, &file_name(model));
     }
     if report.inlined.is_empty() && report.kept.is_empty() {
@@ -114,7 +129,13 @@ fn value<'a>(name: &str, model: &Model, values: &'a HashMap<String, Tensor>) -> 
     if let Some(t) = values.get(name) {
         return Some(std::borrow::Cow::Borrowed(t));
     }
-    model.graph().initializer.iter().find(|t| t.name() == name).and_then(|t| Tensor::from_proto(t).ok()).map(std::borrow::Cow::Owned)
+    model
+        .graph()
+        .initializer
+        .iter()
+        .find(|t| t.name() == name)
+        .and_then(|t| Tensor::from_proto(t).ok())
+        .map(std::borrow::Cow::Owned)
 }
 
 fn scalar_bool(t: &Tensor) -> Option<bool> {
@@ -141,7 +162,8 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
     match n.op_type.as_str() {
         "If" => {
             let cond = n.inputs.first().ok_or("it has no condition")?;
-            let t = value(cond, model, values).ok_or_else(|| format!("its condition '{cond}' has no value in the reference run"))?;
+            let t = value(cond, model, values)
+                .ok_or_else(|| format!("its condition '{cond}' has no value in the reference run"))?;
             scalar_bool(&t).map(Taken::Branch).ok_or_else(|| format!("its condition '{cond}' is not one boolean"))
         }
         "Loop" => {
@@ -149,7 +171,9 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
             let body = body(model, n, "body").ok_or("it has no body")?;
             // The length of any scan output is the number of iterations made.
             if let Some(scan) = n.outputs.iter().skip(carried).find(|t| !t.is_empty()) {
-                let t = values.get(scan).ok_or_else(|| format!("its scan output '{scan}' has no value in the reference run"))?;
+                let t = values
+                    .get(scan)
+                    .ok_or_else(|| format!("its scan output '{scan}' has no value in the reference run"))?;
                 return match t.shape.first() {
                     // No iteration: its scan outputs have no shape to unroll into. Left as it is, the
                     // rest of the model is still compared.
@@ -172,7 +196,8 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
             if !passthrough {
                 return Err("its body computes its own stop condition and it has no scan output that would tell how many iterations ran".into());
             }
-            let m = n.inputs.first().filter(|m| !m.is_empty()).ok_or("it has neither a trip count nor a stop condition")?;
+            let m =
+                n.inputs.first().filter(|m| !m.is_empty()).ok_or("it has neither a trip count nor a stop condition")?;
             let t = value(m, model, values).ok_or_else(|| format!("its trip count '{m}' has no value"))?;
             let trips = scalar_i64(&t).ok_or("its trip count is not one integer")?;
             usize::try_from(trips).map(Taken::Iterations).map_err(|_| format!("its trip count is {trips}"))
@@ -191,9 +216,11 @@ fn decide(n: &NodeInfo, model: &Model, values: &HashMap<String, Tensor>) -> Resu
                 return Err("it uses negative scan axes, which the unrolling does not resolve".into());
             }
             let first = n.inputs.get(states).ok_or("it has no scan input")?;
-            let t = value(first, model, values).ok_or_else(|| format!("its scan input '{first}' has no value in the reference run"))?;
+            let t = value(first, model, values)
+                .ok_or_else(|| format!("its scan input '{first}' has no value in the reference run"))?;
             let axis = axes.first().copied().unwrap_or(0);
-            let axis = usize::try_from(if axis < 0 { axis + t.shape.len() as i64 } else { axis }).map_err(|_| "its scan axis is out of range".to_string())?;
+            let axis = usize::try_from(if axis < 0 { axis + t.shape.len() as i64 } else { axis })
+                .map_err(|_| "its scan axis is out of range".to_string())?;
             match t.shape.get(axis) {
                 Some(0) => Err("its scan axis is empty (no step to unroll)".into()),
                 Some(&k) => Ok(Taken::Iterations(k)),

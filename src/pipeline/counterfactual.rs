@@ -4,7 +4,9 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use anyhow::Result;
-use layerwise_analysis::{compare_all, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict};
+use layerwise_analysis::{
+    compare_all, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict,
+};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
@@ -60,7 +62,15 @@ pub(super) fn counterfactual(
         Some(tensors) => Some(HeldRun::of_comparison(tensors)),
         None => Some(HeldRun::nothing_yet(&mut keeper, &[])),
     };
-    let trial = Trial { feeds, reference, candidate_tensors, baseline: baseline.map(RefCell::new), worst: &worst, before, unquantized: unquantized.as_ref() };
+    let trial = Trial {
+        feeds,
+        reference,
+        candidate_tensors,
+        baseline: baseline.map(RefCell::new),
+        worst: &worst,
+        before,
+        unquantized: unquantized.as_ref(),
+    };
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
@@ -69,7 +79,16 @@ pub(super) fn counterfactual(
             continue;
         }
         tried.push(pattern.nodes.clone());
-        checks.push(trial.keep(job.candidate.as_mut(), &mut keeper, &job.index, &job.judging.tolerances, node, reason, pattern.kind, pattern.nodes)?);
+        checks.push(trial.keep(
+            job.candidate.as_mut(),
+            &mut keeper,
+            &job.index,
+            &job.judging.tolerances,
+            node,
+            reason,
+            pattern.kind,
+            pattern.nodes,
+        )?);
     }
     // No break to keep: nothing was measured, so nothing is concluded.
     if checks.is_empty() {
@@ -81,9 +100,23 @@ pub(super) fn counterfactual(
     if origins.len() > 1 && checks.iter().all(|c| !c.output_error_after.is_finite()) {
         let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
         for origin in &origins {
-            kept.extend(keep_pattern(&job.index, job.judging.precision, origin, comparison).nodes.into_iter().filter(|n| seen.insert(n.clone())));
+            kept.extend(
+                keep_pattern(&job.index, job.judging.precision, origin, comparison)
+                    .nodes
+                    .into_iter()
+                    .filter(|n| seen.insert(n.clone())),
+            );
         }
-        checks.push(trial.keep(job.candidate.as_mut(), &mut keeper, &job.index, &job.judging.tolerances, origins.join(", "), ORIGINS_TOGETHER, "origins_together", kept)?);
+        checks.push(trial.keep(
+            job.candidate.as_mut(),
+            &mut keeper,
+            &job.index,
+            &job.judging.tolerances,
+            origins.join(", "),
+            ORIGINS_TOGETHER,
+            "origins_together",
+            kept,
+        )?);
     }
     let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
     let together = checks.iter().find(|c| c.reason == ORIGINS_TOGETHER);
@@ -148,7 +181,12 @@ pub(crate) const ORIGINS_TOGETHER: &str = "non_finite_origins_together";
 /// The nodes where the candidate's inf/NaN are born from finite inputs (weights aside), each
 /// once, in graph order.
 pub(crate) fn independent_origins(job: &Job, verdict: &Verdict) -> Vec<String> {
-    let mut origins: Vec<(usize, String)> = verdict.non_finite.iter().filter(|n| n.origin && !n.weight).map(|n| (job.index.node(&n.node).map_or(usize::MAX, |i| i.topo_index), n.node.clone())).collect();
+    let mut origins: Vec<(usize, String)> = verdict
+        .non_finite
+        .iter()
+        .filter(|n| n.origin && !n.weight)
+        .map(|n| (job.index.node(&n.node).map_or(usize::MAX, |i| i.topo_index), n.node.clone()))
+        .collect();
     origins.sort();
     origins.dedup();
     origins.into_iter().map(|(_, n)| n).collect()
@@ -159,7 +197,10 @@ pub(crate) fn together_outcome(check: &KeepCheck) -> String {
     if check.fixes {
         "brings every output within tolerance".to_string()
     } else if check.output_error_after.is_finite() {
-        format!("clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)", layerwise_report::format_number(check.output_error_after))
+        format!(
+            "clears the inf/NaN and leaves a relative L2 error of {} (out of tolerance)",
+            layerwise_report::format_number(check.output_error_after)
+        )
     } else {
         "still leaves inf/NaN: they arise elsewhere too (where is not known from this check, which reads the outputs only; fix keeps them round by round)".to_string()
     }
@@ -172,8 +213,16 @@ fn beyond_the_kept(index: &GraphIndex, comparison: &Comparison, kept: &[String],
         return String::new();
     }
     let kept: std::collections::HashSet<&str> = kept.iter().map(String::as_str).collect();
-    let beyond: Vec<&layerwise_analysis::TensorRecord> =
-        comparison.records.iter().filter(|r| r.metrics.ref_fp16_overflow > 0 && !r.constant_like && !kept.contains(r.node.as_str()) && index.node(&r.node).is_some()).collect();
+    let beyond: Vec<&layerwise_analysis::TensorRecord> = comparison
+        .records
+        .iter()
+        .filter(|r| {
+            r.metrics.ref_fp16_overflow > 0
+                && !r.constant_like
+                && !kept.contains(r.node.as_str())
+                && index.node(&r.node).is_some()
+        })
+        .collect();
     match beyond.first() {
         None => String::new(),
         Some(first) => format!(
@@ -211,7 +260,17 @@ struct Trial<'a> {
 impl Trial<'_> {
     /// The candidate re-run with `kept` at reference precision, judged on every output.
     #[allow(clippy::too_many_arguments)]
-    fn keep(&self, candidate: &mut dyn Backend, keeper: &mut KeepRunner, index: &GraphIndex, tolerances: &ToleranceSet, node: String, reason: &str, pattern: &str, kept: Vec<String>) -> Result<KeepCheck> {
+    fn keep(
+        &self,
+        candidate: &mut dyn Backend,
+        keeper: &mut KeepRunner,
+        index: &GraphIndex,
+        tolerances: &ToleranceSet,
+        node: String,
+        reason: &str,
+        pattern: &str,
+        kept: Vec<String>,
+    ) -> Result<KeepCheck> {
         // Only the part of the model the keep list changes runs again, on the candidate's own
         // values at its border, where they are held; else (or where the part cannot run) the
         // whole converted model, as before, and `nodes_rerun` stays empty.
@@ -222,16 +281,26 @@ impl Trial<'_> {
             // As deployed (only its outputs), as the output error it is weighed against.
             Some((unquantized.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None))
         } else if let Some(baseline) = &self.baseline {
-            keeper.outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut()).ok().flatten().map(|(out, _)| (out, None))
+            keeper
+                .outputs_from(candidate, &kept, self.feeds, &mut baseline.borrow_mut())
+                .ok()
+                .flatten()
+                .map(|(out, _)| (out, None))
         } else {
-            self.candidate_tensors.and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten()).map(|(out, rerun)| (out, Some(rerun)))
+            self.candidate_tensors
+                .and_then(|before| keeper.run_changed_part(candidate, &kept, self.feeds, before).ok().flatten())
+                .map(|(out, rerun)| (out, Some(rerun)))
         };
         let (out, nodes_rerun) = match part {
             Some(done) => done,
             None => (keeper.run(candidate, &kept, self.feeds, &Selection::Names(Vec::new()))?, None),
         };
         if std::env::var_os("LAYERWISE_TIMING").is_some() {
-            eprintln!("[timing] counterfactual check {node} ({} kept): {:.2}s", kept.len(), started.elapsed().as_secs_f64());
+            eprintln!(
+                "[timing] counterfactual check {node} ({} kept): {:.2}s",
+                kept.len(),
+                started.elapsed().as_secs_f64()
+            );
         }
         let after = compare_all(index, &index.outputs, &self.reference.tensors, &out.tensors, tolerances);
         let after_error = after.get(self.worst).map(|r| r.error_level()).unwrap_or(f64::NAN);

@@ -7,7 +7,10 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, Result};
-use layerwise_analysis::{compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord, ToleranceSet};
+use layerwise_analysis::{
+    compute, metrics_of_totals, missing_reason, tensor_record, Comparison, MemoryPlan, Metrics, TensorRecord,
+    ToleranceSet,
+};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::device_stats::{sample_layouts, DevicePair, DeviceReducer, ElementKind, SampleLayout};
 use layerwise_runtime::{shape_string, DType, DeviceRun, DeviceTensor, ExecutionProvider, RunRequest, Tensor};
@@ -27,7 +30,11 @@ impl Job<'_> {
     /// tensors on the host afterwards (`keep_tensors`: one sample, whose later steps read them, or
     /// `--save-tensors`).
     pub(super) fn device_of_both(&self, keep_tensors: bool) -> Option<u32> {
-        if keep_tensors || self.options.selection != Selection::All || self.judging.quantization.is_some() || std::env::var(OFF_SWITCH).is_ok_and(|v| v == "0") {
+        if keep_tensors
+            || self.options.selection != Selection::All
+            || self.judging.quantization.is_some()
+            || std::env::var(OFF_SWITCH).is_ok_and(|v| v == "0")
+        {
             return None;
         }
         // The outputs passed straight from an input are the values fed, which no run returns.
@@ -35,7 +42,11 @@ impl Job<'_> {
             return None;
         }
         match (self.reference.ort_options()?.ep, self.candidate.ort_options()?.ep) {
-            (ExecutionProvider::Cuda { device: r, .. }, ExecutionProvider::Cuda { device: c, .. }) if r.unwrap_or(0) == c.unwrap_or(0) => Some(r.unwrap_or(0)),
+            (ExecutionProvider::Cuda { device: r, .. }, ExecutionProvider::Cuda { device: c, .. })
+                if r.unwrap_or(0) == c.unwrap_or(0) =>
+            {
+                Some(r.unwrap_or(0))
+            }
             _ => None,
         }
     }
@@ -43,7 +54,12 @@ impl Job<'_> {
     /// One sample compared on the GPU (see the module), or `None` where it cannot be: the sides
     /// run elsewhere, or the kernels could not be built (the reason goes to the notes, once, and
     /// the tensors are copied out as before).
-    pub(super) fn compare_on_device(&mut self, feeds: &[(String, Tensor)], steps: &mut Steps, keep_tensors: bool) -> Result<Option<Compared>> {
+    pub(super) fn compare_on_device(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        steps: &mut Steps,
+        keep_tensors: bool,
+    ) -> Result<Option<Compared>> {
         let Some(device) = self.device_of_both(keep_tensors) else { return Ok(None) };
         if !self.reducer_on(device, steps) {
             return Ok(None);
@@ -55,7 +71,16 @@ impl Job<'_> {
         let names = compared_names(&self.order, &index.outputs);
         let (records, not_compared, reduced) = steps.run("comparing tensors on the GPU", || {
             // One sample a run: every tensor whole.
-            sample_records(reducer, index, tolerances, &names, (&reference_run, &candidate_of), (1, 1), |_| Some(SampleLayout::Shared), device)
+            sample_records(
+                reducer,
+                index,
+                tolerances,
+                &names,
+                (&reference_run, &candidate_of),
+                (1, 1),
+                |_| Some(SampleLayout::Shared),
+                device,
+            )
         })?;
         let mut notes = self.batch_note().into_iter().collect::<Vec<_>>();
         // Which GPU is said by `--devices`' own note: the report is the same whichever ran it.
@@ -68,11 +93,19 @@ impl Job<'_> {
 
     /// Both sides run on `feeds` with their tensors left on GPU `device` (`what` says how many
     /// samples a run holds, for the steps' labels).
-    fn runs_on_device(&mut self, feeds: &[(String, Tensor)], device: u32, what: &str, steps: &mut Steps) -> Result<(DeviceRun, DeviceRun)> {
+    fn runs_on_device(
+        &mut self,
+        feeds: &[(String, Tensor)],
+        device: u32,
+        what: &str,
+        steps: &mut Steps,
+    ) -> Result<(DeviceRun, DeviceRun)> {
         let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &Selection::All };
-        let reference_label = format!("running reference {}{what} (tensors left on GPU {device})", self.options.reference);
+        let reference_label =
+            format!("running reference {}{what} (tensors left on GPU {device})", self.options.reference);
         let reference_run = steps.run(&reference_label, || {
-            let run = self.reference.run_on_device(&request).ok_or_else(|| anyhow!("the reference does not run on CUDA"))?;
+            let run =
+                self.reference.run_on_device(&request).ok_or_else(|| anyhow!("the reference does not run on CUDA"))?;
             run.map_err(|e| anyhow!(e)).map_err(|e| e.context(format!("reference {}", self.options.reference)))
         })?;
         let cand_selection = self.candidate_selection(&Selection::All);
@@ -80,9 +113,13 @@ impl Job<'_> {
             Some((cm, ci)) => RunRequest { model: cm, index: ci, inputs: feeds, selection: &cand_selection },
             None => RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &Selection::All },
         };
-        let candidate_label = format!("running candidate {}{what} (tensors left on GPU {device})", self.options.candidate);
+        let candidate_label =
+            format!("running candidate {}{what} (tensors left on GPU {device})", self.options.candidate);
         let candidate_run = steps.run(&candidate_label, || {
-            let run = self.candidate.run_on_device(&cand_request).ok_or_else(|| anyhow!("the candidate does not run on CUDA"))?;
+            let run = self
+                .candidate
+                .run_on_device(&cand_request)
+                .ok_or_else(|| anyhow!("the candidate does not run on CUDA"))?;
             run.map_err(|e| anyhow!(e)).map_err(|e| e.context(format!("candidate {}", self.options.candidate)))
         })?;
         Ok((reference_run, candidate_run))
@@ -91,7 +128,14 @@ impl Job<'_> {
     /// Each sample's comparison from its records: a backend's own reason for a tensor it did not
     /// give (not a tensor type) instead of "missing", both runs' notes, `notes` after the
     /// candidate's, and `bytes` (one side's tensors of one sample) as the memory plan's.
-    fn device_compared(&self, records: Vec<Vec<TensorRecord>>, mut not_compared: Vec<(String, String)>, (reference, candidate): (&DeviceRun, &DeviceRun), notes: Vec<String>, bytes: usize) -> Vec<Compared> {
+    fn device_compared(
+        &self,
+        records: Vec<Vec<TensorRecord>>,
+        mut not_compared: Vec<(String, String)>,
+        (reference, candidate): (&DeviceRun, &DeviceRun),
+        notes: Vec<String>,
+        bytes: usize,
+    ) -> Vec<Compared> {
         for (t, why) in reference.unavailable.iter().chain(&candidate.unavailable) {
             if let Some(entry) = not_compared.iter_mut().find(|(n, _)| n == t) {
                 entry.1 = why.clone();
@@ -99,8 +143,17 @@ impl Job<'_> {
         }
         let mut candidate_notes = candidate.notes.clone();
         candidate_notes.extend(notes);
-        let unavailable: Vec<(String, String)> = reference.unavailable.iter().chain(&candidate.unavailable).cloned().collect();
-        let memory = MemoryPlan { budget_bytes: None, estimated_bytes: bytes as u64, groups: 1, largest_group_bytes: 0, shapes_from: "the runs on the GPU".into(), comparison: DEVICE.into(), separate_because: None };
+        let unavailable: Vec<(String, String)> =
+            reference.unavailable.iter().chain(&candidate.unavailable).cloned().collect();
+        let memory = MemoryPlan {
+            budget_bytes: None,
+            estimated_bytes: bytes as u64,
+            groups: 1,
+            largest_group_bytes: 0,
+            shapes_from: "the runs on the GPU".into(),
+            comparison: DEVICE.into(),
+            separate_because: None,
+        };
         records
             .into_iter()
             .map(|sample_records| Compared {
@@ -123,7 +176,9 @@ impl Job<'_> {
             return false;
         }
         if self.device_reducer.is_none() {
-            match steps.run("building the GPU reduction kernels (NVRTC)", || DeviceReducer::new(device).map_err(|e| anyhow!(e))) {
+            match steps.run("building the GPU reduction kernels (NVRTC)", || {
+                DeviceReducer::new(device).map_err(|e| anyhow!(e))
+            }) {
                 Ok(reducer) => self.device_reducer = Some(reducer),
                 Err(e) => self.device_refused = Some(format!("{e:#}")),
             }
@@ -133,7 +188,9 @@ impl Job<'_> {
 
     /// Why samples that could be compared on the GPU were not (the kernels could not be built).
     pub(super) fn device_note(&self) -> Option<String> {
-        self.device_refused.as_ref().map(|why| format!("tensors copied to the host to be compared: the GPU reduction could not be used ({why})"))
+        self.device_refused.as_ref().map(|why| {
+            format!("tensors copied to the host to be compared: the GPU reduction could not be used ({why})")
+        })
     }
 }
 
@@ -193,8 +250,11 @@ fn sample_records(
             }
             _ => {
                 for (k, record) in records.iter_mut().enumerate() {
-                    let (rv, cv) = (sample_part(reducer, r, layout, k, width)?, sample_part(reducer, c, layout, k, width)?);
-                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || compute(&rv.to_f32(), &cv.to_f32(), tol)));
+                    let (rv, cv) =
+                        (sample_part(reducer, r, layout, k, width)?, sample_part(reducer, c, layout, k, width)?);
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || {
+                        compute(&rv.to_f32(), &cv.to_f32(), tol)
+                    }));
                 }
             }
         }
@@ -210,7 +270,11 @@ fn sample_records(
 
 /// The candidate's tensors under the reference names they were paired with (a separate candidate
 /// model names its own: `cand_names`, reference to candidate).
-fn by_reference_name<'a>(separate_model: bool, cand_names: &'a HashMap<String, String>, candidate: &'a DeviceRun) -> HashMap<&'a str, &'a DeviceTensor> {
+fn by_reference_name<'a>(
+    separate_model: bool,
+    cand_names: &'a HashMap<String, String>,
+    candidate: &'a DeviceRun,
+) -> HashMap<&'a str, &'a DeviceTensor> {
     if separate_model {
         cand_names.iter().filter_map(|(r, c)| candidate.tensors.get(c).map(|t| (r.as_str(), t))).collect()
     } else {
@@ -263,7 +327,13 @@ fn element_kind(dtype: DType) -> Option<ElementKind> {
 
 /// Sample `k`'s values of `t`, a tensor of a run of `width` samples whose samples lie as `layout`
 /// says, copied to the host.
-fn sample_part(reducer: &mut DeviceReducer, t: &DeviceTensor, layout: SampleLayout, k: usize, width: usize) -> Result<Tensor> {
+fn sample_part(
+    reducer: &mut DeviceReducer,
+    t: &DeviceTensor,
+    layout: SampleLayout,
+    k: usize,
+    width: usize,
+) -> Result<Tensor> {
     let size = t.dtype.size();
     let (first, blocks, block, stride) = layout.part(k, width, t.shape.iter().product());
     let mut bytes = Vec::with_capacity(blocks * block * size);
@@ -272,7 +342,8 @@ fn sample_part(reducer: &mut DeviceReducer, t: &DeviceTensor, layout: SampleLayo
         bytes.extend(reducer.download(at, block * size).map_err(|e| anyhow!(e))?);
     }
     let shape = layout.per_sample(&t.shape, width);
-    Tensor::from_le_bytes(t.dtype, shape, &bytes).ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
+    Tensor::from_le_bytes(t.dtype, shape, &bytes)
+        .ok_or_else(|| anyhow!("a {} tensor copied from the GPU could not be read", t.dtype.name()))
 }
 
 /// The samples' inputs as one run of `width` samples: a batch shorter than `width` padded with
@@ -304,7 +375,10 @@ pub(crate) fn batched_feeds(samples: &[Vec<(String, Tensor)>]) -> Result<Vec<(St
         }
         let mut shape = t.shape.clone();
         shape[0] *= samples.len();
-        out.push((name.clone(), Tensor::from_le_bytes(t.dtype(), shape, &bytes).ok_or("a batched input could not be assembled")?));
+        out.push((
+            name.clone(),
+            Tensor::from_le_bytes(t.dtype(), shape, &bytes).ok_or("a batched input could not be assembled")?,
+        ));
     }
     Ok(out)
 }
@@ -322,7 +396,11 @@ impl Job<'_> {
     /// failed (the reason goes to the notes); the caller then compares the samples one by one.
     /// A batch shorter than `--batch` runs padded with copies of its last sample (one session
     /// for every batch); only the samples' own comparisons are returned.
-    pub(super) fn compare_batch_on_device(&mut self, samples: &[Vec<(String, Tensor)>], steps: &mut Steps) -> Result<Option<Vec<Compared>>> {
+    pub(super) fn compare_batch_on_device(
+        &mut self,
+        samples: &[Vec<(String, Tensor)>],
+        steps: &mut Steps,
+    ) -> Result<Option<Vec<Compared>>> {
         let width = self.options.batch;
         if width < 2 || self.batch_refused.is_some() || samples.is_empty() {
             return Ok(None);
@@ -340,23 +418,32 @@ impl Job<'_> {
         };
         // The check run: the batch's first sample alone, the reference side.
         let alone = if self.batch_layouts.is_none() {
-            let request = RunRequest { model: self.model, index: &self.index, inputs: &samples[0], selection: &Selection::All };
-            let run = steps.run(&format!("running reference {} on one sample (to check the batch)", self.options.reference), || {
-                self.reference.run_on_device(&request).ok_or_else(|| anyhow!("the reference does not run on CUDA"))?.map_err(|e| anyhow!(e))
-            })?;
+            let request =
+                RunRequest { model: self.model, index: &self.index, inputs: &samples[0], selection: &Selection::All };
+            let run = steps.run(
+                &format!("running reference {} on one sample (to check the batch)", self.options.reference),
+                || {
+                    self.reference
+                        .run_on_device(&request)
+                        .ok_or_else(|| anyhow!("the reference does not run on CUDA"))?
+                        .map_err(|e| anyhow!(e))
+                },
+            )?;
             Some(run)
         } else {
             None
         };
-        let (reference_run, candidate_run) = self.runs_on_device(&feeds, device, &format!(" on {width} samples at once"), steps)?;
+        let (reference_run, candidate_run) =
+            self.runs_on_device(&feeds, device, &format!(" on {width} samples at once"), steps)?;
         let candidate_of = by_reference_name(self.cand_model.is_some(), &self.cand_names, &candidate_run);
         let reducer = self.device_reducer.as_mut().expect("built above");
         if let Some(alone) = &alone {
-            let one: HashMap<String, Vec<usize>> = alone.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-            let batched: HashMap<String, Vec<usize>> = reference_run.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-            let checked = sample_layouts(&one, &batched, width).and_then(|layouts| {
-                check_first_sample(reducer, alone, &reference_run, &layouts).map(|()| layouts)
-            });
+            let one: HashMap<String, Vec<usize>> =
+                alone.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+            let batched: HashMap<String, Vec<usize>> =
+                reference_run.tensors.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+            let checked = sample_layouts(&one, &batched, width)
+                .and_then(|layouts| check_first_sample(reducer, alone, &reference_run, &layouts).map(|()| layouts));
             match checked {
                 Ok(layouts) => self.batch_layouts = Some((layouts, batched)),
                 Err(why) => {
@@ -367,16 +454,31 @@ impl Job<'_> {
         }
         let (layouts, checked_shapes) = self.batch_layouts.as_ref().expect("checked on the first batch");
         // A later batch of other shapes (another input size) is not the batch that was checked.
-        if let Some((name, t)) = reference_run.tensors.iter().find(|(n, t)| checked_shapes.get(n.as_str()).is_some_and(|s| *s != t.shape)) {
-            self.batch_refused = Some(format!("a later batch gives tensor '{name}' the shape [{}], not the checked batch's", shape_string(&t.shape)));
+        if let Some((name, t)) =
+            reference_run.tensors.iter().find(|(n, t)| checked_shapes.get(n.as_str()).is_some_and(|s| *s != t.shape))
+        {
+            self.batch_refused = Some(format!(
+                "a later batch gives tensor '{name}' the shape [{}], not the checked batch's",
+                shape_string(&t.shape)
+            ));
             return Ok(None);
         }
         let (index, tolerances) = (&self.index, &self.judging.tolerances);
         let names = compared_names(&self.order, &index.outputs);
         let count = samples.len();
-        let (records, not_compared, reduced) = steps.run(&format!("comparing {count} samples' tensors on the GPU"), || {
-            sample_records(reducer, index, tolerances, &names, (&reference_run, &candidate_of), (count, width), |name| layouts.get(name).copied(), device)
-        })?;
+        let (records, not_compared, reduced) =
+            steps.run(&format!("comparing {count} samples' tensors on the GPU"), || {
+                sample_records(
+                    reducer,
+                    index,
+                    tolerances,
+                    &names,
+                    (&reference_run, &candidate_of),
+                    (count, width),
+                    |name| layouts.get(name).copied(),
+                    device,
+                )
+            })?;
         let note = format!(
             "compared on the GPU where both sides ran, {width} samples in each run of either side (each tensor's samples found along the dimension its shape gives and checked against one sample run alone, within {BATCH_CHECK_REL_L2:.0e} relative L2): {reduced} tensor pairs of this batch reduced there by layerwise's own CUDA kernels (float64 totals, built with NVRTC), only their totals copied to the host; a batched run may choose other GPU kernels than a run of one sample"
         );
@@ -390,7 +492,12 @@ impl Job<'_> {
     /// holds them), less in a batch the tensors every sample shares. `None` where the samples were
     /// not compared on the GPU, or where both sides' tensors of one sample, held three times over
     /// by the steps after the walk, would pass the memory budget.
-    pub(super) fn held_from_device(&mut self, run: &[Vec<(String, Tensor)>], position: usize, steps: &mut Steps) -> Result<Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>> {
+    pub(super) fn held_from_device(
+        &mut self,
+        run: &[Vec<(String, Tensor)>],
+        position: usize,
+        steps: &mut Steps,
+    ) -> Result<Option<(HashMap<String, Tensor>, HashMap<String, Tensor>)>> {
         let Some(device) = self.device_of_both(false) else { return Ok(None) };
         if self.device_reducer.is_none() || run.is_empty() {
             return Ok(None);
@@ -400,7 +507,8 @@ impl Job<'_> {
             return Ok(None);
         }
         let feeds = if width > 1 { padded_batch(run, width).map_err(|e| anyhow!(e))? } else { run[0].clone() };
-        let (reference_run, candidate_run) = self.runs_on_device(&feeds, device, " again (the verdict's sample, its tensors to the host)", steps)?;
+        let (reference_run, candidate_run) =
+            self.runs_on_device(&feeds, device, " again (the verdict's sample, its tensors to the host)", steps)?;
         if (run_bytes(&reference_run) + run_bytes(&candidate_run)) as u64 / width as u64 * 3 > self.budget {
             return Ok(None);
         }
@@ -418,7 +526,9 @@ impl Job<'_> {
             _ => layouts.and_then(|l| l.get(reference_name).copied()).filter(|l| *l != SampleLayout::Shared),
         };
         let reducer = self.device_reducer.as_mut().expect("checked");
-        let mut copied = |run: &DeviceRun, name_for_layout: &dyn Fn(&str) -> Option<SampleLayout>| -> Result<HashMap<String, Tensor>> {
+        let mut copied = |run: &DeviceRun,
+                          name_for_layout: &dyn Fn(&str) -> Option<SampleLayout>|
+         -> Result<HashMap<String, Tensor>> {
             let mut out = HashMap::new();
             for (name, t) in &run.tensors {
                 // A tensor whose samples' places are unknown (a candidate tensor paired with none) stays out.
@@ -427,20 +537,31 @@ impl Job<'_> {
             }
             Ok(out)
         };
-        let reference = steps.run("copying the verdict's sample's reference tensors to the host", || copied(&reference_run, &|n| layout_of(n)))?;
-        let candidate = steps.run("copying the verdict's sample's candidate tensors to the host", || copied(&candidate_run, &|n| reference_of.get(n).and_then(|r| layout_of(r))))?;
+        let reference = steps.run("copying the verdict's sample's reference tensors to the host", || {
+            copied(&reference_run, &|n| layout_of(n))
+        })?;
+        let candidate = steps.run("copying the verdict's sample's candidate tensors to the host", || {
+            copied(&candidate_run, &|n| reference_of.get(n).and_then(|r| layout_of(r)))
+        })?;
         Ok(Some((reference, candidate)))
     }
 
     /// Why `--batch` was not used, where it was asked for and both sides ran on one GPU.
     pub(super) fn batch_note(&self) -> Option<String> {
-        self.batch_refused.as_ref().map(|why| format!("--batch {} not used, the samples were run one at a time: {why}", self.options.batch))
+        self.batch_refused
+            .as_ref()
+            .map(|why| format!("--batch {} not used, the samples were run one at a time: {why}", self.options.batch))
     }
 }
 
 /// The check of a batch: the reference's values of its first sample equal (within
 /// `BATCH_CHECK_REL_L2`) those of that sample run alone, in every float tensor.
-fn check_first_sample(reducer: &mut DeviceReducer, alone: &DeviceRun, batched: &DeviceRun, layouts: &HashMap<String, SampleLayout>) -> Result<(), String> {
+fn check_first_sample(
+    reducer: &mut DeviceReducer,
+    alone: &DeviceRun,
+    batched: &DeviceRun,
+    layouts: &HashMap<String, SampleLayout>,
+) -> Result<(), String> {
     let mut names = Vec::new();
     let mut pairs = Vec::new();
     for (name, a) in &alone.tensors {
@@ -457,10 +578,25 @@ fn check_first_sample(reducer: &mut DeviceReducer, alone: &DeviceRun, batched: &
         let (first, blocks, block, stride) = layout.part(0, batch, b.shape.iter().product());
         let len = blocks * block;
         if len != a.shape.iter().product::<usize>() || first != 0 {
-            return Err(format!("tensor '{name}' holds {} values for one sample and {len} for each of the batch's", a.shape.iter().product::<usize>()));
+            return Err(format!(
+                "tensor '{name}' holds {} values for one sample and {len} for each of the batch's",
+                a.shape.iter().product::<usize>()
+            ));
         }
         // The sample alone holds its values in a row; the batch, every `stride` elements.
-        pairs.push(DevicePair { reference: a.ptr, candidate: b.ptr, len, blocks, reference_stride: block, candidate_stride: stride, reference_kind: ak, candidate_kind: bk, atol: 0.0, rtol: 0.0, range_tol: 0.0 });
+        pairs.push(DevicePair {
+            reference: a.ptr,
+            candidate: b.ptr,
+            len,
+            blocks,
+            reference_stride: block,
+            candidate_stride: stride,
+            reference_kind: ak,
+            candidate_kind: bk,
+            atol: 0.0,
+            rtol: 0.0,
+            range_tol: 0.0,
+        });
         names.push(name.clone());
     }
     let totals = reducer.reduce(&pairs)?;
@@ -480,12 +616,22 @@ mod tests {
 
     #[test]
     fn samples_are_put_one_after_the_other_in_the_first_dimension() {
-        let sample = |v: f32| vec![("x".to_string(), Tensor::f32(vec![1, 2], vec![v, v + 0.5])), ("ids".to_string(), Tensor::new(vec![1], layerwise_runtime::TensorData::I64(vec![v as i64])))];
+        let sample = |v: f32| {
+            vec![
+                ("x".to_string(), Tensor::f32(vec![1, 2], vec![v, v + 0.5])),
+                ("ids".to_string(), Tensor::new(vec![1], layerwise_runtime::TensorData::I64(vec![v as i64]))),
+            ]
+        };
         let batch = batched_feeds(&[sample(1.0), sample(2.0), sample(3.0)]).unwrap();
         assert_eq!(batch[0].1, Tensor::f32(vec![3, 2], vec![1.0, 1.5, 2.0, 2.5, 3.0, 3.5]));
         assert_eq!(batch[1].1, Tensor::new(vec![3], layerwise_runtime::TensorData::I64(vec![1, 2, 3])));
-        let other = vec![("x".to_string(), Tensor::f32(vec![1, 3], vec![0.0; 3])), ("ids".to_string(), Tensor::new(vec![1], layerwise_runtime::TensorData::I64(vec![0])))];
-        assert!(batched_feeds(&[sample(1.0), other]).unwrap_err().contains("input 'x' differs in shape or type between samples"));
+        let other = vec![
+            ("x".to_string(), Tensor::f32(vec![1, 3], vec![0.0; 3])),
+            ("ids".to_string(), Tensor::new(vec![1], layerwise_runtime::TensorData::I64(vec![0]))),
+        ];
+        assert!(batched_feeds(&[sample(1.0), other])
+            .unwrap_err()
+            .contains("input 'x' differs in shape or type between samples"));
         let scalar = vec![("t".to_string(), Tensor::f32(vec![], vec![1.0]))];
         assert!(batched_feeds(&[scalar.clone(), scalar]).unwrap_err().contains("scalar"));
     }

@@ -35,7 +35,11 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Rep
         bail!("--devices spreads the samples of --inputs DIR over GPUs; give a folder of .npz files");
     }
     if !options.reference.ort_gpu() && !options.candidate.ort_gpu() {
-        bail!("--devices spreads samples over GPUs, but neither --ref {} nor --cand {} runs on one", options.reference, options.candidate);
+        bail!(
+            "--devices spreads samples over GPUs, but neither --ref {} nor --cand {} runs on one",
+            options.reference,
+            options.candidate
+        );
     }
     if options.save_tensors.is_some() {
         bail!("--devices and --save-tensors do not combine: each GPU's job would write its own samples' tensors; run without --devices to save them");
@@ -45,7 +49,10 @@ pub fn bisect_on_devices(options: &BisectOptions, devices: &[u32]) -> Result<Rep
     }
     let total = samples(&options.inputs)?.len();
     let count = devices.len().min(total);
-    let jobs: Vec<(String, BisectOptions)> = devices[..count].iter().map(|&d| (format!("GPU {d}"), BisectOptions { device: Some(d), ..options.clone() })).collect();
+    let jobs: Vec<(String, BisectOptions)> = devices[..count]
+        .iter()
+        .map(|&d| (format!("GPU {d}"), BisectOptions { device: Some(d), ..options.clone() }))
+        .collect();
     spread_over_jobs(options, jobs)
 }
 
@@ -60,7 +67,19 @@ pub fn spread_over_jobs(options: &BisectOptions, jobs: Vec<(String, BisectOption
     }
     let (labels, jobs): (Vec<String>, Vec<BisectOptions>) = jobs
         .into_iter()
-        .map(|(label, o)| (label, BisectOptions { shard: None, outputs: Default::default(), progress: false, progress_lines: false, repro: None, ..o }))
+        .map(|(label, o)| {
+            (
+                label,
+                BisectOptions {
+                    shard: None,
+                    outputs: Default::default(),
+                    progress: false,
+                    progress_lines: false,
+                    repro: None,
+                    ..o
+                },
+            )
+        })
         .unzip();
     let next = AtomicUsize::new(0);
     let (to_lead, from_jobs) = mpsc::channel();
@@ -111,7 +130,11 @@ pub fn spread_over_jobs(options: &BisectOptions, jobs: Vec<(String, BisectOption
 /// Waits for every job's samples, tells the one holding the verdict's sample to go on (with every
 /// job's numbers) and the others to stop. Returns how many samples each job ran. A job that failed
 /// before handing over stops the others; its error is the one reported.
-fn lead(from_jobs: mpsc::Receiver<(usize, Option<Vec<SampleData>>)>, replies: &[mpsc::Sender<Option<Vec<SampleData>>>], count: usize) -> Result<Vec<usize>> {
+fn lead(
+    from_jobs: mpsc::Receiver<(usize, Option<Vec<SampleData>>)>,
+    replies: &[mpsc::Sender<Option<Vec<SampleData>>>],
+    count: usize,
+) -> Result<Vec<usize>> {
     let mut handed: Vec<Option<Vec<SampleData>>> = vec![None; count];
     let mut failed = false;
     for _ in 0..count {
@@ -131,7 +154,11 @@ fn lead(from_jobs: mpsc::Receiver<(usize, Option<Vec<SampleData>>)>, replies: &[
         bail!("a GPU's job failed");
     }
     let spread: Vec<usize> = handed.iter().map(|d| d.as_ref().map_or(0, Vec::len)).collect();
-    let mut every: Vec<(SampleData, usize)> = handed.into_iter().enumerate().flat_map(|(j, d)| d.unwrap_or_default().into_iter().map(move |s| (s, j))).collect();
+    let mut every: Vec<(SampleData, usize)> = handed
+        .into_iter()
+        .enumerate()
+        .flat_map(|(j, d)| d.unwrap_or_default().into_iter().map(move |s| (s, j)))
+        .collect();
     // The folder's order, as one run takes the samples.
     every.sort_by(|a, b| a.0.run.sample.cmp(&b.0.run.sample));
     let data: Vec<SampleData> = every.iter().map(|(d, _)| d.clone()).collect();

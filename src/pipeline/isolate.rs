@@ -14,7 +14,12 @@ use super::compare::{Compared, Job};
 const ISOLATE_MAX: usize = 128;
 
 /// Runs each blame-chain node alone on the candidate, fed the reference's values.
-pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Result<Isolation> {
+pub(super) fn isolate(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    compared: &Compared,
+    verdict: &Verdict,
+) -> Result<Isolation> {
     let started = std::time::Instant::now();
     let mut skipped = Vec::new();
     let mut groups: Vec<Vec<String>> = Vec::new();
@@ -23,7 +28,10 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     // that matter; those nearest the output are left, and the report says so.
     let beyond = verdict.chain.len().saturating_sub(ISOLATE_MAX);
     if beyond > 0 {
-        skipped.push((format!("{beyond} chain nodes nearest the output"), format!("at most {ISOLATE_MAX} chain nodes are run alone, those nearest the first divergent layer")));
+        skipped.push((
+            format!("{beyond} chain nodes nearest the output"),
+            format!("at most {ISOLATE_MAX} chain nodes are run alone, those nearest the first divergent layer"),
+        ));
     }
     // A stored value on the chain (a Constant that is a model output) computes nothing to run.
     for step in verdict.chain.iter().skip(beyond).filter(|s| !job.index.is_stored_value(&s.tensor)) {
@@ -57,7 +65,13 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     let mut wanted: Vec<String> = Vec::new();
     for step in &steps_by_node {
         let node = job.index.node(&step.node).expect("checked");
-        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+        wanted.extend(
+            node.inputs
+                .iter()
+                .chain(&node.outputs)
+                .filter(|t| !t.is_empty() && job.index.producer_index(t).is_some())
+                .cloned(),
+        );
     }
     // A candidate model's tensor holds the value of the reference tensor the matching paired it with.
     let reference_of = job.reference_names();
@@ -82,7 +96,9 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     };
     // Types as the candidate's model declares them (a converted model reads FP16).
     let cand_types = match &job.cand_model {
-        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
+        Some((cm, ci)) => {
+            Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?)
+        }
         None => None,
     };
     let type_of = |t: &str| -> Option<TensorType> {
@@ -103,7 +119,13 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
     // A quantizer whose output holds another chain tensor is that chain step's own, run alone
     // there: the node reading it is fed the reference's value instead (no fault counted twice).
     let chain_twin = |t: &str| reference_of.get(t).is_some_and(|r| verdict.chain.iter().any(|s| &s.tensor == r));
-    let quantizer = |t: &str| job.judging.quantization.is_some() && !chain_twin(t) && source_index.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear");
+    let quantizer = |t: &str| {
+        job.judging.quantization.is_some()
+            && !chain_twin(t)
+            && source_index
+                .producer(t)
+                .is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear")
+    };
     let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t);
     let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;
     super::steps::timing("isolation: extracted", started);
@@ -118,14 +140,22 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
         }
     }
     job.candidate.keep_fp32(&[]);
-    let out = job.candidate.run(&RunRequest { model: &extracted, index: &extracted_index, inputs: &local_feeds, selection: &Selection::All })?;
+    let out = job.candidate.run(&RunRequest {
+        model: &extracted,
+        index: &extracted_index,
+        inputs: &local_feeds,
+        selection: &Selection::All,
+    })?;
     super::steps::timing("isolation: candidate run", started);
     let started = std::time::Instant::now();
     let mut nodes = Vec::new();
     for (group, step) in extraction.groups.iter().zip(&steps_by_node) {
         let twin = job.cand_names.get(&step.tensor).unwrap_or(&step.tensor);
         let Some((local, _)) = group.outputs.iter().find(|(_, o)| o == twin || *o == step.tensor) else {
-            skipped.push((step.node.clone(), format!("the candidate's value of '{}' is not computed by that node alone", step.tensor)));
+            skipped.push((
+                step.node.clone(),
+                format!("the candidate's value of '{}' is not computed by that node alone", step.tensor),
+            ));
             continue;
         };
         let (Some(r), Some(c)) = (reference.get(&step.tensor), out.tensors.get(local)) else {
@@ -133,7 +163,10 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             continue;
         };
         if r.shape != c.shape {
-            skipped.push((step.node.clone(), format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string())));
+            skipped.push((
+                step.node.clone(),
+                format!("shape {} alone, {} in the model", c.shape_string(), r.shape_string()),
+            ));
             continue;
         }
         let local = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&step.tensor));
@@ -145,16 +178,22 @@ pub(super) fn isolate(job: &mut Job, feeds: &[(String, Tensor)], compared: &Comp
             .then(|| {
                 node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
                     // Only a float tensor is stored in FP16: an int32 input beyond 65504 is not.
-                    value(t).is_some_and(|v| v.dtype().is_float() && v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX))
+                    value(t).is_some_and(|v| {
+                        v.dtype().is_float()
+                            && v.to_f32().iter().any(|x| x.is_finite() && x.abs() > layerwise_model::fp16::FP16_MAX)
+                    })
                 })
             })
             .flatten();
-        let note = overflowing_input.map(|t| format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream"));
+        let note = overflowing_input.map(|t| {
+            format!("its input '{t}' exceeds the FP16 range in the reference, so its overflow comes from upstream")
+        });
         let introduces = local_error >= job.judging.rule.min_break && note.is_none();
         // The node that loses information to storage (absorption, a cancellation's or a periodic
         // function's operand) errs by a tiny relative L2 by nature: what it loses is absolute, so
         // it is judged by that (issue 39: the Add absorbing x was marked 'propagates').
-        let storage_loss = verdict.first_divergent.as_ref().filter(|fd| fd.node == step.node && fd.cause.best.kind.is_storage_loss());
+        let storage_loss =
+            verdict.first_divergent.as_ref().filter(|fd| fd.node == step.node && fd.cause.best.kind.is_storage_loss());
         let (role, note) = match storage_loss {
             Some(fd) if !introduces && local.max_abs_err >= 0.5 * fd.evidence.output_max_abs_err => (
                 "loses",
@@ -217,12 +256,26 @@ fn reference_values(job: &mut Job, feeds: &[(String, Tensor)], wanted: &[String]
             }
         }
     }
-    let kept: std::collections::HashSet<usize> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).map(|(n, _)| n.proto_index).collect();
-    let read: std::collections::HashSet<&str> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).flat_map(|(n, _)| n.all_inputs().map(String::as_str)).collect();
-    let made: std::collections::HashSet<&str> = index.nodes.iter().zip(&part).filter(|(_, &p)| p).flat_map(|(n, _)| n.outputs.iter().map(String::as_str)).collect();
+    let kept: std::collections::HashSet<usize> =
+        index.nodes.iter().zip(&part).filter(|(_, &p)| p).map(|(n, _)| n.proto_index).collect();
+    let read: std::collections::HashSet<&str> = index
+        .nodes
+        .iter()
+        .zip(&part)
+        .filter(|(_, &p)| p)
+        .flat_map(|(n, _)| n.all_inputs().map(String::as_str))
+        .collect();
+    let made: std::collections::HashSet<&str> = index
+        .nodes
+        .iter()
+        .zip(&part)
+        .filter(|(_, &p)| p)
+        .flat_map(|(n, _)| n.outputs.iter().map(String::as_str))
+        .collect();
     // The model's own outputs in the part keep their declared types; the rest carry a name only,
     // as `expose` adds them.
-    let mut output: Vec<layerwise_model::onnx::ValueInfoProto> = graph.output.iter().filter(|v| made.contains(v.name())).cloned().collect();
+    let mut output: Vec<layerwise_model::onnx::ValueInfoProto> =
+        graph.output.iter().filter(|v| made.contains(v.name())).cloned().collect();
     let mut listed: std::collections::HashSet<String> = output.iter().map(|v| v.name().to_string()).collect();
     for t in boundary {
         if listed.insert(t.clone()) {
@@ -232,8 +285,18 @@ fn reference_values(job: &mut Job, feeds: &[(String, Tensor)], wanted: &[String]
     let part_graph = layerwise_model::onnx::GraphProto {
         node: graph.node.iter().enumerate().filter(|(k, _)| kept.contains(k)).map(|(_, n)| n.clone()).collect(),
         initializer: graph.initializer.iter().filter(|w| read.contains(w.name())).cloned().collect(),
-        sparse_initializer: graph.sparse_initializer.iter().filter(|w| w.values.as_ref().is_some_and(|v| read.contains(v.name()))).cloned().collect(),
-        input: graph.input.iter().filter(|v| !index.is_initializer(v.name()) || read.contains(v.name())).cloned().collect(),
+        sparse_initializer: graph
+            .sparse_initializer
+            .iter()
+            .filter(|w| w.values.as_ref().is_some_and(|v| read.contains(v.name())))
+            .cloned()
+            .collect(),
+        input: graph
+            .input
+            .iter()
+            .filter(|v| !index.is_initializer(v.name()) || read.contains(v.name()))
+            .cloned()
+            .collect(),
         value_info: graph.value_info.iter().filter(|v| made.contains(v.name())).cloned().collect(),
         output,
         name: graph.name.clone(),
@@ -259,7 +322,12 @@ fn reference_values(job: &mut Job, feeds: &[(String, Tensor)], wanted: &[String]
     let part_model = job.model.derived(part_proto, "isolation-reference.onnx");
     let part_index = GraphIndex::build(part_model.graph())?;
     super::steps::timing(&format!("isolation: reference part of {in_part} of {} nodes", index.nodes.len()), started);
-    let request = RunRequest { model: &part_model, index: &part_index, inputs: feeds, selection: &Selection::Names(wanted.to_vec()) };
+    let request = RunRequest {
+        model: &part_model,
+        index: &part_index,
+        inputs: feeds,
+        selection: &Selection::Names(wanted.to_vec()),
+    };
     let mut out = job.reference.run(&request).with_context(|| format!("reference {}", job.options.reference))?;
     layerwise_analysis::add_passed_through(job.model.graph(), &job.index, feeds, &mut out.tensors);
     Ok(out.tensors)

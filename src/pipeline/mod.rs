@@ -32,7 +32,10 @@ mod steps;
 use compare::{Compared, Job};
 use noise_floor::{noise_floor, FloorTarget};
 pub use options::check_outputs;
-pub use options::{check_not_external_data, default_candidate, default_memory_budget, parse_size, BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL};
+pub use options::{
+    check_not_external_data, default_candidate, default_memory_budget, parse_size, BisectOptions, BisectOutcome,
+    Marking, ToleranceField, CANCEL,
+};
 pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;
 
@@ -42,7 +45,8 @@ pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     check_outputs(options)?;
     let model = steps.run("loading model", || Model::load(&options.model).map_err(Into::into))?;
     layerwise_runtime::timing_mark(|| "loaded".into());
-    let outcome = run_bisect(&model, options, steps, None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"));
+    let outcome = run_bisect(&model, options, steps, None)?
+        .ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"));
     layerwise_runtime::timing_mark(|| "bisect done".into());
     outcome
 }
@@ -50,7 +54,8 @@ pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
 /// The bisect job on an already loaded model (the demo builds its model in memory).
 pub fn bisect_model(model: &Model, options: &BisectOptions) -> Result<BisectOutcome> {
     check_outputs(options)?;
-    run_bisect(model, options, Steps::new(options.progress, options.progress_lines), None)?.ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
+    run_bisect(model, options, Steps::new(options.progress, options.progress_lines), None)?
+        .ok_or_else(|| anyhow::anyhow!("a run without a shared queue always reports"))
 }
 
 /// One of several jobs over the same sample folder at once (`--devices`, one per GPU): it takes
@@ -77,7 +82,6 @@ pub(crate) fn bisect_from_queue(options: &BisectOptions, queue: &mut dyn SampleQ
     run_bisect(&model, options, steps, Some(queue))
 }
 
-
 /// One sample's comparison and walk.
 struct SampleOutcome {
     name: String,
@@ -90,7 +94,12 @@ struct SampleOutcome {
     batch: Option<Vec<usize>>,
 }
 
-fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut queue: Option<&mut dyn SampleQueue>) -> Result<Option<BisectOutcome>> {
+fn run_bisect(
+    original: &Model,
+    options: &BisectOptions,
+    mut steps: Steps,
+    mut queue: Option<&mut dyn SampleQueue>,
+) -> Result<Option<BisectOutcome>> {
     options::check_not_external_data(original, "the input model's external data", options, &[])?;
     // 1. Plan: backends, samples, control flow, the candidate model, precision and tolerances.
     let mut setup = setup::set_up(original, options, &mut steps)?;
@@ -109,11 +118,13 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
     let mut job = Job::new(options, &flattened, setup);
     let weights = if job.judging.precision == Precision::Fp16 {
-        let mut weights = steps.run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?;
+        let mut weights = steps
+            .run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?;
         if options.candidate.folds_batch_norms() {
             // A folding engine never stores a folded BatchNorm's parameters: no claim about them.
             let outputs = job.index.outputs.iter().cloned().collect();
-            let (_, folded) = layerwise_model::engine_style::fold_batch_norms(job.model, &job.model.proto, &job.index, &outputs)?;
+            let (_, folded) =
+                layerwise_model::engine_style::fold_batch_norms(job.model, &job.model.proto, &job.index, &outputs)?;
             let unstored = layerwise_model::engine_style::folded_parameters(&job.index, &folded);
             weights.retain(|w| !unstored.iter().any(|(t, _)| *t == w.name));
         }
@@ -156,7 +167,14 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     let mut taken = 0;
     let mut handed = 0;
     let prepare = |batch: &[usize]| -> Result<Vec<(usize, Vec<PreparedInput>)>> {
-        batch.iter().map(|&k| prepare_inputs(&decls, &samples[k].1).map(|inputs| (k, inputs)).map_err(|e| owners.explain(&samples[k].0, e))).collect()
+        batch
+            .iter()
+            .map(|&k| {
+                prepare_inputs(&decls, &samples[k].1)
+                    .map(|inputs| (k, inputs))
+                    .map_err(|e| owners.explain(&samples[k].0, e))
+            })
+            .collect()
     };
     let mut batch = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
     let mut prepared = prepare(&batch);
@@ -172,7 +190,8 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
             let reader = early.as_ref().map(|following| scope.spawn(|| prepare(following)));
             let ran = (|| -> Result<()> {
                 let together = if width > 1 {
-                    let feeds: Vec<Vec<(String, Tensor)>> = inputs_read.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect();
+                    let feeds: Vec<Vec<(String, Tensor)>> =
+                        inputs_read.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect();
                     job.compare_batch_on_device(&feeds, &mut steps)?
                 } else {
                     None
@@ -188,27 +207,55 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
                     let feeds = setup::feeds_of(&inputs);
                     let done = match together.as_mut().and_then(Iterator::next) {
                         Some(compared) => walk_compared(&mut job, &feeds, compared, &weights, &mut steps),
-                        None => compare_and_walk(&mut job, &feeds, &weights, total_samples, saver.is_some(), &mut steps, &mut extras),
+                        None => compare_and_walk(
+                            &mut job,
+                            &feeds,
+                            &weights,
+                            total_samples,
+                            saver.is_some(),
+                            &mut steps,
+                            &mut extras,
+                        ),
                     };
                     // In a set, a run that fails on one sample says which (the tester, stop 49).
-                    let (mut compared, verdict) = if total_samples > 1 { done.with_context(|| format!("sample {name}"))? } else { done? };
+                    let (mut compared, verdict) =
+                        if total_samples > 1 { done.with_context(|| format!("sample {name}"))? } else { done? };
                     layerwise_runtime::timing_mark(|| "compared and walked".into());
                     if let (Some(saver), Some((r, c))) = (&mut saver, &compared.tensors) {
-                        steps.run("saving tensors", || saver.save(name, |dir| {
-                            saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
-                            saved::save_run(dir, "cand", &options.candidate, &job.order, c, &compared.engine_layers, &feeds)?;
-                            Ok(())
-                        }))?;
+                        steps.run("saving tensors", || {
+                            saver.save(name, |dir| {
+                                saved::save_run(dir, "ref", &options.reference, &job.order, r, &[], &feeds)?;
+                                saved::save_run(
+                                    dir,
+                                    "cand",
+                                    &options.candidate,
+                                    &job.order,
+                                    c,
+                                    &compared.engine_layers,
+                                    &feeds,
+                                )?;
+                                Ok(())
+                            })
+                        })?;
                         if total_samples > 1 {
                             // Only a single sample's tensors are kept for the later stages.
                             compared.tensors = None;
                         }
                     }
-                    per_sample.push(SampleOutcome { name: name.clone(), inputs, compared, verdict, index: k, batch: batched.clone() });
+                    per_sample.push(SampleOutcome {
+                        name: name.clone(),
+                        inputs,
+                        compared,
+                        verdict,
+                        index: k,
+                        batch: batched.clone(),
+                    });
                 }
                 Ok(())
             })();
-            let read_early = reader.map(|reader| reader.join().unwrap_or_else(|_| Err(anyhow::anyhow!("reading the next samples' inputs panicked"))));
+            let read_early = reader.map(|reader| {
+                reader.join().unwrap_or_else(|_| Err(anyhow::anyhow!("reading the next samples' inputs panicked")))
+            });
             (ran, read_early)
         });
         ran?;
@@ -230,7 +277,13 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     layerwise_runtime::release_freed_memory();
     layerwise_runtime::timing_mark(|| "paired session dropped".into());
     let chosen = match queue {
-        None => choose_sample(&job, per_sample, total_samples, options.shard.map(|s| (s, samples_digest.clone())), &mut extras),
+        None => choose_sample(
+            &job,
+            per_sample,
+            total_samples,
+            options.shard.map(|s| (s, samples_digest.clone())),
+            &mut extras,
+        ),
         Some(queue) => match choose_shared_sample(&job, per_sample, total_samples, queue, &mut extras)? {
             Some(chosen) => chosen,
             None => return Ok(None),
@@ -243,7 +296,10 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
     // same batch, the sessions warm) copies them out, so that the steps after the walk take the
     // reference's values from it and re-run only the part a keep list changes, as for one sample.
     let follow_up = chosen.verdict.status == Status::Diverged && (options.isolate || options.counterfactual);
-    if follow_up && chosen.compared.tensors.is_none() && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == device::DEVICE) {
+    if follow_up
+        && chosen.compared.tensors.is_none()
+        && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == device::DEVICE)
+    {
         let run: Vec<Vec<(String, Tensor)>> = match &chosen.batch {
             Some(batch) => prepare(batch)?.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect(),
             None => vec![feeds.clone()],
@@ -273,7 +329,12 @@ fn run_bisect(original: &Model, options: &BisectOptions, mut steps: Steps, mut q
 
 /// The next samples to run, `width` at a time: from the shared queue, else the folder's next ones
 /// after the `handed` already taken.
-fn next_batch(queue: Option<&mut (dyn SampleQueue + '_)>, width: usize, handed: &mut usize, total: usize) -> Vec<usize> {
+fn next_batch(
+    queue: Option<&mut (dyn SampleQueue + '_)>,
+    width: usize,
+    handed: &mut usize,
+    total: usize,
+) -> Vec<usize> {
     let batch: Vec<usize> = match queue {
         Some(queue) if width > 1 => queue.next_batch(width).into_iter().filter(|&k| k < total).collect(),
         Some(queue) => queue.next().filter(|&k| k < total).into_iter().collect(),
@@ -303,7 +364,11 @@ fn compare_and_walk(
         }
         Marking::Search => {
             let (compared, verdict, found) = search::search(job, feeds, weights, steps)?;
-            refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
+            refuse_empty_outputs(
+                &job.index.outputs,
+                |o| compared.comparison.get(o).map(|r| r.shape.as_slice()),
+                feeds,
+            )?;
             extras.search = Some(found);
             (compared, verdict)
         }
@@ -314,7 +379,13 @@ fn compare_and_walk(
 /// Stage 4 on one sample whose every tensor was compared: what the walk needs besides the
 /// comparison (a Q/DQ candidate's deployed run and quantizers), and the walk back from the worst
 /// output.
-fn walk_compared(job: &mut Job, feeds: &[(String, Tensor)], compared: Compared, weights: &[WeightRange], steps: &mut Steps) -> Result<(Compared, Verdict)> {
+fn walk_compared(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    compared: Compared,
+    weights: &[WeightRange],
+    steps: &mut Steps,
+) -> Result<(Compared, Verdict)> {
     if job.index.outputs.iter().all(|o| compared.comparison.get(o).is_none()) {
         bail!(
             "no model output could be compared: {}",
@@ -364,7 +435,8 @@ struct TensorSaver {
 impl TensorSaver {
     fn new(dir: &std::path::Path, per_sample: bool) -> Result<TensorSaver> {
         use anyhow::Context;
-        let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-tensors-").with_context(|| format!("--save-tensors {}", dir.display()))?;
+        let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-tensors-")
+            .with_context(|| format!("--save-tensors {}", dir.display()))?;
         Ok(TensorSaver { staging, destination: dir.to_path_buf(), per_sample, folders: Default::default() })
     }
 
@@ -391,7 +463,8 @@ impl TensorSaver {
 /// `_` and `-` alone (a sample name is text from a file or a data loader), unique.
 fn sample_folder_name(sample: &str, taken: &std::collections::HashSet<String>) -> String {
     let stem = sample.strip_suffix(".npz").unwrap_or(sample);
-    let mut base: String = stem.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
+    let mut base: String =
+        stem.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect();
     if base.is_empty() || base.starts_with('.') {
         base = format!("sample{base}");
     }
@@ -407,27 +480,59 @@ fn sample_folder_name(sample: &str, taken: &std::collections::HashSet<String>) -
 /// Refuses a sample whose every model output is empty: a PASS over them would say nothing (found
 /// by the independent tester: an input shape with a zero dimension). `shape` gives an output's
 /// shape where it was computed.
-pub(crate) fn refuse_empty_outputs<'a>(outputs: &[String], shape: impl Fn(&str) -> Option<&'a [usize]>, feeds: &[(String, Tensor)]) -> Result<()> {
+pub(crate) fn refuse_empty_outputs<'a>(
+    outputs: &[String],
+    shape: impl Fn(&str) -> Option<&'a [usize]>,
+    feeds: &[(String, Tensor)],
+) -> Result<()> {
     if outputs.is_empty() || !outputs.iter().all(|o| shape(o).is_some_and(|s| s.contains(&0))) {
         return Ok(());
     }
-    let zero: Vec<String> = feeds.iter().filter(|(_, t)| t.shape.contains(&0)).map(|(n, t)| format!("'{n}' {}", t.shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"))).collect();
-    bail!("every model output is empty, so nothing can be compared{}", if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) });
+    let zero: Vec<String> = feeds
+        .iter()
+        .filter(|(_, t)| t.shape.contains(&0))
+        .map(|(n, t)| format!("'{n}' {}", t.shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x")))
+        .collect();
+    bail!(
+        "every model output is empty, so nothing can be compared{}",
+        if zero.is_empty() { String::new() } else { format!(": inputs with no element: {}", zero.join(", ")) }
+    );
 }
 
 /// Each sample's results as the aggregation over samples (and a shard's partial report) take them.
 fn samples_data(job: &Job, per_sample: &[SampleOutcome]) -> Vec<SampleData> {
     let worst_of = |c: &Compared| -> f64 { c.comparison.largest_error(&job.index.outputs) };
-    per_sample.iter().map(|s| samples::sample_data(&s.name, &s.inputs, &s.compared.comparison, &s.verdict, worst_of(&s.compared), &job.order)).collect()
+    per_sample
+        .iter()
+        .map(|s| {
+            samples::sample_data(
+                &s.name,
+                &s.inputs,
+                &s.compared.comparison,
+                &s.verdict,
+                worst_of(&s.compared),
+                &job.order,
+            )
+        })
+        .collect()
 }
 
 /// The sample whose worst output error is largest (the earliest on ties) carries the verdict; the
 /// others go into the per-tensor aggregation (`samples`), or into a shard's partial report.
-fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, shard: Option<((usize, usize), Option<String>)>, extras: &mut Extras) -> SampleOutcome {
+fn choose_sample(
+    job: &Job,
+    mut per_sample: Vec<SampleOutcome>,
+    total_samples: usize,
+    shard: Option<((usize, usize), Option<String>)>,
+    extras: &mut Extras,
+) -> SampleOutcome {
     let data = samples_data(job, &per_sample);
     let chosen = chosen_sample(&data).expect("one sample");
     match shard {
-        Some(((index, count), samples_digest)) => extras.shard = Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data, samples_digest }),
+        Some(((index, count), samples_digest)) => {
+            extras.shard =
+                Some(Shard { index, count, total_samples, order: job.order.clone(), samples: data, samples_digest })
+        }
         None if total_samples > 1 => extras.samples = Some(aggregate_samples(&data, chosen, &job.order)),
         None => {}
     }
@@ -437,12 +542,21 @@ fn choose_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: u
 /// [`choose_sample`] over every job of a shared queue: this job's samples' numbers are handed
 /// over, and where the whole set's verdict sample is among them, it carries the verdict with the
 /// aggregation over every sample (what one run over the folder computes, in its order).
-fn choose_shared_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_samples: usize, queue: &mut dyn SampleQueue, extras: &mut Extras) -> Result<Option<SampleOutcome>> {
+fn choose_shared_sample(
+    job: &Job,
+    mut per_sample: Vec<SampleOutcome>,
+    total_samples: usize,
+    queue: &mut dyn SampleQueue,
+    extras: &mut Extras,
+) -> Result<Option<SampleOutcome>> {
     let data = samples_data(job, &per_sample);
     let Some(every) = queue.hand_over(data)? else { return Ok(None) };
     let chosen = chosen_sample(&every).ok_or_else(|| anyhow::anyhow!("no sample was run"))?;
     let name = &every[chosen].run.sample;
-    let local = per_sample.iter().position(|s| &s.name == name).ok_or_else(|| anyhow::anyhow!("the verdict's sample {name} was given to a job that did not run it"))?;
+    let local = per_sample
+        .iter()
+        .position(|s| &s.name == name)
+        .ok_or_else(|| anyhow::anyhow!("the verdict's sample {name} was given to a job that did not run it"))?;
     if total_samples > 1 {
         extras.samples = Some(aggregate_samples(&every, chosen, &job.order));
     }
@@ -453,7 +567,14 @@ fn choose_shared_sample(job: &Job, mut per_sample: Vec<SampleOutcome>, total_sam
 /// rounding anyway?), each chain node run alone (introduced or propagated?), and the candidate
 /// re-run with each break kept (does keeping it help?). Returns the conclusions to add to the
 /// verdict; an ill-conditioned output loses its first divergent layer.
-fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &mut Verdict, steps: &mut Steps, extras: &mut Extras) -> Result<Vec<String>> {
+fn after_walk(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    compared: &Compared,
+    verdict: &mut Verdict,
+    steps: &mut Steps,
+    extras: &mut Extras,
+) -> Result<Vec<String>> {
     let options = job.options;
     let mut conclusions = Vec::new();
     if verdict.status != Status::Diverged {
@@ -465,10 +586,13 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     // the model converted with the node kept.
     // A keep list is checked on the reference's model converted: where the candidate model took
     // other branches, that is not the candidate's computation (the conclusions say so).
-    let other_branches = extras.control_flow.as_ref().is_some_and(|cf| cf.inlined.iter().any(|i| i.candidate_taken.is_some()));
+    let other_branches =
+        extras.control_flow.as_ref().is_some_and(|cf| cf.inlined.iter().any(|i| i.candidate_taken.is_some()));
     // A Q/DQ candidate's checks keep nodes unquantized in its own model (issue 40).
     let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
-    let counterfactual_runs = options.counterfactual && !other_branches && (job.judging.precision == Precision::Fp16 || options.candidate.is_emulation() || quantized);
+    let counterfactual_runs = options.counterfactual
+        && !other_branches
+        && (job.judging.precision == Precision::Fp16 || options.candidate.is_emulation() || quantized);
     // The reference's outputs, once, for the noise floor and every counterfactual check, and only
     // when one of them runs.
     let reference_outputs = if options.reference.is_saved() || !(options.noise_floor || counterfactual_runs) {
@@ -515,10 +639,19 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
                 if !told_apart && quantizer_steps.is_none() {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
-                Some((reference, worst, cand_error, exact, weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, &compared.comparison)))
+                Some((
+                    reference,
+                    worst,
+                    cand_error,
+                    exact,
+                    weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, &compared.comparison),
+                ))
             }
             _ => {
-                conclusions.push("noise floor not measured: the reference is a saved run, which cannot run a perturbed model".to_string());
+                conclusions.push(
+                    "noise floor not measured: the reference is a saved run, which cannot run a perturbed model"
+                        .to_string(),
+                );
                 None
             }
         }
@@ -528,15 +661,41 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
     // What the floor reads, its own copies: the GPU steps beside it borrow the job mutably.
     let (model, floor_index, perturbation) = (job.model, job.index.clone(), job.judging.perturbation());
     let tolerance = floor_input.as_ref().map(|(_, worst, _, _, _)| job.judging.tolerances.of(worst));
-    let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend, (reference, worst, cand_error, exact, left_for_the_fix): &(&layerwise_runtime::RunOutput, String, f64, std::collections::HashSet<String>, Vec<String>)| {
-        let target = FloorTarget { output: worst, candidate_error: *cand_error, perturbation, exact, left_for_the_fix, seed: options.inputs.seed, quantizers: quantizer_steps.as_ref() };
-        noise_floor(reference_backend, model, &floor_index, feeds, &reference.tensors, tolerance.expect("set with the floor's input"), target)
+    let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend,
+                         (reference, worst, cand_error, exact, left_for_the_fix): &(
+        &layerwise_runtime::RunOutput,
+        String,
+        f64,
+        std::collections::HashSet<String>,
+        Vec<String>,
+    )| {
+        let target = FloorTarget {
+            output: worst,
+            candidate_error: *cand_error,
+            perturbation,
+            exact,
+            left_for_the_fix,
+            seed: options.inputs.seed,
+            quantizers: quantizer_steps.as_ref(),
+        };
+        noise_floor(
+            reference_backend,
+            model,
+            &floor_index,
+            feeds,
+            &reference.tensors,
+            tolerance.expect("set with the floor's input"),
+            target,
+        )
     };
     let run_isolation = options.isolate && can_run;
     // A GPU candidate's steps (nodes run alone, the counterfactual) mostly wait on CUDA session
     // builds: the CPU reference measures the floor beside them, on a backend of its own. They are
     // dropped if the floor finds the output ill-conditioned, as they would not have run.
-    let beside = floor_input.is_some() && options.candidate.ort_gpu() && !options.reference.ort_gpu() && (run_isolation || counterfactual_runs);
+    let beside = floor_input.is_some()
+        && options.candidate.ort_gpu()
+        && !options.reference.ort_gpu()
+        && (run_isolation || counterfactual_runs);
     let mut speculative: Option<(Option<Isolation>, Option<layerwise_analysis::Counterfactual>)> = None;
     let floor = if beside {
         let floor_input = floor_input.as_ref().expect("checked");
@@ -544,12 +703,30 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let ((floor, seconds), gpu_steps) = std::thread::scope(|scope| -> Result<_> {
             let floor = scope.spawn(|| {
                 let started = std::time::Instant::now();
-                let floor = layerwise_runtime::create_backend(&reference_spec).map_err(anyhow::Error::from).and_then(|mut r| measure_floor(r.as_mut(), floor_input));
+                let floor = layerwise_runtime::create_backend(&reference_spec)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|mut r| measure_floor(r.as_mut(), floor_input));
                 (floor, started.elapsed().as_secs_f64())
             });
-            let isolation = if run_isolation { Some(steps.run("running chain nodes alone (the noise floor beside)", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?) } else { None };
+            let isolation = if run_isolation {
+                Some(steps.run("running chain nodes alone (the noise floor beside)", || {
+                    Ok(isolate_or_skipped(job, feeds, compared, verdict))
+                })?)
+            } else {
+                None
+            };
             let counterfactual = match (counterfactual_runs, &reference_outputs) {
-                (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c))),
+                (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || {
+                    counterfactual::counterfactual(
+                        job,
+                        feeds,
+                        reference,
+                        &compared.comparison,
+                        verdict,
+                        isolation.as_ref(),
+                        compared.tensors.as_ref().map(|(_, c)| c),
+                    )
+                }),
                 _ => Ok(None),
             };
             Ok((floor.join().expect("the noise floor's thread does not panic"), (isolation, counterfactual)))
@@ -559,7 +736,9 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         speculative = Some((isolation, noted(counterfactual, "counterfactual", &mut conclusions)?));
         Some(floor)
     } else {
-        floor_input.as_ref().map(|input| steps.run("measuring the noise floor", || measure_floor(job.reference.as_mut(), input)))
+        floor_input
+            .as_ref()
+            .map(|input| steps.run("measuring the noise floor", || measure_floor(job.reference.as_mut(), input)))
     };
     match floor {
         Some(Ok(floor)) => extras.noise_floor = Some(floor),
@@ -572,9 +751,12 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
         if let (Some(worst), Some(cand_error)) = (worst, cand_error) {
             if quantizers::inputs_hold_nonfinite(feeds) {
-                conclusions.push(format!("quantizers were not measured one at a time: {}", quantizers::NONFINITE_INPUTS));
+                conclusions
+                    .push(format!("quantizers were not measured one at a time: {}", quantizers::NONFINITE_INPUTS));
             } else {
-                match steps.run("measuring each quantizer alone", || Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error)))? {
+                match steps.run("measuring each quantizer alone", || {
+                    Ok(quantizers::quantizers_alone(job, feeds, &worst, cand_error))
+                })? {
                     Ok(Some(found)) => {
                         let effects = effects_of_the_faulty(job, feeds, compared, &found);
                         conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
@@ -611,11 +793,22 @@ fn after_walk(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, ve
         return Ok(conclusions);
     }
     if run_isolation {
-        extras.isolation = Some(steps.run("running chain nodes alone", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?);
+        extras.isolation =
+            Some(steps.run("running chain nodes alone", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?);
     }
     if counterfactual_runs {
         if let Some(reference) = &reference_outputs {
-            let measured = steps.run("counterfactual runs", || counterfactual::counterfactual(job, feeds, reference, &compared.comparison, verdict, extras.isolation.as_ref(), compared.tensors.as_ref().map(|(_, c)| c)));
+            let measured = steps.run("counterfactual runs", || {
+                counterfactual::counterfactual(
+                    job,
+                    feeds,
+                    reference,
+                    &compared.comparison,
+                    verdict,
+                    extras.isolation.as_ref(),
+                    compared.tensors.as_ref().map(|(_, c)| c),
+                )
+            });
             extras.counterfactual = noted(measured, "counterfactual", &mut conclusions)?;
         }
     }
@@ -636,7 +829,12 @@ fn noted<T>(result: Result<Option<T>>, step: &str, conclusions: &mut Vec<String>
 
 /// What the quantizers at fault do to the reference's values: from the comparison's
 /// measurements where made, else measured here on one reference run of those tensors.
-fn effects_of_the_faulty(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, found: &layerwise_analysis::QuantizersAlone) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect> {
+fn effects_of_the_faulty(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    compared: &Compared,
+    found: &layerwise_analysis::QuantizersAlone,
+) -> std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect> {
     let mut effects = std::collections::HashMap::new();
     let mut missing = Vec::new();
     // What its DequantizeLinear holds where that is another tensor: a quantizer that took a Relu
@@ -659,7 +857,12 @@ fn effects_of_the_faulty(job: &mut Job, feeds: &[(String, Tensor)], compared: &C
         job.run_reference(feeds, &Selection::Names(missing.clone())).ok().map(|r| r.tensors)
     };
     for t in missing {
-        let (Some(value), Some(range)) = (ran.as_ref().and_then(|r| r.get(&t)).or_else(|| kept.and_then(|k| k.get(&t))), compared.comparison.quantizers.get(&t)) else { continue };
+        let (Some(value), Some(range)) = (
+            ran.as_ref().and_then(|r| r.get(&t)).or_else(|| kept.and_then(|k| k.get(&t))),
+            compared.comparison.quantizers.get(&t),
+        ) else {
+            continue;
+        };
         effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(range, &value.to_f32(), &value.shape));
     }
     effects
@@ -667,7 +870,11 @@ fn effects_of_the_faulty(job: &mut Job, feeds: &[(String, Tensor)], compared: &C
 
 /// Each chain node run alone; a failure is reported as nodes skipped, not as the job's error.
 fn isolate_or_skipped(job: &mut Job, feeds: &[(String, Tensor)], compared: &Compared, verdict: &Verdict) -> Isolation {
-    isolate::isolate(job, feeds, compared, verdict).unwrap_or_else(|e| Isolation { nodes: Vec::new(), introducing: None, skipped: vec![("*".into(), format!("{e:#}"))] })
+    isolate::isolate(job, feeds, compared, verdict).unwrap_or_else(|e| Isolation {
+        nodes: Vec::new(),
+        introducing: None,
+        skipped: vec![("*".into(), format!("{e:#}"))],
+    })
 }
 
 /// Stage 8: the verdict's conclusions, the typed report, every format written, and the terminal
@@ -703,7 +910,17 @@ fn report(
     // different tensors; found by the independent tester).
     let dropped = |input: &str| -> Vec<&layerwise_analysis::TensorRecord> {
         let downstream = downstream_of(&job.index, input);
-        compared.comparison.records.iter().filter(|r| downstream.contains(r.name.as_str()) && { let (reference, candidate) = r.metrics.nonfinite_counts(); candidate < reference }).collect()
+        compared
+            .comparison
+            .records
+            .iter()
+            .filter(|r| {
+                downstream.contains(r.name.as_str()) && {
+                    let (reference, candidate) = r.metrics.nonfinite_counts();
+                    candidate < reference
+                }
+            })
+            .collect()
     };
     for i in &inputs {
         let (nan, inf) = i.tensor.non_finite_counts();
@@ -720,15 +937,31 @@ fn report(
                 if first.node.is_empty() { first.op_type.clone() } else { format!("node {}", first.node) }
             ),
         };
-        conclusions.insert(0, format!("input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: {carried}", i.name, i.source, i.tensor.len()));
+        conclusions.insert(
+            0,
+            format!(
+                "input '{}' ({}) holds {nan} NaN and {inf} inf values of {}: {carried}",
+                i.name,
+                i.source,
+                i.tensor.len()
+            ),
+        );
     }
-    conclusions.extend(conclusions::tf32_entry(job.judging.candidate, job.model, &job.index, &compared.comparison, &verdict));
+    conclusions.extend(conclusions::tf32_entry(
+        job.judging.candidate,
+        job.model,
+        &job.index,
+        &compared.comparison,
+        &verdict,
+    ));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
     if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison, weights) {
         verdict.summary = headline;
     }
-    if let Some(top) = extras.quantizers_alone.as_ref().and_then(|found| found.at_fault().next().map(|top| (top, found))) {
+    if let Some(top) =
+        extras.quantizers_alone.as_ref().and_then(|found| found.at_fault().next().map(|top| (top, found)))
+    {
         let (top, found) = top;
         let more = found.at_fault().count() - 1;
         verdict.summary = format!(
@@ -750,7 +983,8 @@ fn report(
     let mut cand_notes = compared.notes.1.clone();
     cand_notes.extend(input_notes);
     if !sample_name.is_empty() {
-        cand_notes.push(format!("verdict from sample {sample_name}: diverged samples first, then the largest output error"));
+        cand_notes
+            .push(format!("verdict from sample {sample_name}: diverged samples first, then the largest output error"));
     }
     layerwise_runtime::timing_mark(|| "report: conclusions".into());
     let report = build_report(ReportContext {
@@ -785,12 +1019,20 @@ fn report(
 /// Where inf/NaN are born at several independent places and the counterfactual measured keeping
 /// them together: the verdict's headline says so, with every origin in graph order and its cause
 /// (issue 39: a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
-fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, comparison: &layerwise_analysis::Comparison, weights: &[WeightRange]) -> Option<String> {
-    let together = extras.counterfactual.as_ref()?.checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
+fn several_origins_headline(
+    job: &Job,
+    verdict: &Verdict,
+    extras: &Extras,
+    comparison: &layerwise_analysis::Comparison,
+    weights: &[WeightRange],
+) -> Option<String> {
+    let together =
+        extras.counterfactual.as_ref()?.checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
     let worst = verdict.worst_output.as_deref()?;
     let origins = counterfactual::independent_origins(job, verdict);
     let alone = extras.counterfactual.as_ref()?.checks.len() - 1;
-    let non_finite: std::collections::HashMap<&str, &layerwise_analysis::NonFiniteTensor> = verdict.non_finite.iter().rev().map(|n| (n.node.as_str(), n)).collect();
+    let non_finite: std::collections::HashMap<&str, &layerwise_analysis::NonFiniteTensor> =
+        verdict.non_finite.iter().rev().map(|n| (n.node.as_str(), n)).collect();
     let cause = |node: &str| -> String {
         if let Some(fd) = verdict.first_divergent.as_ref().filter(|f| f.node == node) {
             return format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail);
@@ -802,7 +1044,9 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
         // A weight beyond FP16's range is inf before the node computes anything (found by the
         // independent tester: 17 branches multiplied by 70,000 were said to overflow by their
         // outputs' magnitude, which only 4 of 64 values reached).
-        let overflowing_weight = job.index.node(node).and_then(|info| info.inputs.iter().find_map(|i| weights.iter().find(|w| w.name == *i && w.overflow_count > 0)));
+        let overflowing_weight = job.index.node(node).and_then(|info| {
+            info.inputs.iter().find_map(|i| weights.iter().find(|w| w.name == *i && w.overflow_count > 0))
+        });
         if let (Precision::Fp16, Some(w)) = (job.judging.precision, overflowing_weight) {
             format!(
                 "{} ({}): weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {fp16_max}), which become inf in FP16: {} values of its output are inf/NaN",
@@ -812,7 +1056,10 @@ fn several_origins_headline(job: &Job, verdict: &Verdict, extras: &Extras, compa
             let beyond = record.map(|r| r.metrics.ref_fp16_overflow).unwrap_or(0);
             format!("{} ({}): its output reaches {reach:.4e} in the reference, {beyond} values beyond the FP16 maximum {fp16_max}; {} values are inf/NaN in the candidate", n.node, n.op_type, n.mismatched)
         } else {
-            format!("{} ({}): {} inf/NaN values from finite inputs (cause not classified)", n.node, n.op_type, n.mismatched)
+            format!(
+                "{} ({}): {} inf/NaN values from finite inputs (cause not classified)",
+                n.node, n.op_type, n.mismatched
+            )
         }
     };
     Some(format!(
@@ -840,33 +1087,75 @@ fn quantizer_ranges(job: &Job) -> std::collections::HashMap<String, layerwise_mo
 /// activation quantizer that holds a failing tensor or one a failing node reads, measured on the
 /// reference's values (kept from the comparison, else from one reference run of those tensors
 /// alone), and every weight stored with one scale.
-fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut Compared, steps: &mut Steps) -> Result<()> {
+fn measure_quantizers(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    compared: &mut Compared,
+    steps: &mut Steps,
+) -> Result<()> {
     let (Some(_), Some((cm, ci))) = (&job.judging.quantization, &job.cand_model) else { return Ok(()) };
     let comparison = &mut compared.comparison;
-    comparison.per_tensor_weights = layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci).into_iter().map(|w| (w.weight.clone(), w)).collect();
-    comparison.integer_accumulations = layerwise_model::quant::integer_accumulations(cm.graph(), ci).into_iter().map(|a| (a.node.clone(), a)).collect();
-    let failing: std::collections::HashSet<&str> = comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
-    let feeds_a_failure = |t: &str| job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())));
+    comparison.per_tensor_weights =
+        layerwise_model::quant::per_tensor_weights(job.model.graph(), &job.index, cm.graph(), ci)
+            .into_iter()
+            .map(|w| (w.weight.clone(), w))
+            .collect();
+    comparison.integer_accumulations = layerwise_model::quant::integer_accumulations(cm.graph(), ci)
+        .into_iter()
+        .map(|a| (a.node.clone(), a))
+        .collect();
+    let failing: std::collections::HashSet<&str> =
+        comparison.records.iter().filter(|r| !r.pass).map(|r| r.name.as_str()).collect();
+    let feeds_a_failure = |t: &str| {
+        job.index.consumers(t).iter().any(|&c| job.index.nodes[c].outputs.iter().any(|o| failing.contains(o.as_str())))
+    };
     // A Sqrt's input under a failing quotient (LayerNorm's variance) rounds the denominator too.
-    let under_a_failing_sqrt = |t: &str| job.index.consumers(t).iter().map(|&c| &job.index.nodes[c]).filter(|n| n.op_type == "Sqrt").any(|n| n.outputs.iter().any(|o| feeds_a_failure(o)));
-    let mut wanted: Vec<String> = comparison.quantizers.keys().filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t) || under_a_failing_sqrt(t)).cloned().collect();
+    let under_a_failing_sqrt = |t: &str| {
+        job.index
+            .consumers(t)
+            .iter()
+            .map(|&c| &job.index.nodes[c])
+            .filter(|n| n.op_type == "Sqrt")
+            .any(|n| n.outputs.iter().any(|o| feeds_a_failure(o)))
+    };
+    let mut wanted: Vec<String> = comparison
+        .quantizers
+        .keys()
+        .filter(|t| failing.contains(t.as_str()) || feeds_a_failure(t) || under_a_failing_sqrt(t))
+        .cloned()
+        .collect();
     wanted.sort();
     if wanted.is_empty() {
         return Ok(());
     }
     let fed = |t: &str| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v.clone());
     let kept = compared.tensors.as_ref().map(|(r, _)| r);
-    let computed: Vec<String> = wanted.iter().filter(|t| fed(t).is_none() && !kept.is_some_and(|k| k.contains_key(t.as_str()))).cloned().collect();
+    let computed: Vec<String> = wanted
+        .iter()
+        .filter(|t| fed(t).is_none() && !kept.is_some_and(|k| k.contains_key(t.as_str())))
+        .cloned()
+        .collect();
     let run = if computed.is_empty() {
         std::collections::HashMap::new()
     } else {
-        steps.run("measuring the quantizers on the reference", || job.run_reference(feeds, &Selection::Names(computed.clone())))?.tensors
+        steps
+            .run("measuring the quantizers on the reference", || {
+                job.run_reference(feeds, &Selection::Names(computed.clone()))
+            })?
+            .tensors
     };
     let comparison = &mut compared.comparison;
     for t in &wanted {
-        let Some(values) = fed(t).or_else(|| run.get(t).cloned()).or_else(|| compared.tensors.as_ref().and_then(|(r, _)| r.get(t).cloned())) else { continue };
+        let Some(values) = fed(t)
+            .or_else(|| run.get(t).cloned())
+            .or_else(|| compared.tensors.as_ref().and_then(|(r, _)| r.get(t).cloned()))
+        else {
+            continue;
+        };
         let range = comparison.quantizers[t];
-        comparison.quantizer_effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(&range, &values.to_f32(), &values.shape));
+        comparison
+            .quantizer_effects
+            .insert(t.clone(), layerwise_model::quant::quantizer_effect(&range, &values.to_f32(), &values.shape));
     }
     Ok(())
 }
@@ -877,24 +1166,42 @@ fn measure_quantizers(job: &mut Job, feeds: &[(String, Tensor)], compared: &mut 
 /// the fault the causes name, and left in the floor it hides that fault under a floor far above
 /// the candidate (measured: floor 3.4e1 against a candidate's 9.5e-1). Those take the step fit to
 /// their bulk or their side of 0, or one per channel; returns what was refit.
-fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
+fn refit_faulty_steps(
+    steps: &mut layerwise_model::quant::QuantizerSteps,
+    comparison: &layerwise_analysis::Comparison,
+) -> Vec<String> {
     use layerwise_model::quant::Step;
     let mut refit = Vec::new();
     for (tensor, step) in &mut steps.activations {
-        if let (Some(e), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.step_forced_by_outliers()), *step) {
+        if let (Some(e), Step::Absolute(s)) =
+            (comparison.quantizer_effects.get(tensor.as_str()).filter(|e| e.step_forced_by_outliers()), *step)
+        {
             refit.push(format!("'{tensor}' (step {s:.2e} forced by outliers, taken as {:.2e})", e.bulk_scale));
             *step = Step::Absolute(e.bulk_scale);
-        } else if let (Some(shift), Step::Absolute(s)) = (comparison.quantizer_effects.get(tensor.as_str()).and_then(|e| e.zero_point_shift.as_ref()), *step) {
-            refit.push(format!("'{tensor}' (step {s:.2e} of a zero point that leaves {:.0}% of the codes unused, taken as {:.2e})", 100.0 * shift.unused(), shift.fit_scale));
+        } else if let (Some(shift), Step::Absolute(s)) =
+            (comparison.quantizer_effects.get(tensor.as_str()).and_then(|e| e.zero_point_shift.as_ref()), *step)
+        {
+            refit.push(format!(
+                "'{tensor}' (step {s:.2e} of a zero point that leaves {:.0}% of the codes unused, taken as {:.2e})",
+                100.0 * shift.unused(),
+                shift.fit_scale
+            ));
             *step = Step::Absolute(shift.fit_scale);
         }
     }
     for w in &mut steps.weights {
-        if let Some(channels) = comparison.per_tensor_weights.get(&w.weight).filter(|c| c.unequal() && w.steps.len() == 1) {
-            refit.push(format!("'{}' (one scale {:.2e} for channels {:.0}x apart, taken per channel)", w.weight, channels.scale, {
-                let live = channels.channel_max.iter().copied().filter(|m| *m > 0.0);
-                live.clone().fold(0f32, f32::max) / live.fold(f32::INFINITY, f32::min)
-            }));
+        if let Some(channels) =
+            comparison.per_tensor_weights.get(&w.weight).filter(|c| c.unequal() && w.steps.len() == 1)
+        {
+            refit.push(format!(
+                "'{}' (one scale {:.2e} for channels {:.0}x apart, taken per channel)",
+                w.weight,
+                channels.scale,
+                {
+                    let live = channels.channel_max.iter().copied().filter(|m| *m > 0.0);
+                    live.clone().fold(0f32, f32::max) / live.fold(f32::INFINITY, f32::min)
+                }
+            ));
             w.steps = channels.own_steps();
             w.axis = channels.axis;
         }
@@ -905,13 +1212,18 @@ fn refit_faulty_steps(steps: &mut layerwise_model::quant::QuantizerSteps, compar
 /// The reference tensor a candidate tensor holds, for the quantizer readers: its pair
 /// (`names`, [`reference_names`]), or a graph input of the reference (`index`), which both sides
 /// are fed.
-pub(crate) fn reference_of<'j>(index: &'j layerwise_model::GraphIndex, names: &'j std::collections::HashMap<String, String>) -> impl Fn(&str) -> Option<String> + 'j {
+pub(crate) fn reference_of<'j>(
+    index: &'j layerwise_model::GraphIndex,
+    names: &'j std::collections::HashMap<String, String>,
+) -> impl Fn(&str) -> Option<String> + 'j {
     move |t: &str| names.get(t).cloned().or_else(|| index.is_graph_input(t).then(|| t.to_string()))
 }
 
 /// The matching's pairs read backwards: candidate tensor -> reference tensor (`cand_names` maps
 /// each reference tensor to the candidate tensor holding its value).
-pub(crate) fn reference_names(cand_names: &std::collections::HashMap<String, String>) -> std::collections::HashMap<String, String> {
+pub(crate) fn reference_names(
+    cand_names: &std::collections::HashMap<String, String>,
+) -> std::collections::HashMap<String, String> {
     cand_names.iter().map(|(r, c)| (c.clone(), r.clone())).collect()
 }
 
@@ -921,7 +1233,12 @@ pub(crate) fn reference_names(cand_names: &std::collections::HashMap<String, Str
 /// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
 /// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
 /// though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
-pub(crate) fn weights_only_the_fix_reads(index: &layerwise_model::GraphIndex, precision: Precision, verdict: &Verdict, comparison: &layerwise_analysis::Comparison) -> Vec<String> {
+pub(crate) fn weights_only_the_fix_reads(
+    index: &layerwise_model::GraphIndex,
+    precision: Precision,
+    verdict: &Verdict,
+    comparison: &layerwise_analysis::Comparison,
+) -> Vec<String> {
     let Some(fd) = &verdict.first_divergent else { return Vec::new() };
     let pattern = counterfactual::keep_pattern(index, precision, &fd.node, comparison);
     // In graph order, so that the report is the same run to run.

@@ -46,7 +46,13 @@ fn near_the_line(candidate_error: f64, floor: f64) -> bool {
 
 /// The words for `perturbation`: the long form for the report, the short one for sentences.
 fn words(perturbation: Perturbation, count: Perturbed, seeds: usize) -> (String, String, f64) {
-    let seeds = if seeds > SEEDS { format!("{seeds} seeds (more than {SEEDS}: the first {SEEDS} left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)") } else if seeds == 1 { "1 seed".to_string() } else { format!("{seeds} seeds") };
+    let seeds = if seeds > SEEDS {
+        format!("{seeds} seeds (more than {SEEDS}: the first {SEEDS} left the candidate within 2x of the {ILL_CONDITIONED_FACTOR}x line)")
+    } else if seeds == 1 {
+        "1 seed".to_string()
+    } else {
+        format!("{seeds} seeds")
+    };
     let name = |r: Rounding| r.name().to_uppercase();
     match perturbation {
         Perturbation::Storage(r) => (
@@ -89,17 +95,31 @@ pub fn noise_floor(
     }
     let exact: HashSet<String> = target.exact.iter().cloned().chain(target.left_for_the_fix.iter().cloned()).collect();
     let mut count = Perturbed::default();
-    let (seeds, floor) = largest_over_seeds(reference, model, index, feeds, reference_outputs, tolerance, &target, 0x6e6f_6973_6500, |seed| {
-        let (proto, moved) = perturb_weights(model, target.perturbation, &exact, seed)?;
-        count = moved;
-        // Nothing the candidate rounds: the floor is zero without a run.
-        Ok((moved.moved > 0).then_some((proto, false)))
-    })?;
+    let (seeds, floor) = largest_over_seeds(
+        reference,
+        model,
+        index,
+        feeds,
+        reference_outputs,
+        tolerance,
+        &target,
+        0x6e6f_6973_6500,
+        |seed| {
+            let (proto, moved) = perturb_weights(model, target.perturbation, &exact, seed)?;
+            count = moved;
+            // Nothing the candidate rounds: the floor is zero without a run.
+            Ok((moved.moved > 0).then_some((proto, false)))
+        },
+    )?;
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
     let (mut perturbation, mut rounds, relative) = words(target.perturbation, count, seeds.len());
     if !target.left_for_the_fix.is_empty() {
         let names: Vec<&str> = target.left_for_the_fix.iter().take(3).map(String::as_str).collect();
-        let more = if target.left_for_the_fix.len() > 3 { format!(" and {} more", target.left_for_the_fix.len() - 3) } else { String::new() };
+        let more = if target.left_for_the_fix.len() > 3 {
+            format!(" and {} more", target.left_for_the_fix.len() - 3)
+        } else {
+            String::new()
+        };
         perturbation.push_str(&format!(
             "; {} weight{} that only the first divergent layer's keep pattern reads ({}{more}) left as they are: keeping that layer at reference precision keeps them exact too",
             target.left_for_the_fix.len(),
@@ -155,7 +175,12 @@ fn largest_over_seeds(
         super::steps::timing("noise floor: perturbed model", started);
         let started = std::time::Instant::now();
         let selection = Selection::Names(Vec::new());
-        let out = reference.run(&RunRequest { model: &perturbed, index: own_index.as_ref().unwrap_or(index), inputs: feeds, selection: &selection })?;
+        let out = reference.run(&RunRequest {
+            model: &perturbed,
+            index: own_index.as_ref().unwrap_or(index),
+            inputs: feeds,
+            selection: &selection,
+        })?;
         super::steps::timing("noise floor: perturbed run", started);
         let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
             bail!("the perturbed run returned no '{}'", target.output);
@@ -179,14 +204,28 @@ fn quantizer_floor(
     steps: &layerwise_model::quant::QuantizerSteps,
 ) -> Result<NoiseFloor> {
     let mut moved = layerwise_model::perturb::QuantizerPerturbed::default();
-    let (seeds, floor) = largest_over_seeds(reference, model, index, feeds, reference_outputs, tolerance, target, 0x7175_616e_7400, |seed| {
-        let (proto, m) = layerwise_model::perturb::perturb_by_quantizer_steps(model, steps, seed)?;
-        moved = m;
-        // The noise nodes are new: the perturbed model is indexed anew.
-        Ok((m.weight_values > 0 || m.activations > 0).then_some((proto, true)))
-    })?;
+    let (seeds, floor) = largest_over_seeds(
+        reference,
+        model,
+        index,
+        feeds,
+        reference_outputs,
+        tolerance,
+        target,
+        0x7175_616e_7400,
+        |seed| {
+            let (proto, m) = layerwise_model::perturb::perturb_by_quantizer_steps(model, steps, seed)?;
+            moved = m;
+            // The noise nodes are new: the perturbed model is indexed anew.
+            Ok((m.weight_values > 0 || m.activations > 0).then_some((proto, true)))
+        },
+    )?;
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
-    let missing = if steps.not_found > 0 { format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found) } else { String::new() };
+    let missing = if steps.not_found > 0 {
+        format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found)
+    } else {
+        String::new()
+    };
     Ok(NoiseFloor {
         perturbation: format!(
             "one step of each of the candidate's quantizers, on the float32 reference: {} quantized activations given noise uniform within half their step where each is computed, {} values of {} quantized weights moved by up to half their channel's step, {} seed{}{missing}; the largest output error counts",

@@ -2,8 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
 use crate::write_rule::{check_fresh_folder, Reads};
+use anyhow::Result;
 use layerwise_model::{Model, Selection};
 use layerwise_report::{Outputs, Report};
 use layerwise_runtime::inputs::InputOptions;
@@ -20,7 +20,8 @@ pub static CANCEL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool
 pub fn default_candidate(cand_model: Option<&Path>) -> Result<(BackendSpec, Option<String>)> {
     let emulation = BackendSpec::sim(layerwise_model::Rounding::Fp16);
     let Some(path) = cand_model else { return Ok((emulation, None)) };
-    let model = Model::load(path).map_err(|e| anyhow::anyhow!("cannot read the candidate model {}: {e}", path.display()))?;
+    let model =
+        Model::load(path).map_err(|e| anyhow::anyhow!("cannot read the candidate model {}: {e}", path.display()))?;
     let index = layerwise_model::GraphIndex::build(model.graph())?;
     Ok(match layerwise_model::quant::quantization_of(model.graph(), &index) {
         Some(q) => (BackendSpec::ort_cpu(), Some(format!("the candidate model is quantized ({}): the candidate is ort:cpu, which runs it as deployed (a candidate given chooses another)", q.describe()))),
@@ -177,10 +178,21 @@ pub fn check_outputs(options: &BisectOptions) -> Result<()> {
 
 /// Checks that no output of `options` (reports, `-o` given as `extra`) replaces a file of `model`'s
 /// external data, which only a loaded model knows.
-pub fn check_not_external_data(model: &Model, what_model: &str, options: &BisectOptions, extra: &[(&str, &Path)]) -> Result<()> {
+pub fn check_not_external_data(
+    model: &Model,
+    what_model: &str,
+    options: &BisectOptions,
+    extra: &[(&str, &Path)],
+) -> Result<()> {
     let mut reads = Reads::new();
     reads.external_data(model, what_model);
-    for (what, path) in options.outputs.paths().into_iter().map(|(w, p)| (format!("the {w}"), p.as_path())).chain(extra.iter().map(|(w, p)| (w.to_string(), *p))) {
+    for (what, path) in options
+        .outputs
+        .paths()
+        .into_iter()
+        .map(|(w, p)| (format!("the {w}"), p.as_path()))
+        .chain(extra.iter().map(|(w, p)| (w.to_string(), *p)))
+    {
         reads.refuse_overlap(path, &what)?;
     }
     Ok(())

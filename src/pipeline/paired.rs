@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use anyhow::Result;
 use layerwise_analysis::{compare_all, MemoryPlan, PairedComparison};
-use layerwise_runtime::paired::{PairedSession, Programs};
 use layerwise_model::Selection;
+use layerwise_runtime::paired::{PairedSession, Programs};
 use layerwise_runtime::{RunRequest, Tensor};
 
 use super::compare::{Compared, Job, PAIRED};
@@ -25,12 +25,15 @@ impl Job<'_> {
             self.separate_because = Some(why);
             return Ok(None);
         }
-        let request = RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
+        let request =
+            RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection };
         // The candidate model's program exposes its own names for the reference's tensors.
         let cand_selection = self.candidate_selection(&self.options.selection);
         let cand_request = match &self.cand_model {
             Some((cm, ci)) => RunRequest { model: cm, index: ci, inputs: feeds, selection: &cand_selection },
-            None => RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection },
+            None => {
+                RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection }
+            }
         };
         let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone()));
         let reducer = comparison.clone();
@@ -40,15 +43,26 @@ impl Job<'_> {
         if self.paired_session.as_ref().is_some_and(|(s, _)| *s != shapes) {
             self.paired_session = None;
         }
-        let (reference, candidate, order, cache) = (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
+        let (reference, candidate, order, cache) =
+            (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
         let candidate_names = &self.cand_names;
         let run = steps.run(&label, || {
             if cache.is_none() {
                 layerwise_runtime::timing_mark(|| "paired: programs".into());
-                let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&cand_request)) else { return Ok(None) };
+                let (Some(r), Some(c)) = (reference.onnx_program(&request), candidate.onnx_program(&cand_request))
+                else {
+                    return Ok(None);
+                };
                 layerwise_runtime::timing_mark(|| "paired: programs done".into());
-                let programs = Programs { model: request.model, candidate_model: cand_request.model, reference: r?, candidate: c?, candidate_names };
-                let named: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+                let programs = Programs {
+                    model: request.model,
+                    candidate_model: cand_request.model,
+                    reference: r?,
+                    candidate: c?,
+                    candidate_names,
+                };
+                let named: Vec<(String, Vec<usize>)> =
+                    feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
                 *cache = Some((shapes, PairedSession::build(programs, order, &named)?));
             }
             layerwise_runtime::timing_mark(|| "paired: session built".into());
@@ -73,7 +87,8 @@ impl Job<'_> {
         };
         layerwise_runtime::timing_mark(|| "paired: step done".into());
         let bytes = comparison.reference_bytes();
-        let (mut comparison, histograms) = steps.run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
+        let (mut comparison, histograms) = steps
+            .run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
         // The model outputs no node computes are not in the session's order: an input passed
         // straight through is compared on the values both sides were fed, a weight is said not
         // compared, as after separate runs.
@@ -166,7 +181,15 @@ impl Job<'_> {
         match (selection, &self.cand_model) {
             (Selection::Names(names), Some((_, ci))) => {
                 let theirs = |n: &String| self.cand_names.get(n).unwrap_or(n).clone();
-                Selection::Names(names.iter().map(theirs).filter(|n| ci.producer_index(n).is_some()).collect::<std::collections::BTreeSet<_>>().into_iter().collect())
+                Selection::Names(
+                    names
+                        .iter()
+                        .map(theirs)
+                        .filter(|n| ci.producer_index(n).is_some())
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect(),
+                )
             }
             _ => selection.clone(),
         }

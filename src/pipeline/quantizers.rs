@@ -6,9 +6,9 @@
 //! itself.
 
 use anyhow::Result;
+use layerwise_analysis::Tolerance;
 use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
 use layerwise_model::quant::{activation_quantizers, quantizers_on, switchable_quantizers, QUANTIZER_SWITCHES};
-use layerwise_analysis::Tolerance;
 use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::{ModelSession, Tensor};
 
@@ -20,11 +20,23 @@ const MOST_ALONE: usize = 256;
 
 /// Measures each activation quantizer of the candidate alone on the reference, and all of them at
 /// once, on `output`; `None` where the candidate has none to measure.
-pub(super) fn quantizers_alone(job: &Job, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
+pub(super) fn quantizers_alone(
+    job: &Job,
+    feeds: &[(String, Tensor)],
+    output: &str,
+    candidate_error: f64,
+) -> Result<Option<QuantizersAlone>> {
     let Some(candidate) = &job.cand_model else { return Ok(None) };
     let names = job.reference_names();
     let of = reference_of(&job.index, &names);
-    let pair = QuantizedPair { model: job.model, index: &job.index, candidate, reference_of: &of, tolerance: job.judging.tolerances.of(output), fault_threshold: job.judging.rule.min_break };
+    let pair = QuantizedPair {
+        model: job.model,
+        index: &job.index,
+        candidate,
+        reference_of: &of,
+        tolerance: job.judging.tolerances.of(output),
+        fault_threshold: job.judging.rule.min_break,
+    };
     measure(&pair, feeds, output, candidate_error)
 }
 
@@ -35,7 +47,10 @@ pub(crate) const NONFINITE_INPUTS: &str = "the inputs hold inf/NaN, which a Quan
 
 /// Whether any input value is inf or NaN.
 pub(crate) fn inputs_hold_nonfinite(feeds: &[(String, Tensor)]) -> bool {
-    feeds.iter().any(|(_, t)| { let (nan, inf) = t.non_finite_counts(); nan + inf > 0 })
+    feeds.iter().any(|(_, t)| {
+        let (nan, inf) = t.non_finite_counts();
+        nan + inf > 0
+    })
 }
 
 /// What measuring quantizers one at a time reads: the float model, the Q/DQ candidate, the
@@ -50,7 +65,12 @@ pub(crate) struct QuantizedPair<'a> {
 }
 
 /// [`quantizers_alone`] on its parts (`fix` has no bisect job).
-pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: &str, candidate_error: f64) -> Result<Option<QuantizersAlone>> {
+pub(crate) fn measure(
+    pair: &QuantizedPair,
+    feeds: &[(String, Tensor)],
+    output: &str,
+    candidate_error: f64,
+) -> Result<Option<QuantizersAlone>> {
     if inputs_hold_nonfinite(feeds) {
         return Ok(None);
     }
@@ -63,14 +83,20 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for q in activation_quantizers(cm.graph(), ci, pair.reference_of) {
         if q.range.format.family().starts_with("FP8") {
-            not_measured.push((q.node, "a float8 quantizer (its step is relative; only integer formats are measured one at a time)".to_string()));
+            not_measured.push((
+                q.node,
+                "a float8 quantizer (its step is relative; only integer formats are measured one at a time)"
+                    .to_string(),
+            ));
             continue;
         }
         // Where the reference has no tensor by the quantized value (quantize_static renames a graph
         // output's producer so that the DequantizeLinear can carry the output's name), the tensor
         // the DequantizeLinear holds is that value.
         let computed = |t: &String| pair.index.producer(t).is_some() || fed.contains(t.as_str());
-        let Some(tensor) = q.quantizes.clone().filter(computed).or_else(|| q.holds.iter().find(|h| computed(h)).cloned()) else {
+        let Some(tensor) =
+            q.quantizes.clone().filter(computed).or_else(|| q.holds.iter().find(|h| computed(h)).cloned())
+        else {
             not_measured.push((q.node, "the reference computes no tensor of the value it quantizes".to_string()));
             continue;
         };
@@ -88,14 +114,21 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
     // model carrying all of them makes every run cost the whole count: those whose own error on
     // the reference's values is largest are chosen first, from one plain reference run, and only
     // they are switched.
-    let chosen: Vec<usize> = if measured.len() > MOST_ALONE { largest_own_errors(pair, feeds, &measured)? } else { (0..measured.len()).collect() };
-    let switched: Vec<(String, layerwise_model::quant::QuantizerRange)> = chosen.iter().map(|&i| measured[i].clone()).collect();
+    let chosen: Vec<usize> = if measured.len() > MOST_ALONE {
+        largest_own_errors(pair, feeds, &measured)?
+    } else {
+        (0..measured.len()).collect()
+    };
+    let switched: Vec<(String, layerwise_model::quant::QuantizerRange)> =
+        chosen.iter().map(|&i| measured[i].clone()).collect();
     let proto = switchable_quantizers(&pair.model.proto, &switched)?;
     let mut session = ModelSession::cpu(pair.model, &proto, "quantizers alone")?;
     let tolerance = pair.tolerance;
     let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
         let mut outputs = session.run(&with_switches(feeds, (0..switched.len()).map(on).collect()))?;
-        let value = outputs.remove(output).ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?;
+        let value = outputs
+            .remove(output)
+            .ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?;
         Ok(value.to_f32().into_owned())
     };
     let reference = run(&|_| false)?;
@@ -104,8 +137,13 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
         error(&run(&|_| true)?)
     } else {
         // Every quantizer at once, the unmeasured too: one session without switches, one run.
-        let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?.run(feeds)?;
-        error(&all.get(output).ok_or_else(|| anyhow::anyhow!("the model with every quantizer on gives no '{output}'"))?.to_f32())
+        let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?
+            .run(feeds)?;
+        error(
+            &all.get(output)
+                .ok_or_else(|| anyhow::anyhow!("the model with every quantizer on gives no '{output}'"))?
+                .to_f32(),
+        )
     };
     // The weights' share: the candidate with its activation pairs taken out, one run. Where it
     // cannot run, it is said unknown (None), never guessed.
@@ -117,7 +155,9 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
             let weights = ModelSession::cpu(cm, &proto, "weight quantizers together")?.run(feeds)?;
             let float = ModelSession::cpu(pair.model, &pair.model.proto, "the float model")?.run(feeds)?;
             Ok(match (float.get(output), weights.get(output)) {
-                (Some(r), Some(w)) => Some(layerwise_analysis::compute(&r.to_f32(), &w.to_f32(), tolerance).error_level()),
+                (Some(r), Some(w)) => {
+                    Some(layerwise_analysis::compute(&r.to_f32(), &w.to_f32(), tolerance).error_level())
+                }
                 _ => None,
             })
         })()
@@ -132,11 +172,24 @@ pub(crate) fn measure(pair: &QuantizedPair, feeds: &[(String, Tensor)], output: 
             not_measured.push((node.clone(), format!("not among the {MOST_ALONE} of the {} with the largest error of their own on the reference's values", measured.len())));
             continue;
         };
-        each.push(QuantizerAlone { node: node.clone(), tensor: tensor.clone(), holds: holds.clone(), error: error(&run(&|s| s == k)?) });
+        each.push(QuantizerAlone {
+            node: node.clone(),
+            tensor: tensor.clone(),
+            holds: holds.clone(),
+            error: error(&run(&|s| s == k)?),
+        });
     }
     // Largest first; graph order on ties (a stable sort keeps it).
     each.sort_by(|a, b| b.error.total_cmp(&a.error));
-    Ok(Some(QuantizersAlone { output: output.to_string(), together, candidate_error, fault_threshold: pair.fault_threshold, weights_together, each, not_measured }))
+    Ok(Some(QuantizersAlone {
+        output: output.to_string(),
+        together,
+        candidate_error,
+        fault_threshold: pair.fault_threshold,
+        weights_together,
+        each,
+        not_measured,
+    }))
 }
 
 /// The Q/DQ candidate with every activation quantizer taken out: each DequantizeLinear that reads
@@ -163,7 +216,12 @@ fn weights_only(cm: &Model, ci: &GraphIndex) -> Option<layerwise_model::onnx::Mo
     }
     // The QuantizeLinear nodes left without a reader go too: ONNX Runtime's optimizer otherwise
     // still reads them as Q/DQ groups (the output moved by 1.9311905e-5 against 1.9222498e-5).
-    let read: std::collections::HashSet<String> = graph.node.iter().flat_map(|n| n.input.iter().cloned()).chain(graph.output.iter().map(|o| o.name().to_string())).collect();
+    let read: std::collections::HashSet<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().cloned())
+        .chain(graph.output.iter().map(|o| o.name().to_string()))
+        .collect();
     graph.node.retain(|n| n.op_type() != "QuantizeLinear" || n.output.iter().any(|o| read.contains(o)));
     (weights > 0).then_some(proto)
 }
@@ -178,7 +236,11 @@ fn with_switches(feeds: &[(String, Tensor)], on: Vec<bool>) -> Vec<(String, Tens
 /// The `MOST_ALONE` of `quantizers` whose own round trip errs most on the reference's values of
 /// the tensors they quantize (relative L2, `quantizer_effect`), read from one run of the plain
 /// reference with those tensors exposed; their indices in `quantizers`' order.
-fn largest_own_errors(pair: &QuantizedPair, feeds: &[(String, Tensor)], quantizers: &[(String, layerwise_model::quant::QuantizerRange)]) -> Result<Vec<usize>> {
+fn largest_own_errors(
+    pair: &QuantizedPair,
+    feeds: &[(String, Tensor)],
+    quantizers: &[(String, layerwise_model::quant::QuantizerRange)],
+) -> Result<Vec<usize>> {
     let fed = |t: &str| feeds.iter().find(|(n, _)| n == t).map(|(_, v)| v);
     let mut proto = pair.model.proto.clone();
     let graph = proto.graph.as_mut().expect("a loaded model has a graph");
@@ -189,7 +251,13 @@ fn largest_own_errors(pair: &QuantizedPair, feeds: &[(String, Tensor)], quantize
     let values = ModelSession::cpu(pair.model, &proto, "quantizers' values")?.run(feeds)?;
     let own: Vec<f64> = quantizers
         .iter()
-        .map(|(t, range)| values.get(t).or_else(|| fed(t)).and_then(|v| layerwise_model::quant::quantizer_effect(range, &v.to_f32(), &v.shape).rel_l2).unwrap_or(0.0))
+        .map(|(t, range)| {
+            values
+                .get(t)
+                .or_else(|| fed(t))
+                .and_then(|v| layerwise_model::quant::quantizer_effect(range, &v.to_f32(), &v.shape).rel_l2)
+                .unwrap_or(0.0)
+        })
         .collect();
     let mut order: Vec<usize> = (0..quantizers.len()).collect();
     // Largest first; graph order on ties (a stable sort keeps it).

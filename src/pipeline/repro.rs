@@ -24,7 +24,9 @@ const MOST_NODES: usize = 32;
 
 /// Writes the repro for `verdict` into `dir`, or says why none was written.
 pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &Verdict, dir: &Path) -> Result<Repro> {
-    let not_written = |why: String| Ok(Repro { folder: None, nodes: Vec::new(), reproduces: false, candidate_error: None, note: why });
+    let not_written = |why: String| {
+        Ok(Repro { folder: None, nodes: Vec::new(), reproduces: false, candidate_error: None, note: why })
+    };
     let Some(fd) = verdict.first_divergent.clone() else {
         return not_written("no first divergent layer was named, so there is no layer to reproduce".into());
     };
@@ -59,7 +61,13 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     let mut wanted: Vec<String> = Vec::new();
     for name in largest {
         let node = job.index.node(name).expect("checked");
-        wanted.extend(node.inputs.iter().chain(&node.outputs).filter(|t| !t.is_empty() && job.index.producer_index(t).is_some()).cloned());
+        wanted.extend(
+            node.inputs
+                .iter()
+                .chain(&node.outputs)
+                .filter(|t| !t.is_empty() && job.index.producer_index(t).is_some())
+                .cloned(),
+        );
     }
     // A quantized candidate's nodes come with their own quantizers (as isolation runs them), fed
     // the reference's value of what each quantizes: the candidate's names read through the matching.
@@ -75,16 +83,26 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         reference.get(t).or_else(|| graph_inputs.get(t).copied())
     };
     let cand_types = match &job.cand_model {
-        Some((cm, ci)) => Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?),
+        Some((cm, ci)) => {
+            Some(tensor_types(cm, ci, &feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect::<Vec<_>>())?)
+        }
         None => None,
     };
     let type_of = |t: &str, candidate: bool| -> Option<TensorType> {
         let v = value(t)?;
-        let dtype = if candidate { cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype()) } else { v.dtype() };
+        let dtype = if candidate {
+            cand_types.as_ref().and_then(|ct| ct.get(t)).and_then(|ty| ty.dtype).unwrap_or(v.dtype())
+        } else {
+            v.dtype()
+        };
         Some(TensorType { elem: layerwise_model::DataType::try_from(dtype.onnx()).ok()?, dims: v.shape.clone() })
     };
 
-    let quantizer = |t: &str| job.cand_model.as_ref().is_some_and(|(_, ci)| ci.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear"));
+    let quantizer = |t: &str| {
+        job.cand_model.as_ref().is_some_and(|(_, ci)| {
+            ci.producer(t).is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear")
+        })
+    };
     // The candidate's twin of the compared tensor (a quantized candidate's may be renamed).
     // The candidate's own output of the node, at the reference output's position: a quantized
     // candidate's twin is its output quantizer's, which the part does not hold.
@@ -119,29 +137,62 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         let inputs: Vec<(String, Tensor)> = made
             .1
             .iter()
-            .map(|name| value(name).cloned().map(|v| (name.clone(), v)).ok_or_else(|| anyhow::anyhow!("no reference value for '{name}'")))
+            .map(|name| {
+                value(name)
+                    .cloned()
+                    .map(|v| (name.clone(), v))
+                    .ok_or_else(|| anyhow::anyhow!("no reference value for '{name}'"))
+            })
             .collect::<Result<_>>()?;
-        let ref_out = job.reference.run(&RunRequest { model: &made.0, index: &GraphIndex::build(made.0.graph())?, inputs: &inputs, selection: &Selection::All })?;
+        let ref_out = job.reference.run(&RunRequest {
+            model: &made.0,
+            index: &GraphIndex::build(made.0.graph())?,
+            inputs: &inputs,
+            selection: &Selection::All,
+        })?;
         let (cand_model, cand_index) = match &cand_made {
             Some((m, _, _)) => (m, GraphIndex::build(m.graph())?),
             None => (&made.0, GraphIndex::build(made.0.graph())?),
         };
         job.candidate.keep_fp32(&[]);
-        let cand_out = match job.candidate.run(&RunRequest { model: cand_model, index: &cand_index, inputs: &inputs, selection: &Selection::All }) {
+        let cand_out = match job.candidate.run(&RunRequest {
+            model: cand_model,
+            index: &cand_index,
+            inputs: &inputs,
+            selection: &Selection::All,
+        }) {
             Ok(out) => out,
             Err(e) => {
                 failure = Some(format!("the candidate could not run its part: {e}"));
                 continue;
             }
         };
-        let (Some(r), Some(c)) = (ref_out.tensors.get(&fd.tensor), cand_out.tensors.get(&twin).or_else(|| own_output.as_ref().and_then(|o| cand_out.tensors.get(o))).or_else(|| cand_out.tensors.get(&fd.tensor))) else { continue };
+        let (Some(r), Some(c)) = (
+            ref_out.tensors.get(&fd.tensor),
+            cand_out
+                .tensors
+                .get(&twin)
+                .or_else(|| own_output.as_ref().and_then(|o| cand_out.tensors.get(o)))
+                .or_else(|| cand_out.tensors.get(&fd.tensor)),
+        ) else {
+            continue;
+        };
         if r.shape != c.shape {
             continue;
         }
         let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&fd.tensor));
         let reproduces = !metrics.passes();
         let done = reproduces || set.len() == largest.len();
-        tried = Some((set.clone(), made, cand_made, inputs, ref_out.tensors, cand_out.tensors, metrics.error_level(), reproduces));
+        tried = Some((
+            set.clone(),
+            made,
+            cand_made,
+            inputs,
+            ref_out.tensors,
+            cand_out.tensors,
+            metrics.error_level(),
+            reproduces,
+        ));
         if done {
             break;
         }
@@ -154,7 +205,8 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     };
 
     // Written into a fresh sibling folder, renamed into place once complete.
-    let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-repro-").with_context(|| format!("--repro {}", dir.display()))?;
+    let staging = layerwise_model::scratch::StagedDir::beside(dir, ".layerwise-repro-")
+        .with_context(|| format!("--repro {}", dir.display()))?;
     let root = staging.path();
     model.save_standalone(&model.proto, &root.join("model.onnx"))?;
     if let Some((cm, _, _)) = &cand_made {
@@ -198,7 +250,12 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         markdown_text(&job.options.candidate.to_string())
     )?;
     if reproduces {
-        writeln!(readme, "The candidate's {} differs from the reference's here too: relative L2 {}.\n", markdown_code(&fd.tensor), layerwise_report::format_number(error))?;
+        writeln!(
+            readme,
+            "The candidate's {} differs from the reference's here too: relative L2 {}.\n",
+            markdown_code(&fd.tensor),
+            layerwise_report::format_number(error)
+        )?;
     } else {
         writeln!(readme, "On its own (with up to {} levels of upstream nodes) the candidate's {} is within tolerance (relative L2 {}): the error needs more of the model around it.\n", MOST_LEVELS, markdown_code(&fd.tensor), layerwise_report::format_number(error))?;
     }
@@ -223,13 +280,26 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     }
     drop(readme);
     staging.move_to(dir).with_context(|| format!("--repro {}", dir.display()))?;
-    Ok(Repro { folder: Some(dir.display().to_string()), nodes, reproduces, candidate_error: Some(error), note: String::new() })
+    Ok(Repro {
+        folder: Some(dir.display().to_string()),
+        nodes,
+        reproduces,
+        candidate_error: Some(error),
+        note: String::new(),
+    })
 }
 
 /// `set` of `model` as a model of its own, with the extraction's renaming undone (one group: no
 /// name can collide). Returns the model, its input names and its output names.
-fn extract_one(model: &Model, index: &GraphIndex, set: &[String], types: &dyn Fn(&str) -> Option<TensorType>, also_pull: &dyn Fn(&str) -> bool) -> Result<(Model, Vec<String>, Vec<String>)> {
-    let extraction = extract_groups_pulling(model, index, &[set.to_vec()], types, &|t| index.is_constant_like(t) || also_pull(t))?;
+fn extract_one(
+    model: &Model,
+    index: &GraphIndex,
+    set: &[String],
+    types: &dyn Fn(&str) -> Option<TensorType>,
+    also_pull: &dyn Fn(&str) -> bool,
+) -> Result<(Model, Vec<String>, Vec<String>)> {
+    let extraction =
+        extract_groups_pulling(model, index, &[set.to_vec()], types, &|t| index.is_constant_like(t) || also_pull(t))?;
     let mut proto = extraction.proto;
     let suffix = "__lw_g0";
     let plain = |s: &mut String| {

@@ -6,7 +6,14 @@ use layerwise_analysis::{Comparison, SampleData, SampleRun, Verdict};
 use layerwise_runtime::inputs::PreparedInput;
 
 /// One sample's results as aggregation needs them, in the job's tensor order.
-pub(super) fn sample_data(name: &str, inputs: &[PreparedInput], comparison: &Comparison, verdict: &Verdict, selection_error: f64, order: &[String]) -> SampleData {
+pub(super) fn sample_data(
+    name: &str,
+    inputs: &[PreparedInput],
+    comparison: &Comparison,
+    verdict: &Verdict,
+    selection_error: f64,
+    order: &[String],
+) -> SampleData {
     let nonfinite: u64 = inputs.iter().map(|i| i.tensor.non_finite_counts()).map(|(nan, inf)| (nan + inf) as u64).sum();
     let records: Vec<Option<&layerwise_analysis::TensorRecord>> = order.iter().map(|t| comparison.get(t)).collect();
     SampleData {

@@ -4,7 +4,10 @@ use std::collections::HashMap;
 
 use anyhow::{bail, Result};
 use layerwise_analysis::search::Measured;
-use layerwise_analysis::{compare_all, is_weight_output, search_first_divergent, verdict_from_chain, Comparison, SearchResult, Verdict, WEIGHT_OUTPUT};
+use layerwise_analysis::{
+    compare_all, is_weight_output, search_first_divergent, verdict_from_chain, Comparison, SearchResult, Verdict,
+    WEIGHT_OUTPUT,
+};
 use layerwise_model::{Selection, WeightRange};
 use layerwise_runtime::Tensor;
 
@@ -12,16 +15,24 @@ use super::compare::{Compared, Job};
 use super::steps::Steps;
 
 /// `--mark search`: the reference marks everything once; the candidate marks a few tensors per run.
-pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[WeightRange], steps: &mut Steps) -> Result<(Compared, Verdict, SearchResult)> {
-    let reference = steps.run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
+pub(super) fn search(
+    job: &mut Job,
+    feeds: &[(String, Tensor)],
+    weights: &[WeightRange],
+    steps: &mut Steps,
+) -> Result<(Compared, Verdict, SearchResult)> {
+    let reference = steps
+        .run(&format!("running reference {}", job.options.reference), || job.run_reference(feeds, &Selection::All))?;
     let mut notes = Vec::new();
     let mut engine_layers = Vec::new();
     let rule = job.judging.rule;
     let tolerances = job.judging.tolerances.clone();
     let index = job.index.clone();
     let result = search_first_divergent(&index, rule, |marked: &[String]| -> Result<Measured> {
-        let label = if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
-        let out = steps.run(&format!("candidate run, {label}"), || job.run_candidate(feeds, &Selection::Names(marked.to_vec())))?;
+        let label =
+            if marked.is_empty() { "outputs only".to_string() } else { format!("marking {}", marked.join(", ")) };
+        let out = steps
+            .run(&format!("candidate run, {label}"), || job.run_candidate(feeds, &Selection::Names(marked.to_vec())))?;
         if notes.is_empty() {
             notes = out.notes.clone();
         }
@@ -35,13 +46,26 @@ pub(super) fn search(job: &mut Job, feeds: &[(String, Tensor)], weights: &[Weigh
         Ok((comparison.records, unavailable))
     })?;
     // A weight passed straight to an output is compared by no run (as after a full run).
-    let weight_outputs = index.outputs.iter().filter(|o| is_weight_output(&index, o)).map(|o| (o.clone(), WEIGHT_OUTPUT.to_string())).collect();
+    let weight_outputs = index
+        .outputs
+        .iter()
+        .filter(|o| is_weight_output(&index, o))
+        .map(|o| (o.clone(), WEIGHT_OUTPUT.to_string()))
+        .collect();
     let mut comparison = Comparison::from_records(result.records.clone(), weight_outputs, &job.order);
     comparison.note_input_nonfinite(feeds);
     if index.outputs.iter().all(|o| comparison.get(o).is_none()) {
         bail!("no model output could be compared in the candidate's first run");
     }
-    let verdict = verdict_from_chain(&index, &comparison, weights, rule, job.judging.candidate, &result.chain, result.node.as_deref());
+    let verdict = verdict_from_chain(
+        &index,
+        &comparison,
+        weights,
+        rule,
+        job.judging.candidate,
+        &result.chain,
+        result.node.as_deref(),
+    );
     let unavailable = result.unavailable.clone();
     let compared = Compared {
         comparison,

@@ -45,7 +45,10 @@ impl Judging {
 
     /// Judging a Q/DQ candidate model that computes in float32 between its quantizers: by the
     /// defaults of its coarsest format (`INT8`, `FP8 E4M3`, ...).
-    pub(crate) fn quantized(quantization: layerwise_model::quant::Quantization, options: &BisectOptions) -> Result<Judging> {
+    pub(crate) fn quantized(
+        quantization: layerwise_model::quant::Quantization,
+        options: &BisectOptions,
+    ) -> Result<Judging> {
         let family = quantization.coarsest().map_or("INT8", |f| f.family());
         let rule = WalkRule::for_family(family).expect("every quantized family has a rule");
         let tolerance = given_or_default(Tolerance::defaults_for(family), options)?;
@@ -55,7 +58,14 @@ impl Judging {
         Ok(judging)
     }
 
-    fn with_defaults(precision: Precision, tf32: bool, options: &BisectOptions, tolerance: Tolerance, rule: WalkRule, tolerance_defaults: &'static str) -> Result<Judging> {
+    fn with_defaults(
+        precision: Precision,
+        tf32: bool,
+        options: &BisectOptions,
+        tolerance: Tolerance,
+        rule: WalkRule,
+        tolerance_defaults: &'static str,
+    ) -> Result<Judging> {
         let arithmetic = match precision {
             Precision::Fp16 => Arithmetic::Fp16,
             Precision::Bf16 => Arithmetic::Bf16,
@@ -80,7 +90,14 @@ impl Judging {
             }
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
-        Ok(Judging { precision, tolerances, tolerance_defaults, rule, candidate: Candidate { arithmetic, tf32, atol: tolerance.atol, quantized: false }, quantization: None })
+        Ok(Judging {
+            precision,
+            tolerances,
+            tolerance_defaults,
+            rule,
+            candidate: Candidate { arithmetic, tf32, atol: tolerance.atol, quantized: false },
+            quantization: None,
+        })
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:
@@ -100,12 +117,21 @@ impl Judging {
 /// candidate file): its precision does not change them. Also whether the file's weights could be
 /// told apart by name at all: where most of the reference's weights are not found in it (another
 /// exporter's names), which it keeps in float32 is unknown and every weight is perturbed.
-pub(crate) fn weights_kept_float32(reference: &Model, cand_model: Option<&(Model, GraphIndex)>) -> (HashSet<String>, bool) {
+pub(crate) fn weights_kept_float32(
+    reference: &Model,
+    cand_model: Option<&(Model, GraphIndex)>,
+) -> (HashSet<String>, bool) {
     let Some((cm, _)) = cand_model else { return (HashSet::new(), true) };
     let theirs: HashSet<&str> = cm.graph().initializer.iter().map(|t| t.name()).collect();
     let ours = &reference.graph().initializer;
     let found = ours.iter().filter(|t| theirs.contains(t.name())).count();
-    let kept = cm.graph().initializer.iter().filter(|t| t.data_type() == layerwise_model::DataType::Float as i32).map(|t| t.name().to_string()).collect();
+    let kept = cm
+        .graph()
+        .initializer
+        .iter()
+        .filter(|t| t.data_type() == layerwise_model::DataType::Float as i32)
+        .map(|t| t.name().to_string())
+        .collect();
     (kept, ours.is_empty() || found * 2 >= ours.len())
 }
 
@@ -152,7 +178,13 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some((proto, calls)) => {
             input_notes.push(format!("{calls} calls of the model's own ONNX functions inlined: their nodes and tensors are named after the calling node (CALL/NAME) and compared"));
             // The same model, opened: its file, folder and digest stay (no copy of the old proto).
-            Cow::Owned(Model { proto, path: original.path.clone(), base_dir: original.base_dir.clone(), sha256: original.sha256.clone(), attribute_files: original.attribute_files.clone() })
+            Cow::Owned(Model {
+                proto,
+                path: original.path.clone(),
+                base_dir: original.base_dir.clone(),
+                sha256: original.sha256.clone(),
+                attribute_files: original.attribute_files.clone(),
+            })
         }
     };
     let index = GraphIndex::build(original.graph()).with_context(|| format!("{}", original.path.display()))?;
@@ -207,17 +239,24 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     };
     let reference_decls = declared_inputs(&original, &index);
     let mut decls = reference_decls.clone();
-    let mut owners = InputOwners { reference: reference_decls.iter().map(|d| d.name.clone()).collect(), candidate: None };
+    let mut owners =
+        InputOwners { reference: reference_decls.iter().map(|d| d.name.clone()).collect(), candidate: None };
     if let Some((cm, ci)) = &loaded_cand {
         let theirs = declared_inputs(cm, ci);
         for d in &reference_decls {
             if !theirs.iter().any(|c| c.name == d.name) {
-                input_notes.push(format!("input '{}' is fed to the reference only: the candidate model does not declare it", d.name));
+                input_notes.push(format!(
+                    "input '{}' is fed to the reference only: the candidate model does not declare it",
+                    d.name
+                ));
             }
         }
         for c in &theirs {
             if !reference_decls.iter().any(|d| d.name == c.name) {
-                input_notes.push(format!("input '{}' is fed to the candidate model only: the reference does not declare it", c.name));
+                input_notes.push(format!(
+                    "input '{}' is fed to the candidate model only: the reference does not declare it",
+                    c.name
+                ));
                 decls.push(c.clone());
             }
         }
@@ -249,14 +288,24 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // fit --max-memory or the memory available.
     let whole = options.save_tensors.is_some();
     let sample_options = samples.iter().map(|(_, o)| o);
-    layerwise_runtime::inputs::check_memory(&original, &index, &decls, sample_options, loaded_cand.as_ref().map(|(m, _)| m), options.max_memory, !options.separate_runs && !whole, whole)?;
+    layerwise_runtime::inputs::check_memory(
+        &original,
+        &index,
+        &decls,
+        sample_options,
+        loaded_cand.as_ref().map(|(m, _)| m),
+        options.max_memory,
+        !options.separate_runs && !whole,
+        whole,
+    )?;
     // Control flow as the reference ran it: bodies become ordinary, comparable graph.
     let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);
     let mut control_flow = None;
     let mut flattened = None;
     if has_control_flow(&index) && !options.keep_control_flow {
         let all_feeds = sample_feeds(&decls, &samples, &owners)?;
-        let result = steps.run("following control flow", || flatten_control_flow(&original, reference.as_mut(), &all_feeds))?;
+        let result =
+            steps.run("following control flow", || flatten_control_flow(&original, reference.as_mut(), &all_feeds))?;
         if let Some((model, report)) = result {
             control_flow = Some(report);
             flattened = Some((GraphIndex::build(model.graph())?, model));
@@ -269,14 +318,22 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut sim_quant = None;
     if let Some(config) = quant_config {
         if layerwise_runtime::typed::has_reduced_precision(&model) {
-            bail!("--cand {} quantizes a float32 model, and {} declares FP16/BF16 tensors: give the float32 model", options.candidate, options.model.display());
+            bail!(
+                "--cand {} quantizes a float32 model, and {} declares FP16/BF16 tensors: give the float32 model",
+                options.candidate,
+                options.model.display()
+            );
         }
         let feeds = sample_feeds(&decls, &calibration_samples, &owners)?;
         // Calibrated as quantize_static calibrates (ONNX Runtime's CPU provider, optimizations
         // off), whatever the reference: an optimized session moves ranges by a float32 bit, and
         // bisect and fix then quantize alike (an independent tester saw 1.117e-1 and 1.13e-1).
-        let mut calibrator = layerwise_runtime::create_backend(&layerwise_runtime::BackendSpec::parse(super::sim_quant::CALIBRATION_SPEC)?)?;
-        let (cm, quantized) = steps.run("calibrating and quantizing the model", || super::sim_quant::quantized_candidate(&model, &index, calibrator.as_mut(), &feeds, config))?;
+        let mut calibrator = layerwise_runtime::create_backend(&layerwise_runtime::BackendSpec::parse(
+            super::sim_quant::CALIBRATION_SPEC,
+        )?)?;
+        let (cm, quantized) = steps.run("calibrating and quantizing the model", || {
+            super::sim_quant::quantized_candidate(&model, &index, calibrator.as_mut(), &feeds, config)
+        })?;
         input_notes.push(quantized.note(&options.candidate.to_string()));
         let ci = GraphIndex::build(cm.graph()).context("the quantized model")?;
         loaded_cand = Some((cm, ci));
@@ -317,7 +374,8 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                     // Where its run took another branch than the reference's, say so: the
                     // tensors inside the two branches are different computations.
                     for node in control_flow.iter_mut().flat_map(|cf: &mut ControlFlow| cf.inlined.iter_mut()) {
-                        if let Some(other) = taken.inlined.iter().find(|c| c.node == node.node && c.taken != node.taken) {
+                        if let Some(other) = taken.inlined.iter().find(|c| c.node == node.node && c.taken != node.taken)
+                        {
                             node.candidate_taken = Some(other.taken.clone());
                         }
                     }
@@ -333,11 +391,23 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     if let Some((cm, ci)) = &cand_model {
         // The outputs of control flow the candidate ran otherwise (flattened: Identities named
         // `Node/outputK`, `Node/finalK`) are compared as each side computed them.
-        let differing: Vec<String> = control_flow.iter().flat_map(|cf| cf.inlined.iter()).filter(|i| i.candidate_taken.is_some()).map(|i| i.node.clone()).collect();
+        let differing: Vec<String> = control_flow
+            .iter()
+            .flat_map(|cf| cf.inlined.iter())
+            .filter(|i| i.candidate_taken.is_some())
+            .map(|i| i.node.clone())
+            .collect();
         let cut: std::collections::HashSet<String> = index
             .nodes
             .iter()
-            .filter(|n| n.op_type == "Identity" && differing.iter().any(|d| n.name.strip_prefix(d.as_str()).is_some_and(|rest| rest.starts_with("/output") || rest.starts_with("/final"))))
+            .filter(|n| {
+                n.op_type == "Identity"
+                    && differing.iter().any(|d| {
+                        n.name
+                            .strip_prefix(d.as_str())
+                            .is_some_and(|rest| rest.starts_with("/output") || rest.starts_with("/final"))
+                    })
+            })
             .flat_map(|n| n.outputs.iter().cloned())
             .collect();
         let found = match_tensors(model.graph(), &index, cm.graph(), ci, options.match_structure, &cut);
@@ -366,11 +436,18 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     };
     // A Q/DQ model that declares no FP16/BF16 computes in float32 between its quantizers: it is
     // judged by them, never as FP16.
-    let quantization = cand_model.as_ref().filter(|(cm, _)| !layerwise_runtime::typed::has_reduced_precision(cm)).and_then(|(cm, ci)| layerwise_model::quant::quantization_of(cm.graph(), ci));
+    let quantization = cand_model
+        .as_ref()
+        .filter(|(cm, _)| !layerwise_runtime::typed::has_reduced_precision(cm))
+        .and_then(|(cm, ci)| layerwise_model::quant::quantization_of(cm.graph(), ci));
     let judging = match quantization {
         Some(q) => {
             let between = if q.integer_ops.is_empty() { ", computed in float32 between its quantizers" } else { "" };
-            input_notes.push(format!("the candidate model is quantized (Q/DQ): {}; judged by {} defaults{between}", q.describe(), q.coarsest().map_or("INT8", |f| f.family())));
+            input_notes.push(format!(
+                "the candidate model is quantized (Q/DQ): {}; judged by {} defaults{between}",
+                q.describe(),
+                q.coarsest().map_or("INT8", |f| f.family())
+            ));
             Judging::quantized(q, options)?
         }
         None => Judging::new(precision, candidate.tf32(), options)?,
@@ -380,7 +457,11 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Selection::Names(names) => {
             // Checked here so an unknown name is an error before any run.
             layerwise_model::expose(&model.proto, &index, &options.selection)?;
-            index.computed_tensors().filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t)).map(str::to_string).collect()
+            index
+                .computed_tensors()
+                .filter(|t| names.iter().any(|n| n == t) || index.outputs.iter().any(|o| o == t))
+                .map(str::to_string)
+                .collect()
         }
     };
     // A reference tensor the matching found no twin for is not compared, even where the
@@ -396,10 +477,31 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     // A tensor given its own tolerance must be one the model computes.
     for (tensor, _, _) in &options.tensor_tolerances {
         if !index.computed_tensors().any(|t| t == tensor) {
-            bail!("a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})", index.outputs.join(", "));
+            bail!(
+                "a tolerance is given for '{tensor}', which is not a tensor the model computes (its outputs: {})",
+                index.outputs.join(", ")
+            );
         }
     }
-    Ok(Setup { model, index, cand_model, cand_names, reference, candidate, decls, owners, input_notes, samples, total_samples, samples_digest, judging, order, control_flow, matching, sim_quant })
+    Ok(Setup {
+        model,
+        index,
+        cand_model,
+        cand_names,
+        reference,
+        candidate,
+        decls,
+        owners,
+        input_notes,
+        samples,
+        total_samples,
+        samples_digest,
+        judging,
+        order,
+        control_flow,
+        matching,
+        sim_quant,
+    })
 }
 
 /// SHA-256 over each sample's name and file size, in the folder's order: shards of one folder
@@ -423,7 +525,11 @@ pub(crate) fn feeds_of(inputs: &[layerwise_runtime::inputs::PreparedInput]) -> V
 /// precision the defaults are for. A float32 candidate that multiplies on TF32 tensor cores
 /// (`sim:tf32`, `ort:cuda` with TF32 on) keeps FP16's 10-bit mantissa there, so it gets FP16's
 /// defaults; `tf32=off` keeps float32's.
-pub fn tolerance_and_rule(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<(Tolerance, WalkRule, &'static str)> {
+pub fn tolerance_and_rule(
+    precision: Precision,
+    tf32: bool,
+    options: &BisectOptions,
+) -> Result<(Tolerance, WalkRule, &'static str)> {
     let (rule, defaults_for) = match precision {
         Precision::Fp16 => (WalkRule::FP16, "FP16"),
         Precision::Bf16 => (WalkRule::BF16, "BF16"),
@@ -458,11 +564,17 @@ fn converted_precision(model: &Model) -> Precision {
     // Every type the file declares: weights, tensors, and the targets of its Casts (a BF16 model
     // whose weights all stay FP32, e.g. with its Convs kept, still computes in BF16).
     let g = model.graph();
-    let value_types = g.input.iter().chain(&g.output).chain(&g.value_info).filter_map(|v| match v.r#type.as_ref()?.value.as_ref()? {
-        layerwise_model::onnx::type_proto::Value::TensorType(t) => t.elem_type,
-        _ => None,
+    let value_types = g.input.iter().chain(&g.output).chain(&g.value_info).filter_map(|v| {
+        match v.r#type.as_ref()?.value.as_ref()? {
+            layerwise_model::onnx::type_proto::Value::TensorType(t) => t.elem_type,
+            _ => None,
+        }
     });
-    let cast_targets = g.node.iter().filter(|n| n.op_type() == "Cast").flat_map(|n| n.attribute.iter().filter(|a| a.name() == "to").filter_map(|a| a.i.map(|i| i as i32)));
+    let cast_targets = g
+        .node
+        .iter()
+        .filter(|n| n.op_type() == "Cast")
+        .flat_map(|n| n.attribute.iter().filter(|a| a.name() == "to").filter_map(|a| a.i.map(|i| i as i32)));
     let types: Vec<i32> = g.initializer.iter().map(|t| t.data_type()).chain(value_types).chain(cast_targets).collect();
     let has = |d: layerwise_model::DataType| types.contains(&(d as i32));
     if has(layerwise_model::DataType::Bfloat16) && !has(layerwise_model::DataType::Float16) {
@@ -473,7 +585,11 @@ fn converted_precision(model: &Model) -> Precision {
 }
 
 /// Every sample's input values, prepared as the runs will see them.
-pub(super) fn sample_feeds(decls: &[InputDecl], samples: &[(String, InputOptions)], owners: &InputOwners) -> Result<Vec<Vec<(String, Tensor)>>> {
+pub(super) fn sample_feeds(
+    decls: &[InputDecl],
+    samples: &[(String, InputOptions)],
+    owners: &InputOwners,
+) -> Result<Vec<Vec<(String, Tensor)>>> {
     samples
         .iter()
         .map(|(name, options)| {
@@ -489,7 +605,9 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
         return Ok(options
             .given_samples
             .iter()
-            .map(|(name, values)| (name.clone(), InputOptions { given: values.clone(), given_samples: Vec::new(), ..options.clone() }))
+            .map(|(name, values)| {
+                (name.clone(), InputOptions { given: values.clone(), given_samples: Vec::new(), ..options.clone() })
+            })
             .collect());
     }
     match &options.npz {
@@ -504,7 +622,8 @@ pub(crate) fn samples(options: &InputOptions) -> Result<Vec<(String, InputOption
             // x.npz) is refused before any is read, not skipped without a word.
             for f in &files {
                 let name = f.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-                layerwise_model::open_regular(f).with_context(|| format!("--inputs {}: sample {name}", dir.display()))?;
+                layerwise_model::open_regular(f)
+                    .with_context(|| format!("--inputs {}: sample {name}", dir.display()))?;
             }
             if files.is_empty() {
                 bail!("--inputs {}: the folder holds no .npz files (one sample per file)", dir.display());

@@ -39,7 +39,12 @@ impl SimQuantized {
     }
 
     /// The Q/DQ model of `model` with `exclude` (node names) left float as well.
-    pub fn requantize(&self, model: &Model, index: &GraphIndex, exclude: &[String]) -> Result<layerwise_model::onnx::ModelProto> {
+    pub fn requantize(
+        &self,
+        model: &Model,
+        index: &GraphIndex,
+        exclude: &[String],
+    ) -> Result<layerwise_model::onnx::ModelProto> {
         let mut config = self.config.clone();
         for n in exclude {
             if !config.nodes_to_exclude.contains(n) {
@@ -66,7 +71,10 @@ pub const ARITHMETIC_FP8: &str = "float8 e4m3fn rounding at each quantizer (roun
 /// int8, or uint8 where the file says so) or `sim:fp8`.
 pub fn load_config(path: Option<&Path>, fp8: bool) -> Result<QuantConfig> {
     let Some(path) = path else {
-        return Ok(QuantConfig { format: if fp8 { SimFormat::Fp8 } else { SimFormat::Int8 }, ..QuantConfig::default() });
+        return Ok(QuantConfig {
+            format: if fp8 { SimFormat::Fp8 } else { SimFormat::Int8 },
+            ..QuantConfig::default()
+        });
     };
     let text = std::fs::read_to_string(path).with_context(|| format!("--quant-config {}", path.display()))?;
     let shown = path.display().to_string();
@@ -84,7 +92,13 @@ pub fn load_config(path: Option<&Path>, fp8: bool) -> Result<QuantConfig> {
 /// The min and max of every float32 activation the quantizer needs, over every sample (`feeds`),
 /// from the reference's runs: the graph inputs from the feeds, the rest computed. Tensors of
 /// other types (shapes, indices) get none, and stay unquantized.
-pub fn calibrate(model: &Model, index: &GraphIndex, reference: &mut dyn Backend, feeds: &[Vec<(String, Tensor)>], tensors: &[String]) -> Result<HashMap<String, (f32, f32)>> {
+pub fn calibrate(
+    model: &Model,
+    index: &GraphIndex,
+    reference: &mut dyn Backend,
+    feeds: &[Vec<(String, Tensor)>],
+    tensors: &[String],
+) -> Result<HashMap<String, (f32, f32)>> {
     let mut ranges: HashMap<String, (f32, f32)> = HashMap::new();
     let computed: Vec<String> = tensors.iter().filter(|t| index.producer(t).is_some()).cloned().collect();
     let mut widen = |name: &str, t: &Tensor| {
@@ -102,7 +116,12 @@ pub fn calibrate(model: &Model, index: &GraphIndex, reference: &mut dyn Backend,
         for (name, t) in sample.iter().filter(|(n, _)| tensors.contains(n)) {
             widen(name, t);
         }
-        let out = reference.run(&RunRequest { model, index, inputs: sample, selection: &Selection::Names(computed.clone()) })?;
+        let out = reference.run(&RunRequest {
+            model,
+            index,
+            inputs: sample,
+            selection: &Selection::Names(computed.clone()),
+        })?;
         for t in &computed {
             match out.tensors.get(t) {
                 Some(v) => widen(t, v),
@@ -120,13 +139,27 @@ pub fn calibrate(model: &Model, index: &GraphIndex, reference: &mut dyn Backend,
 }
 
 /// The Q/DQ candidate of `model`: calibrated on `feeds` by `reference`, quantized by `config`.
-pub fn quantized_candidate(model: &Model, index: &GraphIndex, reference: &mut dyn Backend, feeds: &[Vec<(String, Tensor)>], config: QuantConfig) -> Result<(Model, SimQuantized)> {
+pub fn quantized_candidate(
+    model: &Model,
+    index: &GraphIndex,
+    reference: &mut dyn Backend,
+    feeds: &[Vec<(String, Tensor)>],
+    config: QuantConfig,
+) -> Result<(Model, SimQuantized)> {
     let planned = plan(model, index, &config)?;
     if planned.nodes.is_empty() {
-        bail!("cannot quantize the model: it has no node of the quantized op types ({}) left after nodes_to_exclude", config.op_types.join(", "));
+        bail!(
+            "cannot quantize the model: it has no node of the quantized op types ({}) left after nodes_to_exclude",
+            config.op_types.join(", ")
+        );
     }
     let ranges = calibrate(model, index, reference, feeds, &planned.activations)?;
-    let quantized = SimQuantized { config, ranges, samples: feeds.len(), weights_as_activations: planned.weights_as_activations.len() };
+    let quantized = SimQuantized {
+        config,
+        ranges,
+        samples: feeds.len(),
+        weights_as_activations: planned.weights_as_activations.len(),
+    };
     let proto = quantize(model, index, &quantized.config, &quantized.ranges)?;
     Ok((model.derived(proto, "sim-quantized.onnx"), quantized))
 }

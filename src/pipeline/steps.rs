@@ -31,7 +31,14 @@ impl Steps {
         bar.set_draw_target(if show && !lines { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() });
         bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("template"));
         bar.enable_steady_tick(std::time::Duration::from_millis(120));
-        Steps { bar, lines, started: Instant::now(), durations: Vec::new(), counting_since: None, position: String::new() }
+        Steps {
+            bar,
+            lines,
+            started: Instant::now(),
+            durations: Vec::new(),
+            counting_since: None,
+            position: String::new(),
+        }
     }
 
     pub(crate) fn run<T>(&mut self, label: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
@@ -80,7 +87,8 @@ impl Steps {
         } else {
             String::new()
         };
-        let named = if name.is_empty() { String::new() } else { format!(" ({})", layerwise_report::escape::terminal(name)) };
+        let named =
+            if name.is_empty() { String::new() } else { format!(" ({})", layerwise_report::escape::terminal(name)) };
         self.position = format!("{what} {k} of {total}{named}{left}");
         if self.lines {
             eprintln!("layerwise: {} ({:.1} s)", self.position, self.started.elapsed().as_secs_f64());

@@ -222,7 +222,15 @@ pub fn json_without_run_info(path: &std::path::Path) -> serde_json::Value {
 /// loud, two equally loud (s1 and s4: the earliest must carry the verdict, as in one run).
 pub fn write_demo_samples(dir: &std::path::Path) {
     use rand::{Rng, SeedableRng};
-    let scales = [("s0.npz", 0.01), ("s1.npz", 1.0), ("s2.npz", 0.02), ("s3.npz", 0.5), ("s4.npz", 1.0), ("s5.npz", 0.03), ("s6.npz", 0.7)];
+    let scales = [
+        ("s0.npz", 0.01),
+        ("s1.npz", 1.0),
+        ("s2.npz", 0.02),
+        ("s3.npz", 0.5),
+        ("s4.npz", 1.0),
+        ("s5.npz", 0.03),
+        ("s6.npz", 0.7),
+    ];
     std::fs::create_dir_all(dir).unwrap();
     for (name, scale) in scales {
         let seed = if name == "s4.npz" { 1 } else { name.as_bytes()[1] as u64 };
@@ -248,8 +256,18 @@ pub fn numpy_for_tests() -> std::path::PathBuf {
         c.output().is_ok_and(|o| o.status.success())
     };
     if !has_numpy(Some(&dir)) {
-        let out = std::process::Command::new("python3").args(["-m", "pip", "install", "-q", "--target"]).arg(&dir).arg("numpy").output().expect("python3 runs");
-        assert!(out.status.success() && has_numpy(Some(&dir)), "the data loader test needs numpy for python3: `python3 -m pip install --target {} numpy` failed: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "--target"])
+            .arg(&dir)
+            .arg("numpy")
+            .output()
+            .expect("python3 runs");
+        assert!(
+            out.status.success() && has_numpy(Some(&dir)),
+            "the data loader test needs numpy for python3: `python3 -m pip install --target {} numpy` failed: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     dir
 }

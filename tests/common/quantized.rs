@@ -5,7 +5,13 @@ use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::DataType;
 
 pub fn int8_tensor(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: dims.to_vec(),
+        data_type: Some(DataType::Int8 as i32),
+        int32_data: values.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Seeded weights in [-1, 1).
@@ -67,12 +73,13 @@ pub fn qdq_model(w1: &[f32], w2: &[f32]) -> ModelProto {
 pub fn clipped_model(w1: &[f32], w2: &[f32]) -> ModelProto {
     let mut clipped = qdq_model(w1, w2);
     for w in clipped.graph.as_mut().unwrap().initializer.iter_mut().filter(|w| w.name() == "sr") {
-        let s = f32::from_le_bytes(w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()));
+        let s = f32::from_le_bytes(
+            w.raw_data.as_deref().map(|r| [r[0], r[1], r[2], r[3]]).unwrap_or_else(|| w.float_data[0].to_le_bytes()),
+        );
         *w = f32_tensor("sr", &[], &[s / 16.0]);
     }
     clipped
 }
-
 
 /// The MLP of `float_model` in the QOperator format (quantize_static's QuantFormat.QOperator):
 /// mm1 is one QLinearMatMul on int8 values, between a QuantizeLinear of x and a DequantizeLinear

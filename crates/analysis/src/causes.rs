@@ -106,7 +106,18 @@ impl<'a> Site<'a> {
         input_error: f64,
         candidate: Candidate,
     ) -> Site<'a> {
-        Site { index, comparison, weight_ranges, node, op: node.op_type.as_str(), output, input, input_error, candidate, out_rel: output.error_level() }
+        Site {
+            index,
+            comparison,
+            weight_ranges,
+            node,
+            op: node.op_type.as_str(),
+            output,
+            input,
+            input_error,
+            candidate,
+            out_rel: output.error_level(),
+        }
     }
 
     fn m(&self) -> &Metrics {
@@ -144,7 +155,11 @@ impl<'a> Site<'a> {
     /// A weight or weight-derived input holds inf/NaN in the candidate and not in the reference:
     /// the inputs are not finite, whatever the walk's view of data inputs says.
     fn reads_nonfinite_weight(&self) -> bool {
-        self.node.inputs.iter().filter(|i| !i.is_empty() && self.index.is_constant_like(i)).any(|w| self.comparison.get(w).is_some_and(|r| r.metrics.nonfinite_mismatch > 0))
+        self.node
+            .inputs
+            .iter()
+            .filter(|i| !i.is_empty() && self.index.is_constant_like(i))
+            .any(|w| self.comparison.get(w).is_some_and(|r| r.metrics.nonfinite_mismatch > 0))
     }
 
     /// The largest-error input, where it is free of inf/NaN mismatches: what mechanisms of the
@@ -171,8 +186,11 @@ impl<'a> Site<'a> {
 /// Every mechanism that applies to the candidate's arithmetic and this node, each with the share
 /// of the observed error it can account for; the best becomes the cause.
 pub fn classify(site: &Site) -> Cause {
-    let mut found: Vec<Mechanism> =
-        CATALOGUE.iter().filter(|rule| rule.applies_to.iter().any(|&n| site.candidate.computes_in(n))).filter_map(|rule| (rule.detect)(site)).collect();
+    let mut found: Vec<Mechanism> = CATALOGUE
+        .iter()
+        .filter(|rule| rule.applies_to.iter().any(|&n| site.candidate.computes_in(n)))
+        .filter_map(|rule| (rule.detect)(site))
+        .collect();
     // Best first: measured shares, highest first; mechanisms that cannot be estimated after those
     // that explain at least half, before those that explain less.
     let rank = |m: &Mechanism| m.explains.unwrap_or(0.5);
@@ -196,10 +214,17 @@ fn mechanism(kind: CauseKind, explains: Option<f64>, detail: String) -> Option<M
 /// reference's values where that was measured, and whether it is the output's.
 fn quantizers_at<'s>(s: &'s Site) -> Vec<(&'s str, &'s QuantizerRange, Option<&'s QuantizerEffect>, bool)> {
     let output = std::iter::once(s.output.name.as_str()).map(|t| (t, true));
-    let inputs = s.node.inputs.iter().filter(|i| !i.is_empty() && !s.index.is_constant_like(i) && **i != s.output.name).map(|t| (t.as_str(), false));
+    let inputs = s
+        .node
+        .inputs
+        .iter()
+        .filter(|i| !i.is_empty() && !s.index.is_constant_like(i) && **i != s.output.name)
+        .map(|t| (t.as_str(), false));
     output
         .chain(inputs)
-        .filter_map(|(t, is_output)| s.comparison.quantizers.get(t).map(|q| (t, q, s.comparison.quantizer_effects.get(t), is_output)))
+        .filter_map(|(t, is_output)| {
+            s.comparison.quantizers.get(t).map(|q| (t, q, s.comparison.quantizer_effects.get(t), is_output))
+        })
         .collect()
 }
 
@@ -325,9 +350,10 @@ fn per_tensor_weight(s: &Site) -> Option<Mechanism> {
     // channels a later Mul or normalization evens out breaks there, where the small channels'
     // loss stops hiding under the large one's range.
     let own = s.node.inputs.iter().filter_map(|i| s.comparison.per_tensor_weights.get(i).map(|w| (w, None)));
-    let upstream = s.node.inputs.iter().filter(|i| !s.index.is_constant_like(i)).filter_map(|i| s.index.producer(i)).flat_map(|p| {
-        p.inputs.iter().filter_map(move |w| s.comparison.per_tensor_weights.get(w).map(|w| (w, Some(p))))
-    });
+    let upstream =
+        s.node.inputs.iter().filter(|i| !s.index.is_constant_like(i)).filter_map(|i| s.index.producer(i)).flat_map(
+            |p| p.inputs.iter().filter_map(move |w| s.comparison.per_tensor_weights.get(w).map(|w| (w, Some(p)))),
+        );
     own.chain(upstream).find(|(w, _)| w.unequal()).and_then(|(w, reader)| {
         let live: Vec<(usize, f32)> = w.channel_max.iter().copied().enumerate().filter(|(_, m)| *m > 0.0).collect();
         let (small, smallest) = live.iter().copied().min_by(|a, b| a.1.total_cmp(&b.1))?;
@@ -462,11 +488,21 @@ fn quantized_denominator(s: &Site) -> Option<Mechanism> {
 fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
     let acc = s.comparison.integer_accumulations.get(&s.node.name).filter(|a| a.op == s.op)?;
     let activation = quantizers_at(s).into_iter().find(|(_, _, _, is_output)| !is_output);
-    let (code, whose) = match activation.and_then(|(t, q, e, _)| e.map(|e| (t, q.code_offset(e.min).max(q.code_offset(e.max)) as f64))) {
-        Some((t, code)) => (code, format!("its input '{t}' reaches |code - zero point| = {code:.0} on the reference's values")),
+    let (code, whose) = match activation
+        .and_then(|(t, q, e, _)| e.map(|e| (t, q.code_offset(e.min).max(q.code_offset(e.max)) as f64)))
+    {
+        Some((t, code)) => {
+            (code, format!("its input '{t}' reaches |code - zero point| = {code:.0} on the reference's values"))
+        }
         None => {
             let code = acc.widest_activation_code();
-            (code, format!("its {} input can reach |code - zero point| = {code:.0} (its values were not measured)", acc.activation_format.name()))
+            (
+                code,
+                format!(
+                    "its {} input can reach |code - zero point| = {code:.0} (its values were not measured)",
+                    acc.activation_format.name()
+                ),
+            )
         }
     };
     let worst = acc.weight_sum * code;
@@ -531,13 +567,26 @@ fn integer_boundary(s: &Site) -> Option<Mechanism> {
     // The input's error as compared; where it is exact as fed (a model input), the candidate's
     // own rounding of it before this node is what moved the values.
     let moved_by = match s.input {
-        Some(input) if input.metrics.nonfinite_mismatch > 0 || crate::patterns::is_integer_dtype(&input.ref_dtype) => return None,
-        Some(input) => format!("the input's error (max abs {:.2e}, relative L2 {:.2e})", input.metrics.max_abs_err, input.error_level()),
-        None => format!("the candidate's rounding of its input '{}' (exact as fed)", s.node.inputs.first().map_or("", String::as_str)),
+        Some(input) if input.metrics.nonfinite_mismatch > 0 || crate::patterns::is_integer_dtype(&input.ref_dtype) => {
+            return None
+        }
+        Some(input) => format!(
+            "the input's error (max abs {:.2e}, relative L2 {:.2e})",
+            input.metrics.max_abs_err,
+            input.error_level()
+        ),
+        None => format!(
+            "the candidate's rounding of its input '{}' (exact as fed)",
+            s.node.inputs.first().map_or("", String::as_str)
+        ),
     };
     // Every changed value moved by a whole number, so the mean change bounds how many moved.
     let moved = (m.mean_abs_err * m.numel as f64).round() as usize;
-    let count = if m.max_abs_err == 1.0 { format!("{moved} of {} values", m.numel) } else { format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err) };
+    let count = if m.max_abs_err == 1.0 {
+        format!("{moved} of {} values", m.numel)
+    } else {
+        format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err)
+    };
     let detail = format!(
         "{count} land on another integer: {moved_by} moves them across an integer boundary; an integer computed from a rounded float is exact or off by a whole step, so the output's error is the size of that step, not of the rounding"
     );
@@ -567,7 +616,11 @@ fn underflow(s: &Site) -> Option<Mechanism> {
 fn accumulator_overflow(s: &Site) -> Option<Mechanism> {
     let (m, op) = (s.m(), s.op);
     let input_finite = s.input.is_none_or(|i| i.metrics.cand_inf + i.metrics.cand_nan == 0);
-    if !(s.non_finite() && (op == "ReduceMean" || op == "ReduceLogSumExp") && m.ref_max_abs <= FP16_MAX as f64 && input_finite) {
+    if !(s.non_finite()
+        && (op == "ReduceMean" || op == "ReduceLogSumExp")
+        && m.ref_max_abs <= FP16_MAX as f64
+        && input_finite)
+    {
         return None;
     }
     // The emulation stores the sum in FP16 as the kernel does: a result of inf from finite
@@ -577,7 +630,9 @@ fn accumulator_overflow(s: &Site) -> Option<Mechanism> {
     let reduced = s.input.map(|i| numel(&i.shape) / numel(&s.output.shape)).filter(|&n| n > 1);
     let what = if op == "ReduceMean" { "sum" } else { "sum of exp(x - max)" };
     let size = match reduced {
-        Some(n) if op == "ReduceMean" => format!(" over {n} elements: its sum reaches up to about {:.2e}", m.ref_max_abs * n as f64),
+        Some(n) if op == "ReduceMean" => {
+            format!(" over {n} elements: its sum reaches up to about {:.2e}", m.ref_max_abs * n as f64)
+        }
         Some(n) => format!(" over {n} elements: its {what} passes 65504"),
         None => format!(": its {what} passes 65504"),
     };
@@ -632,7 +687,12 @@ fn non_finite_produced(s: &Site) -> Option<Mechanism> {
             s.m().ref_max_abs
         )
     } else if candidate >= reference {
-        format!("{} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})", s.op, s.m().nonfinite_mismatch, s.m().ref_max_abs)
+        format!(
+            "{} turns finite inputs into {} inf/NaN values (reference max |y| = {:.4e})",
+            s.op,
+            s.m().nonfinite_mismatch,
+            s.m().ref_max_abs
+        )
     } else {
         format!(
             "{} turns finite inputs into {reference} inf/NaN values in the reference, where the candidate has {candidate}: finite values in at least {} places (reference max |y| = {:.4e})",
@@ -657,7 +717,10 @@ fn non_finite_input(s: &Site) -> Option<Mechanism> {
         .take(3)
         .map(|(t, reference, candidate)| {
             if s.index.is_graph_input(t) {
-                format!("model input '{t}' holds {reference} inf/NaN value{}, fed to both sides", if *reference == 1 { "" } else { "s" })
+                format!(
+                    "model input '{t}' holds {reference} inf/NaN value{}, fed to both sides",
+                    if *reference == 1 { "" } else { "s" }
+                )
             } else {
                 format!("'{t}' holds {reference} in the reference, {candidate} in the candidate")
             }
@@ -733,7 +796,11 @@ fn large_logits(s: &Site) -> Option<Mechanism> {
 /// values ...)", else nothing.
 fn masked_note(m: &Metrics) -> String {
     m.mask_sentinels.map_or_else(String::new, |ms| {
-        format!(" (not counting {} mask values of |x| >= {:.0e}, the same on both sides)", ms.count, crate::metrics::MASK_SENTINEL_MIN_ABS)
+        format!(
+            " (not counting {} mask values of |x| >= {:.0e}, the same on both sides)",
+            ms.count,
+            crate::metrics::MASK_SENTINEL_MIN_ABS
+        )
     })
 }
 
@@ -776,7 +843,8 @@ fn kernel_rounding(s: &Site) -> Option<Mechanism> {
 }
 
 /// Ops whose float32 arithmetic TF32 replaces.
-const TF32_OPS: &[&str] = &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
+const TF32_OPS: &[&str] =
+    &["MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul", "Attention", "LSTM", "GRU", "RNN"];
 
 fn tf32(s: &Site) -> Option<Mechanism> {
     if s.non_finite() || !s.is_tf32_op() {
@@ -825,9 +893,18 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
             .node
             .inputs
             .iter()
-            .filter_map(|t| s.comparison.quantizers.get(t).map(|q| format!("'{t}' by a {} quantizer of step {:.3e}", q.format.name(), q.scale)))
+            .filter_map(|t| {
+                s.comparison
+                    .quantizers
+                    .get(t)
+                    .map(|q| format!("'{t}' by a {} quantizer of step {:.3e}", q.format.name(), q.scale))
+            })
             .collect();
-        let read = if steps.is_empty() { "its inputs' quantizers (not found among the candidate's per-tensor ones)".to_string() } else { steps.join(", ") };
+        let read = if steps.is_empty() {
+            "its inputs' quantizers (not found among the candidate's per-tensor ones)".to_string()
+        } else {
+            steps.join(", ")
+        };
         return mechanism(
             CauseKind::PrecisionLoss,
             None,
@@ -838,7 +915,10 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
     mechanism(
         CauseKind::PrecisionLoss,
         Some(s.share(u * 4.0)),
-        format!("{} introduces a relative L2 error of {:.2e} from exact inputs (one rounding is {u:.1e})", s.op, s.out_rel),
+        format!(
+            "{} introduces a relative L2 error of {:.2e} from exact inputs (one rounding is {u:.1e})",
+            s.op, s.out_rel
+        ),
     )
 }
 
@@ -889,7 +969,11 @@ fn periodic_argument(s: &Site) -> Option<Mechanism> {
     }
     let period = std::f64::consts::TAU;
     // |sin'| <= 1: an argument off by dx moves the result by up to dx, against results of at most 1.
-    let outcome = if dx >= 1.0 { format!("what {} returns of it is noise", s.op) } else { format!("{} errs by up to {dx:.2e} absolute", s.op) };
+    let outcome = if dx >= 1.0 {
+        format!("what {} returns of it is noise", s.op)
+    } else {
+        format!("{} errs by up to {dx:.2e} absolute", s.op)
+    };
     mechanism(
         CauseKind::PeriodicArgument,
         Some(s.share(dx.min(1.0))),
@@ -907,9 +991,25 @@ fn periodic_argument(s: &Site) -> Option<Mechanism> {
 
 /// Ops known to amplify relative input error.
 const SENSITIVE_OPS: &[&str] = &[
-    "Softmax", "LogSoftmax", "Div", "Reciprocal", "Exp", "Pow", "Log", "Sqrt", "Sub",
-    "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "LayerNormalization", "InstanceNormalization",
-    "GroupNormalization", "BatchNormalization", "Erf", "Tan", "Atan",
+    "Softmax",
+    "LogSoftmax",
+    "Div",
+    "Reciprocal",
+    "Exp",
+    "Pow",
+    "Log",
+    "Sqrt",
+    "Sub",
+    "ReduceSumSquare",
+    "ReduceL2",
+    "ReduceLogSumExp",
+    "LayerNormalization",
+    "InstanceNormalization",
+    "GroupNormalization",
+    "BatchNormalization",
+    "Erf",
+    "Tan",
+    "Atan",
 ];
 
 /// The fallback: the node multiplies its input's relative error, by how much is measured, why is not.
@@ -921,7 +1021,13 @@ fn amplification(s: &Site) -> Option<Mechanism> {
     mechanism(
         CauseKind::Amplification,
         None,
-        format!("{} amplifies its input error {:.1}x (relative L2 {:.2e} -> {:.2e}){sensitive}", s.op, s.out_rel / s.input_error, s.input_error, s.out_rel),
+        format!(
+            "{} amplifies its input error {:.1}x (relative L2 {:.2e} -> {:.2e}){sensitive}",
+            s.op,
+            s.out_rel / s.input_error,
+            s.input_error,
+            s.out_rel
+        ),
     )
 }
 
@@ -929,7 +1035,11 @@ fn amplification(s: &Site) -> Option<Mechanism> {
 /// negative exponent): a constant that FP16 flushes to 0 and that reaches the input at risk
 /// through at most three Add/Sub/Max/Clip/Abs/Identity/Cast/Mul steps (as the epsilon of
 /// `x^2 + eps`). Returns the constant, its value and the node it reaches through.
-fn underflowing_constant<'a>(index: &GraphIndex, weight_ranges: &'a [WeightRange], node: &NodeInfo) -> Option<(&'a String, f32, String)> {
+fn underflowing_constant<'a>(
+    index: &GraphIndex,
+    weight_ranges: &'a [WeightRange],
+    node: &NodeInfo,
+) -> Option<(&'a String, f32, String)> {
     let at_risk = match node.op_type.as_str() {
         "Log" | "Reciprocal" => node.inputs.first(),
         "Div" => node.inputs.get(1),
@@ -940,7 +1050,13 @@ fn underflowing_constant<'a>(index: &GraphIndex, weight_ranges: &'a [WeightRange
     let mut frontier = vec![(at_risk.clone(), 0usize)];
     while let Some((tensor, depth)) = frontier.pop() {
         if let Some(w) = weight_ranges.iter().find(|w| w.name == tensor && w.underflow_count > 0) {
-            let via = index.consumers(&tensor).iter().map(|&c| &index.nodes[c]).find(|c| PASSING.contains(&c.op_type.as_str()) || c.name == node.name).map(|c| format!("{} '{}'", c.op_type, c.name)).unwrap_or_default();
+            let via = index
+                .consumers(&tensor)
+                .iter()
+                .map(|&c| &index.nodes[c])
+                .find(|c| PASSING.contains(&c.op_type.as_str()) || c.name == node.name)
+                .map(|c| format!("{} '{}'", c.op_type, c.name))
+                .unwrap_or_default();
             return Some((&w.name, w.underflow_max, via));
         }
         if depth >= 3 {

@@ -77,11 +77,24 @@ pub struct Comparison {
 impl Comparison {
     /// A comparison assembled from records of several runs (search marking, split runs, samples),
     /// put in topological order.
-    pub fn from_records(mut records: Vec<TensorRecord>, not_compared: Vec<(String, String)>, order: &[String]) -> Comparison {
+    pub fn from_records(
+        mut records: Vec<TensorRecord>,
+        not_compared: Vec<(String, String)>,
+        order: &[String],
+    ) -> Comparison {
         let rank: HashMap<&str, usize> = order.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
         records.sort_by_key(|r| rank.get(r.name.as_str()).copied().unwrap_or(usize::MAX));
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }
+        Comparison {
+            records,
+            not_compared,
+            position,
+            quantizers: HashMap::new(),
+            quantizer_effects: HashMap::new(),
+            per_tensor_weights: HashMap::new(),
+            integer_accumulations: HashMap::new(),
+            input_nonfinite: HashMap::new(),
+        }
     }
 
     pub fn get(&self, tensor: &str) -> Option<&TensorRecord> {
@@ -90,13 +103,21 @@ impl Comparison {
 
     /// Notes which of the run's graph inputs hold inf/NaN (see `input_nonfinite`).
     pub fn note_input_nonfinite(&mut self, feeds: &[(String, layerwise_model::Tensor)]) {
-        self.input_nonfinite = feeds.iter().map(|(name, t)| (name.clone(), t.non_finite_counts())).filter(|(_, (nan, inf))| nan + inf > 0).collect();
+        self.input_nonfinite = feeds
+            .iter()
+            .map(|(name, t)| (name.clone(), t.non_finite_counts()))
+            .filter(|(_, (nan, inf))| nan + inf > 0)
+            .collect();
     }
 
     /// The data inputs of `node` that hold inf/NaN on either side, each with its count in the
     /// reference and in the candidate: a graph input's from `input_nonfinite` (the same on both
     /// sides), a computed tensor's from its record. Weights are left out.
-    pub fn nonfinite_inputs_of(&self, index: &GraphIndex, node: &layerwise_model::NodeInfo) -> Vec<(String, usize, usize)> {
+    pub fn nonfinite_inputs_of(
+        &self,
+        index: &GraphIndex,
+        node: &layerwise_model::NodeInfo,
+    ) -> Vec<(String, usize, usize)> {
         let mut found: Vec<(String, usize, usize)> = Vec::new();
         for t in node.all_inputs() {
             let counts = if index.is_graph_input(t) {
@@ -129,14 +150,26 @@ impl Comparison {
 }
 
 /// The record of `name` from both sides' shapes and types; `metrics` runs only when the shapes match.
-pub fn tensor_record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[usize], DType), (cand_shape, cand_dtype): (&[usize], DType), metrics: impl FnOnce() -> Metrics) -> TensorRecord {
+pub fn tensor_record(
+    index: &GraphIndex,
+    name: &str,
+    (ref_shape, ref_dtype): (&[usize], DType),
+    (cand_shape, cand_dtype): (&[usize], DType),
+    metrics: impl FnOnce() -> Metrics,
+) -> TensorRecord {
     let node = index.producer(name);
     let mut record = TensorRecord {
         name: name.to_string(),
         node: node.map(|n| n.name.clone()).unwrap_or_default(),
         // An output no node computes is a graph input passed straight through (as the reports
         // call a graph input elsewhere).
-        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| if index.is_graph_input(name) { "input".into() } else { String::new() }),
+        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| {
+            if index.is_graph_input(name) {
+                "input".into()
+            } else {
+                String::new()
+            }
+        }),
         topo_index: node.map(|n| n.topo_index).unwrap_or(0),
         shape: ref_shape.to_vec(),
         ref_dtype: ref_dtype.name().to_string(),
@@ -148,7 +181,11 @@ pub fn tensor_record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[
         pass: false,
     };
     if ref_shape != cand_shape {
-        record.mismatch = Some(format!("shape {} in the reference, {} in the candidate", shape_string(ref_shape), shape_string(cand_shape)));
+        record.mismatch = Some(format!(
+            "shape {} in the reference, {} in the candidate",
+            shape_string(ref_shape),
+            shape_string(cand_shape)
+        ));
         return record;
     }
     record.metrics = metrics();
@@ -158,7 +195,8 @@ pub fn tensor_record(index: &GraphIndex, name: &str, (ref_shape, ref_dtype): (&[
 
 /// Why a model output that no node computes is not compared: a weight the model passes straight
 /// to its output holds whatever each side stores for it, which no run of either side returns.
-pub const WEIGHT_OUTPUT: &str = "a weight (initializer) passed straight to the output: no node computes it, and neither run returns it";
+pub const WEIGHT_OUTPUT: &str =
+    "a weight (initializer) passed straight to the output: no node computes it, and neither run returns it";
 
 /// Whether `tensor`, a model output, is a weight passed straight to it: no run is compared on it
 /// (see [`WEIGHT_OUTPUT`]).
@@ -196,22 +234,35 @@ pub fn fed_value(graph: &layerwise_model::onnx::GraphProto, name: &str, feeds: &
     use layerwise_model::onnx::type_proto;
     use layerwise_model::TensorData;
     let (_, fed) = feeds.iter().find(|(n, _)| n == name)?;
-    let elem = graph.input.iter().find(|v| v.name() == name).and_then(|v| match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
-        Some(type_proto::Value::TensorType(tt)) => Some(tt.elem_type()),
-        _ => None,
+    let elem = graph.input.iter().find(|v| v.name() == name).and_then(|v| {
+        match v.r#type.as_ref().and_then(|t| t.value.as_ref()) {
+            Some(type_proto::Value::TensorType(tt)) => Some(tt.elem_type()),
+            _ => None,
+        }
     });
     Some(match (&fed.data, elem) {
-        (TensorData::F32(v), Some(10)) => Tensor::new(fed.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect())),
-        (TensorData::F32(v), Some(16)) => Tensor::new(fed.shape.clone(), TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect())),
+        (TensorData::F32(v), Some(10)) => {
+            Tensor::new(fed.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()))
+        }
+        (TensorData::F32(v), Some(16)) => {
+            Tensor::new(fed.shape.clone(), TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()))
+        }
         _ => fed.clone(),
     })
 }
 
 /// Adds to `tensors` (a run of `graph` on `feeds`) the outputs it passes straight from its inputs
 /// (see [`passed_through`]), where the run did not return them itself.
-pub fn add_passed_through(graph: &layerwise_model::onnx::GraphProto, index: &GraphIndex, feeds: &[(String, Tensor)], tensors: &mut HashMap<String, Tensor>) {
+pub fn add_passed_through(
+    graph: &layerwise_model::onnx::GraphProto,
+    index: &GraphIndex,
+    feeds: &[(String, Tensor)],
+    tensors: &mut HashMap<String, Tensor>,
+) {
     for name in passed_through(index) {
-        if let (std::collections::hash_map::Entry::Vacant(slot), Some(v)) = (tensors.entry(name.clone()), fed_value(graph, &name, feeds)) {
+        if let (std::collections::hash_map::Entry::Vacant(slot), Some(v)) =
+            (tensors.entry(name.clone()), fed_value(graph, &name, feeds))
+        {
             slot.insert(v);
         }
     }
@@ -242,7 +293,16 @@ pub fn compare_all(
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-    Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }
+    Comparison {
+        records,
+        not_compared,
+        position,
+        quantizers: HashMap::new(),
+        quantizer_effects: HashMap::new(),
+        per_tensor_weights: HashMap::new(),
+        integer_accumulations: HashMap::new(),
+        input_nonfinite: HashMap::new(),
+    }
 }
 
 /// What a paired run (`layerwise_runtime::paired`) hands over, reduced as it comes: each tensor's
@@ -258,7 +318,11 @@ pub struct PairedComparison {
 }
 
 enum Reduced {
-    Compared { record_inputs: ((Vec<usize>, DType), (Vec<usize>, DType)), metrics: Option<Metrics>, histogram: Option<Histogram> },
+    Compared {
+        record_inputs: ((Vec<usize>, DType), (Vec<usize>, DType)),
+        metrics: Option<Metrics>,
+        histogram: Option<Histogram>,
+    },
     Unavailable(String),
 }
 
@@ -267,7 +331,12 @@ pub const HISTOGRAM_BINS: usize = 40;
 
 impl PairedComparison {
     pub fn new(tol: ToleranceSet) -> PairedComparison {
-        PairedComparison { tol, reduced: Mutex::new(HashMap::new()), arrival: Mutex::new(Vec::new()), reference_bytes: AtomicU64::new(0) }
+        PairedComparison {
+            tol,
+            reduced: Mutex::new(HashMap::new()),
+            arrival: Mutex::new(Vec::new()),
+            reference_bytes: AtomicU64::new(0),
+        }
     }
 
     /// Bytes of the reference tensors reduced so far: what two separate runs would have held per side.
@@ -283,7 +352,12 @@ impl PairedComparison {
     /// The comparison in the order of `order` (topological), with the histograms of the tensors
     /// out of tolerance. `unavailable`: tensors one side could not give, with the reason.
     /// Takes what was reduced so far, leaving the reducer empty.
-    pub fn finish(&self, index: &GraphIndex, order: &[String], unavailable: &[(String, String)]) -> (Comparison, HashMap<String, Histogram>) {
+    pub fn finish(
+        &self,
+        index: &GraphIndex,
+        order: &[String],
+        unavailable: &[(String, String)],
+    ) -> (Comparison, HashMap<String, Histogram>) {
         let mut reduced = std::mem::take(&mut *self.reduced.lock().unwrap_or_else(|p| p.into_inner()));
         let mut records = Vec::new();
         let mut not_compared = Vec::new();
@@ -299,13 +373,28 @@ impl PairedComparison {
                 }
                 Some(Reduced::Unavailable(why)) => not_compared.push((name.clone(), why)),
                 None => {
-                    let why = unavailable.iter().find(|(n, _)| n == name).map_or_else(|| missing_reason(index, name, "paired"), |(_, w)| w.clone());
+                    let why = unavailable
+                        .iter()
+                        .find(|(n, _)| n == name)
+                        .map_or_else(|| missing_reason(index, name, "paired"), |(_, w)| w.clone());
                     not_compared.push((name.clone(), why));
                 }
             }
         }
         let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
-        (Comparison { records, not_compared, position, quantizers: HashMap::new(), quantizer_effects: HashMap::new(), per_tensor_weights: HashMap::new(), integer_accumulations: HashMap::new(), input_nonfinite: HashMap::new() }, histograms)
+        (
+            Comparison {
+                records,
+                not_compared,
+                position,
+                quantizers: HashMap::new(),
+                quantizer_effects: HashMap::new(),
+                per_tensor_weights: HashMap::new(),
+                integer_accumulations: HashMap::new(),
+                input_nonfinite: HashMap::new(),
+            },
+            histograms,
+        )
     }
 }
 

@@ -194,7 +194,9 @@ impl QuantizersAlone {
     /// The quantizers at fault: each alone gives at least half of what all give together, and
     /// at least `fault_threshold`.
     pub fn at_fault(&self) -> impl Iterator<Item = &QuantizerAlone> {
-        self.each.iter().filter(|q| self.together > 0.0 && q.error >= 0.5 * self.together && q.error >= self.fault_threshold)
+        self.each
+            .iter()
+            .filter(|q| self.together > 0.0 && q.error >= 0.5 * self.together && q.error >= self.fault_threshold)
     }
 }
 
@@ -370,7 +372,10 @@ pub struct SampleData {
     #[serde(serialize_with = "crate::num::finite_or_string", deserialize_with = "crate::num::finite_or_string_de")]
     #[schemars(with = "FiniteOrString")]
     pub selection_error: f64,
-    #[serde(serialize_with = "crate::num::vec_option_finite_or_string", deserialize_with = "crate::num::vec_option_finite_or_string_de")]
+    #[serde(
+        serialize_with = "crate::num::vec_option_finite_or_string",
+        deserialize_with = "crate::num::vec_option_finite_or_string_de"
+    )]
     #[schemars(with = "Vec<Option<FiniteOrString>>")]
     pub errors: Vec<Option<f64>>,
     pub failing: Vec<bool>,
@@ -397,7 +402,12 @@ pub struct Shard {
 /// then said pass over a diverged sample), then the largest selection error, the earliest on ties.
 pub fn chosen_sample(samples: &[SampleData]) -> Option<usize> {
     let diverged = |k: usize| samples[k].run.status == crate::Status::Diverged;
-    (0..samples.len()).max_by(|&a, &b| diverged(a).cmp(&diverged(b)).then(samples[a].selection_error.total_cmp(&samples[b].selection_error)).then(b.cmp(&a)))
+    (0..samples.len()).max_by(|&a, &b| {
+        diverged(a)
+            .cmp(&diverged(b))
+            .then(samples[a].selection_error.total_cmp(&samples[b].selection_error))
+            .then(b.cmp(&a))
+    })
 }
 
 /// Per-tensor worst and mean error over samples (in their order); the verdict's sample is `chosen`.
@@ -418,10 +428,21 @@ pub fn aggregate_samples(samples: &[SampleData], chosen: usize, order: &[String]
             }
         }
         if let Some((worst_error, worst_sample)) = worst {
-            tensors.push(SampleStats { tensor: t.clone(), mean_error: sum / count as f64, worst_error, worst_sample: worst_sample.to_string(), failing_samples: failing });
+            tensors.push(SampleStats {
+                tensor: t.clone(),
+                mean_error: sum / count as f64,
+                worst_error,
+                worst_sample: worst_sample.to_string(),
+                failing_samples: failing,
+            });
         }
     }
-    Samples { count: samples.len(), runs: samples.iter().map(|s| s.run.clone()).collect(), worst_sample: samples[chosen].run.sample.clone(), tensors }
+    Samples {
+        count: samples.len(),
+        runs: samples.iter().map(|s| s.run.clone()).collect(),
+        worst_sample: samples[chosen].run.sample.clone(),
+        tensors,
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -19,7 +19,13 @@ pub fn histogram(reference: &[f32], candidate: &[f32], bins: usize) -> Histogram
     let bins = bins.max(1);
     let finite = reference.iter().chain(candidate).filter(|v| v.is_finite()).map(|&v| v as f64);
     let (lo, hi) = finite.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if lo > hi { (0.0, 1.0) } else if lo == hi { (lo - 0.5, hi + 0.5) } else { (lo, hi) };
+    let (lo, hi) = if lo > hi {
+        (0.0, 1.0)
+    } else if lo == hi {
+        (lo - 0.5, hi + 0.5)
+    } else {
+        (lo, hi)
+    };
     let width = (hi - lo) / bins as f64;
     let edges = (0..=bins).map(|i| lo + width * i as f64).collect();
     let count = |values: &[f32]| {

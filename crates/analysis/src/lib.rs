@@ -13,11 +13,23 @@ mod storage;
 mod verdict;
 mod walk;
 
-pub use findings::{aggregate_samples, chosen_sample, Repro, SampleData, Shard, TensorMatching, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, SampleRun, SampleStats, Samples, ILL_CONDITIONED_FACTOR};
-pub use compare::{add_passed_through, compare_all, fed_value, is_weight_output, missing_reason, passed_through, tensor_record, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT};
+pub use compare::{
+    add_passed_through, compare_all, fed_value, is_weight_output, missing_reason, passed_through, tensor_record,
+    Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
+};
+pub use findings::{
+    aggregate_samples, chosen_sample, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation, KeepCheck,
+    LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro, SampleData, SampleRun, SampleStats,
+    Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
+};
 pub use histogram::{histogram, Histogram};
-pub use metrics::{compute, metrics_of_totals, MaskSentinels, Metrics, PairTotals, Tolerance, ToleranceSet, MASK_SENTINEL_MIN_ABS};
+pub use metrics::{
+    compute, metrics_of_totals, MaskSentinels, Metrics, PairTotals, Tolerance, ToleranceSet, MASK_SENTINEL_MIN_ABS,
+};
 pub use patterns::{close_over_fp16_range, keep_pattern, may_compute_integer_from_float, pattern_of, Pattern};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
-pub use verdict::{Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status, Verdict, WalkRule};
+pub use verdict::{
+    Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd,
+    Status, Verdict, WalkRule,
+};
 pub use walk::{judge_node, verdict_from_chain, walk_back};

@@ -407,7 +407,10 @@ fn fast_block(r: &[f32], c: &[f32], rtol: f32) -> Option<FastBlock> {
     // Magnitude bounds first: inf and NaN fail `< FAST_MAX` and send the block to the exact path.
     let outside = |r: f32, c: f32| -> u32 {
         let (a, b, d) = (r.abs(), c.abs(), (c - r).abs());
-        (!(a < FAST_MAX) as u32) | (!(b < FAST_MAX) as u32) | ((a != 0.0 && a < FAST_MIN) as u32) | ((d != 0.0 && d < FAST_MIN) as u32)
+        (!(a < FAST_MAX) as u32)
+            | (!(b < FAST_MAX) as u32)
+            | ((a != 0.0 && a < FAST_MIN) as u32)
+            | ((d != 0.0 && d < FAST_MIN) as u32)
     };
     let mut bad = [0u32; LANES];
     let (rc, cc) = (r.chunks_exact(LANES), c.chunks_exact(LANES));

@@ -45,7 +45,11 @@ pub fn keep_pattern(index: &GraphIndex, node: &str, comparison: &crate::Comparis
     let mut pattern = pattern_of(index, node);
     if let Some(info) = index.node(node) {
         // Any output: TopK's indices are its second.
-        let integer = info.outputs.iter().filter_map(|o| comparison.get(o)).any(|r| computes_integer_from_float(&info.op_type, &r.ref_dtype));
+        let integer = info
+            .outputs
+            .iter()
+            .filter_map(|o| comparison.get(o))
+            .any(|r| computes_integer_from_float(&info.op_type, &r.ref_dtype));
         let producer = info.inputs.first().filter(|t| !index.is_constant_like(t)).and_then(|t| index.producer(t));
         if let Some(producer) = producer.filter(|_| integer) {
             if !pattern.nodes.contains(&producer.name) {
@@ -117,7 +121,11 @@ fn neighbourhood(index: &GraphIndex, start: usize, hops: usize) -> Vec<usize> {
             continue;
         }
         let info = &index.nodes[n];
-        let producers = info.inputs.iter().filter(|t| !t.is_empty() && !index.is_constant_like(t)).filter_map(|t| index.producer_index(t));
+        let producers = info
+            .inputs
+            .iter()
+            .filter(|t| !t.is_empty() && !index.is_constant_like(t))
+            .filter_map(|t| index.producer_index(t));
         let consumers = info.outputs.iter().flat_map(|t| index.consumers(t).iter().copied());
         for next in producers.chain(consumers).collect::<Vec<_>>() {
             if seen.insert(next) {
@@ -156,8 +164,15 @@ const PERIODIC: &[&str] = &["Sin", "Cos"];
 /// or from one of them: the argument must stay at reference precision up to the periodic function
 /// (a large angle stored in FP16 between them loses what it keeps).
 fn periodic_argument(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
-    let producer = if PERIODIC.contains(&index.nodes[node].op_type.as_str()) { index.nodes[node].inputs.first().and_then(|t| index.producer_index(t))? } else { node };
-    let periodic: Vec<usize> = consumers_of(index, producer).into_iter().filter(|&c| PERIODIC.contains(&index.nodes[c].op_type.as_str())).collect();
+    let producer = if PERIODIC.contains(&index.nodes[node].op_type.as_str()) {
+        index.nodes[node].inputs.first().and_then(|t| index.producer_index(t))?
+    } else {
+        node
+    };
+    let periodic: Vec<usize> = consumers_of(index, producer)
+        .into_iter()
+        .filter(|&c| PERIODIC.contains(&index.nodes[c].op_type.as_str()))
+        .collect();
     (!periodic.is_empty()).then(|| std::iter::once(producer).chain(periodic).collect())
 }
 
@@ -166,13 +181,19 @@ fn periodic_argument(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
 fn offset_and_back(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
     let add = match index.nodes[node].op_type.as_str() {
         "Add" => node,
-        "Sub" => index.nodes[node].inputs.first().and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "Add")?,
+        "Sub" => index.nodes[node]
+            .inputs
+            .first()
+            .and_then(|t| index.producer_index(t))
+            .filter(|&p| index.nodes[p].op_type == "Add")?,
         _ => return None,
     };
     let offsets = &index.nodes[add].inputs;
     let sub = consumers_of(index, add).into_iter().find(|&c| {
         let n = &index.nodes[c];
-        n.op_type == "Sub" && n.inputs.first() == index.nodes[add].outputs.first() && n.inputs.get(1).is_some_and(|o| offsets.contains(o))
+        n.op_type == "Sub"
+            && n.inputs.first() == index.nodes[add].outputs.first()
+            && n.inputs.get(1).is_some_and(|o| offsets.contains(o))
     })?;
     (node == add || node == sub).then_some(vec![add, sub])
 }
@@ -215,9 +236,19 @@ fn decomposed_softmax(index: &GraphIndex, exp: usize) -> Option<Vec<usize>> {
         return None;
     }
     let mut nodes = vec![exp, sum, div];
-    if let Some(sub) = index.nodes[exp].inputs.first().and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "Sub") {
+    if let Some(sub) = index.nodes[exp]
+        .inputs
+        .first()
+        .and_then(|t| index.producer_index(t))
+        .filter(|&p| index.nodes[p].op_type == "Sub")
+    {
         nodes.push(sub);
-        if let Some(max) = index.nodes[sub].inputs.get(1).and_then(|t| index.producer_index(t)).filter(|&p| index.nodes[p].op_type == "ReduceMax") {
+        if let Some(max) = index.nodes[sub]
+            .inputs
+            .get(1)
+            .and_then(|t| index.producer_index(t))
+            .filter(|&p| index.nodes[p].op_type == "ReduceMax")
+        {
             nodes.push(max);
         }
     }
@@ -232,9 +263,14 @@ const TYPE_AGNOSTIC_READERS: &[&str] = &["Shape", "Size", "Cast"];
 /// node's float output reaches beyond FP16's range in the reference (`ref_max_abs`, by tensor),
 /// its readers join (a converted model would cast that value to FP16 on the way out, where it
 /// becomes inf). The pattern's kind gains `+range` when it grew.
-pub fn close_over_fp16_range(index: &GraphIndex, pattern: Pattern, ref_max_abs: &dyn Fn(&str) -> Option<f64>) -> Pattern {
+pub fn close_over_fp16_range(
+    index: &GraphIndex,
+    pattern: Pattern,
+    ref_max_abs: &dyn Fn(&str) -> Option<f64>,
+) -> Pattern {
     let limit = layerwise_model::fp16::FP16_MAX as f64;
-    let mut members: HashSet<usize> = pattern.nodes.iter().filter_map(|n| index.node(n)).map(|n| n.topo_index).collect();
+    let mut members: HashSet<usize> =
+        pattern.nodes.iter().filter_map(|n| index.node(n)).map(|n| n.topo_index).collect();
     let mut queue: VecDeque<usize> = members.iter().copied().collect();
     let before = members.len();
     while let Some(i) = queue.pop_front() {
@@ -254,5 +290,8 @@ pub fn close_over_fp16_range(index: &GraphIndex, pattern: Pattern, ref_max_abs: 
     }
     let mut nodes: Vec<usize> = members.into_iter().collect();
     nodes.sort_unstable();
-    Pattern { kind: if pattern.kind == "node" { "node+range" } else { pattern.kind }, nodes: nodes.into_iter().map(|i| index.nodes[i].name.clone()).collect() }
+    Pattern {
+        kind: if pattern.kind == "node" { "node+range" } else { pattern.kind },
+        nodes: nodes.into_iter().map(|i| index.nodes[i].name.clone()).collect(),
+    }
 }

@@ -62,7 +62,11 @@ pub fn search_first_divergent<E>(
     let mut known: HashMap<String, TensorRecord> = HashMap::new();
     let mut runs = Vec::new();
     let mut unavailable: Vec<(String, String)> = Vec::new();
-    let mut run = |marked: Vec<String>, purpose: &'static str, known: &mut HashMap<String, TensorRecord>, unavailable: &mut Vec<(String, String)>| -> Result<(), E> {
+    let mut run = |marked: Vec<String>,
+                   purpose: &'static str,
+                   known: &mut HashMap<String, TensorRecord>,
+                   unavailable: &mut Vec<(String, String)>|
+     -> Result<(), E> {
         let (records, missing) = measure(&marked)?;
         runs.push(SearchRun { marked, purpose: purpose.to_string() });
         for r in records {
@@ -164,7 +168,8 @@ pub fn search_first_divergent<E>(
         // Its producer's data inputs not yet known, measured in one run; the top of the loop
         // then follows or settles.
         let settled = index.producer(&start).expect("the blame path holds computed tensors only");
-        let mut missing: Vec<String> = data_inputs(index, settled).into_iter().filter(|i| !known.contains_key(i)).collect();
+        let mut missing: Vec<String> =
+            data_inputs(index, settled).into_iter().filter(|i| !known.contains_key(i)).collect();
         if !missing.is_empty() {
             missing.sort_by_key(|t| index.producer_index(t));
             run(missing.clone(), "inputs", &mut known, &mut unavailable)?;
@@ -176,7 +181,11 @@ pub fn search_first_divergent<E>(
 
 /// The computed, non-weight inputs of a node (what its bodies read from the outer scope included).
 fn data_inputs(index: &GraphIndex, node: &layerwise_model::NodeInfo) -> Vec<String> {
-    let mut inputs: Vec<String> = node.all_inputs().filter(|i| !index.is_constant_like(i) && index.producer_index(i).is_some()).cloned().collect();
+    let mut inputs: Vec<String> = node
+        .all_inputs()
+        .filter(|i| !index.is_constant_like(i) && index.producer_index(i).is_some())
+        .cloned()
+        .collect();
     inputs.dedup();
     inputs
 }
@@ -214,11 +223,7 @@ fn blame_path(index: &GraphIndex, depth: &HashMap<&str, usize>, start: &str) -> 
     let mut path = vec![start.to_string()];
     let mut current = start.to_string();
     while let Some(node) = index.producer(&current) {
-        let next = node
-            .inputs
-            .iter()
-            .filter(|i| depth.contains_key(i.as_str()))
-            .max_by_key(|i| depth[i.as_str()]);
+        let next = node.inputs.iter().filter(|i| depth.contains_key(i.as_str())).max_by_key(|i| depth[i.as_str()]);
         match next {
             Some(next) => {
                 current = next.clone();

@@ -14,7 +14,23 @@ use crate::verdict::{Candidate, Cause, CauseKind, Evidence, FirstDivergent, Inpu
 use layerwise_model::GraphIndex;
 
 /// Ops that pass an operand's absolute error on unchanged (values moved, added or negated).
-const ABSOLUTE: &[&str] = &["Add", "Sub", "Sum", "Neg", "Reshape", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Concat", "Slice", "Gather", "Cast"];
+const ABSOLUTE: &[&str] = &[
+    "Add",
+    "Sub",
+    "Sum",
+    "Neg",
+    "Reshape",
+    "Transpose",
+    "Identity",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Expand",
+    "Concat",
+    "Slice",
+    "Gather",
+    "Cast",
+];
 /// Ops that pass an operand's relative error on unchanged.
 const RELATIVE: &[&str] = &["Mul", "Div"];
 
@@ -36,7 +52,12 @@ fn carried(op: &str, input: &TensorRecord, output: &TensorRecord) -> bool {
 /// For a first divergent node whose cause is a cancellation or a periodic argument: the chain
 /// steps from its lossy input back to the node that lost the information (output first), and
 /// that node's finding. `None` where the loss is not one storage rounding.
-pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candidate: Candidate, consumer: &FirstDivergent) -> Option<(Vec<&'a TensorRecord>, FirstDivergent)> {
+pub(crate) fn origin<'a>(
+    index: &GraphIndex,
+    comparison: &'a Comparison,
+    candidate: Candidate,
+    consumer: &FirstDivergent,
+) -> Option<(Vec<&'a TensorRecord>, FirstDivergent)> {
     if !matches!(consumer.cause.best.kind, CauseKind::Cancellation | CauseKind::PeriodicArgument) {
         return None;
     }
@@ -63,19 +84,38 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
         return None;
     }
     let format = arithmetic.name();
-    let mut stored = format!("it is off by up to {lost:.3e} (measured), a relative L2 of only {:.2e}", lossy.error_level());
+    let mut stored =
+        format!("it is off by up to {lost:.3e} (measured), a relative L2 of only {:.2e}", lossy.error_level());
     // More than its own rounding (half a step): the rest is its inputs' rounding, weights
     // included (a rotary embedding's inverse frequencies, stored in the candidate's format).
     if lost > 0.5 * step {
-        let weights: Vec<String> = node.inputs.iter().filter(|t| index.is_initializer(t)).map(|t| format!("'{t}'")).collect();
-        let named = if weights.is_empty() { String::new() } else { format!(", among them its weight{} {} as the candidate stores {}", if weights.len() == 1 { "" } else { "s" }, weights.join(", "), if weights.len() == 1 { "it" } else { "them" }) };
-        stored.push_str(&format!(", more than its own rounding (half a step, {}): the rest comes from the rounding of its inputs{named}", step_text(step / 2.0)));
+        let weights: Vec<String> =
+            node.inputs.iter().filter(|t| index.is_initializer(t)).map(|t| format!("'{t}'")).collect();
+        let named = if weights.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", among them its weight{} {} as the candidate stores {}",
+                if weights.len() == 1 { "" } else { "s" },
+                weights.join(", "),
+                if weights.len() == 1 { "it" } else { "them" }
+            )
+        };
+        stored.push_str(&format!(
+            ", more than its own rounding (half a step, {}): the rest comes from the rounding of its inputs{named}",
+            step_text(step / 2.0)
+        ));
     }
     let then = consumer_outcome(consumer);
     // What an Add or Sub adds, where it is much smaller than the result: the operand it absorbs.
     let added = ["Add", "Sub"]
         .contains(&node.op_type.as_str())
-        .then(|| node.inputs.iter().filter_map(|t| comparison.get(t)).min_by(|a, b| a.metrics.compared_max_abs().total_cmp(&b.metrics.compared_max_abs())))
+        .then(|| {
+            node.inputs
+                .iter()
+                .filter_map(|t| comparison.get(t))
+                .min_by(|a, b| a.metrics.compared_max_abs().total_cmp(&b.metrics.compared_max_abs()))
+        })
         .flatten()
         .filter(|small| small.metrics.compared_max_abs() * CANCELLATION_RATIO <= magnitude);
     let (kind, detail) = match added {
@@ -122,7 +162,10 @@ pub(crate) fn origin<'a>(index: &GraphIndex, comparison: &'a Comparison, candida
             output_max_abs: magnitude,
             output_max_abs_err: lost,
         },
-        cause: Cause { best: Mechanism { kind, weight: None, explains: consumer.cause.best.explains, detail }, alternatives: Vec::new() },
+        cause: Cause {
+            best: Mechanism { kind, weight: None, explains: consumer.cause.best.explains, detail },
+            alternatives: Vec::new(),
+        },
     };
     Some((steps, finding))
 }
@@ -132,8 +175,15 @@ fn consumer_outcome(consumer: &FirstDivergent) -> String {
     let (result, error) = (consumer.evidence.output_max_abs, consumer.output_error);
     match consumer.cause.best.kind {
         CauseKind::PeriodicArgument => {
-            let outcome = if consumer.evidence.input_max_abs_err.is_some_and(|dx| dx >= 1.0) { "what it returns is noise" } else { "it errs by that much absolute" };
-            format!("'{}' ({}) depends on its argument's absolute error only: {outcome} (relative L2 {error:.2e})", consumer.node, consumer.op_type)
+            let outcome = if consumer.evidence.input_max_abs_err.is_some_and(|dx| dx >= 1.0) {
+                "what it returns is noise"
+            } else {
+                "it errs by that much absolute"
+            };
+            format!(
+                "'{}' ({}) depends on its argument's absolute error only: {outcome} (relative L2 {error:.2e})",
+                consumer.node, consumer.op_type
+            )
         }
         _ => {
             let operand = consumer.evidence.input_max_abs.unwrap_or(f64::NAN);

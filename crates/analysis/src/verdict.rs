@@ -345,13 +345,18 @@ pub(crate) struct InputView<'a> {
 }
 
 impl<'a> InputView<'a> {
-    pub(crate) fn of(index: &GraphIndex, comparison: &'a Comparison, node: &layerwise_model::NodeInfo) -> InputView<'a> {
+    pub(crate) fn of(
+        index: &GraphIndex,
+        comparison: &'a Comparison,
+        node: &layerwise_model::NodeInfo,
+    ) -> InputView<'a> {
         let mut view = InputView { seen: Vec::new(), unseen: Vec::new() };
         // A weight is exact in the reference and rounded as stored in the candidate, which the
         // tolerances allow for; what is computed from weights only (positions times inverse
         // frequencies) carries error like any tensor where it was compared. A stored value (an
         // initializer or a Constant node's output) is no step: its reader is the layer.
-        let weight_derived = |t: &str| index.is_constant_like(t) && !index.is_stored_value(t) && comparison.get(t).is_some();
+        let weight_derived =
+            |t: &str| index.is_constant_like(t) && !index.is_stored_value(t) && comparison.get(t).is_some();
         for t in node.all_inputs().filter(|t| !index.is_constant_like(t) || weight_derived(t)) {
             match comparison.get(t) {
                 // Both runs are fed the same graph inputs: they are exact (also where one is an
@@ -359,7 +364,11 @@ impl<'a> InputView<'a> {
                 _ if index.is_graph_input(t) => {}
                 Some(r) => view.seen.push(r),
                 None => {
-                    let why = comparison.not_compared.iter().find(|(n, _)| n == t).map_or("not compared".to_string(), |(_, r)| r.clone());
+                    let why = comparison
+                        .not_compared
+                        .iter()
+                        .find(|(n, _)| n == t)
+                        .map_or("not compared".to_string(), |(_, r)| r.clone());
                     view.unseen.push((t.clone(), why));
                 }
             }
@@ -377,4 +386,3 @@ impl<'a> InputView<'a> {
         self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
     }
 }
-

@@ -34,7 +34,13 @@ fn step(record: &TensorRecord) -> ChainStep {
 
 /// Finds the first divergent layer. `weight_ranges` lists weights out of FP16 range (empty for
 /// float32 candidates).
-pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[WeightRange], rule: WalkRule, candidate: Candidate) -> Verdict {
+pub fn walk_back(
+    index: &GraphIndex,
+    comparison: &Comparison,
+    weight_ranges: &[WeightRange],
+    rule: WalkRule,
+    candidate: Candidate,
+) -> Verdict {
     let outputs: Vec<&TensorRecord> = index.outputs.iter().filter_map(|o| comparison.get(o)).collect();
     let status = if outputs.iter().all(|r| r.pass) { Status::Pass } else { Status::Diverged };
     // An output a node computes comes first: an input passed straight through has no node to
@@ -44,7 +50,12 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
     let worst = outputs
         .iter()
         .filter(|r| !r.pass)
-        .max_by(|a, b| computed(a).cmp(&computed(b)).then(a.error_level().total_cmp(&b.error_level())).then(b.topo_index.cmp(&a.topo_index)))
+        .max_by(|a, b| {
+            computed(a)
+                .cmp(&computed(b))
+                .then(a.error_level().total_cmp(&b.error_level()))
+                .then(b.topo_index.cmp(&a.topo_index))
+        })
         .copied();
     let mut verdict = Verdict {
         status,
@@ -64,7 +75,9 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         let mut earlier_breaks: Vec<(usize, FirstDivergent)> = Vec::new();
         loop {
             verdict.chain.push(step(current));
-            let Some(node) = index.producer(&current.name).filter(|_| !index.is_stored_value(&current.name)) else { break };
+            let Some(node) = index.producer(&current.name).filter(|_| !index.is_stored_value(&current.name)) else {
+                break;
+            };
             let inputs = InputView::of(index, comparison, node);
             let output_error = current.error_level();
             // The error may come from an input nobody measured: the walk cannot go on, and no node
@@ -96,7 +109,9 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
         }
         // A cancellation or a periodic function only shows what an earlier rounding lost: name the
         // node whose stored output lost it.
-        if let Some((steps, origin)) = verdict.first_divergent.as_ref().and_then(|fd| crate::storage::origin(index, comparison, candidate, fd)) {
+        if let Some((steps, origin)) =
+            verdict.first_divergent.as_ref().and_then(|fd| crate::storage::origin(index, comparison, candidate, fd))
+        {
             verdict.chain.extend(steps.into_iter().map(step));
             verdict.breaks.push(origin.clone());
             verdict.first_divergent = Some(origin);
@@ -109,7 +124,13 @@ pub fn walk_back(index: &GraphIndex, comparison: &Comparison, weight_ranges: &[W
 
 impl SightEnd {
     fn at(node: &layerwise_model::NodeInfo, output: &TensorRecord, unseen_inputs: Vec<(String, String)>) -> SightEnd {
-        SightEnd { node: node.name.clone(), op_type: node.op_type.clone(), tensor: output.name.clone(), output_error: output.error_level(), unseen_inputs }
+        SightEnd {
+            node: node.name.clone(),
+            op_type: node.op_type.clone(),
+            tensor: output.name.clone(),
+            output_error: output.error_level(),
+            unseen_inputs,
+        }
     }
 }
 
@@ -144,8 +165,25 @@ pub fn judge_node(
         output_max_abs: output.metrics.compared_max_abs(),
         output_max_abs_err: output.metrics.max_abs_err,
     };
-    let cause = crate::causes::classify(&crate::causes::Site::new(index, comparison, weight_ranges, node, output, worst_input, input_error, candidate));
-    Some(FirstDivergent { node: node.name.clone(), op_type: node.op_type.clone(), tensor: output.name.clone(), input_error: Some(input_error), output_error, evidence, cause })
+    let cause = crate::causes::classify(&crate::causes::Site::new(
+        index,
+        comparison,
+        weight_ranges,
+        node,
+        output,
+        worst_input,
+        input_error,
+        candidate,
+    ));
+    Some(FirstDivergent {
+        node: node.name.clone(),
+        op_type: node.op_type.clone(),
+        tensor: output.name.clone(),
+        input_error: Some(input_error),
+        output_error,
+        evidence,
+        cause,
+    })
 }
 
 /// The verdict of a search-marked run (see `search`): the first divergent node the search
@@ -175,12 +213,18 @@ pub fn verdict_from_chain(
     };
     if status == Status::Diverged {
         if let Some(info) = node.and_then(|n| index.node(n)) {
-            let output = info.outputs.iter().filter_map(|o| comparison.get(o)).max_by(|a, b| a.error_level().total_cmp(&b.error_level()));
+            let output = info
+                .outputs
+                .iter()
+                .filter_map(|o| comparison.get(o))
+                .max_by(|a, b| a.error_level().total_cmp(&b.error_level()));
             if let Some(output) = output {
                 let inputs = InputView::of(index, comparison, info);
                 if !inputs.unseen.is_empty() {
                     verdict.sight_ends = Some(SightEnd::at(info, output, inputs.unseen));
-                } else if let Some(finding) = judge_node(index, comparison, weight_ranges, rule, candidate, info, output) {
+                } else if let Some(finding) =
+                    judge_node(index, comparison, weight_ranges, rule, candidate, info, output)
+                {
                     verdict.breaks.push(finding.clone());
                     verdict.first_divergent = Some(finding);
                 }

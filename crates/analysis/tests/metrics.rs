@@ -79,7 +79,8 @@ fn fp16_range_flags_come_from_the_reference() {
 
 /// The metrics computed naively in float64, element by element: what the blocked kernel must match.
 fn naive(r: &[f32], c: &[f32], tol: Tolerance) -> (f64, f64, f64, f64, usize, usize, usize, f64) {
-    let (mut d2, mut r2, mut c2, mut rc, mut sum_abs, mut worst, mut worst_i, mut max_r) = (0f64, 0f64, 0f64, 0f64, 0f64, -1f64, 0, 0f64);
+    let (mut d2, mut r2, mut c2, mut rc, mut sum_abs, mut worst, mut worst_i, mut max_r) =
+        (0f64, 0f64, 0f64, 0f64, 0f64, -1f64, 0, 0f64);
     let mut mismatch = 0;
     for (i, (&a, &b)) in r.iter().zip(c).enumerate() {
         let (a, b) = (a as f64, b as f64);
@@ -105,11 +106,23 @@ fn naive(r: &[f32], c: &[f32], tol: Tolerance) -> (f64, f64, f64, f64, usize, us
         }
     }
     let violations = mismatch
-        + r.iter().zip(c).filter(|(&a, &b)| {
-            let (a, b) = (a as f64, b as f64);
-            a.is_finite() && b.is_finite() && (b - a).abs() > tol.atol + tol.range_tol * max_r + tol.rtol * a.abs()
-        }).count();
-    (d2.sqrt() / r2.sqrt(), rc / (r2.sqrt() * c2.sqrt()), sum_abs / r.len() as f64, worst, worst_i, violations, mismatch, max_r)
+        + r.iter()
+            .zip(c)
+            .filter(|(&a, &b)| {
+                let (a, b) = (a as f64, b as f64);
+                a.is_finite() && b.is_finite() && (b - a).abs() > tol.atol + tol.range_tol * max_r + tol.rtol * a.abs()
+            })
+            .count();
+    (
+        d2.sqrt() / r2.sqrt(),
+        rc / (r2.sqrt() * c2.sqrt()),
+        sum_abs / r.len() as f64,
+        worst,
+        worst_i,
+        violations,
+        mismatch,
+        max_r,
+    )
 }
 
 #[test]

@@ -4,7 +4,13 @@ use layerwise_analysis::{chosen_sample, SampleData, SampleRun, Status};
 
 fn sample(name: &str, status: Status, error: f64) -> SampleData {
     SampleData {
-        run: SampleRun { sample: name.into(), status, worst_output_error: error, first_divergent: None, nonfinite_inputs: None },
+        run: SampleRun {
+            sample: name.into(),
+            status,
+            worst_output_error: error,
+            first_divergent: None,
+            nonfinite_inputs: None,
+        },
         selection_error: error,
         errors: vec![Some(error)],
         failing: vec![status == Status::Diverged],
@@ -16,9 +22,15 @@ fn sample(name: &str, status: Status, error: f64) -> SampleData {
 /// a diverged sample (an independent tester saw it on a Q/DQ MLP).
 #[test]
 fn a_diverged_sample_carries_the_verdict_before_a_passing_one_with_a_larger_error() {
-    let samples = [sample("s0", Status::Pass, 0.02), sample("s1", Status::Pass, 0.08), sample("s2", Status::Diverged, 0.05), sample("s3", Status::Diverged, 0.03)];
+    let samples = [
+        sample("s0", Status::Pass, 0.02),
+        sample("s1", Status::Pass, 0.08),
+        sample("s2", Status::Diverged, 0.05),
+        sample("s3", Status::Diverged, 0.03),
+    ];
     assert_eq!(chosen_sample(&samples), Some(2));
     // Among passing samples only, the largest error; on ties, the earliest.
-    let passing = [sample("s0", Status::Pass, 0.02), sample("s1", Status::Pass, 0.08), sample("s2", Status::Pass, 0.08)];
+    let passing =
+        [sample("s0", Status::Pass, 0.02), sample("s1", Status::Pass, 0.08), sample("s2", Status::Pass, 0.08)];
     assert_eq!(chosen_sample(&passing), Some(1));
 }

@@ -2,8 +2,8 @@ use std::collections::HashMap;
 
 use layerwise_analysis::{compare_all, walk_back, Arithmetic, Candidate, CauseKind, Status, Tolerance, WalkRule};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
-use layerwise_model::{DataType, GraphIndex};
 use layerwise_model::Tensor;
+use layerwise_model::{DataType, GraphIndex};
 
 /// x -> MatMul(w) -> h -> Relu -> y, with the candidate's h off by ~1e-3 relative (TF32-like).
 fn run(candidate: Candidate) -> layerwise_analysis::Verdict {
@@ -48,8 +48,12 @@ fn saturated_sigmoid(candidate: Candidate) -> layerwise_analysis::Verdict {
     let xr: Vec<f32> = (0..64).map(|i| -18.0 - 0.05 * i as f32).collect();
     let xc: Vec<f32> = xr.iter().enumerate().map(|(i, v)| v + if i % 2 == 0 { 1e-3 } else { -1e-3 }).collect();
     let sig = |v: &[f32]| v.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect::<Vec<f32>>();
-    let reference: HashMap<String, Tensor> = [("x".to_string(), Tensor::f32(vec![64], xr.clone())), ("y".to_string(), Tensor::f32(vec![64], sig(&xr)))].into();
-    let cand: HashMap<String, Tensor> = [("x".to_string(), Tensor::f32(vec![64], xc.clone())), ("y".to_string(), Tensor::f32(vec![64], sig(&xc)))].into();
+    let reference: HashMap<String, Tensor> =
+        [("x".to_string(), Tensor::f32(vec![64], xr.clone())), ("y".to_string(), Tensor::f32(vec![64], sig(&xr)))]
+            .into();
+    let cand: HashMap<String, Tensor> =
+        [("x".to_string(), Tensor::f32(vec![64], xc.clone())), ("y".to_string(), Tensor::f32(vec![64], sig(&xc)))]
+            .into();
     let order = vec!["x".to_string(), "y".to_string()];
     let tol = Tolerance { atol: 1e-12, rtol: 1e-4, range_tol: 0.0 };
     let comparison = compare_all(&index, &order, &reference, &cand, &tol.into());
@@ -64,11 +68,21 @@ fn a_float32_candidate_gets_no_fp16_cause_and_a_saturating_sigmoid_is_named_as_s
     assert_eq!(fd.node, "sig");
     assert_eq!(fd.cause.best.kind, CauseKind::Saturation, "{}", fd.cause.best.detail);
     for m in std::iter::once(fd.cause.best.kind).chain(fd.cause.alternatives.iter().map(|a| a.kind)) {
-        assert!(!matches!(m, CauseKind::PrecisionLoss | CauseKind::ValueOverflow | CauseKind::WeightOverflow), "no FP16 cause for a float32 run: {m:?}");
+        assert!(
+            !matches!(m, CauseKind::PrecisionLoss | CauseKind::ValueOverflow | CauseKind::WeightOverflow),
+            "no FP16 cause for a float32 run: {m:?}"
+        );
     }
     assert!(!fd.cause.best.detail.contains("FP16"), "{}", fd.cause.best.detail);
-    assert!(fd.cause.best.detail.contains("flat region") && fd.cause.best.detail.contains("not material"), "{}", fd.cause.best.detail);
-    assert!(fd.cause.best.explains.unwrap() > 0.9, "the input's absolute error accounts for the output's relative error");
+    assert!(
+        fd.cause.best.detail.contains("flat region") && fd.cause.best.detail.contains("not material"),
+        "{}",
+        fd.cause.best.detail
+    );
+    assert!(
+        fd.cause.best.explains.unwrap() > 0.9,
+        "the input's absolute error accounts for the output's relative error"
+    );
     let e = fd.evidence;
     assert!(e.input_max_abs.unwrap() > 18.0 && (e.input_max_abs_err.unwrap() - 1e-3).abs() < 1e-4);
     // An atol below the absolute error makes it material.
@@ -94,16 +108,37 @@ fn softmax_on_large_logits_is_blamed_on_absolute_input_error_not_on_subnormals()
         let s: f32 = e.iter().sum();
         e.iter().map(|x| x / s).collect::<Vec<f32>>()
     };
-    let reference: HashMap<String, Tensor> = [("logits".into(), Tensor::f32(vec![1, 16], lr.clone())), ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lr)))].into();
-    let cand: HashMap<String, Tensor> = [("logits".into(), Tensor::f32(vec![1, 16], lc.clone())), ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lc)))].into();
+    let reference: HashMap<String, Tensor> = [
+        ("logits".into(), Tensor::f32(vec![1, 16], lr.clone())),
+        ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lr))),
+    ]
+    .into();
+    let cand: HashMap<String, Tensor> = [
+        ("logits".into(), Tensor::f32(vec![1, 16], lc.clone())),
+        ("probs".into(), Tensor::f32(vec![1, 16], softmax(&lc))),
+    ]
+    .into();
     let order = vec!["logits".to_string(), "probs".to_string()];
     let comparison = compare_all(&index, &order, &reference, &cand, &Tolerance::FP16.into());
-    assert!(comparison.get("probs").unwrap().metrics.ref_fp16_subnormal_share > 0.1, "the probabilities hold FP16 subnormals");
-    let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4, quantized: false });
+    assert!(
+        comparison.get("probs").unwrap().metrics.ref_fp16_subnormal_share > 0.1,
+        "the probabilities hold FP16 subnormals"
+    );
+    let v = walk_back(
+        &index,
+        &comparison,
+        &[],
+        WalkRule::FP16,
+        Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4, quantized: false },
+    );
     let fd = v.first_divergent.expect("the Softmax breaks");
     assert_eq!(fd.node, "softmax");
     assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);
-    assert!(fd.cause.best.detail.contains("1.600e4") && fd.cause.best.detail.contains("spacing there is 8"), "{}", fd.cause.best.detail);
+    assert!(
+        fd.cause.best.detail.contains("1.600e4") && fd.cause.best.detail.contains("spacing there is 8"),
+        "{}",
+        fd.cause.best.detail
+    );
     // The subnormal fact is listed, with the small share of the error it can explain.
     let sub = fd.cause.alternatives.iter().find(|a| a.kind == CauseKind::PrecisionLoss).expect("subnormals considered");
     assert!(sub.explains.unwrap() < 1e-3, "{sub:?}");
@@ -123,8 +158,15 @@ fn an_input_that_was_not_compared_is_unknown_and_ends_the_walk() {
     // 'h' is asked for but only the reference has it (another model's names on the candidate side).
     let mut reference_h = reference.clone();
     reference_h.insert("h".into(), Tensor::f32(vec![4], vec![0.0, 0.7, 1.1, 1.4]));
-    let comparison = compare_all(&index, &["h".to_string(), "y".to_string()], &reference_h, &cand, &Tolerance::FP16.into());
-    let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::Fp16, ..Default::default() });
+    let comparison =
+        compare_all(&index, &["h".to_string(), "y".to_string()], &reference_h, &cand, &Tolerance::FP16.into());
+    let v = walk_back(
+        &index,
+        &comparison,
+        &[],
+        WalkRule::FP16,
+        Candidate { arithmetic: Arithmetic::Fp16, ..Default::default() },
+    );
     assert!(v.first_divergent.is_none(), "no origin can be named: {:?}", v.first_divergent);
     let end = v.sight_ends.expect("the walk says where it cannot see further");
     assert_eq!(end.node, "exp");

@@ -3,9 +3,8 @@
 use bytes::Bytes;
 
 use crate::onnx::{
-    attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto, type_proto, AttributeProto,
-    GraphProto, ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto,
-    ValueInfoProto,
+    attribute_proto::AttributeType, tensor_proto::DataType, tensor_shape_proto, type_proto, AttributeProto, GraphProto,
+    ModelProto, NodeProto, OperatorSetIdProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
 };
 
 /// Builds a single-graph model, one call per input, initializer, node and output.
@@ -94,19 +93,44 @@ pub mod attr {
     use super::*;
 
     pub fn int(name: &str, v: i64) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() }
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(v),
+            ..Default::default()
+        }
     }
     pub fn float(name: &str, v: f32) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Float as i32), f: Some(v), ..Default::default() }
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Float as i32),
+            f: Some(v),
+            ..Default::default()
+        }
     }
     pub fn ints(name: &str, v: &[i64]) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v.to_vec(), ..Default::default() }
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Ints as i32),
+            ints: v.to_vec(),
+            ..Default::default()
+        }
     }
     pub fn tensor(name: &str, t: TensorProto) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Tensor as i32), t: Some(t), ..Default::default() }
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Tensor as i32),
+            t: Some(t),
+            ..Default::default()
+        }
     }
     pub fn graph(name: &str, g: GraphProto) -> AttributeProto {
-        AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Graph as i32), g: Some(g), ..Default::default() }
+        AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(AttributeType::Graph as i32),
+            g: Some(g),
+            ..Default::default()
+        }
     }
 }
 
@@ -126,7 +150,11 @@ impl ModelBuilder {
 
     /// Declares a graph output with its element type and no shape.
     pub fn output(&mut self, name: &str, elem: DataType) -> &mut Self {
-        self.graph.output.push(ValueInfoProto { name: Some(name.into()), r#type: Some(tensor_type(elem, None)), ..Default::default() });
+        self.graph.output.push(ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(tensor_type(elem, None)),
+            ..Default::default()
+        });
         self
     }
 
@@ -136,7 +164,14 @@ impl ModelBuilder {
     }
 
     /// Adds a node; `name` may be empty (layerwise then names it `OpType#i`).
-    pub fn node(&mut self, op: &str, name: &str, inputs: &[&str], outputs: &[&str], attrs: Vec<AttributeProto>) -> &mut Self {
+    pub fn node(
+        &mut self,
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<AttributeProto>,
+    ) -> &mut Self {
         self.graph.node.push(node(op, name, inputs, outputs, attrs));
         self
     }

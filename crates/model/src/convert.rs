@@ -224,7 +224,12 @@ fn path_in_bodies(graph: &crate::onnx::GraphProto, name: &str, prefix: &str) -> 
 
 /// Converts `model` to FP16 with FP32 islands. `float` is [`float_tensor_set`]. A keep list that
 /// names Constant nodes is refused, every one of every graph at once.
-pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+pub fn convert_fp16(
+    model: &Model,
+    index: &GraphIndex,
+    float: &HashSet<String>,
+    options: &ConvertOptions,
+) -> Result<Conversion, ModelError> {
     let conversion = convert_graph(model, index, float, options)?;
     if !conversion.kept_constants.is_empty() {
         let mut constants = conversion.kept_constants;
@@ -236,7 +241,12 @@ pub fn convert_fp16(model: &Model, index: &GraphIndex, float: &HashSet<String>, 
 
 /// [`convert_fp16`] for one graph (the model's, or a body as a model of its own), the Constants
 /// its keep list names returned in the conversion.
-fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+fn convert_graph(
+    model: &Model,
+    index: &GraphIndex,
+    float: &HashSet<String>,
+    options: &ConvertOptions,
+) -> Result<Conversion, ModelError> {
     let graph = model.graph();
     let target = options.target;
     let low = Precision::Low(target);
@@ -261,7 +271,11 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
         .iter()
         .filter(|n| n.op_type == "Constant" && options.keep_nodes.contains(&n.name))
         .map(|n| {
-            let mut readers: Vec<String> = n.outputs.iter().flat_map(|o| index.consumers(o).iter().map(|&c| index.nodes[c].name.clone())).collect();
+            let mut readers: Vec<String> = n
+                .outputs
+                .iter()
+                .flat_map(|o| index.consumers(o).iter().map(|&c| index.nodes[c].name.clone()))
+                .collect();
             // An If or Loop whose bodies read it from the outer scope reads it too.
             for holder in index.nodes.iter().filter(|h| h.has_subgraphs) {
                 let refs = crate::graph::outer_refs_of(&graph.node[holder.proto_index]);
@@ -292,14 +306,15 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
         }
     }
     for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
-        let over = target == Target::Fp16 && n.attribute.iter().any(|a| match (a.name(), &a.t) {
-            ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
-                overflows_fp16(model, t).unwrap_or(false)
-            }
-            ("value_float", _) => a.f.is_some_and(fp16::overflows),
-            ("value_floats", _) => a.floats.iter().any(|&x| fp16::overflows(x)),
-            _ => false,
-        });
+        let over = target == Target::Fp16
+            && n.attribute.iter().any(|a| match (a.name(), &a.t) {
+                ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
+                    overflows_fp16(model, t).unwrap_or(false)
+                }
+                ("value_float", _) => a.f.is_some_and(fp16::overflows),
+                ("value_floats", _) => a.floats.iter().any(|&x| fp16::overflows(x)),
+                _ => false,
+            });
         if over {
             overflowing.insert(n.output[0].clone(), Vec::new());
         }
@@ -337,7 +352,11 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
             && !ANY_TYPE_READERS.contains(&info.op_type.as_str())
             && !crate::cuda_bf16::has_cuda_bf16_kernel(&info.op_type, model.opset())
         {
-            Some(format!("{} has no BF16 kernel in ONNX Runtime's CUDA provider at opset {} (measured, onnxruntime-gpu 1.31.1)", info.op_type, model.opset()))
+            Some(format!(
+                "{} has no BF16 kernel in ONNX Runtime's CUDA provider at opset {} (measured, onnxruntime-gpu 1.31.1)",
+                info.op_type,
+                model.opset()
+            ))
         } else {
             info.inputs
                 .iter()
@@ -380,7 +399,13 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
         .iter()
         .filter(|t| t.data_type() == DataType::Float as i32)
         .map(|t| t.name().to_string())
-        .chain(graph.node.iter().filter(|n| n.op_type() == "Constant" && float.contains(&n.output[0])).map(|n| n.output[0].clone()))
+        .chain(
+            graph
+                .node
+                .iter()
+                .filter(|n| n.op_type() == "Constant" && float.contains(&n.output[0]))
+                .map(|n| n.output[0].clone()),
+        )
         .collect();
     for w in &weight_names {
         let mut wanted = Vec::new();
@@ -452,9 +477,14 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
         let kept_whole = options.keep_nodes.contains(&name) || options.keep_ops.contains(node.op_type());
         if matches!(node.op_type(), "If" | "Loop") && !kept_whole {
             for attr in node.attribute.iter_mut() {
-                let Some(prefix) = crate::inline::body_prefixes(&name, node.op_type.as_deref().unwrap_or_default(), attr.name()) else { continue };
+                let Some(prefix) =
+                    crate::inline::body_prefixes(&name, node.op_type.as_deref().unwrap_or_default(), attr.name())
+                else {
+                    continue;
+                };
                 let Some(body) = attr.g.as_mut() else { continue };
-                let body_options = ConvertOptions { outer_overflowing: overflowing.keys().cloned().collect(), ..options.clone() };
+                let body_options =
+                    ConvertOptions { outer_overflowing: overflowing.keys().cloned().collect(), ..options.clone() };
                 let inner = convert_body(model, body, &prefix, float, &body_options)?;
                 fp16_nodes += inner.fp16_nodes;
                 casts_inserted += inner.casts_inserted;
@@ -534,7 +564,15 @@ fn convert_graph(model: &Model, index: &GraphIndex, float: &HashSet<String>, opt
             reduced_tensors.insert(inner.clone());
         }
     }
-    Ok(Conversion { proto: out, fp32_nodes, fp16_nodes, casts_inserted, overflowing_weights, reduced_tensors, kept_constants })
+    Ok(Conversion {
+        proto: out,
+        fp32_nodes,
+        fp16_nodes,
+        casts_inserted,
+        overflowing_weights,
+        reduced_tensors,
+        kept_constants,
+    })
 }
 
 /// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
@@ -545,7 +583,10 @@ fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo
         let (part, inner) = rest.split_once('/')?;
         let ok = match n.op_type.as_str() {
             "If" => part == "then" || part == "else",
-            _ => part == "body" || part.strip_prefix("iter").is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit())),
+            _ => {
+                part == "body"
+                    || part.strip_prefix("iter").is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+            }
         };
         (ok && !inner.is_empty()).then(|| (n, format!("{}/{}", n.name, if n.op_type == "If" { part } else { "body" })))
     })
@@ -558,13 +599,19 @@ fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo
 /// `Loop/final0`, `Loop/scan1/unsqueeze2`), which the float32 interface of an If or Loop already
 /// is (found by the independent tester: `fix` failed on them, on a Loop and on silero-vad's If).
 fn fp32_as_inlined(index: &GraphIndex, name: &str) -> bool {
-    let numbered = |part: &str, word: &str| part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+    let numbered = |part: &str, word: &str| {
+        part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+    };
     index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop" | "Scan")).any(|n| {
         let Some(rest) = name.strip_prefix(&n.name).and_then(|r| r.strip_prefix('/')) else { return false };
         let part = rest.split('/').next().unwrap_or(rest);
         // A node hands over only outputs it has: `If/output7` of a one-output If is a typo.
-        let has_output = part.trim_start_matches(|c: char| c.is_ascii_alphabetic()).parse::<usize>().is_ok_and(|k| k < n.outputs.len());
-        (crate::inline::made_by_inlining(&n.op_type, rest) && has_output) || (n.op_type == "Scan" && numbered(part, "iter"))
+        let has_output = part
+            .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+            .parse::<usize>()
+            .is_ok_and(|k| k < n.outputs.len());
+        (crate::inline::made_by_inlining(&n.op_type, rest) && has_output)
+            || (n.op_type == "Scan" && numbered(part, "iter"))
     })
 }
 
@@ -572,7 +619,13 @@ fn fp32_as_inlined(index: &GraphIndex, name: &str) -> bool {
 /// tensors it reads are float32 graph inputs, its outputs stay float32 (Casts inside), and inside
 /// it the same rules and keep list apply. `prefix` is how its tensors and nodes are named once
 /// inlined (`Node/then`), the names `float` and the keep list use.
-fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str, float: &HashSet<String>, options: &ConvertOptions) -> Result<Conversion, ModelError> {
+fn convert_body(
+    model: &Model,
+    body: &mut crate::onnx::GraphProto,
+    prefix: &str,
+    float: &HashSet<String>,
+    options: &ConvertOptions,
+) -> Result<Conversion, ModelError> {
     use crate::onnx::ValueInfoProto;
     let outer = crate::graph::outer_refs_of_graph(body);
     let loop_owner = prefix.strip_suffix("/body");
@@ -588,14 +641,20 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
     };
     // Types: the body's own float tensors by their inlined names, its declared float inputs, and
     // the outer tensors that are float32 (they reach the body in float32).
-    let mut local_float: HashSet<String> = float.iter().filter_map(|t| t.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')).map(str::to_string)).collect();
+    let mut local_float: HashSet<String> = float
+        .iter()
+        .filter_map(|t| t.strip_prefix(prefix).and_then(|r| r.strip_prefix('/')).map(str::to_string))
+        .collect();
     local_float.extend(body.input.iter().filter(|v| is_float_elem(v)).map(|v| v.name().to_string()));
-    local_float.extend(body.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()));
+    local_float.extend(
+        body.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()),
+    );
     // (Names are relative at every level: a nested body's `float` is its enclosing body's.)
     local_float.extend(outer.iter().filter(|name| float.contains(*name)).cloned());
     let mut graph = body.clone();
     for name in &outer {
-        let elem = if local_float.contains(name) { Some(crate::builder::tensor_type(DataType::Float, None)) } else { None };
+        let elem =
+            if local_float.contains(name) { Some(crate::builder::tensor_type(DataType::Float, None)) } else { None };
         graph.input.push(ValueInfoProto { name: Some(name.clone()), r#type: elem, ..Default::default() });
     }
     let standalone = ModelProto { graph: Some(graph), ..model.proto.clone() };
@@ -611,11 +670,16 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
             given_as.entry(inner).or_insert_with(|| name.clone());
         }
     }
-    let inner_options = ConvertOptions { keep_nodes: given_as.keys().cloned().collect(), keep_io_types: true, ..options.clone() };
+    let inner_options =
+        ConvertOptions { keep_nodes: given_as.keys().cloned().collect(), keep_io_types: true, ..options.clone() };
     let given = |inner: String| given_as.get(&inner).cloned().unwrap_or(inner);
     let mut conversion = convert_graph(&standalone, &index, &local_float, &inner_options).map_err(|e| match e {
-        ModelError::UnknownNode(inner) => ModelError::UnknownBodyNode { name: given(inner.clone()), body: prefix.to_string(), inner },
-        ModelError::UnknownBodyNode { name, body, inner } => ModelError::UnknownBodyNode { name: given(name), body: format!("{prefix}/{body}"), inner },
+        ModelError::UnknownNode(inner) => {
+            ModelError::UnknownBodyNode { name: given(inner.clone()), body: prefix.to_string(), inner }
+        }
+        ModelError::UnknownBodyNode { name, body, inner } => {
+            ModelError::UnknownBodyNode { name: given(name), body: format!("{prefix}/{body}"), inner }
+        }
         // A hint found inside the body names the body's nodes from there: the path to the body
         // goes in front (a Loop's body is named by its iteration).
         ModelError::UnknownNodeHint { name, why, suggestion } => {
@@ -648,7 +712,13 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
     crate::graph::collect_produced(body, &mut |o| {
         existing.insert(o.to_string());
     });
-    let added: Vec<String> = converted.node.iter().flat_map(|n| n.output.iter()).filter(|o| !o.is_empty() && !existing.contains(*o)).cloned().collect();
+    let added: Vec<String> = converted
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter())
+        .filter(|o| !o.is_empty() && !existing.contains(*o))
+        .cloned()
+        .collect();
     for name in added {
         let scoped = format!("{prefix}/{name}");
         for n in converted.node.iter_mut() {
@@ -673,7 +743,13 @@ fn convert_body(model: &Model, body: &mut crate::onnx::GraphProto, prefix: &str,
 
 /// The name of `name` cast to `want`: the Cast is added to `new_nodes` the first time, and shared
 /// by every later reader.
-fn cast_to(casts: &mut HashMap<(String, Precision), String>, new_nodes: &mut Vec<NodeProto>, inserted: &mut usize, name: &str, want: Precision) -> String {
+fn cast_to(
+    casts: &mut HashMap<(String, Precision), String>,
+    new_nodes: &mut Vec<NodeProto>,
+    inserted: &mut usize,
+    name: &str,
+    want: Precision,
+) -> String {
     casts
         .entry((name.to_string(), want))
         .or_insert_with(|| {
@@ -691,7 +767,12 @@ fn cast_node(input: &str, output: &str, to: DataType, name: String) -> NodeProto
         output: vec![output.to_string()],
         name: Some(name),
         op_type: Some("Cast".into()),
-        attribute: vec![AttributeProto { name: Some("to".into()), r#type: Some(AttributeType::Int as i32), i: Some(to as i64), ..Default::default() }],
+        attribute: vec![AttributeProto {
+            name: Some("to".into()),
+            r#type: Some(AttributeType::Int as i32),
+            i: Some(to as i64),
+            ..Default::default()
+        }],
         ..Default::default()
     }
 }
@@ -746,7 +827,9 @@ fn retarget_low_attributes(model: &Model, node: &mut NodeProto, target: Target) 
                     }
                 }
                 // The default value is a float32 zero.
-                None => node.attribute.push(crate::builder::attr::tensor("value", low_scalar_tensor(&[0.0], &[1], target))),
+                None => {
+                    node.attribute.push(crate::builder::attr::tensor("value", low_scalar_tensor(&[0.0], &[1], target)))
+                }
             }
         }
         _ => {}
@@ -770,7 +853,8 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
             types.insert(v.name().to_string(), t.elem_type());
         }
     }
-    let floaty = |dt: i32| dt == DataType::Float as i32 || dt == DataType::Float16 as i32 || dt == DataType::Bfloat16 as i32;
+    let floaty =
+        |dt: i32| dt == DataType::Float as i32 || dt == DataType::Float16 as i32 || dt == DataType::Bfloat16 as i32;
     let mut problems = Vec::new();
     let Ok(index) = GraphIndex::build(g) else { return vec!["the converted graph is not a valid DAG".into()] };
     for info in &index.nodes {
@@ -797,7 +881,12 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
                 _ => None,
             }),
             "ConstantOfShape" => Some(
-                node.attribute.iter().find(|a| a.name() == "value").and_then(|a| a.t.as_ref()).map(|t| t.data_type()).unwrap_or(DataType::Float as i32),
+                node.attribute
+                    .iter()
+                    .find(|a| a.name() == "value")
+                    .and_then(|a| a.t.as_ref())
+                    .map(|t| t.data_type())
+                    .unwrap_or(DataType::Float as i32),
             ),
             _ => input_types.first().map(|(_, dt)| *dt),
         };
@@ -809,9 +898,16 @@ pub fn check_float_types(proto: &ModelProto, float: &HashSet<String>) -> Vec<Str
         }
     }
     for v in &g.output {
-        if let (Some(type_proto::Value::TensorType(t)), Some(&dt)) = (v.r#type.as_ref().and_then(|t| t.value.as_ref()), types.get(v.name())) {
+        if let (Some(type_proto::Value::TensorType(t)), Some(&dt)) =
+            (v.r#type.as_ref().and_then(|t| t.value.as_ref()), types.get(v.name()))
+        {
             if floaty(t.elem_type()) && t.elem_type() != dt {
-                problems.push(format!("graph output '{}' is declared {} but computed as {}", v.name(), crate::data_type_name(t.elem_type()), crate::data_type_name(dt)));
+                problems.push(format!(
+                    "graph output '{}' is declared {} but computed as {}",
+                    v.name(),
+                    crate::data_type_name(t.elem_type()),
+                    crate::data_type_name(dt)
+                ));
             }
         }
     }

@@ -9,7 +9,6 @@
 
 use std::collections::{HashMap, HashSet};
 
-
 use crate::builder::f32_tensor;
 use crate::onnx::{tensor_proto::DataType, GraphProto, ModelProto, TensorProto};
 use crate::weights::float_weight_values;
@@ -18,8 +17,34 @@ use crate::{GraphIndex, Model, ModelError};
 /// Ops TensorRT runs as pointwise (elementwise) and fuses into the layer before them or with
 /// each other.
 pub const POINTWISE_OPS: &[&str] = &[
-    "Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Clip", "Elu", "Selu", "Softplus", "Mish", "Gelu",
-    "Erf", "Exp", "Log", "Sqrt", "Reciprocal", "Pow", "Neg", "Abs", "Max", "Min", "BatchNormalization",
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Relu",
+    "LeakyRelu",
+    "PRelu",
+    "Sigmoid",
+    "HardSigmoid",
+    "HardSwish",
+    "Tanh",
+    "Clip",
+    "Elu",
+    "Selu",
+    "Softplus",
+    "Mish",
+    "Gelu",
+    "Erf",
+    "Exp",
+    "Log",
+    "Sqrt",
+    "Reciprocal",
+    "Pow",
+    "Neg",
+    "Abs",
+    "Max",
+    "Min",
+    "BatchNormalization",
 ];
 
 /// Ops that start a fused layer and take pointwise ops after them.
@@ -57,7 +82,12 @@ pub fn folded_parameters(index: &GraphIndex, folded: &[Folded]) -> Vec<(String, 
 /// initializers, and the Conv's output must not be one of the model's `outputs` (exposed tensors
 /// do not count: an engine computes them folded all the same). The folded Conv outputs are
 /// dropped from `proto`'s graph outputs.
-pub fn fold_batch_norms(model: &Model, proto: &ModelProto, index: &GraphIndex, outputs: &HashSet<String>) -> Result<(ModelProto, Vec<Folded>), ModelError> {
+pub fn fold_batch_norms(
+    model: &Model,
+    proto: &ModelProto,
+    index: &GraphIndex,
+    outputs: &HashSet<String>,
+) -> Result<(ModelProto, Vec<Folded>), ModelError> {
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
     // A parameter: a float32 initializer, or a Constant node's value.
@@ -66,7 +96,12 @@ pub fn fold_batch_norms(model: &Model, proto: &ModelProto, index: &GraphIndex, o
             return (t.data_type() == DataType::Float as i32).then(|| t.clone());
         }
         let p = index.producer(name).filter(|p| p.op_type == "Constant")?;
-        g.node[p.proto_index].attribute.iter().find(|a| a.name() == "value").and_then(|a| a.t.clone()).filter(|t| t.data_type() == DataType::Float as i32)
+        g.node[p.proto_index]
+            .attribute
+            .iter()
+            .find(|a| a.name() == "value")
+            .and_then(|a| a.t.clone())
+            .filter(|t| t.data_type() == DataType::Float as i32)
     };
     let mut folded = Vec::new();
     let mut remove: HashSet<usize> = HashSet::new();
@@ -74,22 +109,34 @@ pub fn fold_batch_norms(model: &Model, proto: &ModelProto, index: &GraphIndex, o
     let mut gone: HashSet<String> = HashSet::new();
     for bn in index.nodes.iter().filter(|n| n.op_type == "BatchNormalization" && n.outputs.len() == 1) {
         let Some(conv) = bn.inputs.first().and_then(|x| index.producer(x)) else { continue };
-        if conv.op_type != "Conv" || index.consumers(&conv.outputs[0]).len() != 1 || outputs.contains(&conv.outputs[0]) {
+        if conv.op_type != "Conv" || index.consumers(&conv.outputs[0]).len() != 1 || outputs.contains(&conv.outputs[0])
+        {
             continue;
         }
         let g = &*graph;
         let params: Option<Vec<TensorProto>> = bn.inputs[1..].iter().map(|p| initializer(g, p)).collect();
-        let (Some(params), Some(w)) = (params.filter(|p| p.len() == 4), conv.inputs.get(1).and_then(|w| initializer(g, w))) else { continue };
+        let (Some(params), Some(w)) =
+            (params.filter(|p| p.len() == 4), conv.inputs.get(1).and_then(|w| initializer(g, w)))
+        else {
+            continue;
+        };
         let bias = conv.inputs.get(2).filter(|b| !b.is_empty()).map(|b| initializer(g, b));
         if matches!(bias, Some(None)) {
             continue;
         }
-        let eps = g.node[bn.proto_index].attribute.iter().find(|a| a.name() == "epsilon").and_then(|a| a.f).unwrap_or(1e-5) as f64;
+        let eps =
+            g.node[bn.proto_index].attribute.iter().find(|a| a.name() == "epsilon").and_then(|a| a.f).unwrap_or(1e-5)
+                as f64;
         let values = |t: &TensorProto| float_weight_values(model, t);
-        let (gamma, beta, mean, var) = (values(&params[0])?, values(&params[1])?, values(&params[2])?, values(&params[3])?);
+        let (gamma, beta, mean, var) =
+            (values(&params[0])?, values(&params[1])?, values(&params[2])?, values(&params[3])?);
         let weights = values(&w)?;
         let channels = gamma.len();
-        if channels == 0 || w.dims.first().copied() != Some(channels as i64) || [&beta, &mean, &var].iter().any(|v| v.len() != channels) || weights.len() % channels != 0 {
+        if channels == 0
+            || w.dims.first().copied() != Some(channels as i64)
+            || [&beta, &mean, &var].iter().any(|v| v.len() != channels)
+            || weights.len() % channels != 0
+        {
             continue;
         }
         let b0 = match &bias {
@@ -99,7 +146,8 @@ pub fn fold_batch_norms(model: &Model, proto: &ModelProto, index: &GraphIndex, o
         let per = weights.len() / channels;
         let scale: Vec<f64> = (0..channels).map(|c| gamma[c] as f64 / (var[c] as f64 + eps).sqrt()).collect();
         let folded_w: Vec<f32> = weights.iter().enumerate().map(|(i, &v)| (v as f64 * scale[i / per]) as f32).collect();
-        let folded_b: Vec<f32> = (0..channels).map(|c| ((b0[c] as f64 - mean[c] as f64) * scale[c] + beta[c] as f64) as f32).collect();
+        let folded_b: Vec<f32> =
+            (0..channels).map(|c| ((b0[c] as f64 - mean[c] as f64) * scale[c] + beta[c] as f64) as f32).collect();
         let (w_name, b_name) = (format!("{}/lw_folded_W", bn.name), format!("{}/lw_folded_B", bn.name));
         new_weights.push(f32_tensor(&w_name, &w.dims, &folded_w));
         new_weights.push(f32_tensor(&b_name, &[channels as i64], &folded_b));
@@ -134,7 +182,8 @@ pub fn fused_layers(index: &GraphIndex, outputs: &HashSet<String>) -> HashMap<St
                 let single = index.consumers(t).len() == 1 && !outputs.contains(t);
                 let lead = layer.get(&p.name)?;
                 let lead_op = head_op.get(lead)?;
-                (single && (LAYER_HEADS.contains(&lead_op.as_str()) || POINTWISE_OPS.contains(&lead_op.as_str()))).then(|| lead.clone())
+                (single && (LAYER_HEADS.contains(&lead_op.as_str()) || POINTWISE_OPS.contains(&lead_op.as_str())))
+                    .then(|| lead.clone())
             })
         });
         match joined.flatten() {
@@ -152,11 +201,16 @@ pub fn fused_layers(index: &GraphIndex, outputs: &HashSet<String>) -> HashMap<St
 
 /// The tensors that leave their fused layer: read by a node of another layer, or graph outputs.
 /// These are the ones an FP16 engine stores in FP16.
-pub fn layer_boundaries(index: &GraphIndex, outputs: &HashSet<String>, layers: &HashMap<String, String>) -> HashSet<String> {
+pub fn layer_boundaries(
+    index: &GraphIndex,
+    outputs: &HashSet<String>,
+    layers: &HashMap<String, String>,
+) -> HashSet<String> {
     let mut boundaries = HashSet::new();
     for n in &index.nodes {
         for o in n.outputs.iter().filter(|o| !o.is_empty()) {
-            let leaves = outputs.contains(o) || index.consumers(o).iter().any(|&c| layers.get(&index.nodes[c].name) != layers.get(&n.name));
+            let leaves = outputs.contains(o)
+                || index.consumers(o).iter().any(|&c| layers.get(&index.nodes[c].name) != layers.get(&n.name));
             if leaves {
                 boundaries.insert(o.clone());
             }

@@ -46,7 +46,13 @@ pub enum ModelError {
 fn kept_constants_text(constants: &[(String, Vec<String>)]) -> String {
     let listed: Vec<String> = constants
         .iter()
-        .map(|(name, readers)| if readers.is_empty() { format!("'{name}' (read by no node)") } else { format!("'{name}' (read by {})", readers.join(", ")) })
+        .map(|(name, readers)| {
+            if readers.is_empty() {
+                format!("'{name}' (read by no node)")
+            } else {
+                format!("'{name}' (read by {})", readers.join(", "))
+            }
+        })
         .collect();
     let mut readers: Vec<&str> = Vec::new();
     for r in constants.iter().flat_map(|(_, r)| r.iter().map(String::as_str)) {
@@ -55,7 +61,11 @@ fn kept_constants_text(constants: &[(String, Vec<String>)]) -> String {
         }
     }
     let (one, it) = if constants.len() == 1 { ("", "it") } else { ("s", "them") };
-    let instead = if readers.is_empty() { String::new() } else { format!("keep the nodes that read {it} instead (--keep-fp32 {}), or ", readers.join(",")) };
+    let instead = if readers.is_empty() {
+        String::new()
+    } else {
+        format!("keep the nodes that read {it} instead (--keep-fp32 {}), or ", readers.join(","))
+    };
     format!(
         "the keep list names {} Constant node{one}: {}. A Constant computes nothing: its value is stored in the precision the nodes reading it take, so naming it changes nothing; {instead}leave {it} out",
         constants.len(),

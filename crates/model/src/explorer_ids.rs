@@ -23,7 +23,12 @@ pub fn explorer_ids(model: &ModelProto) -> BTreeMap<String, String> {
 
 /// `inside`: for a branch of an If, (layerwise's prefix `If/then`, the adapter's prefix
 /// `If/then_branch`).
-fn walk(graph: &GraphProto, inside: Option<(&str, &str)>, counter: &mut HashMap<String, usize>, ids: &mut BTreeMap<String, String>) {
+fn walk(
+    graph: &GraphProto,
+    inside: Option<(&str, &str)>,
+    counter: &mut HashMap<String, usize>,
+    ids: &mut BTreeMap<String, String>,
+) {
     let mut used: HashSet<String> = HashSet::new();
     let ours = crate::graph::node_names(&graph.node);
     for (node, our) in graph.node.iter().zip(&ours) {
@@ -92,11 +97,22 @@ mod tests {
         b.node("Abs", "named", &["d2"], &["e"], vec![]);
         let branch = |name: &str, out: &str| crate::onnx::GraphProto {
             name: Some(name.into()),
-            node: vec![crate::onnx::NodeProto { op_type: Some("Identity".into()), input: vec!["e".into()], output: vec![out.into()], ..Default::default() }],
+            node: vec![crate::onnx::NodeProto {
+                op_type: Some("Identity".into()),
+                input: vec!["e".into()],
+                output: vec![out.into()],
+                ..Default::default()
+            }],
             output: vec![crate::onnx::ValueInfoProto { name: Some(out.into()), ..Default::default() }],
             ..Default::default()
         };
-        b.node("If", "gate", &["c"], &["y"], vec![attr::graph("then_branch", branch("t", "t_out")), attr::graph("else_branch", branch("e", "e_out"))]);
+        b.node(
+            "If",
+            "gate",
+            &["c"],
+            &["y"],
+            vec![attr::graph("then_branch", branch("t", "t_out")), attr::graph("else_branch", branch("e", "e_out"))],
+        );
         b.output("y", DataType::Float);
         let ids = explorer_ids(&b.build());
         assert_eq!(ids.get("Relu#0").map(String::as_str), Some("node"));
@@ -108,6 +124,10 @@ mod tests {
         // counter (node_2, then node_3), under the If's name and the attribute.
         assert_eq!(ids.get("gate/then/Identity#0").map(String::as_str), Some("gate/then_branch/node"));
         assert_eq!(ids.get("gate/else/Identity#0").map(String::as_str), Some("gate/else_branch/node"));
-        assert_eq!(ids.get("gate/output0").map(String::as_str), Some("gate_phi"), "the branch's output hand-over is the adapter's Phi");
+        assert_eq!(
+            ids.get("gate/output0").map(String::as_str),
+            Some("gate_phi"),
+            "the branch's output hand-over is the adapter's Phi"
+        );
     }
 }

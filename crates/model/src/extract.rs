@@ -4,7 +4,9 @@
 use std::collections::{BTreeSet, HashSet};
 
 use crate::builder::tensor_type;
-use crate::onnx::{tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto};
+use crate::onnx::{
+    tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
 use crate::{DataType, GraphIndex, Model, ModelError};
 
 /// The element type and shape of a tensor that becomes an input of the extracted model.
@@ -80,7 +82,8 @@ pub fn extract_groups_pulling(
             }
         }
         let suffix = format!("__lw_g{g}");
-        let produced: HashSet<&str> = members.iter().flat_map(|&i| index.nodes[i].outputs.iter().map(String::as_str)).collect();
+        let produced: HashSet<&str> =
+            members.iter().flat_map(|&i| index.nodes[i].outputs.iter().map(String::as_str)).collect();
         let rename = |t: &str| if t.is_empty() { String::new() } else { format!("{t}{suffix}") };
         let mut group = ExtractedGroup { nodes: Vec::new(), inputs: Vec::new(), outputs: Vec::new() };
         for &i in &members {
@@ -102,7 +105,10 @@ pub fn extract_groups_pulling(
                 *input = rename(&original);
                 if !produced.contains(original.as_str()) && !group.inputs.iter().any(|(_, o)| *o == original) {
                     let ty = types(&original).ok_or_else(|| {
-                        ModelError::InvalidGraph(format!("no type and shape known for '{original}', an input of node '{}'", info.name))
+                        ModelError::InvalidGraph(format!(
+                            "no type and shape known for '{original}', an input of node '{}'",
+                            info.name
+                        ))
                     })?;
                     out_graph.input.push(value_info(&rename(&original), &ty));
                     group.inputs.push((rename(&original), original));
@@ -123,7 +129,8 @@ pub fn extract_groups_pulling(
         }
         extracted.push(group);
     }
-    out_graph.initializer = graph.initializer.iter().filter(|t| used_initializers.contains(t.name())).cloned().collect();
+    out_graph.initializer =
+        graph.initializer.iter().filter(|t| used_initializers.contains(t.name())).cloned().collect();
     let proto = ModelProto {
         ir_version: model.proto.ir_version,
         opset_import: model.proto.opset_import.clone(),

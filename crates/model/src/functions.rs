@@ -21,10 +21,17 @@ pub fn inline_functions(proto: &ModelProto) -> Result<Option<(ModelProto, usize)
     if proto.functions.is_empty() {
         return Ok(None);
     }
-    let model_opsets: HashMap<String, i64> = proto.opset_import.iter().map(|o| (o.domain().to_string(), o.version())).collect();
-    let agrees = |f: &FunctionProto| f.opset_import.iter().all(|o| model_opsets.get(o.domain()).is_none_or(|&v| v == o.version()));
-    let functions: HashMap<(String, String), &FunctionProto> =
-        proto.functions.iter().filter(|f| agrees(f)).map(|f| ((f.domain().to_string(), f.name().to_string()), f)).collect();
+    let model_opsets: HashMap<String, i64> =
+        proto.opset_import.iter().map(|o| (o.domain().to_string(), o.version())).collect();
+    let agrees = |f: &FunctionProto| {
+        f.opset_import.iter().all(|o| model_opsets.get(o.domain()).is_none_or(|&v| v == o.version()))
+    };
+    let functions: HashMap<(String, String), &FunctionProto> = proto
+        .functions
+        .iter()
+        .filter(|f| agrees(f))
+        .map(|f| ((f.domain().to_string(), f.name().to_string()), f))
+        .collect();
     let mut out = proto.clone();
     let mut extra_opsets: Vec<crate::onnx::OperatorSetIdProto> = Vec::new();
     for f in functions.values() {
@@ -43,7 +50,11 @@ pub fn inline_functions(proto: &ModelProto) -> Result<Option<(ModelProto, usize)
         for (i, node) in nodes.into_iter().enumerate() {
             match functions.get(&(node.domain().to_string(), node.op_type().to_string())) {
                 Some(f) => {
-                    let prefix = if node.name().is_empty() { format!("{}#{i}", node.op_type()) } else { node.name().to_string() };
+                    let prefix = if node.name().is_empty() {
+                        format!("{}#{i}", node.op_type())
+                    } else {
+                        node.name().to_string()
+                    };
                     match expand(&node, f, &prefix) {
                         Some(body) => {
                             next.extend(body);
@@ -106,7 +117,10 @@ fn expand(call: &NodeProto, f: &FunctionProto, prefix: &str) -> Option<Vec<NodeP
     let mut out = Vec::with_capacity(f.node.len());
     for (i, inner) in f.node.iter().enumerate() {
         let mut n = inner.clone();
-        n.name = Some(format!("{prefix}/{}", if inner.name().is_empty() { format!("{}#{i}", inner.op_type()) } else { inner.name().to_string() }));
+        n.name = Some(format!(
+            "{prefix}/{}",
+            if inner.name().is_empty() { format!("{}#{i}", inner.op_type()) } else { inner.name().to_string() }
+        ));
         n.input = inner.input.iter().map(rename).collect();
         n.output = inner.output.iter().map(rename).collect();
         let mut resolved = Vec::with_capacity(inner.attribute.len());

@@ -47,7 +47,8 @@ pub struct GraphIndex {
 }
 
 /// Ops whose output is not a function of their inputs: never treated as constants.
-const NONDETERMINISTIC: &[&str] = &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+const NONDETERMINISTIC: &[&str] =
+    &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
 
 impl GraphIndex {
     /// Indexes a main graph, rejecting graphs that no runtime could execute: a tensor produced twice,
@@ -214,7 +215,10 @@ impl GraphIndex {
     /// it computes nothing, and an error in it (a value beyond the candidate's range) is the cause
     /// of the node that reads it, not a step of the walk.
     pub fn is_stored_value(&self, tensor: &str) -> bool {
-        self.is_initializer(tensor) || self.producer(tensor).is_some_and(|n| n.op_type == "Constant" && (n.domain.is_empty() || n.domain == "ai.onnx"))
+        self.is_initializer(tensor)
+            || self
+                .producer(tensor)
+                .is_some_and(|n| n.op_type == "Constant" && (n.domain.is_empty() || n.domain == "ai.onnx"))
     }
 
     /// For a tensor produced inside an If/Loop/Scan body, the main-graph node that owns the body.

@@ -38,7 +38,11 @@ pub const MOST_UNROLLED_NODES: usize = 200_000;
 /// Replaces each main-graph If/Loop named in `taken` by its body, as run. Returns the new model
 /// and what was replaced, in graph order. Nested control flow inside a body becomes main-graph
 /// control flow: call again with what the next run says about it.
-pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashMap<String, Taken>) -> Result<(ModelProto, Vec<Inlined>), ModelError> {
+pub fn inline_control_flow(
+    proto: &ModelProto,
+    index: &GraphIndex,
+    taken: &HashMap<String, Taken>,
+) -> Result<(ModelProto, Vec<Inlined>), ModelError> {
     let mut out = proto.clone();
     let opset = crate::model::default_opset(proto);
     let graph = out.graph.as_mut().expect("model has a graph");
@@ -59,7 +63,10 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                 let mut scope = Scope::new(format!("{name}/{short}"), &mut taken_names);
                 let outputs = scope.inline(body, &HashMap::new(), &mut emitted);
                 if outputs.len() != node.output.len() {
-                    return Err(bad(&name, format!("{branch} has {} outputs for the If's {}", outputs.len(), node.output.len())));
+                    return Err(bad(
+                        &name,
+                        format!("{branch} has {} outputs for the If's {}", outputs.len(), node.output.len()),
+                    ));
                 }
                 let mut added = scope.added;
                 for (k, (inner, outer)) in outputs.iter().zip(&node.output).enumerate() {
@@ -77,7 +84,12 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                     false
                 } else {
                     let added = unroll_loop(&node, &name, body, *n, opset, &mut taken_names, &mut emitted)?;
-                    report.push(Inlined { node: name, op_type: "Loop".into(), taken: format!("{n} iterations"), nodes: added });
+                    report.push(Inlined {
+                        node: name,
+                        op_type: "Loop".into(),
+                        taken: format!("{n} iterations"),
+                        nodes: added,
+                    });
                     true
                 }
             }
@@ -87,7 +99,12 @@ pub fn inline_control_flow(proto: &ModelProto, index: &GraphIndex, taken: &HashM
                     false
                 } else {
                     let added = unroll_scan(&node, &name, body, *n, opset, &mut taken_names, &mut emitted)?;
-                    report.push(Inlined { node: name, op_type: "Scan".into(), taken: format!("{n} iterations"), nodes: added });
+                    report.push(Inlined {
+                        node: name,
+                        op_type: "Scan".into(),
+                        taken: format!("{n} iterations"),
+                        nodes: added,
+                    });
                     true
                 }
             }
@@ -120,7 +137,13 @@ fn subgraph<'a>(node: &'a NodeProto, name: &str) -> Option<&'a GraphProto> {
 }
 
 fn identity(name: &str, from: &str, to: &str) -> NodeProto {
-    NodeProto { op_type: Some("Identity".into()), name: Some(name.into()), input: vec![from.into()], output: vec![to.into()], ..Default::default() }
+    NodeProto {
+        op_type: Some("Identity".into()),
+        name: Some(name.into()),
+        input: vec![from.into()],
+        output: vec![to.into()],
+        ..Default::default()
+    }
 }
 
 /// Copies bodies into the main graph under one prefix, renaming what they define.
@@ -149,12 +172,7 @@ impl<'a> Scope<'a> {
 
     /// Appends `body`'s nodes (renamed) to `nodes`, with its formal inputs bound to `bind` (outer
     /// tensors). Returns the tensors that hold the body's outputs.
-    fn inline(
-        &mut self,
-        body: &GraphProto,
-        bind: &HashMap<String, String>,
-        out: &mut Emitted,
-    ) -> Vec<String> {
+    fn inline(&mut self, body: &GraphProto, bind: &HashMap<String, String>, out: &mut Emitted) -> Vec<String> {
         let mut rename: HashMap<String, String> = bind.clone();
         for t in &body.initializer {
             let new = self.fresh(t.name());
@@ -212,11 +230,21 @@ fn unroll_loop(
 ) -> Result<usize, ModelError> {
     let carried = node.input.len().saturating_sub(2);
     if body.input.len() != carried + 2 || body.output.len() < carried + 1 {
-        return Err(bad(name, format!("has a body with {} inputs and {} outputs for {carried} loop-carried values", body.input.len(), body.output.len())));
+        return Err(bad(
+            name,
+            format!(
+                "has a body with {} inputs and {} outputs for {carried} loop-carried values",
+                body.input.len(),
+                body.output.len()
+            ),
+        ));
     }
     let scans = body.output.len() - 1 - carried;
     if node.output.len() > carried + scans {
-        return Err(bad(name, format!("has {} outputs for {carried} loop-carried values and {scans} scan outputs", node.output.len())));
+        return Err(bad(
+            name,
+            format!("has {} outputs for {carried} loop-carried values and {scans} scan outputs", node.output.len()),
+        ));
     }
     if n == 0 && scans > 0 {
         return Err(bad(name, "ran no iteration, so its scan outputs have no shape to unroll into".into()));
@@ -277,7 +305,16 @@ fn hand_over(name: &str, values: &[String], outputs: &[String], nodes: &mut Vec<
 /// Scan output `j`: each iteration's value given a new axis `axis` (Unsqueeze) and concatenated
 /// along it into `outer`; returns the nodes added.
 #[allow(clippy::too_many_arguments)]
-fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, opset: i64, outer: &str, out: &mut Emitted) -> usize {
+fn stack(
+    scope: &mut Scope,
+    name: &str,
+    j: usize,
+    parts: &[String],
+    axis: i64,
+    opset: i64,
+    outer: &str,
+    out: &mut Emitted,
+) -> usize {
     // Unsqueeze takes its axes as an input from opset 13, as an attribute before.
     let axes = scope.fresh(&format!("axes{j}"));
     if opset >= 13 {
@@ -286,7 +323,13 @@ fn stack(scope: &mut Scope, name: &str, j: usize, parts: &[String], axis: i64, o
     let mut stacked = Vec::new();
     for (i, part) in parts.iter().enumerate() {
         let t = scope.fresh(&format!("scan{j}_part{i}"));
-        let mut u = NodeProto { op_type: Some("Unsqueeze".into()), name: Some(format!("{name}/scan{j}/unsqueeze{i}")), input: vec![part.clone()], output: vec![t.clone()], ..Default::default() };
+        let mut u = NodeProto {
+            op_type: Some("Unsqueeze".into()),
+            name: Some(format!("{name}/scan{j}/unsqueeze{i}")),
+            input: vec![part.clone()],
+            output: vec![t.clone()],
+            ..Default::default()
+        };
         if opset >= 13 {
             u.input.push(axes.clone());
         } else {
@@ -324,11 +367,23 @@ fn unroll_scan(
     used: &mut HashSet<String>,
     out: &mut Emitted,
 ) -> Result<usize, ModelError> {
-    let scan_inputs = node.attribute.iter().find(|a| a.name() == "num_scan_inputs").and_then(|a| a.i).unwrap_or(0) as usize;
-    let states = node.input.len().checked_sub(scan_inputs).ok_or_else(|| bad(name, "has fewer inputs than num_scan_inputs".into()))?;
+    let scan_inputs =
+        node.attribute.iter().find(|a| a.name() == "num_scan_inputs").and_then(|a| a.i).unwrap_or(0) as usize;
+    let states = node
+        .input
+        .len()
+        .checked_sub(scan_inputs)
+        .ok_or_else(|| bad(name, "has fewer inputs than num_scan_inputs".into()))?;
     let scan_outputs = node.output.len().saturating_sub(states);
     if body.input.len() != states + scan_inputs || body.output.len() != states + scan_outputs {
-        return Err(bad(name, format!("has a body with {} inputs and {} outputs for {states} states, {scan_inputs} scan inputs", body.input.len(), body.output.len())));
+        return Err(bad(
+            name,
+            format!(
+                "has a body with {} inputs and {} outputs for {states} states, {scan_inputs} scan inputs",
+                body.input.len(),
+                body.output.len()
+            ),
+        ));
     }
     let (in_axes, in_dirs) = (ints_attr(node, "scan_input_axes"), ints_attr(node, "scan_input_directions"));
     let (out_axes, out_dirs) = (ints_attr(node, "scan_output_axes"), ints_attr(node, "scan_output_directions"));
@@ -384,7 +439,13 @@ fn unroll_scan(
 }
 
 fn bool_scalar(name: &str, value: bool) -> TensorProto {
-    TensorProto { name: Some(name.into()), dims: vec![], data_type: Some(DataType::Bool as i32), raw_data: Some(vec![value as u8].into()), ..Default::default() }
+    TensorProto {
+        name: Some(name.into()),
+        dims: vec![],
+        data_type: Some(DataType::Bool as i32),
+        raw_data: Some(vec![value as u8].into()),
+        ..Default::default()
+    }
 }
 
 /// For type inference only: the model with a copy of every If branch and Loop body beside its
@@ -417,7 +478,11 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
             if info.op_type == "If" {
                 for (attr, short) in [("then_branch", "then"), ("else_branch", "else")] {
                     if let Some(body) = subgraph(node, attr) {
-                        Scope::new(format!("{}/{short}", info.name), &mut used).inline(body, &HashMap::new(), &mut emitted);
+                        Scope::new(format!("{}/{short}", info.name), &mut used).inline(
+                            body,
+                            &HashMap::new(),
+                            &mut emitted,
+                        );
                     }
                 }
             } else if let Some(body) = subgraph(node, "body") {
@@ -444,7 +509,9 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
                 }
                 scope.inline(body, &bind, &mut emitted);
             }
-            tensors.extend(emitted.nodes[before..].iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()));
+            tensors.extend(
+                emitted.nodes[before..].iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()),
+            );
         }
         if !any {
             break;
@@ -462,7 +529,9 @@ pub fn with_body_copies(proto: &ModelProto) -> Result<(ModelProto, Vec<String>),
 /// (`scanJ/unsqueezeI`), its final values and stacked scan outputs. Body nodes never take these
 /// names: theirs start with `then/`, `else/` or `iterK/`.
 pub fn made_by_inlining(op_type: &str, rest: &str) -> bool {
-    let numbered = |part: &str, word: &str| part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()));
+    let numbered = |part: &str, word: &str| {
+        part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+    };
     let (part, inner) = rest.split_once('/').unwrap_or((rest, ""));
     match (op_type, inner) {
         ("If", "") => numbered(part, "output"),

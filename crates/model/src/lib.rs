@@ -10,35 +10,37 @@ pub mod onnx;
 pub mod builder;
 pub mod convert;
 pub mod cuda_bf16;
-mod error;
 pub mod engine_style;
+mod error;
 pub mod explorer_ids;
 pub mod extract;
 pub mod fp16;
 pub mod functions;
+mod graph;
 pub mod inline;
 pub mod matching;
+mod model;
 pub mod pair;
 pub mod perturb;
 pub mod quant;
 pub mod quantize;
+mod rewrite;
 pub mod rounding;
 pub mod scratch;
-pub mod unquantize;
 pub mod tensor;
 pub mod terminal_text;
-mod graph;
-mod model;
-mod rewrite;
+pub mod unquantize;
 mod weights;
 
 pub use error::ModelError;
-pub use tensor::{shape_string, DType, Tensor, TensorData};
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, open_regular, Model};
 pub use rewrite::{emulate, emulate_reusing, emulate_tf32, expose, Emulation, RoundedWeights, Selection};
 pub use rounding::Rounding;
-pub use weights::{float_weight_values, for_each_float_chunk, scan_fp16_weight_range, share_unchanged_weights, WeightRange};
+pub use tensor::{shape_string, DType, Tensor, TensorData};
+pub use weights::{
+    float_weight_values, for_each_float_chunk, scan_fp16_weight_range, share_unchanged_weights, WeightRange,
+};
 
 /// ONNX `TensorProto.DataType` codes used throughout layerwise.
 pub use onnx::tensor_proto::DataType;

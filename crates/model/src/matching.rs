@@ -46,7 +46,11 @@ fn transparent(graph: &GraphProto, index: &GraphIndex, node: &NodeProto) -> bool
             [DataType::Float, DataType::Float16, DataType::Bfloat16, DataType::Double].iter().any(|d| *d as i64 == to)
         }),
         // DequantizeLinear(QuantizeLinear(x)): x with quantization noise.
-        "DequantizeLinear" => node.input.first().and_then(|t| index.producer(t)).is_some_and(|p| graph.node[p.proto_index].op_type() == "QuantizeLinear"),
+        "DequantizeLinear" => node
+            .input
+            .first()
+            .and_then(|t| index.producer(t))
+            .is_some_and(|p| graph.node[p.proto_index].op_type() == "QuantizeLinear"),
         _ => false,
     }
 }
@@ -65,7 +69,8 @@ struct View<'a> {
 impl View<'_> {
     fn is_transparent(&self, topo: usize) -> bool {
         let info = &self.index.nodes[topo];
-        (self.through_relu && info.op_type == "Relu" && info.domain.is_empty()) || transparent(self.graph, self.index, &self.graph.node[info.proto_index])
+        (self.through_relu && info.op_type == "Relu" && info.domain.is_empty())
+            || transparent(self.graph, self.index, &self.graph.node[info.proto_index])
     }
 
     /// Whether `t` is computed by a Relu seen through.
@@ -78,8 +83,11 @@ impl View<'_> {
     /// zero point is its type's minimum (it clips at 0: ONNX Runtime's quantize_static drops a
     /// Relu into it).
     fn relus(&self) -> HashMap<String, String> {
-        let stored: HashMap<&str, &crate::onnx::TensorProto> = self.graph.initializer.iter().map(|w| (w.name(), w)).collect();
-        let clips = |q: &NodeProto| q.input.get(2).and_then(|z| stored.get(z.as_str())).is_some_and(|zp| crate::quant::clips_at_zero(zp));
+        let stored: HashMap<&str, &crate::onnx::TensorProto> =
+            self.graph.initializer.iter().map(|w| (w.name(), w)).collect();
+        let clips = |q: &NodeProto| {
+            q.input.get(2).and_then(|z| stored.get(z.as_str())).is_some_and(|zp| crate::quant::clips_at_zero(zp))
+        };
         let mut found: HashMap<String, String> = HashMap::new();
         for info in &self.index.nodes {
             let node = &self.graph.node[info.proto_index];
@@ -88,7 +96,14 @@ impl View<'_> {
             if info.op_type == "Relu" && info.domain.is_empty() {
                 found.insert(self.source(input), output.clone());
             } else if info.op_type == "DequantizeLinear" {
-                let Some(q) = self.index.producer(input).map(|q| &self.graph.node[q.proto_index]).filter(|q| q.op_type() == "QuantizeLinear") else { continue };
+                let Some(q) = self
+                    .index
+                    .producer(input)
+                    .map(|q| &self.graph.node[q.proto_index])
+                    .filter(|q| q.op_type() == "QuantizeLinear")
+                else {
+                    continue;
+                };
                 let Some(x) = q.input.first() else { continue };
                 if clips(q) {
                     found.entry(self.source(x)).or_insert_with(|| output.clone());
@@ -129,7 +144,12 @@ impl View<'_> {
 
     /// The node's inputs that carry data (not weights), by source.
     fn data_inputs(&self, topo: usize) -> Vec<String> {
-        self.index.nodes[topo].inputs.iter().filter(|t| !t.is_empty() && !self.is_weight(t)).map(|t| self.source(t)).collect()
+        self.index.nodes[topo]
+            .inputs
+            .iter()
+            .filter(|t| !t.is_empty() && !self.is_weight(t))
+            .map(|t| self.source(t))
+            .collect()
     }
 
     /// Shapes of the node's weight inputs (initializers only; other weights count as unknown).
@@ -145,7 +165,12 @@ impl View<'_> {
     fn attributes(&self, topo: usize) -> Vec<(String, Vec<u8>)> {
         use prost::Message;
         let node = &self.graph.node[self.index.nodes[topo].proto_index];
-        let mut attrs: Vec<(String, Vec<u8>)> = node.attribute.iter().filter(|a| a.g.is_none() && a.graphs.is_empty()).map(|a| (a.name().to_string(), a.encode_to_vec())).collect();
+        let mut attrs: Vec<(String, Vec<u8>)> = node
+            .attribute
+            .iter()
+            .filter(|a| a.g.is_none() && a.graphs.is_empty())
+            .map(|a| (a.name().to_string(), a.encode_to_vec()))
+            .collect();
         attrs.sort();
         attrs
     }
@@ -159,7 +184,14 @@ const COMMUTATIVE: &[&str] = &["Add", "Mul", "Max", "Min", "Sum", "Mean", "And",
 /// the value an Identity passes on: the outputs of an If or Loop that the two sides ran
 /// differently (another branch, other iteration counts), flattened into Identities of different
 /// tensors, must be compared as each side computed them.
-pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, structural: bool, cut: &HashSet<String>) -> Matching {
+pub fn match_tensors(
+    reference: &GraphProto,
+    ref_index: &GraphIndex,
+    candidate: &GraphProto,
+    cand_index: &GraphIndex,
+    structural: bool,
+    cut: &HashSet<String>,
+) -> Matching {
     // Against a quantized candidate, Relus are seen through on both sides: its quantizers may
     // have taken them over, and a reference Relu's output is then paired with the tensor holding
     // the candidate's Relu of the same value (`View::relus`).
@@ -169,7 +201,11 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
     // Candidate source tensor -> reference source tensor.
     let mut c2r: HashMap<String, (String, MatchedBy)> = HashMap::new();
     let mut matched_ref: HashSet<String> = HashSet::new();
-    let pair = |c2r: &mut HashMap<String, (String, MatchedBy)>, matched_ref: &mut HashSet<String>, cs: String, rs: String, by: MatchedBy| {
+    let pair = |c2r: &mut HashMap<String, (String, MatchedBy)>,
+                matched_ref: &mut HashSet<String>,
+                cs: String,
+                rs: String,
+                by: MatchedBy| {
         if !c2r.contains_key(&cs) && matched_ref.insert(rs.clone()) {
             c2r.insert(cs, (rs, by));
         }
@@ -192,7 +228,9 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
         // R nodes by (op, domain) not yet paired, in topological order.
         let mut open: HashMap<(String, String), Vec<usize>> = HashMap::new();
         let mut taken: HashSet<usize> = HashSet::new();
-        for info in ref_index.nodes.iter().filter(|n| !r.is_transparent(n.topo_index) && !r.is_weight(n.outputs.first().map(String::as_str).unwrap_or(""))) {
+        for info in ref_index.nodes.iter().filter(|n| {
+            !r.is_transparent(n.topo_index) && !r.is_weight(n.outputs.first().map(String::as_str).unwrap_or(""))
+        }) {
             if info.outputs.iter().all(|o| o.is_empty() || matched_ref.contains(o)) {
                 taken.insert(info.topo_index);
             }
@@ -207,7 +245,10 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
             if inputs.is_empty() {
                 continue;
             }
-            let Some(mapped): Option<Vec<String>> = inputs.iter().map(|t| c2r.get(t).map(|(r, _)| r.clone())).collect() else { continue };
+            let Some(mapped): Option<Vec<String>> = inputs.iter().map(|t| c2r.get(t).map(|(r, _)| r.clone())).collect()
+            else {
+                continue;
+            };
             let same_inputs = |rt: usize| -> bool {
                 let mut theirs = r.data_inputs(rt);
                 if theirs.len() != mapped.len() {
@@ -222,7 +263,13 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
                 theirs == mapped
             };
             let Some(options) = open.get(&(info.op_type.clone(), info.domain.clone())) else { continue };
-            let fits: Vec<usize> = options.iter().copied().filter(|rt| !taken.contains(rt) && ref_index.nodes[*rt].outputs.len() == info.outputs.len() && same_inputs(*rt)).collect();
+            let fits: Vec<usize> = options
+                .iter()
+                .copied()
+                .filter(|rt| {
+                    !taken.contains(rt) && ref_index.nodes[*rt].outputs.len() == info.outputs.len() && same_inputs(*rt)
+                })
+                .collect();
             // Among several, the one whose attributes, then weight shapes, agree.
             let attrs = c.attributes(topo);
             let shapes = c.weight_shapes(topo);
@@ -250,7 +297,8 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
         }
     }
     // Reference source -> candidate tensor, then every reference tensor through its source.
-    let r2c: HashMap<&str, (&str, MatchedBy)> = c2r.iter().map(|(cs, (rs, by))| (rs.as_str(), (cs.as_str(), *by))).collect();
+    let r2c: HashMap<&str, (&str, MatchedBy)> =
+        c2r.iter().map(|(cs, (rs, by))| (rs.as_str(), (cs.as_str(), *by))).collect();
     let cand_relus = if quantized { c.relus() } else { HashMap::new() };
     let mut matching = Matching::default();
     let mut used: HashSet<String> = HashSet::new();
@@ -279,7 +327,9 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
             (Some(a), Some(b)) => a.op_type == b.op_type && a.domain == b.domain,
             (a, b) => a.is_none() && b.is_none(),
         };
-        if cand_index.producer_index(t).is_some() && (output || (rs == cs && same_op(&rs)) || r2c.get(rs.as_str()).is_some_and(|(cs2, _)| *cs2 == cs)) {
+        if cand_index.producer_index(t).is_some()
+            && (output || (rs == cs && same_op(&rs)) || r2c.get(rs.as_str()).is_some_and(|(cs2, _)| *cs2 == cs))
+        {
             matching.pairs.push(TensorPair { reference: t.to_string(), candidate: t.to_string(), by: MatchedBy::Name });
             used.insert(t.to_string());
             continue;
@@ -293,6 +343,7 @@ pub fn match_tensors(reference: &GraphProto, ref_index: &GraphIndex, candidate: 
             None => matching.unmatched_reference.push(t.to_string()),
         }
     }
-    matching.unmatched_candidate = cand_index.computed_tensors().filter(|t| !used.contains(*t)).map(str::to_string).collect();
+    matching.unmatched_candidate =
+        cand_index.computed_tensors().filter(|t| !used.contains(*t)).map(str::to_string).collect();
     matching
 }

@@ -71,7 +71,8 @@ impl Model {
         let sha256 = hex(&Sha256::digest(&data));
         let proto = ModelProto::decode(Bytes::from(data))
             .map_err(|cause| ModelError::Decode { path: path.to_path_buf(), cause })?;
-        let base_dir = path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
+        let base_dir =
+            path.parent().map(|p| if p.as_os_str().is_empty() { PathBuf::from(".") } else { p.to_path_buf() });
         let mut model = Model { proto, path: path.to_path_buf(), base_dir, sha256, attribute_files: Vec::new() };
         model.check_is_model()?;
         model.check_external_data()?;
@@ -99,7 +100,13 @@ impl Model {
     /// still resolves against this model's folder.
     pub fn derived(&self, proto: ModelProto, label: &str) -> Model {
         let sha256 = hex(&Sha256::digest(proto.encode_to_vec()));
-        Model { proto, path: self.path.with_file_name(label), base_dir: self.base_dir.clone(), sha256, attribute_files: self.attribute_files.clone() }
+        Model {
+            proto,
+            path: self.path.with_file_name(label),
+            base_dir: self.base_dir.clone(),
+            sha256,
+            attribute_files: self.attribute_files.clone(),
+        }
     }
 
     pub fn graph(&self) -> &GraphProto {
@@ -151,7 +158,10 @@ impl Model {
         }
         let needed = ext.offset as i128 + ext.length.map(|l| l as i128).or(expected).unwrap_or(0);
         if needed > file_len as i128 {
-            return Err(err(format!("'{}' is {file_len} bytes but the tensor needs bytes up to {needed}", file.display())));
+            return Err(err(format!(
+                "'{}' is {file_len} bytes but the tensor needs bytes up to {needed}",
+                file.display()
+            )));
         }
         Ok(())
     }
@@ -178,7 +188,13 @@ impl Model {
                 }
             }
         }
-        let reader = Model { proto: ModelProto::default(), path: self.path.clone(), base_dir: self.base_dir.clone(), sha256: String::new(), attribute_files: Vec::new() };
+        let reader = Model {
+            proto: ModelProto::default(),
+            path: self.path.clone(),
+            base_dir: self.base_dir.clone(),
+            sha256: String::new(),
+            attribute_files: Vec::new(),
+        };
         let mut files = Vec::new();
         for t in tensors {
             reader.check_one_external(t)?;
@@ -200,7 +216,9 @@ impl Model {
         let mut files: Vec<PathBuf> = self.attribute_files.clone();
         if let Some(g) = &self.proto.graph {
             for_each_initializer(g, &mut |t| {
-                if let Some(f) = ExternalRef::parse(t).ok().filter(|_| is_external(t)).and_then(|e| self.external_file(&e.location)) {
+                if let Some(f) =
+                    ExternalRef::parse(t).ok().filter(|_| is_external(t)).and_then(|e| self.external_file(&e.location))
+                {
                     if !files.contains(&f) {
                         files.push(f);
                     }
@@ -233,7 +251,8 @@ impl Model {
             return Err("the model was built in memory, so external data has no folder to resolve against".into());
         };
         let file = base.join(location);
-        let folder = fs::canonicalize(base).map_err(|e| format!("cannot resolve the model's folder '{}': {e}", base.display()))?;
+        let folder = fs::canonicalize(base)
+            .map_err(|e| format!("cannot resolve the model's folder '{}': {e}", base.display()))?;
         let resolved = fs::canonicalize(&file).map_err(|e| format!("cannot open '{}': {e}", file.display()))?;
         if !resolved.starts_with(&folder) {
             return Err(format!(
@@ -249,7 +268,11 @@ impl Model {
     /// Like [`Model::runtime_bytes`], with every weight of 1 KiB and more written to
     /// `scratch/model.onnx.data` (the folder returned) instead of the bytes. Taking `proto` lets each
     /// weight's memory go as soon as it is written, so a large rewrite is never held twice.
-    pub fn runtime_bytes_weights_apart(&self, mut proto: ModelProto, scratch: &Path) -> Result<(Vec<u8>, PathBuf), ModelError> {
+    pub fn runtime_bytes_weights_apart(
+        &self,
+        mut proto: ModelProto,
+        scratch: &Path,
+    ) -> Result<(Vec<u8>, PathBuf), ModelError> {
         self.relocate_weights(&mut proto, &scratch.join("model.onnx.data"), "model.onnx.data", true)?;
         Ok((proto.encode_to_vec(), scratch.to_path_buf()))
     }
@@ -272,7 +295,9 @@ impl Model {
             return Ok((proto.encode_to_vec(), Some(scratch.to_path_buf())));
         }
         let folder = match (&self.base_dir, external) {
-            (Some(base), true) => Some(fs::canonicalize(base).map_err(|cause| ModelError::Read { path: base.clone(), cause })?),
+            (Some(base), true) => {
+                Some(fs::canonicalize(base).map_err(|cause| ModelError::Read { path: base.clone(), cause })?)
+            }
             _ => None,
         };
         Ok((proto.encode_to_vec(), folder))
@@ -286,7 +311,10 @@ impl Model {
             for_each_initializer(g, &mut |t| {
                 if is_external(t) {
                     let numel: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
-                    external_bytes += ExternalRef::parse(t).ok().and_then(|e| e.length).unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
+                    external_bytes += ExternalRef::parse(t)
+                        .ok()
+                        .and_then(|e| e.length)
+                        .unwrap_or(numel * data_type_size(t.data_type()).unwrap_or(0) as u64);
                 }
             });
         }
@@ -318,7 +346,13 @@ impl Model {
     /// External tensors are streamed through a small buffer,
     /// so no weight is ever held whole in memory; offsets are aligned to 64 KiB so that ONNX
     /// Runtime can map them.
-    fn relocate_weights(&self, proto: &mut ModelProto, data_path: &Path, location: &str, move_inline: bool) -> Result<(), ModelError> {
+    fn relocate_weights(
+        &self,
+        proto: &mut ModelProto,
+        data_path: &Path,
+        location: &str,
+        move_inline: bool,
+    ) -> Result<(), ModelError> {
         const ALIGN: u64 = 64 << 10;
         let io = |cause| ModelError::Write { path: data_path.to_path_buf(), cause };
         let mut file = std::io::BufWriter::with_capacity(1 << 20, fs::File::create(data_path).map_err(io)?);
@@ -337,7 +371,11 @@ impl Model {
             };
             offset += padding;
             let entry = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-            t.external_data = vec![entry("location", location.to_string()), entry("offset", offset.to_string()), entry("length", length.to_string())];
+            t.external_data = vec![
+                entry("location", location.to_string()),
+                entry("offset", offset.to_string()),
+                entry("length", length.to_string()),
+            ];
             t.data_location = Some(tensor_proto::DataLocation::External as i32);
             offset += length;
             Ok(())
@@ -367,7 +405,8 @@ impl Model {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let file_name = path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model.onnx".into());
+        let file_name =
+            path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| "model.onnx".into());
         let io = |cause| ModelError::Write { path: path.to_path_buf(), cause };
         let mut external_bytes = 0u64;
         if let Some(g) = &proto.graph {
@@ -389,14 +428,25 @@ impl Model {
         let mut data_file = None;
         if oversized {
             let data_path = Model::oversized_data_path(path);
-            let data_name = data_path.file_name().map(|f| f.to_string_lossy().to_string()).unwrap_or_else(|| format!("{file_name}.data"));
-            let (tmp, tracked) = crate::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir), |t| t.path()).map_err(io)?;
+            let data_name = data_path
+                .file_name()
+                .map(|f| f.to_string_lossy().to_string())
+                .unwrap_or_else(|| format!("{file_name}.data"));
+            let (tmp, tracked) = crate::scratch::create_tracked(
+                || tempfile::Builder::new().prefix(".layerwise-").suffix(".data.tmp").tempfile_in(&dir),
+                |t| t.path(),
+            )
+            .map_err(io)?;
             self.relocate_weights(&mut proto, tmp.path(), &data_name, true)?;
             data_file = Some((tmp, dir.join(data_name), tracked));
         } else {
             self.materialize_external(&mut proto)?;
         }
-        let (mut tmp, _tracked) = crate::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir), |t| t.path()).map_err(io)?;
+        let (mut tmp, _tracked) = crate::scratch::create_tracked(
+            || tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir),
+            |t| t.path(),
+        )
+        .map_err(io)?;
         tmp.write_all(&proto.encode_to_vec()).map_err(io)?;
         tmp.as_file().sync_all().map_err(io)?;
         // Temporary files are private (0600); a written model gets the usual 0644.
@@ -437,7 +487,11 @@ impl Model {
 
     /// Calls `f` on successive chunks (whole elements, at most 8 MiB) of an external tensor's
     /// bytes; returns the byte count.
-    pub(crate) fn for_each_external_chunk(&self, t: &TensorProto, f: &mut dyn FnMut(&[u8]) -> Result<(), String>) -> Result<u64, ModelError> {
+    pub(crate) fn for_each_external_chunk(
+        &self,
+        t: &TensorProto,
+        f: &mut dyn FnMut(&[u8]) -> Result<(), String>,
+    ) -> Result<u64, ModelError> {
         use std::io::{Read, Seek, SeekFrom};
         let err = |why: String| ModelError::ExternalData { tensor: t.name().to_string(), why };
         let ext = ExternalRef::parse(t).map_err(err)?;
@@ -449,8 +503,9 @@ impl Model {
         let mut left = len;
         while left > 0 {
             let n = (buf.len() as u64).min(left) as usize;
-            file.read_exact(&mut buf[..n])
-                .map_err(|e| err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display())))?;
+            file.read_exact(&mut buf[..n]).map_err(|e| {
+                err(format!("cannot read {len} bytes at offset {} of '{}': {e}", ext.offset, path.display()))
+            })?;
             f(&buf[..n]).map_err(err)?;
             left -= n as u64;
         }
@@ -516,7 +571,12 @@ fn file_kind(t: fs::FileType) -> &'static str {
 
 /// Opset version of a model's default ONNX domain (0 when it imports none).
 pub(crate) fn default_opset(proto: &ModelProto) -> i64 {
-    proto.opset_import.iter().find(|o| o.domain().is_empty() || o.domain() == "ai.onnx").map(|o| o.version()).unwrap_or(0)
+    proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain().is_empty() || o.domain() == "ai.onnx")
+        .map(|o| o.version())
+        .unwrap_or(0)
 }
 
 /// Whether a tensor's values live in an external file.
@@ -533,7 +593,8 @@ pub(crate) struct ExternalRef {
 
 impl ExternalRef {
     pub(crate) fn parse(t: &TensorProto) -> Result<ExternalRef, String> {
-        let get = |key: &str| t.external_data.iter().find(|e: &&StringStringEntryProto| e.key() == key).map(|e| e.value());
+        let get =
+            |key: &str| t.external_data.iter().find(|e: &&StringStringEntryProto| e.key() == key).map(|e| e.value());
         let location = get("location").ok_or("no 'location' entry")?.to_string();
         let rel = Path::new(&location);
         if rel.is_absolute() || rel.components().any(|c| !matches!(c, Component::Normal(_) | Component::CurDir)) {
@@ -547,7 +608,10 @@ impl ExternalRef {
 }
 
 /// Visits the initializers of a model's graph and of all its subgraphs, mutably.
-fn for_each_initializer_mut(proto: &mut ModelProto, f: &mut dyn FnMut(&mut TensorProto) -> Result<(), ModelError>) -> Result<(), ModelError> {
+fn for_each_initializer_mut(
+    proto: &mut ModelProto,
+    f: &mut dyn FnMut(&mut TensorProto) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
     let mut stack: Vec<&mut GraphProto> = proto.graph.iter_mut().collect();
     while let Some(graph) = stack.pop() {
         for t in graph.initializer.iter_mut() {

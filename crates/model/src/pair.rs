@@ -8,7 +8,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::onnx::{attribute_proto::AttributeType, AttributeProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto};
+use crate::onnx::{
+    attribute_proto::AttributeType, AttributeProto, ModelProto, NodeProto, OperatorSetIdProto, ValueInfoProto,
+};
 use crate::ModelError;
 
 /// The operator domain and type of the reduction nodes.
@@ -47,23 +49,47 @@ pub enum Side {
 /// FP16 input) reads the shared one through a Cast, as a runtime converts what it is fed.
 ///
 /// Refused: candidate inputs the reference lacks, disagreeing opset versions.
-pub fn paired_graph(reference: &ModelProto, candidate: &ModelProto, tensors: &[String], candidate_names: &HashMap<String, String>) -> Result<PairedGraph, ModelError> {
+pub fn paired_graph(
+    reference: &ModelProto,
+    candidate: &ModelProto,
+    tensors: &[String],
+    candidate_names: &HashMap<String, String>,
+) -> Result<PairedGraph, ModelError> {
     paired_graph_of(reference.clone(), candidate.clone(), tensors, candidate_names)
 }
 
 /// [`paired_graph`], taking the two programs by value: their nodes and weights move into the
 /// paired graph instead of being copied (a large model's programs held twice were most of the
 /// paired step's peak memory).
-pub fn paired_graph_of(reference: ModelProto, mut candidate: ModelProto, tensors: &[String], candidate_names: &HashMap<String, String>) -> Result<PairedGraph, ModelError> {
-    let rg = reference.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the reference program has no graph".into()))?;
-    let cg = candidate.graph.as_ref().ok_or_else(|| ModelError::InvalidGraph("the candidate program has no graph".into()))?;
+pub fn paired_graph_of(
+    reference: ModelProto,
+    mut candidate: ModelProto,
+    tensors: &[String],
+    candidate_names: &HashMap<String, String>,
+) -> Result<PairedGraph, ModelError> {
+    let rg = reference
+        .graph
+        .as_ref()
+        .ok_or_else(|| ModelError::InvalidGraph("the reference program has no graph".into()))?;
+    let cg = candidate
+        .graph
+        .as_ref()
+        .ok_or_else(|| ModelError::InvalidGraph("the candidate program has no graph".into()))?;
     let ref_inputs: HashMap<&str, &ValueInfoProto> = rg.input.iter().map(|v| (v.name(), v)).collect();
-    let cand_inits: HashSet<&str> = cg.initializer.iter().map(|t| t.name()).chain(cg.sparse_initializer.iter().filter_map(|s| s.values.as_ref().map(|v| v.name()))).collect();
+    let cand_inits: HashSet<&str> = cg
+        .initializer
+        .iter()
+        .map(|t| t.name())
+        .chain(cg.sparse_initializer.iter().filter_map(|s| s.values.as_ref().map(|v| v.name())))
+        .collect();
     let mut shared: HashSet<String> = HashSet::new();
     let mut converted_inputs = Vec::new();
     for v in cg.input.iter().filter(|v| !cand_inits.contains(v.name())) {
         let Some(theirs) = ref_inputs.get(v.name()) else {
-            return Err(ModelError::InvalidGraph(format!("the candidate program reads input '{}', which the reference does not have", v.name())));
+            return Err(ModelError::InvalidGraph(format!(
+                "the candidate program reads input '{}', which the reference does not have",
+                v.name()
+            )));
         };
         match (elem_type(v), elem_type(theirs)) {
             (Some(c), Some(r)) if c != r => converted_inputs.push((v.name().to_string(), c)),
@@ -72,14 +98,25 @@ pub fn paired_graph_of(reference: ModelProto, mut candidate: ModelProto, tensors
             }
         }
     }
-    let taken = rg.node.iter().flat_map(|n| n.output.iter()).chain(rg.initializer.iter().map(|t| t.name.as_ref().expect("named")));
+    let taken = rg
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter())
+        .chain(rg.initializer.iter().map(|t| t.name.as_ref().expect("named")));
     if let Some(n) = taken.into_iter().find(|n| n.starts_with(CANDIDATE_PREFIX)) {
-        return Err(ModelError::InvalidGraph(format!("the reference already has a tensor named '{n}', in the candidate's namespace")));
+        return Err(ModelError::InvalidGraph(format!(
+            "the reference already has a tensor named '{n}', in the candidate's namespace"
+        )));
     }
-    let rename = |n: &str| if n.is_empty() || shared.contains(n) { n.to_string() } else { format!("{CANDIDATE_PREFIX}{n}") };
+    let rename =
+        |n: &str| if n.is_empty() || shared.contains(n) { n.to_string() } else { format!("{CANDIDATE_PREFIX}{n}") };
     // A tensor is there when a node computes it, or as a constant the program's optimizer folded.
     let present = |g: &crate::onnx::GraphProto| -> HashSet<String> {
-        g.node.iter().flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned()).chain(g.initializer.iter().map(|t| t.name().to_string())).collect()
+        g.node
+            .iter()
+            .flat_map(|n| n.output.iter().filter(|o| !o.is_empty()).cloned())
+            .chain(g.initializer.iter().map(|t| t.name().to_string()))
+            .collect()
     };
     let (in_ref, in_cand) = (present(rg), present(cg));
     let opset_import = merged_opsets(&reference, &candidate)?;
@@ -92,7 +129,8 @@ pub fn paired_graph_of(reference: ModelProto, mut candidate: ModelProto, tensors
     // An optimized program holds the tensors ONNX Runtime named when it inlined a function op
     // (HardSwish-14: `_inlfunc_HardSwish_HS_X`); the session inlines the candidate's calls under
     // the same names, so the reference's move aside.
-    let inlined = |n: &str| if n.starts_with(INLINED_PREFIX) { format!("{REFERENCE_INLINED_PREFIX}{n}") } else { n.to_string() };
+    let inlined =
+        |n: &str| if n.starts_with(INLINED_PREFIX) { format!("{REFERENCE_INLINED_PREFIX}{n}") } else { n.to_string() };
     for n in graph.node.iter_mut() {
         n.input = n.input.iter().map(|i| inlined(i)).collect();
         n.output = n.output.iter().map(|o| inlined(o)).collect();
@@ -109,7 +147,12 @@ pub fn paired_graph_of(reference: ModelProto, mut candidate: ModelProto, tensors
             name: Some(format!("{CANDIDATE_PREFIX}input/{input}")),
             input: vec![input.clone()],
             output: vec![rename(input)],
-            attribute: vec![AttributeProto { name: Some("to".into()), r#type: Some(AttributeType::Int as i32), i: Some(*to as i64), ..Default::default() }],
+            attribute: vec![AttributeProto {
+                name: Some("to".into()),
+                r#type: Some(AttributeType::Int as i32),
+                i: Some(*to as i64),
+                ..Default::default()
+            }],
             ..Default::default()
         });
     }
@@ -245,7 +288,10 @@ fn merged_opsets(reference: &ModelProto, candidate: &ModelProto) -> Result<Vec<O
         let domain = if domain == "ai.onnx" { String::new() } else { domain };
         match versions.get(&domain) {
             Some(&v) if v != o.version() => {
-                return Err(ModelError::InvalidGraph(format!("the programs import opset '{domain}' at versions {v} and {}", o.version())));
+                return Err(ModelError::InvalidGraph(format!(
+                    "the programs import opset '{domain}' at versions {v} and {}",
+                    o.version()
+                )));
             }
             Some(_) => {}
             None => {
@@ -316,14 +362,24 @@ mod tests {
         let p = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap();
         let g = p.proto.graph.unwrap();
         let names: Vec<&str> = g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
-        assert!(names.contains(&"lw_ref/_inlfunc_HardSwish_HS_X") && !names.contains(&"_inlfunc_HardSwish_HS_X"), "{names:?}");
+        assert!(
+            names.contains(&"lw_ref/_inlfunc_HardSwish_HS_X") && !names.contains(&"_inlfunc_HardSwish_HS_X"),
+            "{names:?}"
+        );
         assert_eq!(g.node[1].input[0], "lw_ref/_inlfunc_HardSwish_HS_X");
     }
 
     #[test]
     fn input_shapes_are_pinned_except_in_a_graph_with_control_flow() {
         use crate::onnx::{tensor_shape_proto::dimension::Value as Dim, type_proto::Value};
-        let dims = |p: &ModelProto| match p.graph.as_ref().unwrap().input[0].r#type.as_ref().unwrap().value.as_ref().unwrap() {
+        let dims = |p: &ModelProto| match p.graph.as_ref().unwrap().input[0]
+            .r#type
+            .as_ref()
+            .unwrap()
+            .value
+            .as_ref()
+            .unwrap()
+        {
             Value::TensorType(t) => t.shape.as_ref().unwrap().dim.iter().map(|d| d.value.clone()).collect::<Vec<_>>(),
             _ => unreachable!(),
         };
@@ -332,7 +388,11 @@ mod tests {
         assert_eq!(dims(&p), vec![Some(Dim::DimValue(5))]);
         let mut p = program(1.0);
         let before = dims(&p);
-        p.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
+        p.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto {
+            name: Some("then_branch".into()),
+            g: Some(Default::default()),
+            ..Default::default()
+        });
         pin_input_shapes(p.graph.as_mut().unwrap(), &[("x".into(), vec![7])]);
         assert_eq!(dims(&p), before);
     }
@@ -364,11 +424,21 @@ mod tests {
         let mut candidate = program(2.0);
         // A branch body that reads an outer candidate tensor (`y`) and the shared input (`x`).
         let body = crate::onnx::GraphProto {
-            node: vec![NodeProto { op_type: Some("Add".into()), name: Some("inner".into()), input: vec!["y".into(), "x".into()], output: vec!["b".into()], ..Default::default() }],
+            node: vec![NodeProto {
+                op_type: Some("Add".into()),
+                name: Some("inner".into()),
+                input: vec!["y".into(), "x".into()],
+                output: vec!["b".into()],
+                ..Default::default()
+            }],
             output: vec![ValueInfoProto { name: Some("b".into()), ..Default::default() }],
             ..Default::default()
         };
-        candidate.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(body), ..Default::default() });
+        candidate.graph.as_mut().unwrap().node[1].attribute.push(AttributeProto {
+            name: Some("then_branch".into()),
+            g: Some(body),
+            ..Default::default()
+        });
         let p = paired_graph(&reference, &candidate, &["z".into()], &HashMap::new()).unwrap();
         let g = p.proto.graph.unwrap();
         let relu = g.node.iter().find(|n| n.name() == "lw_cand/relu").unwrap();
@@ -384,7 +454,9 @@ mod tests {
         let mut candidate = program(2.0);
         let g = candidate.graph.as_mut().unwrap();
         g.node[1].output[0] = "z_converted".into();
-        if let Some(crate::onnx::type_proto::Value::TensorType(t)) = g.input[0].r#type.as_mut().and_then(|t| t.value.as_mut()) {
+        if let Some(crate::onnx::type_proto::Value::TensorType(t)) =
+            g.input[0].r#type.as_mut().and_then(|t| t.value.as_mut())
+        {
             t.elem_type = Some(DataType::Float16 as i32);
         }
         let names = HashMap::from([("z".to_string(), "z_converted".to_string())]);
@@ -484,7 +556,9 @@ pub struct Segment {
 pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segment>, ModelProto> {
     let Some(graph) = paired.graph.as_ref() else { return Err(paired) };
     let max_nodes = max_nodes.max(1);
-    if graph.node.len() <= max_nodes || graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty())) {
+    if graph.node.len() <= max_nodes
+        || graph.node.iter().any(|n| n.attribute.iter().any(|a| a.g.is_some() || !a.graphs.is_empty()))
+    {
         return Err(paired);
     }
     let order = reduction_order(graph);
@@ -513,12 +587,26 @@ pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segm
                 }
             }
         }
-        let initializers: HashMap<&str, usize> = graph.initializer.iter().enumerate().map(|(i, t)| (t.name(), i)).collect();
-        let sparse: HashMap<&str, usize> = graph.sparse_initializer.iter().enumerate().filter_map(|(i, s)| s.values.as_ref().map(|v| (v.name(), i))).collect();
+        let initializers: HashMap<&str, usize> =
+            graph.initializer.iter().enumerate().map(|(i, t)| (t.name(), i)).collect();
+        let sparse: HashMap<&str, usize> = graph
+            .sparse_initializer
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.values.as_ref().map(|v| (v.name(), i)))
+            .collect();
         let inputs: HashMap<&str, usize> = graph.input.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
-        let value_info: HashMap<&str, usize> = graph.value_info.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
+        let value_info: HashMap<&str, usize> =
+            graph.value_info.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
         for (k, chunk) in chunks.iter().enumerate() {
-            let mut plan = Plan { border_inputs: Vec::new(), border_outputs: Vec::new(), initializers: Vec::new(), sparse: Vec::new(), inputs: Vec::new(), value_info: Vec::new() };
+            let mut plan = Plan {
+                border_inputs: Vec::new(),
+                border_outputs: Vec::new(),
+                initializers: Vec::new(),
+                sparse: Vec::new(),
+                inputs: Vec::new(),
+                value_info: Vec::new(),
+            };
             let mut seen: HashSet<&str> = HashSet::new();
             for &i in *chunk {
                 let node = &graph.node[i];
@@ -529,7 +617,9 @@ pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segm
                     match made_in.get(input.as_str()) {
                         Some(&at) if at == k => {}
                         Some(_) => plan.border_inputs.push(input.clone()),
-                        None if initializers.contains_key(input.as_str()) => plan.initializers.push(initializers[input.as_str()]),
+                        None if initializers.contains_key(input.as_str()) => {
+                            plan.initializers.push(initializers[input.as_str()])
+                        }
                         None if sparse.contains_key(input.as_str()) => plan.sparse.push(sparse[input.as_str()]),
                         None => plan.inputs.extend(inputs.get(input.as_str()).copied()),
                     }
@@ -542,7 +632,12 @@ pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segm
                 }
             }
             if plan.border_outputs.is_empty() {
-                let last = chunk.iter().rev().map(|&i| &graph.node[i]).find(|n| n.op_type() == PAIR_OP).unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
+                let last = chunk
+                    .iter()
+                    .rev()
+                    .map(|&i| &graph.node[i])
+                    .find(|n| n.op_type() == PAIR_OP)
+                    .unwrap_or(&graph.node[*chunk.last().expect("chunks are never empty")]);
                 plan.border_outputs.extend(last.output.iter().find(|o| !o.is_empty()).cloned());
             }
             plans.push(plan);
@@ -553,7 +648,8 @@ pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segm
     let mut nodes: Vec<Option<NodeProto>> = std::mem::take(&mut graph.node).into_iter().map(Some).collect();
     let mut segments = Vec::with_capacity(chunks.len());
     for (k, (chunk, plan)) in chunks.iter().zip(plans).enumerate() {
-        let mut g = crate::onnx::GraphProto { name: Some(format!("{}_segment_{k}", graph.name())), ..Default::default() };
+        let mut g =
+            crate::onnx::GraphProto { name: Some(format!("{}_segment_{k}", graph.name())), ..Default::default() };
         // Weights' bytes are shared, so a weight two segments read is not copied.
         g.initializer = plan.initializers.iter().map(|&i| graph.initializer[i].clone()).collect();
         g.sparse_initializer = plan.sparse.iter().map(|&i| graph.sparse_initializer[i].clone()).collect();
@@ -561,12 +657,18 @@ pub fn split_paired(mut paired: ModelProto, max_nodes: usize) -> Result<Vec<Segm
         g.value_info = plan.value_info.iter().map(|&i| graph.value_info[i].clone()).collect();
         // As in the whole graph, the segment's reductions go last, last-first: ONNX Runtime's
         // execution order walks from them, and so reduces each pair soon after it exists.
-        let (mut reductions, mut moved): (Vec<NodeProto>, Vec<NodeProto>) =
-            chunk.iter().map(|&i| nodes[i].take().expect("each node is in one chunk")).partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
+        let (mut reductions, mut moved): (Vec<NodeProto>, Vec<NodeProto>) = chunk
+            .iter()
+            .map(|&i| nodes[i].take().expect("each node is in one chunk"))
+            .partition(|n| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN);
         reductions.reverse();
         moved.extend(reductions);
         g.node = moved;
-        g.output = plan.border_outputs.iter().map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() }).collect();
+        g.output = plan
+            .border_outputs
+            .iter()
+            .map(|n| ValueInfoProto { name: Some(n.clone()), ..Default::default() })
+            .collect();
         let proto = ModelProto { graph: Some(g), ..base.clone() };
         segments.push(Segment { proto, border_inputs: plan.border_inputs, border_outputs: plan.border_outputs });
     }
@@ -589,10 +691,25 @@ fn paired_without_graph(model: &ModelProto) -> ModelProto {
 /// depth first with each node's inputs in order (the reference's before the candidate's), then the
 /// reduction; then what feeds no reduction. Iterative: a chain of 200,000 nodes is as deep.
 fn reduction_order(graph: &crate::onnx::GraphProto) -> Vec<usize> {
-    let producer: HashMap<&str, usize> =
-        graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
-    let reductions = graph.node.iter().enumerate().filter(|(_, n)| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN).map(|(i, _)| i).rev();
-    let rest = graph.node.iter().enumerate().filter(|(_, n)| !(n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN)).map(|(i, _)| i);
+    let producer: HashMap<&str, usize> = graph
+        .node
+        .iter()
+        .enumerate()
+        .flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i)))
+        .collect();
+    let reductions = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN)
+        .map(|(i, _)| i)
+        .rev();
+    let rest = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !(n.op_type() == PAIR_OP && n.domain() == PAIR_DOMAIN))
+        .map(|(i, _)| i);
     let mut placed = vec![false; graph.node.len()];
     let mut order = Vec::with_capacity(graph.node.len());
     // (node, next input to look at)
@@ -656,7 +773,10 @@ mod split_tests {
     fn segments_hold_every_node_once_in_an_order_that_computes_what_each_reads_first() {
         let paired = paired_chain(100);
         let all = paired.proto.graph.as_ref().unwrap();
-        assert!(split_paired(paired.proto.clone(), all.node.len()).is_err(), "a graph that fits one segment stays whole");
+        assert!(
+            split_paired(paired.proto.clone(), all.node.len()).is_err(),
+            "a graph that fits one segment stays whole"
+        );
         let segments = split_paired(paired.proto.clone(), 7).unwrap();
         assert_eq!(segments.len(), all.node.len().div_ceil(7));
         let mut computed: HashSet<String> = HashSet::new();
@@ -665,11 +785,20 @@ mod split_tests {
         for s in &segments {
             let g = s.proto.graph.as_ref().unwrap();
             assert!(g.node.len() <= 7);
-            let declared: HashSet<&str> = g.input.iter().map(|v| v.name()).chain(g.initializer.iter().map(|t| t.name())).chain(s.border_inputs.iter().map(String::as_str)).collect();
+            let declared: HashSet<&str> = g
+                .input
+                .iter()
+                .map(|v| v.name())
+                .chain(g.initializer.iter().map(|t| t.name()))
+                .chain(s.border_inputs.iter().map(String::as_str))
+                .collect();
             let mut here: HashSet<&str> = HashSet::new();
             for n in &g.node {
                 for i in &n.input {
-                    assert!(here.contains(i.as_str()) || declared.contains(i.as_str()), "'{i}' read before it is computed or declared");
+                    assert!(
+                        here.contains(i.as_str()) || declared.contains(i.as_str()),
+                        "'{i}' read before it is computed or declared"
+                    );
                 }
                 here.extend(n.output.iter().map(String::as_str));
                 nodes.push(n.name().to_string());
@@ -680,7 +809,10 @@ mod split_tests {
             // Both sides' current activation crosses a border, and the input read every fifth node.
             assert!(s.border_inputs.len() <= 3, "{:?}", s.border_inputs);
             assert!(g.input.iter().all(|v| v.name() == "x"));
-            assert_eq!(g.output.iter().map(|o| o.name()).collect::<Vec<_>>(), s.border_outputs.iter().map(String::as_str).collect::<Vec<_>>());
+            assert_eq!(
+                g.output.iter().map(|o| o.name()).collect::<Vec<_>>(),
+                s.border_outputs.iter().map(String::as_str).collect::<Vec<_>>()
+            );
             passed_on.extend(s.border_outputs.iter().cloned());
             computed.extend(g.node.iter().flat_map(|n| n.output.iter().cloned()));
         }
@@ -698,7 +830,11 @@ mod split_tests {
     fn a_graph_with_control_flow_is_not_split() {
         let mut paired = paired_chain(30);
         let g = paired.proto.graph.as_mut().unwrap();
-        g.node[1].attribute.push(AttributeProto { name: Some("then_branch".into()), g: Some(Default::default()), ..Default::default() });
+        g.node[1].attribute.push(AttributeProto {
+            name: Some("then_branch".into()),
+            g: Some(Default::default()),
+            ..Default::default()
+        });
         assert!(split_paired(paired.proto.clone(), 7).is_err());
     }
 }

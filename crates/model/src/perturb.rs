@@ -25,7 +25,8 @@ const SHAPE_READERS: &[&str] = &["Cast", "Floor", "Ceil", "Round", "Range", "Con
 /// Ops whose data input (slot 0) is moved, not computed with: their other inputs are shapes,
 /// indices or pads; the data is stored like any tensor, and a TF32 tensor core reading their
 /// output reads the weight's own values.
-const LAYOUT_OPS: &[&str] = &["Reshape", "Expand", "Tile", "Slice", "Pad", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"];
+const LAYOUT_OPS: &[&str] =
+    &["Reshape", "Expand", "Tile", "Slice", "Pad", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"];
 
 /// Inputs read as exponents: `x ^ 2.0009` is NaN for every negative x, while FP16 rounding leaves
 /// 2.0 (any small integer) exactly as it is. (Silero VAD's STFT magnitude, `Pow(x, 2)`, turned into
@@ -114,7 +115,12 @@ fn perturb_by_rounding(values: &mut [f32], rounding: Rounding, rng: &mut ChaCha8
 /// and of every body, except those read as shapes, indices or exponents, and those in `exact`)
 /// are perturbed as `perturbation` says, with a generator seeded with `seed`. External weights
 /// are read and stored inline. Also returns how many values moved.
-pub fn perturb_weights(model: &Model, perturbation: Perturbation, exact: &HashSet<String>, seed: u64) -> Result<(ModelProto, Perturbed), ModelError> {
+pub fn perturb_weights(
+    model: &Model,
+    perturbation: Perturbation,
+    exact: &HashSet<String>,
+    seed: u64,
+) -> Result<(ModelProto, Perturbed), ModelError> {
     let external: u64 = model
         .graph()
         .initializer
@@ -139,7 +145,8 @@ pub fn perturb_weights(model: &Model, perturbation: Perturbation, exact: &HashSe
 /// Weights of `graph` that a TF32 tensor core reads: at a TF32 slot of a node, directly or through
 /// layout ops (Transpose, Reshape, ...) that move the values without computing with them.
 fn tensor_core_weights(graph: &GraphProto) -> HashSet<String> {
-    let mut read: HashSet<String> = graph.node.iter().flat_map(|n| tf32_slots(n).iter().filter_map(|&s| n.input.get(s).cloned())).collect();
+    let mut read: HashSet<String> =
+        graph.node.iter().flat_map(|n| tf32_slots(n).iter().filter_map(|&s| n.input.get(s).cloned())).collect();
     // Back through layout ops until nothing changes.
     loop {
         let before = read.len();
@@ -156,10 +163,20 @@ fn tensor_core_weights(graph: &GraphProto) -> HashSet<String> {
     }
 }
 
-fn perturb_one(model: &Model, t: &mut TensorProto, perturbation: Perturbation, rng: &mut ChaCha8Rng, count: &mut Perturbed) -> Result<(), ModelError> {
+fn perturb_one(
+    model: &Model,
+    t: &mut TensorProto,
+    perturbation: Perturbation,
+    rng: &mut ChaCha8Rng,
+    count: &mut Perturbed,
+) -> Result<(), ModelError> {
     match perturbation {
-        Perturbation::Storage(rounding) => perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, rounding, rng, count)),
-        Perturbation::TensorCores => perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, Rounding::Tf32, rng, count)),
+        Perturbation::Storage(rounding) => {
+            perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, rounding, rng, count))
+        }
+        Perturbation::TensorCores => {
+            perturb_tensor(model, t, rng, |v, rng| perturb_by_rounding(v, Rounding::Tf32, rng, count))
+        }
         Perturbation::Relative(relative) => perturb_tensor(model, t, rng, |v, rng| {
             count.moved += v.len();
             perturb_values(v, relative, rng)
@@ -167,10 +184,18 @@ fn perturb_one(model: &Model, t: &mut TensorProto, perturbation: Perturbation, r
     }
 }
 
-fn perturb_graph(model: &Model, graph: &mut GraphProto, perturbation: Perturbation, exact: &HashSet<String>, rng: &mut ChaCha8Rng, count: &mut Perturbed) -> Result<(), ModelError> {
+fn perturb_graph(
+    model: &Model,
+    graph: &mut GraphProto,
+    perturbation: Perturbation,
+    exact: &HashSet<String>,
+    rng: &mut ChaCha8Rng,
+    count: &mut Perturbed,
+) -> Result<(), ModelError> {
     let skip = shape_weights(graph);
     let only = (perturbation == Perturbation::TensorCores).then(|| tensor_core_weights(graph));
-    let wanted = |name: &str| !skip.contains(name) && !exact.contains(name) && only.as_ref().is_none_or(|o| o.contains(name));
+    let wanted =
+        |name: &str| !skip.contains(name) && !exact.contains(name) && only.as_ref().is_none_or(|o| o.contains(name));
     for t in graph.initializer.iter_mut().filter(|t| wanted(t.name())) {
         perturb_one(model, t, perturbation, rng, count)?;
     }
@@ -206,7 +231,12 @@ fn perturb_graph(model: &Model, graph: &mut GraphProto, perturbation: Perturbati
     Ok(())
 }
 
-fn perturb_tensor(model: &Model, t: &mut TensorProto, rng: &mut ChaCha8Rng, mut perturb: impl FnMut(&mut [f32], &mut ChaCha8Rng)) -> Result<(), ModelError> {
+fn perturb_tensor(
+    model: &Model,
+    t: &mut TensorProto,
+    rng: &mut ChaCha8Rng,
+    mut perturb: impl FnMut(&mut [f32], &mut ChaCha8Rng),
+) -> Result<(), ModelError> {
     if t.data_type() != DataType::Float as i32 {
         return Ok(());
     }
@@ -241,7 +271,11 @@ pub struct QuantizerPerturbed {
 /// [-step/2, step/2), added where it is computed (a RandomUniformLike and an Add read by every
 /// consumer of the tensor). What the quantizers' resolution alone does to the outputs: a
 /// candidate within a small factor of it has no quantizer at fault beyond its step.
-pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::QuantizerSteps, seed: u64) -> Result<(ModelProto, QuantizerPerturbed), ModelError> {
+pub fn perturb_by_quantizer_steps(
+    model: &Model,
+    steps: &crate::quant::QuantizerSteps,
+    seed: u64,
+) -> Result<(ModelProto, QuantizerPerturbed), ModelError> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut proto = model.proto.clone();
     let graph = proto.graph.as_mut().ok_or_else(|| ModelError::InvalidGraph("no graph".into()))?;
@@ -253,7 +287,11 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
         let channels = dims.get(w.axis).copied().unwrap_or(1).max(1);
         perturb_tensor(model, t, &mut rng, |values, rng| {
             for (i, v) in values.iter_mut().enumerate() {
-                let step = if w.steps.len() == 1 { w.steps[0] } else { w.steps.get((i / inner.max(1)) % channels).copied().unwrap_or(Step::Absolute(0.0)) };
+                let step = if w.steps.len() == 1 {
+                    w.steps[0]
+                } else {
+                    w.steps.get((i / inner.max(1)) % channels).copied().unwrap_or(Step::Absolute(0.0))
+                };
                 let r: f32 = rng.random_range(-1.0..1.0);
                 let next = match step {
                     Step::Absolute(step) => *v + r * step / 2.0,
@@ -269,7 +307,8 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
     // Noise after each quantized activation, in graph order: right after its producer (or first,
     // for a graph input), read by every node that read the tensor.
     let mut nodes = Vec::with_capacity(graph.node.len() + 2 * steps.activations.len());
-    let noisy: std::collections::HashMap<&str, (usize, Step)> = steps.activations.iter().enumerate().map(|(i, (t, s))| (t.as_str(), (i, *s))).collect();
+    let noisy: std::collections::HashMap<&str, (usize, Step)> =
+        steps.activations.iter().enumerate().map(|(i, (t, s))| (t.as_str(), (i, *s))).collect();
     let renamed = |t: &str| format!("{t}__lw_quantizer_noise");
     // Absolute: t + u with u uniform within half the step; relative (float8): t + t * u.
     let noise_nodes = |t: &str, i: usize, step: Step| -> Vec<crate::onnx::NodeProto> {
@@ -285,7 +324,10 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
             vec![
                 crate::builder::attr::float("low", -half),
                 crate::builder::attr::float("high", half),
-                crate::builder::attr::float("seed", ((seed as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) % 1_000_000) as f32),
+                crate::builder::attr::float(
+                    "seed",
+                    ((seed as u32).wrapping_mul(2_654_435_761).wrapping_add(i as u32) % 1_000_000) as f32,
+                ),
                 crate::builder::attr::int("dtype", DataType::Float as i64),
             ],
         )];
@@ -293,7 +335,13 @@ pub fn perturb_by_quantizer_steps(model: &Model, steps: &crate::quant::Quantizer
             Step::Absolute(_) => noise,
             Step::Relative(_) => {
                 let scaled = format!("{t}__lw_relative_noise");
-                nodes.push(crate::builder::node("Mul", &format!("{t}__lw_scale_noise"), &[t, &noise], &[&scaled], vec![]));
+                nodes.push(crate::builder::node(
+                    "Mul",
+                    &format!("{t}__lw_scale_noise"),
+                    &[t, &noise],
+                    &[&scaled],
+                    vec![],
+                ));
                 scaled
             }
         };

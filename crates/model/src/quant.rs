@@ -109,19 +109,35 @@ pub struct Quantization {
 /// QLinearMatMul, ...; dynamic quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger)
 /// rather than in float between QuantizeLinear/DequantizeLinear pairs.
 pub fn is_integer_op(op: &str) -> bool {
-    op.starts_with("QLinear") || matches!(op, "ConvInteger" | "MatMulInteger" | "DynamicQuantizeLinear" | "MatMulIntegerToFloat" | "DynamicQuantizeMatMul" | "QGemm" | "QAttention")
+    op.starts_with("QLinear")
+        || matches!(
+            op,
+            "ConvInteger"
+                | "MatMulInteger"
+                | "DynamicQuantizeLinear"
+                | "MatMulIntegerToFloat"
+                | "DynamicQuantizeMatMul"
+                | "QGemm"
+                | "QAttention"
+        )
 }
 
 impl Quantization {
     /// The coarsest format the model quantizes with: the one its error is judged by.
     pub fn coarsest(&self) -> Option<QuantFormat> {
-        self.weights.keys().chain(self.activations.keys()).map(|(f, _)| *f).max_by(|a, b| a.coarseness().total_cmp(&b.coarseness()))
+        self.weights
+            .keys()
+            .chain(self.activations.keys())
+            .map(|(f, _)| *f)
+            .max_by(|a, b| a.coarseness().total_cmp(&b.coarseness()))
     }
 
     /// One line for people: "int8 Q/DQ: 12 activation quantizers (int8 per tensor), 5 weights
     /// (int8 per channel)".
     pub fn describe(&self) -> String {
-        let list = |m: &BTreeMap<(QuantFormat, Granularity), usize>| m.iter().map(|((f, g), n)| format!("{n} {} {}", f.name(), g.name())).collect::<Vec<_>>().join(", ");
+        let list = |m: &BTreeMap<(QuantFormat, Granularity), usize>| {
+            m.iter().map(|((f, g), n)| format!("{n} {} {}", f.name(), g.name())).collect::<Vec<_>>().join(", ")
+        };
         let count = |m: &BTreeMap<(QuantFormat, Granularity), usize>| m.values().sum::<usize>();
         let mut parts = Vec::new();
         if !self.activations.is_empty() {
@@ -133,7 +149,11 @@ impl Quantization {
             parts.push(format!("{} quantized weights ({})", count(&self.weights), list(&self.weights)));
         }
         if let Some((op, node)) = self.integer_ops.first() {
-            let more = if self.integer_ops.len() > 1 { format!(" and {} more", self.integer_ops.len() - 1) } else { String::new() };
+            let more = if self.integer_ops.len() > 1 {
+                format!(" and {} more", self.integer_ops.len() - 1)
+            } else {
+                String::new()
+            };
             parts.push(format!(
                 "{} integer ops ({op} '{node}'{more}: the QOperator format, or dynamic quantization), which compute on integer values: their inside and their own output scales are not read, so what they do shows only at the float tensors after them; quantized again in the QDQ format, each op is seen",
                 self.integer_ops.len()
@@ -207,7 +227,11 @@ impl<'g> Stored<'g> {
                 return Some(w.data_type());
             }
             // A zero point from a Constant node: its value's type.
-            let producer = self.index.producer(zp).map(|p| &self.graph.node[p.proto_index]).filter(|n| n.op_type() == "Constant")?;
+            let producer = self
+                .index
+                .producer(zp)
+                .map(|p| &self.graph.node[p.proto_index])
+                .filter(|n| n.op_type() == "Constant")?;
             return producer.attribute.iter().find_map(|a| a.t.as_ref()).map(|t| t.data_type());
         }
         let attr = node.attribute.iter().find(|a| a.name() == "output_dtype").and_then(|a| a.i).filter(|&i| i != 0);
@@ -284,7 +308,12 @@ impl QuantFormat {
 /// tensor a candidate tensor holds (the matching's pairs; graph inputs are their own). A stored
 /// weight is found through the node that reads its DequantizeLinear: the reference node of the
 /// same name reads the float weight in the same slot.
-pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> QuantizerSteps {
+pub fn quantizer_steps(
+    ref_index: &GraphIndex,
+    candidate: &GraphProto,
+    cand_index: &GraphIndex,
+    reference_of: &dyn Fn(&str) -> Option<String>,
+) -> QuantizerSteps {
     let stored = Stored::of(candidate, cand_index);
     let mut steps = QuantizerSteps::default();
     for info in &cand_index.nodes {
@@ -292,7 +321,9 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
         let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| !s.is_empty()) else { continue };
         let input = node.input.first().cloned().unwrap_or_default();
         match info.op_type.as_str() {
-            "QuantizeLinear" if !cand_index.is_constant_like(&input) => match reference_of(&input).filter(|r| ref_index.producer_index(r).is_some() || ref_index.is_graph_input(r)) {
+            "QuantizeLinear" if !cand_index.is_constant_like(&input) => match reference_of(&input)
+                .filter(|r| ref_index.producer_index(r).is_some() || ref_index.is_graph_input(r))
+            {
                 Some(r) => {
                     let format = stored.quantized_type(node).and_then(QuantFormat::of).unwrap_or(QuantFormat::Uint8);
                     steps.activations.push((r, format.step(scale.iter().fold(0f32, |m, s| m.max(s.abs())))));
@@ -308,11 +339,20 @@ pub fn quantizer_steps(ref_index: &GraphIndex, candidate: &GraphProto, cand_inde
                 for c in cand_index.consumers(output) {
                     let reader = &cand_index.nodes[*c];
                     let Some(slot) = reader.inputs.iter().position(|t| t == output) else { continue };
-                    let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else { continue };
+                    let Some(twin) = ref_index.node(&reader.name).filter(|n| n.op_type == reader.op_type) else {
+                        continue;
+                    };
                     let Some(weight) = twin.inputs.get(slot).filter(|w| ref_index.is_initializer(w)) else { continue };
                     if !steps.weights.iter().any(|w| &w.weight == weight) {
-                        let format = stored.get(&input).and_then(|w| QuantFormat::of(w.data_type())).unwrap_or(QuantFormat::Int8);
-                        steps.weights.push(WeightSteps { weight: weight.clone(), steps: scale.iter().map(|s| format.step(*s)).collect(), axis });
+                        let format = stored
+                            .get(&input)
+                            .and_then(|w| QuantFormat::of(w.data_type()))
+                            .unwrap_or(QuantFormat::Int8);
+                        steps.weights.push(WeightSteps {
+                            weight: weight.clone(),
+                            steps: scale.iter().map(|s| format.step(*s)).collect(),
+                            axis,
+                        });
                     }
                     found = true;
                 }
@@ -376,9 +416,19 @@ pub struct ActivationQuantizer {
 
 /// Every per-tensor activation quantizer of `candidate`, in graph order, with the reference
 /// tensors it stands for (`reference_of`, the matching's pairs read backwards).
-pub fn activation_quantizers(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> Vec<ActivationQuantizer> {
+pub fn activation_quantizers(
+    candidate: &GraphProto,
+    cand_index: &GraphIndex,
+    reference_of: &dyn Fn(&str) -> Option<String>,
+) -> Vec<ActivationQuantizer> {
     let stored = Stored::of(candidate, cand_index);
-    let scalar = |t: &str| stored.get(t).filter(|w| w.dims.iter().product::<i64>() == 1).and_then(|_| stored.floats(t)).and_then(|v| v.first().copied());
+    let scalar = |t: &str| {
+        stored
+            .get(t)
+            .filter(|w| w.dims.iter().product::<i64>() == 1)
+            .and_then(|_| stored.floats(t))
+            .and_then(|v| v.first().copied())
+    };
     // Through Tensor::from_proto; the int32_data entry as written for the types it does not carry.
     let zero_point = |t: &str| -> Option<i32> {
         let w = stored.get(t)?;
@@ -401,7 +451,12 @@ pub fn activation_quantizers(candidate: &GraphProto, cand_index: &GraphIndex, re
         };
         let mut holds = Vec::new();
         for out in &node.output {
-            for c in cand_index.consumers(out).iter().map(|&c| &cand_index.nodes[c]).filter(|c| c.op_type == "DequantizeLinear") {
+            for c in cand_index
+                .consumers(out)
+                .iter()
+                .map(|&c| &cand_index.nodes[c])
+                .filter(|c| c.op_type == "DequantizeLinear")
+            {
                 holds.extend(c.outputs.first().and_then(|d| reference_of(d)));
             }
         }
@@ -413,7 +468,11 @@ pub fn activation_quantizers(candidate: &GraphProto, cand_index: &GraphIndex, re
 /// The range of each per-tensor activation quantizer of `candidate`, under the reference tensors
 /// it holds: the one it quantizes and the one its DequantizeLinear's output holds
 /// (`reference_of`, the matching's pairs read backwards).
-pub fn activation_ranges(candidate: &GraphProto, cand_index: &GraphIndex, reference_of: &dyn Fn(&str) -> Option<String>) -> std::collections::HashMap<String, QuantizerRange> {
+pub fn activation_ranges(
+    candidate: &GraphProto,
+    cand_index: &GraphIndex,
+    reference_of: &dyn Fn(&str) -> Option<String>,
+) -> std::collections::HashMap<String, QuantizerRange> {
     let mut ranges = std::collections::HashMap::new();
     for q in activation_quantizers(candidate, cand_index, reference_of) {
         for t in q.quantizes.into_iter().chain(q.holds) {
@@ -559,7 +618,8 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         _ => {
             // A mask value (-3.4e38 where attention must not look) sets the step as an outlier
             // does, and is no part of the bulk even where it fills more than 1% of the tensor.
-            let mut magnitudes: Vec<f32> = finite.iter().map(|v| v.abs()).filter(|&m| (m as f64) < MASK_SENTINEL_MIN_ABS).collect();
+            let mut magnitudes: Vec<f32> =
+                finite.iter().map(|v| v.abs()).filter(|&m| (m as f64) < MASK_SENTINEL_MIN_ABS).collect();
             magnitudes.sort_unstable_by(f32::total_cmp);
             magnitudes.get(((magnitudes.len() as f64 * 0.99).ceil() as usize).saturating_sub(1)).copied().unwrap_or(0.0)
         }
@@ -578,8 +638,16 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     };
     let reach = range.hi.abs().max(range.lo.abs());
     let bulk_scale = if reach > 0.0 { range.scale * bulk / reach } else { range.scale };
-    let to_zero = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count() };
-    let below_half = if range.format.is_float8() { 0 } else { finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale).abs() < x.abs() / 2.0).count() };
+    let to_zero = if range.format.is_float8() {
+        0
+    } else {
+        finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale) == 0.0).count()
+    };
+    let below_half = if range.format.is_float8() {
+        0
+    } else {
+        finite.iter().filter(|&&x| x != 0.0 && range.round_trip(x, range.scale).abs() < x.abs() / 2.0).count()
+    };
     let values_only = || finite.iter().copied().filter(|v| (v.abs() as f64) < MASK_SENTINEL_MIN_ABS);
     let (min, max) = values_only().fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), v| (lo.min(v), hi.max(v)));
     let min_nonzero_abs = values_only().map(f32::abs).filter(|&m| m > 0.0).fold(f32::INFINITY, f32::min);
@@ -629,7 +697,12 @@ pub const ZERO_POINT_MIN_VALUES: usize = 16;
 /// Values in `[min, max]` on one side of 0 (within half a step) whose codes under `range` span at
 /// most half the format's: what a zero point at the format's end on their side would give
 /// (`rel_l2` of a round trip with a scale and zero point); `None` otherwise.
-fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(f32, i32) -> Option<f64>) -> Option<ZeroPointShift> {
+fn zero_point_shift(
+    range: &QuantizerRange,
+    min: f32,
+    max: f32,
+    rel_l2: &dyn Fn(f32, i32) -> Option<f64>,
+) -> Option<ZeroPointShift> {
     if range.format.is_float8() || !(range.scale > 0.0) || min > max {
         return None;
     }
@@ -658,13 +731,23 @@ fn zero_point_shift(range: &QuantizerRange, min: f32, max: f32, rel_l2: &dyn Fn(
     if qmin < 0.0 && range.zero_point == 0 {
         return None;
     }
-    let codes = (range.code_at(min, range.scale, range.zero_point) as i32, range.code_at(max, range.scale, range.zero_point) as i32);
+    let codes = (
+        range.code_at(min, range.scale, range.zero_point) as i32,
+        range.code_at(max, range.scale, range.zero_point) as i32,
+    );
     let levels = (qmax - qmin) as u32 + 1;
     if 2 * (codes.1 - codes.0 + 1) as u32 > levels {
         return None;
     }
     let fit_scale = reach / (qmax - qmin);
-    Some(ZeroPointShift { codes, levels, fit_zero_point, fit_end, fit_scale, fit_rel_l2: rel_l2(fit_scale, fit_zero_point) })
+    Some(ZeroPointShift {
+        codes,
+        levels,
+        fit_zero_point,
+        fit_end,
+        fit_scale,
+        fit_rel_l2: rel_l2(fit_scale, fit_zero_point),
+    })
 }
 
 /// The channel (axis 1 of a tensor of rank 2 or more) holding the largest |x|, and the largest
@@ -715,7 +798,9 @@ impl WeightChannels {
     /// largest needs leaves the small ones a few levels, or none.
     pub fn unequal(&self) -> bool {
         let live = || self.channel_max.iter().copied().filter(|m| *m > 0.0);
-        let (Some(small), Some(large)) = (live().min_by(f32::total_cmp), live().max_by(f32::total_cmp)) else { return false };
+        let (Some(small), Some(large)) = (live().min_by(f32::total_cmp), live().max_by(f32::total_cmp)) else {
+            return false;
+        };
         (large / small) as f64 >= UNEQUAL_CHANNELS && self.channel_max.iter().any(|&m| m < 2.0 * self.scale)
     }
 
@@ -731,7 +816,12 @@ impl WeightChannels {
 /// Every weight `candidate` stores in an integer format with a single scale, under the name of
 /// the reference's float weight it replaces (found as `quantizer_steps` finds it: the reference
 /// node of the same name reads it in the same slot).
-pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candidate: &GraphProto, cand_index: &GraphIndex) -> Vec<WeightChannels> {
+pub fn per_tensor_weights(
+    reference: &GraphProto,
+    ref_index: &GraphIndex,
+    candidate: &GraphProto,
+    cand_index: &GraphIndex,
+) -> Vec<WeightChannels> {
     let stored = Stored::of(candidate, cand_index);
     let ref_stored = Stored::of(reference, ref_index);
     let mut found: Vec<WeightChannels> = Vec::new();
@@ -740,8 +830,18 @@ pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candid
         let (Some(input), Some(output)) = (node.input.first(), node.output.first()) else { continue };
         let Some(q) = stored.get(input) else { continue };
         let Some(format) = QuantFormat::of(q.data_type()).filter(|f| !f.is_float8()) else { continue };
-        let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| s.len() == 1).map(|s| s[0]) else { continue };
-        let zero_point = node.input.get(2).filter(|t| !t.is_empty()).and_then(|z| stored.get(z)).and_then(|z| Tensor::from_proto(z).ok()).and_then(|z| z.to_f32().first().copied()).unwrap_or(0.0);
+        let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| s.len() == 1).map(|s| s[0])
+        else {
+            continue;
+        };
+        let zero_point = node
+            .input
+            .get(2)
+            .filter(|t| !t.is_empty())
+            .and_then(|z| stored.get(z))
+            .and_then(|z| Tensor::from_proto(z).ok())
+            .and_then(|z| z.to_f32().first().copied())
+            .unwrap_or(0.0);
         let Ok(levels) = Tensor::from_proto(q).map(|t| t.to_f32().into_owned()) else { continue };
         for c in cand_index.consumers(output) {
             let reader = &cand_index.nodes[*c];
@@ -757,7 +857,8 @@ pub fn per_tensor_weights(reference: &GraphProto, ref_index: &GraphIndex, candid
                 continue;
             }
             let rank = dims.len();
-            let trans_b = || candidate.node[reader.proto_index].attribute.iter().any(|a| a.name() == "transB" && a.i == Some(1));
+            let trans_b =
+                || candidate.node[reader.proto_index].attribute.iter().any(|a| a.name() == "transB" && a.i == Some(1));
             let axis = match (reader.op_type.as_str(), slot) {
                 ("Conv", 1) => 0,
                 ("ConvTranspose", 1) if rank >= 2 => 1,
@@ -820,7 +921,9 @@ impl IntegerAccumulation {
     /// The largest |a - zero point| the activation's format allows.
     pub fn widest_activation_code(&self) -> f64 {
         let (qmin, qmax) = self.activation_format.limits();
-        (qmin as f64 - self.activation_zero_point as f64).abs().max((qmax as f64 - self.activation_zero_point as f64).abs())
+        (qmin as f64 - self.activation_zero_point as f64)
+            .abs()
+            .max((qmax as f64 - self.activation_zero_point as f64).abs())
     }
 }
 
@@ -837,15 +940,41 @@ impl QuantizerRange {
 /// largest code bounds the int32 sums of an integer kernel.
 pub fn integer_accumulations(candidate: &GraphProto, cand_index: &GraphIndex) -> Vec<IntegerAccumulation> {
     let stored = Stored::of(candidate, cand_index);
-    let dequantized = |t: &str| cand_index.producer(t).filter(|p| p.op_type == "DequantizeLinear").map(|p| &candidate.node[p.proto_index]);
-    let zero_points = |node: &NodeProto| -> Vec<f32> { node.input.get(2).filter(|t| !t.is_empty()).and_then(|z| stored.get(z)).and_then(|z| Tensor::from_proto(z).ok()).map(|z| z.to_f32().into_owned()).unwrap_or_else(|| vec![0.0]) };
+    let dequantized = |t: &str| {
+        cand_index.producer(t).filter(|p| p.op_type == "DequantizeLinear").map(|p| &candidate.node[p.proto_index])
+    };
+    let zero_points = |node: &NodeProto| -> Vec<f32> {
+        node.input
+            .get(2)
+            .filter(|t| !t.is_empty())
+            .and_then(|z| stored.get(z))
+            .and_then(|z| Tensor::from_proto(z).ok())
+            .map(|z| z.to_f32().into_owned())
+            .unwrap_or_else(|| vec![0.0])
+    };
     let mut found = Vec::new();
     for info in cand_index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "MatMul" | "Gemm" | "Conv")) {
         let node = &candidate.node[info.proto_index];
-        let (Some(a_dq), Some(w_dq)) = (node.input.first().and_then(|t| dequantized(t)), node.input.get(1).and_then(|t| dequantized(t))) else { continue };
+        let (Some(a_dq), Some(w_dq)) =
+            (node.input.first().and_then(|t| dequantized(t)), node.input.get(1).and_then(|t| dequantized(t)))
+        else {
+            continue;
+        };
         // The activation: a DequantizeLinear of a QuantizeLinear of a computed tensor, per tensor.
-        let Some(quantize) = a_dq.input.first().and_then(|t| cand_index.producer(t)).filter(|p| p.op_type == "QuantizeLinear").map(|p| &candidate.node[p.proto_index]) else { continue };
-        let Some(activation_format) = stored.quantized_type(quantize).and_then(QuantFormat::of).filter(|f| !f.is_float8()) else { continue };
+        let Some(quantize) = a_dq
+            .input
+            .first()
+            .and_then(|t| cand_index.producer(t))
+            .filter(|p| p.op_type == "QuantizeLinear")
+            .map(|p| &candidate.node[p.proto_index])
+        else {
+            continue;
+        };
+        let Some(activation_format) =
+            stored.quantized_type(quantize).and_then(QuantFormat::of).filter(|f| !f.is_float8())
+        else {
+            continue;
+        };
         let [activation_zero_point] = zero_points(quantize)[..] else { continue };
         let Some(w) = w_dq.input.first().and_then(|t| stored.get(t)) else { continue };
         let Some(weight_format) = QuantFormat::of(w.data_type()).filter(|f| !f.is_float8()) else { continue };
@@ -896,7 +1025,10 @@ pub const QUANTIZER_SWITCHES: &str = "layerwise_quantizer_switches";
 /// clamped to its format's limits, less the zero point, times the scale, in float32, as a Q/DQ
 /// pair computes where ONNX Runtime does not fuse it. Integer formats only: the caller leaves
 /// float8 out (its step is relative).
-pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+pub fn switchable_quantizers(
+    reference: &crate::onnx::ModelProto,
+    quantizers: &[(String, QuantizerRange)],
+) -> Result<crate::onnx::ModelProto, crate::ModelError> {
     emulated_quantizers(reference, quantizers, true)
 }
 
@@ -904,11 +1036,18 @@ pub fn switchable_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[
 /// once. The switches cost ONNX Runtime's session build more than linearly in their count
 /// (measured: 1,000 switched quantizers 15 s, none switched 0.9 s), so all of a large model's
 /// quantizers together are built this way.
-pub fn quantizers_on(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)]) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+pub fn quantizers_on(
+    reference: &crate::onnx::ModelProto,
+    quantizers: &[(String, QuantizerRange)],
+) -> Result<crate::onnx::ModelProto, crate::ModelError> {
     emulated_quantizers(reference, quantizers, false)
 }
 
-fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(String, QuantizerRange)], switched: bool) -> Result<crate::onnx::ModelProto, crate::ModelError> {
+fn emulated_quantizers(
+    reference: &crate::onnx::ModelProto,
+    quantizers: &[(String, QuantizerRange)],
+    switched: bool,
+) -> Result<crate::onnx::ModelProto, crate::ModelError> {
     use crate::builder::{node, tensor_type, Dim};
     let mut proto = reference.clone();
     let graph = proto.graph.as_mut().ok_or_else(|| crate::ModelError::InvalidGraph("no graph".into()))?;
@@ -934,7 +1073,8 @@ fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(Strin
     let mut chain = |i: usize, input: &str, out: &str| -> Vec<NodeProto> {
         let range = &quantizers[i].1;
         let (qmin, qmax) = range.format.limits();
-        let (scale, zero_point, qmin, qmax) = (scalar(range.scale), scalar(range.zero_point as f32), scalar(qmin), scalar(qmax));
+        let (scale, zero_point, qmin, qmax) =
+            (scalar(range.scale), scalar(range.zero_point as f32), scalar(qmin), scalar(qmax));
         let step = |what: &str| format!("{out}__lw_q{i}_{what}");
         let quantized = if switched { step("quantized") } else { out.to_string() };
         let mut nodes = vec![
@@ -948,14 +1088,21 @@ fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(Strin
         ];
         if switched {
             indices.push(Tensor::new(vec![], crate::tensor::TensorData::I64(vec![i as i64])).to_proto(&step("index")));
-            nodes.push(node("Gather", &step("switch_node"), &[QUANTIZER_SWITCHES, &step("index")], &[&step("switch")], vec![]));
+            nodes.push(node(
+                "Gather",
+                &step("switch_node"),
+                &[QUANTIZER_SWITCHES, &step("index")],
+                &[&step("switch")],
+                vec![],
+            ));
             nodes.push(node("Where", &step("where_node"), &[&step("switch"), &quantized, input], &[out], vec![]));
         }
         nodes
     };
     let mut nodes = Vec::with_capacity(graph.node.len() + 9 * quantizers.len());
     // A graph input keeps its name (it is fed): its readers read the switched copy.
-    let fed: Vec<String> = graph.input.iter().map(|v| v.name().to_string()).filter(|n| at.contains_key(n.as_str())).collect();
+    let fed: Vec<String> =
+        graph.input.iter().map(|v| v.name().to_string()).filter(|n| at.contains_key(n.as_str())).collect();
     let switched_input = |t: &str| format!("{t}__lw_switched");
     for t in &fed {
         nodes.extend(chain(at[t.as_str()], t, &switched_input(t)));
@@ -980,7 +1127,11 @@ fn emulated_quantizers(reference: &crate::onnx::ModelProto, quantizers: &[(Strin
     graph.initializer.extend(initializers);
     graph.initializer.extend(indices);
     if switched {
-        graph.input.push(crate::onnx::ValueInfoProto { name: Some(QUANTIZER_SWITCHES.to_string()), r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))), ..Default::default() });
+        graph.input.push(crate::onnx::ValueInfoProto {
+            name: Some(QUANTIZER_SWITCHES.to_string()),
+            r#type: Some(tensor_type(DataType::Bool, Some(&[Dim::Fixed(quantizers.len() as i64)]))),
+            ..Default::default()
+        });
     }
     Ok(proto)
 }
@@ -991,11 +1142,23 @@ mod tests {
     use crate::builder::{f32_tensor, Dim, ModelBuilder};
 
     fn int8(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
-        TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
+        TensorProto {
+            name: Some(name.into()),
+            dims: dims.to_vec(),
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: values.to_vec(),
+            ..Default::default()
+        }
     }
 
     fn int8_range(scale: f32, zero_point: i32) -> QuantizerRange {
-        QuantizerRange { format: QuantFormat::Int8, scale, zero_point, lo: (-128 - zero_point) as f32 * scale, hi: (127 - zero_point) as f32 * scale }
+        QuantizerRange {
+            format: QuantFormat::Int8,
+            scale,
+            zero_point,
+            lo: (-128 - zero_point) as f32 * scale,
+            hi: (127 - zero_point) as f32 * scale,
+        }
     }
 
     /// A Relu's output quantized int8 with zero point 0 uses codes 0..127, half of 256: the zero
@@ -1005,8 +1168,15 @@ mod tests {
     fn a_zero_point_that_leaves_half_the_codes_unused_is_found_with_the_step_that_fits() {
         let values: Vec<f32> = (0..=1000).map(|i| i as f32 / 1000.0).collect();
         // uint8 with its zero point in the middle: codes 128 to 255 hold [0, 1].
-        let mid = QuantizerRange { format: QuantFormat::Uint8, scale: 1.0 / 127.0, zero_point: 128, lo: -128.0 / 127.0, hi: 1.0 };
-        let shift = quantizer_effect(&mid, &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 128");
+        let mid = QuantizerRange {
+            format: QuantFormat::Uint8,
+            scale: 1.0 / 127.0,
+            zero_point: 128,
+            lo: -128.0 / 127.0,
+            hi: 1.0,
+        };
+        let shift =
+            quantizer_effect(&mid, &values, &[1001]).zero_point_shift.expect("one-sided values, zero point 128");
         assert_eq!((shift.codes, shift.levels, shift.fit_zero_point), ((128, 255), 256, 0));
         assert!((shift.unused() - 0.5).abs() < 1e-12, "{shift:?}");
         assert!((shift.fit_scale - 1.0 / 255.0).abs() < 1e-9, "{shift:?}");
@@ -1025,7 +1195,13 @@ mod tests {
     /// same step with zero point 0 erring 57x less).
     #[test]
     fn a_zero_point_whose_end_clips_is_fitted_to_the_values_extreme() {
-        let mid = QuantizerRange { format: QuantFormat::Uint8, scale: 1.0 / 127.0, zero_point: 128, lo: -128.0 / 127.0, hi: 1.0 };
+        let mid = QuantizerRange {
+            format: QuantFormat::Uint8,
+            scale: 1.0 / 127.0,
+            zero_point: 128,
+            lo: -128.0 / 127.0,
+            hi: 1.0,
+        };
         let values: Vec<f32> = (0..=200).map(|i| i as f32 / 100.0).collect();
         let e = quantizer_effect(&mid, &values, &[201]);
         let shift = e.zero_point_shift.expect("one-sided values, clipped by the present end");
@@ -1039,7 +1215,13 @@ mod tests {
     /// halve the error.
     #[test]
     fn a_zero_point_is_not_judged_on_a_scalar_or_where_fitting_it_gains_nothing() {
-        let mid = QuantizerRange { format: QuantFormat::Uint8, scale: 1.0 / 127.0, zero_point: 128, lo: -128.0 / 127.0, hi: 1.0 };
+        let mid = QuantizerRange {
+            format: QuantFormat::Uint8,
+            scale: 1.0 / 127.0,
+            zero_point: 128,
+            lo: -128.0 / 127.0,
+            hi: 1.0,
+        };
         assert_eq!(quantizer_effect(&mid, &[0.5], &[1]).zero_point_shift, None);
         let few: Vec<f32> = (0..ZERO_POINT_MIN_VALUES - 1).map(|i| i as f32 / 16.0).collect();
         assert_eq!(quantizer_effect(&mid, &few, &[few.len()]).zero_point_shift, None);

@@ -99,7 +99,20 @@ impl Default for QuantConfig {
 }
 
 /// The op types the quantizer knows how to quantize (weights in input 1 for the first three).
-const QUANTIZABLE: &[&str] = &["Conv", "MatMul", "Gemm", "Add", "Mul", "Relu", "Concat", "MaxPool", "AveragePool", "GlobalAveragePool", "Sigmoid", "Softmax"];
+const QUANTIZABLE: &[&str] = &[
+    "Conv",
+    "MatMul",
+    "Gemm",
+    "Add",
+    "Mul",
+    "Relu",
+    "Concat",
+    "MaxPool",
+    "AveragePool",
+    "GlobalAveragePool",
+    "Sigmoid",
+    "Softmax",
+];
 
 impl QuantConfig {
     /// The config `text` (JSON) from `path`; `format` overrides the file's (`sim:fp8` asks for
@@ -112,7 +125,10 @@ impl QuantConfig {
         }
         for op in &config.op_types {
             if !QUANTIZABLE.contains(&op.as_str()) {
-                return Err(bad(format!("op type '{op}' is not one this quantizer handles ({})", QUANTIZABLE.join(", "))));
+                return Err(bad(format!(
+                    "op type '{op}' is not one this quantizer handles ({})",
+                    QUANTIZABLE.join(", ")
+                )));
             }
         }
         Ok(config)
@@ -131,9 +147,21 @@ impl QuantConfig {
             (_, true) => "int8 symmetric per output channel (scale amax/127)",
             (_, false) => "int8 symmetric per tensor (scale amax/127)",
         };
-        let bias = if self.format.integer() { "; Conv/Gemm biases int32 (scale input scale x weight scale)" } else { "; biases float32" };
-        let excluded = if self.nodes_to_exclude.is_empty() { String::new() } else { format!("; {} node(s) excluded", self.nodes_to_exclude.len()) };
-        format!("{} of {}: activations {activations} per tensor; weights {weights}{bias}{excluded}", self.format.name(), self.op_types.join(", "))
+        let bias = if self.format.integer() {
+            "; Conv/Gemm biases int32 (scale input scale x weight scale)"
+        } else {
+            "; biases float32"
+        };
+        let excluded = if self.nodes_to_exclude.is_empty() {
+            String::new()
+        } else {
+            format!("; {} node(s) excluded", self.nodes_to_exclude.len())
+        };
+        format!(
+            "{} of {}: activations {activations} per tensor; weights {weights}{bias}{excluded}",
+            self.format.name(),
+            self.op_types.join(", ")
+        )
     }
 }
 
@@ -155,23 +183,44 @@ pub struct Plan {
 pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<Plan, ModelError> {
     let refuse = |why: String| ModelError::Quantize(why);
     let graph = model.graph();
-    let quantized: Vec<&str> = graph.node.iter().map(|n| n.op_type()).filter(|op| matches!(*op, "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear" | "MatMulInteger" | "ConvInteger") || op.starts_with("QLinear")).collect();
+    let quantized: Vec<&str> = graph
+        .node
+        .iter()
+        .map(|n| n.op_type())
+        .filter(|op| {
+            matches!(
+                *op,
+                "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear" | "MatMulInteger" | "ConvInteger"
+            ) || op.starts_with("QLinear")
+        })
+        .collect();
     if let Some(op) = quantized.first() {
         return Err(refuse(format!("the model is already quantized (it has {op} nodes): judge it as it is with --cand ort:cpu --cand-model, or give the float32 model")));
     }
-    let reduced = graph.initializer.iter().map(|t| t.data_type()).chain(graph.value_info.iter().chain(&graph.input).chain(&graph.output).filter_map(elem_type)).any(|t| t == DataType::Float16 as i32 || t == DataType::Bfloat16 as i32);
+    let reduced = graph
+        .initializer
+        .iter()
+        .map(|t| t.data_type())
+        .chain(graph.value_info.iter().chain(&graph.input).chain(&graph.output).filter_map(elem_type))
+        .any(|t| t == DataType::Float16 as i32 || t == DataType::Bfloat16 as i32);
     if reduced {
         return Err(refuse("the model declares FP16/BF16 tensors: quantizing it would emulate a quantized FP16 model, which this quantizer does not model; give the float32 model".into()));
     }
     let need = config.format.min_opset(config.per_channel);
     if model.opset() < need {
-        return Err(refuse(format!(
-            "the model is at opset {}, and {} Q/DQ{} needs opset {need}{}",
-            model.opset(),
-            config.format.name(),
-            if config.per_channel { " with per-channel weights" } else { "" },
-            if config.per_channel && config.format.integer() && model.opset() >= 10 { " (per-tensor weights, \"per_channel\": false, need 10)" } else { "" }
-        ) + "; raise the model's opset first (onnx.version_converter.convert_version)"));
+        return Err(refuse(
+            format!(
+                "the model is at opset {}, and {} Q/DQ{} needs opset {need}{}",
+                model.opset(),
+                config.format.name(),
+                if config.per_channel { " with per-channel weights" } else { "" },
+                if config.per_channel && config.format.integer() && model.opset() >= 10 {
+                    " (per-tensor weights, \"per_channel\": false, need 10)"
+                } else {
+                    ""
+                }
+            ) + "; raise the model's opset first (onnx.version_converter.convert_version)",
+        ));
     }
     for name in &config.nodes_to_exclude {
         if index.node(name).is_none() {
@@ -189,7 +238,9 @@ pub fn plan(model: &Model, index: &GraphIndex, config: &QuantConfig) -> Result<P
         }
         nodes.push(n.name.clone());
         for &slot in weight_slots(&n.op_type).iter().take(1) {
-            if let Some(t) = n.inputs.get(slot).filter(|t| !t.is_empty() && !index.is_initializer(t) && index.is_constant_like(t)) {
+            if let Some(t) =
+                n.inputs.get(slot).filter(|t| !t.is_empty() && !index.is_initializer(t) && index.is_constant_like(t))
+            {
                 if !weights_as_activations.contains(t) {
                     weights_as_activations.push(t.clone());
                 }
@@ -248,7 +299,10 @@ pub fn activation_quantizer(format: SimFormat, min: f32, max: f32) -> Quantizer 
             if (scale as f32) <= 0.0 {
                 return Quantizer { scale: 1.0, zero_point: 0 };
             }
-            Quantizer { scale: scale as f32, zero_point: (-(lo as f64) / scale).round_ties_even().clamp(0.0, 255.0) as i32 }
+            Quantizer {
+                scale: scale as f32,
+                zero_point: (-(lo as f64) / scale).round_ties_even().clamp(0.0, 255.0) as i32,
+            }
         }
     }
 }
@@ -334,7 +388,12 @@ pub fn to_float8e4m3fn(x: f32) -> u8 {
 /// The Q/DQ model of `model` under `config`, with `ranges` (tensor -> calibrated min, max) for
 /// every float32 activation of [`plan`]: an activation without one holds no float32 values (a
 /// Concat of shapes) and is left as it is.
-pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges: &HashMap<String, (f32, f32)>) -> Result<ModelProto, ModelError> {
+pub fn quantize(
+    model: &Model,
+    index: &GraphIndex,
+    config: &QuantConfig,
+    ranges: &HashMap<String, (f32, f32)>,
+) -> Result<ModelProto, ModelError> {
     let plan = plan(model, index, config)?;
     let graph = model.graph();
     let quantized_nodes: HashSet<&str> = plan.nodes.iter().map(String::as_str).collect();
@@ -355,7 +414,9 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
     for t in &plan.activations {
         let Some(&(min, max)) = ranges.get(t) else { continue };
         if !(min.is_finite() && max.is_finite()) {
-            return Err(ModelError::Quantize(format!("tensor '{t}' reaches non-finite values in calibration ({min}, {max}): no scale holds it")));
+            return Err(ModelError::Quantize(format!(
+                "tensor '{t}' reaches non-finite values in calibration ({min}, {max}): no scale holds it"
+            )));
         }
         let q = activation_quantizer(format, min, max);
         let (scale, zp) = (format!("{t}_scale"), format!("{t}_zero_point"));
@@ -422,7 +483,10 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
                     }
                     continue;
                 }
-                let Some(&w) = initializers.get(t.as_str()).filter(|_| weight_slots(&info.op_type).contains(&slot)) else { continue };
+                let Some(&w) = initializers.get(t.as_str()).filter(|_| weight_slots(&info.op_type).contains(&slot))
+                else {
+                    continue;
+                };
                 if slot == 1 {
                     let axis = config.per_channel.then(|| weight_axis(&n, w)).flatten();
                     let key = t.clone();
@@ -431,20 +495,35 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
                         let shape: Vec<usize> = w.dims.iter().map(|&d| d as usize).collect();
                         let scales = weight_scales(format, &values, &shape, axis);
                         let inner: usize = axis.map_or(1, |a| shape[a + 1..].iter().product());
-                        let bits: Vec<u8> = values.iter().enumerate().map(|(k, v)| {
-                            let s = scales[axis.map_or(0, |a| (k / inner) % shape[a])];
-                            match format {
-                                SimFormat::Fp8 => to_float8e4m3fn(v / s),
-                                _ => ((v / s).round_ties_even().clamp(-127.0, 127.0) as i8) as u8,
-                            }
-                        }).collect();
-                        let (qn, sn, zn, dqo) = (format!("{t}_quantized"), format!("{t}_scale"), format!("{t}_zero_point"), format!("{t}_DequantizeLinear_Output"));
+                        let bits: Vec<u8> = values
+                            .iter()
+                            .enumerate()
+                            .map(|(k, v)| {
+                                let s = scales[axis.map_or(0, |a| (k / inner) % shape[a])];
+                                match format {
+                                    SimFormat::Fp8 => to_float8e4m3fn(v / s),
+                                    _ => ((v / s).round_ties_even().clamp(-127.0, 127.0) as i8) as u8,
+                                }
+                            })
+                            .collect();
+                        let (qn, sn, zn, dqo) = (
+                            format!("{t}_quantized"),
+                            format!("{t}_scale"),
+                            format!("{t}_zero_point"),
+                            format!("{t}_DequantizeLinear_Output"),
+                        );
                         let sdims: Vec<i64> = if axis.is_some() { vec![scales.len() as i64] } else { vec![] };
                         new_inits.push(quantized_tensor(&qn, &w.dims, w_type, &bits));
                         new_inits.push(crate::builder::f32_tensor(&sn, &sdims, &scales));
                         new_inits.push(quantized_tensor(&zn, &sdims, w_type, &vec![0u8; scales.len()]));
                         let attrs = axis.map(|a| vec![attr::int("axis", a as i64)]).unwrap_or_default();
-                        weight_nodes.push(node("DequantizeLinear", &format!("{t}_DequantizeLinear"), &[&qn, &sn, &zn], &[&dqo], attrs));
+                        weight_nodes.push(node(
+                            "DequantizeLinear",
+                            &format!("{t}_DequantizeLinear"),
+                            &[&qn, &sn, &zn],
+                            &[&dqo],
+                            attrs,
+                        ));
                         weights.insert(key.clone(), (dqo, scales));
                     }
                     n.input[slot] = weights[&key].0.clone();
@@ -454,17 +533,49 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
                     let (Some(in_scale), Some(w_scales)) = (input_scale, &node_weight_scales) else { continue };
                     let channels = w.dims.first().copied().unwrap_or(0) as usize;
                     // A bias two nodes share would need two scales: it stays float.
-                    if w.dims.len() != 1 || (w_scales.len() != 1 && w_scales.len() != channels) || index.consumers(&t).len() > 1 {
+                    if w.dims.len() != 1
+                        || (w_scales.len() != 1 && w_scales.len() != channels)
+                        || index.consumers(&t).len() > 1
+                    {
                         continue;
                     }
                     let values = crate::float_weight_values(model, w)?;
-                    let scales: Vec<f32> = (0..channels).map(|c| nonzero(in_scale * w_scales[if w_scales.len() == 1 { 0 } else { c }])).collect();
-                    let q: Vec<i32> = values.iter().zip(&scales).map(|(v, s)| (v / s).round_ties_even().clamp(i32::MIN as f32, i32::MAX as f32) as i32).collect();
-                    let (qn, sn, zn, dqo) = (format!("{t}_quantized"), format!("{t}_scale"), format!("{t}_zero_point"), format!("{t}_DequantizeLinear_Output"));
-                    new_inits.push(TensorProto { name: Some(qn.clone()), dims: w.dims.clone(), data_type: Some(DataType::Int32 as i32), raw_data: Some(Bytes::from(q.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())), ..Default::default() });
+                    let scales: Vec<f32> = (0..channels)
+                        .map(|c| nonzero(in_scale * w_scales[if w_scales.len() == 1 { 0 } else { c }]))
+                        .collect();
+                    let q: Vec<i32> = values
+                        .iter()
+                        .zip(&scales)
+                        .map(|(v, s)| (v / s).round_ties_even().clamp(i32::MIN as f32, i32::MAX as f32) as i32)
+                        .collect();
+                    let (qn, sn, zn, dqo) = (
+                        format!("{t}_quantized"),
+                        format!("{t}_scale"),
+                        format!("{t}_zero_point"),
+                        format!("{t}_DequantizeLinear_Output"),
+                    );
+                    new_inits.push(TensorProto {
+                        name: Some(qn.clone()),
+                        dims: w.dims.clone(),
+                        data_type: Some(DataType::Int32 as i32),
+                        raw_data: Some(Bytes::from(q.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>())),
+                        ..Default::default()
+                    });
                     new_inits.push(crate::builder::f32_tensor(&sn, &[channels as i64], &scales));
-                    new_inits.push(TensorProto { name: Some(zn.clone()), dims: vec![channels as i64], data_type: Some(DataType::Int32 as i32), raw_data: Some(Bytes::from(vec![0u8; 4 * channels])), ..Default::default() });
-                    weight_nodes.push(node("DequantizeLinear", &format!("{t}_DequantizeLinear"), &[&qn, &sn, &zn], &[&dqo], vec![attr::int("axis", 0)]));
+                    new_inits.push(TensorProto {
+                        name: Some(zn.clone()),
+                        dims: vec![channels as i64],
+                        data_type: Some(DataType::Int32 as i32),
+                        raw_data: Some(Bytes::from(vec![0u8; 4 * channels])),
+                        ..Default::default()
+                    });
+                    weight_nodes.push(node(
+                        "DequantizeLinear",
+                        &format!("{t}_DequantizeLinear"),
+                        &[&qn, &sn, &zn],
+                        &[&dqo],
+                        vec![attr::int("axis", 0)],
+                    ));
                     n.input[slot] = dqo;
                 }
             }
@@ -480,12 +591,18 @@ pub fn quantize(model: &Model, index: &GraphIndex, config: &QuantConfig, ranges:
         }
     }
     for n in rewired {
-        let after: Vec<NodeProto> = n.output.iter().filter_map(|o| pairs.remove(renamed.get(o).unwrap_or(o))).flatten().collect();
+        let after: Vec<NodeProto> =
+            n.output.iter().filter_map(|o| pairs.remove(renamed.get(o).unwrap_or(o))).flatten().collect();
         nodes.push(n);
         nodes.extend(after);
     }
-    let used: HashSet<&str> = nodes.iter().flat_map(|n| n.input.iter().map(String::as_str)).chain(graph.output.iter().map(|o| o.name())).collect();
-    let mut initializer: Vec<TensorProto> = graph.initializer.iter().filter(|t| used.contains(t.name())).cloned().collect();
+    let used: HashSet<&str> = nodes
+        .iter()
+        .flat_map(|n| n.input.iter().map(String::as_str))
+        .chain(graph.output.iter().map(|o| o.name()))
+        .collect();
+    let mut initializer: Vec<TensorProto> =
+        graph.initializer.iter().filter(|t| used.contains(t.name())).cloned().collect();
     initializer.extend(new_inits);
     let mut proto = model.proto.clone();
     let g: &mut GraphProto = proto.graph.as_mut().expect("checked on load");
@@ -529,5 +646,11 @@ fn quantized_bits(format: SimFormat, zero_point: f32) -> u8 {
 }
 
 fn quantized_tensor(name: &str, dims: &[i64], data_type: DataType, bytes: &[u8]) -> TensorProto {
-    TensorProto { name: Some(name.to_string()), dims: dims.to_vec(), data_type: Some(data_type as i32), raw_data: Some(Bytes::from(bytes.to_vec())), ..Default::default() }
+    TensorProto {
+        name: Some(name.to_string()),
+        dims: dims.to_vec(),
+        data_type: Some(data_type as i32),
+        raw_data: Some(Bytes::from(bytes.to_vec())),
+        ..Default::default()
+    }
 }

@@ -3,12 +3,12 @@ use std::collections::HashSet;
 use bytes::Bytes;
 
 use crate::builder::f32_tensor;
-use crate::rounding::{tf32_slots, Rounding};
+use crate::model::is_external;
 use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, AttributeProto, GraphProto, ModelProto, NodeProto,
     TensorProto, ValueInfoProto,
 };
-use crate::model::is_external;
+use crate::rounding::{tf32_slots, Rounding};
 use crate::weights::float_weight_values;
 use crate::{GraphIndex, Model, ModelError};
 
@@ -27,7 +27,11 @@ pub enum Selection {
 /// Added outputs carry a name only: ONNX Runtime and TensorRT's parser accept untyped outputs, so no
 /// type inference is needed. Graph inputs and initializers are never exposed (nothing computes them);
 /// tensors that live only inside If/Loop/Scan bodies cannot be, and asking for one is an error.
-pub fn expose(proto: &ModelProto, index: &GraphIndex, selection: &Selection) -> Result<(ModelProto, Vec<String>), ModelError> {
+pub fn expose(
+    proto: &ModelProto,
+    index: &GraphIndex,
+    selection: &Selection,
+) -> Result<(ModelProto, Vec<String>), ModelError> {
     let wanted: Vec<String> = match selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),
         Selection::Names(names) => {
@@ -147,7 +151,8 @@ pub fn emulate_reusing(
     // What the converted model keeps float32 in every node (Resize's scales: a parameter, and
     // ONNX Runtime must still see an empty Constant there as empty) is not rounded.
     let parameters = parameter_only_tensors(graph);
-    let float_tensors: HashSet<String> = float_tensors.iter().filter(|t| !parameters.contains(t.as_str())).cloned().collect();
+    let float_tensors: HashSet<String> =
+        float_tensors.iter().filter(|t| !parameters.contains(t.as_str())).cloned().collect();
     let float_tensors = &float_tensors;
     let shift = keep_weights_fp32(graph, keep_fp32);
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
@@ -164,7 +169,11 @@ pub fn emulate_reusing(
         float_tensors
     } else {
         with_rows = float_tensors.clone();
-        for node in graph.node.iter().filter(|n| n.op_type() == "Gather" && n.input.first().is_some_and(|w| gathered.contains(w))) {
+        for node in graph
+            .node
+            .iter()
+            .filter(|n| n.op_type() == "Gather" && n.input.first().is_some_and(|w| gathered.contains(w)))
+        {
             with_rows.extend(node.output.first().cloned());
         }
         &with_rows
@@ -210,7 +219,8 @@ pub fn emulate_reusing(
         }
     }
     for (i, mut node) in std::mem::take(&mut graph.node).into_iter().enumerate() {
-        let float_reduction = node.output.first().is_some_and(|o| float_tensors.contains(o.as_str())) && FP16_SUM_OPS.contains(&node.op_type());
+        let float_reduction = node.output.first().is_some_and(|o| float_tensors.contains(o.as_str()))
+            && FP16_SUM_OPS.contains(&node.op_type());
         let mut pairs = Vec::new();
         for out_name in node.output.iter_mut() {
             if keep_fp32.contains(&i) && edges.contains(out_name.as_str()) {
@@ -226,11 +236,14 @@ pub fn emulate_reusing(
             *out_name = raw;
             rounded_tensors += 1;
         }
-        let cumsum_axis = (storage == DataType::Float16 && !keep_fp32.contains(&i) && node.op_type() == "CumSum" && opset >= 11)
-            .then(|| node.input.get(1).and_then(|a| constant_int(graph, a)))
-            .flatten()
-            .filter(|_| node.output.first().is_some_and(|o| o.ends_with(RAW_SUFFIX)));
-        let stepwise = !keep_fp32.contains(&i) && rounds_inside(node.op_type(), storage) && node.output.first().is_some_and(|o| o.ends_with(RAW_SUFFIX));
+        let cumsum_axis =
+            (storage == DataType::Float16 && !keep_fp32.contains(&i) && node.op_type() == "CumSum" && opset >= 11)
+                .then(|| node.input.get(1).and_then(|a| constant_int(graph, a)))
+                .flatten()
+                .filter(|_| node.output.first().is_some_and(|o| o.ends_with(RAW_SUFFIX)));
+        let stepwise = !keep_fp32.contains(&i)
+            && rounds_inside(node.op_type(), storage)
+            && node.output.first().is_some_and(|o| o.ends_with(RAW_SUFFIX));
         if let Some(axis) = cumsum_axis {
             nodes.extend(fp16_cumsum_emulation(&node, axis));
         } else if stepwise {
@@ -273,10 +286,19 @@ fn parameter_only_tensors(graph: &GraphProto) -> HashSet<String> {
 /// 11 significant bits by a Veltkamp split in float32 (`c = x * 8193; x' = c - (c - x)`, exactly
 /// round-to-nearest-even, see [`crate::rounding::round_tf32`]); the op then accumulates in float32
 /// and every stored tensor stays float32. Nodes in `keep_fp32` read their inputs unrounded.
-pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp32: &HashSet<usize>) -> Result<Emulation, ModelError> {
+pub fn emulate_tf32(
+    proto: &ModelProto,
+    float_tensors: &HashSet<String>,
+    keep_fp32: &HashSet<usize>,
+) -> Result<Emulation, ModelError> {
     let mut out = proto.clone();
     let graph = out.graph.as_mut().expect("model has a graph");
-    let mut float_weights: HashSet<String> = graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32).map(|t| t.name().to_string()).collect();
+    let mut float_weights: HashSet<String> = graph
+        .initializer
+        .iter()
+        .filter(|t| t.data_type() == DataType::Float as i32)
+        .map(|t| t.name().to_string())
+        .collect();
     float_weights.extend(graph.input.iter().filter(|v| is_float_value(v)).map(|v| v.name().to_string()));
     let is_float = |t: &str| float_tensors.contains(t) || float_weights.contains(t);
     // One split per tensor, shared by every reader.
@@ -287,7 +309,9 @@ pub fn emulate_tf32(proto: &ModelProto, float_tensors: &HashSet<String>, keep_fp
         let slots = tf32_slots(&node);
         if !keep_fp32.contains(&i) {
             for &slot in slots {
-                let Some(input) = node.input.get(slot).cloned().filter(|t| !t.is_empty() && is_float(t)) else { continue };
+                let Some(input) = node.input.get(slot).cloned().filter(|t| !t.is_empty() && is_float(t)) else {
+                    continue;
+                };
                 let rounded = split.entry(input.clone()).or_insert_with(|| {
                     rounded_tensors += 1;
                     let rounded = format!("{input}__lw_tf32");
@@ -328,7 +352,12 @@ fn fp16_sum_emulation(node: &NodeProto, opset: i64) -> (Vec<NodeProto>, Vec<Tens
         attribute,
         ..Default::default()
     };
-    let int = |name: &str, v: i64| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() };
+    let int = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    };
     let attr_axes: Option<Vec<i64>> = node.attribute.iter().find(|a| a.name() == "axes").map(|a| a.ints.clone());
     let keepdims = node.attribute.iter().find(|a| a.name() == "keepdims").and_then(|a| a.i).unwrap_or(1);
     let noop = node.attribute.iter().find(|a| a.name() == "noop_with_empty_axes").and_then(|a| a.i);
@@ -352,14 +381,25 @@ fn fp16_sum_emulation(node: &NodeProto, opset: i64) -> (Vec<NodeProto>, Vec<Tens
                 inputs.push(name);
             }
         } else if let Some(axes) = &attr_axes {
-            attrs.push(AttributeProto { name: Some("axes".into()), r#type: Some(AttributeType::Ints as i32), ints: axes.clone(), ..Default::default() });
+            attrs.push(AttributeProto {
+                name: Some("axes".into()),
+                r#type: Some(AttributeType::Ints as i32),
+                ints: axes.clone(),
+                ..Default::default()
+            });
         }
         op(kind, suffix, inputs, output, attrs)
     };
     let (sum, stored) = (format!("{out}__lw_sum"), format!("{out}__lw_sum_fp16"));
     let mut nodes = Vec::new();
     if node.op_type() == "ReduceLogSumExp" {
-        let (max, shifted, exp, top, log) = (format!("{out}__lw_max"), format!("{out}__lw_shifted"), format!("{out}__lw_exp"), format!("{out}__lw_top"), format!("{out}__lw_log"));
+        let (max, shifted, exp, top, log) = (
+            format!("{out}__lw_max"),
+            format!("{out}__lw_shifted"),
+            format!("{out}__lw_exp"),
+            format!("{out}__lw_top"),
+            format!("{out}__lw_log"),
+        );
         nodes.push(reduce("ReduceMax", "max", &data, &max, 1));
         nodes.push(op("Sub", "shift", vec![data.clone(), max], &shifted, vec![]));
         nodes.push(op("Exp", "exp", vec![shifted], &exp, vec![]));
@@ -370,8 +410,13 @@ fn fp16_sum_emulation(node: &NodeProto, opset: i64) -> (Vec<NodeProto>, Vec<Tens
         nodes.push(op("Add", "add", vec![top, log], &out, vec![]));
     } else {
         // The element count: the input's size over the output's.
-        let (n_in, n_out, count, count_f, value) =
-            (format!("{out}__lw_n_in"), format!("{out}__lw_n_out"), format!("{out}__lw_count"), format!("{out}__lw_count_f"), format!("{out}__lw_value"));
+        let (n_in, n_out, count, count_f, value) = (
+            format!("{out}__lw_n_in"),
+            format!("{out}__lw_n_out"),
+            format!("{out}__lw_count"),
+            format!("{out}__lw_count_f"),
+            format!("{out}__lw_value"),
+        );
         let mut mean = node.clone();
         mean.output[0] = value.clone();
         mean.name = Some(format!("{out}/lw_sum_shape"));
@@ -417,7 +462,13 @@ fn stepwise_emulation(node: &NodeProto, storage: DataType, split: bool) -> (Vec<
         fn rounded(&mut self, op: &str, inputs: Vec<String>) -> String {
             let step = self.nodes.len();
             let (raw, value) = (format!("{}__lw_k{step}_raw", self.out), format!("{}__lw_k{step}", self.out));
-            self.nodes.push(NodeProto { op_type: Some(op.into()), name: Some(format!("{}/lw_k{step}_{op}", self.out)), input: inputs, output: vec![raw.clone()], ..Default::default() });
+            self.nodes.push(NodeProto {
+                op_type: Some(op.into()),
+                name: Some(format!("{}/lw_k{step}_{op}", self.out)),
+                input: inputs,
+                output: vec![raw.clone()],
+                ..Default::default()
+            });
             self.nodes.extend(rounding_nodes(&raw, &value, self.storage, self.split));
             value
         }
@@ -449,8 +500,20 @@ fn stepwise_emulation(node: &NodeProto, storage: DataType, split: bool) -> (Vec<
     };
     let above = format!("{out}__lw_k_above");
     let mut nodes = k.nodes;
-    nodes.push(NodeProto { op_type: Some("Greater".into()), name: Some(format!("{out}/lw_k_above")), input: vec![x, ZERO.into()], output: vec![above.clone()], ..Default::default() });
-    nodes.push(NodeProto { op_type: Some("Where".into()), name: Some(format!("{out}/lw_k_where")), input: vec![above, positive, negative], output: vec![out], ..Default::default() });
+    nodes.push(NodeProto {
+        op_type: Some("Greater".into()),
+        name: Some(format!("{out}/lw_k_above")),
+        input: vec![x, ZERO.into()],
+        output: vec![above.clone()],
+        ..Default::default()
+    });
+    nodes.push(NodeProto {
+        op_type: Some("Where".into()),
+        name: Some(format!("{out}/lw_k_where")),
+        input: vec![above, positive, negative],
+        output: vec![out],
+        ..Default::default()
+    });
     (nodes, constants)
 }
 
@@ -458,13 +521,29 @@ fn stepwise_emulation(node: &NodeProto, storage: DataType, split: bool) -> (Vec<
 fn constant_int(graph: &GraphProto, name: &str) -> Option<i64> {
     let from_tensor = |t: &TensorProto| -> Option<i64> {
         match t.data_type() {
-            x if x == DataType::Int64 as i32 => t.int64_data.first().copied().or_else(|| t.raw_data.as_ref().filter(|r| r.len() == 8).map(|r| i64::from_le_bytes(r[..8].try_into().unwrap()))),
-            x if x == DataType::Int32 as i32 => t.int32_data.first().map(|&v| v as i64).or_else(|| t.raw_data.as_ref().filter(|r| r.len() == 4).map(|r| i32::from_le_bytes(r[..4].try_into().unwrap()) as i64)),
+            x if x == DataType::Int64 as i32 => t.int64_data.first().copied().or_else(|| {
+                t.raw_data.as_ref().filter(|r| r.len() == 8).map(|r| i64::from_le_bytes(r[..8].try_into().unwrap()))
+            }),
+            x if x == DataType::Int32 as i32 => t.int32_data.first().map(|&v| v as i64).or_else(|| {
+                t.raw_data
+                    .as_ref()
+                    .filter(|r| r.len() == 4)
+                    .map(|r| i32::from_le_bytes(r[..4].try_into().unwrap()) as i64)
+            }),
             _ => None,
         }
     };
     graph.initializer.iter().find(|t| t.name() == name).and_then(from_tensor).or_else(|| {
-        graph.node.iter().find(|n| n.op_type() == "Constant" && n.output.first().is_some_and(|o| o == name))?.attribute.iter().find(|a| a.name() == "value")?.t.as_ref().and_then(from_tensor)
+        graph
+            .node
+            .iter()
+            .find(|n| n.op_type() == "Constant" && n.output.first().is_some_and(|o| o == name))?
+            .attribute
+            .iter()
+            .find(|a| a.name() == "value")?
+            .t
+            .as_ref()
+            .and_then(from_tensor)
     })
 }
 
@@ -478,8 +557,18 @@ fn fp16_cumsum_emulation(node: &NodeProto, axis: i64) -> Vec<NodeProto> {
     let data = node.input[0].clone();
     let attr_int = |name: &str| node.attribute.iter().find(|a| a.name() == name).and_then(|a| a.i).unwrap_or(0);
     let (exclusive, reverse) = (attr_int("exclusive") != 0, attr_int("reverse") != 0);
-    let int = |name: &str, v: i64| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Int as i32), i: Some(v), ..Default::default() };
-    let ints = |name: &str, v: Vec<i64>| AttributeProto { name: Some(name.into()), r#type: Some(AttributeType::Ints as i32), ints: v, ..Default::default() };
+    let int = |name: &str, v: i64| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    };
+    let ints = |name: &str, v: Vec<i64>| AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(AttributeType::Ints as i32),
+        ints: v,
+        ..Default::default()
+    };
     let plain = |t: &str, name: String, inputs: Vec<String>, output: &str, attribute: Vec<AttributeProto>| NodeProto {
         op_type: Some(t.into()),
         name: Some(name),
@@ -489,24 +578,46 @@ fn fp16_cumsum_emulation(node: &NodeProto, axis: i64) -> Vec<NodeProto> {
         ..Default::default()
     };
     // Zeros shaped like one slice along the axis: the Scan's first state.
-    let (index, slice, shape, zeros) = (format!("{out}__lw_cs_index"), format!("{out}__lw_cs_slice"), format!("{out}__lw_cs_shape"), format!("{out}__lw_cs_zeros"));
+    let (index, slice, shape, zeros) = (
+        format!("{out}__lw_cs_index"),
+        format!("{out}__lw_cs_slice"),
+        format!("{out}__lw_cs_shape"),
+        format!("{out}__lw_cs_zeros"),
+    );
     let mut nodes = vec![
-        plain("Constant", format!("{out}/lw_cs_index"), vec![], &index, vec![AttributeProto {
-            name: Some("value".into()),
-            r#type: Some(AttributeType::Tensor as i32),
-            t: Some(crate::builder::i64_tensor("", &[], &[0])),
-            ..Default::default()
-        }]),
+        plain(
+            "Constant",
+            format!("{out}/lw_cs_index"),
+            vec![],
+            &index,
+            vec![AttributeProto {
+                name: Some("value".into()),
+                r#type: Some(AttributeType::Tensor as i32),
+                t: Some(crate::builder::i64_tensor("", &[], &[0])),
+                ..Default::default()
+            }],
+        ),
         plain("Gather", format!("{out}/lw_cs_slice"), vec![data.clone(), index], &slice, vec![int("axis", axis)]),
         plain("Shape", format!("{out}/lw_cs_shape"), vec![slice], &shape, vec![]),
         plain("ConstantOfShape", format!("{out}/lw_cs_zeros"), vec![shape], &zeros, vec![]),
     ];
     // The body: (sum_in, x_i) -> (sum_out, emitted), sum_out = FP16(sum_in + x_i).
-    let (sum_in, x_i, added, sum_out, emitted) = ("lw_cs_sum_in", "lw_cs_x", "lw_cs_added", "lw_cs_sum_out", "lw_cs_emitted");
+    let (sum_in, x_i, added, sum_out, emitted) =
+        ("lw_cs_sum_in", "lw_cs_x", "lw_cs_added", "lw_cs_sum_out", "lw_cs_emitted");
     let mut body_nodes = vec![plain("Add", "lw_cs_add".into(), vec![sum_in.into(), x_i.into()], added, vec![])];
     body_nodes.extend(cast_pair(added, sum_out, DataType::Float16));
-    body_nodes.push(plain("Identity", "lw_cs_emit".into(), vec![if exclusive { sum_in } else { sum_out }.into()], emitted, vec![]));
-    let value = |n: &str| ValueInfoProto { name: Some(n.into()), r#type: Some(crate::builder::tensor_type(DataType::Float, None)), ..Default::default() };
+    body_nodes.push(plain(
+        "Identity",
+        "lw_cs_emit".into(),
+        vec![if exclusive { sum_in } else { sum_out }.into()],
+        emitted,
+        vec![],
+    ));
+    let value = |n: &str| ValueInfoProto {
+        name: Some(n.into()),
+        r#type: Some(crate::builder::tensor_type(DataType::Float, None)),
+        ..Default::default()
+    };
     let body = GraphProto {
         name: Some("lw_cumsum_fp16".into()),
         node: body_nodes,
@@ -526,7 +637,12 @@ fn fp16_cumsum_emulation(node: &NodeProto, axis: i64) -> Vec<NodeProto> {
             ints("scan_output_axes", vec![axis]),
             ints("scan_input_directions", vec![direction]),
             ints("scan_output_directions", vec![direction]),
-            AttributeProto { name: Some("body".into()), r#type: Some(AttributeType::Graph as i32), g: Some(body), ..Default::default() },
+            AttributeProto {
+                name: Some("body".into()),
+                r#type: Some(AttributeType::Graph as i32),
+                g: Some(body),
+                ..Default::default()
+            },
         ],
         ..Default::default()
     });
@@ -598,7 +714,9 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
         .collect();
     let mut copies: HashSet<String> = HashSet::new();
     let mut new_inits = Vec::new();
-    for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32 && kept_reads.contains(t.name())) {
+    for t in
+        graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32 && kept_reads.contains(t.name()))
+    {
         let mut c = t.clone();
         c.name = Some(copy_name(t.name()));
         copies.insert(t.name().to_string());
@@ -606,7 +724,9 @@ fn keep_weights_fp32(graph: &mut GraphProto, keep_fp32: &HashSet<usize>) -> usiz
     }
     graph.initializer.extend(new_inits);
     let mut new_constants = Vec::new();
-    for n in graph.node.iter().filter(|n| n.op_type() == "Constant" && n.input.is_empty() && n.output.first().is_some_and(|o| kept_reads.contains(o))) {
+    for n in graph.node.iter().filter(|n| {
+        n.op_type() == "Constant" && n.input.is_empty() && n.output.first().is_some_and(|o| kept_reads.contains(o))
+    }) {
         let mut c = n.clone();
         c.output = vec![copy_name(&n.output[0])];
         c.name = Some(format!("{}/lw_keep32", n.name()));
@@ -730,11 +850,20 @@ impl WeightRounding<'_> {
     /// `rounded_after_reads` are weights of `graph` itself that are rounded after their readers.
     /// The bodies of `kept` nodes (positions in `graph`: an If or Loop kept in FP32, which the
     /// converted model keeps FP32 whole) keep their weights.
-    fn round_graph(&mut self, graph: &mut GraphProto, rounded_after_reads: &HashSet<String>, kept: &HashSet<usize>, count: &mut usize) -> Result<Vec<NodeProto>, ModelError> {
+    fn round_graph(
+        &mut self,
+        graph: &mut GraphProto,
+        rounded_after_reads: &HashSet<String>,
+        kept: &HashSet<usize>,
+        count: &mut usize,
+    ) -> Result<Vec<NodeProto>, ModelError> {
         let is_keep_copy = |name: &str| name.ends_with(KEEP_SUFFIX);
         let mut at_head = Vec::new();
         for t in graph.initializer.iter_mut() {
-            if t.data_type() == DataType::Float as i32 && !is_keep_copy(t.name()) && !rounded_after_reads.contains(t.name()) {
+            if t.data_type() == DataType::Float as i32
+                && !is_keep_copy(t.name())
+                && !rounded_after_reads.contains(t.name())
+            {
                 if is_external(t) {
                     let name = t.name().to_string();
                     let stored = format!("{name}{STORED_SUFFIX}");
@@ -813,7 +942,8 @@ fn gathered_only_weights(graph: &GraphProto, keep_fp32: &HashSet<usize>) -> Hash
 /// Whether any node of `graph` or of its subgraphs reads `tensor`.
 fn reads_anywhere(graph: &GraphProto, tensor: &str) -> bool {
     graph.node.iter().any(|n| {
-        n.input.iter().any(|i| i == tensor) || n.attribute.iter().any(|a| a.g.iter().chain(a.graphs.iter()).any(|g| reads_anywhere(g, tensor)))
+        n.input.iter().any(|i| i == tensor)
+            || n.attribute.iter().any(|a| a.g.iter().chain(a.graphs.iter()).any(|g| reads_anywhere(g, tensor)))
     })
 }
 

@@ -19,8 +19,15 @@ pub enum Rounding {
 /// MatMul, Gemm, a two-operand Einsum, and the recurrent ops cuDNN runs (LSTM, RNN, and GRU with
 /// `linear_before_reset=1`: the CUDA provider runs the other GRU on the CPU). ConvTranspose showed
 /// no TF32 effect there and is not rounded.
-pub const TF32_OPS: &[(&str, &[usize])] =
-    &[("Conv", &[0, 1]), ("MatMul", &[0, 1]), ("Gemm", &[0, 1]), ("Einsum", &[0, 1]), ("LSTM", &[0, 1, 2]), ("RNN", &[0, 1, 2]), ("GRU", &[0, 1, 2])];
+pub const TF32_OPS: &[(&str, &[usize])] = &[
+    ("Conv", &[0, 1]),
+    ("MatMul", &[0, 1]),
+    ("Gemm", &[0, 1]),
+    ("Einsum", &[0, 1]),
+    ("LSTM", &[0, 1, 2]),
+    ("RNN", &[0, 1, 2]),
+    ("GRU", &[0, 1, 2]),
+];
 
 /// The input slots of `node` that TF32 tensor cores read (see [`TF32_OPS`]).
 pub fn tf32_slots(node: &crate::onnx::NodeProto) -> &'static [usize] {

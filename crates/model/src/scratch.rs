@@ -50,7 +50,10 @@ impl Drop for Tracked {
 /// Creates a temporary file or folder with `create` and lists it (at `path_of` it) in one step:
 /// an interruption between the two would leave it unlisted, and so in place. Once
 /// [`remove_all_before_exit`] has begun, this waits for the process to end.
-pub fn create_tracked<T, E>(create: impl FnOnce() -> Result<T, E>, path_of: impl FnOnce(&T) -> &Path) -> Result<(T, Tracked), E> {
+pub fn create_tracked<T, E>(
+    create: impl FnOnce() -> Result<T, E>,
+    path_of: impl FnOnce(&T) -> &Path,
+) -> Result<(T, Tracked), E> {
     let mut list = live();
     let created = create()?;
     let path = path_of(&created).to_path_buf();
@@ -93,7 +96,8 @@ impl StagedDir {
             Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let (dir, _tracked) = create_tracked(|| tempfile::Builder::new().prefix(prefix).tempdir_in(&parent), |d| d.path())?;
+        let (dir, _tracked) =
+            create_tracked(|| tempfile::Builder::new().prefix(prefix).tempdir_in(&parent), |d| d.path())?;
         Ok(StagedDir { dir, _tracked })
     }
 
@@ -140,7 +144,8 @@ pub fn remove_all_before_exit() {
 /// fail to open, then removed, retried for up to 0.5 s for files opened before the rename.
 fn remove_listed(list: &mut Vec<PathBuf>) {
     for path in list.drain(..) {
-        let aside = path.with_file_name(format!("{}.removing", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
+        let aside = path
+            .with_file_name(format!("{}.removing", path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()));
         let path = if path.is_dir() && std::fs::rename(&path, &aside).is_ok() { aside } else { path };
         for _ in 0..100 {
             let _ = if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) };
@@ -194,7 +199,12 @@ mod tests {
             }
             remove_listed(&mut vec![path.clone()]);
             let name = path.file_name().unwrap().to_string_lossy().to_string();
-            let left: Vec<String> = std::fs::read_dir(path.parent().unwrap()).unwrap().filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().to_string()).filter(|n| n.starts_with(&name)).collect();
+            let left: Vec<String> = std::fs::read_dir(path.parent().unwrap())
+                .unwrap()
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with(&name))
+                .collect();
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             writer.join().unwrap();
             assert!(left.is_empty(), "{left:?} left while a thread wrote into it");

@@ -70,8 +70,19 @@ macro_rules! with_data {
 
 impl DType {
     pub const ALL: [DType; 13] = [
-        DType::F32, DType::F16, DType::BF16, DType::F64, DType::I8, DType::I16, DType::I32, DType::I64,
-        DType::U8, DType::U16, DType::U32, DType::U64, DType::Bool,
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F64,
+        DType::I8,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::Bool,
     ];
 
     /// The numpy name (`float32`, `int64`, `bool`, ...); also used in reports.
@@ -196,8 +207,9 @@ impl Tensor {
     /// fields), as ONNX's test data and Polygraphy's `.pb` files store them. Element types layerwise
     /// does not carry (strings, FP8, INT4, complex) and external data are errors.
     pub fn from_proto(t: &crate::onnx::TensorProto) -> Result<Tensor, String> {
-        let dtype = DType::from_onnx(t.data_type())
-            .ok_or_else(|| format!("element type {} is not one layerwise carries", crate::data_type_name(t.data_type())))?;
+        let dtype = DType::from_onnx(t.data_type()).ok_or_else(|| {
+            format!("element type {} is not one layerwise carries", crate::data_type_name(t.data_type()))
+        })?;
         if crate::is_external(t) {
             return Err("its values are in an external file".into());
         }
@@ -254,7 +266,9 @@ impl Tensor {
                 if bytes.len() != n * $w {
                     return None;
                 }
-                TensorData::$variant(bytes.chunks_exact($w).map(|c| $conv(c.try_into().expect("chunk width"))).collect::<Vec<$t>>())
+                TensorData::$variant(
+                    bytes.chunks_exact($w).map(|c| $conv(c.try_into().expect("chunk width"))).collect::<Vec<$t>>(),
+                )
             }};
         }
         let data = match dtype {
@@ -399,7 +413,10 @@ mod tests {
 
         let mut halfs = proto(10, &[2]);
         halfs.int32_data = vec![f16::from_f32(0.5).to_bits() as i32, f16::from_f32(-3.0).to_bits() as i32];
-        assert_eq!(Tensor::from_proto(&halfs).unwrap().data, TensorData::F16(vec![f16::from_f32(0.5), f16::from_f32(-3.0)]));
+        assert_eq!(
+            Tensor::from_proto(&halfs).unwrap().data,
+            TensorData::F16(vec![f16::from_f32(0.5), f16::from_f32(-3.0)])
+        );
 
         let mut bools = proto(9, &[3]);
         bools.int32_data = vec![1, 0, 1];

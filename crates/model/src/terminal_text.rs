@@ -54,4 +54,3 @@ pub fn terminal(text: &str) -> Cow<'_, str> {
 pub fn terminal_lines(text: &str) -> Cow<'_, str> {
     escape_where(text, |c| c != '\n' && is_shown_escaped(c))
 }
-

@@ -56,7 +56,12 @@ pub struct Unquantized {
 /// and `quantizers` bypassed for every reader; `reference` is the float model, for the weights.
 /// A name that is no node of `candidate`, or a tensor that is no DequantizeLinear output, is an
 /// error (nothing is silently left quantized).
-pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[BypassedQuantizer], reference: Option<&ModelProto>) -> Result<Unquantized, ModelError> {
+pub fn keep_unquantized(
+    candidate: &ModelProto,
+    nodes: &[String],
+    quantizers: &[BypassedQuantizer],
+    reference: Option<&ModelProto>,
+) -> Result<Unquantized, ModelError> {
     let mut model = candidate.clone();
     let graph = model.graph.get_or_insert_with(Default::default);
     let index = GraphIndex::build(graph)?;
@@ -65,7 +70,12 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
         None => None,
     };
     let producer_op = |t: &str| index.producer(t).map(|p| p.op_type.as_str());
-    let mut taken: HashSet<String> = graph.node.iter().flat_map(|n| n.input.iter().chain(&n.output).cloned()).chain(graph.initializer.iter().map(|w| w.name().to_string())).collect();
+    let mut taken: HashSet<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().chain(&n.output).cloned())
+        .chain(graph.initializer.iter().map(|w| w.name().to_string()))
+        .collect();
     let mut fresh = |base: &str| -> String {
         let mut name = base.to_string();
         let mut k = 1;
@@ -76,8 +86,14 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
         taken.insert(name.clone());
         name
     };
-    let initializers: HashMap<String, TensorProto> = graph.initializer.iter().map(|w| (w.name().to_string(), w.clone())).collect();
-    let mut done = Unquantized { model: ModelProto::default(), bypassed_inputs: Vec::new(), float_weights: Vec::new(), removed: Vec::new() };
+    let initializers: HashMap<String, TensorProto> =
+        graph.initializer.iter().map(|w| (w.name().to_string(), w.clone())).collect();
+    let mut done = Unquantized {
+        model: ModelProto::default(),
+        bypassed_inputs: Vec::new(),
+        float_weights: Vec::new(),
+        removed: Vec::new(),
+    };
     let mut new_weights: Vec<TensorProto> = Vec::new();
     // A dequantized weight is made once per DequantizeLinear, whatever number of kept readers.
     let mut float_of_dq: HashMap<String, String> = HashMap::new();
@@ -97,14 +113,17 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
                     let w = twin.inputs.get(slot).filter(|w| ri.is_initializer(w))?;
                     let proto = g.initializer.iter().find(|i| i.name() == w.as_str())?;
                     let stored = initializers.get(&quantized)?;
-                    (proto.dims == stored.dims && proto.data_type() == DataType::Float as i32).then(|| (w.clone(), proto.clone()))
+                    (proto.dims == stored.dims && proto.data_type() == DataType::Float as i32)
+                        .then(|| (w.clone(), proto.clone()))
                 });
                 if let Some(existing) = float_of_dq.get(input) {
                     existing.clone()
                 } else {
                     let (source, mut proto) = match from_reference {
                         Some((w, proto)) => (FloatWeight::Reference(w), proto),
-                        None => (FloatWeight::Dequantized, dequantize_weight(&graph.node[dq.proto_index], &initializers)?),
+                        None => {
+                            (FloatWeight::Dequantized, dequantize_weight(&graph.node[dq.proto_index], &initializers)?)
+                        }
                     };
                     let float_name = fresh(&format!("{quantized}_float"));
                     proto.name = Some(float_name.clone());
@@ -147,7 +166,14 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
                                 new_weights.push(TensorProto { name: Some(name.clone()), ..value });
                                 inputs.push(name);
                             }
-                            let node = NodeProto { name: Some(fresh(&format!("{}_as_reference", activation.name()))), op_type: activation.op_type.clone(), input: inputs, output: vec![out.clone()], attribute: activation.attribute.clone(), ..Default::default() };
+                            let node = NodeProto {
+                                name: Some(fresh(&format!("{}_as_reference", activation.name()))),
+                                op_type: activation.op_type.clone(),
+                                input: inputs,
+                                output: vec![out.clone()],
+                                attribute: activation.attribute.clone(),
+                                ..Default::default()
+                            };
                             activations.push((q.proto_index, node));
                             held_of.insert(float, out.clone());
                             out
@@ -161,12 +187,31 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
         }
     }
     for bypass in quantizers {
-        let dq = index.producer(&bypass.dequantized).filter(|p| p.op_type == "DequantizeLinear").ok_or_else(|| ModelError::InvalidGraph(format!("'{}' is not the output of a DequantizeLinear: no quantizer to bypass", bypass.dequantized)))?;
-        let q = dq.inputs.first().and_then(|t| index.producer(t)).filter(|p| p.op_type == "QuantizeLinear").ok_or_else(|| ModelError::InvalidGraph(format!("'{}' dequantizes no QuantizeLinear output: no activation quantizer to bypass", bypass.dequantized)))?;
+        let dq = index.producer(&bypass.dequantized).filter(|p| p.op_type == "DequantizeLinear").ok_or_else(|| {
+            ModelError::InvalidGraph(format!(
+                "'{}' is not the output of a DequantizeLinear: no quantizer to bypass",
+                bypass.dequantized
+            ))
+        })?;
+        let q =
+            dq.inputs.first().and_then(|t| index.producer(t)).filter(|p| p.op_type == "QuantizeLinear").ok_or_else(
+                || {
+                    ModelError::InvalidGraph(format!(
+                        "'{}' dequantizes no QuantizeLinear output: no activation quantizer to bypass",
+                        bypass.dequantized
+                    ))
+                },
+            )?;
         let float = q.inputs.first().cloned().unwrap_or_default();
         let op = bypass.activation.as_deref().unwrap_or("Identity");
         let dq_name = dq.name.clone();
-        graph.node[dq.proto_index] = NodeProto { name: Some(format!("{dq_name}_as_{}", op.to_lowercase())), op_type: Some(op.to_string()), input: vec![float], output: vec![bypass.dequantized.clone()], ..Default::default() };
+        graph.node[dq.proto_index] = NodeProto {
+            name: Some(format!("{dq_name}_as_{}", op.to_lowercase())),
+            op_type: Some(op.to_string()),
+            input: vec![float],
+            output: vec![bypass.dequantized.clone()],
+            ..Default::default()
+        };
         done.removed.push(dq_name);
     }
     if !activations.is_empty() {
@@ -185,7 +230,10 @@ pub fn keep_unquantized(candidate: &ModelProto, nodes: &[String], quantizers: &[
     let outputs: HashSet<String> = graph.output.iter().map(|o| o.name().to_string()).collect();
     loop {
         let read: HashSet<&str> = graph.node.iter().flat_map(|n| n.input.iter().map(String::as_str)).collect();
-        let unread = graph.node.iter().position(|n| matches!(n.op_type(), "QuantizeLinear" | "DequantizeLinear") && n.output.iter().all(|o| !read.contains(o.as_str()) && !outputs.contains(o)));
+        let unread = graph.node.iter().position(|n| {
+            matches!(n.op_type(), "QuantizeLinear" | "DequantizeLinear")
+                && n.output.iter().all(|o| !read.contains(o.as_str()) && !outputs.contains(o))
+        });
         let Some(i) = unread else { break };
         let node = graph.node.remove(i);
         done.removed.push(node.name().to_string());
@@ -251,7 +299,9 @@ fn dequantize_weight(dq: &NodeProto, initializers: &HashMap<String, TensorProto>
     let mut out = Vec::with_capacity(values.len());
     for (i, v) in values.iter().enumerate() {
         let k = scale_index(i);
-        let s = *scales.get(k).ok_or_else(|| fail(format!("its scale has {} values, fewer than the weight's channels or blocks", scales.len())))?;
+        let s = *scales.get(k).ok_or_else(|| {
+            fail(format!("its scale has {} values, fewer than the weight's channels or blocks", scales.len()))
+        })?;
         let z = zeros.as_ref().map_or(0.0, |z| z.get(k).copied().unwrap_or(0.0));
         out.push((v - z) * s);
     }
@@ -264,7 +314,13 @@ mod tests {
     use crate::builder::{f32_tensor, Dim, ModelBuilder};
 
     fn int8(name: &str, dims: &[i64], values: &[i32]) -> TensorProto {
-        TensorProto { name: Some(name.into()), dims: dims.to_vec(), data_type: Some(DataType::Int8 as i32), int32_data: values.to_vec(), ..Default::default() }
+        TensorProto {
+            name: Some(name.into()),
+            dims: dims.to_vec(),
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: values.to_vec(),
+            ..Default::default()
+        }
     }
 
     /// x -> Q/DQ -> mm1(w1 int8 per channel) -> Q/DQ (clips at 0: a Relu taken over) -> mm2 and add.
@@ -277,7 +333,13 @@ mod tests {
         b.initializer(f32_tensor("sx", &[], &[0.1]));
         b.initializer(int8("z0", &[], &[0]));
         b.initializer(int8("zmin", &[], &[-128]));
-        b.node("DequantizeLinear", "w1_dq", &["w1_q", "s1", "z1"], &["w1_f"], vec![crate::builder::attr::int("axis", 1)]);
+        b.node(
+            "DequantizeLinear",
+            "w1_dq",
+            &["w1_q", "s1", "z1"],
+            &["w1_f"],
+            vec![crate::builder::attr::int("axis", 1)],
+        );
         b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x8"], vec![]);
         b.node("DequantizeLinear", "x_dq", &["x8", "sx", "z0"], &["x_f"], vec![]);
         b.node("MatMul", "mm1", &["x_f", "w1_f"], &["r"], vec![]);
@@ -319,7 +381,13 @@ mod tests {
         r.initializer(f32_tensor("hi", &[], &[6.0]));
         match activation {
             "" => r.node("MatMul", "mm1", &["x", "w1"], &["r"], vec![]),
-            "Clip" => r.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]).node("Clip", "clip", &["h", "lo", "hi"], &["r"], vec![]),
+            "Clip" => r.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]).node(
+                "Clip",
+                "clip",
+                &["h", "lo", "hi"],
+                &["r"],
+                vec![],
+            ),
             op => r.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]).node(op, "act", &["h"], &["r"], vec![]),
         };
         r.node("Add", "add", &["r", "x"], &["y"], vec![]);
@@ -344,13 +412,21 @@ mod tests {
             // The other input's quantizer holds nothing of the kind: read as it is.
             assert_eq!(add.input[1], "x");
             match op {
-                None => assert_eq!(add.input[0], "r", "{activation}: no activation in the reference, the float tensor itself"),
+                None => assert_eq!(
+                    add.input[0], "r",
+                    "{activation}: no activation in the reference, the float tensor itself"
+                ),
                 Some(op) => {
                     let held = g.node.iter().find(|n| n.output.first() == Some(&add.input[0])).unwrap();
                     assert_eq!((held.op_type(), held.input[0].as_str()), (op, "r"), "{activation}");
                     if op == "Clip" {
                         // Its bounds are the reference's, copied.
-                        let bound = |i: usize| Tensor::from_proto(g.initializer.iter().find(|w| w.name() == held.input[i]).unwrap()).unwrap().to_f32().to_vec();
+                        let bound = |i: usize| {
+                            Tensor::from_proto(g.initializer.iter().find(|w| w.name() == held.input[i]).unwrap())
+                                .unwrap()
+                                .to_f32()
+                                .to_vec()
+                        };
                         assert_eq!((bound(1), bound(2)), (vec![0.0], vec![6.0]));
                     }
                     // In graph order: after mm1, before the add.
@@ -380,7 +456,16 @@ mod tests {
         // 'r' is the MatMul's output, which the clipping quantizer held as the reference's Relu.
         let add = node(&done.model, "add").unwrap();
         assert_eq!(add.input[1], "x");
-        assert!(done.model.graph.as_ref().unwrap().node.iter().any(|n| n.op_type() == "Relu" && n.input == ["r"] && n.output == [add.input[0].clone()]), "{add:?}");
+        assert!(
+            done.model
+                .graph
+                .as_ref()
+                .unwrap()
+                .node
+                .iter()
+                .any(|n| n.op_type() == "Relu" && n.input == ["r"] && n.output == [add.input[0].clone()]),
+            "{add:?}"
+        );
         let mm1 = node(&done.model, "mm1").unwrap();
         let w = done.model.graph.as_ref().unwrap().initializer.iter().find(|w| w.name() == mm1.input[1]).unwrap();
         assert_eq!(Tensor::from_proto(w).unwrap().to_f32().as_ref(), &[0.51, -0.74, 1.49, 0.76]);
@@ -392,7 +477,8 @@ mod tests {
         let q = qdq();
         let bypass = BypassedQuantizer { dequantized: "r_f".into(), activation: Some("Relu".into()) };
         let done = keep_unquantized(&q, &[], &[bypass], None).unwrap();
-        let relu = done.model.graph.as_ref().unwrap().node.iter().find(|n| n.output == vec!["r_f".to_string()]).unwrap();
+        let relu =
+            done.model.graph.as_ref().unwrap().node.iter().find(|n| n.output == vec!["r_f".to_string()]).unwrap();
         assert_eq!((relu.op_type(), relu.input.as_slice()), ("Relu", &["r".to_string()][..]));
         assert!(node(&done.model, "r_q").is_none(), "{:?}", done.removed);
     }
@@ -402,7 +488,10 @@ mod tests {
         let q = qdq();
         assert!(matches!(keep_unquantized(&q, &["nope".to_string()], &[], None), Err(ModelError::UnknownNode(_))));
         let bypass = BypassedQuantizer { dequantized: "r".into(), activation: None };
-        assert!(keep_unquantized(&q, &[], &[bypass], None).unwrap_err().to_string().contains("not the output of a DequantizeLinear"));
+        assert!(keep_unquantized(&q, &[], &[bypass], None)
+            .unwrap_err()
+            .to_string()
+            .contains("not the output of a DequantizeLinear"));
     }
 
     #[test]
@@ -410,7 +499,13 @@ mod tests {
         let mut inits = HashMap::new();
         inits.insert("q".to_string(), int8("q", &[2, 4], &[1, 2, 3, 4, 5, 6, 7, 8]));
         inits.insert("s".to_string(), f32_tensor("s", &[2, 2], &[1.0, 2.0, 3.0, 4.0]));
-        let dq = NodeProto { name: Some("dq".into()), op_type: Some("DequantizeLinear".into()), input: vec!["q".into(), "s".into()], attribute: vec![crate::builder::attr::int("axis", 1), crate::builder::attr::int("block_size", 2)], ..Default::default() };
+        let dq = NodeProto {
+            name: Some("dq".into()),
+            op_type: Some("DequantizeLinear".into()),
+            input: vec!["q".into(), "s".into()],
+            attribute: vec![crate::builder::attr::int("axis", 1), crate::builder::attr::int("block_size", 2)],
+            ..Default::default()
+        };
         let w = dequantize_weight(&dq, &inits).unwrap();
         assert_eq!(Tensor::from_proto(&w).unwrap().to_f32().as_ref(), &[1.0, 2.0, 6.0, 8.0, 15.0, 18.0, 28.0, 32.0]);
     }

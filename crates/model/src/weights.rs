@@ -92,7 +92,16 @@ pub fn scan_fp16_weight_range(model: &Model) -> Result<Vec<WeightRange>, ModelEr
         if t.data_type() != DataType::Float as i32 {
             continue;
         }
-        let mut w = WeightRange { name, kind, numel: 0, max_abs: 0.0, overflow_count: 0, subnormal_count: 0, underflow_count: 0, underflow_max: 0.0 };
+        let mut w = WeightRange {
+            name,
+            kind,
+            numel: 0,
+            max_abs: 0.0,
+            overflow_count: 0,
+            subnormal_count: 0,
+            underflow_count: 0,
+            underflow_max: 0.0,
+        };
         for_each_float_chunk(model, t, &mut |values| {
             w.numel += values.len();
             for &v in values {

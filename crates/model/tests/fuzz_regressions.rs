@@ -38,7 +38,9 @@ fn matching_survives_a_transparent_node_without_an_input() {
 fn a_tensor_asked_twice_is_paired_once() {
     // fuzz/regressions/pair-tensor-asked-twice: two reduction nodes wrote `lw_pair/h`.
     let model = small();
-    let paired = paired_graph(&model, &model, &["h".to_string(), "h".to_string(), "y".to_string()], &Default::default()).unwrap();
+    let paired =
+        paired_graph(&model, &model, &["h".to_string(), "h".to_string(), "y".to_string()], &Default::default())
+            .unwrap();
     GraphIndex::build(paired.proto.graph.as_ref().unwrap()).expect("the paired graph indexes");
     assert_eq!(paired.paired, ["h", "y"]);
 }
@@ -74,14 +76,26 @@ fn a_loop_with_more_outputs_than_its_body_makes_is_not_unrolled() {
     use layerwise_model::builder::{attr, i64_tensor, node};
     use layerwise_model::inline::{inline_control_flow, Taken};
     use layerwise_model::onnx::{GraphProto, TensorProto, ValueInfoProto};
-    let value = |n: &str, t: DataType| ValueInfoProto { name: Some(n.into()), r#type: Some(layerwise_model::builder::tensor_type(t, None)), ..Default::default() };
+    let value = |n: &str, t: DataType| ValueInfoProto {
+        name: Some(n.into()),
+        r#type: Some(layerwise_model::builder::tensor_type(t, None)),
+        ..Default::default()
+    };
     let mut b = ModelBuilder::new("loop", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
     b.initializer(i64_tensor("trips", &[], &[2]));
-    b.initializer(TensorProto { name: Some("go".into()), data_type: Some(DataType::Bool as i32), int32_data: vec![1], ..Default::default() });
+    b.initializer(TensorProto {
+        name: Some("go".into()),
+        data_type: Some(DataType::Bool as i32),
+        int32_data: vec![1],
+        ..Default::default()
+    });
     let body = GraphProto {
         name: Some("body".into()),
-        node: vec![node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![]), node("Identity", "emit", &["x"], &["e"], vec![])],
+        node: vec![
+            node("Identity", "keep_going", &["cond_in"], &["cond_out"], vec![]),
+            node("Identity", "emit", &["x"], &["e"], vec![]),
+        ],
         input: vec![value("i", DataType::Int64), value("cond_in", DataType::Bool)],
         output: vec![value("cond_out", DataType::Bool), value("e", DataType::Float)],
         ..Default::default()
@@ -99,7 +113,6 @@ fn a_loop_with_more_outputs_than_its_body_makes_is_not_unrolled() {
         Err(e) => assert!(e.to_string().contains("outputs"), "{e}"),
     }
 }
-
 
 #[test]
 fn kept_nodes_with_absent_optional_inputs_copy_no_weight() {
@@ -125,7 +138,8 @@ fn kept_nodes_with_absent_optional_inputs_copy_no_weight() {
         c.attribute.push(value);
         g.node.insert(0, c);
     }
-    let model = layerwise_model::Model::from_bytes(proto.encode_to_vec(), std::path::Path::new("/nonexistent/m.onnx")).unwrap();
+    let model =
+        layerwise_model::Model::from_bytes(proto.encode_to_vec(), std::path::Path::new("/nonexistent/m.onnx")).unwrap();
     let index = GraphIndex::build(model.graph()).unwrap();
     let clip = index.node("clip").unwrap().proto_index;
     let float: std::collections::HashSet<String> = ["x", "y", "hi"].iter().map(|s| s.to_string()).collect();

@@ -2,11 +2,14 @@ use std::collections::HashSet;
 use std::fs;
 
 use bytes::Bytes;
-use layerwise_model::perturb::{Perturbation, Perturbed};
-use layerwise_model::rounding::Rounding;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto, GraphProto, ModelProto, StringStringEntryProto, TensorProto};
-use layerwise_model::{emulate, emulate_reusing, expose, fp16, RoundedWeights, float_weight_values, scan_fp16_weight_range, DataType, GraphIndex, Model, ModelError, Selection};
+use layerwise_model::perturb::{Perturbation, Perturbed};
+use layerwise_model::rounding::Rounding;
+use layerwise_model::{
+    emulate, emulate_reusing, expose, float_weight_values, fp16, scan_fp16_weight_range, DataType, GraphIndex, Model,
+    ModelError, RoundedWeights, Selection,
+};
 use prost::Message;
 
 /// x -> Mul(w) -> a -> Relu -> b (output), with a Constant feeding an Add.
@@ -106,7 +109,13 @@ fn expose_names_checks_each_name() {
     branch.node("Relu", "inner", &["x"], &["inner_out"], vec![]);
     branch.output("inner_out", DataType::Float);
     let g = branch.build().graph.unwrap();
-    b.node("If", "branch", &["cond"], &["y"], vec![attr::graph("then_branch", g.clone()), attr::graph("else_branch", g)]);
+    b.node(
+        "If",
+        "branch",
+        &["cond"],
+        &["y"],
+        vec![attr::graph("then_branch", g.clone()), attr::graph("else_branch", g)],
+    );
     b.output("y", DataType::Float);
     let proto = b.build();
     let index = GraphIndex::build(proto.graph.as_ref().unwrap()).unwrap();
@@ -199,7 +208,8 @@ fn external(proto: &mut ModelProto, location: &str, offset: u64, length: u64) {
     let t = &mut proto.graph.as_mut().unwrap().initializer[0];
     t.raw_data = None;
     let e = |k: &str, v: String| StringStringEntryProto { key: Some(k.into()), value: Some(v) };
-    t.external_data = vec![e("location", location.into()), e("offset", offset.to_string()), e("length", length.to_string())];
+    t.external_data =
+        vec![e("location", location.into()), e("offset", offset.to_string()), e("length", length.to_string())];
     t.data_location = Some(tensor_proto::DataLocation::External as i32);
 }
 
@@ -312,8 +322,13 @@ fn perturbing_weights_leaves_exponents_alone() {
     b.output("y", DataType::Float);
     let model = Model::from_proto(b.build(), "pow.onnx").unwrap();
     let none = std::collections::HashSet::new();
-    let perturbed = Model::from_proto(layerwise_model::perturb::perturb_weights(&model, Perturbation::Relative(1e-3), &none, 7).unwrap().0, "p.onnx").unwrap();
-    let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+    let perturbed = Model::from_proto(
+        layerwise_model::perturb::perturb_weights(&model, Perturbation::Relative(1e-3), &none, 7).unwrap().0,
+        "p.onnx",
+    )
+    .unwrap();
+    let weight =
+        |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
     assert_eq!(weight("two"), vec![2.0], "the exponent stays exact");
     assert_ne!(weight("scale"), vec![3.0], "other weights are perturbed");
 }
@@ -335,13 +350,19 @@ fn a_storage_perturbation_moves_each_weight_by_at_most_its_own_rounding_error() 
     let model = Model::from_proto(b.build(), "ln.onnx").unwrap();
     let none = std::collections::HashSet::new();
     for seed in 0..20 {
-        let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::Storage(Rounding::Bf16), &none, seed).unwrap();
+        let (proto, count) =
+            layerwise_model::perturb::perturb_weights(&model, Perturbation::Storage(Rounding::Bf16), &none, seed)
+                .unwrap();
         let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
-        let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+        let weight =
+            |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
         assert_eq!(weight("inv_n"), vec![1.0 / 512.0], "exact in BF16: not perturbed");
         for (moved, original) in weight("w").iter().zip([0.1f32, 0.3, -0.7, 1.0]) {
             let bound = (Rounding::Bf16.round(original) - original).abs();
-            assert!((moved - original).abs() <= bound * (1.0 + 1e-6), "seed {seed}: {original} moved to {moved}, more than its BF16 rounding error {bound}");
+            assert!(
+                (moved - original).abs() <= bound * (1.0 + 1e-6),
+                "seed {seed}: {original} moved to {moved}, more than its BF16 rounding error {bound}"
+            );
         }
         assert_eq!(weight("w")[3], 1.0, "1.0 is exact in BF16");
         assert_eq!(count, Perturbed { moved: 3, exact: 2 }, "0.1, 0.3, -0.7 move; 1/512 and 1.0 are exact");
@@ -365,11 +386,24 @@ fn a_tf32_perturbation_moves_only_what_tensor_cores_read() {
     b.node("Add", "add", &["m", "bias"], &["y"], vec![]);
     b.output("y", DataType::Float);
     let model = Model::from_proto(b.build(), "mm.onnx").unwrap();
-    let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::TensorCores, &std::collections::HashSet::new(), 3).unwrap();
+    let (proto, count) = layerwise_model::perturb::perturb_weights(
+        &model,
+        Perturbation::TensorCores,
+        &std::collections::HashSet::new(),
+        3,
+    )
+    .unwrap();
     let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
-    let weight = |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
+    let weight =
+        |name: &str| values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == name).unwrap());
     assert_ne!(weight("w"), vec![0.1, 0.3, -0.7, 0.9], "the MatMul's weight (through a Transpose) moves");
-    for (name, v) in [("bias", vec![0.1f32, 0.2]), ("gamma", vec![0.1, 0.3]), ("beta", vec![0.7, 0.9]), ("mean", vec![0.3, 0.1]), ("var", vec![1.3, 0.7])] {
+    for (name, v) in [
+        ("bias", vec![0.1f32, 0.2]),
+        ("gamma", vec![0.1, 0.3]),
+        ("beta", vec![0.7, 0.9]),
+        ("mean", vec![0.3, 0.1]),
+        ("var", vec![1.3, 0.7]),
+    ] {
         assert_eq!(weight(name), v, "{name}: TF32 does not round it");
     }
     assert_eq!(count.moved + count.exact, 4, "only the four values of w are considered");
@@ -387,7 +421,13 @@ fn a_weight_beyond_the_format_s_range_is_left_as_it_is() {
     b.output("y", DataType::Float);
     let model = Model::from_proto(b.build(), "mask.onnx").unwrap();
     for seed in 0..16 {
-        let (proto, count) = layerwise_model::perturb::perturb_weights(&model, Perturbation::Storage(Rounding::Fp16), &std::collections::HashSet::new(), seed).unwrap();
+        let (proto, count) = layerwise_model::perturb::perturb_weights(
+            &model,
+            Perturbation::Storage(Rounding::Fp16),
+            &std::collections::HashSet::new(),
+            seed,
+        )
+        .unwrap();
         let perturbed = Model::from_proto(proto, "p.onnx").unwrap();
         let mask = values(&perturbed, perturbed.graph().initializer.iter().find(|t| t.name() == "mask").unwrap());
         assert_eq!(mask[0], f32::MIN, "seed {seed}");
@@ -412,7 +452,11 @@ fn an_external_table_only_gathered_is_rounded_in_its_rows() {
         dims: dims.to_vec(),
         data_type: Some(DataType::Float as i32),
         data_location: Some(tensor_proto::DataLocation::External as i32),
-        external_data: vec![e("location", "weights.bin".into()), e("offset", offset.to_string()), e("length", length.to_string())],
+        external_data: vec![
+            e("location", "weights.bin".into()),
+            e("offset", offset.to_string()),
+            e("length", length.to_string()),
+        ],
         ..Default::default()
     };
     let build = |tied: bool| {
@@ -447,7 +491,10 @@ fn an_external_table_only_gathered_is_rounded_in_its_rows() {
     let tied = build(true);
     let emu = emulate(&tied, &tied.proto, &float, &HashSet::new(), Rounding::Fp16).unwrap();
     let inits: Vec<String> = emu.proto.graph.unwrap().initializer.iter().map(|t| t.name().to_string()).collect();
-    assert!(inits.contains(&"table__lw_stored".to_string()), "a table the Transpose also reads is rounded before it is read: {inits:?}");
+    assert!(
+        inits.contains(&"table__lw_stored".to_string()),
+        "a table the Transpose also reads is rounded before it is read: {inits:?}"
+    );
 }
 
 /// `fix` emulates one model once per keep list: the weights one emulation rounded are taken as
@@ -460,7 +507,9 @@ fn emulations_reusing_rounded_weights_are_the_emulations_made_afresh() {
     let index = GraphIndex::build(model.graph()).unwrap();
     let (exposed, _) = expose(&model.proto, &index, &Selection::All).unwrap();
     let float: HashSet<String> = ["a", "a2", "b", "c"].iter().map(|s| s.to_string()).collect();
-    let weight = |proto: &ModelProto| proto.graph.as_ref().unwrap().initializer.iter().find(|t| t.name() == "w").unwrap().raw_data.clone().unwrap();
+    let weight = |proto: &ModelProto| {
+        proto.graph.as_ref().unwrap().initializer.iter().find(|t| t.name() == "w").unwrap().raw_data.clone().unwrap()
+    };
     let mut rounded = RoundedWeights::default();
     let mut first: Option<Bytes> = None;
     // Nothing kept, the Mul kept (it reads a float32 copy of w), nothing kept again.
@@ -482,7 +531,8 @@ fn emulations_reusing_rounded_weights_are_the_emulations_made_afresh() {
     other.graph.as_mut().unwrap().initializer[0] = f32_tensor("w", &[4], &[3.0001, -1e6, 0.5, 7.0]);
     let other = Model::from_proto(other, "other").unwrap();
     let (other_exposed, _) = expose(&other.proto, &index, &Selection::All).unwrap();
-    let reused = emulate_reusing(&other, &other_exposed, &float, &HashSet::new(), Rounding::Fp16, &mut rounded).unwrap();
+    let reused =
+        emulate_reusing(&other, &other_exposed, &float, &HashSet::new(), Rounding::Fp16, &mut rounded).unwrap();
     assert_eq!(reused.proto, emulate(&other, &other_exposed, &float, &HashSet::new(), Rounding::Fp16).unwrap().proto);
     assert_eq!(values(&other, &reused.proto.graph.as_ref().unwrap().initializer[0])[3], 7.0);
 }

@@ -6,7 +6,9 @@ use std::collections::HashMap;
 
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
-use layerwise_model::quantize::{activation_quantizer, plan, quantize, to_float8e4m3fn, weight_scales, QuantConfig, Quantizer, SimFormat};
+use layerwise_model::quantize::{
+    activation_quantizer, plan, quantize, to_float8e4m3fn, weight_scales, QuantConfig, Quantizer, SimFormat,
+};
 use layerwise_model::{DataType, GraphIndex, Model, ModelError};
 
 fn model(proto: ModelProto) -> (Model, GraphIndex) {
@@ -36,11 +38,27 @@ fn mlp(opset: i64) -> ModelProto {
 }
 
 fn ranges() -> HashMap<String, (f32, f32)> {
-    [("x", (-1.0, 2.0)), ("h", (-3.0, 127.0)), ("r", (0.0, 127.0)), ("y", (-5.0, 5.0)), ("c", (-1.0, 1.0)), ("z", (-2.0, 2.0))].into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    [
+        ("x", (-1.0, 2.0)),
+        ("h", (-3.0, 127.0)),
+        ("r", (0.0, 127.0)),
+        ("y", (-5.0, 5.0)),
+        ("c", (-1.0, 1.0)),
+        ("z", (-2.0, 2.0)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
 }
 
 fn init<'a>(p: &'a ModelProto, name: &str) -> &'a TensorProto {
-    p.graph.as_ref().unwrap().initializer.iter().find(|t| t.name() == name).unwrap_or_else(|| panic!("no initializer '{name}'"))
+    p.graph
+        .as_ref()
+        .unwrap()
+        .initializer
+        .iter()
+        .find(|t| t.name() == name)
+        .unwrap_or_else(|| panic!("no initializer '{name}'"))
 }
 
 fn f32s(t: &TensorProto) -> Vec<f32> {
@@ -48,7 +66,8 @@ fn f32s(t: &TensorProto) -> Vec<f32> {
 }
 
 fn axis_of(p: &ModelProto, node: &str) -> Option<i64> {
-    let n = p.graph.as_ref().unwrap().node.iter().find(|n| n.name() == node).unwrap_or_else(|| panic!("no node '{node}'"));
+    let n =
+        p.graph.as_ref().unwrap().node.iter().find(|n| n.name() == node).unwrap_or_else(|| panic!("no node '{node}'"));
     n.attribute.iter().find(|a| a.name() == "axis").map(|a| a.i())
 }
 
@@ -141,7 +160,10 @@ fn activations_get_one_pair_each_and_outputs_keep_their_names() {
     without_z.remove("z");
     let q2 = quantize(&m, &i, &QuantConfig::default(), &without_z).unwrap();
     let g2 = q2.graph.as_ref().unwrap();
-    assert!(g2.node.iter().all(|n| n.name() != "z_QuantizeLinear") && g2.node.iter().any(|n| n.output == vec!["z"] && n.name() == "conv"));
+    assert!(
+        g2.node.iter().all(|n| n.name() != "z_QuantizeLinear")
+            && g2.node.iter().any(|n| n.output == vec!["z"] && n.name() == "conv")
+    );
     // x's quantizer: int8, scale 2/127.
     assert_eq!(f32s(init(&q, "x_scale")), vec![2.0 / 127.0]);
     assert_eq!(init(&q, "x_zero_point").data_type(), DataType::Int8 as i32);
@@ -158,7 +180,10 @@ fn excluded_nodes_stay_float() {
     assert_eq!(fc.input, vec!["r", "w2", "b2"]);
     assert_eq!(fc.output, vec!["y"]);
     assert_eq!(init(&q, "w2").data_type(), DataType::Float as i32);
-    assert!(g.initializer.iter().all(|t| !t.name().starts_with("w2_") && !t.name().starts_with("b2_") && !t.name().starts_with("r_") && !t.name().starts_with("y_")));
+    assert!(g.initializer.iter().all(|t| !t.name().starts_with("w2_")
+        && !t.name().starts_with("b2_")
+        && !t.name().starts_with("r_")
+        && !t.name().starts_with("y_")));
     // The rest is still quantized.
     assert!(g.node.iter().any(|n| n.name() == "w1_DequantizeLinear"));
     let relu = g.node.iter().find(|n| n.name() == "relu").unwrap();
@@ -204,7 +229,8 @@ fn configs_and_models_it_refuses() {
     bad(r#"{"op_types": []}"#, "op_types is empty");
     bad(r#"{"calibration": "percentile"}"#, "unknown variant `percentile`");
     bad(r#"{"per_channel": "yes"}"#, "invalid type");
-    let ok = QuantConfig::parse(r#"{"format": "uint8", "per_channel": false, "nodes_to_exclude": ["fc"]}"#, "cfg.json").unwrap();
+    let ok = QuantConfig::parse(r#"{"format": "uint8", "per_channel": false, "nodes_to_exclude": ["fc"]}"#, "cfg.json")
+        .unwrap();
     assert_eq!((ok.format, ok.per_channel, ok.op_types.len()), (SimFormat::Uint8, false, 3));
     // A model already quantized, and one with FP16 tensors.
     let mut b = ModelBuilder::new("q", 13);
@@ -232,7 +258,13 @@ fn configs_and_models_it_refuses() {
 fn a_weight_from_a_constant_node_is_planned_as_an_activation() {
     let mut b = ModelBuilder::new("const_weight", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(2)]);
-    b.node("Constant", "w_const", &[], &["w"], vec![attr::tensor("value", f32_tensor("w_value", &[2, 2], &[1.0, 2.0, 3.0, 4.0]))]);
+    b.node(
+        "Constant",
+        "w_const",
+        &[],
+        &["w"],
+        vec![attr::tensor("value", f32_tensor("w_value", &[2, 2], &[1.0, 2.0, 3.0, 4.0]))],
+    );
     b.initializer(f32_tensor("w2", &[2, 2], &[1.0, 0.5, 0.25, 0.125]));
     b.node("MatMul", "mm", &["x", "w"], &["h"], vec![]);
     b.node("MatMul", "mm2", &["h", "w2"], &["y"], vec![]);

@@ -33,10 +33,15 @@ fn tensor(dtype: &str, shape: Vec<usize>, bytes: &[u8]) -> PyResult<Tensor> {
         "u4" => DType::U32,
         "u8" => DType::U64,
         "b1" => DType::Bool,
-        other => return Err(LayerwiseError::new_err(format!("input error: numpy dtype '{other}' is not one layerwise takes (float32, float16, float64, integers, bool)"))),
+        other => {
+            return Err(LayerwiseError::new_err(format!(
+            "input error: numpy dtype '{other}' is not one layerwise takes (float32, float16, float64, integers, bool)"
+        )))
+        }
     };
-    Tensor::from_le_bytes(dtype, shape.clone(), bytes)
-        .ok_or_else(|| LayerwiseError::new_err(format!("input error: {} bytes do not fill shape {shape:?}", bytes.len())))
+    Tensor::from_le_bytes(dtype, shape.clone(), bytes).ok_or_else(|| {
+        LayerwiseError::new_err(format!("input error: {} bytes do not fill shape {shape:?}", bytes.len()))
+    })
 }
 
 fn arrays(raw: Vec<RawArray>) -> PyResult<Vec<(String, Tensor)>> {
@@ -98,7 +103,8 @@ struct Options {
 /// parser's line and column.
 fn parse_options(options_json: &str) -> PyResult<Options> {
     let bad = |what: String| pyo3::exceptions::PyValueError::new_err(format!("bad option: {what}"));
-    let value: serde_json::Value = serde_json::from_str(options_json).map_err(|e| bad(format!("the options are not JSON ({e})")))?;
+    let value: serde_json::Value =
+        serde_json::from_str(options_json).map_err(|e| bad(format!("the options are not JSON ({e})")))?;
     let serde_json::Value::Object(fields) = &value else { return Err(bad("the options must be a JSON object".into())) };
     for (key, v) in fields {
         let one = serde_json::Value::Object([(key.clone(), v.clone())].into_iter().collect());
@@ -112,16 +118,29 @@ fn parse_options(options_json: &str) -> PyResult<Options> {
     serde_json::from_value(value).map_err(|e| bad(e.to_string()))
 }
 
-fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, samples: Vec<(String, Vec<(String, Tensor)>)>) -> PyResult<BisectOptions> {
-    let spec = |given: Option<&str>, default: &str, what: &str| BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")));
+fn bisect_options(
+    model: &str,
+    o: &Options,
+    inputs: Vec<(String, Tensor)>,
+    samples: Vec<(String, Vec<(String, Tensor)>)>,
+) -> PyResult<BisectOptions> {
+    let spec = |given: Option<&str>, default: &str, what: &str| {
+        BackendSpec::parse(given.unwrap_or(default)).map_err(|e| LayerwiseError::new_err(format!("{what}: {e}")))
+    };
     // No candidate given: the CLI's default, a quantized candidate model run as deployed.
     let candidate = match o.cand.as_deref() {
         Some(given) => spec(Some(given), "", "cand")?,
-        None => default_candidate(o.cand_model.as_deref()).map_err(|e| LayerwiseError::new_err(format!("cand_model: {e:#}")))?.0,
+        None => {
+            default_candidate(o.cand_model.as_deref())
+                .map_err(|e| LayerwiseError::new_err(format!("cand_model: {e:#}")))?
+                .0
+        }
     };
     let mut b = BisectOptions::new(model, spec(o.reference.as_deref(), "ort:cpu", "ref")?, candidate);
     b.cand_model = o.cand_model.clone();
-    for (given, field) in [(&o.atol, ToleranceField::Atol), (&o.rtol, ToleranceField::Rtol), (&o.range_tol, ToleranceField::RangeTol)] {
+    for (given, field) in
+        [(&o.atol, ToleranceField::Atol), (&o.rtol, ToleranceField::Rtol), (&o.range_tol, ToleranceField::RangeTol)]
+    {
         match given {
             None => {}
             Some(Tol::All(v)) => match field {
@@ -146,9 +165,13 @@ fn bisect_options(model: &str, o: &Options, inputs: Vec<(String, Tensor)>, sampl
     b.max_memory = match &o.max_memory {
         None => None,
         // As the command line's --max-memory: at least one byte.
-        Some(Size::Bytes(0)) => return Err(pyo3::exceptions::PyValueError::new_err("max_memory: size '0' must be at least one byte")),
+        Some(Size::Bytes(0)) => {
+            return Err(pyo3::exceptions::PyValueError::new_err("max_memory: size '0' must be at least one byte"))
+        }
         Some(Size::Bytes(n)) => Some(*n),
-        Some(Size::Text(t)) => Some(layerwise::pipeline::parse_size(t).map_err(|e| LayerwiseError::new_err(format!("max_memory: {e}")))?),
+        Some(Size::Text(t)) => {
+            Some(layerwise::pipeline::parse_size(t).map_err(|e| LayerwiseError::new_err(format!("max_memory: {e}")))?)
+        }
     };
     b.separate_runs = o.separate_runs.unwrap_or(false);
     b.isolate = o.isolate.unwrap_or(true);
@@ -188,7 +211,9 @@ fn interruptible<T: Send>(py: Python<'_>, job: impl FnOnce() -> anyhow::Result<T
     });
     CANCEL.store(false, Ordering::Relaxed);
     match result {
-        (_, true) => Err(PyKeyboardInterrupt::new_err("layerwise: interrupted; temporary files removed (each output is written whole or not at all)")),
+        (_, true) => Err(PyKeyboardInterrupt::new_err(
+            "layerwise: interrupted; temporary files removed (each output is written whole or not at all)",
+        )),
         (Ok(Ok(v)), false) => Ok(v),
         (Ok(Err(e)), false) => Err(LayerwiseError::new_err(format!("{e:#}"))),
         (Err(_), false) => Err(LayerwiseError::new_err("internal error: the run panicked")),
@@ -198,7 +223,13 @@ fn interruptible<T: Send>(py: Python<'_>, job: impl FnOnce() -> anyhow::Result<T
 /// `layerwise bisect`: returns the JSON report, exactly as `--json` writes it.
 #[pyfunction]
 #[pyo3(signature = (model, options_json, inputs, samples))]
-fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
+fn bisect(
+    py: Python<'_>,
+    model: &str,
+    options_json: &str,
+    inputs: Vec<RawArray>,
+    samples: Vec<(String, Vec<RawArray>)>,
+) -> PyResult<String> {
     let o = parse_options(options_json)?;
     let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
     let options = bisect_options(model, &o, arrays(inputs)?, samples)?;
@@ -213,7 +244,13 @@ fn bisect(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>
 /// given, are the set the keep list must hold on.
 #[pyfunction]
 #[pyo3(signature = (model, options_json, inputs, samples))]
-fn fix(py: Python<'_>, model: &str, options_json: &str, inputs: Vec<RawArray>, samples: Vec<(String, Vec<RawArray>)>) -> PyResult<String> {
+fn fix(
+    py: Python<'_>,
+    model: &str,
+    options_json: &str,
+    inputs: Vec<RawArray>,
+    samples: Vec<(String, Vec<RawArray>)>,
+) -> PyResult<String> {
     let o = parse_options(options_json)?;
     let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
     let mut bisect = bisect_options(model, &o, arrays(inputs)?, samples)?;
@@ -242,14 +279,16 @@ fn run_command(py: Python<'_>, argv: Vec<String>) -> PyResult<u8> {
 /// The HTML report of a JSON report.
 #[pyfunction]
 fn render_html(report_json: &str) -> PyResult<String> {
-    let report = layerwise_report::parse_report(report_json, "the report").map_err(|e| LayerwiseError::new_err(e.to_string()))?;
+    let report = layerwise_report::parse_report(report_json, "the report")
+        .map_err(|e| LayerwiseError::new_err(e.to_string()))?;
     Ok(layerwise_report::render_html(&report))
 }
 
 /// The HTML view of a fix report (for notebooks).
 #[pyfunction]
 fn render_fix_html(fix_json: &str) -> PyResult<String> {
-    let report = layerwise_report::parse_fix_report(fix_json, "the fix report").map_err(|e| LayerwiseError::new_err(e.to_string()))?;
+    let report = layerwise_report::parse_fix_report(fix_json, "the fix report")
+        .map_err(|e| LayerwiseError::new_err(e.to_string()))?;
     Ok(layerwise_report::render_fix_html(&report))
 }
 

@@ -70,9 +70,23 @@ fn links_on_github(word: &str) -> bool {
     // `GH-12` is an issue link, and 7 to 40 hex digits a commit link, in GitHub's conversations.
     let gh_issue = lower.match_indices("gh-").any(|(i, _)| lower[i + 3..].starts_with(|d: char| d.is_ascii_digit()));
     // A number (`1.6326e10`) is no commit.
-    let number = word.trim_end_matches(|c: char| c.is_ascii_punctuation() && c != '.').trim_start_matches(['(', '[']).parse::<f64>().is_ok();
-    let commit = !number && word.split(|c: char| !c.is_ascii_alphanumeric()).any(|part| (7..=40).contains(&part.len()) && part.chars().all(|c| c.is_ascii_hexdigit()));
-    lower.contains("://") || lower.contains("www.") || lower.contains('@') || lower.contains("mailto:") || lower.contains("xmpp:") || issue || gh_issue || commit
+    let number = word
+        .trim_end_matches(|c: char| c.is_ascii_punctuation() && c != '.')
+        .trim_start_matches(['(', '['])
+        .parse::<f64>()
+        .is_ok();
+    let commit = !number
+        && word
+            .split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|part| (7..=40).contains(&part.len()) && part.chars().all(|c| c.is_ascii_hexdigit()));
+    lower.contains("://")
+        || lower.contains("www.")
+        || lower.contains('@')
+        || lower.contains("mailto:")
+        || lower.contains("xmpp:")
+        || issue
+        || gh_issue
+        || commit
 }
 
 /// `text` word by word: a word GitHub could link as a code span, the rest escaped as text; the
@@ -87,7 +101,10 @@ fn markdown_words(text: &str) -> String {
         if links_on_github(word) {
             // A pipe stays escaped text between code spans: in a code span it would split a
             // table row.
-            let pieces: Vec<String> = word.split('|').map(|piece| if links_on_github(piece) { code_span(piece) } else { markdown_chars(piece) }).collect();
+            let pieces: Vec<String> = word
+                .split('|')
+                .map(|piece| if links_on_github(piece) { code_span(piece) } else { markdown_chars(piece) })
+                .collect();
             out.push_str(&pieces.join("\\|"));
         } else {
             // Escaped as text of its own (a leading punctuation mark escaped as a block opener is
@@ -119,8 +136,10 @@ fn markdown_chars(text: &str) -> String {
     let mut leading_digits = true;
     for (i, &c) in chars.iter().enumerate() {
         // `_` only emphasises at a word boundary: `ln_squared` stays as it is.
-        let intraword = |i: usize| i > 0 && i + 1 < chars.len() && chars[i - 1].is_alphanumeric() && chars[i + 1].is_alphanumeric();
-        let special = matches!(c, '\\' | '`' | '*' | '[' | ']' | '<' | '&' | '|' | '~' | '$') || (c == '_' && !intraword(i));
+        let intraword =
+            |i: usize| i > 0 && i + 1 < chars.len() && chars[i - 1].is_alphanumeric() && chars[i + 1].is_alphanumeric();
+        let special =
+            matches!(c, '\\' | '`' | '*' | '[' | ']' | '<' | '&' | '|' | '~' | '$') || (c == '_' && !intraword(i));
         // A block opener at the start (`#`, `-`, `+`, `=`, `>`, `1.`, `1)`), where the text starts
         // a line.
         let block = (i == 0 && c.is_ascii_punctuation()) || (leading_digits && i > 0 && matches!(c, '.' | ')'));
@@ -197,7 +216,8 @@ fn code_span(text: &str) -> String {
     // CommonMark strips one space from each end of a span that begins and ends with one: pad
     // where the text begins or ends with a backtick (which would join the fence) or with spaces.
     let all_spaces = text.chars().all(|c| c == ' ');
-    let pad = text.starts_with('`') || text.ends_with('`') || (!all_spaces && text.starts_with(' ') && text.ends_with(' '));
+    let pad =
+        text.starts_with('`') || text.ends_with('`') || (!all_spaces && text.starts_with(' ') && text.ends_with(' '));
     let pad = if pad { " " } else { "" };
     format!("{fence}{pad}{text}{pad}{fence}")
 }
@@ -209,7 +229,9 @@ fn code_span(text: &str) -> String {
 pub fn csv_text(text: &str) -> Cow<'_, str> {
     const FORMULA: [char; 8] = ['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}'];
     // Zero-width characters before a formula sign are no protection: a spreadsheet may drop them.
-    let visible = text.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}'));
+    let visible = text.trim_start_matches(|c: char| {
+        c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}')
+    });
     if text.starts_with(['\t', '\r']) || visible.starts_with(FORMULA) {
         Cow::Owned(format!("'{text}"))
     } else {
@@ -222,7 +244,11 @@ pub fn csv_text(text: &str) -> Cow<'_, str> {
 /// single-quoted otherwise ([`shell_quoted`]). `None` where it holds a character the terminal
 /// shows escaped, which a pasted line would not keep.
 pub fn shell_word(text: &str) -> Option<String> {
-    let bare_char = |(i, c): (usize, char)| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '/' | '-' | ':' | ',' | '@' | '%' | '+') || (c == '=' && i > 0);
+    let bare_char = |(i, c): (usize, char)| {
+        c.is_ascii_alphanumeric()
+            || matches!(c, '_' | '.' | '/' | '-' | ':' | ',' | '@' | '%' | '+')
+            || (c == '=' && i > 0)
+    };
     if !text.is_empty() && text.chars().enumerate().all(bare_char) {
         Some(text.to_string())
     } else {

@@ -200,7 +200,10 @@ pub fn kept_nodes(nodes: &[String]) -> String {
 }
 
 pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
-    let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&r.keep_fp32).into_iter().map(|(n, why)| (crate::escape::terminal(n).into_owned(), why)).collect();
+    let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&r.keep_fp32)
+        .into_iter()
+        .map(|(n, why)| (crate::escape::terminal(n).into_owned(), why))
+        .collect();
     let r = &crate::escape::for_terminal(r);
     let num = format_number;
     let mut out = String::new();
@@ -212,13 +215,29 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
     }
     if r.patterns.len() > MOST_GROUPS_SHOWN {
         let rest: usize = r.patterns[MOST_GROUPS_SHOWN..].iter().map(|p| p.nodes.len()).sum();
-        let _ = writeln!(out, "  … and {} more groups ({rest} nodes): every node in the fix report (--json) and the keep list", r.patterns.len() - MOST_GROUPS_SHOWN);
+        let _ = writeln!(
+            out,
+            "  … and {} more groups ({rest} nodes): every node in the fix report (--json) and the keep list",
+            r.patterns.len() - MOST_GROUPS_SHOWN
+        );
     }
-    let stages: Vec<String> = FixStage::ALL.iter().map(|st| (st.name(), r.rounds.iter().filter(|x| x.stage == *st).count())).filter(|(_, n)| *n > 0).map(|(st, n)| format!("{st} {n}")).collect();
+    let stages: Vec<String> = FixStage::ALL
+        .iter()
+        .map(|st| (st.name(), r.rounds.iter().filter(|x| x.stage == *st).count()))
+        .filter(|(_, n)| *n > 0)
+        .map(|(st, n)| format!("{st} {n}"))
+        .collect();
     let _ = writeln!(out, "  rounds: {}", stages.join(", "));
     let _ = writeln!(out, "  outputs (relative L2, {precision} -> with keep list):");
     for o in &r.outputs {
-        let _ = writeln!(out, "    {:<30} {:>9} -> {:>9}  {}", o.name, num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "FAIL" });
+        let _ = writeln!(
+            out,
+            "    {:<30} {:>9} -> {:>9}  {}",
+            o.name,
+            num(o.before_rel_l2),
+            num(o.after_rel_l2),
+            if o.after_pass { "pass" } else { "FAIL" }
+        );
     }
     if !r.trtexec_flags.is_empty() {
         let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
@@ -240,11 +259,24 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
         );
     }
     if let Some(path) = &r.fixed_model {
-        let _ = writeln!(out, "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json", r.fixed_model_fp32_nodes.len());
+        let _ = writeln!(
+            out,
+            "  fixed model: {path} ({} FP32 nodes), keep list: {path}.keep-fp32.json",
+            r.fixed_model_fp32_nodes.len()
+        );
     }
     if let Some(load) = &r.fixed_model_load {
-        let kept = if load.kept_ops.is_empty() { String::new() } else { format!(" ({} kept in FP32 for that)", load.kept_ops.join(", ")) };
-        let _ = writeln!(out, "  load: ONNX Runtime's default session in a child process -> {}{kept}{}", load.status, load.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default());
+        let kept = if load.kept_ops.is_empty() {
+            String::new()
+        } else {
+            format!(" ({} kept in FP32 for that)", load.kept_ops.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "  load: ONNX Runtime's default session in a child process -> {}{kept}{}",
+            load.status,
+            load.detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default()
+        );
     }
     if let Some(check) = r.fixed_model_check.as_ref().filter(|c| c.not_run.is_some()) {
         let _ = writeln!(out, "  check: {} not run: {}", check.backend, check.not_run.as_deref().unwrap_or_default());
@@ -256,7 +288,11 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
             check.backend,
             if check.pass { "pass" } else { "FAIL" },
             num(worst),
-            if check.structural_problems.is_empty() { String::new() } else { format!("; type problems: {}", check.structural_problems.join("; ")) }
+            if check.structural_problems.is_empty() {
+                String::new()
+            } else {
+                format!("; type problems: {}", check.structural_problems.join("; "))
+            }
         );
     }
     out
@@ -287,13 +323,26 @@ pub fn render_fix_html(r: &FixReport) -> String {
     if !r.patterns.is_empty() {
         h.push_str("<table><thead><tr><th>keep in FP32</th><th>nodes</th><th>because</th></tr></thead><tbody>");
         for p in &r.patterns {
-            let _ = write!(h, "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", esc(&p.kind), esc(&p.nodes.join(", ")), esc(&p.because));
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&p.kind),
+                esc(&p.nodes.join(", ")),
+                esc(&p.because)
+            );
         }
         h.push_str("</tbody></table>");
     }
     h.push_str("<table><thead><tr><th>output</th><th>relative L2, nothing kept</th><th>with the keep list</th><th></th></tr></thead><tbody>");
     for o in &r.outputs {
-        let _ = write!(h, r#"<tr><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td></tr>"#, esc(&o.name), num(o.before_rel_l2), num(o.after_rel_l2), if o.after_pass { "pass" } else { "<b>FAIL</b>" });
+        let _ = write!(
+            h,
+            r#"<tr><td>{}</td><td class="n">{}</td><td class="n">{}</td><td>{}</td></tr>"#,
+            esc(&o.name),
+            num(o.before_rel_l2),
+            num(o.after_rel_l2),
+            if o.after_pass { "pass" } else { "<b>FAIL</b>" }
+        );
     }
     h.push_str("</tbody></table>");
     if let Some(check) = &r.fixed_model_check {
@@ -304,7 +353,8 @@ pub fn render_fix_html(r: &FixReport) -> String {
         let _ = write!(h, "<p>Check of the written file: {} → {}</p>", esc(&check.backend), esc(&said));
     }
     if let Some(path) = &r.fixed_model {
-        let _ = write!(h, "<p>Fixed model: <code>{}</code> ({} FP32 nodes)</p>", esc(path), r.fixed_model_fp32_nodes.len());
+        let _ =
+            write!(h, "<p>Fixed model: <code>{}</code> ({} FP32 nodes)</p>", esc(path), r.fixed_model_fp32_nodes.len());
     }
     if !r.samples.is_empty() {
         let _ = write!(h, "<p>Searched and checked on {} samples.</p>", r.samples.len());

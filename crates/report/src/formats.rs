@@ -31,7 +31,13 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         Status::Diverged => "❌ DIVERGED",
     };
     let _ = writeln!(m, "## layerwise: {status}\n");
-    let _ = writeln!(m, "{} — reference {}, candidate {}\n", markdown_code(&report.model.path), markdown_code(&report.reference.spec), markdown_code(&report.cand.spec));
+    let _ = writeln!(
+        m,
+        "{} — reference {}, candidate {}\n",
+        markdown_code(&report.model.path),
+        markdown_code(&report.reference.spec),
+        markdown_code(&report.cand.spec)
+    );
     let _ = writeln!(m, "{}\n", md(&v.summary));
     if !v.conclusions.is_empty() {
         for c in &v.conclusions {
@@ -40,11 +46,23 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         m.push('\n');
     }
     if let Some(fd) = &v.first_divergent {
-        let _ = writeln!(m, "**First divergent layer:** {} ({}) — tensor {}, relative L2 error {} → {}  ", markdown_code(&fd.node), md(&fd.op_type), markdown_code(&fd.tensor), input_error_text(fd.input_error), fmt(fd.output_error));
+        let _ = writeln!(
+            m,
+            "**First divergent layer:** {} ({}) — tensor {}, relative L2 error {} → {}  ",
+            markdown_code(&fd.node),
+            md(&fd.op_type),
+            markdown_code(&fd.tensor),
+            input_error_text(fd.input_error),
+            fmt(fd.output_error)
+        );
         let _ = writeln!(m, "**Cause:** {} — {}\n", crate::cause_name(fd.cause.best.kind), md(&fd.cause.best.detail));
     }
     if !v.chain.is_empty() {
-        let steps: Vec<String> = v.chain.iter().map(|st| format!("{} ({}, {})", markdown_code(&st.tensor), md(&st.op_type), fmt(st.error))).collect();
+        let steps: Vec<String> = v
+            .chain
+            .iter()
+            .map(|st| format!("{} ({}, {})", markdown_code(&st.tensor), md(&st.op_type), fmt(st.error)))
+            .collect();
         let _ = writeln!(m, "**Blame chain** (worst output → first divergent): {}\n", steps.join(" ← "));
     }
     let mut worst: Vec<&TensorRecord> = report.tensors.iter().filter(|t| !t.constant_like).collect();
@@ -73,11 +91,19 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
             let names: Vec<String> = fix.keep_fp32.iter().map(|k| markdown_code(k)).collect();
             let _ = writeln!(m, "Keep in FP32: {}  ", names.join(", "));
             if !fix.trtexec_flags.is_empty() {
-                let _ = writeln!(m, "TensorRT 10: {}", markdown_code(&format!("trtexec --onnx=MODEL {}", fix.trtexec_flags)));
+                let _ = writeln!(
+                    m,
+                    "TensorRT 10: {}",
+                    markdown_code(&format!("trtexec --onnx=MODEL {}", fix.trtexec_flags))
+                );
             }
-            let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&fix.keep_fp32).into_iter().map(|(n, why)| (n.to_string(), why)).collect();
+            let left_out: Vec<(String, &str)> = crate::escape::trtexec_left_out(&fix.keep_fp32)
+                .into_iter()
+                .map(|(n, why)| (n.to_string(), why))
+                .collect();
             if !left_out.is_empty() {
-                let _ = writeln!(m, "\n{}", md(&crate::fix_report::trtexec_left_out_note(&left_out, |n| format!("'{n}'"))));
+                let _ =
+                    writeln!(m, "\n{}", md(&crate::fix_report::trtexec_left_out_note(&left_out, |n| format!("'{n}'"))));
             }
         }
         m.push('\n');
@@ -91,9 +117,34 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
 pub fn render_csv(report: &Report) -> Vec<u8> {
     let mut w = csv::Writer::from_writer(Vec::new());
     let header = [
-        "topo_index", "tensor", "node", "op_type", "shape", "ref_dtype", "cand_dtype", "is_output", "constant_like", "pass", "mismatch",
-        "numel", "max_abs_err", "mean_abs_err", "max_rel_err", "rel_l2_err", "cosine", "snr_db", "ref_nan", "ref_inf", "cand_nan",
-        "cand_inf", "nonfinite_mismatch", "ref_max_abs", "ref_fp16_overflow", "ref_fp16_subnormal_share", "violations", "worst_index",
+        "topo_index",
+        "tensor",
+        "node",
+        "op_type",
+        "shape",
+        "ref_dtype",
+        "cand_dtype",
+        "is_output",
+        "constant_like",
+        "pass",
+        "mismatch",
+        "numel",
+        "max_abs_err",
+        "mean_abs_err",
+        "max_rel_err",
+        "rel_l2_err",
+        "cosine",
+        "snr_db",
+        "ref_nan",
+        "ref_inf",
+        "cand_nan",
+        "cand_inf",
+        "nonfinite_mismatch",
+        "ref_max_abs",
+        "ref_fp16_overflow",
+        "ref_fp16_subnormal_share",
+        "violations",
+        "worst_index",
     ];
     w.write_record(header).expect("csv to memory");
     for t in &report.tensors {
@@ -153,7 +204,8 @@ pub fn render_model_explorer(report: &Report) -> Value {
             results.insert(id, value);
         }
     }
-    let results: serde_json::Map<String, Value> = results.into_iter().map(|(id, value)| (id, json!({ "value": value }))).collect();
+    let results: serde_json::Map<String, Value> =
+        results.into_iter().map(|(id, value)| (id, json!({ "value": value }))).collect();
     json!({
         "results": results,
         "thresholds": [

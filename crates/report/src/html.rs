@@ -99,9 +99,14 @@ fn neighbourhood_svg(detail: &Detail, fd: &FirstDivergent) -> String {
     let (w, box_w, box_h, gap) = (1000.0, 270.0, 46.0, 14.0);
     let h = 20.0 + rows as f64 * (box_h + gap);
     let mut out = String::new();
-    let _ = write!(out, r#"<svg id="neighbourhood-graph" class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img">"#);
-    let _ =
-        write!(out, r##"<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>"##);
+    let _ = write!(
+        out,
+        r#"<svg id="neighbourhood-graph" class="chart" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img">"#
+    );
+    let _ = write!(
+        out,
+        r##"<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#555"/></marker></defs>"##
+    );
     let center_y = h / 2.0 - box_h / 2.0;
     let node_box = |out: &mut String, x: f64, y: f64, title: &str, sub: &str, error: f64| {
         let _ = write!(
@@ -120,12 +125,21 @@ fn neighbourhood_svg(detail: &Detail, fd: &FirstDivergent) -> String {
         );
     };
     let error = |n: &Neighbour| n.error.unwrap_or(f64::NAN);
-    let column = |list: &[Neighbour], i: usize| 10.0 + i as f64 * (box_h + gap) + (h - 20.0 - list.len() as f64 * (box_h + gap)) / 2.0;
+    let column = |list: &[Neighbour], i: usize| {
+        10.0 + i as f64 * (box_h + gap) + (h - 20.0 - list.len() as f64 * (box_h + gap)) / 2.0
+    };
     for (i, n) in inputs.iter().enumerate() {
         let y = column(inputs, i);
         let label = if n.weight { "weight" } else { n.op_type.as_str() };
         node_box(&mut out, 10.0, y, &n.tensor, label, error(n));
-        let _ = write!(out, r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##, 10.0 + box_w, y + box_h / 2.0, 365.0, center_y + box_h / 2.0);
+        let _ = write!(
+            out,
+            r##"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##,
+            10.0 + box_w,
+            y + box_h / 2.0,
+            365.0,
+            center_y + box_h / 2.0
+        );
     }
     let _ = write!(
         out,
@@ -139,7 +153,13 @@ fn neighbourhood_svg(detail: &Detail, fd: &FirstDivergent) -> String {
     );
     for (i, n) in consumers.iter().enumerate() {
         let y = column(consumers, i);
-        let _ = write!(out, r##"<line x1="{:.1}" y1="{:.1}" x2="718" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##, 365.0 + box_w, center_y + box_h / 2.0, y + box_h / 2.0);
+        let _ = write!(
+            out,
+            r##"<line x1="{:.1}" y1="{:.1}" x2="718" y2="{:.1}" stroke="#555" marker-end="url(#arrow)"/>"##,
+            365.0 + box_w,
+            center_y + box_h / 2.0,
+            y + box_h / 2.0
+        );
         node_box(&mut out, 720.0, y, &n.node, &format!("{} → {}", n.op_type, n.tensor), error(n));
     }
     out.push_str("</svg>");
@@ -168,7 +188,11 @@ fn after_walk_sections(report: &Report) -> String {
             fmt(floor.output_error),
             fmt(floor.candidate_error),
             fmt(floor.ratio),
-            if floor.ill_conditioned { "The output is ill-conditioned for these inputs: no layer is at fault." } else { "The candidate's error is not the model's own sensitivity." }
+            if floor.ill_conditioned {
+                "The output is ill-conditioned for these inputs: no layer is at fault."
+            } else {
+                "The candidate's error is not the model's own sensitivity."
+            }
         );
     }
     if let Some(iso) = &report.extras.isolation {
@@ -204,7 +228,11 @@ fn after_walk_sections(report: &Report) -> String {
             fmt(cf.output_error)
         );
         for c in &cf.checks {
-            let effect = format!("{}{}", c.effect(cf.output_error, None), if c.fixes && !c.contained { ", fixes every output" } else { "" });
+            let effect = format!(
+                "{}{}",
+                c.effect(cf.output_error, None),
+                if c.fixes && !c.contained { ", fixes every output" } else { "" }
+            );
             let kept = c.kept.len();
             let _ = write!(
                 h,
@@ -240,7 +268,13 @@ pub fn render_html(report: &Report) -> String {
         h,
         r#"<header class="verdict {}" id="verdict"><h1>{}</h1><p>{}</p>{}<p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
         if pass { "pass" } else { "diverged" },
-        if crate::nothing_judged(report) { "PASS - nothing judged" } else if pass { "PASS" } else { "DIVERGED" },
+        if crate::nothing_judged(report) {
+            "PASS - nothing judged"
+        } else if pass {
+            "PASS"
+        } else {
+            "DIVERGED"
+        },
         esc(&v.summary),
         conclusions_list(&v.conclusions),
         esc(&report.model.path),
@@ -272,7 +306,12 @@ pub fn render_html(report: &Report) -> String {
             h.push_str("</ul>");
         }
         if let Some(layer) = report.first_divergent_detail.as_ref().and_then(|d| d.engine_layer.as_ref()) {
-            let _ = write!(h, r#"<p id="engine-layer">Inside TensorRT layer <code>{}</code> ({} ONNX nodes fused).</p>"#, esc(&layer.name), layer.onnx_nodes);
+            let _ = write!(
+                h,
+                r#"<p id="engine-layer">Inside TensorRT layer <code>{}</code> ({} ONNX nodes fused).</p>"#,
+                esc(&layer.name),
+                layer.onnx_nodes
+            );
         }
     }
 
@@ -306,7 +345,11 @@ pub fn render_html(report: &Report) -> String {
         }
     };
     let layers: Vec<&TensorRecord> = tensors.iter().filter(|t| !t.constant_like).collect();
-    let mut chain_line: Vec<(f64, f64)> = layers.iter().filter(|t| chain.contains(&t.name.as_str())).map(|t| (t.topo_index as f64, error_of(t))).collect();
+    let mut chain_line: Vec<(f64, f64)> = layers
+        .iter()
+        .filter(|t| chain.contains(&t.name.as_str()))
+        .map(|t| (t.topo_index as f64, error_of(t)))
+        .collect();
     chain_line.sort_by(|a, b| a.0.total_cmp(&b.0));
     let min_break = report.tolerances.walk.min_break;
     let error_chart = LogChart {
@@ -316,9 +359,21 @@ pub fn render_html(report: &Report) -> String {
         x_label: "topological index of the producing node",
         y_label: "relative L2 error",
         x_max,
-        points: layers.iter().map(|t| Point { x: t.topo_index as f64, y: error_of(t).max(1e-12), class: class_of(t), title: format!("{} ({}): {}", t.name, t.op_type, fmt(error_of(t))) }).collect(),
+        points: layers
+            .iter()
+            .map(|t| Point {
+                x: t.topo_index as f64,
+                y: error_of(t).max(1e-12),
+                class: class_of(t),
+                title: format!("{} ({}): {}", t.name, t.op_type, fmt(error_of(t))),
+            })
+            .collect(),
         line: chain_line,
-        rules: if min_break.is_finite() { vec![(min_break, format!("break threshold {}", fmt(min_break)))] } else { vec![] },
+        rules: if min_break.is_finite() {
+            vec![(min_break, format!("break threshold {}", fmt(min_break)))]
+        } else {
+            vec![]
+        },
     };
     let range_chart = LogChart {
         id: "range-plot",
@@ -329,7 +384,12 @@ pub fn render_html(report: &Report) -> String {
         x_max,
         points: tensors
             .iter()
-            .map(|t| Point { x: t.topo_index as f64, y: t.metrics.ref_max_abs.max(1e-12), class: class_of(t), title: format!("{}: max |ref| {}", t.name, fmt(t.metrics.ref_max_abs)) })
+            .map(|t| Point {
+                x: t.topo_index as f64,
+                y: t.metrics.ref_max_abs.max(1e-12),
+                class: class_of(t),
+                title: format!("{}: max |ref| {}", t.name, fmt(t.metrics.ref_max_abs)),
+            })
             .collect(),
         line: vec![],
         rules: vec![(65504.0, "FP16 max 65504".into())],

@@ -46,14 +46,16 @@ pub struct RunInfo {
 impl RunInfo {
     /// Run facts as of now: the time, the given step durations and the peak memory.
     pub fn now(durations_s: Vec<(String, f64)>) -> RunInfo {
-        let generated_at_unix_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let generated_at_unix_s =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         RunInfo { generated_at_unix_s, durations_s, peak_memory_mib: peak_memory_mib() }
     }
 }
 
 fn peak_memory_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kib: f64 =
+        status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some((kib / 1024.0 * 10.0).round() / 10.0)
 }
 
@@ -170,7 +172,14 @@ impl InputInfo {
     /// What the report says of an input fed to the model: `source` says where it came from.
     pub fn of(name: &str, tensor: &Tensor, source: &str) -> InputInfo {
         let (nan, inf) = tensor.non_finite_counts();
-        InputInfo { name: name.to_string(), shape: tensor.shape.clone(), dtype: tensor.dtype().name().to_string(), source: source.to_string(), nan, inf }
+        InputInfo {
+            name: name.to_string(),
+            shape: tensor.shape.clone(),
+            dtype: tensor.dtype().name().to_string(),
+            source: source.to_string(),
+            nan,
+            inf,
+        }
     }
 }
 
@@ -216,7 +225,13 @@ fn neighbour(ctx: &ReportContext, tensor: &str) -> Neighbour {
     Neighbour {
         tensor: tensor.to_string(),
         node: node.map(|n| n.name.clone()).unwrap_or_default(),
-        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| if ctx.index.is_graph_input(tensor) { "input".into() } else { "weight".into() }),
+        op_type: node.map(|n| n.op_type.clone()).unwrap_or_else(|| {
+            if ctx.index.is_graph_input(tensor) {
+                "input".into()
+            } else {
+                "weight".into()
+            }
+        }),
         weight: ctx.index.is_constant_like(tensor),
         error: match ctx.comparison.get(tensor) {
             Some(r) => Some(r.error_level()),
@@ -277,7 +292,14 @@ pub fn build_report(ctx: ReportContext) -> Report {
                 max_abs_err: r.metrics.max_abs_err,
                 unjudged: r.unjudged(),
             },
-            None => OutputInfo { name: o.clone(), compared: false, pass: false, rel_l2_err: f64::NAN, max_abs_err: f64::NAN, unjudged: false },
+            None => OutputInfo {
+                name: o.clone(),
+                compared: false,
+                pass: false,
+                rel_l2_err: f64::NAN,
+                max_abs_err: f64::NAN,
+                unjudged: false,
+            },
         })
         .collect();
     Report {

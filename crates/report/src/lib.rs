@@ -16,12 +16,15 @@ use std::io::Write;
 use layerwise_analysis::TensorRecord;
 use std::path::{Path, PathBuf};
 
-pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
-pub use fix_report::{kept_nodes, render_fix_html, render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, LoadStatus, ModelCheck, OtherPrecision, OutputChange, Round, FIX_SCHEMA};
+pub use fix_report::{
+    kept_nodes, render_fix_html, render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck,
+    LoadStatus, ModelCheck, OtherPrecision, OutputChange, Round, FIX_SCHEMA,
+};
 pub use formats::{render_csv, render_markdown, render_model_explorer};
 pub use html::render_html;
-pub use schema::{fix_report_schema, report_schema};
+pub use json::{build_report, InputInfo, Report, ReportContext, RunInfo, SCHEMA};
 pub use read::{parse_fix_report, parse_report, read_fix_report, read_report, ReadError};
+pub use schema::{fix_report_schema, report_schema};
 pub use terminal::render_terminal;
 
 /// Where to write the report formats of one run (each optional).
@@ -36,10 +39,16 @@ pub struct Outputs {
 
 impl Outputs {
     pub fn paths(&self) -> Vec<(&'static str, &PathBuf)> {
-        [("JSON report", &self.json), ("HTML report", &self.html), ("Markdown summary", &self.markdown), ("CSV", &self.csv), ("Model Explorer node data", &self.model_explorer)]
-            .into_iter()
-            .filter_map(|(what, p)| p.as_ref().map(|p| (what, p)))
-            .collect()
+        [
+            ("JSON report", &self.json),
+            ("HTML report", &self.html),
+            ("Markdown summary", &self.markdown),
+            ("CSV", &self.csv),
+            ("Model Explorer node data", &self.model_explorer),
+        ]
+        .into_iter()
+        .filter_map(|(what, p)| p.as_ref().map(|p| (what, p)))
+        .collect()
     }
 
     /// Writes every requested format of a report, each atomically. `fix` adds the fix to the
@@ -89,8 +98,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     if let Some(written) = layerwise_model::scratch::write_if_not_a_file(path, bytes) {
         return written.map_err(|e| err(e.to_string()));
     }
-    let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir), |t| t.path())
-        .map_err(|e| err(e.to_string()))?;
+    let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(
+        || tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir),
+        |t| t.path(),
+    )
+    .map_err(|e| err(e.to_string()))?;
     tmp.write_all(bytes).map_err(|e| err(e.to_string()))?;
     tmp.as_file().sync_all().map_err(|e| err(e.to_string()))?;
     // Temporary files are private (0600); a report gets the usual 0644.
@@ -113,7 +125,9 @@ pub fn cause_name(kind: layerwise_analysis::CauseKind) -> String {
 /// nothing was judged, which every format's heading says rather than a bare pass.
 pub fn nothing_judged(report: &Report) -> bool {
     let compared: Vec<&json::OutputInfo> = report.outputs.iter().filter(|o| o.compared).collect();
-    report.verdict.status == layerwise_analysis::Status::Pass && !compared.is_empty() && compared.iter().all(|o| o.unjudged)
+    report.verdict.status == layerwise_analysis::Status::Pass
+        && !compared.is_empty()
+        && compared.iter().all(|o| o.unjudged)
 }
 
 /// The heading over the tensors with inf/NaN on one side only: where the candidate has none in
@@ -140,13 +154,21 @@ pub fn verdict_headline(report: &Report) -> String {
     }
     let compared: Vec<&json::OutputInfo> = outputs.iter().copied().filter(|o| o.compared).collect();
     let unseen: Vec<String> = outputs.iter().filter(|o| !o.compared).map(|o| format!("'{}'", o.name)).collect();
-    let (of, not_compared) = if unseen.is_empty() { ("", String::new()) } else { (" compared", format!("; not compared: {}", unseen.join(", "))) };
+    let (of, not_compared) = if unseen.is_empty() {
+        ("", String::new())
+    } else {
+        (" compared", format!("; not compared: {}", unseen.join(", ")))
+    };
     match report.verdict.status {
         Status::Pass => {
             // Outputs all NaN/inf on both sides pass on matching inf/NaN alone: said, not counted.
-            let unjudged: Vec<String> = compared.iter().filter(|o| o.unjudged).map(|o| format!("'{}'", o.name)).collect();
+            let unjudged: Vec<String> =
+                compared.iter().filter(|o| o.unjudged).map(|o| format!("'{}'", o.name)).collect();
             if !unjudged.is_empty() && unjudged.len() == compared.len() {
-                format!("VERDICT: PASS - nothing judged: every value of {} is NaN or inf on both sides{not_compared}", unjudged.join(", "))
+                format!(
+                    "VERDICT: PASS - nothing judged: every value of {} is NaN or inf on both sides{not_compared}",
+                    unjudged.join(", ")
+                )
             } else if !unjudged.is_empty() {
                 format!("VERDICT: PASS - all {}{of} model outputs are within tolerance, but nothing judged of {} (every value NaN or inf on both sides){not_compared}", compared.len(), unjudged.join(", "))
             } else {
@@ -154,8 +176,17 @@ pub fn verdict_headline(report: &Report) -> String {
             }
         }
         Status::Diverged => {
-            let failing: Vec<String> = compared.iter().filter(|o| !o.pass).map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err))).collect();
-            format!("VERDICT: DIVERGED - {} of {}{of} outputs out of tolerance: {}{not_compared}", failing.len(), compared.len(), failing.join(", "))
+            let failing: Vec<String> = compared
+                .iter()
+                .filter(|o| !o.pass)
+                .map(|o| format!("'{}' (rel L2 {})", o.name, format_number(o.rel_l2_err)))
+                .collect();
+            format!(
+                "VERDICT: DIVERGED - {} of {}{of} outputs out of tolerance: {}{not_compared}",
+                failing.len(),
+                compared.len(),
+                failing.join(", ")
+            )
         }
     }
 }
@@ -208,7 +239,8 @@ pub(crate) fn shorten_distinct(names: &[&str], width: usize) -> Vec<String> {
             let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
             let end = (start + width - 2).min(chars.len());
             let window: String = chars[start..end].iter().collect();
-            shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+            shown[i] =
+                format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
         }
     }
     shown
@@ -297,16 +329,22 @@ mod shorten_tests {
         let cut: Vec<String> = names.iter().map(|n| shorten(n, width)).collect();
         let mut shown = cut.clone();
         for i in 0..names.len() {
-            let clash: Vec<usize> = (0..names.len()).filter(|&j| j != i && cut[j] == cut[i] && names[j] != names[i]).collect();
+            let clash: Vec<usize> =
+                (0..names.len()).filter(|&j| j != i && cut[j] == cut[i] && names[j] != names[i]).collect();
             if clash.is_empty() {
                 continue;
             }
             let chars: Vec<char> = names[i].chars().collect();
-            let differs = clash.iter().map(|&j| chars.iter().zip(names[j].chars()).take_while(|(a, b)| **a == *b).count()).min().unwrap_or(0);
+            let differs = clash
+                .iter()
+                .map(|&j| chars.iter().zip(names[j].chars()).take_while(|(a, b)| **a == *b).count())
+                .min()
+                .unwrap_or(0);
             let start = differs.saturating_sub(width / 3).min(chars.len().saturating_sub(width - 1));
             let end = (start + width - 2).min(chars.len());
             let window: String = chars[start..end].iter().collect();
-            shown[i] = format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
+            shown[i] =
+                format!("{}{window}{}", if start > 0 { "…" } else { "" }, if end < chars.len() { "…" } else { "" });
         }
         shown
     }
@@ -330,14 +368,20 @@ mod shorten_tests {
                 })
                 .collect();
             let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-            assert_eq!(shorten_distinct(&refs, width), shorten_distinct_by_definition(&refs, width), "round {round}: {refs:?} at width {width}");
+            assert_eq!(
+                shorten_distinct(&refs, width),
+                shorten_distinct_by_definition(&refs, width),
+                "round {round}: {refs:?} at width {width}"
+            );
         }
     }
 
     #[test]
     fn names_that_differ_stay_different_when_cut() {
         // Loop iterations: cut from the left (before) all showed the same tail.
-        let names: Vec<String> = (10..14).map(|k| format!("decoder/while_loop/iteration_{k}/body/transformer_block/self_attention/matmul_output_0")).collect();
+        let names: Vec<String> = (10..14)
+            .map(|k| format!("decoder/while_loop/iteration_{k}/body/transformer_block/self_attention/matmul_output_0"))
+            .collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let shown = shorten_distinct(&refs, 40);
         let distinct: std::collections::HashSet<&String> = shown.iter().collect();

@@ -26,8 +26,14 @@ struct Schema {
     schema: Option<serde_json::Value>,
 }
 
-fn parse<T: DeserializeOwned>(text: &str, name: &str, what: &'static str, expected: &'static str) -> Result<T, ReadError> {
-    let schema: Schema = serde_json::from_str(text).map_err(|e| ReadError::NotJson { name: name.into(), why: e.to_string() })?;
+fn parse<T: DeserializeOwned>(
+    text: &str,
+    name: &str,
+    what: &'static str,
+    expected: &'static str,
+) -> Result<T, ReadError> {
+    let schema: Schema =
+        serde_json::from_str(text).map_err(|e| ReadError::NotJson { name: name.into(), why: e.to_string() })?;
     match schema.schema {
         Some(serde_json::Value::String(s)) if s == expected => {}
         other => {

@@ -9,7 +9,10 @@ use crate::{FixReport, Report, FIX_SCHEMA, SCHEMA};
 
 /// The schema of a `layerwise.report/1` document (`bisect --json`, `merge`).
 pub fn report_schema() -> serde_json::Value {
-    schema_of::<Report>(SCHEMA, "A layerwise bisect report (`bisect --json`, `merge --json`); see docs/report-format.md.")
+    schema_of::<Report>(
+        SCHEMA,
+        "A layerwise bisect report (`bisect --json`, `merge --json`); see docs/report-format.md.",
+    )
 }
 
 /// The schema of a `layerwise.fix/1` document (`fix --json`).

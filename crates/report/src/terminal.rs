@@ -15,13 +15,21 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     // Only the tensors shown are escaped: escaping goes through a JSON tree of what it is given,
     // and every tensor's record made that grow with the graph (1.9 s of a 50,000-node run).
     let compared = report.tensors.len();
-    let mut worst: Vec<&layerwise_analysis::TensorRecord> = report.tensors.iter().filter(|t| !t.constant_like).collect();
+    let mut worst: Vec<&layerwise_analysis::TensorRecord> =
+        report.tensors.iter().filter(|t| !t.constant_like).collect();
     worst.sort_by(|a, b| b.error_level().total_cmp(&a.error_level()).then(a.topo_index.cmp(&b.topo_index)));
     let shown = with_tensors(report, worst.iter().take(top).map(|t| (*t).clone()).collect());
     let report = &crate::escape::for_terminal(&shown);
     let mut out = String::new();
     let m = &report.model;
-    let _ = writeln!(out, "model      {} (sha256 {}…, opset {}, {} nodes)", m.path, &m.sha256[..12.min(m.sha256.len())], m.opset, m.node_count);
+    let _ = writeln!(
+        out,
+        "model      {} (sha256 {}…, opset {}, {} nodes)",
+        m.path,
+        &m.sha256[..12.min(m.sha256.len())],
+        m.opset,
+        m.node_count
+    );
     let _ = writeln!(out, "reference  {}", report.reference.spec);
     let _ = writeln!(out, "candidate  {}", report.cand.spec);
     let _ = writeln!(
@@ -36,7 +44,11 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     );
     for t in &report.tolerances.by_tensor {
         let tol = &t.tolerance;
-        let _ = writeln!(out, "           '{}': |cand - ref| <= {} + {} * |ref| + {} * max|ref| (given for it)", t.tensor, tol.atol, tol.rtol, tol.range_tol);
+        let _ = writeln!(
+            out,
+            "           '{}': |cand - ref| <= {} + {} * |ref| + {} * max|ref| (given for it)",
+            t.tensor, tol.atol, tol.rtol, tol.range_tol
+        );
     }
     if let Some(m) = &report.extras.matching {
         let _ = writeln!(
@@ -51,19 +63,35 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     }
     if let Some(cf) = &report.extras.control_flow {
         for i in &cf.inlined {
-            let mut what = if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };
+            let mut what =
+                if i.op_type == "Loop" { format!("unrolled, {}", i.taken) } else { format!("{} taken", i.taken) };
             if let Some(other) = &i.candidate_taken {
                 what.push_str(&format!(" by the reference, {other} by the candidate model"));
             }
-            let _ = writeln!(out, "control    {} '{}': {what}; its {} nodes compared as '{}/...'", i.op_type, i.node, i.nodes, i.node);
+            let _ = writeln!(
+                out,
+                "control    {} '{}': {what}; its {} nodes compared as '{}/...'",
+                i.op_type, i.node, i.nodes, i.node
+            );
         }
         for (node, why) in &cf.kept {
             let _ = writeln!(out, "control    '{node}' left as it is, its body not compared: {why}");
         }
     }
     for i in &report.inputs {
-        let nonfinite = if i.nan + i.inf > 0 { format!("  WARNING: {} NaN, {} inf in this input", i.nan, i.inf) } else { String::new() };
-        let _ = writeln!(out, "input      {} {} {} from {}{nonfinite}", i.name, i.dtype, i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"), i.source);
+        let nonfinite = if i.nan + i.inf > 0 {
+            format!("  WARNING: {} NaN, {} inf in this input", i.nan, i.inf)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(
+            out,
+            "input      {} {} {} from {}{nonfinite}",
+            i.name,
+            i.dtype,
+            i.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
+            i.source
+        );
     }
     out.push('\n');
 
@@ -72,17 +100,30 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     if let Some(fd) = &v.first_divergent {
         let _ = writeln!(out, "\nFirst divergent layer: {} ({})", fd.node, fd.op_type);
         let _ = writeln!(out, "  tensor  {}", fd.tensor);
-        let _ = writeln!(out, "  error   inputs {} -> output {} (relative L2)", fd.input_error.map_or("not compared".to_string(), num), num(fd.output_error));
+        let _ = writeln!(
+            out,
+            "  error   inputs {} -> output {} (relative L2)",
+            fd.input_error.map_or("not compared".to_string(), num),
+            num(fd.output_error)
+        );
         let _ = writeln!(out, "  cause   {}: {}", crate::cause_name(fd.cause.best.kind), fd.cause.best.detail);
         for alt in &fd.cause.alternatives {
             let share = alt.explains.map_or("share unknown".to_string(), |e| format!("explains {:.0}%", 100.0 * e));
             let _ = writeln!(out, "  also    {} ({share}): {}", crate::cause_name(alt.kind), alt.detail);
         }
         if let Some(layer) = report.first_divergent_detail.as_ref().and_then(|d| d.engine_layer.as_ref()) {
-            let _ = writeln!(out, "  engine  inside TensorRT layer {} ({} ONNX nodes fused)", layer.name, layer.onnx_nodes);
+            let _ =
+                writeln!(out, "  engine  inside TensorRT layer {} ({} ONNX nodes fused)", layer.name, layer.onnx_nodes);
         }
     } else if let Some(end) = &v.sight_ends {
-        let _ = writeln!(out, "\nSight ends at: {} ({}), tensor {} (rel L2 {})", end.node, end.op_type, end.tensor, num(end.output_error));
+        let _ = writeln!(
+            out,
+            "\nSight ends at: {} ({}), tensor {} (rel L2 {})",
+            end.node,
+            end.op_type,
+            end.tensor,
+            num(end.output_error)
+        );
         for (t, why) in &end.unseen_inputs {
             let _ = writeln!(out, "  input not compared: {t}: {why}");
         }
@@ -92,13 +133,23 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let e = &report.extras;
     if !v.chain.is_empty() {
         let isolated = |node: &str| e.isolation.as_ref().and_then(|iso| iso.nodes.iter().find(|n| n.node == node));
-        let header = if e.isolation.is_some() { "; 'alone' = the node run by itself on the reference's inputs" } else { "" };
+        let header =
+            if e.isolation.is_some() { "; 'alone' = the node run by itself on the reference's inputs" } else { "" };
         let _ = writeln!(out, "\nBlame chain (worst output back to the first divergent layer){header}:");
         let names = crate::shorten_distinct(&v.chain.iter().map(|s| s.tensor.as_str()).collect::<Vec<_>>(), 40);
         for (i, s) in v.chain.iter().enumerate() {
             let nf = if s.nonfinite > 0 { format!("  {} inf/NaN", s.nonfinite) } else { String::new() };
-            let local = isolated(&s.node).map(|l| format!("  alone {:>9} {}", num(l.local_error), l.role)).unwrap_or_default();
-            let _ = writeln!(out, "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{local}{nf}", i, names[i], shorten(&s.op_type, 22), num(s.error), num(s.max_abs_err));
+            let local =
+                isolated(&s.node).map(|l| format!("  alone {:>9} {}", num(l.local_error), l.role)).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {:>3}. {:<40} {:<22} rel L2 {:>9}  max abs {:>9}{local}{nf}",
+                i,
+                names[i],
+                shorten(&s.op_type, 22),
+                num(s.error),
+                num(s.max_abs_err)
+            );
         }
     }
     if let Some(iso) = &e.isolation {
@@ -114,15 +165,33 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         }
     }
     if let Some(cf) = &e.counterfactual {
-        let _ = writeln!(out, "\nCounterfactual (candidate re-run with the break kept at reference precision; '{}' rel L2 {}):", cf.output, num(cf.output_error));
+        let _ = writeln!(
+            out,
+            "\nCounterfactual (candidate re-run with the break kept at reference precision; '{}' rel L2 {}):",
+            cf.output,
+            num(cf.output_error)
+        );
         for c in &cf.checks {
             let effect = c.effect(cf.output_error, None);
-            let _ = writeln!(out, "  {:<40} {:<22} -> {:>9}  {effect}{}", shorten(&c.node, 40), format!("{} ({})", c.reason, c.kept.len()), num(c.output_error_after), if c.fixes { ", fixes every output" } else { "" });
+            let _ = writeln!(
+                out,
+                "  {:<40} {:<22} -> {:>9}  {effect}{}",
+                shorten(&c.node, 40),
+                format!("{} ({})", c.reason, c.kept.len()),
+                num(c.output_error_after),
+                if c.fixes { ", fixes every output" } else { "" }
+            );
         }
     }
     if let Some(sr) = &e.search {
         let marked: usize = sr.runs.iter().map(|r| r.marked.len()).sum();
-        let _ = writeln!(out, "\nSearch marking: {} candidate runs, {} tensors marked in all (divergence threshold rel L2 {})", sr.runs.len(), marked, num(sr.threshold));
+        let _ = writeln!(
+            out,
+            "\nSearch marking: {} candidate runs, {} tensors marked in all (divergence threshold rel L2 {})",
+            sr.runs.len(),
+            marked,
+            num(sr.threshold)
+        );
         for (i, r) in sr.runs.iter().enumerate() {
             let what = if r.marked.is_empty() { "model outputs only".to_string() } else { r.marked.join(", ") };
             let _ = writeln!(out, "  run {:>2} {:<8} {}", i + 1, r.purpose, shorten(&what, 100));
@@ -137,23 +206,51 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         let _ = writeln!(out, "\nCompared after separate runs: {why}");
     }
     if let Some(sm) = &e.samples {
-        let _ = writeln!(out, "\nSamples: {} (verdict from {}: diverged samples first, then the largest output error)", sm.count, sm.worst_sample);
+        let _ = writeln!(
+            out,
+            "\nSamples: {} (verdict from {}: diverged samples first, then the largest output error)",
+            sm.count, sm.worst_sample
+        );
         for r in &sm.runs {
-            let nonfinite = r.nonfinite_inputs.map(|n| format!("  WARNING: {n} NaN/inf input values (only finite values judged)")).unwrap_or_default();
-            let _ = writeln!(out, "  {:<30} {:<8} worst output rel L2 {:>9}  first divergent {}{nonfinite}", shorten(&r.sample, 30), format!("{:?}", r.status).to_lowercase(), num(r.worst_output_error), r.first_divergent.as_deref().unwrap_or("-"));
+            let nonfinite = r
+                .nonfinite_inputs
+                .map(|n| format!("  WARNING: {n} NaN/inf input values (only finite values judged)"))
+                .unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  {:<30} {:<8} worst output rel L2 {:>9}  first divergent {}{nonfinite}",
+                shorten(&r.sample, 30),
+                format!("{:?}", r.status).to_lowercase(),
+                num(r.worst_output_error),
+                r.first_divergent.as_deref().unwrap_or("-")
+            );
         }
     }
     if !v.non_finite.is_empty() {
-        let origins: Vec<String> = v.non_finite.iter().filter(|n| n.origin).map(|n| format!("{} ({})", n.node, n.op_type)).collect();
-        let born = if origins.is_empty() { "born at no node: they enter with an input or a weight".to_string() } else { format!("born at: {}", origins.join(", ")) };
+        let origins: Vec<String> =
+            v.non_finite.iter().filter(|n| n.origin).map(|n| format!("{} ({})", n.node, n.op_type)).collect();
+        let born = if origins.is_empty() {
+            "born at no node: they enter with an input or a weight".to_string()
+        } else {
+            format!("born at: {}", origins.join(", "))
+        };
         let _ = writeln!(out, "\n{}: {} tensors; {born}", crate::non_finite_heading(v), v.non_finite.len());
         for n in v.non_finite.iter().filter(|n| n.origin && !n.on_chain) {
             let what = if n.weight { "weight value" } else { "off the blame chain" };
-            let _ = writeln!(out, "  {what}: '{}' from {} ({}) holds {} inf/NaN", n.tensor, n.node, n.op_type, n.mismatched);
+            let _ = writeln!(
+                out,
+                "  {what}: '{}' from {} ({}) holds {} inf/NaN",
+                n.tensor, n.node, n.op_type, n.mismatched
+            );
         }
     }
     if !report.weights_out_of_fp16_range.is_empty() {
-        let over: Vec<String> = report.weights_out_of_fp16_range.iter().filter(|w| w.overflow_count > 0).map(|w| format!("{} (max |w| {:.3e})", w.name, w.max_abs)).collect();
+        let over: Vec<String> = report
+            .weights_out_of_fp16_range
+            .iter()
+            .filter(|w| w.overflow_count > 0)
+            .map(|w| format!("{} (max |w| {:.3e})", w.name, w.max_abs))
+            .collect();
         if !over.is_empty() {
             let _ = writeln!(out, "\nWeights beyond the FP16 range: {}", over.join(", "));
         }
@@ -164,7 +261,11 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let closing = render_verdict_text(report);
     if !worst.is_empty() && top > 0 {
         let _ = writeln!(out, "\nWorst tensors:");
-        let _ = writeln!(out, "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8} {:>8}  pass", "tensor", "op", "rel L2", "max abs", "max rel", "cosine", "SNR dB");
+        let _ = writeln!(
+            out,
+            "  {:<40} {:<18} {:>9} {:>9} {:>9} {:>8} {:>8}  pass",
+            "tensor", "op", "rel L2", "max abs", "max rel", "cosine", "SNR dB"
+        );
         let names = crate::shorten_distinct(&worst.iter().take(top).map(|t| t.name.as_str()).collect::<Vec<_>>(), 40);
         for (t, name) in worst.iter().take(top).zip(&names) {
             let mm = &t.metrics;
@@ -228,6 +329,9 @@ fn tolerance_origin(t: &crate::json::Tolerances) -> String {
     if (t.atol, t.rtol, t.range_tol) == (defaults.atol, defaults.rtol, defaults.range_tol) {
         format!("{} defaults", t.defaults_for)
     } else {
-        format!("as given; {} defaults are {} + {} * |ref| + {} * max|ref|", t.defaults_for, defaults.atol, defaults.rtol, defaults.range_tol)
+        format!(
+            "as given; {} defaults are {} + {} * |ref| + {} * max|ref|",
+            t.defaults_for, defaults.atol, defaults.rtol, defaults.range_tol
+        )
     }
 }

@@ -1,8 +1,8 @@
 //! The one interface every backend implements. Specs are parsed in `spec.rs`; `factory.rs`
 //! creates the backend a spec names.
 
-use std::collections::HashMap;
 use layerwise_model::{GraphIndex, Model, Selection};
+use std::collections::HashMap;
 
 use layerwise_model::onnx::ModelProto;
 
@@ -54,7 +54,12 @@ pub trait Backend: Send {
     /// nodes, keep list and border) runs in the session it ran in. `request.selection` is not
     /// read. `None` where this backend cannot run parts of its program bit for bit as a whole
     /// run computes them.
-    fn run_pieces<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
+    fn run_pieces<'k>(
+        &mut self,
+        request: &RunRequest,
+        known: &dyn Fn(&str) -> Option<&'k Tensor>,
+        pieces: &[Vec<String>],
+    ) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
         let _ = (request, known, pieces);
         None
     }

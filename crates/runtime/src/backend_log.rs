@@ -75,7 +75,10 @@ pub fn record(source: &'static str, session: &str, level: LogLevel, message: &st
         return;
     }
     let Ok(mut lines) = LINES.lock() else { return };
-    if let Some(line) = lines.iter_mut().find(|l| l.source == source && l.session == session && l.level == level && l.message == message) {
+    if let Some(line) = lines
+        .iter_mut()
+        .find(|l| l.source == source && l.session == session && l.level == level && l.message == message)
+    {
         line.count += 1;
     } else if lines.len() < MOST_LINES {
         lines.push(LoggedLine { source, session: session.to_string(), level, message: message.to_string(), count: 1 });
@@ -87,13 +90,21 @@ pub fn record(source: &'static str, session: &str, level: LogLevel, message: &st
 /// Takes the lines logged by `session`, and those logged outside any session, in arrival order.
 pub fn take(session: &str) -> Vec<LoggedLine> {
     let Ok(mut lines) = LINES.lock() else { return Vec::new() };
-    let (mine, others): (Vec<_>, Vec<_>) = std::mem::take(&mut *lines).into_iter().partition(|l| l.session == session || l.session.is_empty());
+    let (mine, others): (Vec<_>, Vec<_>) =
+        std::mem::take(&mut *lines).into_iter().partition(|l| l.session == session || l.session.is_empty());
     *lines = others;
     let mut mine = mine;
     if let Ok(mut dropped) = DROPPED.lock() {
         if *dropped > 0 {
-            let message = format!("{} more log lines were not kept (only the first {MOST_LINES} distinct lines are)", *dropped);
-            mine.push(LoggedLine { source: "layerwise", session: session.to_string(), level: LogLevel::Info, message, count: 1 });
+            let message =
+                format!("{} more log lines were not kept (only the first {MOST_LINES} distinct lines are)", *dropped);
+            mine.push(LoggedLine {
+                source: "layerwise",
+                session: session.to_string(),
+                level: LogLevel::Info,
+                message,
+                count: 1,
+            });
             *dropped = 0;
         }
     }

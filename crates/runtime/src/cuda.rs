@@ -66,7 +66,8 @@ impl Cuda {
     pub fn set_device(&self, device: i32) -> Result<(), String> {
         // SAFETY: cudaSetDevice(int).
         unsafe {
-            let f: Symbol<unsafe extern "C" fn(c_int) -> c_int> = self.lib.get(b"cudaSetDevice\0").map_err(|e| e.to_string())?;
+            let f: Symbol<unsafe extern "C" fn(c_int) -> c_int> =
+                self.lib.get(b"cudaSetDevice\0").map_err(|e| e.to_string())?;
             self.check("cudaSetDevice", f(device))
         }
     }
@@ -75,7 +76,8 @@ impl Cuda {
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: cudaMalloc(void**, size_t) writes the allocation to ptr.
         unsafe {
-            let f: Symbol<unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int> = self.lib.get(b"cudaMalloc\0").map_err(|e| e.to_string())?;
+            let f: Symbol<unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int> =
+                self.lib.get(b"cudaMalloc\0").map_err(|e| e.to_string())?;
             self.check("cudaMalloc", f(&mut ptr, bytes.max(1)))?;
         }
         Ok(DeviceBuffer { ptr, bytes, cuda: self })
@@ -104,7 +106,8 @@ impl Cuda {
         let mut stream: *mut c_void = std::ptr::null_mut();
         // SAFETY: cudaStreamCreate(cudaStream_t*).
         unsafe {
-            let f: Symbol<unsafe extern "C" fn(*mut *mut c_void) -> c_int> = self.lib.get(b"cudaStreamCreate\0").map_err(|e| e.to_string())?;
+            let f: Symbol<unsafe extern "C" fn(*mut *mut c_void) -> c_int> =
+                self.lib.get(b"cudaStreamCreate\0").map_err(|e| e.to_string())?;
             self.check("cudaStreamCreate", f(&mut stream))?;
         }
         Ok(stream)

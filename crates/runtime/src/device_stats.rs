@@ -213,7 +213,11 @@ impl SampleLayout {
 
 /// Each tensor's layout from its shape in a run of one sample (`one`) and of `batch` samples;
 /// `Err` names a tensor that fits neither (its samples are not where the batch puts them).
-pub fn sample_layouts(one: &HashMap<String, Vec<usize>>, batched: &HashMap<String, Vec<usize>>, batch: usize) -> Result<HashMap<String, SampleLayout>, String> {
+pub fn sample_layouts(
+    one: &HashMap<String, Vec<usize>>,
+    batched: &HashMap<String, Vec<usize>>,
+    batch: usize,
+) -> Result<HashMap<String, SampleLayout>, String> {
     let mut layouts = HashMap::new();
     for (name, b) in batched {
         let Some(o) = one.get(name) else { continue };
@@ -287,7 +291,14 @@ pub fn load_nvrtc() -> Result<Library, String> {
 
 /// Compiles [`KERNEL_SOURCE`] to PTX for `arch` (`compute_90`). Needs only NVRTC, no GPU.
 pub fn compile_kernels(nvrtc: &Library, arch: &str) -> Result<Vec<u8>, String> {
-    type Create = unsafe extern "C" fn(*mut *mut c_void, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> c_int;
+    type Create = unsafe extern "C" fn(
+        *mut *mut c_void,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int;
     type Compile = unsafe extern "C" fn(*mut c_void, c_int, *const *const c_char) -> c_int;
     type Size = unsafe extern "C" fn(*mut c_void, *mut usize) -> c_int;
     type Get = unsafe extern "C" fn(*mut c_void, *mut c_char) -> c_int;
@@ -308,7 +319,14 @@ pub fn compile_kernels(nvrtc: &Library, arch: &str) -> Result<Vec<u8>, String> {
         let get_log: Get = std::mem::transmute(sym(b"nvrtcGetProgramLog\0")?);
         let destroy: Destroy = std::mem::transmute(sym(b"nvrtcDestroyProgram\0")?);
         let mut program = std::ptr::null_mut();
-        let code = create(&mut program, source.as_ptr(), c"layerwise_pairs.cu".as_ptr(), 0, std::ptr::null(), std::ptr::null());
+        let code = create(
+            &mut program,
+            source.as_ptr(),
+            c"layerwise_pairs.cu".as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
         if code != 0 {
             return Err(format!("nvrtcCreateProgram failed: {code}"));
         }
@@ -319,7 +337,10 @@ pub fn compile_kernels(nvrtc: &Library, arch: &str) -> Result<Vec<u8>, String> {
             log_size(program, &mut size);
             let mut log = vec![0 as c_char; size.max(1)];
             get_log(program, log.as_mut_ptr());
-            Err(format!("NVRTC could not compile the reduction kernels ({code}): {}", CStr::from_ptr(log.as_ptr()).to_string_lossy()))
+            Err(format!(
+                "NVRTC could not compile the reduction kernels ({code}): {}",
+                CStr::from_ptr(log.as_ptr()).to_string_lossy()
+            ))
         } else {
             let mut size = 0usize;
             ptx_size(program, &mut size);
@@ -335,28 +356,54 @@ pub fn compile_kernels(nvrtc: &Library, arch: &str) -> Result<Vec<u8>, String> {
 impl DeviceReducer {
     /// The kernels built for GPU `device` (as CUDA numbers it), in its primary context.
     pub fn new(device: u32) -> Result<DeviceReducer, String> {
-        let driver = load_first(&["libcuda.so.1", "libcuda.so"]).map_err(|e| format!("the CUDA driver could not be loaded ({e})"))?;
+        let driver = load_first(&["libcuda.so.1", "libcuda.so"])
+            .map_err(|e| format!("the CUDA driver could not be loaded ({e})"))?;
         let nvrtc = load_nvrtc()?;
-        let mut reducer = DeviceReducer { driver, context: std::ptr::null_mut(), totals_kernel: std::ptr::null_mut(), violations_kernel: std::ptr::null_mut(), scratch: [(0, 0); 3] };
+        let mut reducer = DeviceReducer {
+            driver,
+            context: std::ptr::null_mut(),
+            totals_kernel: std::ptr::null_mut(),
+            violations_kernel: std::ptr::null_mut(),
+            scratch: [(0, 0); 3],
+        };
         // SAFETY: the driver API's documented entry points, with out-pointers to locals.
         unsafe {
             reducer.call("cuInit", |f: unsafe extern "C" fn(c_uint) -> CuResult| f(0))?;
             let mut dev: c_int = 0;
-            reducer.call("cuDeviceGet", |f: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult| f(&mut dev, device as c_int))?;
+            reducer.call("cuDeviceGet", |f: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult| {
+                f(&mut dev, device as c_int)
+            })?;
             let (mut major, mut minor): (c_int, c_int) = (0, 0);
             // 75, 76: CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR.
-            reducer.call("cuDeviceGetAttribute", |f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult| f(&mut major, 75, dev))?;
-            reducer.call("cuDeviceGetAttribute", |f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult| f(&mut minor, 76, dev))?;
+            reducer.call("cuDeviceGetAttribute", |f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult| {
+                f(&mut major, 75, dev)
+            })?;
+            reducer.call("cuDeviceGetAttribute", |f: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> CuResult| {
+                f(&mut minor, 76, dev)
+            })?;
             let mut context = std::ptr::null_mut();
-            reducer.call("cuDevicePrimaryCtxRetain", |f: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult| f(&mut context, dev))?;
+            reducer
+                .call("cuDevicePrimaryCtxRetain", |f: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult| {
+                    f(&mut context, dev)
+                })?;
             reducer.context = context;
             reducer.make_current()?;
             let ptx = compile_kernels(&nvrtc, &format!("compute_{major}{minor}"))?;
             let mut module = std::ptr::null_mut();
-            reducer.call("cuModuleLoadData", |f: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult| f(&mut module, ptx.as_ptr().cast()))?;
+            reducer.call(
+                "cuModuleLoadData",
+                |f: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> CuResult| {
+                    f(&mut module, ptx.as_ptr().cast())
+                },
+            )?;
             let mut functions = [std::ptr::null_mut(); 2];
             for (name, function) in [c"pair_totals", c"pair_violations"].into_iter().zip(&mut functions) {
-                reducer.call("cuModuleGetFunction", |f: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult| f(function, module, name.as_ptr()))?;
+                reducer.call(
+                    "cuModuleGetFunction",
+                    |f: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> CuResult| {
+                        f(function, module, name.as_ptr())
+                    },
+                )?;
             }
             [reducer.totals_kernel, reducer.violations_kernel] = functions;
         }
@@ -375,7 +422,9 @@ impl DeviceReducer {
             return Ok(());
         }
         let mut text: *const c_char = std::ptr::null();
-        if let Ok(describe) = self.driver.get::<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>(b"cuGetErrorString\0") {
+        if let Ok(describe) =
+            self.driver.get::<unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult>(b"cuGetErrorString\0")
+        {
             describe(code, &mut text);
         }
         let text = if text.is_null() { String::new() } else { CStr::from_ptr(text).to_string_lossy().to_string() };
@@ -391,7 +440,11 @@ impl DeviceReducer {
     fn alloc(&self, bytes: usize) -> Result<u64, String> {
         let mut ptr = 0u64;
         // SAFETY: cuMemAlloc_v2(CUdeviceptr*, size_t).
-        unsafe { self.call("cuMemAlloc_v2", |f: unsafe extern "C" fn(*mut u64, usize) -> CuResult| f(&mut ptr, bytes.max(8)))? };
+        unsafe {
+            self.call("cuMemAlloc_v2", |f: unsafe extern "C" fn(*mut u64, usize) -> CuResult| {
+                f(&mut ptr, bytes.max(8))
+            })?
+        };
         Ok(ptr)
     }
 
@@ -402,20 +455,56 @@ impl DeviceReducer {
 
     fn to_device<T: Copy>(&self, dst: u64, values: &[T]) -> Result<(), String> {
         // SAFETY: cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t) from a live slice into a buffer at least as large.
-        unsafe { self.call("cuMemcpyHtoD_v2", |f: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult| f(dst, values.as_ptr().cast(), std::mem::size_of_val(values))) }
+        unsafe {
+            self.call("cuMemcpyHtoD_v2", |f: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult| {
+                f(dst, values.as_ptr().cast(), std::mem::size_of_val(values))
+            })
+        }
     }
 
     fn to_host<T: Copy>(&self, values: &mut [T], src: u64) -> Result<(), String> {
         // SAFETY: cuMemcpyDtoH_v2(void*, CUdeviceptr, size_t) into a live slice from a buffer at least as large.
-        unsafe { self.call("cuMemcpyDtoH_v2", |f: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult| f(values.as_mut_ptr().cast(), src, std::mem::size_of_val(values))) }
+        unsafe {
+            self.call("cuMemcpyDtoH_v2", |f: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult| {
+                f(values.as_mut_ptr().cast(), src, std::mem::size_of_val(values))
+            })
+        }
     }
 
     fn launch(&self, kernel: *mut c_void, blocks: usize, table: u64, out: u64) -> Result<(), String> {
         let (mut table, mut out) = (table, out);
         let mut params = [(&mut table as *mut u64).cast::<c_void>(), (&mut out as *mut u64).cast::<c_void>()];
-        type Launch = unsafe extern "C" fn(*mut c_void, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, *mut c_void, *mut *mut c_void, *mut *mut c_void) -> CuResult;
+        type Launch = unsafe extern "C" fn(
+            *mut c_void,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            *mut c_void,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> CuResult;
         // SAFETY: cuLaunchKernel with the two pointer parameters the kernels take, on the default stream.
-        unsafe { self.call("cuLaunchKernel", |f: Launch| f(kernel, blocks as c_uint, 1, 1, THREADS, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut())) }
+        unsafe {
+            self.call("cuLaunchKernel", |f: Launch| {
+                f(
+                    kernel,
+                    blocks as c_uint,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    std::ptr::null_mut(),
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            })
+        }
     }
 
     /// `values` copied to a new device buffer (freed by [`DeviceReducer::release`]): for checks
@@ -477,7 +566,9 @@ impl DeviceReducer {
         }
         let started = std::time::Instant::now();
         let mut buffers = [0u64; 3];
-        for (k, bytes) in [std::mem::size_of_val(rows.as_slice()), rows.len() * SLOTS * 8, rows.len() * 8].into_iter().enumerate() {
+        for (k, bytes) in
+            [std::mem::size_of_val(rows.as_slice()), rows.len() * SLOTS * 8, rows.len() * 8].into_iter().enumerate()
+        {
             buffers[k] = self.scratch_of(k, bytes)?;
         }
         let [table, totals, counts] = buffers;
@@ -485,7 +576,8 @@ impl DeviceReducer {
         self.launch(self.totals_kernel, rows.len(), table, totals)?;
         let mut partial = vec![[0f64; SLOTS]; rows.len()];
         self.to_host(&mut partial, totals)?;
-        let mut folded: Vec<PairTotals> = pairs.iter().zip(&spans).map(|(p, span)| fold(p.len, &partial[span.clone()])).collect();
+        let mut folded: Vec<PairTotals> =
+            pairs.iter().zip(&spans).map(|(p, span)| fold(p.len, &partial[span.clone()])).collect();
         // The allowance needs the pair's range, known only now (`Tolerance`'s rule).
         for ((p, span), t) in pairs.iter().zip(&spans).zip(&folded) {
             let range = if t.sentinels > 0 { t.compared_max } else { t.ref_max_abs };
@@ -500,7 +592,14 @@ impl DeviceReducer {
         for (t, span) in folded.iter_mut().zip(&spans) {
             t.finite_violations = violations[span.clone()].iter().map(|&v| v as usize).sum();
         }
-        crate::timing_mark(|| format!("GPU reduction of {} pairs in {} chunks: {:.2} ms", pairs.len(), rows.len(), 1e3 * started.elapsed().as_secs_f64()));
+        crate::timing_mark(|| {
+            format!(
+                "GPU reduction of {} pairs in {} chunks: {:.2} ms",
+                pairs.len(),
+                rows.len(),
+                1e3 * started.elapsed().as_secs_f64()
+            )
+        });
         Ok(folded)
     }
 
@@ -571,15 +670,25 @@ mod tests {
         let batched = shapes(&[("conv", &[4, 8, 4, 4]), ("rows", &[12, 16]), ("weights", &[16, 16]), ("shape", &[4])]);
         let layouts = sample_layouts(&one, &batched, 4).unwrap();
         assert_eq!(layouts["conv"], SampleLayout::Split { axis: 0, outer: 1, block: 128 });
-        assert_eq!(layouts["rows"], SampleLayout::Split { axis: 0, outer: 1, block: 48 }, "a first dimension that folds the batch in");
+        assert_eq!(
+            layouts["rows"],
+            SampleLayout::Split { axis: 0, outer: 1, block: 48 },
+            "a first dimension that folds the batch in"
+        );
         assert_eq!(layouts["weights"], SampleLayout::Shared);
         assert_eq!(layouts["shape"], SampleLayout::Shared);
         // Time-major, or attention's query/key/value first: the samples lie along the second axis.
-        let layouts = sample_layouts(&shapes(&[("qkv", &[3, 1, 8, 40, 15])]), &shapes(&[("qkv", &[3, 4, 8, 40, 15])]), 4).unwrap();
+        let layouts =
+            sample_layouts(&shapes(&[("qkv", &[3, 1, 8, 40, 15])]), &shapes(&[("qkv", &[3, 4, 8, 40, 15])]), 4)
+                .unwrap();
         let qkv = layouts["qkv"];
         assert_eq!(qkv, SampleLayout::Split { axis: 1, outer: 3, block: 4800 });
         assert_eq!(qkv.per_sample(&[3, 4, 8, 40, 15], 4), vec![3, 1, 8, 40, 15]);
-        assert_eq!(qkv.part(2, 4, 3 * 4 * 4800), (2 * 4800, 3, 4800, 4 * 4800), "sample 2: its block in each of the 3 outer rows");
+        assert_eq!(
+            qkv.part(2, 4, 3 * 4 * 4800),
+            (2 * 4800, 3, 4800, 4 * 4800),
+            "sample 2: its block in each of the 3 outer rows"
+        );
         // Two axes changed: no sample lies in one place.
         let err = sample_layouts(&shapes(&[("m", &[2, 3])]), &shapes(&[("m", &[8, 6])]), 4).unwrap_err();
         assert!(err.contains("tensor 'm' is [2x3] for one sample and [8x6] for 4"), "{err}");

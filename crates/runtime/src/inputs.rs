@@ -44,7 +44,8 @@ pub fn declared_inputs(model: &Model, index: &GraphIndex) -> Vec<InputDecl> {
             };
             let dtype = match tensor {
                 None => Err("not a tensor input".to_string()),
-                Some(t) => DType::from_onnx(t.elem_type()).ok_or_else(|| format!("element type {} is not supported", data_type_name(t.elem_type()))),
+                Some(t) => DType::from_onnx(t.elem_type())
+                    .ok_or_else(|| format!("element type {} is not supported", data_type_name(t.elem_type()))),
             };
             let dims = tensor.and_then(|t| t.shape.as_ref()).map(|s| {
                 s.dim
@@ -118,10 +119,15 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     repeated("--input", options.npy.iter().map(|(n, _)| n).collect())?;
     for (name, lo, hi) in &options.ranges {
         if !known(name) {
-            return Err(RuntimeError::Input(format!("--val-range names '{name}', which is not a model input (inputs: {})", names())));
+            return Err(RuntimeError::Input(format!(
+                "--val-range names '{name}', which is not a model input (inputs: {})",
+                names()
+            )));
         }
         if !(lo.is_finite() && hi.is_finite() && lo <= hi) {
-            return Err(RuntimeError::Input(format!("--val-range for '{name}' must be LO,HI with LO <= HI, got {lo},{hi}")));
+            return Err(RuntimeError::Input(format!(
+                "--val-range for '{name}' must be LO,HI with LO <= HI, got {lo},{hi}"
+            )));
         }
     }
 
@@ -132,7 +138,11 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     if let Some(path) = &options.npz {
         let source = format!("npz:{}", path.display());
         let mut expect = |name: &str, dtype: DType, shape: &[usize]| match decls.iter().find(|d| d.name == name) {
-            None => Err(RuntimeError::UnknownArray { file: path.clone(), array: excerpt(name), inputs: decls.iter().map(|d| d.name.clone()).collect() }),
+            None => Err(RuntimeError::UnknownArray {
+                file: path.clone(),
+                array: excerpt(name),
+                inputs: decls.iter().map(|d| d.name.clone()).collect(),
+            }),
             Some(decl) => check_header(decl, dtype, shape, &source),
         };
         for (name, tensor) in read_npz_checked(path, &mut expect)? {
@@ -159,7 +169,9 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     for (position, decl) in decls.iter().enumerate() {
         let dtype = decl.dtype.clone().map_err(|why| RuntimeError::Input(format!("input '{}': {why}", decl.name)))?;
         if let Some((tensor, source)) = from_files.remove(&decl.name) {
-            if let Some((_, shape)) = options.shapes.iter().find(|(n, _)| *n == decl.name).filter(|(_, s)| *s != tensor.shape) {
+            if let Some((_, shape)) =
+                options.shapes.iter().find(|(n, _)| *n == decl.name).filter(|(_, s)| *s != tensor.shape)
+            {
                 return Err(RuntimeError::Input(format!(
                     "--input-shape {}:{} conflicts with the shape {} that {source} holds for '{}'; leave --input-shape out for inputs given as files",
                     decl.name,
@@ -210,11 +222,18 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
                 }
             },
         };
-        check_fits(tensor_bytes(&shape, dtype.size()), &shape).map_err(|why| RuntimeError::Input(format!("input '{}': {why}", decl.name)))?;
-        let (lo, hi) = options.ranges.iter().find(|(n, _, _)| *n == decl.name).map(|(_, lo, hi)| (*lo, *hi)).unwrap_or(DEFAULT_RANGE);
+        check_fits(tensor_bytes(&shape, dtype.size()), &shape)
+            .map_err(|why| RuntimeError::Input(format!("input '{}': {why}", decl.name)))?;
+        let (lo, hi) = options
+            .ranges
+            .iter()
+            .find(|(n, _, _)| *n == decl.name)
+            .map(|(_, lo, hi)| (*lo, *hi))
+            .unwrap_or(DEFAULT_RANGE);
         // One stream per input, derived from the seed and the input's position: adding an input
         // file for one input does not change the random values of the others.
-        let mut rng = ChaCha8Rng::seed_from_u64(options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(position as u64));
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(options.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(position as u64));
         let tensor = random_tensor(&mut rng, dtype, shape, lo, hi);
         let source = format!("random(seed={}, range=[{lo},{hi}])", options.seed);
         prepared.push(PreparedInput { name: decl.name.clone(), tensor, source });
@@ -222,7 +241,10 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
     if !unresolved.is_empty() {
         // An example with the first unresolved input's rank: its fixed dims, 1 for the first
         // dynamic one (usually the batch), 64 for the others.
-        let decl = decls.iter().find(|d| unresolved.iter().any(|u| u.starts_with(&format!("'{}'", d.name)))).expect("unresolved input");
+        let decl = decls
+            .iter()
+            .find(|d| unresolved.iter().any(|u| u.starts_with(&format!("'{}'", d.name))))
+            .expect("unresolved input");
         let dims: Vec<String> = decl
             .dims
             .iter()
@@ -251,7 +273,12 @@ pub fn prepare_inputs(decls: &[InputDecl], options: &InputOptions) -> Result<Vec
 fn check_header(decl: &InputDecl, dtype: DType, shape: &[usize], source: &str) -> Result<(), RuntimeError> {
     let Ok(wanted) = decl.dtype.clone() else { return Ok(()) };
     if dtype != wanted {
-        return Err(RuntimeError::Input(format!("input '{}' must be {} but {source} holds {}", decl.name, wanted.name(), dtype.name())));
+        return Err(RuntimeError::Input(format!(
+            "input '{}' must be {} but {source} holds {}",
+            decl.name,
+            wanted.name(),
+            dtype.name()
+        )));
     }
     if let Some(dims) = &decl.dims {
         check_shape(decl, dims, shape, source, &mut HashMap::new())?;
@@ -289,7 +316,14 @@ fn check_shape(
     source: &str,
     symbols: &mut HashMap<String, (usize, String)>,
 ) -> Result<(), RuntimeError> {
-    let declared: Vec<String> = dims.iter().map(|d| match d { DeclaredDim::Fixed(v) => v.to_string(), DeclaredDim::Dynamic(n) if n.is_empty() => "?".into(), DeclaredDim::Dynamic(n) => n.clone() }).collect();
+    let declared: Vec<String> = dims
+        .iter()
+        .map(|d| match d {
+            DeclaredDim::Fixed(v) => v.to_string(),
+            DeclaredDim::Dynamic(n) if n.is_empty() => "?".into(),
+            DeclaredDim::Dynamic(n) => n.clone(),
+        })
+        .collect();
     let mismatch = || {
         RuntimeError::Input(format!(
             "input '{}' has shape {} from {source}, but the model declares [{}]",
@@ -328,7 +362,11 @@ pub fn random_tensor(rng: &mut ChaCha8Rng, dtype: DType, shape: Vec<usize>, lo: 
     let float = |rng: &mut ChaCha8Rng| lo + (hi - lo) * rng.random::<f64>();
     let int = |rng: &mut ChaCha8Rng| {
         let (a, b) = (lo.ceil() as i64, hi.floor() as i64);
-        if b <= a { a } else { rng.random_range(a..=b) }
+        if b <= a {
+            a
+        } else {
+            rng.random_range(a..=b)
+        }
     };
     let data = match dtype {
         DType::F32 => TensorData::F32((0..n).map(|_| float(rng) as f32).collect()),
@@ -365,7 +403,9 @@ pub fn sample_shapes(decls: &[InputDecl], options: &InputOptions) -> Option<Vec<
         put(&mut found, name, t.dtype(), t.shape.clone());
     }
     // A file whose header does not match the model is left to the inputs' own checks.
-    let matches = |name: &str, dtype: DType, shape: &[usize]| decls.iter().find(|d| d.name == name).is_some_and(|d| check_header(d, dtype, shape, "").is_ok());
+    let matches = |name: &str, dtype: DType, shape: &[usize]| {
+        decls.iter().find(|d| d.name == name).is_some_and(|d| check_header(d, dtype, shape, "").is_ok())
+    };
     for (name, path) in &options.npy {
         let (dtype, shape) = crate::npy::npy_header(path).ok().filter(|(d, s)| matches(name, *d, s))?;
         put(&mut found, name, dtype, shape);
@@ -385,7 +425,12 @@ pub fn sample_shapes(decls: &[InputDecl], options: &InputOptions) -> Option<Vec<
         let dtype = decl.dtype.clone().ok()?;
         let shape = match options.shapes.iter().find(|(n, _)| *n == decl.name) {
             Some((_, shape)) => shape.clone(),
-            None => decl.dims.as_ref()?.iter().map(|d| if let DeclaredDim::Fixed(v) = d { Some(*v) } else { None }).collect::<Option<Vec<usize>>>()?,
+            None => decl
+                .dims
+                .as_ref()?
+                .iter()
+                .map(|d| if let DeclaredDim::Fixed(v) = d { Some(*v) } else { None })
+                .collect::<Option<Vec<usize>>>()?,
         };
         // An input that alone cannot be held gets its own message where it is prepared.
         check_fits(tensor_bytes(&shape, dtype.size()), &shape).ok()?;
@@ -441,8 +486,13 @@ impl MemoryEstimate {
     /// with one tensor per group; `whole` where every tensor must be held at once
     /// (`--save-tensors`).
     pub fn least_tensors(&self, may_pair: bool, whole: bool) -> u64 {
-        let separate = if whole { self.separate(self.tensors.max(self.outputs)) } else { self.separate(self.smallest_group()) };
-        if may_pair { separate.min(self.paired()) } else { separate }
+        let separate =
+            if whole { self.separate(self.tensors.max(self.outputs)) } else { self.separate(self.smallest_group()) };
+        if may_pair {
+            separate.min(self.paired())
+        } else {
+            separate
+        }
     }
 
     /// The sessions' copies of the weights on top: layerwise's copy, the reference session's,
@@ -458,9 +508,17 @@ impl MemoryEstimate {
 
 /// The estimate for `model` fed `shapes` (of [`sample_shapes`]). `cand_weights`: a candidate
 /// model's weights, held beside the reference's.
-pub fn estimate_memory(model: &Model, index: &GraphIndex, shapes: &[(String, DType, Vec<usize>)], cand_weights: u64) -> MemoryEstimate {
+pub fn estimate_memory(
+    model: &Model,
+    index: &GraphIndex,
+    shapes: &[(String, DType, Vec<usize>)],
+    cand_weights: u64,
+) -> MemoryEstimate {
     let bytes = |shape: &[usize], dtype: DType| tensor_bytes(shape, dtype.size()).unwrap_or(u64::MAX);
-    let mut e = MemoryEstimate { inputs: shapes.iter().map(|(_, d, s)| bytes(s, *d)).fold(0u64, u64::saturating_add), ..Default::default() };
+    let mut e = MemoryEstimate {
+        inputs: shapes.iter().map(|(_, d, s)| bytes(s, *d)).fold(0u64, u64::saturating_add),
+        ..Default::default()
+    };
     e.weights = weight_bytes(model).saturating_add(cand_weights);
     let named: Vec<(String, Vec<usize>)> = shapes.iter().map(|(n, _, s)| (n.clone(), s.clone())).collect();
     // Where ONNX Runtime cannot type the model, the inputs and weights alone are the estimate.
@@ -488,7 +546,9 @@ pub fn weight_bytes(model: &Model) -> u64 {
     while let Some(g) = stack.pop() {
         for t in &g.initializer {
             let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
-            total = total.saturating_add(layerwise_model::data_type_size(t.data_type()).and_then(|s| tensor_bytes(&dims, s)).unwrap_or(0));
+            total = total.saturating_add(
+                layerwise_model::data_type_size(t.data_type()).and_then(|s| tensor_bytes(&dims, s)).unwrap_or(0),
+            );
         }
         for n in &g.node {
             for a in &n.attribute {
@@ -516,7 +576,9 @@ pub fn check_memory<'a>(
     may_pair: bool,
     whole: bool,
 ) -> Result<(), RuntimeError> {
-    let bytes = |s: &[(String, DType, Vec<usize>)]| s.iter().map(|(_, d, s)| tensor_bytes(s, d.size()).unwrap_or(u64::MAX)).fold(0u64, u64::saturating_add);
+    let bytes = |s: &[(String, DType, Vec<usize>)]| {
+        s.iter().map(|(_, d, s)| tensor_bytes(s, d.size()).unwrap_or(u64::MAX)).fold(0u64, u64::saturating_add)
+    };
     let Some(shapes) = samples.filter_map(|o| sample_shapes(decls, o)).max_by_key(|s| bytes(s)) else { return Ok(()) };
     let e = estimate_memory(model, index, &shapes, cand.map_or(0, weight_bytes));
     let least = e.least_tensors(may_pair, whole);

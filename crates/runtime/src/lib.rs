@@ -6,27 +6,30 @@
 //! which backend produced a tensor.
 
 mod backend;
-mod factory;
-mod spec;
 pub mod backend_log;
 pub mod device_stats;
 mod error;
+mod factory;
 pub mod inputs;
 pub mod npy;
 mod optimized_pieces;
 mod ort_backend;
-pub use ort_backend::{check_types, float32_tensors, share_cpu, tensor_types, tensor_types_for_any_shapes, timing_mark, release_freed_memory, CpuShare, InferredType, ModelSession};
+mod spec;
+pub use ort_backend::{
+    check_types, float32_tensors, release_freed_memory, share_cpu, tensor_types, tensor_types_for_any_shapes,
+    timing_mark, CpuShare, InferredType, ModelSession,
+};
+#[cfg(feature = "tensorrt")]
+mod cuda;
 pub mod ortlib;
 pub mod paired;
 pub mod saved;
-pub mod typed;
-#[cfg(feature = "tensorrt")]
-mod cuda;
 #[cfg(feature = "tensorrt")]
 pub mod trt;
+pub mod typed;
 
 pub use backend::{Backend, DeviceRun, DeviceTensor, OnnxProgram, RunOutput, RunRequest};
-pub use factory::create_backend;
-pub use spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, KNOWN_SPECS};
 pub use error::RuntimeError;
+pub use factory::create_backend;
 pub use layerwise_model::tensor::{shape_string, DType, Tensor, TensorData};
+pub use spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision, KNOWN_SPECS};

@@ -80,7 +80,10 @@ fn read_header<R: Read>(reader: &mut R, path: &Path) -> Result<(NpyHeader, u64),
         }
     }
     if deepest > MAX_NESTING {
-        return Err(bad(path, format!("its .npy header nests brackets {deepest} deep (an array's header nests 2); refused")));
+        return Err(bad(
+            path,
+            format!("its .npy header nests brackets {deepest} deep (an array's header nests 2); refused"),
+        ));
     }
     let header = NpyHeader::from_reader(&bytes[..]).map_err(|e| invalid(&e.to_string()))?;
     Ok((header, bytes.len() as u64))
@@ -118,7 +121,13 @@ fn declared(header: &NpyHeader, path: &Path) -> Result<(DType, Vec<usize>), Runt
 /// Reads one array whose header `reader` is at: the header first, checked ([`declared`], then
 /// `expect`, then against the `available` bytes of data where they are known), and only then its
 /// data, into a vector allocated once.
-fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option<u64>, expect: Expect) -> Result<Tensor, RuntimeError> {
+fn read_array<R: Read>(
+    mut reader: R,
+    path: &Path,
+    name: &str,
+    available: Option<u64>,
+    expect: Expect,
+) -> Result<Tensor, RuntimeError> {
     let (header, header_bytes) = read_header(&mut reader, path)?;
     let (dtype, shape) = declared(&header, path)?;
     expect(name, dtype, &shape)?;
@@ -127,7 +136,13 @@ fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option
     if let Some(available) = available {
         let follow = available.saturating_sub(header_bytes);
         if data_bytes > follow {
-            return Err(bad(path, format!("its header declares shape {} ({data_bytes} bytes of data), but only {follow} bytes follow", shape_string(&shape))));
+            return Err(bad(
+                path,
+                format!(
+                    "its header declares shape {} ({data_bytes} bytes of data), but only {follow} bytes follow",
+                    shape_string(&shape)
+                ),
+            ));
         }
     }
     let fortran = header.order() == npyz::Order::Fortran;
@@ -136,7 +151,10 @@ fn read_array<R: Read>(mut reader: R, path: &Path, name: &str, available: Option
     macro_rules! values {
         ($t:ty) => {{
             let mut values: Vec<$t> = Vec::with_capacity(numel);
-            for v in npy.data::<$t>().map_err(|e| bad(path, format!("cannot read array data: {}", excerpt(&e.to_string()))))? {
+            for v in npy
+                .data::<$t>()
+                .map_err(|e| bad(path, format!("cannot read array data: {}", excerpt(&e.to_string()))))?
+            {
                 values.push(v.map_err(e)?);
             }
             // numpy and ONNX Runtime take Fortran-ordered arrays (`np.asfortranarray`, a
@@ -242,7 +260,9 @@ pub fn npz_headers(path: &Path) -> Result<Vec<(String, DType, Vec<usize>)>, Runt
     let mut archive = open_archive(BufReader::new(f), path)?;
     let mut found = Vec::new();
     for i in 0..archive.len() {
-        let mut member = archive.by_index(i).map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))?;
+        let mut member = archive
+            .by_index(i)
+            .map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))?;
         let Some(name) = npyz::npz::array_name_from_file_name(member.name()).map(str::to_string) else { continue };
         let inner = path.join(excerpt(&name));
         let (header, _) = read_header(&mut member, &inner)?;
@@ -260,14 +280,21 @@ pub fn npy_header(path: &Path) -> Result<(DType, Vec<usize>), RuntimeError> {
 }
 
 fn open_archive<R: Read + Seek>(reader: R, path: &Path) -> Result<npyz::zip::ZipArchive<R>, RuntimeError> {
-    npyz::zip::ZipArchive::new(reader).map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))
+    npyz::zip::ZipArchive::new(reader)
+        .map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))
 }
 
-fn read_npz_from_checked<R: Read + Seek>(reader: R, path: &Path, expect: Expect) -> Result<Vec<(String, Tensor)>, RuntimeError> {
+fn read_npz_from_checked<R: Read + Seek>(
+    reader: R,
+    path: &Path,
+    expect: Expect,
+) -> Result<Vec<(String, Tensor)>, RuntimeError> {
     let mut archive = open_archive(reader, path)?;
     let mut out: Vec<(String, Tensor)> = Vec::new();
     for i in 0..archive.len() {
-        let member = archive.by_index(i).map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))?;
+        let member = archive
+            .by_index(i)
+            .map_err(|e| bad(path, format!("not a valid .npz archive: {}", excerpt(&e.to_string()))))?;
         let Some(name) = npyz::npz::array_name_from_file_name(member.name()).map(str::to_string) else { continue };
         let inner = path.join(excerpt(&name));
         if out.iter().any(|(n, _)| *n == name) {
@@ -280,7 +307,11 @@ fn read_npz_from_checked<R: Read + Seek>(reader: R, path: &Path, expect: Expect)
     Ok(out)
 }
 
-fn write_typed<T: npyz::Serialize + npyz::AutoSerialize + Copy, W: Write>(w: W, shape: &[u64], v: &[T]) -> io::Result<()> {
+fn write_typed<T: npyz::Serialize + npyz::AutoSerialize + Copy, W: Write>(
+    w: W,
+    shape: &[u64],
+    v: &[T],
+) -> io::Result<()> {
     let mut writer = npyz::WriteOptions::new().default_dtype().shape(shape).writer(w).begin_nd()?;
     writer.extend(v.iter().copied())?;
     writer.finish()
@@ -320,7 +351,9 @@ pub fn write_npz(path: &Path, tensors: &[(&str, &Tensor)]) -> Result<(), Runtime
     let f = File::create(path).map_err(io)?;
     let mut zip = npyz::zip::ZipWriter::new(BufWriter::new(f));
     for (name, t) in tensors {
-        let options = npyz::zip::write::FileOptions::default().compression_method(npyz::zip::CompressionMethod::Stored).large_file(true);
+        let options = npyz::zip::write::FileOptions::default()
+            .compression_method(npyz::zip::CompressionMethod::Stored)
+            .large_file(true);
         zip.start_file(npyz::npz::file_name_from_array_name(name), options).map_err(|e| io(e.into()))?;
         write_npy(&mut zip, t).map_err(io)?;
     }

@@ -48,7 +48,8 @@ const PIECE_PREFIX: &str = "__lw_piece";
 
 /// Operators whose output differs from one run to the next: a copy would not compute the value
 /// the original computes, so they are never constant.
-const RANDOM_OPS: [&str; 6] = ["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+const RANDOM_OPS: [&str; 6] =
+    ["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
 
 /// Whether a graph of `nodes` nodes is worth cutting at `piece_nodes` nodes a piece.
 pub(crate) fn worth_cutting(nodes: usize, piece_nodes: usize) -> bool {
@@ -87,7 +88,9 @@ pub(crate) fn optimized_in_pieces(
     let mut constant_node = vec![false; n];
     for (i, node) in graph.node.iter().enumerate() {
         let read = || node.input.iter().map(String::as_str).filter(|t| !t.is_empty());
-        if let Some(t) = read().find(|t| !graph_inputs.contains(t) && !weights.contains_key(t) && !producer.contains_key(t)) {
+        if let Some(t) =
+            read().find(|t| !graph_inputs.contains(t) && !weights.contains_key(t) && !producer.contains_key(t))
+        {
             return Err(format!("'{t}' is read before it is computed"));
         }
         constant_node[i] = !RANDOM_OPS.contains(&node.op_type()) && read().all(|t| constant.contains(t));
@@ -137,7 +140,12 @@ pub(crate) fn optimized_in_pieces(
     starts.push(n);
 
     let shell = ModelProto { graph: None, ..proto.clone() };
-    let mut joined = GraphProto { name: graph.name.clone(), input: graph.input.clone(), doc_string: graph.doc_string.clone(), ..Default::default() };
+    let mut joined = GraphProto {
+        name: graph.name.clone(),
+        input: graph.input.clone(),
+        doc_string: graph.doc_string.clone(),
+        ..Default::default()
+    };
     let mut joined_shell: Option<ModelProto> = None;
     let mut outputs: HashMap<String, ValueInfoProto> = HashMap::new();
     let mut weights_kept: HashSet<String> = HashSet::new();
@@ -165,7 +173,8 @@ pub(crate) fn optimized_in_pieces(
         let mut members: Vec<usize> = copied.into_iter().collect();
         members.sort_unstable();
         members.extend(start..end);
-        let made: HashSet<&str> = members.iter().flat_map(|&i| graph.node[i].output.iter().map(String::as_str)).collect();
+        let made: HashSet<&str> =
+            members.iter().flat_map(|&i| graph.node[i].output.iter().map(String::as_str)).collect();
         let mut read: Vec<&str> = Vec::new();
         let mut seen = HashSet::new();
         for t in members.iter().flat_map(|&i| graph.node[i].input.iter().map(String::as_str)) {
@@ -177,12 +186,28 @@ pub(crate) fn optimized_in_pieces(
         let mut border: HashSet<&str> = HashSet::new();
         for &t in read.iter().filter(|t| producer.contains_key(*t)) {
             let ty = types.get(t).ok_or_else(|| format!("'{t}' crosses a border untyped"))?;
-            let elem = ty.dtype.and_then(|d| layerwise_model::DataType::try_from(d.onnx()).ok()).ok_or_else(|| format!("'{t}' has no ONNX type"))?;
-            let dims: Vec<Dim> = ty.dims.iter().map(|d| d.map(|d| Dim::Fixed(d as i64))).collect::<Option<_>>().ok_or_else(|| format!("'{t}' crosses a border with an unknown dimension"))?;
-            input.push(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, Some(&dims))), ..Default::default() });
+            let elem = ty
+                .dtype
+                .and_then(|d| layerwise_model::DataType::try_from(d.onnx()).ok())
+                .ok_or_else(|| format!("'{t}' has no ONNX type"))?;
+            let dims: Vec<Dim> = ty
+                .dims
+                .iter()
+                .map(|d| d.map(|d| Dim::Fixed(d as i64)))
+                .collect::<Option<_>>()
+                .ok_or_else(|| format!("'{t}' crosses a border with an unknown dimension"))?;
+            input.push(ValueInfoProto {
+                name: Some(t.to_string()),
+                r#type: Some(tensor_type(elem, Some(&dims))),
+                ..Default::default()
+            });
             border.insert(t);
         }
-        let piece_outputs: Vec<ValueInfoProto> = members.iter().flat_map(|&i| graph.node[i].output.iter()).filter_map(|t| graph_outputs.get(t.as_str()).map(|v| (*v).clone())).collect();
+        let piece_outputs: Vec<ValueInfoProto> = members
+            .iter()
+            .flat_map(|&i| graph.node[i].output.iter())
+            .filter_map(|t| graph_outputs.get(t.as_str()).map(|v| (*v).clone()))
+            .collect();
         if piece_outputs.is_empty() {
             return Err(format!("piece {k} computes no graph output"));
         }
@@ -195,10 +220,12 @@ pub(crate) fn optimized_in_pieces(
             node: members.iter().map(|&i| graph.node[i].clone()).collect(),
             ..Default::default()
         };
-        let optimized = optimize(&ModelProto { graph: Some(piece), ..shell.clone() }).map_err(|e| format!("piece {k}: {e}"))?;
+        let optimized =
+            optimize(&ModelProto { graph: Some(piece), ..shell.clone() }).map_err(|e| format!("piece {k}: {e}"))?;
 
         // Names that are the whole graph's keep them; every other name is this piece's own.
-        let owned: HashSet<&str> = graph.node[start..end].iter().flat_map(|node| node.output.iter().map(String::as_str)).collect();
+        let owned: HashSet<&str> =
+            graph.node[start..end].iter().flat_map(|node| node.output.iter().map(String::as_str)).collect();
         let owned_nodes: HashSet<&str> = graph.node[start..end].iter().map(|node| node.name()).collect();
         let (opt_shell, opt_graph) = {
             let mut o = optimized;
@@ -211,7 +238,13 @@ pub(crate) fn optimized_in_pieces(
                 unchanged_weights.insert(w.name().to_string());
             }
         }
-        let keeps = |t: &str| t.is_empty() || graph_inputs.contains(t) || border.contains(t) || owned.contains(t) || unchanged_weights.contains(t);
+        let keeps = |t: &str| {
+            t.is_empty()
+                || graph_inputs.contains(t)
+                || border.contains(t)
+                || owned.contains(t)
+                || unchanged_weights.contains(t)
+        };
         let rename = |t: &str| if keeps(t) { t.to_string() } else { format!("{PIECE_PREFIX}{k}/{t}") };
         for mut w in opt_graph.initializer {
             let name = rename(w.name());
@@ -229,7 +262,8 @@ pub(crate) fn optimized_in_pieces(
             for t in node.input.iter_mut().chain(node.output.iter_mut()) {
                 *t = rename(t);
             }
-            let keeps_name = node.name().is_empty() || (owned_nodes.contains(node.name()) && names_here.insert(node.name().to_string()));
+            let keeps_name = node.name().is_empty()
+                || (owned_nodes.contains(node.name()) && names_here.insert(node.name().to_string()));
             if !keeps_name {
                 node.name = Some(format!("{PIECE_PREFIX}{k}/{}", node.name()));
             }
@@ -242,7 +276,10 @@ pub(crate) fn optimized_in_pieces(
         }
         for mut v in opt_graph.value_info {
             let name = rename(v.name());
-            if !graph_outputs.contains_key(name.as_str()) && !graph_inputs.contains(name.as_str()) && value_info_kept.insert(name.clone()) {
+            if !graph_outputs.contains_key(name.as_str())
+                && !graph_inputs.contains(name.as_str())
+                && value_info_kept.insert(name.clone())
+            {
                 v.name = Some(name);
                 joined.value_info.push(v);
             }
@@ -252,7 +289,14 @@ pub(crate) fn optimized_in_pieces(
             Some(s) => {
                 for set in opt_shell.opset_import {
                     match s.opset_import.iter().find(|o| o.domain() == set.domain()) {
-                        Some(o) if o.version != set.version => return Err(format!("pieces import opset '{}' in versions {:?} and {:?}", set.domain(), o.version, set.version)),
+                        Some(o) if o.version != set.version => {
+                            return Err(format!(
+                                "pieces import opset '{}' in versions {:?} and {:?}",
+                                set.domain(),
+                                o.version,
+                                set.version
+                            ))
+                        }
                         Some(_) => {}
                         None => s.opset_import.push(set),
                     }
@@ -261,7 +305,9 @@ pub(crate) fn optimized_in_pieces(
         }
     }
     for o in &graph.output {
-        joined.output.push(outputs.remove(o.name()).ok_or_else(|| format!("no piece's program returns '{}'", o.name()))?);
+        joined
+            .output
+            .push(outputs.remove(o.name()).ok_or_else(|| format!("no piece's program returns '{}'", o.name()))?);
     }
     let mut program = joined_shell.expect("at least two pieces");
     program.graph = Some(joined);

@@ -56,7 +56,19 @@ impl OrtBackend {
         let n = BACKENDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let label = spec.to_string();
         let log_id = format!("{label}#{n}");
-        OrtBackend { spec: spec.clone(), label, options, emulate, trt_style: false, keep_fp32: Vec::new(), float_cache: HashMap::new(), gpu_session: None, piece_sessions: Vec::new(), rounded_weights: Default::default(), log_id }
+        OrtBackend {
+            spec: spec.clone(),
+            label,
+            options,
+            emulate,
+            trt_style: false,
+            keep_fp32: Vec::new(),
+            float_cache: HashMap::new(),
+            gpu_session: None,
+            piece_sessions: Vec::new(),
+            rounded_weights: Default::default(),
+            log_id,
+        }
     }
 
     fn err(&self, why: impl std::fmt::Display) -> RuntimeError {
@@ -65,7 +77,12 @@ impl OrtBackend {
 
     /// A session for `proto`, a rewrite of `model`, loaded from memory with external data
     /// resolved against the original model's folder (see `Model::runtime_bytes`).
-    fn session_for(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, level: OptLevel) -> Result<Session, RuntimeError> {
+    fn session_for(
+        &self,
+        model: &layerwise_model::Model,
+        proto: &layerwise_model::onnx::ModelProto,
+        level: OptLevel,
+    ) -> Result<Session, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
@@ -73,21 +90,39 @@ impl OrtBackend {
     }
 
     fn session(&self, bytes: &[u8], external_folder: Option<&Path>, level: OptLevel) -> Result<Session, RuntimeError> {
-        build_session(&self.label, &self.options, &self.log_id, ModelSource::Memory { bytes, external_folder }, level, SessionExtras::default())
+        build_session(
+            &self.label,
+            &self.options,
+            &self.log_id,
+            ModelSource::Memory { bytes, external_folder },
+            level,
+            SessionExtras::default(),
+        )
     }
 
     /// `proto` after ONNX Runtime's optimizations at this backend's level, as ONNX Runtime saves
     /// it: run with optimizations disabled, it computes what `proto` computes at that level, bit
     /// for bit (the optimizer's rewrites, fusions and layouts are in the graph). Graph outputs
     /// keep their names.
-    fn optimized(&self, model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
+    fn optimized(
+        &self,
+        model: &layerwise_model::Model,
+        proto: &layerwise_model::onnx::ModelProto,
+    ) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
         let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
             .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
         let path = scratch.path().join("optimized.onnx");
         let extras = SessionExtras { optimized_path: Some(&path), without_spinning: true, ..Default::default() };
         let source = scratch_source(bytes, folder.as_deref(), scratch.path())?;
-        drop(build_session(&self.label, &self.options, &self.log_id, source.as_source(), self.options.opt_level, extras)?);
+        drop(build_session(
+            &self.label,
+            &self.options,
+            &self.log_id,
+            source.as_source(),
+            self.options.opt_level,
+            extras,
+        )?);
         drop(source);
         release_freed_memory();
         let mut optimized = layerwise_model::Model::read_proto(&path)?;
@@ -101,7 +136,12 @@ impl OrtBackend {
     /// graph is large enough for one optimization of it to grow faster than the graph
     /// ([`crate::optimized_pieces`]); whole where it is small or cannot be cut. Says so in `notes`
     /// when cut.
-    fn optimized_program(&self, request: &RunRequest, proto: &layerwise_model::onnx::ModelProto, notes: &mut Vec<String>) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
+    fn optimized_program(
+        &self,
+        request: &RunRequest,
+        proto: &layerwise_model::onnx::ModelProto,
+        notes: &mut Vec<String>,
+    ) -> Result<layerwise_model::onnx::ModelProto, RuntimeError> {
         let piece_nodes = optimized_pieces::piece_nodes();
         let nodes = proto.graph.as_ref().map_or(0, |g| g.node.len());
         let started = std::time::Instant::now();
@@ -115,16 +155,16 @@ impl OrtBackend {
         } else if !optimized_pieces::worth_cutting(nodes, piece_nodes) {
             Err("small enough for one session".to_string())
         } else {
-            tensor_types(request.model, request.index, &input_shapes(request))
-                .map_err(|e| e.to_string())
-                .and_then(|types| {
+            tensor_types(request.model, request.index, &input_shapes(request)).map_err(|e| e.to_string()).and_then(
+                |types| {
                     optimized_pieces::optimized_in_pieces(proto, piece_nodes, &types, &mut |piece| {
                         let t = std::time::Instant::now();
                         let optimized = self.optimized(request.model, piece);
                         in_sessions += t.elapsed().as_secs_f64();
                         optimized
                     })
-                })
+                },
+            )
         };
         let program = match cut {
             Ok((program, pieces)) => {
@@ -137,7 +177,10 @@ impl OrtBackend {
         };
         program.map(|(program, how)| {
             if std::env::var_os("LAYERWISE_TIMING").is_some() {
-                eprintln!("[timing] optimized program of {nodes} nodes: {how} ({:.2}s, pieces' sessions {in_sessions:.2}s)", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "[timing] optimized program of {nodes} nodes: {how} ({:.2}s, pieces' sessions {in_sessions:.2}s)",
+                    started.elapsed().as_secs_f64()
+                );
             }
             program
         })
@@ -186,7 +229,12 @@ pub fn timing_mark(what: impl FnOnce() -> String) {
         let mut cpu = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: clock_gettime writes the one timespec it is given.
         unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut cpu) };
-        eprintln!("[timing] +{:.3}s (cpu {:.3}s) {}", first.elapsed().as_secs_f64(), cpu.tv_sec as f64 + cpu.tv_nsec as f64 * 1e-9, what());
+        eprintln!(
+            "[timing] +{:.3}s (cpu {:.3}s) {}",
+            first.elapsed().as_secs_f64(),
+            cpu.tv_sec as f64 + cpu.tv_nsec as f64 * 1e-9,
+            what()
+        );
     }
 }
 
@@ -225,7 +273,11 @@ impl OwnedSource {
     }
 }
 
-pub(crate) fn scratch_source(bytes: Vec<u8>, external_folder: Option<&Path>, scratch: &Path) -> Result<OwnedSource, RuntimeError> {
+pub(crate) fn scratch_source(
+    bytes: Vec<u8>,
+    external_folder: Option<&Path>,
+    scratch: &Path,
+) -> Result<OwnedSource, RuntimeError> {
     if let Some(folder) = external_folder {
         return Ok(OwnedSource::Memory(bytes, Some(folder.to_path_buf())));
     }
@@ -320,7 +372,9 @@ pub(crate) fn build_session(
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
     let provider = match options.ep {
-        ExecutionProvider::Cpu if extras.without_arena => Some(ort::ep::CPU::default().with_arena_allocator(false).build()),
+        ExecutionProvider::Cpu if extras.without_arena => {
+            Some(ort::ep::CPU::default().with_arena_allocator(false).build())
+        }
         ExecutionProvider::Cpu => None,
         ExecutionProvider::Cuda { device, tf32, conv_search } => {
             let search = match conv_search {
@@ -328,10 +382,20 @@ pub(crate) fn build_session(
                 ConvSearch::Heuristic => ort::ep::cuda::ConvAlgorithmSearch::Heuristic,
                 ConvSearch::Default => ort::ep::cuda::ConvAlgorithmSearch::Default,
             };
-            Some(ort::ep::CUDA::default().with_device_id(device.unwrap_or(0) as i32).with_tf32(tf32).with_conv_algorithm_search(search).build())
+            Some(
+                ort::ep::CUDA::default()
+                    .with_device_id(device.unwrap_or(0) as i32)
+                    .with_tf32(tf32)
+                    .with_conv_algorithm_search(search)
+                    .build(),
+            )
         }
-        ExecutionProvider::TensorRt { device, fp16 } => Some(ort::ep::TensorRT::default().with_device_id(device.unwrap_or(0) as i32).with_fp16(fp16).build()),
-        ExecutionProvider::NvRtx { device } => Some(ort::ep::NVRTX::default().with_device_id(device.unwrap_or(0)).build()),
+        ExecutionProvider::TensorRt { device, fp16 } => {
+            Some(ort::ep::TensorRT::default().with_device_id(device.unwrap_or(0) as i32).with_fp16(fp16).build())
+        }
+        ExecutionProvider::NvRtx { device } => {
+            Some(ort::ep::NVRTX::default().with_device_id(device.unwrap_or(0)).build())
+        }
     };
     if let Some(provider) = provider {
         builder = builder
@@ -352,7 +416,8 @@ pub(crate) fn build_session(
             .map_err(|e| err(e.to_string()))?;
     }
     if let Some(domain) = extras.operators {
-        builder = builder.with_operators(domain).map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+        builder =
+            builder.with_operators(domain).map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
     }
     let commit = || match source {
         ModelSource::Memory { bytes, .. } => builder.commit_from_memory(bytes),
@@ -388,7 +453,11 @@ fn without_panicking<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     QUIET_PANICS.with(|q| q.set(false));
     result.map_err(|payload| {
-        payload.downcast_ref::<String>().cloned().or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "a panic without a message".into())
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "a panic without a message".into())
     })
 }
 
@@ -420,11 +489,20 @@ impl Backend for OrtBackend {
         Some(&self.options)
     }
 
-    fn run_pieces<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
+    fn run_pieces<'k>(
+        &mut self,
+        request: &RunRequest,
+        known: &dyn Fn(&str) -> Option<&'k Tensor>,
+        pieces: &[Vec<String>],
+    ) -> Option<Result<HashMap<String, Tensor>, RuntimeError>> {
         // An emulation runs unoptimized, node by node, so a part of its program computes what the
         // whole does; an optimized program may fuse across a piece's border. Bodies read outer
         // names the cut below does not follow; TensorRT-style storage folds nodes together.
-        if self.emulate.is_none() || self.options.opt_level != OptLevel::Disable || self.trt_style || request.index.nodes.iter().any(|n| n.has_subgraphs) {
+        if self.emulate.is_none()
+            || self.options.opt_level != OptLevel::Disable
+            || self.trt_style
+            || request.index.nodes.iter().any(|n| n.has_subgraphs)
+        {
             return None;
         }
         let result = self.run_pieces_of_program(request, known, pieces);
@@ -466,7 +544,10 @@ impl Backend for OrtBackend {
         });
         // Lines about optimizing are this backend's, as they would be for a run, except the
         // warning that saving an optimized model (layerwise's doing, used on this machine only) gives.
-        let logged: Vec<_> = crate::backend_log::take(&self.log_id).into_iter().filter(|l| !l.message.starts_with("Serializing optimized model")).collect();
+        let logged: Vec<_> = crate::backend_log::take(&self.log_id)
+            .into_iter()
+            .filter(|l| !l.message.starts_with("Serializing optimized model"))
+            .collect();
         Some(result.map(|proto| {
             output.notes.extend(logged.iter().map(|l| l.note()));
             OnnxProgram {
@@ -506,11 +587,20 @@ impl OrtBackend {
     /// emulation's rounding added), and the names of the tensors asked for. What the rewrite did
     /// goes into `output`'s notes and unavailable tensors. With `keep_rounded_weights`, the weights
     /// rounded are kept for the next program (runs in pieces, which come many to a model).
-    fn program(&mut self, request: &RunRequest, output: &mut RunOutput, keep_rounded_weights: bool) -> Result<(layerwise_model::onnx::ModelProto, Vec<String>), RuntimeError> {
+    fn program(
+        &mut self,
+        request: &RunRequest,
+        output: &mut RunOutput,
+        keep_rounded_weights: bool,
+    ) -> Result<(layerwise_model::onnx::ModelProto, Vec<String>), RuntimeError> {
         let (_, lib) = ortlib::environment()?;
         output.notes.push(format!("ONNX Runtime from {} (found by {})", lib.path.display(), lib.found_by));
         if let ExecutionProvider::Cuda { tf32, conv_search, .. } = self.options.ep {
-            output.notes.push(format!("CUDA: TF32 {}, cuDNN convolution algorithm search {}", if tf32 { "on" } else { "off" }, conv_search.name()));
+            output.notes.push(format!(
+                "CUDA: TF32 {}, cuDNN convolution algorithm search {}",
+                if tf32 { "on" } else { "off" },
+                conv_search.name()
+            ));
         }
         let (exposed, names) = expose(&request.model.proto, request.index, request.selection)?;
         let proto = if let Some(rounding) = self.emulate {
@@ -522,7 +612,8 @@ impl OrtBackend {
             let float = &self.float_cache[&request.model.sha256];
             let mut keep = HashSet::new();
             for name in &self.keep_fp32 {
-                let node = request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
+                let node =
+                    request.index.node(name).ok_or_else(|| self.err(format!("no node '{name}' to keep in FP32")))?;
                 keep.insert(node.proto_index);
             }
             let (of, mut rounded) = std::mem::take(&mut self.rounded_weights);
@@ -533,10 +624,15 @@ impl OrtBackend {
                 let (proto, keep, summary) = engine_style(request, &exposed, float, &keep)?;
                 output.notes.push(summary.note);
                 for t in summary.folded_away {
-                    output.unavailable.push((t, "folded with the BatchNorm after it, as a TensorRT engine computes it (engine=trt)".into()));
+                    output.unavailable.push((
+                        t,
+                        "folded with the BatchNorm after it, as a TensorRT engine computes it (engine=trt)".into(),
+                    ));
                 }
                 // A parameter computed by a Constant node is a tensor the engine never holds.
-                for (t, why) in summary.folded_parameters.into_iter().filter(|(t, _)| request.index.producer(t).is_some()) {
+                for (t, why) in
+                    summary.folded_parameters.into_iter().filter(|(t, _)| request.index.producer(t).is_some())
+                {
                     output.unavailable.push((t, why));
                 }
                 emulate_reusing(request.model, &proto, &summary.rounded, &keep, rounding, &mut rounded)?
@@ -578,7 +674,12 @@ impl OrtBackend {
 
     /// See [`Backend::run_pieces`]: the program is built once for every piece's tensors, then each
     /// piece is cut out of it, walking back from its tensors to what is known.
-    fn run_pieces_of_program<'k>(&mut self, request: &RunRequest, known: &dyn Fn(&str) -> Option<&'k Tensor>, pieces: &[Vec<String>]) -> Result<HashMap<String, Tensor>, RuntimeError> {
+    fn run_pieces_of_program<'k>(
+        &mut self,
+        request: &RunRequest,
+        known: &dyn Fn(&str) -> Option<&'k Tensor>,
+        pieces: &[Vec<String>],
+    ) -> Result<HashMap<String, Tensor>, RuntimeError> {
         use layerwise_model::builder::{tensor_type, Dim};
         use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
         let timing = std::env::var_os("LAYERWISE_TIMING").is_some();
@@ -586,15 +687,22 @@ impl OrtBackend {
         let (mut t_cut, mut t_build, mut t_run, mut builds, mut piece_nodes) = (0.0, 0.0, 0.0, 0usize, 0usize);
         let (mut t_bytes, mut t_evict) = (0.0, 0.0);
         let selection = layerwise_model::Selection::Names(pieces.concat());
-        let whole = RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
+        let whole =
+            RunRequest { model: request.model, index: request.index, inputs: request.inputs, selection: &selection };
         let (mut program, _) = self.program(&whole, &mut RunOutput::default(), true)?;
         let t_program = t0.elapsed().as_secs_f64();
         let graph = program.graph.take().expect("a program has a graph");
         let shell = ModelProto { graph: None, ..program };
-        let producer: HashMap<&str, usize> = graph.node.iter().enumerate().flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i))).collect();
+        let producer: HashMap<&str, usize> = graph
+            .node
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.output.iter().filter(|o| !o.is_empty()).map(move |o| (o.as_str(), i)))
+            .collect();
         // Looked up per piece by name: a walk over the whole program for each piece would make
         // a run of all nodes in pieces grow with the square of the graph.
-        let weight_at: HashMap<&str, usize> = graph.initializer.iter().enumerate().map(|(i, w)| (w.name(), i)).collect();
+        let weight_at: HashMap<&str, usize> =
+            graph.initializer.iter().enumerate().map(|(i, w)| (w.name(), i)).collect();
         let info_at: HashMap<&str, usize> = graph.value_info.iter().enumerate().map(|(i, v)| (v.name(), i)).collect();
         let mut needed = vec![false; graph.node.len()];
         let mut computed: HashMap<String, Tensor> = HashMap::new();
@@ -629,25 +737,47 @@ impl OrtBackend {
             let nodes: Vec<_> = members.iter().map(|&i| graph.node[i].clone()).collect();
             let read: HashSet<&str> = nodes.iter().flat_map(|n| n.input.iter().map(String::as_str)).collect();
             let made: HashSet<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
-            let mut inputs: Vec<ValueInfoProto> = graph.input.iter().filter(|v| read.contains(v.name()) && !border.contains(&v.name())).cloned().collect();
-            let mut feeds: Vec<(String, Tensor)> = request.inputs.iter().filter(|(n, _)| inputs.iter().any(|v| v.name() == n)).cloned().collect();
+            let mut inputs: Vec<ValueInfoProto> = graph
+                .input
+                .iter()
+                .filter(|v| read.contains(v.name()) && !border.contains(&v.name()))
+                .cloned()
+                .collect();
+            let mut feeds: Vec<(String, Tensor)> =
+                request.inputs.iter().filter(|(n, _)| inputs.iter().any(|v| v.name() == n)).cloned().collect();
             for t in &border {
                 let v = value_of(t).expect("on the border because known");
-                let elem = layerwise_model::DataType::try_from(v.dtype().onnx()).map_err(|_| self.err(format!("'{t}' has no ONNX element type")))?;
+                let elem = layerwise_model::DataType::try_from(v.dtype().onnx())
+                    .map_err(|_| self.err(format!("'{t}' has no ONNX element type")))?;
                 let dims: Vec<Dim> = v.shape.iter().map(|&d| Dim::Fixed(d as i64)).collect();
-                inputs.push(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, Some(&dims))), ..Default::default() });
+                inputs.push(ValueInfoProto {
+                    name: Some(t.to_string()),
+                    r#type: Some(tensor_type(elem, Some(&dims))),
+                    ..Default::default()
+                });
                 feeds.push((t.to_string(), v.clone()));
             }
             let mut part = GraphProto {
                 name: graph.name.clone(),
-                initializer: in_graph_order(&read, &weight_at).filter(|&i| !border.contains(&graph.initializer[i].name())).map(|i| graph.initializer[i].clone()).collect(),
+                initializer: in_graph_order(&read, &weight_at)
+                    .filter(|&i| !border.contains(&graph.initializer[i].name()))
+                    .map(|i| graph.initializer[i].clone())
+                    .collect(),
                 input: inputs,
                 output: piece.iter().map(|t| ValueInfoProto { name: Some(t.clone()), ..Default::default() }).collect(),
                 value_info: in_graph_order(&made, &info_at).map(|i| graph.value_info[i].clone()).collect(),
                 node: nodes,
                 ..Default::default()
             };
-            layerwise_model::pair::pin_input_shapes(&mut part, &input_shapes(&RunRequest { model: request.model, index: request.index, inputs: &feeds, selection: &selection }));
+            layerwise_model::pair::pin_input_shapes(
+                &mut part,
+                &input_shapes(&RunRequest {
+                    model: request.model,
+                    index: request.index,
+                    inputs: &feeds,
+                    selection: &selection,
+                }),
+            );
             let key = piece_key(&request.model.sha256, &part);
             piece_nodes += part.node.len();
             t_cut += tc.elapsed().as_secs_f64();
@@ -659,7 +789,8 @@ impl OrtBackend {
                 }
                 None => {
                     let cut = ModelProto { graph: Some(part), ..shell.clone() };
-                    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+                    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
+                        .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
                     let tbytes = std::time::Instant::now();
                     let (bytes, folder) = request.model.runtime_bytes(&cut, scratch.path())?;
                     drop(cut);
@@ -668,16 +799,30 @@ impl OrtBackend {
                     // Kept side by side (PIECE_SESSIONS), as the typed evaluation's sessions are.
                     let extras = SessionExtras { without_spinning: true, ..Default::default() };
                     let source = ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() };
-                    (build_session(&self.label, &self.options, &self.log_id, source, self.options.opt_level, extras)?, bytes.len(), folder.is_some())
+                    (
+                        build_session(
+                            &self.label,
+                            &self.options,
+                            &self.log_id,
+                            source,
+                            self.options.opt_level,
+                            extras,
+                        )?,
+                        bytes.len(),
+                        folder.is_some(),
+                    )
                 }
             };
             t_build += tb.elapsed().as_secs_f64();
             let tr = std::time::Instant::now();
             let session_inputs = session_feeds(&session, &feeds, &self.label)?;
             drop(feeds);
-            let (mut results, _) = run_without_optionals(&mut session, session_inputs).map_err(|e| self.err(format!("run failed: {e}")))?;
+            let (mut results, _) = run_without_optionals(&mut session, session_inputs)
+                .map_err(|e| self.err(format!("run failed: {e}")))?;
             for t in piece {
-                let value = results.remove(t.as_str()).ok_or_else(|| self.err(format!("ONNX Runtime returned no value for '{t}'")))?;
+                let value = results
+                    .remove(t.as_str())
+                    .ok_or_else(|| self.err(format!("ONNX Runtime returned no value for '{t}'")))?;
                 computed.insert(t.clone(), from_ort_value(&value).map_err(|why| self.err(format!("'{t}': {why}")))?);
             }
             drop(results);
@@ -686,7 +831,9 @@ impl OrtBackend {
             let te = std::time::Instant::now();
             if !external {
                 self.piece_sessions.push((key, session, size));
-                while self.piece_sessions.len() > PIECE_SESSIONS || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES {
+                while self.piece_sessions.len() > PIECE_SESSIONS
+                    || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES
+                {
                     self.piece_sessions.remove(0);
                 }
             }
@@ -703,9 +850,18 @@ impl OrtBackend {
     /// (cuDNN's algorithm search among them): the same program asked again (the next sample of the
     /// same shapes, the same tensors) runs in the session it ran in. Give it back with
     /// [`OrtBackend::keep_session`].
-    fn session_of(&mut self, request: &RunRequest, output: &mut RunOutput) -> Result<(Session, Vec<String>, Option<(String, ProgramFacts)>), RuntimeError> {
+    fn session_of(
+        &mut self,
+        request: &RunRequest,
+        output: &mut RunOutput,
+    ) -> Result<(Session, Vec<String>, Option<(String, ProgramFacts)>), RuntimeError> {
         let shapes = input_shapes(request);
-        let key = self.options.ep.needs_gpu().then(|| format!("{}|{:?}|{:?}|{}|{:?}", request.model.sha256, request.selection, self.keep_fp32, self.trt_style, shapes));
+        let key = self.options.ep.needs_gpu().then(|| {
+            format!(
+                "{}|{:?}|{:?}|{}|{:?}",
+                request.model.sha256, request.selection, self.keep_fp32, self.trt_style, shapes
+            )
+        });
         // The program too is the one built for that session: rewriting the model again per sample
         // cost milliseconds a run beside a GPU run of a few (issue 41).
         if let (Some((cached, _, _)), Some(k)) = (&self.gpu_session, &key) {
@@ -724,7 +880,8 @@ impl OrtBackend {
             layerwise_model::pair::pin_input_shapes(g, &shapes);
         }
         let session = self.session_for(request.model, &proto, self.options.opt_level)?;
-        let facts = ProgramFacts { names: names.clone(), notes: output.notes.clone(), unavailable: output.unavailable.clone() };
+        let facts =
+            ProgramFacts { names: names.clone(), notes: output.notes.clone(), unavailable: output.unavailable.clone() };
         Ok((session, names, key.map(|k| (k, facts))))
     }
 
@@ -740,9 +897,11 @@ impl OrtBackend {
         use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
         let mut output = RunOutput::default();
         let (mut session, names, key) = self.session_of(request, &mut output)?;
-        let fail = |what: &str, e: ort::Error| RuntimeError::Ort { backend: self.label.clone(), why: format!("{what}: {e}") };
+        let fail =
+            |what: &str, e: ort::Error| RuntimeError::Ort { backend: self.label.clone(), why: format!("{what}: {e}") };
         let feeds = session_feeds(&session, request.inputs, &self.label)?;
-        let memory = MemoryInfo::new(AllocationDevice::CUDA, device as i32, AllocatorType::Device, MemoryType::Default).map_err(|e| fail("CUDA memory", e))?;
+        let memory = MemoryInfo::new(AllocationDevice::CUDA, device as i32, AllocatorType::Device, MemoryType::Default)
+            .map_err(|e| fail("CUDA memory", e))?;
         let mut binding = session.create_binding().map_err(|e| fail("binding", e))?;
         for (name, value) in &feeds {
             binding.bind_input(name.as_str(), value).map_err(|e| fail("binding an input", e))?;
@@ -750,7 +909,10 @@ impl OrtBackend {
         let mut bound = Vec::new();
         for o in session.outputs() {
             if matches!(o.dtype(), ValueType::Optional(_)) {
-                output.unavailable.push((o.name().to_string(), "an optional value, not a tensor (it may hold none): not compared".into()));
+                output.unavailable.push((
+                    o.name().to_string(),
+                    "an optional value, not a tensor (it may hold none): not compared".into(),
+                ));
             } else {
                 binding.bind_output_to_device(o.name(), &memory).map_err(|e| fail("binding an output", e))?;
                 bound.push(o.name().to_string());
@@ -776,7 +938,11 @@ impl OrtBackend {
                     continue;
                 };
                 let shape: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
-                let ptr = value.view().downcast::<ort::value::DynTensorValueType>().map_err(|e| fail("a tensor's data", e))?.data_ptr();
+                let ptr = value
+                    .view()
+                    .downcast::<ort::value::DynTensorValueType>()
+                    .map_err(|e| fail("a tensor's data", e))?
+                    .data_ptr();
                 tensors.insert(name, crate::DeviceTensor { shape, dtype, ptr, _owner: value });
             }
         }
@@ -789,7 +955,8 @@ impl OrtBackend {
         let mut output = RunOutput::default();
         let (mut session, names, key) = self.session_of(request, &mut output)?;
         let feeds = session_feeds(&session, request.inputs, &self.label)?;
-        let (mut results, optional) = run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+        let (mut results, optional) =
+            run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
         for name in optional {
             output.unavailable.push((name, "an optional value, not a tensor (it may hold none): not compared".into()));
         }
@@ -828,9 +995,18 @@ fn input_shapes(request: &RunRequest) -> Vec<(String, Vec<usize>)> {
 /// Runs `session` on `feeds` and returns its outputs by name, leaving out the outputs of optional
 /// type (named in the second list): ONNX Runtime returns an optional that holds no value as a null
 /// value, which the `ort` crate wraps as if it held one and crashes on (ONNX's `test_if_opt`).
-pub(crate) fn run_without_optionals(session: &mut Session, feeds: Vec<(String, DynValue)>) -> ort::Result<(HashMap<String, DynValue>, Vec<String>)> {
-    let optional: Vec<String> = session.outputs().iter().filter(|o| matches!(o.dtype(), ValueType::Optional(_))).map(|o| o.name().to_string()).collect();
-    let names: Vec<String> = session.outputs().iter().map(|o| o.name().to_string()).filter(|n| !optional.contains(n)).collect();
+pub(crate) fn run_without_optionals(
+    session: &mut Session,
+    feeds: Vec<(String, DynValue)>,
+) -> ort::Result<(HashMap<String, DynValue>, Vec<String>)> {
+    let optional: Vec<String> = session
+        .outputs()
+        .iter()
+        .filter(|o| matches!(o.dtype(), ValueType::Optional(_)))
+        .map(|o| o.name().to_string())
+        .collect();
+    let names: Vec<String> =
+        session.outputs().iter().map(|o| o.name().to_string()).filter(|n| !optional.contains(n)).collect();
     let mut values = HashMap::new();
     if names.is_empty() {
         // Nothing left to ask for: ONNX Runtime refuses a run that requests no output.
@@ -856,24 +1032,38 @@ pub(crate) fn run_without_optionals(session: &mut Session, feeds: Vec<(String, D
 
 /// The values to feed `session`, from `inputs` by name. A converted model may declare FP16 inputs:
 /// they get the same values, converted. `spec` names the backend in errors.
-pub(crate) fn session_feeds(session: &Session, inputs: &[(String, Tensor)], spec: &str) -> Result<Vec<(String, DynValue)>, RuntimeError> {
+pub(crate) fn session_feeds(
+    session: &Session,
+    inputs: &[(String, Tensor)],
+    spec: &str,
+) -> Result<Vec<(String, DynValue)>, RuntimeError> {
     session.inputs().iter().map(|input| Ok((input.name().to_string(), feed(input, inputs, spec)?))).collect()
 }
 
 /// The value of `inputs` that the session input `input` takes, converted to the type it declares.
-pub(crate) fn feed(input: &ort::value::Outlet, inputs: &[(String, Tensor)], spec: &str) -> Result<DynValue, RuntimeError> {
+pub(crate) fn feed(
+    input: &ort::value::Outlet,
+    inputs: &[(String, Tensor)],
+    spec: &str,
+) -> Result<DynValue, RuntimeError> {
     let name = input.name();
-    let tensor = inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
+    let tensor = inputs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, t)| t)
+        .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
     let wants_f16 = matches!(input.dtype(), ValueType::Tensor { ty: TensorElementType::Float16, .. });
     let converted;
     let tensor = match (&tensor.data, wants_f16) {
         (TensorData::F32(v), true) => {
-            converted = Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+            converted =
+                Tensor::new(tensor.shape.clone(), TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
             &converted
         }
         _ => tensor,
     };
-    to_ort_value(tensor).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })
+    to_ort_value(tensor)
+        .map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("input '{name}': {e}") })
 }
 
 /// What the TensorRT-style rewrite did.
@@ -890,8 +1080,15 @@ struct EngineStyle {
 /// The exposed model as a weakly typed TensorRT engine stores it: BatchNorms folded into their
 /// Convs in float32, and only the float tensors at fused-layer boundaries left to round. Returns
 /// the folded model, the keep list's positions in it, and what was done.
-fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProto, float: &HashSet<String>, keep: &HashSet<usize>) -> Result<(layerwise_model::onnx::ModelProto, HashSet<usize>, EngineStyle), RuntimeError> {
-    use layerwise_model::engine_style::{fold_batch_norms, folded_parameters, fused_layers, layer_boundaries, resolve_folded};
+fn engine_style(
+    request: &RunRequest,
+    exposed: &layerwise_model::onnx::ModelProto,
+    float: &HashSet<String>,
+    keep: &HashSet<usize>,
+) -> Result<(layerwise_model::onnx::ModelProto, HashSet<usize>, EngineStyle), RuntimeError> {
+    use layerwise_model::engine_style::{
+        fold_batch_norms, folded_parameters, fused_layers, layer_boundaries, resolve_folded,
+    };
     let outputs: HashSet<String> = request.index.outputs.iter().cloned().collect();
     let exposed_index = layerwise_model::GraphIndex::build(exposed.graph.as_ref().expect("graph"))?;
     let (proto, folded) = fold_batch_norms(request.model, exposed, &exposed_index, &outputs)?;
@@ -899,17 +1096,29 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
     let layers = fused_layers(&folded_index, &outputs);
     let boundaries = layer_boundaries(&folded_index, &outputs, &layers);
     let folded_parameters = folded_parameters(request.index, &folded);
-    let rounded: HashSet<String> = float.iter().filter(|t| boundaries.contains(*t) && !folded_parameters.iter().any(|(p, _)| p == *t)).cloned().collect();
+    let rounded: HashSet<String> = float
+        .iter()
+        .filter(|t| boundaries.contains(*t) && !folded_parameters.iter().any(|(p, _)| p == *t))
+        .cloned()
+        .collect();
     // Positions shift down past each removed BatchNorm; a kept BatchNorm means its Conv.
-    let removed: Vec<usize> = folded.iter().filter_map(|f| request.index.node(&f.batch_norm)).map(|n| n.proto_index).collect();
+    let removed: Vec<usize> =
+        folded.iter().filter_map(|f| request.index.node(&f.batch_norm)).map(|n| n.proto_index).collect();
     let mut shifted = HashSet::new();
     for &i in keep {
         let Some(info) = request.index.nodes.iter().find(|n| n.proto_index == i) else { continue };
         let Some(target) = request.index.node(resolve_folded(&info.name, &folded)) else { continue };
         shifted.insert(target.proto_index - removed.iter().filter(|&&r| r < target.proto_index).count());
     }
-    let folded_away: Vec<String> = folded.iter().filter_map(|f| request.index.node(&f.conv)).map(|n| n.outputs[0].clone()).collect();
-    let layer_count = folded_index.nodes.iter().filter(|n| !n.outputs.iter().all(|o| folded_index.is_constant_like(o))).map(|n| &layers[&n.name]).collect::<HashSet<_>>().len();
+    let folded_away: Vec<String> =
+        folded.iter().filter_map(|f| request.index.node(&f.conv)).map(|n| n.outputs[0].clone()).collect();
+    let layer_count = folded_index
+        .nodes
+        .iter()
+        .filter(|n| !n.outputs.iter().all(|o| folded_index.is_constant_like(o)))
+        .map(|n| &layers[&n.name])
+        .collect::<HashSet<_>>()
+        .len();
     let note = format!(
         "TensorRT-style storage (engine=trt, rule set): {} BatchNorms folded into their Convs in float32, {} fused layers (constants aside), {} tensors rounded at layer boundaries (of {} float tensors)",
         folded.len(),
@@ -926,8 +1135,13 @@ fn engine_style(request: &RunRequest, exposed: &layerwise_model::onnx::ModelProt
 /// Tensors inside If branches and Loop bodies are included under the names inlining gives them
 /// (`Node/then/tensor`, `Node/else/tensor`, `Node/body/tensor`), typed through copies of the
 /// bodies beside their nodes (see `layerwise_model::inline::with_body_copies`).
-pub fn float32_tensors(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashSet<String>, RuntimeError> {
-    let float = |types: &HashMap<String, InferredType>| types.iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n.clone()).collect();
+pub fn float32_tensors(
+    model: &layerwise_model::Model,
+    index: &layerwise_model::GraphIndex,
+) -> Result<HashSet<String>, RuntimeError> {
+    let float = |types: &HashMap<String, InferredType>| {
+        types.iter().filter(|(_, t)| t.dtype == Some(DType::F32)).map(|(n, _)| n.clone()).collect()
+    };
     if !index.nodes.iter().any(|n| n.op_type == "If" || n.op_type == "Loop") {
         return Ok(float(&tensor_types_for_any_shapes(model, index)?));
     }
@@ -974,7 +1188,10 @@ pub fn tensor_types(
 /// [`tensor_types`] where only element types and the ranks of dimensions matter: a typing kept
 /// for any input shapes answers (a bisect or a fix typed the model for its inputs' shapes
 /// already, to estimate memory), else the model is typed for no shapes fixed.
-pub fn tensor_types_for_any_shapes(model: &layerwise_model::Model, index: &layerwise_model::GraphIndex) -> Result<HashMap<String, InferredType>, RuntimeError> {
+pub fn tensor_types_for_any_shapes(
+    model: &layerwise_model::Model,
+    index: &layerwise_model::GraphIndex,
+) -> Result<HashMap<String, InferredType>, RuntimeError> {
     match kept_typing(model) {
         Some(types) => Ok(types.as_ref().clone()),
         None => tensor_types(model, index, &[]),
@@ -984,7 +1201,13 @@ pub fn tensor_types_for_any_shapes(model: &layerwise_model::Model, index: &layer
 /// A typing of `model` that [`tensor_types`] kept, for whichever input shapes.
 fn kept_typing(model: &layerwise_model::Model) -> Option<std::sync::Arc<HashMap<String, InferredType>>> {
     let prefix = format!("{}|", model.sha256);
-    typings().lock().expect("not poisoned").iter().rev().find(|(k, _)| k.starts_with(&prefix)).map(|(_, types)| types.clone())
+    typings()
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .rev()
+        .find(|(k, _)| k.starts_with(&prefix))
+        .map(|(_, types)| types.clone())
 }
 
 /// Typings kept by [`tensor_types`] (models and shapes asked for in one process are few).
@@ -1036,7 +1259,11 @@ fn infer_tensor_types(
     let pieces = types_in_pieces(model, &exposed);
     if std::env::var_os("LAYERWISE_TIMING").is_some() {
         let nodes = exposed.graph.as_ref().map_or(0, |g| g.node.len());
-        eprintln!("[timing] typing {nodes} nodes in pieces: {} ({:.2}s)", pieces.as_ref().map_or_else(|why| why.clone(), |_| "done".into()), started.elapsed().as_secs_f64());
+        eprintln!(
+            "[timing] typing {nodes} nodes in pieces: {} ({:.2}s)",
+            pieces.as_ref().map_or_else(|why| why.clone(), |_| "done".into()),
+            started.elapsed().as_secs_f64()
+        );
     }
     if let Ok(types) = pieces {
         return Ok(types);
@@ -1045,9 +1272,13 @@ fn infer_tensor_types(
 }
 
 /// The types of the outputs of `exposed` (a rewrite of `model`) as ONNX Runtime infers them.
-fn exposed_types(model: &layerwise_model::Model, exposed: &layerwise_model::onnx::ModelProto) -> Result<HashMap<String, InferredType>, RuntimeError> {
+fn exposed_types(
+    model: &layerwise_model::Model,
+    exposed: &layerwise_model::onnx::ModelProto,
+) -> Result<HashMap<String, InferredType>, RuntimeError> {
     // Nothing runs: one thread, no pool to start and stop for each of a typing's pieces.
-    let options = OrtOptions { opt_level: OptLevel::Disable, threads: Some(1), ep: ExecutionProvider::Cpu, typed: true };
+    let options =
+        OrtOptions { opt_level: OptLevel::Disable, threads: Some(1), ep: ExecutionProvider::Cpu, typed: true };
     let backend = OrtBackend::new(&BackendSpec::Ort(options.clone()), options, None);
     let session = backend.session_for(model, exposed, OptLevel::Disable);
     // Typing an every-tensor-exposed copy is layerwise's business; what it logs is not the user's.
@@ -1081,7 +1312,10 @@ const TYPING_PIECE_NODES: usize = 1000;
 /// piece whose border holds a computed tensor of any but a floating type is not cut, and the
 /// whole model is typed at once (the `Err` says why), as it is where a piece fails or an output
 /// is not computed by a node.
-fn types_in_pieces(model: &layerwise_model::Model, exposed: &layerwise_model::onnx::ModelProto) -> Result<HashMap<String, InferredType>, String> {
+fn types_in_pieces(
+    model: &layerwise_model::Model,
+    exposed: &layerwise_model::onnx::ModelProto,
+) -> Result<HashMap<String, InferredType>, String> {
     use layerwise_model::builder::{tensor_type, Dim};
     use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
     let graph = exposed.graph.as_ref().ok_or("no graph")?;
@@ -1089,7 +1323,8 @@ fn types_in_pieces(model: &layerwise_model::Model, exposed: &layerwise_model::on
         return Err("small enough for one session".into());
     }
     let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
-    let weights: HashMap<&str, &layerwise_model::onnx::TensorProto> = graph.initializer.iter().map(|w| (w.name(), w)).collect();
+    let weights: HashMap<&str, &layerwise_model::onnx::TensorProto> =
+        graph.initializer.iter().map(|w| (w.name(), w)).collect();
     let value_info: HashMap<&str, &ValueInfoProto> = graph.value_info.iter().map(|v| (v.name(), v)).collect();
     let made_anywhere: HashSet<&str> = graph.node.iter().flat_map(|n| n.output.iter().map(String::as_str)).collect();
     if let Some(o) = graph.output.iter().find(|o| !made_anywhere.contains(o.name())) {
@@ -1098,7 +1333,8 @@ fn types_in_pieces(model: &layerwise_model::Model, exposed: &layerwise_model::on
     let shell = ModelProto { graph: None, ..exposed.clone() };
     let mut types: HashMap<String, InferredType> = HashMap::new();
     for nodes in graph.node.chunks(TYPING_PIECE_NODES) {
-        let made: Vec<&str> = nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).filter(|t| !t.is_empty()).collect();
+        let made: Vec<&str> =
+            nodes.iter().flat_map(|n| n.output.iter().map(String::as_str)).filter(|t| !t.is_empty()).collect();
         let made_here: HashSet<&str> = made.iter().copied().collect();
         let mut read: HashSet<&str> = HashSet::new();
         let (mut inputs, mut initializer) = (Vec::new(), Vec::new());
@@ -1118,11 +1354,22 @@ fn types_in_pieces(model: &layerwise_model::Model, exposed: &layerwise_model::on
                 // Computed before: a floating tensor whose type an earlier piece inferred.
                 let ty = types.get(t).ok_or_else(|| format!("'{t}' is read before it is computed"))?;
                 let elem = match ty.dtype {
-                    Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::F64)) => layerwise_model::DataType::try_from(d.onnx()).map_err(|_| "no ONNX type")?,
+                    Some(d @ (DType::F32 | DType::F16 | DType::BF16 | DType::F64)) => {
+                        layerwise_model::DataType::try_from(d.onnx()).map_err(|_| "no ONNX type")?
+                    }
                     _ => return Err(format!("'{t}', not a floating tensor, crosses a piece's border")),
                 };
-                let dims: Vec<Dim> = ty.dims.iter().enumerate().map(|(i, d)| d.map_or_else(|| Dim::Symbolic(format!("{t}__lw_d{i}")), |d| Dim::Fixed(d as i64))).collect();
-                inputs.push(ValueInfoProto { name: Some(t.to_string()), r#type: Some(tensor_type(elem, Some(&dims))), ..Default::default() });
+                let dims: Vec<Dim> = ty
+                    .dims
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| d.map_or_else(|| Dim::Symbolic(format!("{t}__lw_d{i}")), |d| Dim::Fixed(d as i64)))
+                    .collect();
+                inputs.push(ValueInfoProto {
+                    name: Some(t.to_string()),
+                    r#type: Some(tensor_type(elem, Some(&dims))),
+                    ..Default::default()
+                });
             }
         }
         let part = GraphProto {
@@ -1260,16 +1507,33 @@ pub struct ModelSession {
 impl ModelSession {
     /// A CPU session (every optimization, ONNX Runtime's own threads) of `proto`, a rewrite of
     /// `model` (whose external data it may read).
-    pub fn cpu(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str) -> Result<ModelSession, RuntimeError> {
+    pub fn cpu(
+        model: &layerwise_model::Model,
+        proto: &layerwise_model::onnx::ModelProto,
+        label: &str,
+    ) -> Result<ModelSession, RuntimeError> {
         Self::cpu_at(model, proto, label, OptLevel::All)
     }
 
     /// [`ModelSession::cpu`] at optimization `level`: `OptLevel::Disable` runs an
     /// [`crate::OnnxProgram`] as a paired session does, its optimizations already applied.
-    pub fn cpu_at(model: &layerwise_model::Model, proto: &layerwise_model::onnx::ModelProto, label: &str, level: OptLevel) -> Result<ModelSession, RuntimeError> {
-        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+    pub fn cpu_at(
+        model: &layerwise_model::Model,
+        proto: &layerwise_model::onnx::ModelProto,
+        label: &str,
+        level: OptLevel,
+    ) -> Result<ModelSession, RuntimeError> {
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let (bytes, folder) = model.runtime_bytes(proto, scratch.path())?;
-        let session = build_session(label, &OrtOptions::cpu(), label, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, level, SessionExtras::default())?;
+        let session = build_session(
+            label,
+            &OrtOptions::cpu(),
+            label,
+            ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() },
+            level,
+            SessionExtras::default(),
+        )?;
         crate::backend_log::take(label);
         Ok(ModelSession { session, label: label.to_string() })
     }
@@ -1277,9 +1541,17 @@ impl ModelSession {
     /// The model's outputs for `feeds`, by name.
     pub fn run(&mut self, feeds: &[(String, Tensor)]) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let inputs = session_feeds(&self.session, feeds, &self.label)?;
-        let (results, _) = run_without_optionals(&mut self.session, inputs).map_err(|e| RuntimeError::Ort { backend: self.label.clone(), why: format!("run failed: {e}") })?;
+        let (results, _) = run_without_optionals(&mut self.session, inputs)
+            .map_err(|e| RuntimeError::Ort { backend: self.label.clone(), why: format!("run failed: {e}") })?;
         crate::backend_log::take(&self.label);
-        results.iter().map(|(name, value)| from_ort_value(value).map(|t| (name.clone(), t)).map_err(|why| RuntimeError::Ort { backend: self.label.clone(), why: format!("'{name}': {why}") })).collect()
+        results
+            .iter()
+            .map(|(name, value)| {
+                from_ort_value(value)
+                    .map(|t| (name.clone(), t))
+                    .map_err(|why| RuntimeError::Ort { backend: self.label.clone(), why: format!("'{name}': {why}") })
+            })
+            .collect()
     }
 }
 
@@ -1309,12 +1581,30 @@ mod tests {
                     i += 1;
                     let _ = j;
                 }
-                b.node("Reshape", &format!("n{i}"), &[&prev, &format!("s{}", shape_at.unwrap())], &[&format!("t{i}")], vec![]);
+                b.node(
+                    "Reshape",
+                    &format!("n{i}"),
+                    &[&prev, &format!("s{}", shape_at.unwrap())],
+                    &[&format!("t{i}")],
+                    vec![],
+                );
             } else {
                 match i % 4 {
                     0 => b.node("Relu", &format!("n{i}"), &[&prev], &[&out], vec![]),
-                    1 => b.node("Cast", &format!("n{i}"), &[&prev], &[&out], vec![attr::int("to", DataType::Float16 as i64)]),
-                    2 => b.node("Cast", &format!("n{i}"), &[&prev], &[&out], vec![attr::int("to", DataType::Float as i64)]),
+                    1 => b.node(
+                        "Cast",
+                        &format!("n{i}"),
+                        &[&prev],
+                        &[&out],
+                        vec![attr::int("to", DataType::Float16 as i64)],
+                    ),
+                    2 => b.node(
+                        "Cast",
+                        &format!("n{i}"),
+                        &[&prev],
+                        &[&out],
+                        vec![attr::int("to", DataType::Float as i64)],
+                    ),
                     _ => b.node("Sigmoid", &format!("n{i}"), &[&prev], &[&out], vec![]),
                 };
             }

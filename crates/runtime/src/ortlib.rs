@@ -70,7 +70,11 @@ fn is_gpu_build(dir: &Path) -> bool {
 }
 
 fn package() -> &'static str {
-    if wants_gpu() { "onnxruntime-gpu" } else { "onnxruntime" }
+    if wants_gpu() {
+        "onnxruntime-gpu"
+    } else {
+        "onnxruntime"
+    }
 }
 
 fn find_lib_in(dir: &Path) -> Option<PathBuf> {
@@ -115,10 +119,15 @@ fn from_python() -> Option<OrtLibrary> {
 
 fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
     // A spinner on a terminal; where stderr is a file or a pipe, a line before and after.
-    let message = format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display());
+    let message =
+        format!("ONNX Runtime not found: fetching {}=={ORT_VERSION} with pip into {}", package(), dest.display());
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let spinner = indicatif::ProgressBar::new_spinner();
-    spinner.set_draw_target(if terminal { indicatif::ProgressDrawTarget::stderr() } else { indicatif::ProgressDrawTarget::hidden() });
+    spinner.set_draw_target(if terminal {
+        indicatif::ProgressDrawTarget::stderr()
+    } else {
+        indicatif::ProgressDrawTarget::hidden()
+    });
     spinner.enable_steady_tick(Duration::from_millis(120));
     spinner.set_message(message.clone());
     let started = std::time::Instant::now();
@@ -126,7 +135,8 @@ fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
         eprintln!("layerwise: {message}");
     }
     let result = (|| {
-        let download = layerwise_model::scratch::ScratchDir::new("layerwise-pip-").map_err(|e| format!("cannot create a temporary folder: {e}"))?;
+        let download = layerwise_model::scratch::ScratchDir::new("layerwise-pip-")
+            .map_err(|e| format!("cannot create a temporary folder: {e}"))?;
         let out = Command::new(python())
             .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d"])
             .arg(download.path())
@@ -147,7 +157,11 @@ fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
     spinner.finish_and_clear();
     if !terminal {
         match &result {
-            Ok(path) => eprintln!("layerwise: ONNX Runtime ready in {:.1} s: {}", started.elapsed().as_secs_f64(), path.display()),
+            Ok(path) => eprintln!(
+                "layerwise: ONNX Runtime ready in {:.1} s: {}",
+                started.elapsed().as_secs_f64(),
+                path.display()
+            ),
             Err(why) => eprintln!("layerwise: fetching ONNX Runtime failed: {why}"),
         }
     }
@@ -167,7 +181,9 @@ fn extract_libs(wheel: &Path, dest: &Path) -> Result<PathBuf, String> {
         if !file_name.starts_with("libonnxruntime") || file_name.contains('/') {
             continue;
         }
-        let (tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(dest), |t| t.path()).map_err(|e| e.to_string())?;
+        let (tmp, _tracked) =
+            layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(dest), |t| t.path())
+                .map_err(|e| e.to_string())?;
         std::io::copy(&mut entry, &mut tmp.as_file()).map_err(|e| e.to_string())?;
         let target = dest.join(file_name);
         // Temporary files are private (0600); a library in a cache is readable by all, like pip's.
@@ -234,16 +250,18 @@ pub fn environment() -> Result<(&'static ort::environment::Environment, &'static
             .with_telemetry(false)
             // ONNX Runtime's lines go to layerwise's log (report notes, `--verbose`), never
             // straight to the terminal.
-            .with_logger(std::sync::Arc::new(|level: ort::logging::LogLevel, _category: &str, id: &str, _location: &str, message: &str| {
-                use crate::backend_log::{record, LogLevel};
-                let level = match level {
-                    ort::logging::LogLevel::Verbose | ort::logging::LogLevel::Info => LogLevel::Info,
-                    ort::logging::LogLevel::Warning => LogLevel::Warning,
-                    ort::logging::LogLevel::Error => LogLevel::Error,
-                    ort::logging::LogLevel::Fatal => LogLevel::Fatal,
-                };
-                record("ONNX Runtime", id, level, message);
-            }))
+            .with_logger(std::sync::Arc::new(
+                |level: ort::logging::LogLevel, _category: &str, id: &str, _location: &str, message: &str| {
+                    use crate::backend_log::{record, LogLevel};
+                    let level = match level {
+                        ort::logging::LogLevel::Verbose | ort::logging::LogLevel::Info => LogLevel::Info,
+                        ort::logging::LogLevel::Warning => LogLevel::Warning,
+                        ort::logging::LogLevel::Error => LogLevel::Error,
+                        ort::logging::LogLevel::Fatal => LogLevel::Fatal,
+                    };
+                    record("ONNX Runtime", id, level, message);
+                },
+            ))
             .build()
             .map_err(|e| (false, format!("cannot start the environment: {e}")))?;
         // A custom logger starts at verbose: every line would cross into Rust for nothing.
@@ -268,13 +286,17 @@ pub const ORT_MAX_OPSET: i64 = 26;
 /// IR version ONNX Runtime reads (lossless: the IR version only says which features the file may
 /// use), and a note says so; the file is unchanged. An opset ONNX Runtime does not support is an
 /// error that says which, and what it supports.
-pub fn fit_for_onnx_runtime(model: &layerwise_model::Model) -> Result<(std::borrow::Cow<'_, layerwise_model::Model>, Option<String>), RuntimeError> {
+pub fn fit_for_onnx_runtime(
+    model: &layerwise_model::Model,
+) -> Result<(std::borrow::Cow<'_, layerwise_model::Model>, Option<String>), RuntimeError> {
     let ir = model.proto.ir_version.unwrap_or(0);
     let too_new: Vec<String> = model
         .proto
         .opset_import
         .iter()
-        .filter(|o| matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")) && o.version.unwrap_or(0) > ORT_MAX_OPSET)
+        .filter(|o| {
+            matches!(o.domain.as_deref(), None | Some("") | Some("ai.onnx")) && o.version.unwrap_or(0) > ORT_MAX_OPSET
+        })
         .map(|o| format!("ai.onnx opset {}", o.version.unwrap_or(0)))
         .collect();
     if !too_new.is_empty() {

@@ -12,14 +12,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use layerwise_model::onnx::{ModelProto, TypeProto, ValueInfoProto};
-use layerwise_model::pair::{paired_graph_of, split_paired, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR};
-use ort::operator::{BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput};
+use layerwise_model::pair::{
+    paired_graph_of, split_paired, Side, CANDIDATE_PREFIX, PAIR_DOMAIN, PAIR_OP, PAIR_TENSOR_ATTR,
+};
+use ort::operator::{
+    BoxedKernel, ComputeContext, KernelContext, Operator, OperatorDomain, OperatorInput, OperatorOutput,
+};
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::OnnxProgram;
-use crate::spec::{OptLevel, OrtOptions};
 use crate::ort_backend::{build_session, feed, from_ort_value, ModelSource, SessionExtras};
+use crate::spec::{OptLevel, OrtOptions};
 use crate::{DType, RuntimeError, Tensor};
 
 pub use layerwise_model::pair::{Operand, PairReducer};
@@ -111,13 +115,22 @@ impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
     /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
-    pub fn build(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)]) -> Result<PairedSession, RuntimeError> {
+    pub fn build(
+        programs: Programs<'_>,
+        tensors: &[String],
+        input_shapes: &[(String, Vec<usize>)],
+    ) -> Result<PairedSession, RuntimeError> {
         Self::build_in_segments(programs, tensors, input_shapes, segment_nodes())
     }
 
     /// [`PairedSession::build`], with a paired graph of more than `max_nodes` nodes split into
     /// segments of at most that many ([`split_paired`]), each its own session.
-    pub fn build_in_segments(programs: Programs<'_>, tensors: &[String], input_shapes: &[(String, Vec<usize>)], max_nodes: usize) -> Result<PairedSession, RuntimeError> {
+    pub fn build_in_segments(
+        programs: Programs<'_>,
+        tensors: &[String],
+        input_shapes: &[(String, Vec<usize>)],
+        max_nodes: usize,
+    ) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
@@ -126,14 +139,17 @@ impl PairedSession {
         }
         // External weights stay where they are, read by both sides from the reference model's
         // folder (one session has one): a candidate model's own must lie there too.
-        let external = |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
+        let external =
+            |p: &ModelProto| p.graph.as_ref().is_some_and(|g| g.initializer.iter().any(layerwise_model::is_external));
         let weights_in_place = external(&reference.proto) || external(&candidate.proto);
         if external(&candidate.proto) && !model.same_folder(candidate_model) {
             return Err(err("the candidate model keeps external data in another folder than the reference model's, and one session reads external data from one folder".into()));
         }
         // What a side says it does not compute (a folding engine's BatchNorm parameters) is not
         // paired, even where the tensor still exists in its graph.
-        let reason = |t: &str| reference.unavailable.iter().chain(&candidate.unavailable).find(|(n, _)| n == t).map(|(_, why)| why.clone());
+        let reason = |t: &str| {
+            reference.unavailable.iter().chain(&candidate.unavailable).find(|(n, _)| n == t).map(|(_, why)| why.clone())
+        };
         let (mut declined, mut kept) = (Vec::new(), Vec::new());
         for t in tensors {
             match reason(t) {
@@ -150,16 +166,31 @@ impl PairedSession {
         if let Some(g) = graph.proto.graph.as_mut() {
             layerwise_model::pair::pin_input_shapes(g, input_shapes);
         }
-        let mut template = PairedRun { paired: graph.paired, ref_notes: reference.notes, cand_notes: candidate.notes, unavailable: declined, ..Default::default() };
+        let mut template = PairedRun {
+            paired: graph.paired,
+            ref_notes: reference.notes,
+            cand_notes: candidate.notes,
+            unavailable: declined,
+            ..Default::default()
+        };
         for (t, side) in graph.missing {
             let why = match side {
-                Side::Reference => reference.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the reference run".into(), |(_, w)| w.clone()),
-                Side::Candidate => candidate.unavailable.iter().find(|(n, _)| *n == t).map_or("missing from the candidate run".into(), |(_, w)| w.clone()),
+                Side::Reference => reference
+                    .unavailable
+                    .iter()
+                    .find(|(n, _)| *n == t)
+                    .map_or("missing from the reference run".into(), |(_, w)| w.clone()),
+                Side::Candidate => candidate
+                    .unavailable
+                    .iter()
+                    .find(|(n, _)| *n == t)
+                    .map_or("missing from the candidate run".into(), |(_, w)| w.clone()),
             };
             template.unavailable.push((t, why));
         }
         template.nodes = graph.proto.graph.as_ref().map_or(0, |g| g.node.len());
-        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+        let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-")
+            .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
         let reducer: ReducerSlot = Arc::new(Mutex::new(None));
         let options = OrtOptions { opt_level: OptLevel::Disable, ..reference.options.clone() };
         // The segments share the weights' bytes: each weight goes once its last is written.
@@ -188,7 +219,9 @@ impl PairedSession {
         for (k, ((mut proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
             if let Some(g) = proto.graph.as_mut() {
                 for name in &reads {
-                    let ty = border_types.get(name).cloned().ok_or_else(|| err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor")))?;
+                    let ty = border_types.get(name).cloned().ok_or_else(|| {
+                        err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor"))
+                    })?;
                     g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
                 }
             }
@@ -207,7 +240,12 @@ impl PairedSession {
                 .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
             // The segments' threads sleep between runs: each session has its own pool, and spinning
             // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
-            let extras = SessionExtras { optimized_path: None, operators: Some(domain), without_arena: split, without_spinning: split };
+            let extras = SessionExtras {
+                optimized_path: None,
+                operators: Some(domain),
+                without_arena: split,
+                without_spinning: split,
+            };
             let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
             let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
             crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {}", template.segments));
@@ -226,7 +264,11 @@ impl PairedSession {
     }
 
     /// Runs the session on `inputs`, handing each pair to `reducer`.
-    pub fn run(&mut self, inputs: &[(String, Tensor)], reducer: Arc<dyn PairReducer>) -> Result<PairedRun, RuntimeError> {
+    pub fn run(
+        &mut self,
+        inputs: &[(String, Tensor)],
+        reducer: Arc<dyn PairReducer>,
+    ) -> Result<PairedRun, RuntimeError> {
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = Some(reducer);
         let result = self.run_segments(inputs);
         *self.reducer.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -273,12 +315,14 @@ impl PairedSession {
                 .inputs()
                 .iter()
                 .map(|i| {
-                    let value = border.get(i.name()).or_else(|| fed.get(i.name())).expect("every input has a value above");
+                    let value =
+                        border.get(i.name()).or_else(|| fed.get(i.name())).expect("every input has a value above");
                     (i.name().to_string(), SessionInputValue::from(value))
                 })
                 .collect();
             let mut outputs = segment.session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
-            let passed: Vec<(String, DynValue)> = segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
+            let passed: Vec<(String, DynValue)> =
+                segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
             drop(outputs);
             for name in &segment.last_read_here {
                 border.remove(name);
@@ -296,7 +340,9 @@ impl PairedSession {
 /// The ONNX type of a value that crosses a segment border, as ONNX Runtime inferred it (`None` for
 /// what is not a tensor: the segment reading it then says so).
 fn tensor_type(value: &ValueType) -> Option<TypeProto> {
-    use layerwise_model::onnx::{tensor_shape_proto::dimension::Value as Dim, tensor_shape_proto::Dimension, type_proto, TensorShapeProto};
+    use layerwise_model::onnx::{
+        tensor_shape_proto::dimension::Value as Dim, tensor_shape_proto::Dimension, type_proto, TensorShapeProto,
+    };
     let ValueType::Tensor { ty, shape, dimension_symbols } = value else { return None };
     let dim = shape
         .iter()
@@ -311,7 +357,13 @@ fn tensor_type(value: &ValueType) -> Option<TypeProto> {
         })
         .collect();
     let elem_type = ort::sys::ONNXTensorElementDataType::from(*ty) as i32;
-    Some(TypeProto { value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(elem_type), shape: Some(TensorShapeProto { dim }) })), ..Default::default() })
+    Some(TypeProto {
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(elem_type),
+            shape: Some(TensorShapeProto { dim }),
+        })),
+        ..Default::default()
+    })
 }
 
 /// The reduction node: two tensors of any type in, a scalar out (the graph needs an output to
@@ -337,12 +389,18 @@ impl Operator for ReducePair {
     }
 
     fn create_kernel<'attr>(&self, kctx: &KernelContext<'attr>) -> ort::Result<Self::Kernel<'attr>> {
-        let tensor: String = kctx.get(PAIR_TENSOR_ATTR).ok_or_else(|| ort::Error::new(format!("{PAIR_OP} needs its '{PAIR_TENSOR_ATTR}' attribute")))?;
+        let tensor: String = kctx
+            .get(PAIR_TENSOR_ATTR)
+            .ok_or_else(|| ort::Error::new(format!("{PAIR_OP} needs its '{PAIR_TENSOR_ATTR}' attribute")))?;
         let slot = self.reducer.clone();
         Ok(Box::new(move |ctx: &ComputeContext| {
             let reference = ctx.input(0)?.ok_or_else(|| ort::Error::new("no reference input"))?;
             let candidate = ctx.input(1)?.ok_or_else(|| ort::Error::new("no candidate input"))?;
-            let reducer = slot.lock().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| ort::Error::new("no reducer for this run"))?;
+            let reducer = slot
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .ok_or_else(|| ort::Error::new("no reducer for this run"))?;
             reducer.reduce(&tensor, operand(&reference), operand(&candidate));
             let mut out = ctx.output(0, Vec::<i64>::new())?.ok_or_else(|| ort::Error::new("no output"))?;
             let (_, data) = out.try_extract_tensor_mut::<f32>()?;

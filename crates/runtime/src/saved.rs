@@ -12,8 +12,8 @@ use layerwise_model::Selection;
 use sha2::{Digest, Sha256};
 
 use crate::backend::{Backend, RunOutput, RunRequest};
-use crate::spec::{BackendSpec, ExecutionProvider, Precision};
 use crate::npy::{read_npy_file, read_npz, write_npy, write_npy_file, write_npz};
+use crate::spec::{BackendSpec, ExecutionProvider, Precision};
 use crate::{RuntimeError, Tensor};
 
 const MANIFEST: &str = "manifest.json";
@@ -63,7 +63,8 @@ pub fn save_run(
         "engine_layers": engine_layers.iter().map(|(n, nodes)| serde_json::json!({ "name": n, "onnx_nodes": nodes })).collect::<Vec<_>>(),
     });
     let manifest_path = run_dir.join(MANIFEST);
-    fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).expect("json")).map_err(|e| io(&manifest_path, e))?;
+    fs::write(&manifest_path, serde_json::to_vec_pretty(&manifest).expect("json"))
+        .map_err(|e| io(&manifest_path, e))?;
     let inputs_path = dir.join(INPUTS_FILE);
     let named: Vec<(&str, &Tensor)> = inputs.iter().map(|(n, t)| (n.as_str(), t)).collect();
     write_npz(&inputs_path, &named)?;
@@ -105,7 +106,11 @@ impl SavedBackend {
         }
         let manifest_path = path.join(MANIFEST);
         if !manifest_path.exists() {
-            let roles: Vec<String> = ["ref", "cand"].iter().filter(|r| path.join(r).join(MANIFEST).exists()).map(|r| r.to_string()).collect();
+            let roles: Vec<String> = ["ref", "cand"]
+                .iter()
+                .filter(|r| path.join(r).join(MANIFEST).exists())
+                .map(|r| r.to_string())
+                .collect();
             if !roles.is_empty() {
                 return Err(bad(format!(
                     "this folder holds saved runs {}; name one, e.g. npz:{}",
@@ -129,15 +134,22 @@ impl SavedBackend {
         layerwise_model::open_regular(&manifest_path)
             .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
             .map_err(|e| bad(format!("cannot read manifest: {e}")))?;
-        let manifest: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(format!("manifest is not JSON: {e}")))?;
+        let manifest: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(format!("manifest is not JSON: {e}")))?;
         let saved_spec = manifest["spec"].as_str().unwrap_or_default();
-        let float32_cpu = matches!(BackendSpec::parse(saved_spec), Ok(BackendSpec::Ort(o)) if o.ep == ExecutionProvider::Cpu);
+        let float32_cpu =
+            matches!(BackendSpec::parse(saved_spec), Ok(BackendSpec::Ort(o)) if o.ep == ExecutionProvider::Cpu);
         backend.precision = if float32_cpu { Precision::Fp32 } else { Precision::Fp16 };
         backend.input_prints = manifest["inputs"]
             .as_object()
             .map(|o| o.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect());
         for layer in manifest["engine_layers"].as_array().into_iter().flatten() {
-            let nodes = layer["onnx_nodes"].as_array().into_iter().flatten().filter_map(|n| n.as_str().map(str::to_string)).collect();
+            let nodes = layer["onnx_nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect();
             backend.engine_layers.push((layer["name"].as_str().unwrap_or_default().to_string(), nodes));
         }
         for entry in manifest["tensors"].as_array().ok_or_else(|| bad("manifest has no tensor list".into()))? {

@@ -45,11 +45,20 @@ impl OptLevel {
 pub enum ExecutionProvider {
     Cpu,
     /// CUDA; `tf32` lets float32 Conv/MatMul use TF32 tensor cores (ONNX Runtime's default: on).
-    Cuda { device: Option<u32>, tf32: bool, conv_search: ConvSearch },
+    Cuda {
+        device: Option<u32>,
+        tf32: bool,
+        conv_search: ConvSearch,
+    },
     /// ONNX Runtime's TensorRT execution provider.
-    TensorRt { device: Option<u32>, fp16: bool },
+    TensorRt {
+        device: Option<u32>,
+        fp16: bool,
+    },
     /// ONNX Runtime's TensorRT-RTX (NV) execution provider.
-    NvRtx { device: Option<u32> },
+    NvRtx {
+        device: Option<u32>,
+    },
 }
 
 impl ExecutionProvider {
@@ -61,7 +70,9 @@ impl ExecutionProvider {
     pub fn device_id(self) -> Option<u32> {
         match self {
             ExecutionProvider::Cpu => None,
-            ExecutionProvider::Cuda { device, .. } | ExecutionProvider::TensorRt { device, .. } | ExecutionProvider::NvRtx { device } => Some(device.unwrap_or(0)),
+            ExecutionProvider::Cuda { device, .. }
+            | ExecutionProvider::TensorRt { device, .. }
+            | ExecutionProvider::NvRtx { device } => Some(device.unwrap_or(0)),
         }
     }
 
@@ -150,7 +161,10 @@ pub const KNOWN_SPECS: &str =
 
 impl BackendSpec {
     pub fn parse(spec: &str) -> Result<BackendSpec, RuntimeError> {
-        let bad = |why: String| RuntimeError::BadSpec { spec: spec.to_string(), why: format!("{why}; known specs: {KNOWN_SPECS}") };
+        let bad = |why: String| RuntimeError::BadSpec {
+            spec: spec.to_string(),
+            why: format!("{why}; known specs: {KNOWN_SPECS}"),
+        };
         if let Some(path) = spec.strip_prefix("npz:") {
             if path.is_empty() {
                 return Err(bad("npz: needs a path".into()));
@@ -171,7 +185,9 @@ impl BackendSpec {
         // (and splits) away: emulations run unoptimized.
         let (rounding, ep) = match head {
             "ort:cpu" => (None, ExecutionProvider::Cpu),
-            "ort:cuda" => (None, ExecutionProvider::Cuda { device: None, tf32: true, conv_search: ConvSearch::Exhaustive }),
+            "ort:cuda" => {
+                (None, ExecutionProvider::Cuda { device: None, tf32: true, conv_search: ConvSearch::Exhaustive })
+            }
             "ort:trt" => (None, ExecutionProvider::TensorRt { device: None, fp16: false }),
             "ort:nvrtx" => (None, ExecutionProvider::NvRtx { device: None }),
             "sim:fp16" => (Some(Rounding::Fp16), ExecutionProvider::Cpu),
@@ -199,9 +215,23 @@ impl BackendSpec {
                         Some(("tf32", "on")) => tf32 = true,
                         Some(("tf32", "off")) => tf32 = false,
                         Some(("tf32", v)) => return Err(bad(format!("tf32 must be on or off, not '{v}'"))),
-                        Some(("opt", v)) => opt_level = Some(v.parse().ok().filter(|l| (0..=5).contains(l)).ok_or_else(|| bad(format!("opt must be 0 to 5, not '{v}'")))?),
-                        Some(("workspace", v)) => workspace_mib = Some(v.parse().map_err(|_| bad(format!("workspace must be MiB, not '{v}'")))?),
-                        _ => return Err(bad(format!("unknown option '{part}' for trt (tf32=on|off, opt=N, workspace=MiB)"))),
+                        Some(("opt", v)) => {
+                            opt_level = Some(
+                                v.parse()
+                                    .ok()
+                                    .filter(|l| (0..=5).contains(l))
+                                    .ok_or_else(|| bad(format!("opt must be 0 to 5, not '{v}'")))?,
+                            )
+                        }
+                        Some(("workspace", v)) => {
+                            workspace_mib =
+                                Some(v.parse().map_err(|_| bad(format!("workspace must be MiB, not '{v}'")))?)
+                        }
+                        _ => {
+                            return Err(bad(format!(
+                                "unknown option '{part}' for trt (tf32=on|off, opt=N, workspace=MiB)"
+                            )))
+                        }
                     }
                 }
                 return Ok(BackendSpec::Trt { tf32, opt_level, workspace_mib });
@@ -227,7 +257,11 @@ impl BackendSpec {
                             "exhaustive" => ConvSearch::Exhaustive,
                             "heuristic" => ConvSearch::Heuristic,
                             "default" => ConvSearch::Default,
-                            _ => return Err(bad(format!("conv_search must be exhaustive, heuristic or default, not '{value}'"))),
+                            _ => {
+                                return Err(bad(format!(
+                                    "conv_search must be exhaustive, heuristic or default, not '{value}'"
+                                )))
+                            }
                         }
                     }
                     _ => return Err(bad(format!("option 'conv_search' is for ort:cuda, not {head}"))),
@@ -250,10 +284,15 @@ impl BackendSpec {
                     _ => return Err(bad(format!("option 'tf32' is for ort:cuda, not {head}"))),
                 },
                 "device" => {
-                    let n: u32 = value.parse().map_err(|_| bad(format!("device must be a GPU index, not '{value}'")))?;
+                    let n: u32 =
+                        value.parse().map_err(|_| bad(format!("device must be a GPU index, not '{value}'")))?;
                     match &mut options.ep {
-                        ExecutionProvider::Cuda { device, .. } | ExecutionProvider::TensorRt { device, .. } | ExecutionProvider::NvRtx { device } => *device = Some(n),
-                        ExecutionProvider::Cpu => return Err(bad(format!("option 'device' is for GPU backends, not {head}"))),
+                        ExecutionProvider::Cuda { device, .. }
+                        | ExecutionProvider::TensorRt { device, .. }
+                        | ExecutionProvider::NvRtx { device } => *device = Some(n),
+                        ExecutionProvider::Cpu => {
+                            return Err(bad(format!("option 'device' is for GPU backends, not {head}")))
+                        }
                     }
                 }
                 "opt" if rounding.is_none() => {
@@ -274,7 +313,11 @@ impl BackendSpec {
                 }
                 "threads" => {
                     options.threads = Some(
-                        value.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| bad(format!("threads must be a positive number, not '{value}'")))?,
+                        value
+                            .parse()
+                            .ok()
+                            .filter(|&n: &usize| n > 0)
+                            .ok_or_else(|| bad(format!("threads must be a positive number, not '{value}'")))?,
                     )
                 }
                 _ => return Err(bad(format!("unknown option '{key}' for {head}"))),
@@ -328,7 +371,9 @@ impl BackendSpec {
     /// The ONNX Runtime execution provider, for backends that run on ONNX Runtime.
     pub fn ort_options(&self) -> Option<&OrtOptions> {
         match self {
-            BackendSpec::Ort(options) | BackendSpec::Sim { options, .. } | BackendSpec::Quantized { options, .. } => Some(options),
+            BackendSpec::Ort(options) | BackendSpec::Sim { options, .. } | BackendSpec::Quantized { options, .. } => {
+                Some(options)
+            }
             _ => None,
         }
     }
@@ -357,9 +402,13 @@ impl BackendSpec {
             BackendSpec::Ort(o) if o.ep.needs_gpu() => {
                 let mut moved = o.clone();
                 match &mut moved.ep {
-                    ExecutionProvider::Cuda { device: d, .. } | ExecutionProvider::TensorRt { device: d, .. } | ExecutionProvider::NvRtx { device: d } => {
+                    ExecutionProvider::Cuda { device: d, .. }
+                    | ExecutionProvider::TensorRt { device: d, .. }
+                    | ExecutionProvider::NvRtx { device: d } => {
                         if d.is_some() {
-                            return Err(refuse("it names its own device; with --devices, leave device= out of the specs"));
+                            return Err(refuse(
+                                "it names its own device; with --devices, leave device= out of the specs",
+                            ));
                         }
                         *d = Some(device);
                     }
@@ -367,7 +416,9 @@ impl BackendSpec {
                 }
                 Ok(BackendSpec::Ort(moved))
             }
-            BackendSpec::Trt { .. } => Err(refuse("native TensorRT takes no device; run one process per GPU with CUDA_VISIBLE_DEVICES and --shard")),
+            BackendSpec::Trt { .. } => Err(refuse(
+                "native TensorRT takes no device; run one process per GPU with CUDA_VISIBLE_DEVICES and --shard",
+            )),
             other => Ok(other.clone()),
         }
     }
@@ -462,6 +513,15 @@ impl BackendSpec {
 
     /// `sim:fp16`, `sim:bf16` or `sim:tf32` with their defaults.
     pub fn sim(rounding: Rounding) -> BackendSpec {
-        BackendSpec::Sim { rounding, trt_style: false, options: OrtOptions { opt_level: OptLevel::Disable, threads: None, ep: ExecutionProvider::Cpu, typed: true } }
+        BackendSpec::Sim {
+            rounding,
+            trt_style: false,
+            options: OrtOptions {
+                opt_level: OptLevel::Disable,
+                threads: None,
+                ep: ExecutionProvider::Cpu,
+                typed: true,
+            },
+        }
     }
 }

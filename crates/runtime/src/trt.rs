@@ -50,13 +50,19 @@ impl Backend for TrtBackend {
     }
 
     fn run(&mut self, request: &RunRequest) -> Result<RunOutput, RuntimeError> {
-        let shapes: Vec<(String, Vec<usize>)> = request.inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+        let shapes: Vec<(String, Vec<usize>)> =
+            request.inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
         let built = build_engine(request.model, request.index, request.selection, &shapes, &self.options)?;
         let fail = |why: String| RuntimeError::Backend {
             backend: self.label.clone(),
-            why: format!("engine built ({} layers, {}), but it cannot run here: {why}", built.layers.len(), built.path.display()),
+            why: format!(
+                "engine built ({} layers, {}), but it cannot run here: {why}",
+                built.layers.len(),
+                built.path.display()
+            ),
         };
-        let cuda = crate::cuda::Cuda::load().map_err(|why| fail(format!("{why}; running TensorRT engines needs CUDA and an NVIDIA GPU")))?;
+        let cuda = crate::cuda::Cuda::load()
+            .map_err(|why| fail(format!("{why}; running TensorRT engines needs CUDA and an NVIDIA GPU")))?;
         let mut output = execute(&cuda, &built, request).map_err(fail)?;
         output.engine_layers = built.layers.iter().map(|l| (l.name.clone(), l.onnx_nodes.clone())).collect();
         output.notes.push(format!(
@@ -67,7 +73,9 @@ impl Backend for TrtBackend {
             if built.from_cache { ", from the cache" } else { "" }
         ));
         for t in &built.not_exposable {
-            output.unavailable.push((t.clone(), "TensorRT cannot expose it (a folded constant or shape tensor)".into()));
+            output
+                .unavailable
+                .push((t.clone(), "TensorRT cannot expose it (a folded constant or shape tensor)".into()));
         }
         Ok(output)
     }
@@ -108,7 +116,8 @@ fn execute(cuda: &crate::cuda::Cuda, built: &BuiltEngine, request: &RunRequest) 
     let log = Arc::new(Mutex::new(Vec::new()));
     let logger = trtx::Logger::new(Capture(log.clone())).map_err(|e| e.to_string())?;
     let mut runtime = trtx::Runtime::new(&logger).map_err(|e| e.to_string())?;
-    let mut engine = runtime.deserialize_cuda_engine(&bytes).map_err(|e| format!("cannot deserialize the engine: {e}"))?;
+    let mut engine =
+        runtime.deserialize_cuda_engine(&bytes).map_err(|e| format!("cannot deserialize the engine: {e}"))?;
     let n = engine.nb_io_tensors().map_err(|e| e.to_string())?;
     let mut io = Vec::new();
     for i in 0..n {
@@ -120,17 +129,31 @@ fn execute(cuda: &crate::cuda::Cuda, built: &BuiltEngine, request: &RunRequest) 
     let mut context = engine.create_execution_context().map_err(|e| e.to_string())?;
     let mut buffers = Vec::new();
     for (name, dtype, _) in io.iter().filter(|(_, _, output)| !output) {
-        let given = request.inputs.iter().find(|(n, _)| n == name).map(|(_, t)| t).ok_or(format!("no value for engine input '{name}'"))?;
+        let given = request
+            .inputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+            .ok_or(format!("no value for engine input '{name}'"))?;
         let want = dtype_of(*dtype).ok_or(format!("engine input '{name}' has a type layerwise cannot feed"))?;
         // An FP16 (converted) engine takes the same values converted.
         let converted;
         let tensor = match (&given.data, want) {
             (crate::TensorData::F32(v), crate::DType::F16) => {
-                converted = crate::Tensor::new(given.shape.clone(), crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()));
+                converted = crate::Tensor::new(
+                    given.shape.clone(),
+                    crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()),
+                );
                 &converted
             }
             (_, want) if want == given.dtype() => given,
-            _ => return Err(format!("engine input '{name}' is {} but the value is {}", want.name(), given.dtype().name())),
+            _ => {
+                return Err(format!(
+                    "engine input '{name}' is {} but the value is {}",
+                    want.name(),
+                    given.dtype().name()
+                ))
+            }
         };
         context.set_input_shape(name, &dims64(&tensor.shape)?).map_err(|e| format!("input '{name}': {e}"))?;
         let host = tensor.to_le_bytes();
@@ -162,7 +185,8 @@ fn execute(cuda: &crate::cuda::Cuda, built: &BuiltEngine, request: &RunRequest) 
     for (name, dtype, shape, size, buffer) in outputs {
         let mut host = vec![0u8; size];
         cuda.download(&buffer, &mut host)?;
-        let tensor = crate::Tensor::from_le_bytes(dtype, shape, &host).ok_or(format!("output '{name}' came back with the wrong size"))?;
+        let tensor = crate::Tensor::from_le_bytes(dtype, shape, &host)
+            .ok_or(format!("output '{name}' came back with the wrong size"))?;
         out.tensors.insert(name, tensor);
     }
     drop(buffers);
@@ -227,8 +251,10 @@ fn load() -> Result<&'static PathBuf, RuntimeError> {
                 RuntimeError::Backend { why, .. } => why,
                 other => other.to_string(),
             })?;
-            trtx::dynamically_load_tensorrt(Some(dir.join(LIBS.0))).map_err(|e| format!("cannot load {}: {e}", dir.join(LIBS.0).display()))?;
-            trtx::dynamically_load_tensorrt_onnxparser(Some(dir.join(LIBS.1))).map_err(|e| format!("cannot load {}: {e}", dir.join(LIBS.1).display()))?;
+            trtx::dynamically_load_tensorrt(Some(dir.join(LIBS.0)))
+                .map_err(|e| format!("cannot load {}: {e}", dir.join(LIBS.0).display()))?;
+            trtx::dynamically_load_tensorrt_onnxparser(Some(dir.join(LIBS.1)))
+                .map_err(|e| format!("cannot load {}: {e}", dir.join(LIBS.1).display()))?;
             Ok(dir)
         })
         .as_ref()
@@ -342,7 +368,9 @@ pub fn layer_map(log: &[String], index: &GraphIndex) -> Vec<EngineLayer> {
         }
         let onnx_nodes = match metadata.get(name) {
             Some(nodes) => nodes.clone(),
-            None => name.split(" + ").map(|n| onnx_node_name(index, n.trim())).filter(|n| index.node(n).is_some()).collect(),
+            None => {
+                name.split(" + ").map(|n| onnx_node_name(index, n.trim())).filter(|n| index.node(n).is_some()).collect()
+            }
         };
         layers.push(EngineLayer { name: name.to_string(), onnx_nodes });
     }
@@ -386,11 +414,20 @@ pub fn build_engine(
             }
         }
         let marked = wanted.iter().filter(|t| !not_exposable.contains(t)).cloned().collect();
-        return Ok(BuiltEngine { path: engine_path, size: bytes.len() as usize, layers, marked, not_exposable, from_cache: true, build_seconds: 0.0 });
+        return Ok(BuiltEngine {
+            path: engine_path,
+            size: bytes.len() as usize,
+            layers,
+            marked,
+            not_exposable,
+            from_cache: true,
+            build_seconds: 0.0,
+        });
     }
 
     let started = std::time::Instant::now();
-    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-trt-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-trt-")
+        .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
     let (bytes, folder) = model.runtime_bytes(&model.proto, scratch.path())?;
     if folder.is_some() {
         return Err(err("models with external data are not supported by the TensorRT backend yet"));
@@ -444,7 +481,9 @@ pub fn build_engine(
         let mut profile = builder.creata_optimization_profile().map_err(err)?;
         for (name, shape) in input_shapes {
             let dims = dims64(shape).map_err(|why| err(format!("input '{name}': {why}")))?;
-            for select in [trtx::OptProfileSelector::kMIN, trtx::OptProfileSelector::kOPT, trtx::OptProfileSelector::kMAX] {
+            for select in
+                [trtx::OptProfileSelector::kMIN, trtx::OptProfileSelector::kOPT, trtx::OptProfileSelector::kMAX]
+            {
                 profile.set_dimensions(name, select, &dims).map_err(|e| err(format!("input '{name}': {e}")))?;
             }
         }
@@ -459,7 +498,9 @@ pub fn build_engine(
     fs::create_dir_all(&cache).map_err(|e| RuntimeError::Io { path: cache.clone(), cause: e })?;
     let write = |path: &Path, data: &[u8]| -> Result<(), RuntimeError> {
         let io = |e| RuntimeError::Io { path: path.to_path_buf(), cause: e };
-        let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(&cache), |t| t.path()).map_err(io)?;
+        let (mut tmp, _tracked) =
+            layerwise_model::scratch::create_tracked(|| tempfile::NamedTempFile::new_in(&cache), |t| t.path())
+                .map_err(io)?;
         std::io::Write::write_all(&mut tmp, data).map_err(io)?;
         tmp.persist(path).map_err(|e| io(e.error))?;
         Ok(())
@@ -468,5 +509,13 @@ pub fn build_engine(
     let mut text: String = layers.iter().map(|l| format!("{}\t{}\n", l.name, l.onnx_nodes.join(","))).collect();
     text.extend(not_exposable.iter().map(|t| format!("-\t{t}\n")));
     write(&layers_path, text.as_bytes())?;
-    Ok(BuiltEngine { path: engine_path, size: engine.len(), layers, marked, not_exposable, from_cache: false, build_seconds: started.elapsed().as_secs_f64() })
+    Ok(BuiltEngine {
+        path: engine_path,
+        size: engine.len(),
+        layers,
+        marked,
+        not_exposable,
+        from_cache: false,
+        build_seconds: started.elapsed().as_secs_f64(),
+    })
 }

@@ -16,12 +16,14 @@
 
 use std::collections::{HashMap, HashSet};
 
-use layerwise_model::onnx::{tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto};
+use layerwise_model::onnx::{
+    tensor_shape_proto, type_proto, GraphProto, ModelProto, TensorShapeProto, TypeProto, ValueInfoProto,
+};
 use layerwise_model::{Model, Selection};
 
 use crate::backend::{Backend, RunOutput, RunRequest};
-use crate::spec::{BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::ort_backend::{build_session, from_ort_value, session_feeds, ModelSource, SessionExtras};
+use crate::spec::{BackendSpec, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::{RuntimeError, Tensor};
 
 /// `ort:cpu` on a model with FP16 or BF16 tensors, evaluated one node at a time in the model's
@@ -96,14 +98,22 @@ pub fn has_reduced_precision(model: &Model) -> bool {
 /// Runs `request.model` one node at a time (see the module documentation) and returns the
 /// selected tensors in the types the model gives them. `sessions` may hold sessions of an earlier
 /// run's nodes.
-pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &RunRequest, sessions: &mut Sessions) -> Result<RunOutput, RuntimeError> {
+pub fn evaluate_typed(
+    spec: &str,
+    options: &OrtOptions,
+    log_id: &str,
+    request: &RunRequest,
+    sessions: &mut Sessions,
+) -> Result<RunOutput, RuntimeError> {
     let err = |why: String| RuntimeError::Ort { backend: spec.to_string(), why };
     let model = request.model;
     let index = request.index;
     let graph = model.graph();
     let wanted: HashSet<&str> = match request.selection {
         Selection::All => index.computed_tensors().collect(),
-        Selection::Names(names) => names.iter().map(String::as_str).chain(index.outputs.iter().map(String::as_str)).collect(),
+        Selection::Names(names) => {
+            names.iter().map(String::as_str).chain(index.outputs.iter().map(String::as_str)).collect()
+        }
     };
     let mut output = RunOutput { notes: vec![TYPED_NOTE.to_string()], ..Default::default() };
     // How many nodes still read each tensor: a value is dropped after its last reader unless wanted.
@@ -113,7 +123,8 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             *readers_left.entry(t.as_str()).or_default() += 1;
         }
     }
-    let initializers: HashMap<&str, &layerwise_model::onnx::TensorProto> = graph.initializer.iter().map(|t| (t.name(), t)).collect();
+    let initializers: HashMap<&str, &layerwise_model::onnx::TensorProto> =
+        graph.initializer.iter().map(|t| (t.name(), t)).collect();
     let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
     let mut values: HashMap<String, Tensor> = HashMap::new();
     for name in &index.inputs {
@@ -124,13 +135,20 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             .ok_or_else(|| RuntimeError::Input(format!("no value for model input '{name}'")))?;
         values.insert(name.clone(), as_declared(t, declared.get(name.as_str()).copied()));
     }
-    let constants: HashSet<&str> = graph.node.iter().filter(|n| n.op_type() == "Constant").flat_map(|n| n.output.iter().map(String::as_str)).collect();
-    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-").map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
+    let constants: HashSet<&str> = graph
+        .node
+        .iter()
+        .filter(|n| n.op_type() == "Constant")
+        .flat_map(|n| n.output.iter().map(String::as_str))
+        .collect();
+    let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-typed-")
+        .map_err(|e| RuntimeError::Io { path: std::env::temp_dir(), cause: e })?;
     let mut unavailable: HashMap<String, String> = HashMap::new();
     let mut widened_nodes: Vec<String> = Vec::new();
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
-        let mut sub = GraphProto { name: Some(format!("typed-{}", info.name)), node: vec![node.clone()], ..Default::default() };
+        let mut sub =
+            GraphProto { name: Some(format!("typed-{}", info.name)), node: vec![node.clone()], ..Default::default() };
         let mut feeds: Vec<(String, Tensor)> = Vec::new();
         let mut missing = None;
         for t in info.all_inputs() {
@@ -158,7 +176,8 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             }
             continue;
         }
-        sub.output = outputs.iter().map(|o| ValueInfoProto { name: Some(o.to_string()), ..Default::default() }).collect();
+        sub.output =
+            outputs.iter().map(|o| ValueInfoProto { name: Some(o.to_string()), ..Default::default() }).collect();
         let proto = ModelProto {
             ir_version: model.proto.ir_version,
             opset_import: model.proto.opset_import.clone(),
@@ -167,37 +186,47 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             graph: Some(sub),
             ..Default::default()
         };
-        let node_err = |why: String| err(format!("node '{}' ({}) run alone in its own types: {why}", info.name, info.op_type));
+        let node_err =
+            |why: String| err(format!("node '{}' ({}) run alone in its own types: {why}", info.name, info.op_type));
         // The node as a model like its repeats, in a shared session; where that fails, run as it
         // is, so that what is said about a failure names the node's own tensors.
         let shared = run_alike(spec, options, log_id, model, &proto, &feeds, scratch.path(), sessions);
-        let (mut results, widened) = match shared.or_else(|_| run_node(spec, options, log_id, model, &proto, &feeds, scratch.path())) {
-            Ok(r) => (r, None),
-            // ONNX Runtime's CPU provider has no kernel for many ops in BF16 (and some in FP16):
-            // the op runs in float32 on its reduced-precision values, and its outputs are stored
-            // back in that type, which is what the file's types ask of it.
-            Err(first) => match widen(&proto, &feeds) {
-                Some((wide, wide_feeds, low)) => {
-                    let r = run_node(spec, options, log_id, model, &wide, &wide_feeds, scratch.path()).map_err(|e| node_err(format!("{first}; in float32 too: {e}")))?;
-                    widened_nodes.push(info.name.clone());
-                    (r, Some(low))
-                }
-                None => return Err(node_err(first.to_string())),
-            },
-        };
+        let (mut results, widened) =
+            match shared.or_else(|_| run_node(spec, options, log_id, model, &proto, &feeds, scratch.path())) {
+                Ok(r) => (r, None),
+                // ONNX Runtime's CPU provider has no kernel for many ops in BF16 (and some in FP16):
+                // the op runs in float32 on its reduced-precision values, and its outputs are stored
+                // back in that type, which is what the file's types ask of it.
+                Err(first) => match widen(&proto, &feeds) {
+                    Some((wide, wide_feeds, low)) => {
+                        let r = run_node(spec, options, log_id, model, &wide, &wide_feeds, scratch.path())
+                            .map_err(|e| node_err(format!("{first}; in float32 too: {e}")))?;
+                        widened_nodes.push(info.name.clone());
+                        (r, Some(low))
+                    }
+                    None => return Err(node_err(first.to_string())),
+                },
+            };
         // ONNX Runtime's CUDA kernel stores an FP16 ReduceMean's float32 sum in FP16 before it
         // divides (measured on an H100, docs/emulation.md): a sum beyond 65504 is inf there
         // though the mean is small. The file's own types say FP16; so does its value here.
         if info.op_type == "ReduceMean" && widened.is_none() {
-            if let Some(Ok(mean)) = results.get(node.output[0].as_str()).filter(|r| matches!(r, Ok(t) if t.dtype() == crate::DType::F16)) {
+            if let Some(Ok(mean)) =
+                results.get(node.output[0].as_str()).filter(|r| matches!(r, Ok(t) if t.dtype() == crate::DType::F16))
+            {
                 let sum_model = reduce_sum_of(&proto, model.opset());
-                let sums = run_node(spec, options, log_id, model, &sum_model, &feeds, scratch.path()).map_err(|e| node_err(format!("its sum: {e}")))?;
+                let sums = run_node(spec, options, log_id, model, &sum_model, &feeds, scratch.path())
+                    .map_err(|e| node_err(format!("its sum: {e}")))?;
                 let data_len = feeds.iter().find(|(n, _)| *n == node.input[0]).map(|(_, t)| t.len()).or_else(|| {
                     initializers.get(node.input[0].as_str()).map(|t| t.dims.iter().product::<i64>().max(1) as usize)
                 });
                 if let (Some(Ok(sum)), Some(data_len)) = (sums.get(node.output[0].as_str()), data_len) {
                     let count = (data_len / mean.len().max(1)).max(1) as f32;
-                    let stored: Vec<half::f16> = sum.to_f32().iter().map(|&s| half::f16::from_f32(half::f16::from_f32(s).to_f32() / count)).collect();
+                    let stored: Vec<half::f16> = sum
+                        .to_f32()
+                        .iter()
+                        .map(|&s| half::f16::from_f32(half::f16::from_f32(s).to_f32() / count))
+                        .collect();
                     let value = Tensor::new(mean.shape.clone(), crate::TensorData::F16(stored));
                     results.insert(node.output[0].clone(), Ok(value));
                 }
@@ -255,7 +284,9 @@ pub fn evaluate_typed(spec: &str, options: &OrtOptions, log_id: &str, request: &
             Some(t) => {
                 output.tensors.insert(name.to_string(), t);
             }
-            None => output.unavailable.push((name.to_string(), unavailable.remove(name).unwrap_or_else(|| "not computed".into()))),
+            None => output
+                .unavailable
+                .push((name.to_string(), unavailable.remove(name).unwrap_or_else(|| "not computed".into()))),
         }
     }
     Ok(output)
@@ -329,16 +360,33 @@ fn run_node(
     scratch: &std::path::Path,
 ) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
     let (bytes, folder) = model.runtime_bytes(proto, scratch)?;
-    let mut session = build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, SessionExtras::default())?;
+    let mut session = build_session(
+        spec,
+        options,
+        log_id,
+        ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() },
+        OptLevel::Disable,
+        SessionExtras::default(),
+    )?;
     run_session(&mut session, feeds, spec)
 }
 
 /// One run of a one-node model's session: its outputs by name, each a host tensor or why not.
-fn run_session(session: &mut ort::session::Session, feeds: &[(String, Tensor)], spec: &str) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
+fn run_session(
+    session: &mut ort::session::Session,
+    feeds: &[(String, Tensor)],
+    spec: &str,
+) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
     let session_inputs = session_feeds(session, feeds, spec)?;
-    let (results, optional) = crate::ort_backend::run_without_optionals(session, session_inputs).map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
-    let mut out: HashMap<String, Result<Tensor, String>> = results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
-    out.extend(optional.into_iter().map(|n| (n, Err("an optional value, not a tensor (it may hold none): not compared".to_string()))));
+    let (results, optional) = crate::ort_backend::run_without_optionals(session, session_inputs)
+        .map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
+    let mut out: HashMap<String, Result<Tensor, String>> =
+        results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
+    out.extend(
+        optional
+            .into_iter()
+            .map(|n| (n, Err("an optional value, not a tensor (it may hold none): not compared".to_string()))),
+    );
     Ok(out)
 }
 
@@ -350,7 +398,10 @@ const FED_WEIGHT_ELEMENTS: usize = 64;
 /// The one-node model `proto` in the form its repeats share: tensors named by position, the node
 /// and graph named alike, large float weights turned into inputs fed their values. Returns the
 /// model, its feeds, and each output's name in it with the node's own name.
-fn alike(proto: &ModelProto, feeds: &[(String, Tensor)]) -> Option<(ModelProto, Vec<(String, Tensor)>, Vec<(String, String)>)> {
+fn alike(
+    proto: &ModelProto,
+    feeds: &[(String, Tensor)],
+) -> Option<(ModelProto, Vec<(String, Tensor)>, Vec<(String, String)>)> {
     let graph = proto.graph.as_ref()?;
     let mut node = graph.node.first()?.clone();
     let mut names: HashMap<String, String> = HashMap::new();
@@ -374,7 +425,9 @@ fn alike(proto: &ModelProto, feeds: &[(String, Tensor)]) -> Option<(ModelProto, 
     }
     for t in &graph.initializer {
         let name = renamed(t.name())?;
-        let fed = matches!(t.data_type(), 1 | 10 | 16) && !layerwise_model::is_external(t) && t.dims.iter().product::<i64>() > FED_WEIGHT_ELEMENTS as i64;
+        let fed = matches!(t.data_type(), 1 | 10 | 16)
+            && !layerwise_model::is_external(t)
+            && t.dims.iter().product::<i64>() > FED_WEIGHT_ELEMENTS as i64;
         match fed.then(|| Tensor::from_proto(t).ok()).flatten() {
             Some(value) => {
                 sub.input.push(value_info(&name, &value));
@@ -413,7 +466,14 @@ fn run_alike(
         std::collections::hash_map::Entry::Vacant(e) => {
             let (bytes, folder) = model.runtime_bytes(&shared, scratch)?;
             let extras = SessionExtras { without_spinning: true, ..Default::default() };
-            e.insert(build_session(spec, options, log_id, ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() }, OptLevel::Disable, extras)?)
+            e.insert(build_session(
+                spec,
+                options,
+                log_id,
+                ModelSource::Memory { bytes: &bytes, external_folder: folder.as_deref() },
+                OptLevel::Disable,
+                extras,
+            )?)
         }
     };
     let mut out = run_session(session, &shared_feeds, spec)?;
@@ -450,7 +510,11 @@ fn widen(proto: &ModelProto, feeds: &[(String, Tensor)]) -> Option<(ModelProto, 
             .chunks_exact(2)
             .map(|b| {
                 let bits = u16::from_le_bytes([b[0], b[1]]);
-                if t.data_type() == 10 { half::f16::from_bits(bits).to_f32() } else { half::bf16::from_bits(bits).to_f32() }
+                if t.data_type() == 10 {
+                    half::f16::from_bits(bits).to_f32()
+                } else {
+                    half::bf16::from_bits(bits).to_f32()
+                }
             })
             .collect();
         low = Some(if t.data_type() == 10 { crate::DType::F16 } else { crate::DType::BF16 });
@@ -478,8 +542,12 @@ fn as_declared(t: &Tensor, declared: Option<&ValueInfoProto>) -> Tensor {
         _ => None,
     });
     match (&t.data, elem) {
-        (crate::TensorData::F32(v), Some(10)) => Tensor::new(t.shape.clone(), crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect())),
-        (crate::TensorData::F32(v), Some(16)) => Tensor::new(t.shape.clone(), crate::TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect())),
+        (crate::TensorData::F32(v), Some(10)) => {
+            Tensor::new(t.shape.clone(), crate::TensorData::F16(v.iter().map(|&x| half::f16::from_f32(x)).collect()))
+        }
+        (crate::TensorData::F32(v), Some(16)) => {
+            Tensor::new(t.shape.clone(), crate::TensorData::BF16(v.iter().map(|&x| half::bf16::from_f32(x)).collect()))
+        }
         _ => t.clone(),
     }
 }
@@ -490,11 +558,17 @@ fn value_info(name: &str, t: &Tensor) -> ValueInfoProto {
         dim: t
             .shape
             .iter()
-            .map(|&d| tensor_shape_proto::Dimension { value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)), ..Default::default() })
+            .map(|&d| tensor_shape_proto::Dimension {
+                value: Some(tensor_shape_proto::dimension::Value::DimValue(d as i64)),
+                ..Default::default()
+            })
             .collect(),
     };
     let ty = TypeProto {
-        value: Some(type_proto::Value::TensorType(type_proto::Tensor { elem_type: Some(t.dtype().onnx()), shape: Some(shape) })),
+        value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+            elem_type: Some(t.dtype().onnx()),
+            shape: Some(shape),
+        })),
         ..Default::default()
     };
     ValueInfoProto { name: Some(name.to_string()), r#type: Some(ty), ..Default::default() }

@@ -12,7 +12,10 @@ fn the_reduction_kernels_compile_with_nvrtc_for_every_gpu_generation_in_use() {
     for arch in ["compute_80", "compute_89", "compute_90"] {
         let ptx = compile_kernels(&nvrtc, arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         let ptx = String::from_utf8_lossy(&ptx);
-        assert!(ptx.contains(".entry pair_totals") && ptx.contains(".entry pair_violations"), "{arch}: both kernels in the PTX");
+        assert!(
+            ptx.contains(".entry pair_totals") && ptx.contains(".entry pair_violations"),
+            "{arch}: both kernels in the PTX"
+        );
         assert!(ptx.contains(&format!(".target sm_{}", &arch["compute_".len()..])), "{arch}: built for it");
     }
 }

@@ -8,7 +8,8 @@ use layerwise_runtime::npy::read_npy;
 
 /// An `.npy` (version 1.0) of float32 `values` as stored, with this header.
 fn npy(fortran: bool, shape: &str, stored: &[f32]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': {}, 'shape': {shape}, }}", if fortran { "True" } else { "False" });
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': {}, 'shape': {shape}, }}", if fortran { "True" } else { "False" });
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
     }
@@ -38,7 +39,8 @@ fn a_fortran_ordered_array_is_read_in_c_order() {
         }
     }
     let t = read_npy(&npy(true, "(2, 2, 3)", &stored)[..], Path::new("f3.npy")).unwrap();
-    let c_order: Vec<f32> = (0..2).flat_map(|i| (0..2).flat_map(move |j| (0..3).map(move |k| (100 * i + 10 * j + k) as f32))).collect();
+    let c_order: Vec<f32> =
+        (0..2).flat_map(|i| (0..2).flat_map(move |j| (0..3).map(move |k| (100 * i + 10 * j + k) as f32))).collect();
     assert_eq!(t.to_f32().to_vec(), c_order);
 
     // A C-ordered array and a vector are as stored.

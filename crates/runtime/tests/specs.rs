@@ -14,12 +14,29 @@ fn err(spec: &str) -> String {
 #[test]
 fn gpu_specs_parse_with_their_options() {
     assert_eq!(ep("ort:cpu"), ExecutionProvider::Cpu);
-    assert_eq!(ep("ort:cuda"), ExecutionProvider::Cuda { device: None, tf32: true, conv_search: layerwise_runtime::ConvSearch::Exhaustive }, "TF32 on, as ONNX Runtime defaults");
-    assert_eq!(ep("ort:cuda,tf32=off,device=1"), ExecutionProvider::Cuda { device: Some(1), tf32: false, conv_search: layerwise_runtime::ConvSearch::Exhaustive });
-    assert_eq!(ep("ort:cuda,conv_search=heuristic"), ExecutionProvider::Cuda { device: None, tf32: true, conv_search: layerwise_runtime::ConvSearch::Heuristic });
+    assert_eq!(
+        ep("ort:cuda"),
+        ExecutionProvider::Cuda { device: None, tf32: true, conv_search: layerwise_runtime::ConvSearch::Exhaustive },
+        "TF32 on, as ONNX Runtime defaults"
+    );
+    assert_eq!(
+        ep("ort:cuda,tf32=off,device=1"),
+        ExecutionProvider::Cuda {
+            device: Some(1),
+            tf32: false,
+            conv_search: layerwise_runtime::ConvSearch::Exhaustive
+        }
+    );
+    assert_eq!(
+        ep("ort:cuda,conv_search=heuristic"),
+        ExecutionProvider::Cuda { device: None, tf32: true, conv_search: layerwise_runtime::ConvSearch::Heuristic }
+    );
     assert!(err("ort:cuda,conv_search=fast").contains("exhaustive, heuristic or default"));
     assert!(err("ort:cpu,conv_search=heuristic").contains("is for ort:cuda"));
-    assert!(matches!(BackendSpec::parse("sim:bf16,engine=trt").unwrap(), BackendSpec::Sim { rounding: layerwise_model::Rounding::Bf16, trt_style: true, .. }));
+    assert!(matches!(
+        BackendSpec::parse("sim:bf16,engine=trt").unwrap(),
+        BackendSpec::Sim { rounding: layerwise_model::Rounding::Bf16, trt_style: true, .. }
+    ));
     assert!(err("sim:tf32,engine=trt").contains("unknown option"));
     assert_eq!(ep("ort:trt,fp16"), ExecutionProvider::TensorRt { device: None, fp16: true });
     assert_eq!(ep("ort:nvrtx,device=2"), ExecutionProvider::NvRtx { device: Some(2) });
@@ -27,7 +44,9 @@ fn gpu_specs_parse_with_their_options() {
         BackendSpec::Ort(o) => assert_eq!((o.opt_level, o.threads), (OptLevel::Basic, Some(2))),
         other => panic!("{other:?}"),
     }
-    assert!(matches!(BackendSpec::parse("sim:fp16").unwrap(), BackendSpec::Sim { rounding: layerwise_model::Rounding::Fp16, trt_style: false, options: o } if o.opt_level == OptLevel::Disable));
+    assert!(
+        matches!(BackendSpec::parse("sim:fp16").unwrap(), BackendSpec::Sim { rounding: layerwise_model::Rounding::Fp16, trt_style: false, options: o } if o.opt_level == OptLevel::Disable)
+    );
 }
 
 #[test]
@@ -42,8 +61,14 @@ fn bad_specs_say_what_is_wrong() {
     assert!(err("npz:").contains("npz: needs a path"));
     assert!(err("trt,opt=9").contains("opt must be 0 to 5"));
     assert!(err("trt,fp16").contains("unknown option 'fp16' for trt"));
-    assert_eq!(BackendSpec::parse("trt,opt=3,workspace=512").unwrap(), BackendSpec::Trt { tf32: true, opt_level: Some(3), workspace_mib: Some(512) });
-    assert_eq!(BackendSpec::parse("trt,tf32=off").unwrap(), BackendSpec::Trt { tf32: false, opt_level: None, workspace_mib: None });
+    assert_eq!(
+        BackendSpec::parse("trt,opt=3,workspace=512").unwrap(),
+        BackendSpec::Trt { tf32: true, opt_level: Some(3), workspace_mib: Some(512) }
+    );
+    assert_eq!(
+        BackendSpec::parse("trt,tf32=off").unwrap(),
+        BackendSpec::Trt { tf32: false, opt_level: None, workspace_mib: None }
+    );
     assert!(err("trt,tf32=no").contains("tf32 must be on or off"));
     // A repeated option is refused, not silently overridden by its last value.
     assert!(err("ort:cpu,threads=1,threads=2").contains("option 'threads' is given twice"));
@@ -75,13 +100,18 @@ fn a_spec_writes_its_canonical_text_which_parses_back_to_it() {
 
 #[test]
 fn only_gpu_specs_move_to_a_shard_gpu() {
-    let on = |spec: &str, device: u32| BackendSpec::parse(spec).unwrap().on_device(device).map(|s| s.to_string()).map_err(|e| e.to_string());
+    let on = |spec: &str, device: u32| {
+        BackendSpec::parse(spec).unwrap().on_device(device).map(|s| s.to_string()).map_err(|e| e.to_string())
+    };
     assert_eq!(on("ort:cuda,tf32=off", 1).unwrap(), "ort:cuda,tf32=off,device=1");
     assert_eq!(on("ort:trt,fp16", 2).unwrap(), "ort:trt,fp16,device=2");
     assert_eq!(on("ort:cpu", 1).unwrap(), "ort:cpu");
     assert_eq!(on("sim:fp16", 1).unwrap(), "sim:fp16");
     assert!(on("ort:cuda,device=3", 1).unwrap_err().contains("names its own device"));
-    assert!(on("ort:cuda,device=0", 1).unwrap_err().contains("names its own device"), "an explicit device=0 is named too");
+    assert!(
+        on("ort:cuda,device=0", 1).unwrap_err().contains("names its own device"),
+        "an explicit device=0 is named too"
+    );
     assert!(on("trt", 1).unwrap_err().contains("takes no device"));
 }
 

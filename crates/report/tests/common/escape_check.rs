@@ -6,7 +6,8 @@
 #![allow(dead_code)]
 
 use layerwise_report::escape::{
-    csv_text, for_terminal, is_shown_escaped, markdown_cell_code, markdown_code, markdown_text, shell_quoted, shell_word, terminal, terminal_lines, trtexec_layer_refusal,
+    csv_text, for_terminal, is_shown_escaped, markdown_cell_code, markdown_code, markdown_text, shell_quoted,
+    shell_word, terminal, terminal_lines, trtexec_layer_refusal,
 };
 use pulldown_cmark::{Event, Options, Parser, Tag, TagEnd};
 
@@ -43,10 +44,14 @@ fn blocks(md: &str) -> Vec<String> {
         match e {
             // A tight list's item holds its text without a paragraph.
             Event::Start(Tag::Paragraph | Tag::TableCell | Tag::Item) => current = Some(String::new()),
-            Event::End(TagEnd::Paragraph | TagEnd::TableCell | TagEnd::Item) => texts.push(current.take().expect("a block was open")),
+            Event::End(TagEnd::Paragraph | TagEnd::TableCell | TagEnd::Item) => {
+                texts.push(current.take().expect("a block was open"))
+            }
             Event::Start(Tag::Table(_) | Tag::TableHead | Tag::TableRow | Tag::List(None)) => {}
             Event::End(TagEnd::Table | TagEnd::TableHead | TagEnd::TableRow | TagEnd::List(false)) => {}
-            Event::Text(t) | Event::Code(t) => current.as_mut().unwrap_or_else(|| panic!("text outside a block in {md:?}")).push_str(&t),
+            Event::Text(t) | Event::Code(t) => {
+                current.as_mut().unwrap_or_else(|| panic!("text outside a block in {md:?}")).push_str(&t)
+            }
             other => panic!("{other:?} in {md:?}"),
         }
     }
@@ -64,7 +69,17 @@ pub fn check_markdown(text: &str) {
     let texts = blocks(&md);
     // An empty text leaves its line-start paragraph out, and `x ` is read as `x`.
     let after_x = if shown.is_empty() { "x".to_string() } else { format!("x {shown}") };
-    let mut expected = vec!["a".to_string(), "b".into(), "c".into(), shown.clone(), shown.clone(), "c".into(), after_x.clone(), after_x.clone(), after_x];
+    let mut expected = vec![
+        "a".to_string(),
+        "b".into(),
+        "c".into(),
+        shown.clone(),
+        shown.clone(),
+        "c".into(),
+        after_x.clone(),
+        after_x.clone(),
+        after_x,
+    ];
     if !shown.is_empty() {
         expected.push(shown);
     }
@@ -82,13 +97,16 @@ pub fn check_github_markdown(md: &str, text: &str) {
     }
     let outside = outside_code(&html);
     assert!(!outside.contains('@') && !outside.contains("&#64;"), "{text:?}: an @ outside code in:\n{md}\n{html}");
-    let issue_link = outside.char_indices().any(|(i, c)| c == '#' && outside[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
+    let issue_link =
+        outside.char_indices().any(|(i, c)| c == '#' && outside[i + 1..].starts_with(|d: char| d.is_ascii_digit()));
     assert!(!issue_link, "{text:?}: #N outside code in:\n{md}\n{html}");
     // GitHub's own references, which no CommonMark renderer makes: `GH-12`, a commit's hex digits.
     let lower = outside.to_ascii_lowercase();
     let gh = lower.match_indices("gh-").any(|(i, _)| lower[i + 3..].starts_with(|d: char| d.is_ascii_digit()));
     assert!(!gh, "{text:?}: GH-N outside code in:\n{md}\n{html}");
-    let commit = outside.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| (7..=40).contains(&w.len()) && w.chars().all(|c| c.is_ascii_hexdigit()));
+    let commit = outside
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .any(|w| (7..=40).contains(&w.len()) && w.chars().all(|c| c.is_ascii_hexdigit()));
     assert!(!commit, "{text:?}: a commit-like word outside code in:\n{md}\n{html}");
     // cmark and cmark-gfm open no code span with a fence of more than 80 backticks.
     let mut run = 0;
@@ -110,8 +128,11 @@ pub fn check_csv(text: &str) {
     let row = r.records().next().expect("one row").unwrap();
     assert_eq!(row.len(), 3);
     let cell = &row[0];
-    let visible = cell.trim_start_matches(|c: char| c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}'));
-    let formula = cell.starts_with(['\t', '\r']) || visible.starts_with(['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}']);
+    let visible = cell.trim_start_matches(|c: char| {
+        c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}')
+    });
+    let formula = cell.starts_with(['\t', '\r'])
+        || visible.starts_with(['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}']);
     assert!(!formula, "{text:?} is a formula cell: {cell:?}");
     assert!(cell == text || cell.strip_prefix('\'') == Some(text), "{text:?} read back as {cell:?}");
     assert_eq!(row[1].parse::<f64>().ok(), Some(-1.5e-3), "numbers stay numbers");
@@ -121,7 +142,11 @@ pub fn check_shell(text: &str) {
     for word in [shell_word(text), shell_quoted(text)] {
         match word {
             Some(word) => {
-                assert_eq!(shell_words::split(&word).unwrap_or_else(|e| panic!("{text:?} -> {word:?}: {e}")), vec![text.to_string()], "{word:?}");
+                assert_eq!(
+                    shell_words::split(&word).unwrap_or_else(|e| panic!("{text:?} -> {word:?}: {e}")),
+                    vec![text.to_string()],
+                    "{word:?}"
+                );
                 assert!(!word.chars().any(is_shown_escaped));
             }
             None => assert!(text.chars().any(|c| is_shown_escaped(c) || c == '\0'), "{text:?} refused"),
