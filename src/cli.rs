@@ -586,7 +586,7 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
     let (inputs, _samples) = args.inputs.options()?;
     options.inputs = inputs;
     if let Some(devices) = &args.devices {
-        let mut reads = Reads::of_bisect(&options);
+        let mut reads = crate::pipeline::bisect_reads(&options);
         for (what, path) in options.outputs.paths() {
             reads.check_output_file(path, what)?;
         }

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{
-    add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Arithmetic, Candidate,
-    Comparison, Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT,
+    add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Candidate, Comparison,
+    Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT,
 };
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
@@ -22,7 +22,7 @@ use crate::keep::{HeldRun, KeepRunner};
 use crate::pipeline::noise_floor::{noise_floor as noise_floor_of, FloorTarget};
 use crate::pipeline::setup::{feeds_of, set_up, Judging, Setup};
 use crate::pipeline::{BisectOptions, Steps};
-use crate::write_rule::{check_writable_target, Reads};
+use crate::write_rule::check_writable_target;
 
 /// Everything `layerwise fix` takes.
 #[derive(Debug, Clone)]
@@ -68,6 +68,9 @@ struct Search<'a> {
     keeper: KeepRunner<'a>,
     tolerances: ToleranceSet,
     rule: WalkRule,
+    /// The candidate's arithmetic as bisect's walk reads it (the same `Judging`), so that a
+    /// TF32 candidate is walked as TF32 in both.
+    walk_as: Candidate,
     weights: Vec<WeightRange>,
     runs: usize,
     /// Progress on stderr: one step per candidate run.
@@ -144,11 +147,7 @@ impl Search<'_> {
         let mut comparison =
             compare_all(self.index, &self.order, &self.samples[k].reference, tensors, &self.tolerances);
         comparison.note_input_nonfinite(&self.samples[k].feeds);
-        let arithmetic =
-            if self.candidate.precision() == Precision::Bf16 { Arithmetic::Bf16 } else { Arithmetic::Fp16 };
-        let candidate =
-            Candidate { arithmetic, tf32: self.candidate.tf32(), atol: self.tolerances.all.atol, quantized: false };
-        let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, candidate);
+        let verdict = walk_back(self.index, &comparison, &self.weights, self.rule, self.walk_as);
         (comparison, verdict)
     }
 }
@@ -421,7 +420,7 @@ pub(crate) fn keep_list_path(out: &Path) -> PathBuf {
 /// before any work.
 pub fn check_fix_outputs(options: &FixOptions) -> Result<()> {
     let b = &options.bisect;
-    let mut reads = Reads::of_bisect(b);
+    let mut reads = crate::pipeline::bisect_reads(b);
     for (what, path) in b.outputs.paths() {
         reads.check_output_file(path, &format!("the {what}"))?;
     }
@@ -582,8 +581,20 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // compares them: each side returns the value it was fed).
     let order: Vec<String> = index.computed_tensors().map(str::to_string).chain(passed_through(index)).collect();
     let weights = scan_fp16_weight_range(model)?;
-    let mut search =
-        Search { index, samples, judged: 0, order, candidate, keeper, tolerances, rule, weights, runs: 0, steps };
+    let mut search = Search {
+        index,
+        samples,
+        judged: 0,
+        order,
+        candidate,
+        keeper,
+        tolerances,
+        rule,
+        walk_as: judging.candidate,
+        weights,
+        runs: 0,
+        steps,
+    };
 
     let (first, first_verdict) = search.run(&[])?;
     // As bisect: a verdict on no output at all would say nothing.
@@ -816,7 +827,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
                 let (early_keep, feeds) = (&early_keep, &feeds);
                 scope.spawn(move || {
                     let started = std::time::Instant::now();
-                    (w.convert_and_check(early_keep, &feeds), started.elapsed().as_secs_f64())
+                    (w.convert_and_check(early_keep, feeds), started.elapsed().as_secs_f64())
                 })
             });
             let mut i = 0;

@@ -10,9 +10,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use layerwise_model::Model;
-use layerwise_runtime::BackendSpec;
-
-use crate::pipeline::BisectOptions;
 
 /// What a run reads: files by what they are, and folders whose whole content is read (a saved
 /// run), which no output may name or lie inside.
@@ -61,55 +58,6 @@ impl Reads {
             self.file(what, f);
         }
         self
-    }
-
-    /// What a bisect (or fix) reads before any model is loaded: the model files, the inputs (every
-    /// sample of `--inputs DIR`), the data-loader script, and saved runs (`npz:PATH`).
-    pub fn of_bisect(options: &BisectOptions) -> Reads {
-        let mut reads = Reads::new();
-        reads.file("the input model", &options.model);
-        if let Some(m) = &options.cand_model {
-            reads.file("the candidate model", m);
-        }
-        if let Some(c) = &options.quant_config {
-            reads.file("the quantization config", c);
-        }
-        if let Some(npz) = &options.inputs.npz {
-            if npz.is_dir() {
-                // The folder's listing is the samples: nothing is written into it (a report named
-                // `c.npz` there would be the next run's broken sample; found by the independent
-                // tester), and no sample is replaced.
-                for entry in std::fs::read_dir(npz).into_iter().flatten().flatten() {
-                    reads.file(format!("a sample of --inputs {}", npz.display()), entry.path());
-                }
-                reads.folder("the samples folder --inputs", npz);
-            } else {
-                reads.file("the inputs", npz);
-            }
-        }
-        for (_, f) in &options.inputs.npy {
-            reads.file("an input", f);
-        }
-        if let Some(script) = &options.data_loader_script {
-            reads.file("the data-loader script", script);
-        }
-        for (side, spec) in [("reference", &options.reference), ("candidate", &options.candidate)] {
-            if let BackendSpec::Saved(path) = spec {
-                if path.is_dir() {
-                    reads.folder(format!("the saved {side} run"), path);
-                    // A saved run reads the inputs file beside its folder.
-                    if let Some(parent) = path.parent() {
-                        reads.file(
-                            format!("the inputs of the saved {side} run"),
-                            parent.join(layerwise_runtime::saved::INPUTS_FILE),
-                        );
-                    }
-                } else {
-                    reads.file(format!("the saved {side} run"), path);
-                }
-            }
-        }
-        reads
     }
 
     /// Refuses `target` (an output; `what` it is) where it is, or lies inside, anything read.

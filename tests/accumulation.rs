@@ -2,9 +2,7 @@
 //! the emulations reproduce what ONNX Runtime's CUDA kernels were measured to do, checked against
 //! values recorded on the H100 (tests/data/h100_*.npz, from scripts/gpu/probes2.py).
 
-mod common;
-
-use common::{json, layerwise, save, saved_tensor, text};
+use crate::common::{json, layerwise, save, saved_tensor, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::DataType;

@@ -1,9 +1,8 @@
 //! Issue 5: search marking, introduced vs propagated error, counterfactual checks, memory
 //! budget splits and many samples. End to end through ONNX Runtime (found or pip-fetched).
 
-mod common;
-
-use common::{breaking_models, planted, planted_layernorm, spec, Ending};
+use crate::common;
+use crate::common::{breaking_models, planted, planted_layernorm, spec, Ending};
 use layerwise::demo::demo_model;
 use layerwise::pipeline::{bisect_model, BisectOptions, Marking};
 use layerwise_analysis::{run_bound, Status};

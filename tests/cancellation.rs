@@ -3,9 +3,7 @@
 //! Polygraphy's own precision example (`needs_constraints.onnx`: flip, + 65504, - 65504, flip
 //! back) and a rotary position embedding (angles up to 4,063 into Sin and Cos) under `sim:fp16`.
 
-mod common;
-
-use common::{json, layerwise, save, text};
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::DataType;

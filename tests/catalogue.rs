@@ -3,12 +3,10 @@
 //! truncated, non-model files, missing external data, unresolved and mismatched input shapes,
 //! npz problems, bad backend specs, unknown tensors, a missing report folder); these are the rest.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{assert_refused, dynamic_model, layerwise, save, text};
+use crate::common::{assert_refused, dynamic_model, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use layerwise_model::DataType;

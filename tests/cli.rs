@@ -1,11 +1,10 @@
 //! The command line: exit codes, the demo, and a specific error (exit 2, nothing written) for each
 //! kind of bad input.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::{assert_refused, dynamic_model, layerwise, planted, save, text, Ending};
+use crate::common;
+use crate::common::{assert_refused, dynamic_model, layerwise, planted, save, text, Ending};
 use layerwise_runtime::npy::{write_npy_file, write_npz};
 use layerwise_runtime::{Tensor, TensorData};
 

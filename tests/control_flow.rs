@@ -3,9 +3,7 @@
 //! taken, or inside the loop body, must be named as the first divergent layer: neither is visible
 //! from the main graph, and the FP16 emulation used to leave bodies in float32 (a false all-clear).
 
-mod common;
-
-use common::{json, layerwise, save, saved_tensor, text};
+use crate::common::{json, layerwise, save, saved_tensor, text};
 use layerwise_model::builder::node;
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, tensor_type, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto};

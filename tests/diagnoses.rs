@@ -2,9 +2,8 @@
 //! plants a model of the shape that showed a false claim on a real model (a renamed FP16 twin,
 //! nested If bodies, an ill-conditioned head) and checks what the verdict says about it.
 
-mod common;
-
-use common::{json, layerwise, save, text};
+use crate::common;
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::node;
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto};

@@ -2,9 +2,7 @@
 //! storage (`sim:bf16`) and a weakly typed TensorRT FP16 engine (`sim:fp16,engine=trt`), each on
 //! a model planted to need it.
 
-mod common;
-
-use common::{json, layerwise, save, saved_tensor, text};
+use crate::common::{json, layerwise, save, saved_tensor, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::{DataType, Rounding};
@@ -389,12 +387,12 @@ fn variance_by_cancellation() -> ModelProto {
     b.initializer(f32_tensor("eps", &[], &[1e-5]));
     b.initializer(f32_tensor(
         "gamma",
-        &[n as i64],
+        &[n],
         &(0..n).map(|i| 0.3 + 0.1 * ((i * 37 % 17) as f32 / 17.0)).collect::<Vec<_>>(),
     ));
     b.initializer(f32_tensor(
         "beta",
-        &[n as i64],
+        &[n],
         &(0..n).map(|i| 0.1 * ((i * 13 % 11) as f32 / 11.0) - 0.05).collect::<Vec<_>>(),
     ));
     b.initializer(layerwise_model::builder::i64_tensor("axes", &[1], &[-1]));
@@ -453,7 +451,7 @@ fn a_passing_tf32_candidate_says_the_differences_are_tf32_rounding_and_where_the
     let mut b = ModelBuilder::new("healthy-matmul", 17);
     b.input("x", DataType::Float, &[Dim::from(8), Dim::from(k)]);
     let w: Vec<f32> = (0..k * 16).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.1).collect();
-    b.initializer(f32_tensor("w", &[k as i64, 16], &w));
+    b.initializer(f32_tensor("w", &[k, 16], &w));
     b.node("Relu", "act", &["x"], &["a"], vec![]);
     b.node("MatMul", "proj", &["a", "w"], &["y"], vec![]);
     b.output("y", DataType::Float);
@@ -557,4 +555,27 @@ fn a_resize_with_empty_constant_scales_is_emulated() {
     assert_eq!(out.status.code(), Some(0), "the FP16 file is evaluated in its own types: {}", text(&out));
     let report = json(&dir.path().join("t.json"));
     assert!(report["cand"]["notes"].to_string().contains("one node at a time"), "{}", report["cand"]["notes"]);
+}
+
+/// `fix` walks a TF32 candidate as bisect does (float32 arithmetic on TF32 tensor cores, the
+/// same `Judging`): it walked it as FP16 before, so its keep reason named another cause than
+/// bisect's verdict on the same run.
+#[test]
+fn fix_walks_a_tf32_candidate_as_bisect_does() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&tf32_sensitive_matmul(), &dir.path().join("m.onnx"));
+    let range = "x:1,1.0009765625";
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:tf32", "--val-range", range, "--no-noise-floor", "--json", "b.json"],
+        dir.path(),
+    );
+    let b = json(&dir.path().join("b.json"));
+    assert_eq!(b["verdict"]["first_divergent"]["cause"]["kind"], "tf32", "{}", text(&out));
+    let out = layerwise(&["fix", "m.onnx", "--cand", "sim:tf32", "--val-range", range, "--json", "f.json"], dir.path());
+    let t = text(&out);
+    let f = json(&dir.path().join("f.json"));
+    assert_eq!(f["keep_fp32"], serde_json::json!(["sum/MatMul"]), "{t}");
+    let because = f["patterns"][0]["because"].as_str().unwrap();
+    assert!(because.contains("float32 MatMul ran with TF32 tensor cores"), "{because}");
+    assert!(!because.contains("FP16"), "{because}");
 }

@@ -1,10 +1,9 @@
 //! FP16 conversion with a keep list, and the fix search (issue: from diagnosis to fix).
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::{batchnorm_overflow, convertible, planted_layernorm, save, spec};
+use crate::common;
+use crate::common::{batchnorm_overflow, convertible, planted_layernorm, save, spec};
 use layerwise::fix::{fix, FixOptions};
 use layerwise::pipeline::{bisect, BisectOptions};
 use layerwise_analysis::Status;

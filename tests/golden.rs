@@ -5,11 +5,10 @@
 //! purpose updates them: `LAYERWISE_BLESS=1 cargo test --test golden` rewrites the files, and the
 //! diff is reviewed like code.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::{layerwise, text};
+use crate::common;
+use crate::common::{layerwise, text};
 use layerwise_model::onnx::ModelProto;
 
 fn golden_dir() -> PathBuf {

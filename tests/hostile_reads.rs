@@ -3,13 +3,11 @@
 //! `.npz`/`.npy` headers that lie or nest without end (D12), and runs that cannot fit in memory
 //! (D10). Every case exits 2 with its message, in bounded time, and leaves the folder as it was.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{save, text};
+use crate::common::{save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use layerwise_model::DataType;

@@ -2,7 +2,6 @@
 //! whose node and tensor names carry shell, terminal, HTML, Markdown and spreadsheet payloads is
 //! run through `bisect` and `fix`, and each output is read back by a parser of its medium.
 
-mod common;
 // The escaping property checks' parsers of each medium, shared with crates/report's tests and the
 // fuzz target `render`.
 #[path = "../crates/report/tests/common/escape_check.rs"]
@@ -10,7 +9,8 @@ mod escape_check;
 
 use std::path::Path;
 
-use common::{layerwise, save, text};
+use crate::common;
+use crate::common::{layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::DataType;

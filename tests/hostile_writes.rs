@@ -2,12 +2,10 @@
 //! (src/write_rule.rs). Each case failed on the code before it: the run deleted, replaced or
 //! wrote into something it had not created.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use common::{assert_refused, layerwise, save, text};
+use crate::common::{assert_refused, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use layerwise_model::DataType;

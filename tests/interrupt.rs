@@ -1,13 +1,12 @@
 //! Interrupts and a full disk: Ctrl-C during a run leaves no temporary file or folder and no
 //! partial report; a report that cannot be written completely (no space left) leaves nothing.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::save;
+use crate::common;
+use crate::common::save;
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::DataType;
 

@@ -2,11 +2,10 @@
 //! keep list rounds at island edges as the converted model casts there, and the typed evaluation
 //! of the written file, which shares no code with the emulation, is what `fix`'s FIXED stands on.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 
-use common::{json, layerwise, save, spec};
+use crate::common;
+use crate::common::{json, layerwise, save, spec};
 use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
 use layerwise_model::convert::{convert_fp16, float_tensor_set, ConvertOptions};
 use layerwise_model::onnx::ModelProto;

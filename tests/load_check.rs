@@ -4,9 +4,7 @@
 //! child aborts on an FP16 node of that op type), standing in for ONNX Runtime's segmentation
 //! fault on a bidirectional-GRU text model, which no small model here reproduces.
 
-mod common;
-
-use common::{json, save, text};
+use crate::common::{json, save, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::{DataType, Model};

@@ -4,9 +4,7 @@
 //! attention becomes uniform. The walk must see that the scores of the next layer are already off,
 //! and no cause may take the mask for a logit.
 
-mod common;
-
-use common::{json, layerwise, save, text};
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::DataType;

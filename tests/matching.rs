@@ -2,11 +2,9 @@
 //! tool's FP16 conversion): its tensors are paired by structure, so the walk still reaches the
 //! layer that breaks.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 
-use common::{json, layerwise, planted, save, text, Ending};
+use crate::common::{json, layerwise, planted, save, text, Ending};
 use layerwise_model::onnx::{ModelProto, NodeProto};
 use serde_json::Value;
 

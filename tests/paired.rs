@@ -1,11 +1,10 @@
 //! Issue 15: both sides in one ONNX Runtime session, each pair of tensors reduced where it is
 //! computed. End to end through ONNX Runtime (found or pip-fetched).
 
-mod common;
-
 use std::sync::Arc;
 
-use common::{breaking_models, planted, save, spec, Ending};
+use crate::common;
+use crate::common::{breaking_models, planted, save, spec, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{PairedComparison, Tolerance};
 use layerwise_model::{GraphIndex, Model, Selection};

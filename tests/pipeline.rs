@@ -1,11 +1,9 @@
 //! End-to-end runs through ONNX Runtime. They need libonnxruntime: layerwise finds it (see
 //! README) or fetches it with pip, and these tests fail with that error if it cannot.
 
-mod common;
-
 use std::collections::HashMap;
 
-use common::{planted, rounding_probe, spec, Ending};
+use crate::common::{planted, rounding_probe, spec, Ending};
 use layerwise::pipeline::{bisect_model, BisectOptions};
 use layerwise_analysis::{CauseKind, Status};
 use layerwise_model::{GraphIndex, Model, Selection};

@@ -2,10 +2,9 @@
 //! judged by its quantizers' format, never as FP16, and a tensor whose name the quantizer moved
 //! to another computation is not compared with it.
 
-mod common;
-
-use common::quantized::{clipped_model, float_model, int8_tensor, qdq_model, qoperator_model, weights};
-use common::{json, layerwise, save, text};
+use crate::common;
+use crate::common::quantized::{clipped_model, float_model, int8_tensor, qdq_model, qoperator_model, weights};
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::DataType;

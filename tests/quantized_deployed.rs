@@ -3,9 +3,7 @@
 //! prevents. The output errors of `bisect` and of `fix`'s written-model check are the deployed
 //! run's; the exposed run's intermediate tensors stay what the walk reads.
 
-mod common;
-
-use common::{json, layerwise, save, spec, text};
+use crate::common::{json, layerwise, save, spec, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::{DataType, GraphIndex, Model, Selection};

@@ -4,10 +4,8 @@
 //! quantizer (the step the outlier forces), a per-tensor weight with one channel 1000x larger
 //! (unequal channels), and a float8 e4m3fn quantizer too small for its values.
 
-mod common;
-
-use common::quantized::{int8_tensor, weights};
-use common::{json, layerwise, save, text};
+use crate::common::quantized::{int8_tensor, weights};
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};
 use layerwise_model::DataType;

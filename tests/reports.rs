@@ -1,8 +1,7 @@
 //! Every report format from one run, and again later from the saved JSON with `layerwise report`.
 
-mod common;
-
-use common::{layerwise, text};
+use crate::common;
+use crate::common::{layerwise, text};
 
 #[test]
 fn all_formats_from_one_run_and_from_the_saved_report() {

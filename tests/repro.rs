@@ -1,9 +1,7 @@
 //! `bisect --repro DIR`: the first divergent layer as a standalone model with its data, for a bug
 //! report to the backend's maintainers or a unit test.
 
-mod common;
-
-use common::{assert_refused, json, layerwise, planted, save, saved_tensor, text, Ending};
+use crate::common::{assert_refused, json, layerwise, planted, save, saved_tensor, text, Ending};
 use layerwise_runtime::Tensor;
 
 fn pb(path: &std::path::Path) -> Tensor {

@@ -4,12 +4,11 @@
 //! runs that write every optional section, must validate against them, and a broken report must
 //! not. docs/report-format.md names every field they define.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use common::{json, layerwise, save, text};
+use crate::common;
+use crate::common::{json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, node, tensor_type, Dim, ModelBuilder};
 use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto, ValueInfoProto};
 use layerwise_model::DataType;

@@ -1,9 +1,8 @@
 //! Sample sets beyond one machine: `bisect --inputs DIR --shard I/N` on each of N machines, then
 //! `layerwise merge`, gives exactly the report of one run over every sample.
 
-mod common;
-
-use common::{assert_refused, json_without_run_info, layerwise, save, text, write_demo_samples};
+use crate::common;
+use crate::common::{assert_refused, json_without_run_info, layerwise, save, text, write_demo_samples};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;

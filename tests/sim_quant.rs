@@ -3,10 +3,9 @@
 //! `--cand ort:cpu --cand-model`; `fix --cand sim:int8` writes the model re-quantized with its
 //! keep set excluded; what it refuses.
 
-mod common;
-
-use common::quantized::weights;
-use common::{assert_refused, json, layerwise, save, text};
+use crate::common;
+use crate::common::quantized::weights;
+use crate::common::{assert_refused, json, layerwise, save, text};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
 use layerwise_model::{DataType, GraphIndex, Model};

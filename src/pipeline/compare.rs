@@ -79,7 +79,7 @@ impl<'a> Job<'a> {
     /// Candidate model tensor -> the reference tensor whose value it holds (the matching's pairs
     /// read backwards).
     pub(super) fn reference_names(&self) -> HashMap<String, String> {
-        super::reference_names(&self.cand_names)
+        super::names::reference_names(&self.cand_names)
     }
 
     /// For a quantized candidate model, the reference tensors its activation quantizers quantize

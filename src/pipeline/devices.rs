@@ -9,9 +9,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use layerwise_analysis::{chosen_sample, SampleData};
 use layerwise_report::Report;
 
+use super::bisect::{bisect_from_queue, SampleQueue};
 use super::options::{BisectOptions, Marking};
 use super::setup::samples;
-use super::{bisect_from_queue, SampleQueue};
 
 /// Runs the samples of `options.inputs` (a folder) over `devices`: one job per GPU, all at once,
 /// each taking the next sample not yet taken (so a GPU that is faster, or a job whose samples are

@@ -248,3 +248,33 @@ fn quantizer_floor(
         left_for_the_fix: Vec::new(),
     })
 }
+
+/// The stored weights (initializers and Constants' values) that keeping the first divergent
+/// node's pattern at reference precision keeps exact: those only its nodes read. Their rounding is part of what that fix removes, so the
+/// noise floor (bisect's and `fix`'s), which measures what no keep list of the break can remove,
+/// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
+/// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
+/// though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
+pub fn weights_only_the_fix_reads(
+    index: &layerwise_model::GraphIndex,
+    precision: layerwise_runtime::Precision,
+    verdict: &layerwise_analysis::Verdict,
+    comparison: &layerwise_analysis::Comparison,
+) -> Vec<String> {
+    let Some(fd) = &verdict.first_divergent else { return Vec::new() };
+    let pattern = super::counterfactual::keep_pattern(index, precision, &fd.node, comparison);
+    // In graph order, so that the report is the same run to run.
+    let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| index.node(n).map(|i| i.topo_index)).collect();
+    order.sort_unstable();
+    order.dedup();
+    let kept: std::collections::HashSet<usize> = order.iter().copied().collect();
+    let mut weights = Vec::new();
+    for &k in &order {
+        for input in index.nodes[k].inputs.iter().filter(|i| index.is_stored_value(i)) {
+            if index.consumers(input).iter().all(|c| kept.contains(c)) && !weights.contains(input) {
+                weights.push(input.clone());
+            }
+        }
+    }
+    weights
+}

@@ -13,7 +13,7 @@ use layerwise_model::{GraphIndex, Model};
 use layerwise_runtime::{ModelSession, Tensor};
 
 use super::compare::Job;
-use super::reference_of;
+use super::names::reference_of;
 
 /// The most quantizers measured alone, one run each.
 const MOST_ALONE: usize = 256;

@@ -157,6 +157,18 @@ fn remove_listed(list: &mut Vec<PathBuf>) {
     }
 }
 
+/// Writes `bytes` straight into `path` when it names something other than a regular file (a
+/// device such as /dev/null, a pipe) and returns `None` otherwise. Writing to a temporary name
+/// and renaming it there would replace the device itself with a file, for every program on the
+/// machine.
+pub fn write_if_not_a_file(path: &Path, bytes: &[u8]) -> Option<std::io::Result<()>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if meta.is_file() || meta.is_dir() {
+        return None;
+    }
+    Some(std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, bytes)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,16 +222,4 @@ mod tests {
             assert!(left.is_empty(), "{left:?} left while a thread wrote into it");
         }
     }
-}
-
-/// Writes `bytes` straight into `path` when it names something other than a regular file (a
-/// device such as /dev/null, a pipe) and returns `None` otherwise. Writing to a temporary name
-/// and renaming it there would replace the device itself with a file, for every program on the
-/// machine.
-pub fn write_if_not_a_file(path: &Path, bytes: &[u8]) -> Option<std::io::Result<()>> {
-    let meta = std::fs::metadata(path).ok()?;
-    if meta.is_file() || meta.is_dir() {
-        return None;
-    }
-    Some(std::fs::OpenOptions::new().write(true).open(path).and_then(|mut f| std::io::Write::write_all(&mut f, bytes)))
 }

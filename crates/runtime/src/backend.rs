@@ -126,3 +126,12 @@ pub struct OnnxProgram {
     /// The backend's log id: ONNX Runtime's lines about this program land in its notes.
     pub log_id: String,
 }
+
+/// The type of a computed tensor as ONNX Runtime infers it before any run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InferredType {
+    /// `None` for element types layerwise does not hold (strings) and for non-tensors.
+    pub dtype: Option<crate::DType>,
+    /// Dimensions; `None` where ONNX Runtime could not infer one.
+    pub dims: Vec<Option<usize>>,
+}

@@ -17,7 +17,7 @@ mod ort_backend;
 mod spec;
 pub use ort_backend::{
     check_types, float32_tensors, release_freed_memory, share_cpu, tensor_types, tensor_types_for_any_shapes,
-    timing_mark, CpuShare, InferredType, ModelSession,
+    timing_mark, CpuShare, ModelSession,
 };
 #[cfg(feature = "tensorrt")]
 mod cuda;
@@ -28,7 +28,7 @@ pub mod saved;
 pub mod trt;
 pub mod typed;
 
-pub use backend::{Backend, DeviceRun, DeviceTensor, OnnxProgram, RunOutput, RunRequest};
+pub use backend::{Backend, DeviceRun, DeviceTensor, InferredType, OnnxProgram, RunOutput, RunRequest};
 pub use error::RuntimeError;
 pub use factory::create_backend;
 pub use layerwise_model::tensor::{shape_string, DType, Tensor, TensorData};

@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use layerwise_model::builder::{tensor_type, Dim};
 use layerwise_model::onnx::{GraphProto, ModelProto, TensorProto, ValueInfoProto};
 
-use crate::ort_backend::InferredType;
+use crate::InferredType;
 use crate::{DType, RuntimeError, Tensor};
 
 /// Nodes per piece of an optimized program: a piece of this size builds and saves in about the

@@ -11,7 +11,7 @@ use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
 use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
-use crate::{optimized_pieces, ortlib, DType, RuntimeError, Tensor, TensorData};
+use crate::{optimized_pieces, ortlib, DType, InferredType, RuntimeError, Tensor, TensorData};
 
 /// What building a program said about it: the names asked for, notes and tensors it lacks.
 struct ProgramFacts {
@@ -333,6 +333,13 @@ fn shared_cpu_threads() -> Option<usize> {
     (sharers > 1).then(|| (std::thread::available_parallelism().map_or(1, |n| n.get()) / sharers).max(1))
 }
 
+/// Whether this process's sessions may spin: `LAYERWISE_ORT_SPINNING=off` (or `0`) says other
+/// processes share the cores (a test harness, a CI runner, several jobs on one machine), where
+/// spinning threads only take the time the others need. Spinning changes no number.
+fn spinning_allowed_here() -> bool {
+    !matches!(std::env::var("LAYERWISE_ORT_SPINNING").as_deref().map(str::trim), Ok("off" | "0"))
+}
+
 /// A session for the model in `bytes`, with `options`' provider and threads at `level`. ONNX
 /// Runtime's log lines go under `log_id`, so they land in that backend's run notes.
 pub(crate) fn build_session(
@@ -366,8 +373,12 @@ pub(crate) fn build_session(
         builder = builder.with_intra_threads(n).map_err(|e| err(e.to_string()))?;
     }
     // Threads that spin while waiting take the cores that other sessions running at once need
-    // (other GPUs' jobs, or the typed check's many kept sessions).
-    if extras.without_spinning || (options.threads.is_none() && shared_cpu_threads().is_some()) {
+    // (other GPUs' jobs, or the typed check's many kept sessions, or other processes where
+    // LAYERWISE_ORT_SPINNING=off says the machine is shared).
+    if extras.without_spinning
+        || (options.threads.is_none() && shared_cpu_threads().is_some())
+        || !spinning_allowed_here()
+    {
         builder = builder.with_config_entry("session.intra_op.allow_spinning", "0").map_err(|e| err(e.to_string()))?;
     }
     // A GPU provider that fails to register is an error, never a silent fall back to the CPU.
@@ -1149,15 +1160,6 @@ pub fn float32_tensors(
     let copies = model.derived(proto, "typing.onnx");
     let copies_index = layerwise_model::GraphIndex::build(copies.graph())?;
     Ok(float(&tensor_types(&copies, &copies_index, &[])?))
-}
-
-/// The type of a computed tensor as ONNX Runtime infers it before any run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InferredType {
-    /// `None` for element types layerwise does not hold (strings) and for non-tensors.
-    pub dtype: Option<DType>,
-    /// Dimensions; `None` where ONNX Runtime could not infer one.
-    pub dims: Vec<Option<usize>>,
 }
 
 /// The inferred type of every tensor a main-graph node computes: every tensor is exposed and the
