@@ -2,7 +2,7 @@
 //! terminal, HTML, Markdown, CSV, Model Explorer) and `fix`'s JSON and terminal output, on the
 //! demo and on the models the tests build, byte for byte as committed under tests/golden/, with
 //! `run_info` and wall-clock times left out. A redesign must keep them; a change of behaviour on
-//! purpose updates them: `LAYERWISE_BLESS=1 cargo test --test golden` rewrites the files, and the
+//! purpose updates them: `LAYERWISE_BLESS=1 cargo test --test tests golden::` rewrites the files, and the
 //! diff is reviewed like code.
 
 use std::path::{Path, PathBuf};
@@ -76,7 +76,7 @@ fn check(model: &str, name: &str, actual: &str, failures: &mut Vec<String>) {
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test golden)", path.display())
+        panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test tests golden::)", path.display())
     });
     if expected != *actual {
         let line = expected

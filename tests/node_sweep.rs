@@ -22,7 +22,7 @@ fn node_tests() -> PathBuf {
         return PathBuf::from(dir);
     }
     let dir = layerwise_runtime::ortlib::cache_dir().join("onnx-1.20.1-node-tests");
-    assert!(dir.is_dir(), "{} is missing: run `cargo test --test onnx_node_suite` first (it fetches ONNX 1.20.1's node tests with pip), or set LAYERWISE_ONNX_NODE_TESTS", dir.display());
+    assert!(dir.is_dir(), "{} is missing: run `cargo test --test tests onnx_node_suite::` first (it fetches ONNX 1.20.1's node tests with pip), or set LAYERWISE_ONNX_NODE_TESTS", dir.display());
     dir
 }
 

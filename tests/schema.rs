@@ -1,6 +1,6 @@
 //! The published JSON Schemas (docs/schema/): derived from the typed documents `Report` and
 //! `FixReport`, committed so readers can use them, and kept equal to what the types derive
-//! (`LAYERWISE_BLESS=1 cargo test --test schema` rewrites them). Real reports, the golden files and
+//! (`LAYERWISE_BLESS=1 cargo test --test tests schema::` rewrites them). Real reports, the golden files and
 //! runs that write every optional section, must validate against them, and a broken report must
 //! not. docs/report-format.md names every field they define.
 
@@ -50,9 +50,9 @@ fn the_published_schemas_are_the_ones_the_types_derive() {
             continue;
         }
         let committed = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test schema)", path.display())
+            panic!("{}: {e} (write it with LAYERWISE_BLESS=1 cargo test --test tests schema::)", path.display())
         });
-        assert!(committed == derived, "{} is not the schema the types derive; review the change and rewrite it with LAYERWISE_BLESS=1 cargo test --test schema", path.display());
+        assert!(committed == derived, "{} is not the schema the types derive; review the change and rewrite it with LAYERWISE_BLESS=1 cargo test --test tests schema::", path.display());
     }
 }
 
