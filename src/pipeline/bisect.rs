@@ -15,7 +15,7 @@ use super::names::reference_of;
 use super::noise_floor::{noise_floor, weights_only_the_fix_reads, FloorTarget};
 use super::options::{self, check_outputs, BisectOptions, BisectOutcome, Marking, CANCEL};
 use super::steps::Steps;
-use super::{conclusions, counterfactual, device, isolate, quantizers, repro, samples, search, setup};
+use super::{conclusions, counterfactual, isolate, quantizers, repro, samples, search, setup};
 
 pub fn bisect(options: &BisectOptions) -> Result<BisectOutcome> {
     layerwise_runtime::timing_mark(|| "bisect".into());
@@ -276,7 +276,7 @@ fn run_bisect(
     let follow_up = chosen.verdict.status == Status::Diverged && (options.isolate || options.counterfactual);
     if follow_up
         && chosen.compared.tensors.is_none()
-        && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == device::DEVICE)
+        && chosen.compared.memory.as_ref().is_some_and(|m| m.comparison == layerwise_analysis::ComparisonMode::Device)
     {
         let run: Vec<Vec<(String, Tensor)>> = match &chosen.batch {
             Some(batch) => prepare(batch)?.iter().map(|(_, inputs)| setup::feeds_of(inputs)).collect(),

@@ -14,10 +14,6 @@ use super::options::{default_memory_budget, BisectOptions};
 use super::setup::{Judging, Setup};
 use super::steps::Steps;
 
-/// How a job compared its tensors, for the report's `memory.comparison`.
-pub const PAIRED: &str = "paired";
-pub const SEPARATE: &str = "separate";
-
 /// What runs both sides and compares them, sample after sample: the plan's model and backends,
 /// and what comparing has learnt so far (memory plans, a paired session, why pairing failed).
 pub(super) struct Job<'a> {
@@ -278,7 +274,7 @@ impl<'a> Job<'a> {
             groups: groups.len(),
             largest_group_bytes: largest,
             shapes_from: source.to_string(),
-            comparison: SEPARATE.to_string(),
+            comparison: layerwise_analysis::ComparisonMode::Separate,
             separate_because: self.separate_because.clone(),
         };
         Ok((groups, Some(plan)))

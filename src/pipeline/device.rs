@@ -18,9 +18,6 @@ use layerwise_runtime::{shape_string, DType, DeviceRun, DeviceTensor, ExecutionP
 use super::compare::{Compared, Job};
 use super::steps::Steps;
 
-/// `memory.comparison` of a sample compared on the GPU.
-pub const DEVICE: &str = "device";
-
 /// Set to `0` to compare on the host even where both sides run on one GPU (benchmarks of the two).
 const OFF_SWITCH: &str = "LAYERWISE_DEVICE_COMPARE";
 
@@ -151,7 +148,7 @@ impl Job<'_> {
             groups: 1,
             largest_group_bytes: 0,
             shapes_from: "the runs on the GPU".into(),
-            comparison: DEVICE.into(),
+            comparison: layerwise_analysis::ComparisonMode::Device,
             separate_because: None,
         };
         records

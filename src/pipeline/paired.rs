@@ -9,7 +9,7 @@ use layerwise_model::Selection;
 use layerwise_runtime::paired::{PairedSession, Programs};
 use layerwise_runtime::{RunRequest, Tensor};
 
-use super::compare::{Compared, Job, PAIRED};
+use super::compare::{Compared, Job};
 use super::steps::Steps;
 
 impl Job<'_> {
@@ -111,7 +111,7 @@ impl Job<'_> {
             groups: 1,
             largest_group_bytes: 0,
             shapes_from: "the paired run".to_string(),
-            comparison: PAIRED.to_string(),
+            comparison: layerwise_analysis::ComparisonMode::Paired,
             separate_because: None,
         };
         let mut ref_notes = run.ref_notes;

@@ -323,16 +323,26 @@ pub struct MemoryPlan {
     /// Where the tensor sizes came from: shape inference, and a shapes-only reference run for
     /// dimensions that depend on the data.
     pub shapes_from: String,
-    /// `paired`: both sides ran as one ONNX Runtime session that reduced each pair of tensors to
-    /// its metrics where it was computed, so only the live tensors were ever held and
-    /// `estimated_bytes` is the measured size of one side's tensors; `separate`: each side's run
-    /// returned its tensors, compared afterwards; `device`: both sides ran on one GPU and each
-    /// pair was reduced there, only the totals returned (`estimated_bytes`: one side's tensors).
-    pub comparison: String,
+    pub comparison: ComparisonMode,
     /// Why the tensors were compared after separate runs (`separate`), e.g. a GPU candidate
     /// against a CPU reference, or `--save-tensors`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub separate_because: Option<String>,
+}
+
+/// How a run compared its tensors (the report's `memory.comparison`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ComparisonMode {
+    /// Both sides ran as one ONNX Runtime session that reduced each pair of tensors to its
+    /// metrics where it was computed, so only the live tensors were ever held and
+    /// `estimated_bytes` is the measured size of one side's tensors.
+    Paired,
+    /// Each side's run returned its tensors, compared afterwards.
+    Separate,
+    /// Both sides ran on one GPU and each pair was reduced there, only the totals returned
+    /// (`estimated_bytes`: one side's tensors).
+    Device,
 }
 
 /// `--inputs DIR`: one run per sample, metrics aggregated per tensor.
