@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{
-    add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, walk_back, Candidate, Comparison,
-    Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT,
+    add_passed_through, compare_all, is_weight_output, passed_through, pattern_of, verdict_order, walk_back, Candidate,
+    Comparison, Status, ToleranceSet, Verdict, WalkRule, WEIGHT_OUTPUT,
 };
 use layerwise_model::convert::{check_float_types, float_tensor_set, ConvertOptions};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Selection, WeightRange};
@@ -152,13 +152,10 @@ impl Search<'_> {
     }
 }
 
-/// Whether a sample (failing or not, its output error) is worse than the worst so far: a failing
-/// one beats a passing one, then the larger output error; the earlier sample stays on ties.
+/// Whether a sample (failing or not, its output error) is worse than the worst so far, by
+/// bisect's order of samples ([`verdict_order`]); the earlier sample stays on ties.
 fn worse(failing: bool, error: f64, so_far: Option<(bool, f64)>) -> bool {
-    match so_far {
-        None => true,
-        Some((was_failing, e)) => (failing && !was_failing) || (failing == was_failing && error > e),
-    }
+    so_far.is_none_or(|s| verdict_order((failing, error), s) == std::cmp::Ordering::Greater)
 }
 
 /// The kind of pattern for an If or Loop left as it is, kept FP32 whole.

@@ -411,13 +411,14 @@ pub struct Shard {
 /// its per-element tolerance with a smaller relative L2 than one that passes, and the verdict
 /// then said pass over a diverged sample), then the largest selection error, the earliest on ties.
 pub fn chosen_sample(samples: &[SampleData]) -> Option<usize> {
-    let diverged = |k: usize| samples[k].run.status == crate::Status::Diverged;
-    (0..samples.len()).max_by(|&a, &b| {
-        diverged(a)
-            .cmp(&diverged(b))
-            .then(samples[a].selection_error.total_cmp(&samples[b].selection_error))
-            .then(b.cmp(&a))
-    })
+    let key = |k: usize| (samples[k].run.status == crate::Status::Diverged, samples[k].selection_error);
+    (0..samples.len()).max_by(|&a, &b| verdict_order(key(a), key(b)).then(b.cmp(&a)))
+}
+
+/// The one order of samples for carrying a verdict, bisect's and `fix`'s: (diverged, error) of
+/// one against another's, a diverged sample first, then the larger error (NaN above inf).
+pub fn verdict_order(a: (bool, f64), b: (bool, f64)) -> std::cmp::Ordering {
+    a.0.cmp(&b.0).then(a.1.total_cmp(&b.1))
 }
 
 /// Per-tensor worst and mean error over samples (in their order); the verdict's sample is `chosen`.

@@ -18,9 +18,9 @@ pub use compare::{
     Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
 };
 pub use findings::{
-    aggregate_samples, chosen_sample, ComparisonMode, ControlFlow, Counterfactual, Extras, InlinedNode, Isolation,
-    KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro, SampleData, SampleRun,
-    SampleStats, Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
+    aggregate_samples, chosen_sample, verdict_order, ComparisonMode, ControlFlow, Counterfactual, Extras, InlinedNode,
+    Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro, SampleData,
+    SampleRun, SampleStats, Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
 };
 pub use histogram::{histogram, Histogram};
 pub use metrics::{

@@ -34,3 +34,16 @@ fn a_diverged_sample_carries_the_verdict_before_a_passing_one_with_a_larger_erro
         [sample("s0", Status::Pass, 0.02), sample("s1", Status::Pass, 0.08), sample("s2", Status::Pass, 0.08)];
     assert_eq!(chosen_sample(&passing), Some(1));
 }
+
+/// bisect's `chosen_sample` and `fix`'s sample choice share this order: diverged first, then
+/// the larger error, NaN above inf (fix's own `error > worst` never chose a NaN error).
+#[test]
+fn the_order_of_samples_puts_diverged_first_then_the_larger_error_nan_above_inf() {
+    use layerwise_analysis::verdict_order;
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    assert_eq!(verdict_order((true, 1e-3), (false, 10.0)), Greater);
+    assert_eq!(verdict_order((false, 10.0), (true, 1e-3)), Less);
+    assert_eq!(verdict_order((true, 2.0), (true, 1.0)), Greater);
+    assert_eq!(verdict_order((true, f64::NAN), (true, f64::INFINITY)), Greater);
+    assert_eq!(verdict_order((false, 0.5), (false, 0.5)), Equal);
+}
