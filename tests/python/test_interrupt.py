@@ -16,8 +16,12 @@ def test_ctrl_c_stops_the_run_and_cleans_up(tmp_path):
     subprocess.run([sys.executable, str(GENERATOR), str(model), "2"], check=True, capture_output=True)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    # A Python whose parent ignores SIGINT (a background job of a shell without job control, as
+    # a CI script may be started) installs no handler and never sees Ctrl-C: the child installs
+    # the one an interactive Python has.
     code = (
-        "import sys, layerwise\n"
+        "import signal, sys, layerwise\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "try:\n"
         f"    layerwise.bisect({str(model)!r})\n"
         "except KeyboardInterrupt as e:\n"
