@@ -563,9 +563,8 @@ fn a_resize_with_empty_constant_scales_is_emulated() {
 }
 
 /// `fix` walks a TF32 candidate as bisect does (float32 arithmetic on TF32 tensor cores, the
-/// same `Judging`): it walked it as FP16, and with weights of 2^24 (exact in TF32, beyond FP16)
-/// its keep reason said "beyond the FP16 range; they become inf in FP16" where bisect, on the
-/// same runs, said TF32.
+/// same `Judging`). Weights of 2^24 are exact in TF32 and beyond FP16's range: a walk in FP16
+/// arithmetic would blame their range, which TF32 does not have.
 #[test]
 fn fix_walks_a_tf32_candidate_as_bisect_does() {
     let dir = tempfile::tempdir().unwrap();

@@ -36,7 +36,7 @@ fn a_diverged_sample_carries_the_verdict_before_a_passing_one_with_a_larger_erro
 }
 
 /// bisect's `chosen_sample` and `fix`'s sample choice share this order: diverged first, then
-/// the larger error, NaN above inf (fix's own `error > worst` never chose a NaN error).
+/// the larger error, NaN above inf.
 #[test]
 fn the_order_of_samples_puts_diverged_first_then_the_larger_error_nan_above_inf() {
     use layerwise_analysis::verdict_order;
