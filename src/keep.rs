@@ -797,6 +797,7 @@ fn run_converted(
 /// ([`layerwise_model::unquantize`]): the counterfactual and `fix` of a quantized candidate. The
 /// rewritten model runs on the candidate backend itself (ONNX Runtime's CPU provider runs it
 /// with its integer kernels where Q/DQ pairs remain), never emulated.
+#[derive(Clone, Copy)]
 pub struct UnquantizedRunner<'a> {
     reference: &'a Model,
     ref_index: &'a GraphIndex,

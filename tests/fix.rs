@@ -657,3 +657,37 @@ fn the_type_check_of_a_large_converted_model_finds_every_refused_node() {
     let converted = Model::from_proto(conversion.proto, "converted.onnx").unwrap();
     layerwise_runtime::check_types(&converted).unwrap();
 }
+
+/// Bisect's counterfactual and `fix` keep the same pattern for an underflow, from one function:
+/// the Log the walk names, and the Add that reads the epsilon FP16 flushes to 0 (a constant is
+/// kept float32 only by keeping its readers). The counterfactual used to keep the Log alone,
+/// which changes nothing, while `fix` added the readers in a copy of its own.
+#[test]
+fn bisect_and_fix_keep_the_readers_of_an_epsilon_fp16_flushes_to_zero() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    let mut b = ModelBuilder::new("eps_log", 17);
+    b.input("x", DataType::Float, &[Dim::from(64)]);
+    b.initializer(f32_tensor("eps", &[1], &[1e-9]));
+    b.node("Relu", "relu", &["x"], &["r"], vec![]);
+    b.node("Add", "add_eps", &["r", "eps"], &["h"], vec![]);
+    b.node("Log", "log", &["h"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let common_args = ["--cand", "sim:fp16", "--val-range", "x:-1,1"];
+    let run = |command: &str, json: &str| {
+        let mut args = vec![command, "m.onnx", "--json", json];
+        args.extend(common_args);
+        let out = common::layerwise(&args, dir.path());
+        (common::text(&out), common::json(&dir.path().join(json)))
+    };
+    let (t, bisected) = run("bisect", "b.json");
+    let fd = &bisected["verdict"]["first_divergent"];
+    assert_eq!((fd["node"].as_str(), fd["cause"]["kind"].as_str()), (Some("log"), Some("underflow")), "{t}");
+    let check = &bisected["counterfactual"]["checks"][0];
+    assert_eq!(check["kept"], serde_json::json!(["add_eps", "log"]), "{t}");
+    assert_eq!(check["fixes"], true, "{t}");
+    let (t, fixed) = run("fix", "f.json");
+    assert_eq!(fixed["status"], "fixed", "{t}");
+    assert_eq!(fixed["keep_fp32"], check["kept"], "{t}");
+}

@@ -3,7 +3,7 @@
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{
-    aggregate_samples, chosen_sample, walk_back, Extras, Isolation, SampleData, Shard, Status, Verdict, HISTOGRAM_BINS,
+    aggregate_samples, chosen_sample, Extras, Isolation, SampleData, Shard, Status, Verdict, HISTOGRAM_BINS,
 };
 use layerwise_model::{scan_fp16_weight_range, Model, Selection, WeightRange};
 use layerwise_report::{build_report, render_terminal, InputInfo, ReportContext};
@@ -12,7 +12,7 @@ use layerwise_runtime::{saved, Precision, Tensor};
 
 use super::compare::{Compared, Job};
 use super::names::reference_of;
-use super::noise_floor::{noise_floor, weights_only_the_fix_reads, FloorTarget};
+use super::noise_floor::{noise_floor, FloorPlan};
 use super::options::{self, check_outputs, BisectOptions, BisectOutcome, Marking, CANCEL};
 use super::steps::Steps;
 use super::{conclusions, counterfactual, isolate, quantizers, repro, samples, search, setup};
@@ -374,9 +374,8 @@ fn walk_compared(
     let mut compared = compared;
     job.compare_deployed(feeds, &mut compared, steps)?;
     compared.comparison.quantizers = quantizer_ranges(job);
-    compared.comparison.note_input_nonfinite(feeds);
     measure_quantizers(job, feeds, &mut compared, steps)?;
-    let mut verdict = walk_back(&job.index, &compared.comparison, weights, job.judging.rule, job.judging.candidate);
+    let mut verdict = job.judging.walk(&job.index, &mut compared.comparison, feeds, weights);
     job.unmix_deployed_finding(&compared, &mut verdict);
     Ok((compared, verdict))
 }
@@ -598,72 +597,47 @@ fn after_walk(
         }
         _ => None,
     };
-    let floor_input = if options.noise_floor {
-        let worst = verdict.worst_output.clone();
-        let cand_error = worst.as_deref().and_then(|w| compared.comparison.get(w)).map(|r| r.error_level());
-        match (&reference_outputs, worst, cand_error) {
-            // An output the candidate takes to inf/NaN is never ill-conditioned (a finite floor is
-            // no match for it): two whole reference runs would decide nothing. As in `fix`.
-            (_, Some(worst), Some(cand_error)) if !cand_error.is_finite() => {
-                conclusions.push(format!(
-                    "noise floor not measured: the candidate's error on '{worst}' is not finite ({}), and the floor calls an output ill-conditioned only against a finite error, so it could not change this verdict",
-                    conclusions::n(cand_error)
-                ));
-                None
-            }
-            (Some(reference), Some(worst), Some(cand_error)) => {
+    let floor_input = match FloorPlan::of(&job.judging, &job.index, verdict, &compared.comparison) {
+        _ if !options.noise_floor => None,
+        None => None,
+        Some(Err(why)) => {
+            conclusions.push(why);
+            None
+        }
+        Some(Ok(plan)) => match &reference_outputs {
+            Some(reference) => {
                 let (exact, told_apart) = setup::weights_kept_float32(job.model, job.cand_model.as_ref());
                 // A quantized candidate's floor moves its quantizers, not float weights by name.
                 if !told_apart && quantizer_steps.is_none() {
                     conclusions.push("noise floor: the candidate file names its weights differently, so which of them it keeps in float32 is unknown here; every float32 weight was perturbed as if stored in reduced precision, which can only raise the floor".to_string());
                 }
-                Some((
-                    reference,
-                    worst,
-                    cand_error,
-                    exact,
-                    weights_only_the_fix_reads(&job.index, job.judging.precision, verdict, &compared.comparison),
-                ))
+                Some((reference, plan, exact))
             }
-            _ => {
+            None => {
                 conclusions.push(
                     "noise floor not measured: the reference is a saved run, which cannot run a perturbed model"
                         .to_string(),
                 );
                 None
             }
-        }
-    } else {
-        None
+        },
     };
     // What the floor reads, its own copies: the GPU steps beside it borrow the job mutably.
-    let (model, floor_index, perturbation) = (job.model, job.index.clone(), job.judging.perturbation());
-    let tolerance = floor_input.as_ref().map(|(_, worst, _, _, _)| job.judging.tolerances.of(worst));
+    let (model, floor_index, judging) = (job.model, job.index.clone(), job.judging.clone());
     let measure_floor = |reference_backend: &mut dyn layerwise_runtime::Backend,
-                         (reference, worst, cand_error, exact, left_for_the_fix): &(
+                         (reference, plan, exact): &(
         &layerwise_runtime::RunOutput,
-        String,
-        f64,
+        FloorPlan,
         std::collections::HashSet<String>,
-        Vec<String>,
     )| {
-        let target = FloorTarget {
-            output: worst,
-            candidate_error: *cand_error,
-            perturbation,
-            exact,
-            left_for_the_fix,
-            seed: options.inputs.seed,
-            quantizers: quantizer_steps.as_ref(),
-        };
         noise_floor(
             reference_backend,
             model,
             &floor_index,
             feeds,
             &reference.tensors,
-            tolerance.expect("set with the floor's input"),
-            target,
+            judging.tolerances.of(&plan.output),
+            plan.target(&judging, exact, options.inputs.seed, quantizer_steps.as_ref()),
         )
     };
     let run_isolation = options.isolate && can_run;

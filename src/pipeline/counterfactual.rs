@@ -4,9 +4,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use anyhow::Result;
-use layerwise_analysis::{
-    compare_all, Comparison, Counterfactual, Isolation, KeepCheck, Pattern, ToleranceSet, Verdict,
-};
+use layerwise_analysis::{compare_all, Comparison, Counterfactual, Isolation, KeepCheck, ToleranceSet, Verdict};
 use layerwise_model::{GraphIndex, Selection};
 use layerwise_runtime::{Backend, Precision, RunOutput, Tensor};
 
@@ -74,7 +72,7 @@ pub(super) fn counterfactual(
     let mut checks = Vec::new();
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
-        let pattern = keep_pattern(&job.index, job.judging.precision, &node, comparison);
+        let pattern = job.judging.keep_pattern(&job.index, &node, comparison, verdict);
         if tried.contains(&pattern.nodes) || checks.len() >= COUNTERFACTUAL_MAX {
             continue;
         }
@@ -101,7 +99,8 @@ pub(super) fn counterfactual(
         let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
         for origin in &origins {
             kept.extend(
-                keep_pattern(&job.index, job.judging.precision, origin, comparison)
+                job.judging
+                    .keep_pattern(&job.index, origin, comparison, verdict)
                     .nodes
                     .into_iter()
                     .filter(|n| seen.insert(n.clone())),
@@ -234,13 +233,6 @@ fn beyond_the_kept(index: &GraphIndex, comparison: &Comparison, kept: &[String],
             layerwise_report::format_number(first.metrics.ref_max_abs)
         ),
     }
-}
-
-/// The pattern kept at reference precision for `node`: its recognised pattern, and for FP16 every
-/// reader of a value beyond FP16's range (an island cannot end where its value overflows). The
-/// counterfactual, the noise floor and `fix` keep the same.
-pub(crate) fn keep_pattern(index: &GraphIndex, precision: Precision, node: &str, comparison: &Comparison) -> Pattern {
-    layerwise_analysis::keep_pattern(index, node, comparison, precision == Precision::Fp16)
 }
 
 /// What every check shares: the sample, the reference's outputs, the candidate's own tensors

@@ -23,7 +23,6 @@ mod steps;
 
 pub use bisect::{bisect, bisect_model, refuse_empty_outputs};
 pub use names::{reference_names, reference_of};
-pub use noise_floor::weights_only_the_fix_reads;
 pub use options::{
     bisect_reads, check_not_external_data, check_outputs, default_candidate, default_memory_budget, parse_size,
     BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL,

@@ -6,10 +6,12 @@
 use std::collections::{HashMap, HashSet};
 
 use anyhow::{bail, Result};
-use layerwise_analysis::{NoiseFloor, Tolerance, ILL_CONDITIONED_FACTOR};
+use layerwise_analysis::{Comparison, NoiseFloor, Tolerance, Verdict, ILL_CONDITIONED_FACTOR};
 use layerwise_model::perturb::{perturb_weights, Perturbation, Perturbed};
 use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::{Backend, RunRequest, Tensor};
+
+use super::setup::Judging;
 
 /// What a quantized candidate's floor moves, in sentences.
 pub(crate) const QUANTIZER_ROUNDS: &str = "one step of each quantizer";
@@ -249,20 +251,73 @@ fn quantizer_floor(
     })
 }
 
+/// What a diverged verdict's noise floor is measured against, decided once for bisect and `fix`:
+/// the worst output, the candidate's error on it, and the weights the first divergent layer's
+/// keep pattern alone reads (left exact).
+pub(crate) struct FloorPlan {
+    pub output: String,
+    pub candidate_error: f64,
+    pub left_for_the_fix: Vec<String>,
+}
+
+impl FloorPlan {
+    /// The plan for `verdict`: `None` where it names no worst output with an error; `Err` with the
+    /// reason where the floor could not change the verdict and is not measured: an output the
+    /// candidate takes to inf/NaN is never ill-conditioned (a finite floor is no match for it), so
+    /// two whole reference runs would decide nothing.
+    pub(crate) fn of(
+        judging: &Judging,
+        index: &GraphIndex,
+        verdict: &Verdict,
+        comparison: &Comparison,
+    ) -> Option<Result<FloorPlan, String>> {
+        let output = verdict.worst_output.clone()?;
+        let candidate_error = comparison.get(&output)?.error_level();
+        if !candidate_error.is_finite() {
+            return Some(Err(format!(
+                "noise floor not measured: the candidate's error on '{output}' is not finite ({}), and the floor calls an output ill-conditioned only against a finite error, so it could not change this verdict",
+                layerwise_report::format_number(candidate_error)
+            )));
+        }
+        let left_for_the_fix = weights_only_the_fix_reads(index, judging, verdict, comparison);
+        Some(Ok(FloorPlan { output, candidate_error, left_for_the_fix }))
+    }
+
+    /// The target of [`noise_floor`]: reference weights in `exact` stay as they are (a converted
+    /// candidate's float32 weights), and a quantized candidate's floor moves its `quantizers`.
+    pub(crate) fn target<'a>(
+        &'a self,
+        judging: &Judging,
+        exact: &'a HashSet<String>,
+        seed: u64,
+        quantizers: Option<&'a layerwise_model::quant::QuantizerSteps>,
+    ) -> FloorTarget<'a> {
+        FloorTarget {
+            output: &self.output,
+            candidate_error: self.candidate_error,
+            perturbation: judging.perturbation(),
+            exact,
+            left_for_the_fix: &self.left_for_the_fix,
+            seed,
+            quantizers,
+        }
+    }
+}
+
 /// The stored weights (initializers and Constants' values) that keeping the first divergent
 /// node's pattern at reference precision keeps exact: those only its nodes read. Their rounding is part of what that fix removes, so the
 /// noise floor (bisect's and `fix`'s), which measures what no keep list of the break can remove,
 /// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
 /// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
 /// though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
-pub fn weights_only_the_fix_reads(
-    index: &layerwise_model::GraphIndex,
-    precision: layerwise_runtime::Precision,
-    verdict: &layerwise_analysis::Verdict,
-    comparison: &layerwise_analysis::Comparison,
+fn weights_only_the_fix_reads(
+    index: &GraphIndex,
+    judging: &Judging,
+    verdict: &Verdict,
+    comparison: &Comparison,
 ) -> Vec<String> {
     let Some(fd) = &verdict.first_divergent else { return Vec::new() };
-    let pattern = super::counterfactual::keep_pattern(index, precision, &fd.node, comparison);
+    let pattern = judging.keep_pattern(index, &fd.node, comparison, verdict);
     // In graph order, so that the report is the same run to run.
     let mut order: Vec<usize> = pattern.nodes.iter().filter_map(|n| index.node(n).map(|i| i.topo_index)).collect();
     order.sort_unstable();

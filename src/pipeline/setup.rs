@@ -8,10 +8,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{Arithmetic, Candidate, ControlFlow, TensorMatching, Tolerance, ToleranceSet, WalkRule};
+use layerwise_analysis::{
+    compare_all, walk_back, Arithmetic, Candidate, Comparison, ControlFlow, Pattern, TensorMatching, Tolerance,
+    ToleranceSet, Verdict, WalkRule,
+};
 use layerwise_model::matching::{match_tensors, MatchedBy};
 use layerwise_model::perturb::Perturbation;
-use layerwise_model::{GraphIndex, Model, Rounding, Selection};
+use layerwise_model::{GraphIndex, Model, Rounding, Selection, WeightRange};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputDecl, InputOptions};
 use layerwise_runtime::ortlib::fit_for_onnx_runtime;
 use layerwise_runtime::typed::TypedBackend;
@@ -98,6 +101,42 @@ impl Judging {
             candidate: Candidate { arithmetic, tf32, atol: tolerance.atol, quantized: false },
             quantization: None,
         })
+    }
+
+    /// Every tensor of `order` the candidate computed, against the reference's, by these tolerances.
+    pub(crate) fn compare(
+        &self,
+        index: &GraphIndex,
+        order: &[String],
+        reference: &HashMap<String, Tensor>,
+        candidate: &HashMap<String, Tensor>,
+    ) -> Comparison {
+        compare_all(index, order, reference, candidate, &self.tolerances)
+    }
+
+    /// The walk back from the worst output of a comparison, with the inf/NaN the inputs held
+    /// noted first: bisect's stage 4 and every candidate run of `fix`.
+    pub(crate) fn walk(
+        &self,
+        index: &GraphIndex,
+        comparison: &mut Comparison,
+        feeds: &[(String, Tensor)],
+        weights: &[WeightRange],
+    ) -> Verdict {
+        comparison.note_input_nonfinite(feeds);
+        walk_back(index, comparison, weights, self.rule, self.candidate)
+    }
+
+    /// What keeping the break at `node` at reference precision keeps, in bisect's counterfactual,
+    /// its noise floor and `fix` alike ([`layerwise_analysis::keep_pattern`]).
+    pub(crate) fn keep_pattern(
+        &self,
+        index: &GraphIndex,
+        node: &str,
+        comparison: &Comparison,
+        verdict: &Verdict,
+    ) -> Pattern {
+        layerwise_analysis::keep_pattern(index, node, comparison, verdict, self.precision == Precision::Fp16)
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:

@@ -39,10 +39,29 @@ pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
 /// counterfactual and in `fix` alike: its recognised pattern; for an integer computed from a float,
 /// also the node computing that float, so that the kept node reads it as float32 computes it (its
 /// own precision cannot undo a rounding of its input); and, where the candidate stores FP16, every
-/// reader of a value FP16 cannot hold (`close_over_fp16_range`). `comparison` gives the
-/// reference's types and magnitudes.
-pub fn keep_pattern(index: &GraphIndex, node: &str, comparison: &crate::Comparison, fp16: bool) -> Pattern {
+/// reader of a value FP16 cannot hold (`close_over_fp16_range`); and where `verdict` names `node`
+/// first divergent because a constant flushes to 0 in FP16 (an epsilon), every reader of that
+/// constant, which is kept float32 only by keeping them. `comparison` gives the reference's types
+/// and magnitudes.
+pub fn keep_pattern(
+    index: &GraphIndex,
+    node: &str,
+    comparison: &crate::Comparison,
+    verdict: &crate::Verdict,
+    fp16: bool,
+) -> Pattern {
     let mut pattern = pattern_of(index, node);
+    let underflowed = verdict
+        .first_divergent
+        .as_ref()
+        .filter(|fd| fp16 && fd.node == node && fd.cause.best.kind == crate::CauseKind::Underflow)
+        .and_then(|fd| fd.cause.best.weight.as_deref());
+    for &reader in underflowed.map(|w| index.consumers(w)).unwrap_or(&[]) {
+        let reader = &index.nodes[reader].name;
+        if !pattern.nodes.contains(reader) {
+            pattern.nodes.insert(0, reader.clone());
+        }
+    }
     if let Some(info) = index.node(node) {
         // Any output: TopK's indices are its second.
         let integer = info

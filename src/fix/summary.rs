@@ -1,0 +1,232 @@
+//! What `fix` says: every output before and after, the keep list in one line, the model measured
+//! whole in BF16 where FP16 needs a large keep list, and the summary sentence of an FP16 or BF16
+//! fix (a quantized fix words its own, in quantized.rs).
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+use layerwise_analysis::{add_passed_through, is_weight_output, Comparison, WEIGHT_OUTPUT};
+use layerwise_model::{GraphIndex, Model, Selection};
+use layerwise_report::{write_atomic, FixReport, KeptPattern, OtherPrecision, OutputChange};
+use layerwise_runtime::{Precision, RunRequest, Tensor};
+
+use super::search::Sample;
+use crate::pipeline::setup::Judging;
+use crate::pipeline::BisectOptions;
+
+pub(super) fn num(v: f64) -> String {
+    layerwise_report::format_number(v)
+}
+
+/// Every model output before and after, but for the weights passed straight to an output, which
+/// no run is compared on (the summary names them).
+pub(super) fn output_changes(index: &GraphIndex, before: &Comparison, after: &Comparison) -> Vec<OutputChange> {
+    let mut seen = std::collections::HashSet::new();
+    index
+        .outputs
+        .iter()
+        .filter(|o| !is_weight_output(index, o) && seen.insert(o.as_str()))
+        .map(|o| {
+            let b = before.get(o);
+            let a = after.get(o);
+            OutputChange {
+                name: o.clone(),
+                before_rel_l2: b.map(|r| r.error_level()).unwrap_or(f64::NAN),
+                before_pass: b.is_some_and(|r| r.pass),
+                after_rel_l2: a.map(|r| r.error_level()).unwrap_or(f64::NAN),
+                after_pass: a.is_some_and(|r| r.pass),
+            }
+        })
+        .collect()
+}
+
+/// The keep list in the one-line summary: each group with its nodes where there are few; else a
+/// count of groups by kind (the full list is in the JSON and the keep-list file).
+fn keep_list_summary(patterns: &[KeptPattern]) -> String {
+    if patterns.len() <= 3 {
+        return patterns
+            .iter()
+            .map(|p| format!("{} [{}]", p.kind, layerwise_report::kept_nodes(&p.nodes)))
+            .collect::<Vec<_>>()
+            .join("; ");
+    }
+    // Groups can share nodes: each kind counts its distinct nodes (the keep list is their union).
+    let mut kinds: Vec<(&str, usize, std::collections::BTreeSet<&str>)> = Vec::new();
+    for p in patterns {
+        let i = match kinds.iter().position(|(k, _, _)| *k == p.kind) {
+            Some(i) => i,
+            None => {
+                kinds.push((p.kind.as_str(), 0, Default::default()));
+                kinds.len() - 1
+            }
+        };
+        kinds[i].1 += 1;
+        kinds[i].2.extend(p.nodes.iter().map(String::as_str));
+    }
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|(k, groups, nodes)| {
+            format!("{groups} {k} group{} ({} distinct nodes)", if *groups == 1 { "" } else { "s" }, nodes.len())
+        })
+        .collect();
+    format!("{} groups: {}; every node in the fix report and the keep list", patterns.len(), kinds.join(", "))
+}
+
+/// A keep list this long is large: `fix` then measures the model whole in BF16 as well.
+pub(super) const LARGE_KEEP_LIST: usize = 16;
+
+/// Each sample's inputs and the reference's values of the model outputs: what [`bf16_whole`] reads.
+pub(super) type OutputSamples = Vec<(Vec<(String, Tensor)>, HashMap<String, Tensor>)>;
+
+pub(super) fn bf16_samples(samples: &[Sample], index: &GraphIndex) -> OutputSamples {
+    samples
+        .iter()
+        .map(|s| {
+            (
+                s.feeds.clone(),
+                index.outputs.iter().filter_map(|o| s.reference.get(o).map(|t| (o.clone(), t.clone()))).collect(),
+            )
+        })
+        .collect()
+}
+
+/// The model run whole in BF16 emulation with nothing kept, on every sample, judged by BF16's
+/// tolerances (the user's, where given).
+pub(super) fn bf16_whole(
+    samples: &OutputSamples,
+    model: &Model,
+    index: &GraphIndex,
+    options: &BisectOptions,
+) -> Result<OtherPrecision> {
+    let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
+    let mut bf16 = layerwise_runtime::create_backend(&spec)?;
+    let judging = Judging::new(Precision::Bf16, false, options)?;
+    let (mut pass, mut worst) = (true, 0f64);
+    for (feeds, reference) in samples {
+        let mut out =
+            bf16.run(&RunRequest { model, index, inputs: feeds, selection: &Selection::Names(index.outputs.clone()) })?;
+        add_passed_through(model.graph(), index, feeds, &mut out.tensors);
+        let comparison = judging.compare(index, &index.outputs, reference, &out.tensors);
+        pass &= comparison.outputs_pass(index);
+        worst = worst.max(comparison.largest_error(&index.outputs));
+    }
+    Ok(OtherPrecision {
+        candidate: spec.to_string(),
+        pass,
+        worst_output_rel_l2: worst,
+        rtol: judging.tolerances.all.rtol,
+    })
+}
+
+/// What an FP16 or BF16 fix found, for its summary sentence.
+pub(super) struct Found<'a> {
+    pub index: &'a GraphIndex,
+    pub fixed: bool,
+    pub keep: &'a [String],
+    pub patterns: &'a [KeptPattern],
+    /// Why no fix was found, where none was.
+    pub stuck: Option<String>,
+    pub low: Precision,
+    pub runs: usize,
+    pub samples: usize,
+    /// Nodes inside the If and Loop bodies kept whole.
+    pub inside_kept_whole: usize,
+    /// Kept names that hand a body's value to its If's or Loop's output.
+    pub hand_overs: usize,
+    /// Each If inlined, with the branch these inputs took.
+    pub branches_taken: &'a [(String, String)],
+    /// The nodes the converter keeps in FP32 by itself, with why.
+    pub converter_fp32: &'a [(String, String)],
+    pub other_precision: Option<&'a OtherPrecision>,
+}
+
+/// The summary sentence of an FP16 or BF16 fix.
+pub(super) fn summary(found: &Found) -> String {
+    let Found { index, fixed, keep, patterns, low, runs, samples, inside_kept_whole, .. } = *found;
+    let bf16_note = match found.other_precision {
+        Some(o) if o.pass => format!(
+            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance, each element judged by its absolute, relative (rtol {2}) and range terms (worst output relative L2 {1}, which the tolerance does not bound)",
+            o.candidate,
+            num(o.worst_output_rel_l2),
+            num(o.rtol)
+        ),
+        _ => String::new(),
+    };
+    let converter_fp32 = found.converter_fp32;
+    let by_converter = if converter_fp32.is_empty() {
+        String::new()
+    } else {
+        let shown: Vec<String> = converter_fp32.iter().take(3).map(|(n, why)| format!("{n}: {why}")).collect();
+        let more = if converter_fp32.len() > 3 {
+            format!("; and {} more, listed in the fix report (fixed_model_fp32_nodes)", converter_fp32.len() - 3)
+        } else {
+            String::new()
+        };
+        format!(
+            " ({} more FP32 in the written model by the converter's own rules: {}{more})",
+            converter_fp32.len(),
+            shown.join("; ")
+        )
+    };
+    // The outputs no run is compared on (weights passed straight to an output) are named, and
+    // no summary claims them.
+    let mut weight_outputs: Vec<&String> = Vec::new();
+    for o in index.outputs.iter().filter(|o| is_weight_output(index, o)) {
+        if !weight_outputs.contains(&o) {
+            weight_outputs.push(o);
+        }
+    }
+    let compared = if weight_outputs.is_empty() { "" } else { " compared" };
+    let low_name = if low == Precision::Bf16 { "BF16" } else { "FP16" };
+    let mut summary = if fixed && keep.is_empty() {
+        format!("all{compared} outputs are within tolerance in {low_name}; nothing to keep in FP32{by_converter}")
+    } else if fixed {
+        format!(
+            "keeping {} of {} nodes in FP32 ({}{}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {runs} candidate runs{by_converter}{bf16_note}",
+            keep.len(),
+            index.nodes.len(),
+            keep_list_summary(patterns),
+            if inside_kept_whole > 0 { format!("; the control flow kept whole holds {inside_kept_whole} more nodes in its bodies, all FP32 too") } else { String::new() },
+            if samples > 1 { format!(" on every one of the {samples} samples") } else { String::new() },
+        )
+    } else {
+        format!(
+            "no fix found after {runs} candidate runs: {}{bf16_note}",
+            found.stuck.clone().unwrap_or_else(|| "the round limit was reached".into())
+        )
+    };
+    if fixed && found.hand_overs > 0 {
+        summary.push_str(&format!(
+            "; {} of the kept names hand a body's value to its If's or Loop's output, which the written file holds as that node's float32 output, not as a node of its own (so its FP32 node list is shorter)",
+            found.hand_overs
+        ));
+    }
+    let branches_taken = found.branches_taken;
+    if !branches_taken.is_empty() {
+        let shown: Vec<String> =
+            branches_taken.iter().take(3).map(|(n, taken)| format!("'{n}' took its {taken}")).collect();
+        let more =
+            if branches_taken.len() > 3 { format!(" and {} more", branches_taken.len() - 3) } else { String::new() };
+        summary.push_str(&format!(
+            "; searched and checked on the If branches these inputs took ({}{more}): the branches not taken are written converted with nothing kept in FP32, and no run here computed them",
+            shown.join(", ")
+        ));
+    }
+    for o in weight_outputs {
+        let said = format!("; output '{o}' was not compared: {WEIGHT_OUTPUT}");
+        if !summary.contains(&said) {
+            summary.push_str(&said);
+        }
+    }
+    summary
+}
+
+/// The fix report at `--json`, where given.
+pub(super) fn write_json(b: &BisectOptions, report: &FixReport) -> Result<()> {
+    if let Some(json) = &b.outputs.json {
+        let mut bytes = serde_json::to_vec_pretty(report)?;
+        bytes.push(b'\n');
+        write_atomic(json, &bytes)?;
+    }
+    Ok(())
+}
