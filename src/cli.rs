@@ -671,11 +671,7 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         keep_ops: args.keep_fp32_op.into_iter().collect(),
         keep_io_types: !args.fp16_io,
         keep_overflowing_weight_consumers: !args.allow_weight_overflow,
-        target: if args.to == "bf16" {
-            layerwise_model::convert::Target::Bf16
-        } else {
-            layerwise_model::convert::Target::Fp16
-        },
+        target: if args.to == "bf16" { layerwise_model::Precision::Bf16 } else { layerwise_model::Precision::Fp16 },
         ..Default::default()
     };
     // Written to a scratch file first and checked in a child process: an FP16 model can crash

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use anyhow::Result;
 use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, ConvertOptions};
 use layerwise_model::extract::{extract_groups, TensorType};
-use layerwise_model::{DataType, GraphIndex, Model, Selection};
+use layerwise_model::{DataType, GraphIndex, Model, Precision, Selection};
 use layerwise_runtime::{float32_tensors, Backend, DType, RunOutput, RunRequest, Tensor};
 
 /// Converts `model`, then has ONNX Runtime type the result: a node whose FP16/BF16 inputs it
@@ -70,7 +70,7 @@ fn check_converted_types(
     index: &GraphIndex,
     converted: &Model,
     conversion: &Conversion,
-    target: layerwise_model::convert::Target,
+    target: Precision,
 ) -> Result<(), layerwise_runtime::RuntimeError> {
     let graph = converted.graph();
     if graph.node.len() <= 2 * TYPE_CHECK_NODES || index.nodes.iter().any(|n| n.has_subgraphs) {
@@ -89,7 +89,7 @@ fn check_types_in_pieces(
     index: &GraphIndex,
     converted: &Model,
     conversion: &Conversion,
-    target: layerwise_model::convert::Target,
+    target: Precision,
 ) -> Option<Result<(), layerwise_runtime::RuntimeError>> {
     use layerwise_model::builder::{tensor_type, Dim};
     use layerwise_model::onnx::{GraphProto, ModelProto, ValueInfoProto};
@@ -106,10 +106,7 @@ fn check_types_in_pieces(
         .collect();
     let declared: HashMap<&str, &ValueInfoProto> = graph.input.iter().map(|v| (v.name(), v)).collect();
     let weights: HashSet<&str> = graph.initializer.iter().map(|w| w.name()).collect();
-    let reduced = match target {
-        layerwise_model::convert::Target::Fp16 => DataType::Float16,
-        layerwise_model::convert::Target::Bf16 => DataType::Bfloat16,
-    };
+    let reduced = target.data_type();
     // A computed tensor's type in the converted model: a Cast's target, the reduced type where
     // the conversion stores it so, else its type in the original model; dims as the original's.
     let dims_of = |t: &str| {
@@ -209,7 +206,7 @@ pub struct KeepRunner<'a> {
     /// The nodes the converter keeps in FP32 by itself (nothing asked), found once.
     converter_fp32: Option<Vec<(String, String)>>,
     /// What a converted model is converted to: BF16 for a BF16 candidate, FP16 otherwise.
-    target: layerwise_model::convert::Target,
+    target: Precision,
     /// Nodes ONNX Runtime refuses in the target type, found by the first conversion.
     refused: Option<BTreeMap<String, String>>,
     /// The conversion with nothing kept, made while finding `refused` (the last one
@@ -224,12 +221,8 @@ impl<'a> KeepRunner<'a> {
     /// Prepares `candidate` (its keep list is reset) to run `model` with keep lists.
     pub fn new(model: &'a Model, index: &'a GraphIndex, candidate: &mut dyn Backend) -> KeepRunner<'a> {
         let emulated = candidate.keep_fp32(&[]);
-        let target = if candidate.precision() == layerwise_runtime::Precision::Bf16 {
-            layerwise_model::convert::Target::Bf16
-        } else {
-            layerwise_model::convert::Target::Fp16
-        };
-        let storage = candidate.precision() != layerwise_runtime::Precision::Fp32;
+        let target = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
+        let storage = candidate.precision() != Precision::Fp32;
         KeepRunner {
             model,
             index,
@@ -714,8 +707,9 @@ impl<'a> KeepRunner<'a> {
 
     fn reduced_dtype(&self) -> DType {
         match self.target {
-            layerwise_model::convert::Target::Bf16 => DType::BF16,
-            layerwise_model::convert::Target::Fp16 => DType::F16,
+            Precision::Bf16 => DType::BF16,
+            Precision::Fp16 => DType::F16,
+            Precision::Fp32 => DType::F32,
         }
     }
 }
@@ -912,7 +906,7 @@ impl<'a> UnquantizedRunner<'a> {
 mod tests {
     use super::*;
     use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
-    use layerwise_model::convert::{float_tensor_set, ConvertOptions, Target};
+    use layerwise_model::convert::{float_tensor_set, ConvertOptions};
 
     /// A chain of Add (of a weight) and Relu, long enough to be checked in pieces: converted to
     /// FP16, FP16 tensors cross every border into an Add that also reads an FP16 weight, so a
@@ -941,7 +935,7 @@ mod tests {
         let converted = model.derived(conversion.proto.clone(), "converted.onnx");
         // Piece borders fall inside the converted chain (a Cast of the input comes first).
         assert!(conversion.reduced_tensors.contains("t998") && conversion.reduced_tensors.contains("t1998"));
-        let checked = check_types_in_pieces(&model, &index, &converted, &conversion, Target::Fp16)
+        let checked = check_types_in_pieces(&model, &index, &converted, &conversion, Precision::Fp16)
             .expect("every border type known");
         assert!(checked.is_ok(), "{checked:?}");
         assert!(layerwise_runtime::check_types(&converted).is_ok());

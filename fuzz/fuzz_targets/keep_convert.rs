@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use arbitrary::Arbitrary;
-use layerwise_model::convert::{check_float_types, convert_fp16, ConvertOptions, Target};
+use layerwise_model::convert::{check_float_types, convert_fp16, ConvertOptions};
+use layerwise_model::Precision;
 use layerwise_model::{emulate, GraphIndex, Model, Rounding};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
@@ -44,7 +45,7 @@ fuzz_target!(|input: KeepInput| {
             .filter_map(|&i| op_types.get(i as usize % op_types.len().max(1)).map(|o| o.to_string()))
             .collect(),
         keep_io_types: !input.io_fp16,
-        target: if input.bf16 { Target::Bf16 } else { Target::Fp16 },
+        target: if input.bf16 { Precision::Bf16 } else { Precision::Fp16 },
         ..Default::default()
     };
     if let Ok(conversion) = convert_fp16(&model, &index, &float, &options) {

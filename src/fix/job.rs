@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{add_passed_through, passed_through, Status};
-use layerwise_model::convert::{float_tensor_set, Conversion, Target};
+use layerwise_model::convert::{float_tensor_set, Conversion};
 use layerwise_model::scratch::{ScratchDir, StagedDir};
 use layerwise_model::{scan_fp16_weight_range, GraphIndex, Model, Rounding, Selection};
 use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, LoadCheck, FIX_SCHEMA};
@@ -170,7 +170,6 @@ fn fix_float(
     // A BF16 emulation is fixed into a BF16 model; anything else into FP16, and judged as what it
     // runs: the list kept FP32 in that model (the same judging bisect gives an FP16 candidate).
     let low = if candidate.precision() == Precision::Bf16 { Precision::Bf16 } else { Precision::Fp16 };
-    let target = if low == Precision::Bf16 { Target::Bf16 } else { Target::Fp16 };
     // Said before any run: a BF16 file needs opset 13 (the search would end in the same refusal).
     if low == Precision::Bf16 && model.opset() < 13 {
         bail!(
@@ -296,7 +295,7 @@ fn fix_float(
         // whose control flow was inlined is written from the original, whose nodes the search's
         // model names otherwise: checked by `convert_checked` as before.
         let refused = if flattened { None } else { Some(keeper.refused()?.clone()) };
-        Some(Writing { source, source_index, float, refused, target, path, _staging: staging, _scratch: scratch })
+        Some(Writing { source, source_index, float, refused, target: low, path, _staging: staging, _scratch: scratch })
     } else {
         None
     };

@@ -186,7 +186,7 @@ pub(super) fn fix_quantized(
     } else {
         None
     };
-    let family = search.judging.quantization.as_ref().and_then(|q| q.coarsest()).map_or("INT8", |f| f.family());
+    let family = search.judging.candidate.arithmetic.to_string();
     let summary = match (&stuck, fixed) {
         (_, true) if keep.is_empty() => "every output is within tolerance with nothing left unquantized".to_string(),
         (_, true) => format!(
@@ -247,7 +247,7 @@ pub(super) fn fix_quantized(
     };
     write_json(b, &report)?;
     // The FP16 report's line about the written files names a keep list this fix does not write.
-    let mut text = render_fix_terminal(&report, family);
+    let mut text = render_fix_terminal(&report, &family);
     if let Some(path) = &report.fixed_model {
         let fp16_line = format!("  fixed model: {path} (0 FP32 nodes), keep list: {path}.keep-fp32.json");
         text = text.replace(

@@ -281,7 +281,7 @@ pub(super) fn keep_the_breaks(
     max_rounds: usize,
 ) -> Result<BreaksKept> {
     let index = search.index;
-    let fp16 = search.judging.precision == layerwise_runtime::Precision::Fp16;
+    let fp16 = search.judging.precision() == layerwise_runtime::Precision::Fp16;
     while last.1.status == Status::Diverged && search.rounds.len() <= max_rounds {
         let mut culprits = match (&last.1.first_divergent, strongest_amplifier(&last.0, &last.1, keep)) {
             (Some(fd), _) => vec![(fd.node.clone(), format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail))],

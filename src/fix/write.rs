@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use layerwise_analysis::{verdict_order, Comparison};
-use layerwise_model::convert::{check_float_types, convert_fp16, Conversion, ConvertOptions, Target};
+use layerwise_model::convert::{check_float_types, convert_fp16, Conversion, ConvertOptions};
 use layerwise_model::scratch::{ScratchDir, StagedDir};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_report::{write_atomic, KeptPattern, LoadCheck, ModelCheck, OutputChange};
@@ -26,7 +26,8 @@ pub(super) struct Writing<'a> {
     pub source_index: &'a GraphIndex,
     pub float: HashSet<String>,
     pub refused: Option<BTreeMap<String, String>>,
-    pub target: Target,
+    /// FP16 or BF16.
+    pub target: layerwise_model::Precision,
     pub path: PathBuf,
     pub _staging: Option<StagedDir>,
     pub _scratch: ScratchDir,

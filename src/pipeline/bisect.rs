@@ -95,7 +95,7 @@ fn run_bisect(
     let owners = std::mem::take(&mut setup.owners);
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
     let mut job = Job::new(options, &flattened, setup);
-    let weights = if job.judging.precision == Precision::Fp16 {
+    let weights = if job.judging.precision() == Precision::Fp16 {
         let mut weights = steps
             .run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?;
         if options.candidate.folds_batch_norms() {
@@ -569,7 +569,7 @@ fn after_walk(
     let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
     let counterfactual_runs = options.counterfactual
         && !other_branches
-        && (job.judging.precision == Precision::Fp16 || options.candidate.is_emulation() || quantized);
+        && (job.judging.precision() == Precision::Fp16 || options.candidate.is_emulation() || quantized);
     // The reference's outputs, once, for the noise floor and every counterfactual check, and only
     // when one of them runs.
     let reference_outputs = if options.reference.is_saved() || !(options.noise_floor || counterfactual_runs) {
@@ -948,7 +948,7 @@ fn report(
         cand_notes,
         tolerance: job.judging.tolerances.all,
         tensor_tolerances: job.judging.tolerances.by_tensor.clone(),
-        tolerance_defaults: job.judging.tolerance_defaults,
+        tolerance_defaults: job.judging.candidate.arithmetic,
         rule: job.judging.rule,
         inputs: inputs.iter().map(|i| InputInfo::of(&i.name, &i.tensor, &i.source)).collect(),
         comparison: &compared.comparison,
@@ -999,12 +999,12 @@ fn several_origins_headline(
         let overflowing_weight = job.index.node(node).and_then(|info| {
             info.inputs.iter().find_map(|i| weights.iter().find(|w| w.name == *i && w.overflow_count > 0))
         });
-        if let (Precision::Fp16, Some(w)) = (job.judging.precision, overflowing_weight) {
+        if let (Precision::Fp16, Some(w)) = (job.judging.precision(), overflowing_weight) {
             format!(
                 "{} ({}): weight '{}' has {} of {} values beyond the FP16 range (max |w| = {:.4e} > {fp16_max}), which become inf in FP16: {} values of its output are inf/NaN",
                 n.node, n.op_type, w.name, w.overflow_count, w.numel, w.max_abs, n.mismatched
             )
-        } else if job.judging.precision == Precision::Fp16 && reach > fp16_max {
+        } else if job.judging.precision() == Precision::Fp16 && reach > fp16_max {
             let beyond = record.map(|r| r.metrics.ref_fp16_overflow).unwrap_or(0);
             format!("{} ({}): its output reaches {reach:.4e} in the reference, {beyond} values beyond the FP16 maximum {fp16_max}; {} values are inf/NaN in the candidate", n.node, n.op_type, n.mismatched)
         } else {

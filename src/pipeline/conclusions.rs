@@ -72,7 +72,9 @@ pub(super) fn tf32_entry(
     comparison: &Comparison,
     verdict: &Verdict,
 ) -> Option<String> {
-    if !candidate.tf32 || verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == CauseKind::Tf32) {
+    if !candidate.arithmetic.tf32()
+        || verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == CauseKind::Tf32)
+    {
         return None;
     }
     let error_of = |t: &str| {

@@ -127,7 +127,7 @@ pub(super) fn counterfactual(
             t.node,
             if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
             together_outcome(t),
-            if t.output_error_after.is_finite() { String::new() } else { beyond_the_kept(&job.index, comparison, &t.kept, job.judging.precision) }
+            if t.output_error_after.is_finite() { String::new() } else { beyond_the_kept(&job.index, comparison, &t.kept, job.judging.precision()) }
         )
     } else {
         match best {

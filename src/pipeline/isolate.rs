@@ -174,7 +174,7 @@ pub(super) fn isolate(
         // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
         // the node sees that overflow, but in the model it comes from upstream.
         let node = job.index.node(&step.node).expect("chain node");
-        let overflowing_input = (job.judging.precision == Precision::Fp16)
+        let overflowing_input = (job.judging.precision() == Precision::Fp16)
             .then(|| {
                 node.inputs.iter().filter(|t| !t.is_empty() && !job.index.is_constant_like(t)).find(|t| {
                     // Only a float tensor is stored in FP16: an int32 input beyond 65504 is not.

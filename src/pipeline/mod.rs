@@ -27,5 +27,4 @@ pub use options::{
     bisect_reads, check_not_external_data, check_outputs, default_candidate, default_memory_budget, parse_size,
     BisectOptions, BisectOutcome, Marking, ToleranceField, CANCEL,
 };
-pub use setup::tolerance_and_rule;
 pub(crate) use steps::Steps;

@@ -82,7 +82,7 @@ pub(crate) fn measure(
     // The reference tensors already measured: a value quantized twice is measured once.
     let mut seen: std::collections::HashSet<String> = std::collections::HashSet::new();
     for q in activation_quantizers(cm.graph(), ci, pair.reference_of) {
-        if q.range.format.family().starts_with("FP8") {
+        if q.range.format.family().is_float8() {
             not_measured.push((
                 q.node,
                 "a float8 quantizer (its step is relative; only integer formats are measured one at a time)"

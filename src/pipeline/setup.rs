@@ -9,12 +9,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use layerwise_analysis::{
-    compare_all, walk_back, Arithmetic, Candidate, Comparison, ControlFlow, Pattern, TensorMatching, Tolerance,
-    ToleranceSet, Verdict, WalkRule,
+    compare_all, walk_back, Candidate, Comparison, ControlFlow, Pattern, TensorMatching, Tolerance, ToleranceSet,
+    Verdict, WalkRule,
 };
 use layerwise_model::matching::{match_tensors, MatchedBy};
 use layerwise_model::perturb::Perturbation;
-use layerwise_model::{GraphIndex, Model, Rounding, Selection, WeightRange};
+use layerwise_model::{Arithmetic, GraphIndex, Model, QuantFamily, Rounding, Selection, WeightRange};
 use layerwise_runtime::inputs::{declared_inputs, prepare_inputs, InputDecl, InputOptions};
 use layerwise_runtime::ortlib::fit_for_onnx_runtime;
 use layerwise_runtime::typed::TypedBackend;
@@ -24,26 +24,23 @@ use super::control_flow::flatten_control_flow;
 use super::options::{BisectOptions, Marking, ToleranceField};
 use super::steps::Steps;
 
-/// What the candidate is judged by: its arithmetic, the tolerances (and whose defaults they are),
-/// and the walk's thresholds.
+/// What the candidate is judged by: its arithmetic (whose name keys the default tolerances), the
+/// tolerances, and the walk's thresholds.
 #[derive(Debug, Clone)]
 pub(crate) struct Judging {
-    pub precision: Precision,
     /// Every tensor's tolerance (`all`), with those given their own (`--atol logits:1e-3`).
     pub tolerances: ToleranceSet,
-    /// The precision the default tolerances are for (`TF32`, `FP16`, ...).
-    pub tolerance_defaults: &'static str,
     pub rule: WalkRule,
+    /// The candidate's arithmetic and absolute tolerance, as the walk reads them.
     pub candidate: Candidate,
-    /// A Q/DQ candidate model's quantizers: it is judged by their formats' steps (issue 40).
+    /// A Q/DQ candidate model's quantizers: it is judged by their formats' steps.
     pub quantization: Option<layerwise_model::quant::Quantization>,
 }
 
 impl Judging {
-    /// Judging a candidate that computes in `precision`, with TF32 tensor cores or not.
+    /// Judging a candidate that stores values in `precision`, with TF32 tensor cores or not.
     pub(crate) fn new(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<Judging> {
-        let (tolerance, rule, tolerance_defaults) = tolerance_and_rule(precision, tf32, options)?;
-        Judging::with_defaults(precision, tf32, options, tolerance, rule, tolerance_defaults)
+        Judging::of(Arithmetic::of(precision, tf32), options)
     }
 
     /// Judging a Q/DQ candidate model that computes in float32 between its quantizers: by the
@@ -52,28 +49,16 @@ impl Judging {
         quantization: layerwise_model::quant::Quantization,
         options: &BisectOptions,
     ) -> Result<Judging> {
-        let family = quantization.coarsest().map_or("INT8", |f| f.family());
-        let rule = WalkRule::for_family(family).expect("every quantized family has a rule");
-        let tolerance = given_or_default(Tolerance::defaults_for(family), options)?;
-        let mut judging = Judging::with_defaults(Precision::Fp32, false, options, tolerance, rule, family)?;
+        let family = quantization.coarsest().map_or(QuantFamily::Int8, |f| f.family());
+        let mut judging = Judging::of(Arithmetic::Quantized(family), options)?;
         judging.quantization = Some(quantization);
-        judging.candidate.quantized = true;
         Ok(judging)
     }
 
-    fn with_defaults(
-        precision: Precision,
-        tf32: bool,
-        options: &BisectOptions,
-        tolerance: Tolerance,
-        rule: WalkRule,
-        tolerance_defaults: &'static str,
-    ) -> Result<Judging> {
-        let arithmetic = match precision {
-            Precision::Fp16 => Arithmetic::Fp16,
-            Precision::Bf16 => Arithmetic::Bf16,
-            Precision::Fp32 => Arithmetic::Fp32,
-        };
+    /// The defaults of `arithmetic` (tolerances and walk rule), with the user's tolerances over
+    /// them, field by field and tensor by tensor.
+    fn of(arithmetic: Arithmetic, options: &BisectOptions) -> Result<Judging> {
+        let tolerance = given_or_default(Tolerance::defaults(arithmetic), options)?;
         let mut by_tensor: Vec<(String, Tolerance)> = Vec::new();
         for (tensor, field, value) in &options.tensor_tolerances {
             if !(*value >= 0.0 && value.is_finite()) {
@@ -94,13 +79,16 @@ impl Judging {
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
         Ok(Judging {
-            precision,
             tolerances,
-            tolerance_defaults,
-            rule,
-            candidate: Candidate { arithmetic, tf32, atol: tolerance.atol, quantized: false },
+            rule: WalkRule::of(arithmetic),
+            candidate: Candidate { arithmetic, atol: tolerance.atol },
             quantization: None,
         })
+    }
+
+    /// How the candidate stores values between ops.
+    pub(crate) fn precision(&self) -> Precision {
+        self.candidate.arithmetic.storage()
     }
 
     /// Every tensor of `order` the candidate computed, against the reference's, by these tolerances.
@@ -136,18 +124,20 @@ impl Judging {
         comparison: &Comparison,
         verdict: &Verdict,
     ) -> Pattern {
-        layerwise_analysis::keep_pattern(index, node, comparison, verdict, self.precision == Precision::Fp16)
+        layerwise_analysis::keep_pattern(index, node, comparison, verdict, self.precision() == Precision::Fp16)
     }
 
     /// What one rounding of the candidate's precision does to the weights, for the noise floor:
     /// FP16 and BF16 round every stored weight, TF32 only what the tensor cores read, float32
     /// every operation by one unit roundoff.
     pub(crate) fn perturbation(&self) -> Perturbation {
-        match (self.precision, self.candidate.tf32) {
-            (Precision::Fp16, _) => Perturbation::Storage(Rounding::Fp16),
-            (Precision::Bf16, _) => Perturbation::Storage(Rounding::Bf16),
-            (Precision::Fp32, true) => Perturbation::TensorCores,
-            (Precision::Fp32, false) => Perturbation::Relative(self.candidate.arithmetic.unit_roundoff(false)),
+        match self.candidate.arithmetic {
+            Arithmetic::Fp16 { .. } => Perturbation::Storage(Rounding::Fp16),
+            Arithmetic::Bf16 { .. } => Perturbation::Storage(Rounding::Bf16),
+            Arithmetic::Float32 { tf32: true } => Perturbation::TensorCores,
+            Arithmetic::Float32 { tf32: false } | Arithmetic::Quantized(_) => {
+                Perturbation::Relative(Precision::Fp32.unit_roundoff())
+            }
         }
     }
 }
@@ -485,7 +475,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             input_notes.push(format!(
                 "the candidate model is quantized (Q/DQ): {}; judged by {} defaults{between}",
                 q.describe(),
-                q.coarsest().map_or("INT8", |f| f.family())
+                q.coarsest().map_or(QuantFamily::Int8, |f| f.family())
             ));
             Judging::quantized(q, options)?
         }
@@ -558,24 +548,6 @@ fn samples_digest(samples: &[(String, InputOptions)]) -> String {
 /// Every sample's prepared inputs as the runs see them.
 pub(crate) fn feeds_of(inputs: &[layerwise_runtime::inputs::PreparedInput]) -> Vec<(String, Tensor)> {
     inputs.iter().map(|i| (i.name.clone(), i.tensor.clone())).collect()
-}
-
-/// Tolerances and walk thresholds for a candidate precision, with the user's overrides, and the
-/// precision the defaults are for. A float32 candidate that multiplies on TF32 tensor cores
-/// (`sim:tf32`, `ort:cuda` with TF32 on) keeps FP16's 10-bit mantissa there, so it gets FP16's
-/// defaults; `tf32=off` keeps float32's.
-pub fn tolerance_and_rule(
-    precision: Precision,
-    tf32: bool,
-    options: &BisectOptions,
-) -> Result<(Tolerance, WalkRule, &'static str)> {
-    let (rule, defaults_for) = match precision {
-        Precision::Fp16 => (WalkRule::FP16, "FP16"),
-        Precision::Bf16 => (WalkRule::BF16, "BF16"),
-        Precision::Fp32 if tf32 => (WalkRule::FP16, "TF32"),
-        Precision::Fp32 => (WalkRule::FP32, "float32"),
-    };
-    Ok((given_or_default(Tolerance::defaults_for(defaults_for), options)?, rule, defaults_for))
 }
 
 /// The tolerance the user gave, field by field, else `defaults`'.

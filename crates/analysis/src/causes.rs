@@ -9,7 +9,9 @@ use layerwise_model::{GraphIndex, NodeInfo, WeightRange};
 
 use crate::compare::{Comparison, TensorRecord};
 use crate::metrics::Metrics;
-use crate::verdict::{Arithmetic, Candidate, Cause, CauseKind, Mechanism};
+use layerwise_model::Precision;
+
+use crate::verdict::{Candidate, Cause, CauseKind, Mechanism};
 
 /// The arithmetic a mechanism can arise in. A candidate may compute in more than one: a float32
 /// candidate with TF32 on computes its products in TF32 and everything else in float32.
@@ -28,11 +30,11 @@ impl Candidate {
     /// Whether the candidate computes any of its ops in `numerics`.
     pub fn computes_in(self, numerics: Numerics) -> bool {
         match numerics {
-            Numerics::Fp16 => self.arithmetic == Arithmetic::Fp16,
-            Numerics::Bf16 => self.arithmetic == Arithmetic::Bf16,
-            Numerics::Fp32 => self.arithmetic == Arithmetic::Fp32,
-            Numerics::Tf32 => self.tf32,
-            Numerics::Quantized => self.quantized,
+            Numerics::Fp16 => self.arithmetic.storage() == Precision::Fp16,
+            Numerics::Bf16 => self.arithmetic.storage() == Precision::Bf16,
+            Numerics::Fp32 => self.arithmetic.storage() == Precision::Fp32,
+            Numerics::Tf32 => self.arithmetic.tf32(),
+            Numerics::Quantized => self.arithmetic.quantized().is_some(),
         }
     }
 }
@@ -169,7 +171,7 @@ impl<'a> Site<'a> {
     }
 
     fn is_tf32_op(&self) -> bool {
-        self.candidate.tf32 && TF32_OPS.contains(&self.op)
+        self.candidate.arithmetic.tf32() && TF32_OPS.contains(&self.op)
     }
 
     /// Whether the absolute output error matters, said with the numbers.
@@ -532,9 +534,9 @@ fn integer_accumulator_overflow(s: &Site) -> Option<Mechanism> {
 /// A weight (or weight-derived input) beyond the storage format's range: FP16's scan of the
 /// file's weights, else (BF16, or a value the scan does not see) the compared stored value itself.
 fn weight_overflow(s: &Site) -> Option<Mechanism> {
-    let (format, max) = match s.candidate.arithmetic {
-        Arithmetic::Bf16 => ("BF16", half::bf16::MAX.to_f64()),
-        _ => ("FP16", FP16_MAX as f64),
+    let (format, max) = match s.candidate.arithmetic.storage() {
+        Precision::Bf16 => ("BF16", half::bf16::MAX.to_f64()),
+        Precision::Fp16 | Precision::Fp32 => ("FP16", FP16_MAX as f64),
     };
     s.node.inputs.iter().filter(|i| !i.is_empty() && s.index.is_constant_like(i)).find_map(|w| {
         let range = s.weight_ranges.iter().find(|r| r.name == *w && r.overflow_count > 0);
@@ -774,8 +776,8 @@ fn large_logits(s: &Site) -> Option<Mechanism> {
     let inp = s.finite_input()?;
     let (x_max, dx) = (inp.metrics.compared_max_abs(), inp.metrics.max_abs_err);
     let predicted = ((2.0 * dx).min(700.0)).exp_m1();
-    let spacing = match s.candidate.arithmetic.spacing(x_max) {
-        Some(ulp) => format!(" ({}'s spacing there is {})", s.candidate.arithmetic.name(), step_text(ulp)),
+    let spacing = match s.candidate.arithmetic.storage().spacing(x_max) {
+        Some(ulp) => format!(" ({}'s spacing there is {})", s.candidate.arithmetic.storage().name(), step_text(ulp)),
         None => String::new(),
     };
     mechanism(
@@ -816,10 +818,10 @@ pub(crate) fn step_text(ulp: f64) -> String {
 /// ONNX Runtime's CUDA kernels that round inside their formula (measured).
 fn kernel_rounding(s: &Site) -> Option<Mechanism> {
     let (m, op) = (s.m(), s.op);
-    let stepwise = match s.candidate.arithmetic {
-        Arithmetic::Bf16 => op == "Sigmoid" || op == "Softplus",
-        Arithmetic::Fp16 => op == "Softplus",
-        Arithmetic::Fp32 => false,
+    let stepwise = match s.candidate.arithmetic.storage() {
+        Precision::Bf16 => op == "Sigmoid" || op == "Softplus",
+        Precision::Fp16 => op == "Softplus",
+        Precision::Fp32 => false,
     };
     let reach = m.compared_max_abs();
     if s.non_finite() || !stepwise || reach <= 0.0 {
@@ -827,9 +829,9 @@ fn kernel_rounding(s: &Site) -> Option<Mechanism> {
     }
     // The small branch (x <= 0) ends in 1 - 1/(1 + e^x) or ln(1 + e^x) with 1 + e^x
     // rounded near 1: an absolute error of up to half the spacing there.
-    let absolute = s.candidate.arithmetic.spacing(1.0).unwrap_or(0.0) / 2.0;
+    let absolute = s.candidate.arithmetic.storage().spacing(1.0).unwrap_or(0.0) / 2.0;
     let formula = if op == "Sigmoid" { "1 - 1/(1 + exp(x))" } else { "ln(1 + exp(x))" };
-    let arithmetic = s.candidate.arithmetic.name();
+    let arithmetic = s.candidate.arithmetic.storage().name();
     mechanism(
         CauseKind::KernelRounding,
         Some(s.share((absolute / reach).min(1.0))),
@@ -886,7 +888,7 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
     if s.non_finite() || s.input_error != 0.0 || s.is_tf32_op() {
         return None;
     }
-    if s.candidate.quantized {
+    if s.candidate.arithmetic.quantized().is_some() {
         // Between its quantizers a Q/DQ candidate computes in float32: what a node adds to exact
         // inputs is the quantizers' rounding of what it reads, not a float32 rounding.
         let steps: Vec<String> = s
@@ -911,7 +913,7 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
             format!("{} introduces a relative L2 error of {:.2e} from exact inputs: the candidate quantizes what it reads ({read}); how much of the output's error that is, the quantizers measured one at a time say", s.op, s.out_rel),
         );
     }
-    let u = s.candidate.arithmetic.unit_roundoff(false);
+    let u = s.candidate.arithmetic.storage().unit_roundoff();
     mechanism(
         CauseKind::PrecisionLoss,
         Some(s.share(u * 4.0)),
@@ -935,7 +937,7 @@ fn cancellation(s: &Site) -> Option<Mechanism> {
     let inp = s.finite_input()?;
     let (operand, result) = (inp.metrics.compared_max_abs(), s.m().compared_max_abs());
     let (dx, dy) = (inp.metrics.max_abs_err, s.m().max_abs_err);
-    let step = s.candidate.arithmetic.spacing(operand)?;
+    let step = s.candidate.arithmetic.storage().spacing(operand)?;
     // The output's absolute error must be the operand's, passed on: else the Sub adds its own.
     if !(operand >= CANCELLATION_RATIO * result && dy > 0.0 && dx >= 0.5 * dy) {
         return None;
@@ -948,7 +950,7 @@ fn cancellation(s: &Site) -> Option<Mechanism> {
             s.op,
             inp.name,
             operand / result.max(f64::MIN_POSITIVE),
-            s.candidate.arithmetic.name(),
+            s.candidate.arithmetic.storage().name(),
             step_text(step),
             s.out_rel
         ),
@@ -963,7 +965,7 @@ fn periodic_argument(s: &Site) -> Option<Mechanism> {
     }
     let inp = s.finite_input()?;
     let (x_max, dx) = (inp.metrics.compared_max_abs(), inp.metrics.max_abs_err);
-    let step = s.candidate.arithmetic.spacing(x_max)?;
+    let step = s.candidate.arithmetic.storage().spacing(x_max)?;
     if dx <= 0.0 {
         return None;
     }
@@ -981,7 +983,7 @@ fn periodic_argument(s: &Site) -> Option<Mechanism> {
             "{} is periodic (period 2*pi = 6.28), so only its argument's absolute error counts: '{}' reaches |x| = {x_max:.4e}, where {}'s step is {} ({:.2} of a period), and it is off by up to {dx:.3e} (measured), so {outcome}: measured relative L2 {:.2e}",
             s.op,
             inp.name,
-            s.candidate.arithmetic.name(),
+            s.candidate.arithmetic.storage().name(),
             step_text(step),
             step / period,
             s.out_rel

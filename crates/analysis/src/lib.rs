@@ -29,7 +29,7 @@ pub use metrics::{
 pub use patterns::{close_over_fp16_range, keep_pattern, may_compute_integer_from_float, pattern_of, Pattern};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
 pub use verdict::{
-    Arithmetic, Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd,
-    Status, Verdict, WalkRule,
+    Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status,
+    Verdict, WalkRule,
 };
 pub use walk::{judge_node, verdict_from_chain, walk_back};

@@ -77,7 +77,7 @@ pub(crate) fn origin<'a>(
             _ => break (producer, inputs),
         }
     };
-    let arithmetic = candidate.arithmetic;
+    let arithmetic = candidate.arithmetic.storage();
     let (magnitude, lost) = (lossy.metrics.compared_max_abs(), lossy.metrics.max_abs_err);
     let step = arithmetic.spacing(magnitude)?;
     if lossy.metrics.nonfinite_mismatch > 0 || lost > STEPS * step {

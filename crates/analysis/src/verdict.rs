@@ -3,8 +3,8 @@
 //! walk (walk.rs), the cause catalogue (causes.rs) and the trace-back (storage.rs), which all use
 //! them.
 
-use layerwise_model::fp16::FP16_UNIT_ROUNDOFF;
 use layerwise_model::GraphIndex;
+use layerwise_model::{Arithmetic, QuantFamily};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -43,18 +43,21 @@ impl WalkRule {
     pub const FP8_E4M3: WalkRule = WalkRule { ratio: 10.0, min_break: 0.125, max_drift: 0.4 };
     pub const FP8_E5M2: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };
 
-    /// The walk's thresholds for the tolerance defaults named `family` (`FP16`, `INT8`, ...).
-    pub fn for_family(family: &str) -> Option<WalkRule> {
-        Some(match family {
-            "FP16" | "TF32" | "INT16" => WalkRule::FP16,
-            "BF16" => WalkRule::BF16,
-            "float32" => WalkRule::FP32,
-            "INT8" => WalkRule::INT8,
-            "INT4" => WalkRule::INT4,
-            "FP8 E4M3" => WalkRule::FP8_E4M3,
-            "FP8 E5M2" => WalkRule::FP8_E5M2,
-            _ => return None,
-        })
+    /// The walk's thresholds for what the candidate computes in (those of its default tolerances).
+    pub fn of(arithmetic: Arithmetic) -> WalkRule {
+        match arithmetic {
+            Arithmetic::Float32 { tf32: false } => WalkRule::FP32,
+            Arithmetic::Float32 { tf32: true } => WalkRule::FP16,
+            Arithmetic::Fp16 { .. } => WalkRule::FP16,
+            Arithmetic::Bf16 { .. } => WalkRule::BF16,
+            Arithmetic::Quantized(family) => match family {
+                QuantFamily::Int16 => WalkRule::FP16,
+                QuantFamily::Int8 => WalkRule::INT8,
+                QuantFamily::Int4 => WalkRule::INT4,
+                QuantFamily::Fp8E4M3 => WalkRule::FP8_E4M3,
+                QuantFamily::Fp8E5M2 => WalkRule::FP8_E5M2,
+            },
+        }
     }
 }
 
@@ -138,64 +141,13 @@ impl CauseKind {
     }
 }
 
-/// The arithmetic the candidate computes in: which causes can apply to it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Arithmetic {
-    /// float32 (another runtime, other kernels, TF32 when `Candidate::tf32`).
-    #[default]
-    Fp32,
-    /// FP16 storage or FP16 kernels (emulated, a converted model, a GPU provider in FP16).
-    Fp16,
-    /// BF16 storage or kernels: float32's range, 8 significant bits.
-    Bf16,
-}
-
-impl Arithmetic {
-    /// Relative error of one rounding in this arithmetic (half an ulp at 1.0).
-    pub fn unit_roundoff(self, tf32: bool) -> f64 {
-        match (self, tf32) {
-            (Arithmetic::Fp16, _) | (Arithmetic::Fp32, true) => FP16_UNIT_ROUNDOFF,
-            (Arithmetic::Bf16, _) => 1.0 / 256.0,
-            (Arithmetic::Fp32, false) => f32::EPSILON as f64 / 2.0,
-        }
-    }
-
-    /// The distance between neighbouring values of this arithmetic's storage at magnitude `x`
-    /// (`None` for float32).
-    pub fn spacing(self, x: f64) -> Option<f64> {
-        if !(x > 0.0 && x.is_finite()) {
-            return None;
-        }
-        let e = x.log2().floor();
-        match self {
-            // Below the smallest normal the spacing stays that of 2^-14; above 65504 is inf.
-            Arithmetic::Fp16 => Some(2f64.powf(e.clamp(-14.0, 15.0) - 10.0)),
-            Arithmetic::Bf16 => Some(2f64.powf(e.max(-126.0) - 7.0)),
-            Arithmetic::Fp32 => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arithmetic::Fp16 => "FP16",
-            Arithmetic::Bf16 => "BF16",
-            Arithmetic::Fp32 => "float32",
-        }
-    }
-}
-
 /// What the walk knows about the candidate beyond its numbers.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Candidate {
+    /// What it computes in: storage, TF32 tensor cores, quantization (which causes can apply).
     pub arithmetic: Arithmetic,
-    /// The candidate runs float32 matrix products and convolutions with TF32 (ONNX Runtime CUDA's
-    /// default, TensorRT's default).
-    pub tf32: bool,
     /// The absolute tolerance: an absolute error below it is not material.
     pub atol: f64,
-    /// The candidate model quantizes with Q/DQ pairs (float32 between them).
-    pub quantized: bool,
 }
 
 /// One mechanism that may account for a node's output error, with how much of it it explains.

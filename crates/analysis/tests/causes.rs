@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 
-use layerwise_analysis::{compare_all, walk_back, Arithmetic, Candidate, CauseKind, Tolerance, Verdict, WalkRule};
+use layerwise_analysis::{compare_all, walk_back, Candidate, CauseKind, Tolerance, Verdict, WalkRule};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::ModelProto;
+use layerwise_model::Arithmetic;
 use layerwise_model::{scan_fp16_weight_range, DataType, GraphIndex, Model, Tensor};
 
-const FP16: Candidate = Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-3, quantized: false };
-const FP32: Candidate = Candidate { arithmetic: Arithmetic::Fp32, tf32: false, atol: 1e-5, quantized: false };
+const FP16: Candidate = Candidate { arithmetic: Arithmetic::FP16, atol: 1e-3 };
+const FP32: Candidate = Candidate { arithmetic: Arithmetic::FLOAT32, atol: 1e-5 };
 
 /// The walk over `proto` with each named tensor's values on both sides (every tensor listed is
 /// compared, in the order given).

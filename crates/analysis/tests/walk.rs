@@ -1,7 +1,8 @@
 use std::collections::HashMap;
 
-use layerwise_analysis::{compare_all, walk_back, Arithmetic, Candidate, CauseKind, Status, Tolerance, WalkRule};
+use layerwise_analysis::{compare_all, walk_back, Candidate, CauseKind, Status, Tolerance, WalkRule};
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+use layerwise_model::Arithmetic;
 use layerwise_model::Tensor;
 use layerwise_model::{DataType, GraphIndex};
 
@@ -25,7 +26,7 @@ fn run(candidate: Candidate) -> layerwise_analysis::Verdict {
 
 #[test]
 fn a_tf32_candidate_names_tf32_as_the_cause() {
-    let v = run(Candidate { tf32: true, ..Default::default() });
+    let v = run(Candidate { arithmetic: Arithmetic::TF32, ..Default::default() });
     assert_eq!(v.status, Status::Diverged);
     let fd = v.first_divergent.unwrap();
     assert_eq!(fd.node, "mm");
@@ -62,7 +63,7 @@ fn saturated_sigmoid(candidate: Candidate) -> layerwise_analysis::Verdict {
 
 #[test]
 fn a_float32_candidate_gets_no_fp16_cause_and_a_saturating_sigmoid_is_named_as_such() {
-    let candidate = Candidate { arithmetic: Arithmetic::Fp32, tf32: true, atol: 1e-5, quantized: false };
+    let candidate = Candidate { arithmetic: Arithmetic::TF32, atol: 1e-5 };
     let v = saturated_sigmoid(candidate);
     let fd = v.first_divergent.expect("the Sigmoid breaks: its relative error jumps");
     assert_eq!(fd.node, "sig");
@@ -124,13 +125,7 @@ fn softmax_on_large_logits_is_blamed_on_absolute_input_error_not_on_subnormals()
         comparison.get("probs").unwrap().metrics.ref_fp16_subnormal_share > 0.1,
         "the probabilities hold FP16 subnormals"
     );
-    let v = walk_back(
-        &index,
-        &comparison,
-        &[],
-        WalkRule::FP16,
-        Candidate { arithmetic: Arithmetic::Fp16, tf32: false, atol: 1e-4, quantized: false },
-    );
+    let v = walk_back(&index, &comparison, &[], WalkRule::FP16, Candidate { arithmetic: Arithmetic::FP16, atol: 1e-4 });
     let fd = v.first_divergent.expect("the Softmax breaks");
     assert_eq!(fd.node, "softmax");
     assert_eq!(fd.cause.best.kind, CauseKind::LargeLogits, "{}", fd.cause.best.detail);
@@ -165,7 +160,7 @@ fn an_input_that_was_not_compared_is_unknown_and_ends_the_walk() {
         &comparison,
         &[],
         WalkRule::FP16,
-        Candidate { arithmetic: Arithmetic::Fp16, ..Default::default() },
+        Candidate { arithmetic: Arithmetic::FP16, ..Default::default() },
     );
     assert!(v.first_divergent.is_none(), "no origin can be named: {:?}", v.first_divergent);
     let end = v.sight_ends.expect("the walk says where it cannot see further");

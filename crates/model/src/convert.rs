@@ -14,7 +14,7 @@ use crate::onnx::{
     TensorProto,
 };
 use crate::weights::for_each_float_chunk;
-use crate::{GraphIndex, Model, ModelError};
+use crate::{GraphIndex, Model, ModelError, Precision};
 
 /// Ops that stay FP32 whatever the keep list says, and why (docs/fix.md lists them too).
 pub const FP32_ONLY_OPS: &[(&str, &str)] = &[
@@ -55,7 +55,7 @@ pub struct ConvertOptions {
     /// BF16 has float32's range).
     pub keep_overflowing_weight_consumers: bool,
     /// FP16 (the default) or BF16.
-    pub target: Target,
+    pub target: Precision,
     /// Nodes to keep in FP32 because a runtime refused them in the target type, with why.
     pub refused: BTreeMap<String, String>,
     /// Weights beyond the FP16 range of the graphs around a body being converted, which the body
@@ -70,7 +70,7 @@ impl Default for ConvertOptions {
             keep_ops: HashSet::new(),
             keep_io_types: true,
             keep_overflowing_weight_consumers: true,
-            target: Target::Fp16,
+            target: Precision::Fp16,
             refused: BTreeMap::new(),
             outer_overflowing: BTreeSet::new(),
         }
@@ -94,52 +94,21 @@ pub struct Conversion {
     pub kept_constants: Vec<(String, Vec<String>)>,
 }
 
-/// The reduced precision a conversion targets.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Target {
-    Fp16,
-    Bf16,
-}
-
-impl Target {
-    fn data_type(self) -> DataType {
-        match self {
-            Target::Fp16 => DataType::Float16,
-            Target::Bf16 => DataType::Bfloat16,
-        }
-    }
-    fn bytes(self, v: f32) -> [u8; 2] {
-        match self {
-            Target::Fp16 => f16::from_f32(v).to_le_bytes(),
-            Target::Bf16 => half::bf16::from_f32(v).to_le_bytes(),
-        }
-    }
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Fp16 => "fp16",
-            Target::Bf16 => "bf16",
-        }
+/// The name part of a tensor or Cast a conversion makes (`x__to_fp16`).
+fn suffix(precision: Precision) -> &'static str {
+    match precision {
+        Precision::Fp16 => "fp16",
+        Precision::Bf16 => "bf16",
+        Precision::Fp32 => "fp32",
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-enum Precision {
-    Low(Target),
-    Fp32,
-}
-
-impl Precision {
-    fn data_type(self) -> DataType {
-        match self {
-            Precision::Low(t) => t.data_type(),
-            Precision::Fp32 => DataType::Float,
-        }
-    }
-    fn suffix(self) -> &'static str {
-        match self {
-            Precision::Low(t) => t.name(),
-            Precision::Fp32 => "fp32",
-        }
+/// `values` stored in `target`, little-endian, appended to `raw`.
+fn push_stored(target: Precision, values: &[f32], raw: &mut Vec<u8>) {
+    match target {
+        Precision::Fp16 => raw.extend(values.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes())),
+        Precision::Bf16 => raw.extend(values.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())),
+        Precision::Fp32 => raw.extend(values.iter().flat_map(|&v| v.to_le_bytes())),
     }
 }
 
@@ -153,9 +122,9 @@ fn set_elem_type(v: &mut crate::onnx::ValueInfoProto, dt: DataType) {
     }
 }
 
-fn to_low_tensor(model: &Model, t: &TensorProto, target: Target) -> Result<TensorProto, ModelError> {
+fn to_low_tensor(model: &Model, t: &TensorProto, target: Precision) -> Result<TensorProto, ModelError> {
     let mut raw: Vec<u8> = Vec::new();
-    for_each_float_chunk(model, t, &mut |values| raw.extend(values.iter().flat_map(|&v| target.bytes(v))))?;
+    for_each_float_chunk(model, t, &mut |values| push_stored(target, values, &mut raw))?;
     Ok(TensorProto {
         name: t.name.clone(),
         dims: t.dims.clone(),
@@ -249,8 +218,13 @@ fn convert_graph(
 ) -> Result<Conversion, ModelError> {
     let graph = model.graph();
     let target = options.target;
-    let low = Precision::Low(target);
-    if target == Target::Bf16 && model.opset() < 13 {
+    let low = target;
+    if target == Precision::Fp32 {
+        return Err(ModelError::InvalidGraph(
+            "nothing to convert to: float32 is the model's own precision; the target is FP16 or BF16".into(),
+        ));
+    }
+    if target == Precision::Bf16 && model.opset() < 13 {
         return Err(ModelError::InvalidGraph(format!(
             "a BF16 model needs opset 13 or later (Cast and most ops take bfloat16 from there); this model is opset {}: convert it with onnx's version converter first, or use --cand sim:bf16, which emulates BF16 at any opset",
             model.opset()
@@ -301,12 +275,12 @@ fn convert_graph(
     // Weights beyond the FP16 range.
     let mut overflowing: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for t in graph.initializer.iter().filter(|t| t.data_type() == DataType::Float as i32) {
-        if target == Target::Fp16 && overflows_fp16(model, t)? {
+        if target == Precision::Fp16 && overflows_fp16(model, t)? {
             overflowing.insert(t.name().to_string(), Vec::new());
         }
     }
     for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
-        let over = target == Target::Fp16
+        let over = target == Precision::Fp16
             && n.attribute.iter().any(|a| match (a.name(), &a.t) {
                 ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
                     overflows_fp16(model, t).unwrap_or(false)
@@ -347,7 +321,7 @@ fn convert_graph(
             Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
         } else if info.has_subgraphs && !matches!(info.op_type.as_str(), "If" | "Loop") {
             Some(format!("{} bodies are not converted", info.op_type))
-        } else if target == Target::Bf16
+        } else if target == Precision::Bf16
             && !info.has_subgraphs
             && !ANY_TYPE_READERS.contains(&info.op_type.as_str())
             && !crate::cuda_bf16::has_cuda_bf16_kernel(&info.op_type, model.opset())
@@ -526,7 +500,7 @@ fn convert_graph(
             if renames.iter().any(|(n, _)| n == o.name()) {
                 continue;
             }
-            let inner = format!("{}__{}", o.name(), have.suffix());
+            let inner = format!("{}__{}", o.name(), suffix(have));
             renames.push((o.name().to_string(), inner));
         } else if have == low {
             set_elem_type(o, target.data_type());
@@ -754,8 +728,8 @@ fn cast_to(
         .entry((name.to_string(), want))
         .or_insert_with(|| {
             *inserted += 1;
-            let out_name = format!("{name}__to_{}", want.suffix());
-            new_nodes.push(cast_node(name, &out_name, want.data_type(), format!("{name}/lw_to_{}", want.suffix())));
+            let out_name = format!("{name}__to_{}", suffix(want));
+            new_nodes.push(cast_node(name, &out_name, want.data_type(), format!("{name}/lw_to_{}", suffix(want))));
             out_name
         })
         .clone()
@@ -777,7 +751,7 @@ fn cast_node(input: &str, output: &str, to: DataType, name: String) -> NodeProto
     }
 }
 
-fn convert_constant_attributes(model: &Model, node: &mut NodeProto, target: Target) -> Result<(), ModelError> {
+fn convert_constant_attributes(model: &Model, node: &mut NodeProto, target: Precision) -> Result<(), ModelError> {
     for a in node.attribute.iter_mut() {
         match a.name() {
             "value" => {
@@ -799,18 +773,22 @@ fn convert_constant_attributes(model: &Model, node: &mut NodeProto, target: Targ
     Ok(())
 }
 
-fn low_scalar_tensor(values: &[f32], dims: &[i64], target: Target) -> TensorProto {
+fn low_scalar_tensor(values: &[f32], dims: &[i64], target: Precision) -> TensorProto {
     TensorProto {
         dims: dims.to_vec(),
         data_type: Some(target.data_type() as i32),
-        raw_data: Some(Bytes::from(values.iter().flat_map(|&v| target.bytes(v)).collect::<Vec<u8>>())),
+        raw_data: Some(Bytes::from({
+            let mut raw = Vec::with_capacity(values.len() * 2);
+            push_stored(target, values, &mut raw);
+            raw
+        })),
         ..Default::default()
     }
 }
 
 /// In an FP16 (BF16) node, attributes that name float32 as a type become float16 (bfloat16): a
 /// Cast to FLOAT, a ConstantOfShape's value.
-fn retarget_low_attributes(model: &Model, node: &mut NodeProto, target: Target) -> Result<(), ModelError> {
+fn retarget_low_attributes(model: &Model, node: &mut NodeProto, target: Precision) -> Result<(), ModelError> {
     match node.op_type() {
         "Cast" => {
             for a in node.attribute.iter_mut().filter(|a| a.name() == "to") {

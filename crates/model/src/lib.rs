@@ -7,6 +7,7 @@
 #[allow(clippy::all, missing_docs, rustdoc::all)]
 pub mod onnx;
 
+pub mod arithmetic;
 pub mod builder;
 pub mod convert;
 pub mod cuda_bf16;
@@ -32,6 +33,7 @@ pub mod terminal_text;
 pub mod unquantize;
 mod weights;
 
+pub use arithmetic::{Arithmetic, Precision, QuantFamily};
 pub use error::ModelError;
 pub use graph::{GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, open_regular, Model};

@@ -51,13 +51,13 @@ impl QuantFormat {
     }
 
     /// The family whose default tolerances apply (`INT8` for int8 and uint8, ...).
-    pub fn family(self) -> &'static str {
+    pub fn family(self) -> crate::QuantFamily {
         match self {
-            QuantFormat::Int4 | QuantFormat::Uint4 => "INT4",
-            QuantFormat::Int8 | QuantFormat::Uint8 => "INT8",
-            QuantFormat::Int16 | QuantFormat::Uint16 => "INT16",
-            QuantFormat::Float8E4M3 => "FP8 E4M3",
-            QuantFormat::Float8E5M2 => "FP8 E5M2",
+            QuantFormat::Int4 | QuantFormat::Uint4 => crate::QuantFamily::Int4,
+            QuantFormat::Int8 | QuantFormat::Uint8 => crate::QuantFamily::Int8,
+            QuantFormat::Int16 | QuantFormat::Uint16 => crate::QuantFamily::Int16,
+            QuantFormat::Float8E4M3 => crate::QuantFamily::Fp8E4M3,
+            QuantFormat::Float8E5M2 => crate::QuantFamily::Fp8E5M2,
         }
     }
 

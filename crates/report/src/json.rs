@@ -18,7 +18,7 @@ pub struct ReportContext<'a> {
     /// Tensors given their own tolerance.
     pub tensor_tolerances: Vec<(String, Tolerance)>,
     /// The precision whose default tolerances apply where none was given (`TF32`, `FP16`, ...).
-    pub tolerance_defaults: &'static str,
+    pub tolerance_defaults: layerwise_model::Arithmetic,
     pub rule: WalkRule,
     pub inputs: Vec<InputInfo>,
     pub comparison: &'a Comparison,

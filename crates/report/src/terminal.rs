@@ -325,7 +325,11 @@ pub fn render_verdict_text(report: &Report) -> String {
 
 /// "TF32 defaults" where the tolerances are that precision's defaults, "as given" otherwise.
 fn tolerance_origin(t: &crate::json::Tolerances) -> String {
-    let defaults = layerwise_analysis::Tolerance::defaults_for(&t.defaults_for);
+    // A report read back may name defaults no arithmetic has (written by hand): said as given.
+    let Some(arithmetic) = layerwise_model::Arithmetic::from_name(&t.defaults_for) else {
+        return format!("as given; no defaults are named '{}'", t.defaults_for);
+    };
+    let defaults = layerwise_analysis::Tolerance::defaults(arithmetic);
     if (t.atol, t.rtol, t.range_tol) == (defaults.atol, defaults.rtol, defaults.range_tol) {
         format!("{} defaults", t.defaults_for)
     } else {

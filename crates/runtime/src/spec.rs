@@ -11,13 +11,8 @@ use layerwise_model::Rounding;
 
 use crate::RuntimeError;
 
-/// The numeric precision a backend computes in, used to choose default tolerances.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Precision {
-    Fp32,
-    Fp16,
-    Bf16,
-}
+/// The numeric precision a backend computes in (the model crate's, the one type of it).
+pub use layerwise_model::Precision;
 
 /// ONNX Runtime graph optimization level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
