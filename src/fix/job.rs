@@ -371,6 +371,10 @@ fn fix_float(
         branches_taken: &branches_taken,
         converter_fp32: &converter_fp32,
         other_precision: other_precision.as_ref(),
+        fixed_error: checked
+            .as_ref()
+            .filter(|_| fixed)
+            .map(|c| c.check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max)),
     });
     let (fixed_model, fixed_model_fp32_nodes, fixed_model_check, fixed_model_load) = match checked {
         Some(c) => (c.fixed_model, c.fp32_nodes, Some(c.check), Some(c.load)),
@@ -443,7 +447,19 @@ fn prune_patterns(
                 i += 1;
                 continue;
             }
-            let without: Vec<String> = keep.iter().filter(|n| !patterns[i].nodes.contains(n)).cloned().collect();
+            // The keep list is the union of the patterns: without this one, it keeps every node
+            // another pattern holds (a node two patterns share stays, so that no pattern left
+            // names a node the list dropped).
+            let without: Vec<String> = keep
+                .iter()
+                .filter(|n| patterns.iter().enumerate().any(|(j, p)| j != i && p.nodes.contains(n)))
+                .cloned()
+                .collect();
+            if without.len() == keep.len() {
+                // Every node of it is another pattern's too: dropping it changes no run.
+                patterns.remove(i);
+                continue;
+            }
             let trial = search.trial(&without, FixStage::Prune)?;
             if trial.1.status == Status::Pass {
                 *keep = without;

@@ -138,17 +138,44 @@ pub(super) struct Found<'a> {
     /// The nodes the converter keeps in FP32 by itself, with why.
     pub converter_fp32: &'a [(String, String)],
     pub other_precision: Option<&'a OtherPrecision>,
+    /// The worst output error of the FP16 fix, where one holds (the written model's check).
+    pub fixed_error: Option<f64>,
+}
+
+/// "12x", or "more than" where the ratio is not a finite number.
+fn times(larger: f64, smaller: f64) -> String {
+    let ratio = larger / smaller;
+    if ratio.is_finite() {
+        format!("{ratio:.0}x")
+    } else {
+        "more than".to_string()
+    }
 }
 
 /// The summary sentence of an FP16 or BF16 fix.
 pub(super) fn summary(found: &Found) -> String {
     let Found { index, fixed, keep, patterns, low, runs, samples, inside_kept_whole, .. } = *found;
-    let bf16_note = match found.other_precision {
-        Some(o) if o.pass => format!(
-            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance, each element judged by its absolute, relative (rtol {2}) and range terms (worst output relative L2 {1}, which the tolerance does not bound)",
+    // BF16 with nothing kept is offered only as what it measured: within BF16's own (looser)
+    // tolerances, and beside the FP16 fix's error where one holds, so that "no keep list" is never
+    // read as "as accurate".
+    let bf16_note = match (found.other_precision, found.fixed_error) {
+        (Some(o), Some(fixed)) if o.pass && o.worst_output_rel_l2 > fixed => format!(
+            "; BF16 is an option with nothing kept, not an equal one: {} has every output within BF16's tolerance (rtol {}), but its worst output errs by relative L2 {}, {} this FP16 fix's {}",
             o.candidate,
+            num(o.rtol),
             num(o.worst_output_rel_l2),
-            num(o.rtol)
+            times(o.worst_output_rel_l2, fixed),
+            num(fixed)
+        ),
+        (Some(o), fixed) if o.pass => format!(
+            "; BF16 needs no keep list: {} with nothing kept has every output within BF16's tolerance, each element judged by its absolute, relative (rtol {}) and range terms (worst output relative L2 {}{})",
+            o.candidate,
+            num(o.rtol),
+            num(o.worst_output_rel_l2),
+            match fixed {
+                Some(fixed) => format!(", no more than this FP16 fix's {}", num(fixed)),
+                None => ", which the tolerance does not bound".to_string(),
+            }
         ),
         _ => String::new(),
     };
