@@ -195,3 +195,58 @@ fn an_angle_computed_from_stored_positions_is_named_not_called_ill_conditioned()
         "{t}"
     );
 }
+
+/// Integer positions 4000-4063 cast to float, then times the frequencies (a MatMul) into Sin and
+/// Cos, as rotary embeddings take them: FP16 rounds the positions in the Cast (step 2 at 4000)
+/// and the angles again in the MatMul. The Cast is the first divergent layer (the MatMul only
+/// carries its error), the MatMul's storage is named as the second rounding, and the path from
+/// the Cast to the Sin and Cos is kept whole: that removes the error, where keeping the angle's
+/// own pattern alone leaves it (issue 51, item 3: the angle's MatMul was named, keeping it removed
+/// 32%, and the verdict ended in "drift plus a sensitive consumer").
+#[test]
+fn cast_positions_and_the_angle_are_two_roundings_kept_as_one_path() {
+    use layerwise_model::builder::attr;
+    let mut b = ModelBuilder::new("rotary_cast", 17);
+    b.input("pos", DataType::Int64, &[Dim::from(64)]);
+    let inv_freq: Vec<f32> = (0..16).map(|i| 10000f32.powf(-(i as f32) / 16.0)).collect();
+    b.initializer(f32_tensor("inv_freq", &[1, 16], &inv_freq));
+    b.initializer(layerwise_model::builder::i64_tensor("axes", &[1], &[1]));
+    b.node("Cast", "pos_cast", &["pos"], &["pos_f"], vec![attr::int("to", DataType::Float as i64)]);
+    b.node("Unsqueeze", "unsq", &["pos_f", "axes"], &["pos_col"], vec![]);
+    b.node("MatMul", "angle_mm", &["pos_col", "inv_freq"], &["angle"], vec![]);
+    b.node("Sin", "sin", &["angle"], &["sin_out"], vec![]);
+    b.node("Cos", "cos", &["angle"], &["cos_out"], vec![]);
+    b.output("sin_out", DataType::Float);
+    b.output("cos_out", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let pos = layerwise_runtime::Tensor::new(vec![64], layerwise_model::TensorData::I64((4000..4064).collect()));
+    layerwise_runtime::npy::write_npz(&dir.path().join("pos.npz"), &[("pos", &pos)]).unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "pos.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "diverged: {t}");
+    let report = json(&dir.path().join("r.json"));
+    let fd = &report["verdict"]["first_divergent"];
+    assert_eq!(
+        (fd["node"].as_str(), fd["cause"]["kind"].as_str()),
+        (Some("pos_cast"), Some("periodic_argument")),
+        "{t}"
+    );
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("FP16's step is 2") && detail.contains("stored again at 'angle' (angle_mm, MatMul, step 2)"),
+        "{detail}"
+    );
+    let checks = report["counterfactual"]["checks"].as_array().unwrap();
+    let path = checks.iter().find(|c| c["node"] == "pos_cast").unwrap();
+    assert_eq!(path["kept"], serde_json::json!(["pos_cast", "unsq", "angle_mm", "sin", "cos"]), "{t}");
+    assert_eq!(path["fixes"], true, "{t}");
+    // The angle's own pattern (the MatMul with its Sin and Cos) kept alone leaves the Cast's rounding.
+    let angle_alone = checks.iter().find(|c| c["kept"].as_array().is_some_and(|k| !k.contains(&"pos_cast".into())));
+    assert!(angle_alone.is_some_and(|c| c["fixes"] == false), "{t}");
+    assert!(!t.contains("drift plus a sensitive consumer"), "{t}");
+    let out = layerwise(&["fix", "m.onnx", "--inputs", "pos.npz", "--json", "f.json"], dir.path());
+    let f = json(&dir.path().join("f.json"));
+    assert_eq!(f["status"], "fixed", "{}", text(&out));
+    assert_eq!(f["keep_fp32"], path["kept"], "{}", text(&out));
+}

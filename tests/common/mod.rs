@@ -294,3 +294,38 @@ pub fn fp16_islands(blocks: usize) -> ModelProto {
     b.output(&prev, DataType::Float);
     b.build()
 }
+
+/// y = A(x) - B(x), where A and B are chains of six 16x16 MatMuls whose weights differ by about
+/// 0.2%: y is a hundredth of what each chain computes, and it moves with every weight of both, so
+/// one FP16 rounding of the weights moves it about as much as the FP16 candidate does. An output
+/// ill-conditioned in its weights: no small keep list can fix it (keeping both chains whole is no
+/// small list). Gaussian weights (std 1/4) from a fixed xorshift seed: the same model every run.
+pub fn ill_conditioned_branches() -> ModelProto {
+    let n = 16;
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    };
+    let mut gaussian = move || (-2.0 * uniform().ln()).sqrt() * (std::f64::consts::TAU * uniform()).cos();
+    let weights: Vec<Vec<f64>> = (0..6).map(|_| (0..n * n).map(|_| gaussian() * 0.25).collect()).collect();
+    let mut b = ModelBuilder::new("ill-conditioned", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(n as i64)]);
+    let mut ends = Vec::new();
+    for (branch, delta) in [("a", 0.0), ("b", 2e-3)] {
+        let mut current = "x".to_string();
+        for (k, base) in weights.iter().enumerate() {
+            let w: Vec<f32> = base.iter().map(|v| (v + delta * gaussian() * 0.25) as f32).collect();
+            let (weight, out) = (format!("{branch}_w{k}"), format!("{branch}_h{k}"));
+            b.initializer(f32_tensor(&weight, &[n as i64, n as i64], &w));
+            b.node("MatMul", &format!("{branch}/mm{k}"), &[&current, &weight], &[&out], vec![]);
+            current = out;
+        }
+        ends.push(current);
+    }
+    b.node("Sub", "difference", &[&ends[0], &ends[1]], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}

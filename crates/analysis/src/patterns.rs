@@ -10,7 +10,7 @@ use serde::Serialize;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Pattern {
     /// `decomposed_layernorm`, `decomposed_softmax`, `softmax`, `conv_batchnorm`, `periodic_argument`,
-    /// `offset_and_back`, `integer_from_float`, or `node`.
+    /// `offset_and_back`, `storage_path`, `integer_from_float`, or `node`.
     pub kind: &'static str,
     /// Node names in topological order.
     pub nodes: Vec<String>,
@@ -51,6 +51,14 @@ pub fn keep_pattern(
     fp16: bool,
 ) -> Pattern {
     let mut pattern = pattern_of(index, node);
+    // A storage loss: the nodes whose storage the error needs too (the path to the node that
+    // shows the loss, its pattern, a cancellation's other operands), kept together.
+    if let Some(fd) = verdict.first_divergent.as_ref().filter(|fd| fd.node == node && !fd.keep_with.is_empty()) {
+        let shown = fd.keep_with.iter().map(|n| pattern_of(index, n)).find(|p| p.kind != "node");
+        let nodes: Vec<usize> =
+            pattern.nodes.iter().chain(&fd.keep_with).filter_map(|n| Some(index.node(n)?.topo_index)).collect();
+        pattern = make(index, shown.map_or("storage_path", |p| p.kind), nodes);
+    }
     let underflowed = verdict
         .first_divergent
         .as_ref()

@@ -31,8 +31,24 @@ const ABSOLUTE: &[&str] = &[
     "Gather",
     "Cast",
 ];
-/// Ops that pass an operand's relative error on unchanged.
-const RELATIVE: &[&str] = &["Mul", "Div"];
+/// Ops that pass an operand's relative error on (a matrix product of positions by frequencies
+/// carries the positions' rounding into the angle).
+const RELATIVE: &[&str] = &["Mul", "Div", "MatMul", "Gemm"];
+/// Ops among [`ABSOLUTE`] that move or retype values without computing: storing their output
+/// again rounds nothing new once the value is rounded, so they are not named as roundings.
+const MOVES: &[&str] = &[
+    "Reshape",
+    "Transpose",
+    "Identity",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Expand",
+    "Concat",
+    "Slice",
+    "Gather",
+    "Cast",
+];
 
 /// How many of the format's steps at a value's magnitude its stored error may span and still be
 /// that storage's rounding (the value's own rounding and its inputs').
@@ -61,9 +77,10 @@ pub(crate) fn origin<'a>(
     if !matches!(consumer.cause.best.kind, CauseKind::Cancellation | CauseKind::PeriodicArgument) {
         return None;
     }
-    let mut lossy = InputView::of(index, comparison, index.node(&consumer.node)?).worst()?;
+    let consumer_node = index.node(&consumer.node)?;
+    let mut lossy = InputView::of(index, comparison, consumer_node).worst()?;
     let mut steps = vec![lossy];
-    let (node, inputs) = loop {
+    loop {
         let producer = index.producer(&lossy.name)?;
         let inputs = InputView::of(index, comparison, producer);
         if !inputs.unseen.is_empty() {
@@ -74,15 +91,50 @@ pub(crate) fn origin<'a>(
                 lossy = input;
                 steps.push(input);
             }
-            _ => break (producer, inputs),
+            _ => break,
         }
-    };
+    }
     let arithmetic = candidate.arithmetic.storage();
+    // The storage step of each tensor on the path (consumer's input first): the last one's
+    // producer introduced the error; a later node that stores the value with a step as coarse
+    // rounds it again, and one with a much coarser step is where the information is lost (a
+    // product stored at 1,000 after a value stored at 1).
+    let spacing = |t: &TensorRecord| arithmetic.spacing(t.metrics.compared_max_abs());
+    let computes = |t: &TensorRecord| index.producer(&t.name).is_some_and(|p| !MOVES.contains(&p.op_type.as_str()));
+    let last = steps.len() - 1;
+    let coarsest = steps
+        .iter()
+        .enumerate()
+        .filter(|(i, t)| *i == last || computes(t))
+        .filter_map(|(_, t)| spacing(t))
+        .fold(0.0, f64::max);
+    let needed = |t: &TensorRecord| spacing(t).is_some_and(|s| s >= 0.25 * coarsest);
+    // The earliest storage on the path that the error needs: the information's origin.
+    let at = (0..steps.len()).rev().find(|&i| (i == last || computes(steps[i])) && needed(steps[i]))?;
+    steps.truncate(at + 1);
+    let lossy = steps[at];
+    let node = index.producer(&lossy.name)?;
+    let inputs = InputView::of(index, comparison, node);
     let (magnitude, lost) = (lossy.metrics.compared_max_abs(), lossy.metrics.max_abs_err);
     let step = arithmetic.spacing(magnitude)?;
     if lossy.metrics.nonfinite_mismatch > 0 || lost > STEPS * step {
         return None;
     }
+    // Every other storage the error needs, each kept with the origin: the path's later ones, and
+    // the other operands of a cancelling Add or Sub stored at a step as coarse (both sides of a
+    // difference of large values round).
+    let again: Vec<&TensorRecord> = steps[..at].iter().copied().filter(|t| computes(t) && needed(t)).collect();
+    let operands: Vec<&TensorRecord> = if consumer.cause.best.kind == CauseKind::PeriodicArgument {
+        Vec::new()
+    } else {
+        consumer_node
+            .inputs
+            .iter()
+            .filter(|t| **t != steps[0].name && !index.is_constant_like(t))
+            .filter_map(|t| comparison.get(t))
+            .filter(|t| computes(t) && needed(t))
+            .collect()
+    };
     let format = arithmetic.name();
     let mut stored =
         format!("it is off by up to {lost:.3e} (measured), a relative L2 of only {:.2e}", lossy.error_level());
@@ -106,7 +158,45 @@ pub(crate) fn origin<'a>(
             step_text(step / 2.0)
         ));
     }
-    let then = consumer_outcome(consumer);
+    let mut then = consumer_outcome(consumer);
+    let named = |t: &&TensorRecord| {
+        let producer = index.producer(&t.name).map_or("?", |p| p.name.as_str());
+        let op = index.producer(&t.name).map_or("?", |p| p.op_type.as_str());
+        format!("'{}' ({producer}, {op}, step {})", t.name, spacing(t).map_or("?".into(), step_text))
+    };
+    if !again.is_empty() {
+        then.push_str(&format!(
+            "; on the way there it is stored again at {}, a rounding as coarse",
+            again.iter().map(named).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    if !operands.is_empty() {
+        then.push_str(&format!(
+            "; its other operand {} is stored as coarsely, and rounds too",
+            operands.iter().map(named).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    // What the fix keeps with the origin: the path to the consumer, the consumer's own pattern,
+    // and the producers of the other operands the error needs.
+    let mut keep_with: Vec<String> =
+        steps[..at].iter().filter_map(|t| Some(index.producer(&t.name)?.name.clone())).collect();
+    keep_with.extend(crate::patterns::pattern_of(index, &consumer.node).nodes);
+    keep_with.push(consumer.node.clone());
+    keep_with.extend(operands.iter().filter_map(|t| Some(index.producer(&t.name)?.name.clone())));
+    if !again.is_empty() || !operands.is_empty() {
+        then.push_str(&format!(
+            ": each storage alone leaves the others', so '{}' is kept with {}",
+            node.name,
+            keep_with
+                .iter()
+                .filter(|n| **n != node.name)
+                .map(|n| format!("'{n}'"))
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
     // What an Add or Sub adds, where it is much smaller than the result: the operand it absorbs.
     let added = ["Add", "Sub"]
         .contains(&node.op_type.as_str())
@@ -166,6 +256,7 @@ pub(crate) fn origin<'a>(
             best: Mechanism { kind, weight: None, explains: consumer.cause.best.explains, detail },
             alternatives: Vec::new(),
         },
+        keep_with,
     };
     Some((steps, finding))
 }

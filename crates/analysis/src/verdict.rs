@@ -212,6 +212,12 @@ pub struct FirstDivergent {
     pub output_error: f64,
     pub evidence: Evidence,
     pub cause: Cause,
+    /// For information lost in a storage rounding (absorption, cancellation, a periodic argument):
+    /// the nodes kept at reference precision with this one, because the error needs their storage
+    /// too: the path to the node that shows the loss (the Sub that cancels, the Sin or Cos), that
+    /// node's pattern, and the producers of a cancellation's other large operands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep_with: Vec<String>,
 }
 
 /// Where the walk cannot see further back: a node on the error's path whose data inputs were not

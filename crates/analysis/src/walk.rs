@@ -176,6 +176,7 @@ pub fn judge_node(
         candidate,
     ));
     Some(FirstDivergent {
+        keep_with: Vec::new(),
         node: node.name.clone(),
         op_type: node.op_type.clone(),
         tensor: output.name.clone(),
