@@ -14,6 +14,7 @@ use super::compare::{Compared, Job};
 use super::names::reference_of;
 use super::noise_floor::{noise_floor, FloorPlan};
 use super::options::{self, check_outputs, BisectOptions, BisectOutcome, Marking, CANCEL};
+use super::plain_reference;
 use super::steps::Steps;
 use super::{conclusions, counterfactual, isolate, quantizers, repro, samples, search, setup};
 
@@ -295,7 +296,29 @@ fn run_bisect(
     layerwise_runtime::timing_mark(|| "sample chosen".into());
     // 5-7. After the walk: noise floor, isolation, counterfactual.
     let mut verdict = chosen.verdict.clone();
-    let conclusions = after_walk(&mut job, &feeds, &chosen.compared, &mut verdict, &mut steps, &mut extras)?;
+    // The model run as deployed (outputs only), once: the check that the reference is the model,
+    // and the reference's outputs for the noise floor and every counterfactual check.
+    let reference_outputs = if options.reference.is_saved() {
+        None
+    } else {
+        Some(
+            steps
+                .run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())))?,
+        )
+    };
+    let not_the_model = reference_outputs.as_ref().and_then(|plain| {
+        plain_reference::conclusion(&plain_reference::differences(&job.index, &chosen.compared.comparison, plain))
+    });
+    let mut conclusions = after_walk(
+        &mut job,
+        &feeds,
+        &chosen.compared,
+        &mut verdict,
+        reference_outputs.as_ref(),
+        &mut steps,
+        &mut extras,
+    )?;
+    conclusions.splice(0..0, not_the_model);
     if let Some(dir) = &options.repro {
         extras.repro = Some(steps.run("writing the repro", || repro::write_repro(&mut job, &feeds, &verdict, dir))?);
     }
@@ -549,6 +572,7 @@ fn after_walk(
     feeds: &[(String, Tensor)],
     compared: &Compared,
     verdict: &mut Verdict,
+    reference_outputs: Option<&layerwise_runtime::RunOutput>,
     steps: &mut Steps,
     extras: &mut Extras,
 ) -> Result<Vec<String>> {
@@ -570,13 +594,6 @@ fn after_walk(
     let counterfactual_runs = options.counterfactual
         && !other_branches
         && (job.judging.precision() == Precision::Fp16 || options.candidate.is_emulation() || quantized);
-    // The reference's outputs, once, for the noise floor and every counterfactual check, and only
-    // when one of them runs.
-    let reference_outputs = if options.reference.is_saved() || !(options.noise_floor || counterfactual_runs) {
-        None
-    } else {
-        Some(steps.run("running the reference (outputs)", || job.run_reference(feeds, &Selection::Names(Vec::new())))?)
-    };
     // The floor's inputs, worked out before anything runs.
     // A quantized candidate's floor is one step of each of its quantizers, on the reference's
     // tensors (the matching's pairs, read backwards).
@@ -604,7 +621,7 @@ fn after_walk(
             conclusions.push(why);
             None
         }
-        Some(Ok(plan)) => match &reference_outputs {
+        Some(Ok(plan)) => match reference_outputs {
             Some(reference) => {
                 let (exact, told_apart) = setup::weights_kept_float32(job.model, job.cand_model.as_ref());
                 // A quantized candidate's floor moves its quantizers, not float weights by name.
@@ -667,7 +684,7 @@ fn after_walk(
             } else {
                 None
             };
-            let counterfactual = match (counterfactual_runs, &reference_outputs) {
+            let counterfactual = match (counterfactual_runs, reference_outputs) {
                 (true, Some(reference)) => steps.run("counterfactual runs (the noise floor beside)", || {
                     counterfactual::counterfactual(
                         job,
@@ -749,7 +766,7 @@ fn after_walk(
             Some(steps.run("running chain nodes alone", || Ok(isolate_or_skipped(job, feeds, compared, verdict)))?);
     }
     if counterfactual_runs {
-        if let Some(reference) = &reference_outputs {
+        if let Some(reference) = reference_outputs {
             let measured = steps.run("counterfactual runs", || {
                 counterfactual::counterfactual(
                     job,

@@ -13,6 +13,7 @@ mod names;
 pub mod noise_floor;
 mod options;
 mod paired;
+mod plain_reference;
 pub(crate) mod quantizers;
 pub mod repro;
 mod samples;
