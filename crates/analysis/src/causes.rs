@@ -58,7 +58,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: STORAGE, detect: weight_overflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: underflow },
     CauseRule { applies_to: &[Numerics::Fp16], detect: accumulator_overflow },
-    CauseRule { applies_to: &[Numerics::Fp16], detect: value_overflow },
+    CauseRule { applies_to: STORAGE, detect: value_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
     CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
@@ -649,21 +649,33 @@ fn accumulator_overflow(s: &Site) -> Option<Mechanism> {
 }
 
 /// The reference output itself is beyond FP16's range.
-fn exceeds_fp16_range(s: &Site) -> bool {
-    s.candidate.computes_in(Numerics::Fp16) && (s.m().ref_fp16_overflow > 0 || s.m().ref_max_abs > FP16_MAX as f64)
+/// Whether the reference's output reaches beyond what the candidate's storage holds: stored, it
+/// becomes inf (FP16 beyond 65504; BF16 from float32's largest values, e.g. finfo.min as a mask).
+fn exceeds_storage_range(s: &Site) -> bool {
+    match s.candidate.arithmetic.storage() {
+        Precision::Fp16 => s.m().ref_fp16_overflow > 0 || s.m().ref_max_abs > FP16_MAX as f64,
+        Precision::Bf16 => half::bf16::from_f64(s.m().ref_max_abs).is_infinite(),
+        Precision::Fp32 => false,
+    }
 }
 
 fn value_overflow(s: &Site) -> Option<Mechanism> {
-    if !(s.non_finite() && exceeds_fp16_range(s)) {
+    if !(s.non_finite() && exceeds_storage_range(s)) {
         return None;
     }
+    let storage = s.candidate.arithmetic.storage();
+    let max = match storage {
+        Precision::Bf16 => format!("{:.4e}", half::bf16::MAX.to_f64()),
+        Precision::Fp16 | Precision::Fp32 => FP16_MAX.to_string(),
+    };
     mechanism(
         CauseKind::ValueOverflow,
         Some(1.0),
         format!(
-            "{} output reaches {:.4e} in the reference, beyond the FP16 maximum {FP16_MAX}: {} values become inf/NaN",
+            "{} output reaches {:.4e} in the reference, beyond the {} maximum {max}: {} values become inf/NaN",
             s.op,
             s.m().ref_max_abs,
+            storage.name(),
             s.m().nonfinite_mismatch
         ),
     )
@@ -671,7 +683,7 @@ fn value_overflow(s: &Site) -> Option<Mechanism> {
 
 /// inf/NaN from finite inputs that no overflow of the stored value explains (0/0, log 0).
 fn non_finite_produced(s: &Site) -> Option<Mechanism> {
-    if !s.non_finite() || exceeds_fp16_range(s) || s.carries_input_nonfinite() || s.reads_nonfinite_weight() {
+    if !s.non_finite() || exceeds_storage_range(s) || s.carries_input_nonfinite() || s.reads_nonfinite_weight() {
         return None;
     }
     let (reference, candidate) = s.m().nonfinite_counts();
@@ -710,7 +722,7 @@ fn non_finite_produced(s: &Site) -> Option<Mechanism> {
 /// from here on: an integer quantizer has no code for them, so the candidate holds finite values
 /// where the reference holds inf/NaN. Neither side's arithmetic makes them.
 fn non_finite_input(s: &Site) -> Option<Mechanism> {
-    if !s.non_finite() || exceeds_fp16_range(s) || !s.carries_input_nonfinite() {
+    if !s.non_finite() || exceeds_storage_range(s) || !s.carries_input_nonfinite() {
         return None;
     }
     let inputs = s.nonfinite_inputs();

@@ -65,7 +65,8 @@ impl WalkRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CauseKind {
-    /// The reference value exceeds the FP16 range at this node: the candidate overflows to inf.
+    /// The reference value exceeds the candidate storage's range at this node (FP16's 65504,
+    /// BF16's 3.3895e38): the candidate overflows to inf.
     ValueOverflow,
     /// A weight the node reads is out of FP16 range (inf after conversion).
     WeightOverflow,

@@ -133,3 +133,26 @@ fn an_fp16_softplus_of_small_outputs_is_the_kernels_rounding() {
     assert_eq!((node, kind), ("softplus", CauseKind::KernelRounding), "{detail}");
     assert!(detail.contains("ln(1 + exp(x))"), "{detail}");
 }
+
+/// An additive mask filled with float32's lowest value (finfo.min, as T5's decoder makes it):
+/// BF16 has float32's exponents but rounds -3.4028e38 to -inf, beyond its largest finite
+/// -3.3895e38. The ConstantOfShape is a value overflow of BF16's range, not a node that "turns
+/// finite inputs into inf/NaN" (its input is a shape).
+#[test]
+fn finfo_min_stored_in_bf16_is_a_value_overflow() {
+    let mut b = ModelBuilder::new("synthetic", 17);
+    b.input("shape", DataType::Int64, &[Dim::from(1)]);
+    b.node("ConstantOfShape", "mask_fill", &["shape"], &["mask"], vec![]);
+    b.output("mask", DataType::Float);
+    let lowest = f32::MIN;
+    let v = walk(
+        b.build(),
+        &[("mask", vec![lowest; 4], vec![f32::NEG_INFINITY; 4])],
+        Candidate { arithmetic: Arithmetic::BF16, atol: 8e-4 },
+        WalkRule::BF16,
+        Tolerance::BF16,
+    );
+    let (node, kind, detail) = first(&v);
+    assert_eq!((node, kind), ("mask_fill", CauseKind::ValueOverflow), "{detail}");
+    assert!(detail.contains("beyond the BF16 maximum 3.3895e38"), "{detail}");
+}
