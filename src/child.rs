@@ -1,6 +1,6 @@
 //! Child processes layerwise starts (the load check, a data loader's Python) end with it: an
 //! interrupted `fix` left its `check-load` child running, with its scratch folder, after the
-//! parent had exited (found by the independent tester). On Linux the kernel sends the child
+//! parent had exited. On Linux the kernel sends the child
 //! SIGTERM when layerwise ends, which the child's own handler turns into a clean exit (its
 //! temporary files removed).
 

@@ -3,8 +3,7 @@
 
 /// Writes a line of the terminal summary to stdout. A reader that went away (`layerwise ... | head`)
 /// is no failure of layerwise's: the work and its files are still done, the rest of the summary is
-/// not printed, and the exit status is the run's (`println!` panicked there, found by an
-/// independent tester).
+/// not printed, and the exit status is the run's (`println!` would panic there).
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -791,8 +790,8 @@ fn run_merge(args: MergeArgs) -> Result<u8> {
     let outputs = args.formats.outputs(Some(args.json));
     let mut partials: Vec<(&str, &std::path::Path)> =
         args.partials.iter().map(|p| ("a partial report", p.as_path())).collect();
-    // The model the partial reports name, and its external data, are inputs too (found by the
-    // independent tester: `merge ... --json w.data` replaced the model's weights).
+    // The model the partial reports name, and its external data, are inputs too (`merge ... --json
+    // w.data` replaced the model's weights).
     let mut models = Vec::new();
     for p in &args.partials {
         if let Ok(report) = layerwise_report::read_report(p) {
@@ -835,8 +834,8 @@ fn models_of_report(
             named.push(("the fixed model", m.as_str()));
         }
     }
-    // The keep list written beside the fixed model is the fix's too (found by the independent
-    // tester: `report --fix --markdown FIXED.keep-fp32.json` replaced it).
+    // The keep list written beside the fixed model is the fix's too (`report --fix --markdown
+    // FIXED.keep-fp32.json` replaced it).
     let keep_lists: Vec<String> = fix
         .and_then(|f| f.fixed_model.as_ref())
         .map(|m| crate::fix::keep_list_path(std::path::Path::new(m)).display().to_string())
@@ -928,8 +927,7 @@ fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
         say!("{what}: {}", shown(path.display()));
     }
     // A folder name no pasted command can hold (control characters) gets no command to paste.
-    // A relative path starting with `-` would be read as an option: `./` first (found by the
-    // independent tester: `--out-dir=-rf`).
+    // A relative path starting with `-` would be read as an option: `./` first (`--out-dir=-rf`).
     let pasted = if model_path.is_relative() && model_path.display().to_string().starts_with('-') {
         std::path::Path::new(".").join(&model_path)
     } else {

@@ -2,7 +2,7 @@
 
 fn main() -> std::process::ExitCode {
     // The load check runs this very executable, whatever its file is named: a file called
-    // `layerwise` beside a renamed copy is not ours to run (found by an independent tester).
+    // `layerwise` beside a renamed copy is not ours to run.
     // On Linux, /proc/self/exe is the running image itself, even where the file was replaced or
     // deleted since it started (an upgrade during a long `fix`).
     let running = std::path::Path::new("/proc/self/exe");

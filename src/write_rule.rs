@@ -1,4 +1,4 @@
-//! The one rule for every path layerwise writes (issue 37): it never deletes, replaces or writes
+//! The one rule for every path layerwise writes: it never deletes, replaces or writes
 //! into anything it did not create in this run, unless the user names that exact file as an
 //! output and it is nothing the run reads (a model, its external data, samples, a data-loader
 //! script, a saved run, a report being rendered). Folders it fills must be new or empty.

@@ -1,4 +1,4 @@
-//! Issue 5: search marking, introduced vs propagated error, counterfactual checks, memory
+//! Search marking, introduced vs propagated error, counterfactual checks, memory
 //! budget splits and many samples. End to end through ONNX Runtime (found or pip-fetched).
 
 use crate::common;

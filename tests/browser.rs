@@ -76,7 +76,7 @@ fn html_report_renders_in_chromium() {
     assert!(png.starts_with(b"\x89PNG") && png.len() > 50_000, "screenshot too small: {} bytes", png.len());
 }
 
-/// Issue "a newcomer's day", item 2: in a notebook the report and the fix report stay legible.
+/// In a notebook the report and the fix report stay legible.
 /// Jupyter's own CSS right-aligns every table cell (`.jp-RenderedHTMLCommon td`); inside such a
 /// cell container, as a notebook shows `_repr_html_`, the text columns of both stay left-aligned.
 /// The screenshot is kept in target/test-output/notebook.png.

@@ -201,7 +201,7 @@ fn an_angle_computed_from_stored_positions_is_named_not_called_ill_conditioned()
 /// and the angles again in the MatMul. The Cast is the first divergent layer (the MatMul only
 /// carries its error), the MatMul's storage is named as the second rounding, and the path from
 /// the Cast to the Sin and Cos is kept whole: that removes the error, where keeping the angle's
-/// own pattern alone leaves it (issue 51, item 3: the angle's MatMul was named, keeping it removed
+/// own pattern alone leaves it (the angle's MatMul was named, keeping it removed
 /// 32%, and the verdict ended in "drift plus a sensitive consumer").
 #[test]
 fn cast_positions_and_the_angle_are_two_roundings_kept_as_one_path() {

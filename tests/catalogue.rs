@@ -1,4 +1,4 @@
-//! The malformed-input catalogue (issue 7): every case exits 2 with its specific message, writes
+//! The malformed-input catalogue: every case exits 2 with its specific message, writes
 //! no report and leaves the input untouched. tests/cli.rs holds the first cases (missing, text,
 //! truncated, non-model files, missing external data, unresolved and mismatched input shapes,
 //! npz problems, bad backend specs, unknown tensors, a missing report folder); these are the rest.
@@ -181,7 +181,7 @@ fn malformed_inputs_each_get_their_own_error() {
         &["bisect", &dynm, "--input-shape", "x:4611686018427387904x4", "--input-shape", "ids:4611686018427387904"],
         "is too large to hold",
     );
-    // Found by the independent tester: a repeated option lost silently to the first; a zero
+    // A repeated option lost silently to the first; a zero
     // dimension gave a PASS with nothing compared.
     c.case(
         &["bisect", &dynm, "--input-shape", "x:2x4", "--input-shape", "x:3x4", "--input-shape", "ids:2"],

@@ -256,7 +256,7 @@ fn convert_writes_a_runnable_fp16_model_and_refuses_bad_requests() {
         "node 'nope' does not exist",
     );
     refuse(&["convert", &case.p("ext.onnx"), "--to", "int8", "-o", &case.p("x.onnx")], "invalid value 'int8'");
-    // An op type the model has no node of was ignored (exit 0, found by the independent tester).
+    // An op type the model has no node of was ignored (exit 0).
     refuse(
         &["convert", &case.p("ext.onnx"), "--keep-fp32-op", "Softmax,Bogus", "-o", &case.p("x.onnx")],
         "no node of op type 'Bogus'",
@@ -299,7 +299,7 @@ fn fix_exit_codes_and_outputs() {
     assert_eq!(same.status.code(), Some(2), "{}", text(&same));
 }
 
-/// Issue "a newcomer's day", item 3: a model saved by a newer onnx package (IR version 14) whose
+/// A model saved by a newer onnx package (IR version 14) whose
 /// opsets ONNX Runtime supports runs, given to ONNX Runtime as IR version 13, and the report says
 /// so; an opset ONNX Runtime does not support is refused with what the model imports and what ONNX
 /// Runtime supports, not ONNX Runtime's raw message.
@@ -329,7 +329,7 @@ fn a_newer_ir_version_is_lowered_where_every_opset_is_supported() {
     assert!(text(&out).contains("imports ai.onnx opset 28 (IR version 14); ONNX Runtime 1.31.1, which layerwise runs, supports ai.onnx opsets up to 26"), "{}", text(&out));
 }
 
-/// Issue "a newcomer's day", item 3: inputs full of NaN are said in the verdict, not passed over;
+/// Inputs full of NaN are said in the verdict, not passed over;
 /// an --input-shape that contradicts the file giving that input is refused, not ignored.
 #[test]
 fn nan_inputs_are_said_and_a_conflicting_input_shape_is_refused() {
@@ -407,8 +407,8 @@ fn inputs_too_small_for_a_convolution_are_refused_without_a_panic() {
     }
 }
 
-/// No output replaces the input model's external data file (found by the independent tester:
-/// `convert m.onnx -o m.weights` destroyed the model it read).
+/// No output replaces the input model's external data file (`convert m.onnx -o m.weights` destroyed
+/// the model it read).
 #[test]
 fn no_output_replaces_the_models_external_weights() {
     let dir = tempfile::tempdir().unwrap();
@@ -436,8 +436,7 @@ fn no_output_replaces_the_models_external_weights() {
         assert_refused(&out, args, "would overwrite the input model's external data");
         assert_eq!(std::fs::read(dir.path().join("m.weights")).unwrap(), before, "{args:?}");
     }
-    // Rendering the report later knows the model from the report (found by the independent
-    // tester: `report r.json --html w.data` destroyed the model).
+    // Rendering the report later knows the model from the report (`report r.json --html w.data` destroyed the model).
     let made = layerwise(&["bisect", "m.onnx", "--json", "r.json"], dir.path());
     assert!(made.status.code().is_some_and(|c| c <= 1), "{}", text(&made));
     let model_before = std::fs::read(dir.path().join("m.onnx")).unwrap();
@@ -484,7 +483,7 @@ fn reports_written_to_a_device_leave_the_device_in_place() {
 
 /// A Constant whose tensor is external data (what `onnx.save_model(..., save_as_external_data=True,
 /// size_threshold=0)` writes for Constants in functions, or with `convert_attribute=True`) is read
-/// from the model's folder, not the working folder (found by the independent tester: run from a
+/// from the model's folder, not the working folder (run from a
 /// folder holding another `w.data`, the reference computed with that file's values).
 #[test]
 fn an_external_constant_is_read_from_the_models_folder() {
@@ -540,7 +539,7 @@ fn an_external_constant_is_read_from_the_models_folder() {
 }
 
 /// `layerwise convert ... | head`: a reader that goes away before the summary is printed made
-/// `println!` panic (exit 101 and a backtrace; found by an independent tester). The run finishes,
+/// `println!` panic (exit 101 and a backtrace). The run finishes,
 /// writes its file and exits with its own status.
 #[test]
 fn a_closed_stdout_is_no_panic_and_the_work_is_still_done() {
@@ -581,7 +580,7 @@ fn batch_is_refused_where_the_sides_do_not_run_on_one_gpu() {
             && t.contains("here --ref ort:cpu and --cand sim:fp16"),
         "{t}"
     );
-    // One sample, or random inputs: refused alike (found by the independent tester, stop 49: it
+    // One sample, or random inputs: refused alike (it
     // was ignored there).
     for one in [&["--inputs", "samples/s0.npz"][..], &[][..]] {
         let out = layerwise(&[&["bisect", "m.onnx", "--batch", "2"][..], one].concat(), dir.path());

@@ -357,7 +357,7 @@ fn outer_tensor_read_on_both_sides_of_an_if() -> ModelProto {
     b.build()
 }
 
-/// Found by the independent tester: the Cast of an outer tensor to FP16 was added under one name
+/// The Cast of an outer tensor to FP16 was added under one name
 /// in the main graph and again inside the branch, a model ONNX Runtime refuses ("used as output
 /// names multiple times"); `convert` wrote it and `fix` said FIXED.
 #[test]
@@ -378,7 +378,7 @@ fn an_outer_tensor_read_inside_and_outside_a_branch_converts_to_a_model_that_loa
     assert!(matches!(out.status.code(), Some(0 | 1)), "ONNX Runtime runs the fixed model: {}", text(&out));
 
     // The tensor a branch reads is also a graph output: its Cast back to float32 for the output
-    // and the one for the branch were two nodes of one name (found by the independent tester).
+    // and the one for the branch were two nodes of one name.
     let dims = [Dim::from(1), Dim::from(4)];
     let mut b = ModelBuilder::new("output_read_by_a_branch", 17);
     b.input("x", DataType::Float, &dims);
@@ -455,7 +455,7 @@ fn samples_that_take_different_branches_leave_the_if_and_the_verdict_says_what_i
     }
 }
 
-/// Found by the independent tester: a Loop left as it is, whose body reads an outer weight and
+/// A Loop left as it is, whose body reads an outer weight and
 /// overflows FP16, got NOT FIXED "ill-conditioned" although keeping the Loop fixes it: the
 /// emulation still rounded the outer weight the kept body reads, and no run kept the Loop.
 #[test]
@@ -525,7 +525,7 @@ fn a_loop_left_as_it_is_is_kept_whole_with_the_outer_weights_it_reads() {
     );
 }
 
-/// Found by the independent tester (silero_vad over 16 kHz and 8 kHz samples): an If kept for
+/// An If kept for
 /// samples that take different branches was "kept in FP32" with its branch weights still rounded,
 /// so `fix` said that even keeping everything fails. Kept, an If is FP32 whole, in the emulation
 /// and in the written model. Here the then-branch scales by 70000 (beyond FP16) and back.
@@ -653,7 +653,7 @@ fn squares_in_a_loop_and_a_scan() -> (ModelProto, ModelProto) {
     (looped, b.build())
 }
 
-/// Found by the independent tester: `fix` searched the unrolled model and then could not write
+/// `fix` searched the unrolled model and then could not write
 /// its keep list (`scan/iter0/sq`, `loop/scan0/unsqueeze0` are no nodes of the model written).
 #[test]
 fn fix_writes_loop_and_scan_models_whose_keep_list_names_unrolled_nodes() {
@@ -765,8 +765,7 @@ fn a_scan_is_unrolled_into_its_steps_and_computes_what_the_scan_does() {
     assert_eq!(saved("unrolled", "ys").shape, vec![12, 4]);
 }
 
-/// Found by the independent tester (openwakeword's hey_jarvis in FP16, an input that moves its If's
-/// condition): a `--cand-model` that takes the other branch. Its output was paired with the
+/// A `--cand-model` that takes the other branch. Its output was paired with the
 /// tensor the reference's branch passes on (an Identity of a main-graph tensor), which the
 /// candidate also computes: the two outputs were never compared, and a model that computes
 /// something else passed. The output is compared as it is, and the verdict says the branches
@@ -897,7 +896,7 @@ fn overflow_through_an_if_output(nested: bool) -> ModelProto {
     b.build()
 }
 
-/// Found by the independent tester on silero-vad 5.1.2 with an input beyond FP16: `fix` found a
+/// `fix` found a
 /// keep list on the inlined model that names an If's hand-over node (`If/output0`), and then could
 /// not write it ("does not exist in the main graph"). The written file keeps the branch's node in
 /// FP32 inside the branch, loads, and passes in its own types; the If's float32 interface is the

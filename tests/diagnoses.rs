@@ -251,8 +251,8 @@ fn difference_of_large_products() -> ModelProto {
 /// product is kept with the other and the Add, with the weights only they read: that removes the
 /// error, and `fix` writes those 3 nodes FIXED in the written model's own types. This model used
 /// to be called ill-conditioned ("no small keep list can exist"), because the keep pattern held the
-/// named node alone and the floor rounded the weights the 3-node list keeps exact (issue 51, item 3:
-/// every rounding the error needs is named and kept together).
+/// named node alone and the floor rounded the weights the 3-node list keeps exact (every
+/// rounding the error needs is now named and kept together).
 #[test]
 fn a_difference_of_two_large_products_keeps_both_and_is_no_ill_conditioned_output() {
     let dir = tempfile::tempdir().unwrap();
@@ -548,7 +548,7 @@ fn a_long_chain_runs_the_nodes_nearest_the_break_alone_and_says_which_it_did_not
     }
 }
 
-/// Issue 39, item 2: inf/NaN born at two independent places far apart (a Mul by 7e4 near the
+/// Inf/NaN born at two independent places far apart (a Mul by 7e4 near the
 /// input, another near the output), both reaching the output: the headline says both are needed,
 /// names each in graph order with its cause, and keeping them together is measured.
 /// Two origins far apart (see the test below); with `tail`, a node after their join whose
@@ -614,7 +614,7 @@ fn two_independent_overflows_are_both_named_and_kept_together_is_measured() {
         (summary.find("early/grow (Mul)").expect(summary), summary.find("late/grow (Mul)").expect(summary));
     assert!(early_at < late_at, "graph order: {summary}");
     // Each origin's cause: the weight 7e4, which is inf in FP16 before either Mul computes (the
-    // outputs' magnitude was given as the cause before; found by the independent tester).
+    // outputs' magnitude was given as the cause before).
     assert_eq!(
         summary.matches("weight 'big' has 1 of 1 values beyond the FP16 range").count(),
         2,

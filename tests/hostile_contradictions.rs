@@ -1,4 +1,4 @@
-//! Issue 37, "Contradictions": what one part of layerwise said against another.
+//! What one part of layerwise said against another.
 //!
 //! - D14: a graph input passed straight through as a graph output was left out of the comparison
 //!   (no run returns it), so `bisect` said PASS, `fix` said NOT FIXED ("'x' rel L2 nan") and wrote
@@ -288,7 +288,7 @@ fn an_output_listed_twice_is_named_once() {
     let said = text(&out);
     assert_eq!(out.status.code(), Some(1), "{said}");
     assert!(said.contains("VERDICT: DIVERGED - 1 of 1 outputs out of tolerance: 'y' (rel L2 inf)\n"), "{said}");
-    // The JSON lists it once too (found by the independent tester).
+    // The JSON lists it once too.
     let out = layerwise(&["bisect", "m.onnx", "--json", "r.json"], d);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     assert_eq!(json(&d.join("r.json"))["outputs"].as_array().unwrap().len(), 1);

@@ -1,4 +1,4 @@
-//! Names from a model are data in every medium layerwise writes (issue 37, D1-D3 and CSV): a model
+//! Names from a model are data in every medium layerwise writes (D1-D3 and CSV): a model
 //! whose node and tensor names carry shell, terminal, HTML, Markdown and spreadsheet payloads is
 //! run through `bisect` and `fix`, and each output is read back by a parser of its medium.
 
@@ -277,7 +277,7 @@ fn printed_trtexec_lines_paste_as_one_command_with_the_intended_arguments() {
     );
 }
 
-/// Found by the independent tester: GitHub renders Markdown with GFM's autolinks, so a name that
+/// GitHub renders Markdown with GFM's autolinks, so a name that
 /// looks like a URL, a `www.` domain or an email address became a link there (CommonMark, and so
 /// pulldown-cmark, leaves them as text), and `@name` or `#12` would notify a user or link an
 /// issue. Each such word is now a code span. Checked with comrak, a GFM renderer.

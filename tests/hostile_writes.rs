@@ -1,4 +1,4 @@
-//! Issue 37, "the user's files lost or changed": every path layerwise writes follows one rule
+//! Every path layerwise writes follows one rule
 //! (src/write_rule.rs). Each case failed on the code before it: the run deleted, replaced or
 //! wrote into something it had not created.
 
@@ -238,7 +238,7 @@ fn demo_refuses_a_folder_with_files_and_force_replaces_only_its_own() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
-/// Found by the independent tester on the first version of the rule: two folders layerwise fills
+/// Two folders layerwise fills
 /// named alike (`--save-tensors st --repro st`: the repro's inputs.npz replaced the saved run's),
 /// a report written into a samples folder (`--json smp/c.npz` broke the next run), the keep list
 /// beside a fixed model that `report --fix` names, and a demo folder starting with `-` (its

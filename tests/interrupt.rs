@@ -149,7 +149,7 @@ fn processes_with(needle: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Found by the independent tester: SIGINT to an interrupted `fix` alone (not its process group)
+/// SIGINT to an interrupted `fix` alone (not its process group)
 /// left its `check-load` child running after the parent had exited, with its scratch folder.
 /// The child now ends with its parent (Linux's parent-death signal), cleanly. The check is made to
 /// take 30 s by a test hook so that the interrupt lands while it runs.

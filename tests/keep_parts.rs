@@ -1,6 +1,6 @@
 //! An emulating candidate (sim:fp16) with a keep list, computed by re-running only what the keep
 //! list changes (in pieces, fed at their border with an earlier run's values), must give every
-//! tensor bit for bit as the whole model run with that keep list does (issue 38).
+//! tensor bit for bit as the whole model run with that keep list does.
 
 use std::collections::HashMap;
 

@@ -85,7 +85,7 @@ fn run_failing_at(args: &[&str], dir: &std::path::Path, levels: &str) -> std::pr
     c.output().unwrap()
 }
 
-/// Issue 39, item 3: a model within tolerance in FP16 whose written file ONNX Runtime's CPU
+/// A model within tolerance in FP16 whose written file ONNX Runtime's CPU
 /// provider fails to run at its default optimization level (as the ViT's FP16 Resize failed
 /// ScalesValidation at `all`) and runs at `extended`: `fix` said "NOT FIXED ... does not load" and
 /// `convert` "ONNX Runtime loads it". Both now say the same: it runs at `extended`, fails at

@@ -1,4 +1,4 @@
-//! Attention masks (issue 40): a score tensor masked with `finfo(float32).min` holds -3.4e38 on
+//! Attention masks: a score tensor masked with `finfo(float32).min` holds -3.4e38 on
 //! both sides, which no norm of its real values can be told from. Quantized by MinMax, the
 //! scores' quantizer spans the mask (scale 1.33e36): every real score rounds to one value and
 //! attention becomes uniform. The walk must see that the scores of the next layer are already off,

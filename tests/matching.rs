@@ -150,7 +150,7 @@ fn inserted_casts_and_a_removed_identity_do_not_break_the_matching() {
     assert!(compared(&r) * 10 >= total * 9, "{} of {total} tensors compared", compared(&r));
 }
 
-/// Issue "verdicts per precision", item 5: a twin that declares fewer inputs (a voice-activity
+/// A twin that declares fewer inputs (a voice-activity
 /// model's half-precision export takes `input, state`, its opset-15 sibling also `sr`). Each model
 /// gets the inputs it declares, the report notes the input fed to one side only, and an array
 /// neither declares is an error that names both models' inputs.

@@ -1,4 +1,4 @@
-//! Issue 38: the reference's optimized program built in pieces (crates/runtime/src/optimized_pieces.rs)
+//! The reference's optimized program built in pieces (crates/runtime/src/optimized_pieces.rs)
 //! computes every tensor bit for bit as the program ONNX Runtime optimizes whole computes it. Each
 //! model is optimized both ways (`LAYERWISE_OPTIMIZE_PIECE_NODES`: 0 whole, 50 in pieces), and the
 //! two programs run alone with optimizations disabled and paired in one session, every exposed

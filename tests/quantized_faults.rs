@@ -1,4 +1,4 @@
-//! Planted quantization faults (issue 40): each small Q/DQ model carries one fault, and the walk
+//! Planted quantization faults: each small Q/DQ model carries one fault, and the walk
 //! must name the node it breaks with the cause that explains it and the numbers that size it:
 //! a scale shrunk 16x (clipping, counted), one activation channel 1000x larger before a per-tensor
 //! quantizer (the step the outlier forces), a per-tensor weight with one channel 1000x larger

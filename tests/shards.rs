@@ -94,7 +94,7 @@ fn merge_refuses_an_incomplete_or_mixed_set_of_shards() {
     assert!(!dir.path().join("m.json").exists(), "nothing written on refusal");
 }
 
-/// Issue "a newcomer's day", item 1: where stderr is not a terminal (here a pipe), every long
+/// Where stderr is not a terminal (here a pipe), every long
 /// step shows as a plain line, a sample set says "sample k of N" with the time left, `fix` says
 /// which candidate run it is on, and `--quiet` silences all of it.
 #[test]
@@ -141,7 +141,7 @@ fn quiet_demo_samples(d: &Path, folder: &str, prefix: &str, edit: impl Fn(u64, &
     }
 }
 
-/// Issue "a newcomer's day", item 4: on a sample set where every output passes, each sample's
+/// On a sample set where every output passes, each sample's
 /// worst output error is its largest output error (not 0 for "no failing output").
 #[test]
 fn a_passing_sample_set_reports_each_samples_real_output_error() {
@@ -159,7 +159,7 @@ fn a_passing_sample_set_reports_each_samples_real_output_error() {
     }
 }
 
-/// Found by the independent tester (stop 49): a sample whose inputs hold NaN, inside a set,
+/// A sample whose inputs hold NaN, inside a set,
 /// passed with "rel L2 0" and no word, where a run of that sample alone warns. Its run now says
 /// how many input values are not finite, in the JSON and on the terminal; the others say nothing.
 #[test]
@@ -188,7 +188,7 @@ fn a_sample_whose_inputs_are_not_finite_says_so_inside_a_set() {
     assert!(!stdout.lines().any(|l| l.trim_start().starts_with("s0.npz") && l.contains("WARNING")), "{stdout}");
 }
 
-/// Found by the second independent tester (stop 49): a sample of NaN makes every output value NaN
+/// A sample of NaN makes every output value NaN
 /// on both sides, which matched as equal and read "PASS - all model outputs are within tolerance".
 /// Nothing of such an output is judged, and the headline, the summary and the JSON say so.
 #[test]
@@ -218,7 +218,7 @@ fn an_output_that_is_nan_on_both_sides_is_not_called_within_tolerance() {
     assert!(md.starts_with("## layerwise: ⚠️ PASS - nothing judged"), "{md}");
 }
 
-/// Found by the independent tester (stop 49): a run that fails on one sample of a set (ONNX
+/// A run that fails on one sample of a set (ONNX
 /// Runtime refusing a Reshape for that sample's batch size) said nothing of which sample.
 #[test]
 fn a_run_that_fails_on_one_sample_of_a_set_names_it() {

@@ -1,4 +1,4 @@
-//! `--cand sim:int8` / `sim:fp8` (issue 40): the float32 model quantized by layerwise's own
+//! `--cand sim:int8` / `sim:fp8`: the float32 model quantized by layerwise's own
 //! quantizer, calibrated on the samples, judged exactly as the same Q/DQ model given with
 //! `--cand ort:cpu --cand-model`; `fix --cand sim:int8` writes the model re-quantized with its
 //! keep set excluded; what it refuses.

@@ -1,4 +1,4 @@
-//! The typed evaluation shares one ONNX Runtime session among nodes alike (issue 38: `fix` in at
+//! The typed evaluation shares one ONNX Runtime session among nodes alike (`fix` in at
 //! most 10x one plain run): each node still computes from its own inputs and weights. Nodes that
 //! differ only in their large weights (fed to the shared session) or only in small constants
 //! (which stay in the model, so their sessions differ) each give their own values.

@@ -196,7 +196,7 @@ fn run_bisect(
                             &mut extras,
                         ),
                     };
-                    // In a set, a run that fails on one sample says which (the tester, stop 49).
+                    // In a set, a run that fails on one sample says which.
                     let (mut compared, verdict) =
                         if total_samples > 1 { done.with_context(|| format!("sample {name}"))? } else { done? };
                     layerwise_runtime::timing_mark(|| "compared and walked".into());
@@ -423,7 +423,7 @@ fn downstream_of<'a>(index: &'a layerwise_model::GraphIndex, tensor: &str) -> st
 
 /// `--save-tensors DIR` (new or empty, checked up front), written into a staging folder beside
 /// it (removed by Ctrl-C) and moved into place whole once every sample is written: an interrupted
-/// run leaves no folder, not one run without the other (found by the independent tester). One
+/// run leaves no folder, not one run without the other. One
 /// sample: `DIR/ref`, `DIR/cand`, `DIR/inputs.npz`; several: the same in `DIR/<sample>/`.
 struct TensorSaver {
     staging: layerwise_model::scratch::StagedDir,
@@ -477,8 +477,8 @@ fn sample_folder_name(sample: &str, taken: &std::collections::HashSet<String>) -
     name
 }
 
-/// Refuses a sample whose every model output is empty: a PASS over them would say nothing (found
-/// by the independent tester: an input shape with a zero dimension). `shape` gives an output's
+/// Refuses a sample whose every model output is empty: a PASS over them would say nothing (an
+/// input shape with a zero dimension makes them). `shape` gives an output's
 /// shape where it was computed.
 pub fn refuse_empty_outputs<'a>(
     outputs: &[String],
@@ -589,7 +589,7 @@ fn after_walk(
     // other branches, that is not the candidate's computation (the conclusions say so).
     let other_branches =
         extras.control_flow.as_ref().is_some_and(|cf| cf.inlined.iter().any(|i| i.candidate_taken.is_some()));
-    // A Q/DQ candidate's checks keep nodes unquantized in its own model (issue 40).
+    // A Q/DQ candidate's checks keep nodes unquantized in its own model.
     let quantized = job.judging.quantization.is_some() && job.cand_model.is_some();
     let counterfactual_runs = options.counterfactual
         && !other_branches
@@ -876,7 +876,7 @@ fn report(
     // speaks of what is finite; but where the candidate holds fewer inf/NaN than the reference (a
     // quantizer has no code for NaN), they are mismatches, and the note must not say otherwise.
     // Each input's note counts only the tensors computed from it (two inputs with NaN reach
-    // different tensors; found by the independent tester).
+    // different tensors).
     let dropped = |input: &str| -> Vec<&layerwise_analysis::TensorRecord> {
         let downstream = downstream_of(&job.index, input);
         compared
@@ -987,7 +987,7 @@ fn report(
 
 /// Where inf/NaN are born at several independent places and the counterfactual measured keeping
 /// them together: the verdict's headline says so, with every origin in graph order and its cause
-/// (issue 39: a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
+/// (a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
 fn several_origins_headline(
     job: &Job,
     verdict: &Verdict,
@@ -1010,9 +1010,9 @@ fn several_origins_headline(
         let record = comparison.get(&n.tensor);
         let reach = record.map(|r| r.metrics.ref_max_abs).unwrap_or(f64::NAN);
         let fp16_max = f64::from(layerwise_model::fp16::FP16_MAX);
-        // A weight beyond FP16's range is inf before the node computes anything (found by the
-        // independent tester: 17 branches multiplied by 70,000 were said to overflow by their
-        // outputs' magnitude, which only 4 of 64 values reached).
+        // A weight beyond FP16's range is inf before the node computes anything (17 branches
+        // multiplied by 70,000 were said to overflow by their outputs' magnitude, which only 4 of
+        // 64 values reached).
         let overflowing_weight = job.index.node(node).and_then(|info| {
             info.inputs.iter().find_map(|i| weights.iter().find(|w| w.name == *i && w.overflow_count > 0))
         });

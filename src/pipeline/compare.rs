@@ -435,7 +435,7 @@ const DEPLOYED_NOISE: f64 = 1e-5;
 impl Job<'_> {
     /// A Q/DQ candidate model as the user runs it: only its declared outputs, so that ONNX Runtime
     /// fuses its quantizers into integer kernels, which exposing a tensor between them prevents
-    /// (issue 40: a CNN's probability was 254/255 fused and 1.0 with one more tensor exposed).
+    /// (a CNN's probability was 254/255 fused and 1.0 with one more tensor exposed).
     /// Both sides run once more with only their outputs; the outputs' records become the deployed
     /// run's, the intermediate tensors stay the exposed run's (what the walk reads), and a note
     /// gives both numbers where they differ. Nothing for any other candidate.

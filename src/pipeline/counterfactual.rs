@@ -93,7 +93,7 @@ pub(super) fn counterfactual(
         return Ok(None);
     }
     // inf/NaN born at several independent places, none of which alone clears the output: keeping
-    // every origin together is measured, not inferred (issue 39: a UNet's early Mul and late Gemm).
+    // every origin together is measured, not inferred (a UNet's early Mul and late Gemm).
     let origins = independent_origins(job, verdict);
     if origins.len() > 1 && checks.iter().all(|c| !c.output_error_after.is_finite()) {
         let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());

@@ -1,4 +1,4 @@
-//! Samples compared on the GPU where both sides ran (issue 41): with the reference and the
+//! Samples compared on the GPU where both sides ran: with the reference and the
 //! candidate on ONNX Runtime's CUDA provider of one GPU, each side's every tensor stays in GPU
 //! memory and each pair is reduced there (`layerwise_runtime::device_stats`); only the totals
 //! come to the host, where they become the same metrics the host computes. Copying every tensor

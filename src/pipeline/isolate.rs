@@ -191,7 +191,7 @@ pub(super) fn isolate(
         let introduces = local_error >= job.judging.rule.min_break && note.is_none();
         // The node that loses information to storage (absorption, a cancellation's or a periodic
         // function's operand) errs by a tiny relative L2 by nature: what it loses is absolute, so
-        // it is judged by that (issue 39: the Add absorbing x was marked 'propagates').
+        // it is judged by that (the Add absorbing x was marked 'propagates').
         let storage_loss =
             verdict.first_divergent.as_ref().filter(|fd| fd.node == step.node && fd.cause.best.kind.is_storage_loss());
         let (role, note) = match storage_loss {

@@ -304,12 +304,12 @@ impl FloorPlan {
     }
 }
 
-/// The stored weights (initializers and Constants' values) that keeping the first divergent
-/// node's pattern at reference precision keeps exact: those only its nodes read. Their rounding is part of what that fix removes, so the
-/// noise floor (bisect's and `fix`'s), which measures what no keep list of the break can remove,
-/// leaves them exact (issue 39: a rotary embedding's inverse frequencies, rounded to FP16, moved
-/// angles of 4,000 by more than the whole error, and the output was called ill-conditioned,
-/// though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
+/// The stored weights (initializers and Constants' values) that keeping the first divergent node's
+/// pattern at reference precision keeps exact: those only its nodes read. Their rounding is part of
+/// what that fix removes, so the noise floor (bisect's and `fix`'s), which measures what no keep
+/// list of the break can remove, leaves them exact (a rotary embedding's inverse frequencies,
+/// rounded to FP16, moved angles of 4,000 by more than the whole error, and the output was called
+/// ill-conditioned, though keeping the angle's Mul with its Sin and Cos in FP32 fixes it).
 fn weights_only_the_fix_reads(
     index: &GraphIndex,
     judging: &Judging,

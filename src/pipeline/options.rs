@@ -167,8 +167,7 @@ pub fn bisect_reads(options: &BisectOptions) -> Reads {
     if let Some(npz) = &options.inputs.npz {
         if npz.is_dir() {
             // The folder's listing is the samples: nothing is written into it (a report named
-            // `c.npz` there would be the next run's broken sample; found by the independent
-            // tester), and no sample is replaced.
+            // `c.npz` there would be the next run's broken sample), and no sample is replaced.
             for entry in std::fs::read_dir(npz).into_iter().flatten().flatten() {
                 reads.file(format!("a sample of --inputs {}", npz.display()), entry.path());
             }
@@ -212,7 +211,7 @@ pub fn check_outputs(options: &BisectOptions) -> Result<()> {
             check_fresh_folder(dir, option)?;
             reads.refuse_overlap(dir, option)?;
             // Two folders layerwise fills are apart: one would replace the other's files (the
-            // repro's inputs.npz over the saved run's; found by the independent tester).
+            // repro's inputs.npz over the saved run's).
             filled.refuse_overlap(dir, option)?;
             filled.folder(format!("the folder {option} fills"), dir);
         }

@@ -1,4 +1,4 @@
-//! A Q/DQ candidate's activation quantizers, one at a time on the reference (issue 40): which of
+//! A Q/DQ candidate's activation quantizers, one at a time on the reference: which of
 //! them makes the error. The noise floor moves every quantizer by up to half its step at once, so
 //! a quantizer whose step is far too coarse (its range set by a mask value or a few outliers)
 //! raises the floor as much as it raises the candidate's error, and the floor alone would call
@@ -40,9 +40,8 @@ pub(super) fn quantizers_alone(
     measure(&pair, feeds, output, candidate_error)
 }
 
-/// Why quantizers are not measured one at a time where the inputs hold inf/NaN (found by the
-/// independent tester: the quantizer of a NaN input "alone gave 0" where it alone turns the
-/// output's NaN into finite values).
+/// Why quantizers are not measured one at a time where the inputs hold inf/NaN (the quantizer of a
+/// NaN input "alone gave 0" where it alone turns the output's NaN into finite values).
 pub(crate) const NONFINITE_INPUTS: &str = "the inputs hold inf/NaN, which a QuantizeLinear stores as finite codes while the measurement's switched quantizers (float32 arithmetic) keep them inf/NaN, so their numbers would not say what each quantizer does here";
 
 /// Whether any input value is inf or NaN.

@@ -269,7 +269,7 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         other => other.to_string(),
     };
     // The tolerance that judged the tensor, given for every tensor: the repro's verdict is then
-    // the bisect's (an independent tester saw a repro said within tolerance diverge at defaults).
+    // the bisect's (at the defaults, a repro said within tolerance could diverge).
     let judged = job.judging.tolerances.of(&fd.tensor);
     let tolerance = format!(" --atol {:e} --rtol {:e} --range-tol {:e}", judged.atol, judged.rtol, judged.range_tol);
     match (shell_word(&job.options.reference.to_string()), shell_word(&candidate_spec)) {

@@ -356,7 +356,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         let feeds = sample_feeds(&decls, &calibration_samples, &owners)?;
         // Calibrated as quantize_static calibrates (ONNX Runtime's CPU provider, optimizations
         // off), whatever the reference: an optimized session moves ranges by a float32 bit, and
-        // bisect and fix then quantize alike (an independent tester saw 1.117e-1 and 1.13e-1).
+        // bisect and fix then quantize alike (they differed: 1.117e-1 against 1.13e-1).
         let mut calibrator = layerwise_runtime::create_backend(&layerwise_runtime::BackendSpec::parse(
             super::sim_quant::CALIBRATION_SPEC,
         )?)?;

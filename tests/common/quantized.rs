@@ -1,4 +1,4 @@
-//! The small Q/DQ models of tests/quantized.rs and the schema's quantized run (issue 40).
+//! The small Q/DQ models of tests/quantized.rs and the schema's quantized run.
 
 use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{ModelProto, TensorProto};

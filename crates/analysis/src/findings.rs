@@ -137,7 +137,7 @@ pub struct NoiseFloor {
     pub left_for_the_fix: Vec<String>,
 }
 
-/// A Q/DQ candidate's activation quantizers measured one at a time (issue 40): the reference model
+/// A Q/DQ candidate's activation quantizers measured one at a time: the reference model
 /// with one quantizer's rounding and clipping and nothing else (float32 between, weights float), all
 /// in one ONNX Runtime CPU session switched by a fed input, against the same model with none on.
 /// A quantizer that alone gives most of what they give together is at fault, whatever the noise

@@ -42,7 +42,7 @@ impl Tolerance {
     pub const FP32: Tolerance = Tolerance { atol: 1e-5, rtol: 1e-3, range_tol: 1e-4 };
     /// Defaults for BF16 candidates: FP16's, scaled by BF16's 8x coarser rounding.
     pub const BF16: Tolerance = Tolerance { atol: 8e-4, rtol: 8e-2, range_tol: 8e-2 };
-    /// Defaults for Q/DQ candidates (issue 40, a first calibration from the formats' steps, not
+    /// Defaults for Q/DQ candidates (a first calibration from the formats' steps, not
     /// yet checked on real models): one int8 step is 1/255 of a quantizer's range, so an error
     /// of a few steps is 1-5% of a tensor's largest value, whatever its own size.
     pub const INT8: Tolerance = Tolerance { atol: 1e-3, rtol: 5e-2, range_tol: 5e-2 };

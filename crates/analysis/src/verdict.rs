@@ -36,7 +36,7 @@ impl WalkRule {
     pub const FP32: WalkRule = WalkRule { ratio: 10.0, min_break: 1e-4, max_drift: 1e-3 };
     /// BF16 candidates: FP16's thresholds scaled by BF16's 8x coarser rounding.
     pub const BF16: WalkRule = WalkRule { ratio: 10.0, min_break: 8e-2, max_drift: 0.4 };
-    /// Q/DQ candidates (a first calibration, issue 40): one int8 quantizer adds a relative L2 of
+    /// Q/DQ candidates (a first calibration): one int8 quantizer adds a relative L2 of
     /// about 0.4-1% to the tensor it quantizes.
     pub const INT8: WalkRule = WalkRule { ratio: 10.0, min_break: 5e-2, max_drift: 0.25 };
     pub const INT4: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };

@@ -165,7 +165,7 @@ fn blocked_kernel_matches_naive_float64_on_large_mixed_tensors() {
     assert_eq!(m.rel_l2_err, f64::INFINITY);
 }
 
-/// An attention score tensor masked with `finfo(float32).min` (issue 40, MiniLM quantized by
+/// An attention score tensor masked with `finfo(float32).min` (MiniLM quantized by
 /// MinMax): the mask entries are the same on both sides, every real score is 100% off. The error
 /// is that of the real scores, ~1, not 1e-38 (the mask's -3.4e38 dominating the norm).
 #[test]

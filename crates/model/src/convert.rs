@@ -296,7 +296,7 @@ fn convert_graph(
 
     // The enclosing graphs' weights beyond the range that this body reads from its outer scope
     // (graph inputs of the body as converted): read inside an If branch, a weight was cast to
-    // FP16 there and became inf (found by an independent tester).
+    // FP16 there and became inf.
     for name in options.outer_overflowing.iter().filter(|n| graph.input.iter().any(|v| v.name() == n.as_str())) {
         overflowing.entry(name.clone()).or_default();
     }
@@ -571,7 +571,7 @@ fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo
 /// anyway: anything of a Scan, whose body is not converted (the Scan stays FP32), and the nodes
 /// that hand a body's values over ([`crate::inline::made_by_inlining`]: `If/output0`,
 /// `Loop/final0`, `Loop/scan1/unsqueeze2`), which the float32 interface of an If or Loop already
-/// is (found by the independent tester: `fix` failed on them, on a Loop and on silero-vad's If).
+/// is (`fix` failed on them, on a Loop and on silero-vad's If).
 fn fp32_as_inlined(index: &GraphIndex, name: &str) -> bool {
     let numbered = |part: &str, word: &str| {
         part.strip_prefix(word).is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
@@ -678,8 +678,7 @@ fn convert_body(
     let mut converted = conversion.proto.graph.take().expect("graph");
     // The Casts the conversion added are named after what they cast (`x__to_fp16`), as the outer
     // graph's are: an outer tensor cast on both sides would be defined twice, which ONNX Runtime
-    // refuses (found by the independent tester on openwakeword's hey_jarvis). They take the body's
-    // prefix.
+    // refuses (openwakeword's hey_jarvis has such a tensor). They take the body's prefix.
     let mut existing: HashSet<String> = outer.iter().cloned().collect();
     existing.extend(body.input.iter().map(|v| v.name().to_string()));
     existing.extend(body.initializer.iter().map(|t| t.name().to_string()));

@@ -168,8 +168,8 @@ impl Model {
 
     /// Reads the external data of node attributes (a Constant's `value`, in the graph, its bodies
     /// and its functions) into the model. ONNX Runtime resolves such a tensor against the model's
-    /// path, which a model handed over from memory does not have (found by the independent
-    /// tester: it read `w.data` from the working folder instead, another model's weights).
+    /// path, which a model handed over from memory does not have (it read `w.data` from the working
+    /// folder instead, another model's weights).
     fn inline_external_attributes(&mut self) -> Result<(), ModelError> {
         let mut tensors: Vec<&mut TensorProto> = Vec::new();
         let mut stack: Vec<&mut NodeProto> = Vec::new();
@@ -243,7 +243,7 @@ impl Model {
     /// [`ExternalRef::parse`] checked): the one check of external data, for every command and on
     /// every read. Resolved with its links (the file's and its folders'), it must lie inside the
     /// model's folder, resolved too, and be a regular file: a link to `/etc/passwd`, or a folder
-    /// linked to another, is refused before a byte is read (found by an attacker's test: `convert`
+    /// linked to another, is refused before a byte is read (`convert`
     /// embedded the link's target in the written model). Returns the opened file, its path as
     /// the model names it, and its length.
     fn open_external(&self, location: &str) -> Result<(fs::File, PathBuf, u64), String> {

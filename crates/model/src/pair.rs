@@ -484,7 +484,7 @@ pub struct Operand<'a> {
 
 /// What `layerwise_analysis::compute` totals over a pair of tensors before their metrics: sums in
 /// float64, maxima and counts. A reduction elsewhere that totals the same (on the GPU where both
-/// runs left their tensors, issue 41: `layerwise_runtime::device_stats`) gets the same metrics from
+/// runs left their tensors: `layerwise_runtime::device_stats`) gets the same metrics from
 /// `layerwise_analysis::metrics_of_totals`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PairTotals {

@@ -2,7 +2,7 @@
 //! formats (int8, uint8, int4, uint4, int16, uint16, float8 e4m3fn/e5m2), the granularity (per
 //! tensor, per channel, per block), and whether activations are quantized or only weights. A
 //! candidate of this kind computes in float32 between its quantizers: it is judged by the
-//! quantizers' step, not as FP16 (issue 40).
+//! quantizers' step, not as FP16.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -535,7 +535,7 @@ impl ZeroPointShift {
 
 /// What one activation quantizer does to the reference's values of the tensor it holds, measured
 /// by quantizing them with its scale and zero point: how many it clips and by how much, how many
-/// it rounds to 0, and whether a few outliers set its step (issue 40).
+/// it rounds to 0, and whether a few outliers set its step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QuantizerEffect {
     pub count: usize,
@@ -599,7 +599,7 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
     let finite: Vec<f32> = values.iter().copied().filter(|v| v.is_finite()).collect();
     let (mut clipped, mut overshoot_sum, mut max_overshoot) = (0usize, 0f64, 0f32);
     // A value within half a step beyond an end rounds to that end anyway: only what lies further
-    // out is clipped (found by the independent tester: a SiLU's -0.278 under a quantizer of step
+    // out is clipped (a SiLU's -0.278 under a quantizer of step
     // 0.61 with zero point -128 was counted as clipped, though it rounds to 0 either way).
     let slack = if range.format.is_float8() { 0.0 } else { range.scale / 2.0 };
     for &x in &finite {
@@ -660,8 +660,7 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
         (norm > 0.0).then(|| (err / norm).sqrt())
     };
     // One-sided by nature, not by chance: enough values to tell (a scalar per sample is one-sided
-    // whatever its zero point was calibrated for; an independent tester saw the cause named on
-    // one), and a fitting zero point that at least halves the error (else it is no remedy).
+    // whatever its zero point was calibrated for: the cause was once named on one), and a fitting zero point that at least halves the error (else it is no remedy).
     let zero_point_shift = (values_only().count() >= ZERO_POINT_MIN_VALUES)
         .then(|| zero_point_shift(range, min, max, &values_rel_l2))
         .flatten()
@@ -770,7 +769,7 @@ fn outlier_channel(values: &[f32], shape: &[usize]) -> Option<(usize, f32)> {
 
 /// A weight the candidate stores quantized with one scale for the whole tensor, read channel by
 /// channel along the output channels of the node that reads it: how unequal those channels are,
-/// and what the one step does to the small ones (issue 40).
+/// and what the one step does to the small ones.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WeightChannels {
     /// The reference's float weight.

@@ -1,7 +1,7 @@
 //! A quantizer of layerwise's own: a float32 model, a quantization config and calibration ranges
 //! in, a Q/DQ model out, laid out like ONNX Runtime's `quantize_static` in the QDQ format writes
 //! one. `sim:int8` / `sim:fp8` judge that model exactly as a Q/DQ candidate given with
-//! `--cand-model` is judged, and `fix` re-quantizes with its keep set excluded (issue 40).
+//! `--cand-model` is judged, and `fix` re-quantizes with its keep set excluded.
 //!
 //! What it writes, for every node of the config's op types that is not excluded:
 //! - each tensor it reads that the model computes (or the user feeds) and each tensor it computes,

@@ -1,4 +1,4 @@
-//! A Q/DQ model with chosen nodes kept unquantized (issue 40): the counterfactual and `fix` of a
+//! A Q/DQ model with chosen nodes kept unquantized: the counterfactual and `fix` of a
 //! quantized candidate.
 //!
 //! What "kept unquantized" means (docs/quantization.md): a node's **input quantizers are its
@@ -398,10 +398,10 @@ mod tests {
     /// A kept reader of a quantizer that took over the reference's activation (quantize_static
     /// folds a Relu, or a Clip to the quantizer's range, into it and leaves the activation's output
     /// name on the MatMul) reads that activation computed on the float tensor; where the reference
-    /// has none there, it reads the float tensor, whatever the zero point (found by the
-    /// independent tester: taking every zero point of -128 for a Relu put 71 Relus into a YOLOv8
-    /// whose SiLU outputs have that zero point, and a Relu in place of a hardswish's Clip to [0, 6]).
-    /// Before, the Relu was lost (a real VAD model's `cn` went from 0.35 to 12.8 relative L2).
+    /// has none there, it reads the float tensor, whatever the zero point (taking every zero point
+    /// of -128 for a Relu put 71 Relus into a YOLOv8 whose SiLU outputs have that zero point, and a
+    /// Relu in place of a hardswish's Clip to [0, 6]). Before, the Relu was lost (a real VAD
+    /// model's `cn` went from 0.35 to 12.8 relative L2).
     #[test]
     fn a_kept_reader_reads_the_activation_the_reference_computes_where_the_quantizer_held_it() {
         let graph = |m: &ModelProto| m.graph.clone().unwrap();

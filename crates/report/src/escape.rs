@@ -177,8 +177,7 @@ pub fn markdown_cell_code(text: &str) -> String {
 }
 
 /// cmark and cmark-gfm (GitHub's renderers) open no code span with a fence of more than 80
-/// backticks (`MAXBACKTICKS`): such a span never closes, and what follows renders as Markdown
-/// (found by the independent tester).
+/// backticks (`MAXBACKTICKS`): such a span never closes, and what follows renders as Markdown.
 const LONGEST_FENCE: usize = 80;
 
 fn code_span(text: &str) -> String {

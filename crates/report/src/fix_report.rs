@@ -249,8 +249,7 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
         let _ = writeln!(
             out,
             // The relative L2 is shown, not tested: each element is judged by the tolerance, whose
-            // relative term rtol is no bound on it (an independent tester read 9.4e-2 against 8e-2
-            // as a contradiction).
+            // relative term rtol is no bound on it (9.4e-2 beside an rtol of 8e-2 is no contradiction).
             "  {} with nothing kept: {} (worst output relative L2 {}; each element judged by the tolerance's absolute, relative (rtol {}) and range terms)",
             o.candidate,
             if o.pass { "every output within tolerance" } else { "out of tolerance too" },

@@ -276,7 +276,7 @@ pub fn build_report(ctx: ReportContext) -> Report {
             reason: format!("produced inside a subgraph of node '{owner}'; not visible from the main graph"),
         });
     }
-    // An output the graph lists twice is one output (found by the independent tester).
+    // An output the graph lists twice is one output.
     let mut seen = std::collections::HashSet::new();
     let outputs = ctx
         .index

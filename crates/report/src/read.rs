@@ -46,7 +46,7 @@ fn parse<T: DeserializeOwned>(
 
 fn read<T: DeserializeOwned>(path: &Path, what: &'static str, expected: &'static str) -> Result<T, ReadError> {
     let name = path.display().to_string();
-    // A device or FIFO named as a report is refused before a byte is read (issue 37).
+    // A device or FIFO named as a report is refused before a byte is read.
     let mut text = String::new();
     layerwise_model::open_regular(path)
         .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))

@@ -1,4 +1,4 @@
-//! Every pair of tensors reduced on the GPU where both runs left them (issue 41): one fused kernel
+//! Every pair of tensors reduced on the GPU where both runs left them: one fused kernel
 //! reads each pair once and writes per-chunk totals, a second counts the tolerance violations
 //! once the reference's range is known; only those totals come back to the host. The kernels are
 //! CUDA C compiled at run time with NVRTC for the device found, and launched through the CUDA
@@ -454,7 +454,8 @@ impl DeviceReducer {
     }
 
     fn to_device<T: Copy>(&self, dst: u64, values: &[T]) -> Result<(), String> {
-        // SAFETY: cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t) from a live slice into a buffer at least as large.
+        // SAFETY: cuMemcpyHtoD_v2(CUdeviceptr, const void*, size_t) from a live slice into a buffer
+        // at least as large.
         unsafe {
             self.call("cuMemcpyHtoD_v2", |f: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult| {
                 f(dst, values.as_ptr().cast(), std::mem::size_of_val(values))

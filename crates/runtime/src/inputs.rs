@@ -561,7 +561,7 @@ pub fn weight_bytes(model: &Model) -> u64 {
 
 /// Refuses, before anything runs, a run whose estimated memory cannot fit `max_memory` (the
 /// tensors it holds at once, split as finely as it can be) or the memory available (with the
-/// sessions' weights): found by an attacker's test, `--input-shape x:1000000000` on a Relu passed
+/// sessions' weights): `--input-shape x:1000000000` on a Relu passed
 /// the input's own check and was killed by the kernel at 20.7 GB, leaving its scratch folder.
 /// The sample with the largest inputs stands for all. `may_pair`: both sides may run in one
 /// paired session; `whole`: every tensor is held at once (`--save-tensors`).

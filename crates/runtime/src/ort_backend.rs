@@ -308,7 +308,7 @@ pub(crate) struct SessionExtras<'a> {
 /// How many jobs build and run CPU sessions in this process at once (`--devices`' shards). Above
 /// one, a session without its own thread count gets an equal share of the cores instead of all of
 /// them each: measured with two shards on one host, every session taking every core made two GPUs
-/// 1.24x one (issue 41).
+/// 1.24x one.
 static CPU_SHARERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// One more job sharing the CPU until the returned guard drops.
@@ -535,7 +535,7 @@ impl Backend for OrtBackend {
             } else if external {
                 // External weights up to a size are read in, and the program is optimized as an
                 // inline model's is, so that the paired run computes what a plain run computes
-                // (the independent tester measured up to 619 of 1019 records differing without).
+                // (up to 619 of 1019 records differed without).
                 // Above it, saving the optimized program would write every weight again
                 // (gigabytes) and hold them in memory.
                 match request.model.inlined_within(&proto, OPTIMIZED_EXTERNAL_LIMIT)? {
@@ -874,7 +874,7 @@ impl OrtBackend {
             )
         });
         // The program too is the one built for that session: rewriting the model again per sample
-        // cost milliseconds a run beside a GPU run of a few (issue 41).
+        // cost milliseconds a run beside a GPU run of a few.
         if let (Some((cached, _, _)), Some(k)) = (&self.gpu_session, &key) {
             if cached == k {
                 let (key, session, facts) = self.gpu_session.take().expect("just seen");
@@ -1499,7 +1499,7 @@ pub(crate) fn from_ort_value(value: &DynValue) -> Result<Tensor, String> {
 }
 
 /// One ONNX Runtime CPU session of a rewritten model, run many times with different feeds: a
-/// model whose behaviour a fed switch selects (issue 40's quantizers applied one at a time) pays
+/// model whose behaviour a fed switch selects (a Q/DQ candidate's quantizers applied one at a time) pays
 /// one session build, not one per setting.
 pub struct ModelSession {
     session: Session,

@@ -1,4 +1,4 @@
-//! Fortran-ordered arrays (issue 39, item 5): numpy and ONNX Runtime accept them, so layerwise
+//! Fortran-ordered arrays: numpy and ONNX Runtime accept them, so layerwise
 //! reads them, in C order. The files are written by hand here, byte by byte as numpy's format
 //! describes, with the values numpy would store for `np.asfortranarray`.
 
