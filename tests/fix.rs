@@ -755,3 +755,30 @@ fn pruning_a_pattern_keeps_the_nodes_another_pattern_shares() {
     assert_eq!(kept, named, "{t}");
     assert!(kept.contains("a") && kept.contains("shrink_a"), "{t}");
 }
+
+/// A mask filled by a Constant of -1e9 (an attention decoder's, with every position masked): the
+/// Constant is beyond FP16's range, and `fix` keeps the Where that reads it, never the Constant
+/// (`convert` refuses a Constant in a keep list, and `fix` exited 2 on the arabic-name-romanizer
+/// decoder). Its reason names the weight beyond the range, not "inputs within FP16's range".
+#[test]
+fn fix_keeps_the_reader_of_a_constant_beyond_fp16_not_the_constant() {
+    use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+    let mut b = ModelBuilder::new("masked", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(10)]);
+    b.initializer(f32_tensor("two", &[], &[2.0]));
+    b.node("Constant", "fill", &[], &["minus_big"], vec![attr::tensor("value", f32_tensor("v", &[], &[-1e9]))]);
+    b.node("Less", "masked", &["x", "two"], &["mask"], vec![]);
+    b.node("Where", "apply_mask", &["mask", "minus_big", "x"], &["scores"], vec![]);
+    b.node("Softmax", "softmax", &["scores"], &["p"], vec![attr::int("axis", -1)]);
+    b.output("p", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = common::layerwise(&["fix", "m.onnx", "--val-range", "x:0,1", "--json", "f.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = common::json(&dir.path().join("f.json"));
+    assert_eq!(f["status"], "fixed", "{t}");
+    let keep: Vec<&str> = f["keep_fp32"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(keep.contains(&"apply_mask") && !keep.contains(&"fill"), "{t}");
+    assert!(!t.contains("from inputs within FP16's range"), "{t}");
+}

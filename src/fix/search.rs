@@ -250,11 +250,17 @@ fn range_exits(index: &GraphIndex, comparison: &Comparison, keep: &[String]) -> 
     index
         .nodes
         .iter()
-        .filter(|n| !keep.contains(&n.name))
+        // A Constant's value beyond the range is a weight: its readers are kept (it follows them).
+        .filter(|n| !keep.contains(&n.name) && n.op_type != "Constant")
         .filter(|n| n.inputs.iter().all(|t| t.is_empty() || index.is_constant_like(t) || beyond(t).is_none()))
         .filter_map(|n| {
             let (t, r) = n.outputs.iter().find_map(|t| Some((t, beyond(t)?)))?;
-            let why = format!("{} ({}): the reference reaches {} in '{t}' from inputs within FP16's range, beyond the FP16 maximum 65504: an FP16 run stores inf there", n.name, n.op_type, layerwise_report::format_number(r.metrics.ref_max_abs));
+            // Computed inputs are within the range (the filter above); a weight may not be.
+            let from = match n.inputs.iter().find(|w| !w.is_empty() && beyond(w).is_some()) {
+                Some(w) => format!("from the weight '{w}', itself beyond FP16's range"),
+                None => "from inputs within FP16's range".to_string(),
+            };
+            let why = format!("{} ({}): the reference reaches {} in '{t}' (beyond the FP16 maximum 65504) {from}: an FP16 run stores inf there", n.name, n.op_type, layerwise_report::format_number(r.metrics.ref_max_abs));
             Some((n.name.clone(), why))
         })
         .collect()
@@ -306,7 +312,10 @@ pub(super) fn keep_the_breaks(
         }
         let mut added = false;
         for (node, because) in culprits {
-            let pattern = search.judging.keep_pattern(index, &node, &last.0, &last.1);
+            let mut pattern = search.judging.keep_pattern(index, &node, &last.0, &last.1);
+            // A Constant computes nothing and `convert` refuses it in a keep list: its value is
+            // stored as the nodes reading it take it.
+            pattern.nodes.retain(|n| index.node(n).is_none_or(|info| info.op_type != "Constant"));
             let new: Vec<String> = pattern.nodes.iter().filter(|n| !keep.contains(n)).cloned().collect();
             if new.is_empty() {
                 continue;

@@ -275,3 +275,33 @@ fn a_weight_from_a_constant_node_is_planned_as_an_activation() {
     assert!(p.activations.contains(&"w".to_string()), "{:?}", p.activations);
     assert!(!p.activations.contains(&"w2".to_string()), "{:?}", p.activations);
 }
+
+/// A model that already holds a tensor named like a quantizer's parameter (`h_scale`, as an
+/// exporter's `val_251_scale` beside an activation `val_251`): the quantizer's own scale takes
+/// another name, and the model's tensor stays as it was. They shared the name, and ONNX Runtime
+/// refused the model ("Shape of initializer val_251_scale does not match").
+#[test]
+fn quantizer_names_never_shadow_the_models_own_tensors() {
+    let mut b = ModelBuilder::new("named", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(2)]);
+    b.initializer(f32_tensor("w1", &[2, 3], &[0.5, -1.0, 1.0, 0.2, 0.4, -0.4]));
+    b.initializer(f32_tensor("h_scale", &[1, 3], &[2.0, 3.0, 4.0]));
+    b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
+    b.node("Mul", "scale_h", &["h", "h_scale"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let (m, i) = model(b.build());
+    let ranges: HashMap<String, (f32, f32)> =
+        [("x", (-1.0, 1.0)), ("h", (-2.0, 2.0)), ("y", (-8.0, 8.0))].into_iter().map(|(k, v)| (k.into(), v)).collect();
+    let q = quantize(&m, &i, &QuantConfig::default(), &ranges).unwrap();
+    let g = q.graph.as_ref().unwrap();
+    let mut names: Vec<&str> = g.initializer.iter().map(|t| t.name()).collect();
+    names.sort();
+    let unique = names.len();
+    names.dedup();
+    assert_eq!(names.len(), unique, "initializer names repeat: {names:?}");
+    assert_eq!(f32s(init(&q, "h_scale")), vec![2.0, 3.0, 4.0], "the model's own tensor is unchanged");
+    // h's quantizer reads a scale of its own, a scalar.
+    let quantizer = g.node.iter().find(|n| n.op_type() == "QuantizeLinear" && n.input[0] == "h").unwrap();
+    assert_ne!(quantizer.input[1], "h_scale");
+    assert!(init(&q, &quantizer.input[1]).dims.is_empty());
+}
