@@ -571,15 +571,7 @@ fn a_large_keep_list_is_summarized_by_group_and_bf16_measured_whole() {
     assert!(summary.contains(&ratio), "{ratio}: {summary}");
     // The keep list is the union of the patterns, every node of each (pruning a pattern used to
     // drop the nodes it shared with another, which then named nodes the list did not keep).
-    let kept: HashSet<&str> = keep.iter().map(|n| n.as_str().unwrap()).collect();
-    let named: HashSet<&str> = f["patterns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| p["nodes"].as_array().unwrap())
-        .map(|n| n.as_str().unwrap())
-        .collect();
-    assert_eq!(kept, named, "{t}");
+    assert_keep_list_is_its_patterns(&f, &t);
     // The full list is in the keep-list file.
     let written = common::json(&dir.path().join("fixed.onnx.keep-fp32.json"));
     assert_eq!(written["keep_fp32"].as_array().unwrap().len(), keep.len());
@@ -717,6 +709,20 @@ fn bisect_and_fix_keep_the_readers_of_an_epsilon_fp16_flushes_to_zero() {
     assert_eq!(fixed["keep_fp32"], check["kept"], "{t}");
 }
 
+/// A fix report's keep list is the union of its patterns, every node of each: its nodes.
+fn assert_keep_list_is_its_patterns<'a>(f: &'a serde_json::Value, t: &str) -> HashSet<&'a str> {
+    let kept: HashSet<&str> = f["keep_fp32"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let named: HashSet<&str> = f["patterns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["nodes"].as_array().unwrap())
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    assert_eq!(kept, named, "{t}");
+    kept
+}
+
 /// A node two kept patterns share stays kept while either stands. `a` overflows FP16 and matters
 /// (its shrunk value reaches the output); `b` overflows too but only into `min`, whose `Clip`
 /// bounds it; `min` and `clip` read both overflowing values, so both patterns hold them. Pruning
@@ -744,15 +750,7 @@ fn pruning_a_pattern_keeps_the_nodes_another_pattern_shares() {
     let t = common::text(&out);
     let f = common::json(&dir.path().join("f.json"));
     assert_eq!(f["status"], "fixed", "{t}");
-    let kept: HashSet<&str> = f["keep_fp32"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
-    let named: HashSet<&str> = f["patterns"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|p| p["nodes"].as_array().unwrap())
-        .map(|n| n.as_str().unwrap())
-        .collect();
-    assert_eq!(kept, named, "{t}");
+    let kept = assert_keep_list_is_its_patterns(&f, &t);
     assert!(kept.contains("a") && kept.contains("shrink_a"), "{t}");
 }
 

@@ -58,7 +58,8 @@ impl Judging {
     /// The defaults of `arithmetic` (tolerances and walk rule), with the user's tolerances over
     /// them, field by field and tensor by tensor.
     fn of(arithmetic: Arithmetic, options: &BisectOptions) -> Result<Judging> {
-        let tolerance = given_or_default(Tolerance::defaults(arithmetic), options)?;
+        let (defaults, rule) = layerwise_analysis::defaults_and_rule(arithmetic);
+        let tolerance = given_or_default(defaults, options)?;
         let mut by_tensor: Vec<(String, Tolerance)> = Vec::new();
         for (tensor, field, value) in &options.tensor_tolerances {
             if !(*value >= 0.0 && value.is_finite()) {
@@ -78,12 +79,7 @@ impl Judging {
             }
         }
         let tolerances = ToleranceSet { all: tolerance, by_tensor };
-        Ok(Judging {
-            tolerances,
-            rule: WalkRule::of(arithmetic),
-            candidate: Candidate { arithmetic, atol: tolerance.atol },
-            quantization: None,
-        })
+        Ok(Judging { tolerances, rule, candidate: Candidate { arithmetic, atol: tolerance.atol }, quantization: None })
     }
 
     /// How the candidate stores values between ops.

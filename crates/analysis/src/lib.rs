@@ -3,6 +3,7 @@
 
 mod causes;
 mod compare;
+mod defaults;
 pub mod findings;
 mod histogram;
 mod metrics;
@@ -17,6 +18,7 @@ pub use compare::{
     add_passed_through, compare_all, fed_value, is_weight_output, missing_reason, passed_through, tensor_record,
     Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
 };
+pub use defaults::defaults_and_rule;
 pub use findings::{
     aggregate_samples, chosen_sample, verdict_order, ComparisonMode, ControlFlow, Counterfactual, Extras, InlinedNode,
     Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro, SampleData,

@@ -1,7 +1,6 @@
 //! Error metrics of one candidate tensor against its reference.
 
 use layerwise_model::fp16::{FP16_MAX, FP16_MIN_NORMAL};
-use layerwise_model::{Arithmetic, QuantFamily};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -52,24 +51,6 @@ impl Tolerance {
     pub const FP8_E4M3: Tolerance = Tolerance { atol: 1e-3, rtol: 0.125, range_tol: 0.125 };
     /// float8 e5m2: 2 mantissa bits, a relative step of 2^-2.
     pub const FP8_E5M2: Tolerance = Tolerance { atol: 1e-3, rtol: 0.25, range_tol: 0.25 };
-
-    /// The defaults for what the candidate computes in: TF32 keeps FP16's 10-bit mantissa in
-    /// its products, so it gets FP16's, as int16 does (finer than FP16's steps).
-    pub fn defaults(arithmetic: Arithmetic) -> Tolerance {
-        match arithmetic {
-            Arithmetic::Float32 { tf32: false } => Tolerance::FP32,
-            Arithmetic::Float32 { tf32: true } => Tolerance::FP16,
-            Arithmetic::Fp16 { .. } => Tolerance::FP16,
-            Arithmetic::Bf16 { .. } => Tolerance::BF16,
-            Arithmetic::Quantized(family) => match family {
-                QuantFamily::Int16 => Tolerance::FP16,
-                QuantFamily::Int8 => Tolerance::INT8,
-                QuantFamily::Int4 => Tolerance::INT4,
-                QuantFamily::Fp8E4M3 => Tolerance::FP8_E4M3,
-                QuantFamily::Fp8E5M2 => Tolerance::FP8_E5M2,
-            },
-        }
-    }
 }
 
 /// The tolerance of every tensor: one for all, and tensors (model outputs, usually) given their

@@ -13,29 +13,15 @@ use crate::compare::{Comparison, TensorRecord};
 use crate::verdict::{Candidate, Cause, CauseKind, Evidence, FirstDivergent, InputView, Mechanism};
 use layerwise_model::GraphIndex;
 
-/// Ops that pass an operand's absolute error on unchanged (values moved, added or negated).
-const ABSOLUTE: &[&str] = &[
-    "Add",
-    "Sub",
-    "Sum",
-    "Neg",
-    "Reshape",
-    "Transpose",
-    "Identity",
-    "Squeeze",
-    "Unsqueeze",
-    "Flatten",
-    "Expand",
-    "Concat",
-    "Slice",
-    "Gather",
-    "Cast",
-];
+/// Ops that pass an operand's absolute error on unchanged by computing with it (added or
+/// negated); [`MOVES`] pass it on too.
+const ADDS: &[&str] = &["Add", "Sub", "Sum", "Neg"];
 /// Ops that pass an operand's relative error on (a matrix product of positions by frequencies
 /// carries the positions' rounding into the angle).
 const RELATIVE: &[&str] = &["Mul", "Div", "MatMul", "Gemm"];
-/// Ops among [`ABSOLUTE`] that move or retype values without computing: storing their output
-/// again rounds nothing new once the value is rounded, so they are not named as roundings.
+/// Ops that move or retype values without computing: they pass an operand's absolute error on
+/// unchanged, and storing their output again rounds nothing new once the value is rounded, so
+/// they are not named as roundings.
 const MOVES: &[&str] = &[
     "Reshape",
     "Transpose",
@@ -56,7 +42,7 @@ const STEPS: f64 = 4.0;
 
 /// Whether `output`'s error is already in `input`, passed on by `op`.
 fn carried(op: &str, input: &TensorRecord, output: &TensorRecord) -> bool {
-    if ABSOLUTE.contains(&op) {
+    if ADDS.contains(&op) || MOVES.contains(&op) {
         input.metrics.max_abs_err >= 0.5 * output.metrics.max_abs_err
     } else if RELATIVE.contains(&op) {
         input.error_level() >= 0.5 * output.error_level()

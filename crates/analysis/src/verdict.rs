@@ -3,8 +3,7 @@
 //! walk (walk.rs), the cause catalogue (causes.rs) and the trace-back (storage.rs), which all use
 //! them.
 
-use layerwise_model::GraphIndex;
-use layerwise_model::{Arithmetic, QuantFamily};
+use layerwise_model::{Arithmetic, GraphIndex};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -42,23 +41,6 @@ impl WalkRule {
     pub const INT4: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };
     pub const FP8_E4M3: WalkRule = WalkRule { ratio: 10.0, min_break: 0.125, max_drift: 0.4 };
     pub const FP8_E5M2: WalkRule = WalkRule { ratio: 10.0, min_break: 0.25, max_drift: 0.6 };
-
-    /// The walk's thresholds for what the candidate computes in (those of its default tolerances).
-    pub fn of(arithmetic: Arithmetic) -> WalkRule {
-        match arithmetic {
-            Arithmetic::Float32 { tf32: false } => WalkRule::FP32,
-            Arithmetic::Float32 { tf32: true } => WalkRule::FP16,
-            Arithmetic::Fp16 { .. } => WalkRule::FP16,
-            Arithmetic::Bf16 { .. } => WalkRule::BF16,
-            Arithmetic::Quantized(family) => match family {
-                QuantFamily::Int16 => WalkRule::FP16,
-                QuantFamily::Int8 => WalkRule::INT8,
-                QuantFamily::Int4 => WalkRule::INT4,
-                QuantFamily::Fp8E4M3 => WalkRule::FP8_E4M3,
-                QuantFamily::Fp8E5M2 => WalkRule::FP8_E5M2,
-            },
-        }
-    }
 }
 
 /// What kind of cause a break has.

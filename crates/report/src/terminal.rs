@@ -329,7 +329,7 @@ fn tolerance_origin(t: &crate::json::Tolerances) -> String {
     let Some(arithmetic) = layerwise_model::Arithmetic::from_name(&t.defaults_for) else {
         return format!("as given; no defaults are named '{}'", t.defaults_for);
     };
-    let defaults = layerwise_analysis::Tolerance::defaults(arithmetic);
+    let (defaults, _) = layerwise_analysis::defaults_and_rule(arithmetic);
     if (t.atol, t.rtol, t.range_tol) == (defaults.atol, defaults.rtol, defaults.range_tol) {
         format!("{} defaults", t.defaults_for)
     } else {
