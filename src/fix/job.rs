@@ -450,11 +450,13 @@ fn prune_patterns(
             // The keep list is the union of the patterns: without this one, it keeps every node
             // another pattern holds (a node two patterns share stays, so that no pattern left
             // names a node the list dropped).
-            let without: Vec<String> = keep
+            let others: std::collections::HashSet<&str> = patterns
                 .iter()
-                .filter(|n| patterns.iter().enumerate().any(|(j, p)| j != i && p.nodes.contains(n)))
-                .cloned()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .flat_map(|(_, p)| p.nodes.iter().map(String::as_str))
                 .collect();
+            let without: Vec<String> = keep.iter().filter(|n| others.contains(n.as_str())).cloned().collect();
             if without.len() == keep.len() {
                 // Every node of it is another pattern's too: dropping it changes no run.
                 patterns.remove(i);
