@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use anyhow::Result;
-use layerwise_model::convert::{convert_fp16, float_tensor_set, Conversion, ConvertOptions};
+use layerwise_model::convert::{convert_fp16, float_tensor_set, layernorm_fp32_beyond, Conversion, ConvertOptions};
 use layerwise_model::extract::{extract_groups, TensorType};
 use layerwise_model::{DataType, GraphIndex, Model, Precision, Selection};
 use layerwise_runtime::{float32_tensors, Backend, DType, RunOutput, RunRequest, Tensor};
@@ -311,18 +311,33 @@ impl<'a> KeepRunner<'a> {
         self.converter_fp32.as_deref().expect("just set")
     }
 
+    /// The nodes the converter keeps in FP32 when `keep` is the keep list, with the reason: its
+    /// own ([`KeepRunner::converter_fp32`]) and those the list makes it keep (a LayerNorm left
+    /// with parts of two types). Empty for a candidate that stores float32.
+    pub fn converter_fp32_with(&mut self, keep: &[String]) -> Vec<(String, String)> {
+        if !self.storage {
+            return Vec::new();
+        }
+        let mut found: Vec<(String, String)> =
+            self.converter_fp32().iter().filter(|(n, _)| !keep.contains(n)).cloned().collect();
+        let fp32: HashSet<&str> = keep.iter().chain(found.iter().map(|(n, _)| n)).map(String::as_str).collect();
+        let (model, index, target) = (self.model, self.index, self.target);
+        // Where ONNX Runtime cannot type the model, no conversion exists (as for
+        // `converter_fp32`), and none keeps more.
+        let beyond = match self.float() {
+            Ok(float) => layernorm_fp32_beyond(model, index, float, &fp32, target),
+            Err(_) => Vec::new(),
+        };
+        found.extend(beyond);
+        found
+    }
+
     /// What an emulating candidate keeps for `keep`: the nodes FP32 in the file `convert` writes
     /// with that keep list (the list and the converter's own FP32 nodes), so that the emulation
     /// computes what the written model computes.
     pub fn as_written(&mut self, keep: &[String]) -> Vec<String> {
         let mut all = keep.to_vec();
-        if self.storage {
-            for (n, _) in self.converter_fp32() {
-                if !all.contains(n) {
-                    all.push(n.clone());
-                }
-            }
-        }
+        all.extend(self.converter_fp32_with(keep).into_iter().map(|(n, _)| n));
         all
     }
 

@@ -72,7 +72,7 @@ pub fn check_in_child(model: &Path, inputs: Option<&[(String, Tensor)]>) -> Resu
                 LoadCheck {
                     status: LoadStatus::RunsBelowDefault,
                     detail: Some(format!(
-                        "runs at optimization level {level}; fails at {}, a limitation of ONNX Runtime's CPU provider, not of the model (run it with a lower graph optimization level, e.g. ort:cpu,opt={level})",
+                        "runs at optimization level {level}; fails at {}: ONNX Runtime's graph optimizations break it, not the model itself (run it with a lower graph optimization level, e.g. ort:cpu,opt={level})",
                         failed.join("; at ")
                     )),
                     kept_ops: Vec::new(),

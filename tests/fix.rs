@@ -780,3 +780,48 @@ fn fix_keeps_the_reader_of_a_constant_beyond_fp16_not_the_constant() {
     assert!(keep.contains(&"apply_mask") && !keep.contains(&"fill"), "{t}");
     assert!(!t.contains("from inputs within FP16's range"), "{t}");
 }
+
+/// From opset 17 ONNX Runtime fuses a decomposed LayerNorm into one LayerNormalization, taking in
+/// the Cast that enters a float32 island; with an FP16 input and a float32 scale it then refused
+/// the written model at every optimization level but `disable` ("Type parameter (T) of Optype
+/// (LayerNormalization) bound to different types"), on the CPU as on CUDA.
+#[test]
+fn a_kept_layernorm_at_opset_17_loads_in_onnx_runtime_with_its_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ln17.onnx");
+    let mut proto = planted_layernorm();
+    proto.opset_import[0].version = Some(17);
+    save(&proto, &path);
+    let outcome = fix(&fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"))).unwrap();
+    let r = &outcome.report;
+    assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
+    let load = r.fixed_model_load.as_ref().unwrap();
+    assert_eq!(load.status, layerwise_report::LoadStatus::Loads, "{:?}: {}", load.detail, outcome.text);
+    // The LayerNorm's input is computed in float32 too, said with why.
+    let by_converter: Vec<&str> = r
+        .fixed_model_fp32_nodes
+        .iter()
+        .filter(|(_, why)| why.contains("LayerNormalization of mixed types"))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    assert_eq!(by_converter, ["ln_in"], "{}", outcome.text);
+    assert!(outcome.text.contains("ln_in: a LayerNorm with float32 and FP16 parts"), "{}", outcome.text);
+    // The emulation kept what the file keeps: the summary's error is the written model's.
+    let check = r.fixed_model_check.as_ref().unwrap();
+    let emulated = r.outputs.iter().map(|o| o.after_rel_l2).fold(0.0f64, f64::max);
+    let written = check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0f64, f64::max);
+    assert!((emulated - written).abs() <= 1e-3 * written, "emulated {emulated} written {written}");
+
+    // `convert` with part of the LayerNorm kept (its gamma's Mul alone): the whole LayerNorm and
+    // its input's producer become float32, and the file loads with ONNX Runtime's defaults.
+    let out = common::layerwise(
+        &["convert", "ln17.onnx", "--to", "fp16", "--keep-fp32", "ln/gamma", "-o", "part.onnx"],
+        dir.path(),
+    );
+    let t = common::text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("ONNX Runtime loads and runs it with its default options"), "{t}");
+    for node in ["ln_in", "ln/mean", "ln/div", "ln/beta"] {
+        assert!(t.contains(&format!("FP32 {node}: a LayerNorm with float32 and FP16 parts")), "{node}: {t}");
+    }
+}

@@ -7,7 +7,8 @@ left out, as exporters fold them), attention 7 (Q, K, V MatMuls, Transpose, MatM
 1/sqrt(64) folded into Wq), residual Add, LayerNorm 7, FFN 5 (MatMul, Erf, Add, Mul, MatMul: GELU
 u * 0.5 * (1 + erf(u / sqrt(2))) with 1/sqrt(2) folded into W1 and sqrt(2) * 0.5 into W2), residual Add.
 
-usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK]... [--overflow-every K] [--inputs IN.npz]
+usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK]... [--overflow-every K]
+       [--affine] [--ln-overflow BLOCK] [--inputs IN.npz]
   --overflow BLOCK  scale that block's FFN input weights so that its activations exceed FP16's
                     range (65504), and its output weights so that what it adds to the residual
                     stays as small as the other blocks' (the blocks after it do not overflow):
@@ -15,6 +16,13 @@ usage: python3 scripts/bench/make_decoder.py OUT.onnx BLOCKS [--overflow BLOCK].
                     given several times: each block overflows on its own (`fix` must keep each).
   --overflow-every K
                     the same for every K-th block (K-1, 2K-1, ...): BLOCKS / K independent overflows.
+  --affine          give each LayerNorm its gamma (Mul) and beta (Add), as exporters write them
+                    before opset 17 (9 nodes a LayerNorm, 32 a block), and end with a final
+                    LayerNorm, as decoders do.
+  --ln-overflow BLOCK
+                    scale that block's attention values so that the residual stream grows past
+                    FP16's LayerNorm range: from that block's second LayerNorm on, every
+                    LayerNorm's squared deviations exceed 65504 under FP16.
   --inputs IN.npz   also write the input ("x", float32 1x16x64, seeded) for `bisect --inputs`.
 """
 import argparse
@@ -28,6 +36,8 @@ parser.add_argument("out")
 parser.add_argument("blocks", type=int)
 parser.add_argument("--overflow", type=int, action="append", default=[])
 parser.add_argument("--overflow-every", type=int, default=None)
+parser.add_argument("--affine", action="store_true")
+parser.add_argument("--ln-overflow", type=int, default=None)
 parser.add_argument("--inputs")
 args = parser.parse_args()
 H, FF, SEQ = 64, 256, 16
@@ -65,7 +75,12 @@ def layer_norm(x, p):  # 7 nodes
     centered = node("Sub", [x, mean], f"{p}/Sub")
     var = node("ReduceMean", [node("Pow", [centered, two], f"{p}/Pow")], f"{p}/ReduceMean_1", axes=[-1], keepdims=1)
     std = node("Sqrt", [node("Add", [var, eps], f"{p}/AddEps")], f"{p}/Sqrt")
-    return node("Div", [centered, std], f"{p}/Div")
+    normed = node("Div", [centered, std], f"{p}/Div")
+    if not args.affine:
+        return normed
+    gamma = inits.append(numpy_helper.from_array((1 + 0.1 * rng.standard_normal(H)).astype(np.float32), f"{p}/gamma")) or f"{p}/gamma"
+    beta = inits.append(numpy_helper.from_array((0.1 * rng.standard_normal(H)).astype(np.float32), f"{p}/beta")) or f"{p}/beta"
+    return node("Add", [node("Mul", [normed, gamma], f"{p}/Mul"), beta], f"{p}/Add")
 
 
 x = "x"
@@ -74,7 +89,7 @@ for b in range(args.blocks):
     h = layer_norm(x, f"{p}/ln1")
     q = node("MatMul", [h, weight(f"{p}/Wq", (H, H), 0.1 / np.sqrt(H))], f"{p}/attn/q")
     k = node("MatMul", [h, weight(f"{p}/Wk", (H, H), 0.1)], f"{p}/attn/k")
-    v = node("MatMul", [h, weight(f"{p}/Wv", (H, H), 0.1)], f"{p}/attn/v")
+    v = node("MatMul", [h, weight(f"{p}/Wv", (H, H), 0.1 if b != args.ln_overflow else 150.0)], f"{p}/attn/v")
     kt = node("Transpose", [k], f"{p}/attn/kT", perm=[0, 2, 1])
     probs = node("Softmax", [node("MatMul", [q, kt], f"{p}/attn/scores")], f"{p}/attn/Softmax", axis=-1)
     x = node("Add", [x, node("MatMul", [probs, v], f"{p}/attn/context")], f"{p}/attn/residual")
@@ -86,6 +101,8 @@ for b in range(args.blocks):
     w_out = np.sqrt(2.0) * 0.5 * (0.05 if b not in overflowing else 1e-6)
     f = node("MatMul", [gelu, weight(f"{p}/W2", (FF, H), w_out)], f"{p}/ffn/out")
     x = node("Add", [x, f], f"{p}/ffn/residual")
+if args.affine:
+    x = layer_norm(x, "final_ln")
 nodes.append(helper.make_node("Identity", [x], ["y"], name="output"))
 graph = helper.make_graph(
     nodes,
@@ -98,4 +115,4 @@ model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir
 onnx.save(model, args.out)
 if args.inputs:
     np.savez(args.inputs, x=np.random.default_rng(1).standard_normal((1, SEQ, H)).astype(np.float32))
-print(f"{args.out}: {len(nodes)} nodes ({args.blocks} blocks of {(len(nodes) - 1) // max(args.blocks, 1)})")
+print(f"{args.out}: {len(nodes)} nodes ({args.blocks} blocks of {(len(nodes) - 1 - 9 * args.affine) // max(args.blocks, 1)})")

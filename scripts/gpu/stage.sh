@@ -16,7 +16,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 unzip -q -o "$stage"/wheel/*.whl 'onnxruntime/*' -x 'onnxruntime/transformers/*' 'onnxruntime/quantization/*' \
   'onnxruntime/capi/libonnxruntime_providers_tensorrt.so' -d "$stage/pkg"
 tar -cf - -C "$stage/pkg" onnxruntime | xz -6 -T0 > "$stage/ort-gpu.tar.xz"
-(cd "$stage" && split -b 50000000 -d ort-gpu.tar.xz part.)
+# Parts of 40 MB leave room for the working tree (about 20 MB) within the 64 MiB a call carries.
+(cd "$stage" && split -b 40000000 -d ort-gpu.tar.xz part.)
 n=0
 for p in "$stage"/part.*; do n=$((n+1)); mkdir -p "$stage/p$n"; mv "$p" "$stage/p$n/"; done
 rm -rf "$stage/wheel" "$stage/pkg" "$stage/ort-gpu.tar.xz"

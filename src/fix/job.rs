@@ -303,7 +303,7 @@ fn fix_float(
     let mut fixed = last.1.status == Status::Pass;
     let outputs = output_changes(index, &first.0, &last.0);
     let Keeping::Float(keeper) = &mut search.keeping else { unreachable!("an FP16 search keeps in FP32") };
-    let converter_fp32: Vec<(String, String)> = keeper.converter_fp32().to_vec();
+    let converter_fp32 = keeper.converter_fp32_with(&keep);
 
     // FP16 that needs a large keep list, or none found: would BF16 need any? The model run whole
     // in BF16 (`sim:bf16`, nothing kept) on every sample, judged by BF16's own tolerances, measured

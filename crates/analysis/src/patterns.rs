@@ -3,6 +3,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
+use layerwise_model::layernorm::DecomposedLayerNorm;
 use layerwise_model::GraphIndex;
 use serde::Serialize;
 
@@ -99,7 +100,7 @@ pub fn pattern_of(index: &GraphIndex, node: &str) -> Pattern {
     // Look for a pattern anchor near the node (a few hops either way).
     for candidate in neighbourhood(index, target, 8) {
         let found = match index.nodes[candidate].op_type.as_str() {
-            "Sub" => decomposed_layernorm(index, candidate).map(|n| ("decomposed_layernorm", n)),
+            "Sub" => DecomposedLayerNorm::at(index, candidate).map(|ln| ("decomposed_layernorm", ln.nodes())),
             "Exp" => decomposed_softmax(index, candidate).map(|n| ("decomposed_softmax", n)),
             _ => None,
         };
@@ -123,7 +124,7 @@ pub fn pattern_of(index: &GraphIndex, node: &str) -> Pattern {
             }
         }
         "Conv" => {
-            if let Some(bn) = sole_consumer(index, target, "BatchNormalization") {
+            if let Some(bn) = index.sole_consumer_of_type(target, "BatchNormalization") {
                 return make(index, "conv_batchnorm", vec![target, bn]);
             }
         }
@@ -164,25 +165,10 @@ fn neighbourhood(index: &GraphIndex, start: usize, hops: usize) -> Vec<usize> {
     order
 }
 
-fn consumers_of(index: &GraphIndex, node: usize) -> Vec<usize> {
-    index.nodes[node].outputs.iter().flat_map(|t| index.consumers(t).iter().copied()).collect()
-}
-
-fn find_consumer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
-    consumers_of(index, node).into_iter().find(|&c| index.nodes[c].op_type == op)
-}
-
-fn sole_consumer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
-    match consumers_of(index, node).as_slice() {
-        [only] if index.nodes[*only].op_type == op => Some(*only),
-        _ => None,
-    }
-}
-
 fn single_input_producer(index: &GraphIndex, node: usize, op: &str) -> Option<usize> {
     let input = index.nodes[node].inputs.first()?;
     let p = index.producer_index(input)?;
-    (index.nodes[p].op_type == op && consumers_of(index, p).len() == 1).then_some(p)
+    (index.nodes[p].op_type == op && index.node_consumers(p).len() == 1).then_some(p)
 }
 
 const PERIODIC: &[&str] = &["Sin", "Cos"];
@@ -196,7 +182,8 @@ fn periodic_argument(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
     } else {
         node
     };
-    let periodic: Vec<usize> = consumers_of(index, producer)
+    let periodic: Vec<usize> = index
+        .node_consumers(producer)
         .into_iter()
         .filter(|&c| PERIODIC.contains(&index.nodes[c].op_type.as_str()))
         .collect();
@@ -216,7 +203,7 @@ fn offset_and_back(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
         _ => return None,
     };
     let offsets = &index.nodes[add].inputs;
-    let sub = consumers_of(index, add).into_iter().find(|&c| {
+    let sub = index.node_consumers(add).into_iter().find(|&c| {
         let n = &index.nodes[c];
         n.op_type == "Sub"
             && n.inputs.first() == index.nodes[add].outputs.first()
@@ -225,40 +212,10 @@ fn offset_and_back(index: &GraphIndex, node: usize) -> Option<Vec<usize>> {
     (node == add || node == sub).then_some(vec![add, sub])
 }
 
-/// `Sub(x, ReduceMean(x)) -> Pow(., 2) | Mul(., .) -> ReduceMean -> Add(eps) -> Sqrt -> Div`,
-/// optionally followed by `Mul(gamma)` and `Add(beta)`, anchored at the Sub.
-fn decomposed_layernorm(index: &GraphIndex, sub: usize) -> Option<Vec<usize>> {
-    let s = &index.nodes[sub];
-    let (x, m) = (s.inputs.first()?, s.inputs.get(1)?);
-    let mean = index.producer_index(m)?;
-    if index.nodes[mean].op_type != "ReduceMean" || index.nodes[mean].inputs.first() != Some(x) {
-        return None;
-    }
-    let square = consumers_of(index, sub).into_iter().find(|&c| {
-        let n = &index.nodes[c];
-        n.op_type == "Pow" || (n.op_type == "Mul" && n.inputs.first() == n.inputs.get(1))
-    })?;
-    let var = find_consumer(index, square, "ReduceMean")?;
-    let add_eps = find_consumer(index, var, "Add")?;
-    let sqrt = find_consumer(index, add_eps, "Sqrt")?;
-    let div = find_consumer(index, sqrt, "Div")?;
-    if !index.nodes[div].inputs.contains(&s.outputs[0]) {
-        return None;
-    }
-    let mut nodes = vec![mean, sub, square, var, add_eps, sqrt, div];
-    if let Some(scale) = sole_consumer(index, div, "Mul") {
-        nodes.push(scale);
-        if let Some(shift) = sole_consumer(index, scale, "Add") {
-            nodes.push(shift);
-        }
-    }
-    Some(nodes)
-}
-
 /// `[ReduceMax -> Sub ->] Exp -> ReduceSum -> Div(exp, sum)`, anchored at the Exp.
 fn decomposed_softmax(index: &GraphIndex, exp: usize) -> Option<Vec<usize>> {
-    let sum = find_consumer(index, exp, "ReduceSum")?;
-    let div = find_consumer(index, sum, "Div")?;
+    let sum = index.consumer_of_type(exp, "ReduceSum")?;
+    let div = index.consumer_of_type(sum, "Div")?;
     if !index.nodes[div].inputs.contains(&index.nodes[exp].outputs[0]) {
         return None;
     }

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use half::f16;
 
 use crate::fp16;
+use crate::layernorm::DecomposedLayerNorm;
 use crate::onnx::{
     attribute_proto::AttributeType, tensor_proto::DataType, type_proto, AttributeProto, ModelProto, NodeProto,
     TensorProto,
@@ -350,6 +351,10 @@ fn convert_graph(
         }
     }
 
+    if model.opset() >= 17 {
+        fp32_nodes.extend(layernorms_of_one_type(index, &mut precision, low, options.keep_io_types));
+    }
+
     // The precision each float input slot needs (None: any type).
     let needs = |node: &NodeProto, p: Precision, slot: usize| -> Option<Precision> {
         if ANY_TYPE_READERS.contains(&node.op_type()) {
@@ -551,6 +556,111 @@ fn convert_graph(
 
 /// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
 /// control-flow node and the body prefix (`Node/then`, `Node/body`) it falls under.
+/// From opset 17, ONNX Runtime's LayerNormFusion (every provider, every optimization level but
+/// `disable`) fuses a decomposed LayerNorm with gamma and beta into one LayerNormalization, taking
+/// in a Cast between its Div and Mul, and a Cast that feeds it where that Cast's only readers are
+/// the ReduceMean and the Sub. That op's input, scale and output share one type, so where the
+/// island boundary puts FP16 on one side and float32 on the other, ONNX Runtime refuses the model
+/// it has just fused ("Type parameter (T) of Optype (LayerNormalization) bound to different
+/// types"). Such a LayerNorm, and the node producing its input where that is FP16, are made
+/// float32 together: the written model then loads with ONNX Runtime's defaults and computes the
+/// kept nodes in float32. Repeated until no LayerNorm is left mixed (making a producer float32
+/// can mix the LayerNorm it belongs to).
+fn layernorms_of_one_type(
+    index: &GraphIndex,
+    precision: &mut [Option<Precision>],
+    low: Precision,
+    keep_io_types: bool,
+) -> Vec<(String, String)> {
+    let mut made_fp32 = Vec::new();
+    let layernorms: Vec<DecomposedLayerNorm> = (0..index.nodes.len())
+        .filter_map(|sub| DecomposedLayerNorm::at(index, sub))
+        .filter(|ln| ln.scale.is_some() && ln.shift.is_some())
+        .collect();
+    let reason = "a LayerNorm with float32 and FP16 parts: ONNX Runtime (opset 17 on) fuses it across the island's Casts into a LayerNormalization of mixed types, then refuses the model";
+    loop {
+        let mut changed = false;
+        for ln in &layernorms {
+            let of = |n: usize| precision[index.nodes[n].proto_index];
+            let nodes = ln.nodes();
+            let p = of(ln.mean);
+            if p.is_none() || nodes.iter().any(|&n| of(n) != p) {
+                // Parts of two types (an absent precision is no float node: left as it is).
+                if nodes.iter().any(|&n| of(n).is_none()) {
+                    continue;
+                }
+            } else {
+                // One type inside: mixed only where the Cast feeding it is taken in.
+                let x = &index.nodes[ln.mean].inputs[0];
+                let producer = index.producer_index(x);
+                let x_precision = match producer {
+                    Some(q) => of(q),
+                    None if index.is_graph_input(x) && !index.is_initializer(x) => {
+                        Some(if keep_io_types { Precision::Fp32 } else { low })
+                    }
+                    None => continue,
+                };
+                if x_precision.is_none() || x_precision == p {
+                    continue;
+                }
+                // The Cast to p is shared by every reader of x at p (type-agnostic readers read x
+                // as stored); ONNX Runtime takes it in when those are the ReduceMean and Subs alone.
+                let cast_readers: Vec<usize> = index
+                    .consumers(x)
+                    .iter()
+                    .copied()
+                    .filter(|&c| of(c) == p && !ANY_TYPE_READERS.contains(&index.nodes[c].op_type.as_str()))
+                    .collect();
+                let taken_in = cast_readers.iter().all(|&c| {
+                    c == ln.mean
+                        || (index.nodes[c].op_type == "Sub"
+                            && index.nodes[c].inputs.get(1) == index.nodes[ln.mean].outputs.first())
+                });
+                if !taken_in {
+                    continue;
+                }
+            }
+            let x = &index.nodes[ln.mean].inputs[0];
+            let producer = index.producer_index(x).filter(|&q| of(q) == Some(low));
+            for n in nodes.into_iter().chain(producer) {
+                let info = &index.nodes[n];
+                if precision[info.proto_index] != Some(Precision::Fp32) {
+                    precision[info.proto_index] = Some(Precision::Fp32);
+                    made_fp32.push((info.name.clone(), reason.to_string()));
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return made_fp32;
+        }
+    }
+}
+
+/// The nodes [`convert_fp16`] makes float32 beyond `fp32` (the keep list and the converter's
+/// other FP32 nodes) so that no decomposed LayerNorm is left with parts of two types, with the
+/// reason: for an emulation to compute what the written model computes. `float` is the model's
+/// float tensors ([`float_tensor_set`]).
+pub fn layernorm_fp32_beyond(
+    model: &Model,
+    index: &GraphIndex,
+    float: &HashSet<String>,
+    fp32: &HashSet<&str>,
+    target: Precision,
+) -> Vec<(String, String)> {
+    if model.opset() < 17 {
+        return Vec::new();
+    }
+    let mut precision: Vec<Option<Precision>> = vec![None; model.graph().node.len()];
+    for info in index.nodes.iter().filter(|n| n.op_type != "Constant") {
+        if info.inputs.iter().chain(&info.outputs).any(|t| float.contains(t)) {
+            precision[info.proto_index] =
+                Some(if fp32.contains(info.name.as_str()) { Precision::Fp32 } else { target });
+        }
+    }
+    layernorms_of_one_type(index, &mut precision, target, ConvertOptions::default().keep_io_types)
+}
+
 fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo, String)> {
     index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop")).find_map(|n| {
         let rest = name.strip_prefix(&n.name)?.strip_prefix('/')?;

@@ -193,6 +193,24 @@ impl GraphIndex {
         self.consumers.get(tensor).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// Topological indices of the nodes reading any output of node `node`.
+    pub fn node_consumers(&self, node: usize) -> Vec<usize> {
+        self.nodes[node].outputs.iter().flat_map(|t| self.consumers(t).iter().copied()).collect()
+    }
+
+    /// The first reader of node `node`'s outputs whose op type is `op`.
+    pub fn consumer_of_type(&self, node: usize, op: &str) -> Option<usize> {
+        self.node_consumers(node).into_iter().find(|&c| self.nodes[c].op_type == op)
+    }
+
+    /// The only reader of node `node`'s outputs, where its op type is `op`.
+    pub fn sole_consumer_of_type(&self, node: usize, op: &str) -> Option<usize> {
+        match self.node_consumers(node).as_slice() {
+            [only] if self.nodes[*only].op_type == op => Some(*only),
+            _ => None,
+        }
+    }
+
     pub fn node(&self, name: &str) -> Option<&NodeInfo> {
         self.nodes.iter().find(|n| n.name == name)
     }

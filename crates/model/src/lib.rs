@@ -19,6 +19,7 @@ pub mod fp16;
 pub mod functions;
 mod graph;
 pub mod inline;
+pub mod layernorm;
 pub mod matching;
 mod model;
 pub mod pair;
