@@ -69,8 +69,7 @@ enum Command {
     /// Render a saved JSON report as HTML, Markdown, CSV or Model Explorer node data.
     Report(ReportCmdArgs),
     /// Build a TensorRT engine (no GPU needed) with every tensor marked as an output and show
-    /// which ONNX nodes each engine layer computes (cargo feature `tensorrt`).
-    #[cfg(feature = "tensorrt")]
+    /// which ONNX nodes each engine layer computes (cargo feature `tensorrt`; without it, says so).
     TrtLayers(TrtLayersArgs),
     /// Run the whole pipeline on a built-in model with a planted FP16 overflow.
     Demo(DemoArgs),
@@ -374,7 +373,6 @@ struct ReportCmdArgs {
     formats: FormatArgs,
 }
 
-#[cfg(feature = "tensorrt")]
 #[derive(Args)]
 struct TrtLayersArgs {
     model: PathBuf,
@@ -387,6 +385,13 @@ struct TrtLayersArgs {
     /// Input shapes (dynamic dimensions need one), as for bisect.
     #[command(flatten)]
     inputs: InputArgs,
+}
+
+/// The subcommand exists in every build, so that docs/tensorrt.md's example says what to do
+/// rather than "unrecognized subcommand".
+#[cfg(not(feature = "tensorrt"))]
+fn run_trt_layers(_args: TrtLayersArgs) -> Result<u8> {
+    anyhow::bail!("trt-layers: this layerwise was built without native TensorRT; rebuild with `--features tensorrt` (docs/tensorrt.md)")
 }
 
 #[cfg(feature = "tensorrt")]
@@ -1041,7 +1046,6 @@ fn run(cli: Cli) -> Result<u8> {
         Command::Convert(args) => run_convert(args),
         Command::Fix(args) => run_fix(*args, cli.quiet),
         Command::Report(args) => run_report(args),
-        #[cfg(feature = "tensorrt")]
         Command::TrtLayers(args) => run_trt_layers(args),
         Command::Demo(args) => run_demo(args, cli.quiet),
         Command::Merge(args) => run_merge(args),

