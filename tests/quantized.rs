@@ -705,3 +705,43 @@ fn a_quantized_cand_model_without_cand_runs_as_deployed_on_ort_cpu_not_through_t
     assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     assert_eq!(json(&dir.path().join("float.json"))["cand"]["spec"], "sim:fp16");
 }
+
+/// A saved candidate run whose 'r' holds a quantizer's uint8 codes (scale 1/64, zero point 128)
+/// under the float tensor's name: codes are not values, and comparing them put 'r' at the top of
+/// the worst tensors with rel L2 395. It is not compared, with the reason; the rest is.
+#[test]
+fn uint8_codes_under_a_float_tensors_name_are_never_compared_with_its_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut b = ModelBuilder::new("relu-chain", 13);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(8)]);
+    b.initializer(f32_tensor("w1", &[8, 8], &weights(64, 1)));
+    b.initializer(f32_tensor("w2", &[8, 4], &weights(32, 2)));
+    b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
+    b.node("Relu", "relu", &["h"], &["r"], vec![]);
+    b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &d.join("m.onnx"));
+    let saved = layerwise(&["bisect", "m.onnx", "--val-range", "x:-1,1", "--save-tensors", "run"], d);
+    assert!(matches!(saved.status.code(), Some(0 | 1)), "{}", text(&saved));
+    let r_file = d.join("run/cand/00001_r.npy");
+    let r = layerwise_runtime::npy::read_npy_file(&r_file).unwrap();
+    let codes: Vec<u8> = r.to_f32().iter().map(|v| (v * 64.0 + 128.0).round().clamp(0.0, 255.0) as u8).collect();
+    let codes = layerwise_runtime::Tensor::new(r.shape.clone(), layerwise_runtime::TensorData::U8(codes));
+    layerwise_runtime::npy::write_npy(std::fs::File::create(&r_file).unwrap(), &codes).unwrap();
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "npz:run/cand", "--inputs", "run/inputs.npz", "--json", "r.json"], d);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let report = json(&d.join("r.json"));
+    let compared: Vec<&str> =
+        report["tensors"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(compared, ["h", "y"], "{t}");
+    let reason = report["not_compared"][0]["reason"].as_str().unwrap_or_default();
+    assert!(
+        report["not_compared"][0]["tensor"] == "r"
+            && reason.starts_with("float32 values in the reference, uint8 integers in the candidate"),
+        "{}",
+        report["not_compared"]
+    );
+}

@@ -215,6 +215,10 @@ fn sample_records(
     let mut on_device: Vec<(usize, &str, (Vec<usize>, DType), (Vec<usize>, DType), DevicePair)> = Vec::new();
     for name in names {
         let Some((r, c)) = both_sides(index, name, reference, candidate_of, &mut not_compared) else { continue };
+        if let Some(why) = layerwise_analysis::different_meaning(r.dtype, c.dtype) {
+            not_compared.push((name.to_string(), why));
+            continue;
+        }
         let layout = layout_of(name.as_str()).ok_or_else(|| anyhow!("tensor '{name}' was not in the checked batch"))?;
         let (rs, cs) = (layout.per_sample(&r.shape, width), layout.per_sample(&c.shape, width));
         let tol = tolerances.of(name);

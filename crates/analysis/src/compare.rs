@@ -193,6 +193,27 @@ pub fn tensor_record(
     record
 }
 
+/// Why two tensors paired by name are not compared, where one holds floats and the other integers
+/// or truth values: a quantized model's uint8 codes under the float tensor's name measure nothing
+/// as an error of the values (the codes of 0.5 at scale 1/255 are 128). Every comparison (host,
+/// paired, GPU) asks this first.
+pub fn different_meaning(reference: DType, candidate: DType) -> Option<String> {
+    let kind = |t: DType| match t {
+        DType::Bool => "truth values",
+        t if t.is_float() => "values",
+        _ => "integers",
+    };
+    (kind(reference) != kind(candidate)).then(|| {
+        format!(
+            "{} {} in the reference, {} {} in the candidate: different meanings under one name (a quantized model's codes, say), never compared",
+            reference.name(),
+            kind(reference),
+            candidate.name(),
+            kind(candidate)
+        )
+    })
+}
+
 /// Why a model output that no node computes is not compared: a weight the model passes straight
 /// to its output holds whatever each side stores for it, which no run of either side returns.
 pub const WEIGHT_OUTPUT: &str =
@@ -280,7 +301,10 @@ pub fn compare_all(
     let mut both = Vec::new();
     for name in order {
         match (reference.get(name), candidate.get(name)) {
-            (Some(r), Some(c)) => both.push((name, r, c)),
+            (Some(r), Some(c)) => match different_meaning(r.dtype(), c.dtype()) {
+                Some(why) => not_compared.push((name.clone(), why)),
+                None => both.push((name, r, c)),
+            },
             (None, _) => not_compared.push((name.clone(), missing_reason(index, name, "reference"))),
             (_, None) => not_compared.push((name.clone(), missing_reason(index, name, "candidate"))),
         }
@@ -403,6 +427,9 @@ impl PairReducer for PairedComparison {
         let reduced = match (reference.dtype, candidate.dtype) {
             (Err(why), _) => Reduced::Unavailable(format!("reference: {why}")),
             (_, Err(why)) => Reduced::Unavailable(format!("candidate: {why}")),
+            (Ok(rt), Ok(ct)) if different_meaning(rt, ct).is_some() => {
+                Reduced::Unavailable(different_meaning(rt, ct).unwrap_or_default())
+            }
             (Ok(rt), Ok(ct)) => {
                 self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
                 let (metrics, histogram) = if reference.shape == candidate.shape {

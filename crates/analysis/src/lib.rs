@@ -15,8 +15,8 @@ mod verdict;
 mod walk;
 
 pub use compare::{
-    add_passed_through, compare_all, fed_value, is_weight_output, missing_reason, passed_through, tensor_record,
-    Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
+    add_passed_through, compare_all, different_meaning, fed_value, is_weight_output, missing_reason, passed_through,
+    tensor_record, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
 };
 pub use defaults::defaults_and_rule;
 pub use findings::{
