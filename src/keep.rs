@@ -313,13 +313,11 @@ impl<'a> KeepRunner<'a> {
 
     /// The nodes the converter keeps in FP32 when `keep` is the keep list, with the reason: its
     /// own ([`KeepRunner::converter_fp32`]) and those the list makes it keep (a LayerNorm left
-    /// with parts of two types). Empty for a candidate that stores float32.
+    /// with parts of two types).
     pub fn converter_fp32_with(&mut self, keep: &[String]) -> Vec<(String, String)> {
-        if !self.storage {
-            return Vec::new();
-        }
+        let kept: HashSet<&String> = keep.iter().collect();
         let mut found: Vec<(String, String)> =
-            self.converter_fp32().iter().filter(|(n, _)| !keep.contains(n)).cloned().collect();
+            self.converter_fp32().iter().filter(|(n, _)| !kept.contains(n)).cloned().collect();
         let fp32: HashSet<&str> = keep.iter().chain(found.iter().map(|(n, _)| n)).map(String::as_str).collect();
         let (model, index, target) = (self.model, self.index, self.target);
         // Where ONNX Runtime cannot type the model, no conversion exists (as for
@@ -337,7 +335,9 @@ impl<'a> KeepRunner<'a> {
     /// computes what the written model computes.
     pub fn as_written(&mut self, keep: &[String]) -> Vec<String> {
         let mut all = keep.to_vec();
-        all.extend(self.converter_fp32_with(keep).into_iter().map(|(n, _)| n));
+        if self.storage {
+            all.extend(self.converter_fp32_with(keep).into_iter().map(|(n, _)| n));
+        }
         all
     }
 

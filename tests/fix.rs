@@ -825,3 +825,30 @@ fn a_kept_layernorm_at_opset_17_loads_in_onnx_runtime_with_its_defaults() {
         assert!(t.contains(&format!("FP32 {node}: a LayerNorm with float32 and FP16 parts")), "{node}: {t}");
     }
 }
+
+/// An FP16 file run by ONNX Runtime itself (here `ort:cpu,typed=off`; `ort:cuda` on a GPU) is
+/// judged on its outputs as deployed, only its outputs asked for, so that ONNX Runtime's fusions
+/// (LayerNormFusion sums in float32) are what the verdict measures: exposing every tensor blocks
+/// them. On an H100 the decoder's FP16 LayerNorms overflowed only with their Pow exposed. The
+/// note says which run the output errors are from; a typed evaluation (the default on the CPU)
+/// has no fused session, and no such run.
+#[test]
+fn an_fp16_file_on_onnx_runtime_is_judged_on_its_outputs_as_deployed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proto = planted_layernorm();
+    proto.opset_import[0].version = Some(17);
+    save(&proto, &dir.path().join("ln17.onnx"));
+    let converted = common::layerwise(&["convert", "ln17.onnx", "--to", "fp16", "-o", "ln17_16.onnx"], dir.path());
+    assert!(converted.status.success(), "{}", common::text(&converted));
+    for (cand, deployed_run) in [("ort:cpu,typed=off", true), ("ort:cpu", false)] {
+        let out = common::layerwise(
+            &["bisect", "ln17.onnx", "--cand", cand, "--cand-model", "ln17_16.onnx", "--json", "r.json"],
+            dir.path(),
+        );
+        let t = common::text(&out);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+        let notes = common::json(&dir.path().join("r.json"))["cand"]["notes"].to_string();
+        assert_eq!(t.contains("as deployed (outputs only)"), deployed_run, "{cand}: {t}");
+        assert_eq!(notes.contains("only its outputs: ONNX Runtime's graph fusions"), deployed_run, "{cand}: {notes}");
+    }
+}

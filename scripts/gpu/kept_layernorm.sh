@@ -6,13 +6,15 @@
 # converts the model again with the LayerNorm kept, and that session must build. Then `fix` on
 # CUDA, and the fixed file run on CUDA. Last, ONNX Runtime's own Python session on CUDA for the
 # two islands of .gpu/run/islands/ (the old island shape, fed through a Cast, and the one convert
-# writes now). GPU machine, repository root, after `source scripts/gpu/unstage.sh`.
+# writes now). deployed_vs_exposed.py first: the FP16 file's output with only its outputs asked
+# for, and with every Pow exposed. GPU machine, repository root, after `source scripts/gpu/unstage.sh`.
 set -u
 R=$PWD/.gpu/run
 W=/tmp/kept-ln; mkdir -p $W/out; cd $W
 L=$R/layerwise
 python3 $R/../../scripts/bench/make_decoder.py dec.onnx 400 --affine --ln-overflow 397 --inputs in.npz
 $L convert dec.onnx --to fp16 -o dec_fp16.onnx > out/convert.txt 2>&1; echo "convert exit $?"
+python3 $R/../../scripts/gpu/deployed_vs_exposed.py dec.onnx dec_fp16.onnx in.npz 2>&1 | tee out/deployed_vs_exposed.txt
 start=$(date +%s%N)
 $L bisect dec.onnx --inputs in.npz --ref ort:cuda,tf32=off --cand ort:cuda --cand-model dec_fp16.onnx --json out/bisect.json > out/bisect.txt 2>&1
 echo "bisect exit $? in $(( ($(date +%s%N) - start) / 1000000 )) ms"; grep -E "VERDICT|^  - |keeping" out/bisect.txt | head -12

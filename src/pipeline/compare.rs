@@ -433,21 +433,28 @@ impl<'a> Job<'a> {
 const DEPLOYED_NOISE: f64 = 1e-5;
 
 impl Job<'_> {
-    /// A Q/DQ candidate model as the user runs it: only its declared outputs, so that ONNX Runtime
-    /// fuses its quantizers into integer kernels, which exposing a tensor between them prevents
-    /// (a CNN's probability was 254/255 fused and 1.0 with one more tensor exposed).
+    /// A candidate model file as the user runs it: only its declared outputs, so that ONNX Runtime
+    /// fuses what exposing a tensor prevents: a Q/DQ model's quantizers into integer kernels (a
+    /// CNN's probability was 254/255 fused and 1.0 with one more tensor exposed), an FP16 file's
+    /// decomposed LayerNorm into one kernel that sums in float32 (a decoder's FP16 LayerNorm
+    /// overflowed only when its Pow was exposed, on an H100).
     /// Both sides run once more with only their outputs; the outputs' records become the deployed
     /// run's, the intermediate tensors stay the exposed run's (what the walk reads), and a note
-    /// gives both numbers where they differ. Nothing for any other candidate.
+    /// gives both numbers where they differ. Nothing for a candidate without a model file, nor
+    /// for one evaluated node by node in its own types.
     pub(super) fn compare_deployed(
         &mut self,
         feeds: &[(String, Tensor)],
         compared: &mut Compared,
         steps: &mut Steps,
     ) -> Result<()> {
-        if self.judging.quantization.is_none() || self.cand_model.is_none() {
+        // An FP16/BF16 file on ort:cpu is evaluated node by node in its own types, exposed or not:
+        // there is no fused session to measure.
+        let Some((cm, _)) = &self.cand_model else { return Ok(()) };
+        if super::setup::typed_candidate(&self.options.candidate, cm).is_some() {
             return Ok(());
         }
+        let fusions = self.deployed_fusions();
         let outputs_only = Selection::Names(Vec::new());
         let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || {
             self.run_reference(feeds, &outputs_only)
@@ -503,14 +510,23 @@ impl Job<'_> {
             }
         }
         compared.notes.1.push(if differ.is_empty() {
-            "output errors are the candidate's as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise".to_string()
+            format!("output errors are the candidate's as deployed (only its outputs: {fusions}, as the user runs it), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise")
         } else {
             format!(
-                "the candidate as deployed (only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels, as the user runs it) and with every tensor exposed (fusions blocked, the quantizers computed in float32 between them) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
+                "the candidate as deployed (only its outputs: {fusions}, as the user runs it) and with every tensor exposed (fusions blocked) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
                 differ.join(", ")
             )
         });
         Ok(())
+    }
+
+    /// What ONNX Runtime fuses in the candidate's file when only its outputs are asked for.
+    fn deployed_fusions(&self) -> &'static str {
+        if self.judging.quantization.is_some() {
+            "ONNX Runtime's Q/DQ fusions and integer kernels"
+        } else {
+            "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32"
+        }
     }
 }
 
@@ -530,8 +546,9 @@ impl Job<'_> {
         if fd.cause.best.kind == layerwise_analysis::CauseKind::IntegerAccumulatorOverflow {
             return;
         }
+        let fusions = self.deployed_fusions();
         verdict.summary = format!(
-            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: ONNX Runtime's Q/DQ fusions and integer kernels) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between the quantizers is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
+            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: {fusions}) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between its ops is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
         );
         verdict.first_divergent = None;
     }
