@@ -852,3 +852,32 @@ fn an_fp16_file_on_onnx_runtime_is_judged_on_its_outputs_as_deployed() {
         assert_eq!(notes.contains("only its outputs: ONNX Runtime's graph fusions"), deployed_run, "{cand}: {notes}");
     }
 }
+
+/// `fix` judges a converted file run by ONNX Runtime on its outputs as deployed, as bisect does:
+/// its "before" error of each output is bisect's for the same file, not the exposed run's (which
+/// differs where exposing blocks a fusion).
+#[test]
+fn fix_and_bisect_give_one_output_error_for_a_file_onnx_runtime_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proto = planted_layernorm();
+    proto.opset_import[0].version = Some(17);
+    save(&proto, &dir.path().join("ln17.onnx"));
+    let cand = "ort:cpu,typed=off";
+    let converted = common::layerwise(&["convert", "ln17.onnx", "--to", "fp16", "-o", "ln17_16.onnx"], dir.path());
+    assert!(converted.status.success(), "{}", common::text(&converted));
+    let bisected = common::layerwise(
+        &["bisect", "ln17.onnx", "--cand", cand, "--cand-model", "ln17_16.onnx", "--json", "b.json"],
+        dir.path(),
+    );
+    assert!(matches!(bisected.status.code(), Some(0 | 1)), "{}", common::text(&bisected));
+    let fixed = common::layerwise(&["fix", "ln17.onnx", "--cand", cand, "--json", "f.json"], dir.path());
+    assert!(matches!(fixed.status.code(), Some(0 | 1)), "{}", common::text(&fixed));
+    let b = common::json(&dir.path().join("b.json"));
+    let f = common::json(&dir.path().join("f.json"));
+    let by_bisect = b["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "out").unwrap()["metrics"]
+        ["rel_l2_err"]
+        .as_f64()
+        .unwrap();
+    let by_fix = f["outputs"][0]["before_rel_l2"].as_f64().unwrap();
+    assert!((by_bisect - by_fix).abs() <= 1e-2 * by_bisect, "bisect {by_bisect:e}, fix {by_fix:e}");
+}

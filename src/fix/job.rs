@@ -185,7 +185,11 @@ fn fix_float(
     // compares them: each side returns the value it was fed).
     let order: Vec<String> = index.computed_tensors().map(str::to_string).chain(passed_through(index)).collect();
     let weights = scan_fp16_weight_range(model)?;
-    let mut search = Search::new(index, samples, order, candidate, Keeping::Float(keeper), judging, weights, steps);
+    // Converted files run by ONNX Runtime itself (not the emulation, not a typed evaluation) are
+    // judged on their outputs as deployed, as bisect judges them.
+    let deployed = !keeper.emulated() && b.candidate.typed_cpu_threads().is_none();
+    let mut search =
+        Search::new(index, samples, order, candidate, Keeping::Float(keeper), judging, weights, steps, deployed);
 
     let first = diagnose(&mut search)?;
     let mut keep: Vec<String> = Vec::new();

@@ -39,7 +39,8 @@ pub(super) fn fix_quantized(
     let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
     let runner = UnquantizedRunner::new(model, index, cm, ci, &cand_names);
     let keeping = Keeping::Unquantized(runner);
-    let mut search = Search::new(index, samples, order, candidate, keeping, judging, Vec::new(), steps);
+    // A Q/DQ model's outputs are judged as deployed (ONNX Runtime's Q/DQ fusions), as bisect judges them.
+    let mut search = Search::new(index, samples, order, candidate, keeping, judging, Vec::new(), steps, true);
     let first = diagnose(&mut search)?;
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = first.clone();

@@ -13,6 +13,7 @@ use layerwise_runtime::{Backend, Tensor};
 
 use crate::keep::{HeldRun, KeepRunner, UnquantizedRunner};
 use crate::pipeline::setup::Judging;
+use crate::pipeline::with_deployed_outputs;
 use crate::pipeline::Steps;
 
 /// A candidate run's comparison and verdict.
@@ -61,6 +62,10 @@ pub(super) struct Search<'a> {
     pub rounds: Vec<Round>,
     /// Progress on stderr: one step per candidate run.
     pub steps: Steps,
+    /// The candidate runs a model file on ONNX Runtime (a converted or Q/DQ file, not a typed
+    /// evaluation): its outputs are judged as deployed, only they asked for, as bisect judges them
+    /// ([`with_deployed_outputs`]).
+    deployed: bool,
 }
 
 impl<'a> Search<'a> {
@@ -74,6 +79,7 @@ impl<'a> Search<'a> {
         judging: Judging,
         weights: Vec<WeightRange>,
         steps: Steps,
+        deployed: bool,
     ) -> Search<'a> {
         Search {
             index,
@@ -87,6 +93,7 @@ impl<'a> Search<'a> {
             runs: 0,
             rounds: Vec::new(),
             steps,
+            deployed,
         }
     }
 
@@ -105,24 +112,34 @@ impl<'a> Search<'a> {
                 1 => format!("candidate run {} ({how})", self.runs),
                 n => format!("candidate run {} ({how}), sample {} of {n} ({})", self.runs, k + 1, self.samples[k].name),
             };
-            let Search { steps, keeping, candidate, samples, .. } = self;
+            let Search { steps, keeping, candidate, samples, deployed, .. } = self;
             let (feeds, held) = (&samples[k].feeds, &samples[k].runs);
-            let run = steps.run(&label, || match keeping {
+            let outputs_only = Selection::Names(Vec::new());
+            let (run, as_deployed) = steps.run(&label, || match keeping {
                 Keeping::Float(keeper) => {
                     if let Some(run) = keeper.run_all_from(candidate.as_mut(), keep, feeds, held)? {
-                        return Ok(Ok(run));
+                        return Ok((Ok(run), None));
                     }
                     let out = keeper.run(candidate.as_mut(), keep, feeds, &Selection::All)?;
-                    Ok(Ok(HeldRun::whole(keeper, keep, out.tensors)))
+                    let as_deployed = match deployed {
+                        true => Some(keeper.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors),
+                        false => None,
+                    };
+                    Ok((Ok(HeldRun::whole(keeper, keep, out.tensors)), as_deployed))
                 }
                 Keeping::Unquantized(runner) => {
-                    Ok(Err(runner.run(candidate.as_mut(), keep, feeds, &Selection::All)?.tensors))
+                    let out = runner.run(candidate.as_mut(), keep, feeds, &Selection::All)?.tensors;
+                    let as_deployed = match deployed {
+                        true => Some(runner.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors),
+                        false => None,
+                    };
+                    Ok((Err(out), as_deployed))
                 }
             })?;
             // A run to compute the next from (kept FP32), or the tensors alone (left unquantized).
             let judged = match run {
                 Ok(run) => {
-                    let judged = self.judge(k, run.tensor_map());
+                    let judged = self.judge(k, run.tensor_map(), as_deployed.as_ref());
                     if matches!(&self.keeping, Keeping::Float(keeper) if keeper.emulated()) {
                         let runs = &mut self.samples[k].runs;
                         runs.push(run);
@@ -132,7 +149,7 @@ impl<'a> Search<'a> {
                     }
                     judged
                 }
-                Err(tensors) => self.judge(k, &tensors),
+                Err(tensors) => self.judge(k, &tensors, as_deployed.as_ref()),
             };
             if worst.as_ref().is_none_or(|(_, so_far)| worse(&judged, so_far, self.index)) {
                 worst = Some((k, judged));
@@ -170,8 +187,15 @@ impl<'a> Search<'a> {
         self.judging.compare(self.index, &self.index.outputs, &self.samples[k].reference, tensors)
     }
 
-    fn judge(&self, k: usize, tensors: &HashMap<String, Tensor>) -> Judged {
+    /// Sample `k`'s run `tensors` compared and walked; where the candidate runs a file on ONNX
+    /// Runtime, its outputs judged by `deployed`, the run asking for them alone.
+    fn judge(&self, k: usize, tensors: &HashMap<String, Tensor>, deployed: Option<&HashMap<String, Tensor>>) -> Judged {
         let mut comparison = self.judging.compare(self.index, &self.order, &self.samples[k].reference, tensors);
+        if let Some(deployed) = deployed {
+            let reference = &self.samples[k].reference;
+            comparison =
+                with_deployed_outputs(self.index, &self.order, &self.judging, comparison, reference, deployed).0;
+        }
         let verdict = self.judging.walk(self.index, &mut comparison, &self.samples[k].feeds, &self.weights);
         (comparison, verdict)
     }

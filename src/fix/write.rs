@@ -171,9 +171,9 @@ pub(super) fn write_and_check(
             .collect();
         // A model that does not hold is not written (its staging folder goes with it).
         Some(match &check.not_run {
-            Some(why) => format!("the emulation passes with this keep list, but the written model could not be checked in its own types: {why}"),
+            Some(why) => format!("the candidate passes with this keep list, but the written model could not be checked in its own types: {why}"),
             None => format!(
-                "the emulation passes with this keep list, but the written model, evaluated in its own types, fails: {}",
+                "the candidate passes with this keep list, but the written model, evaluated in its own types, fails: {}",
                 if worst.is_empty() { "its outputs are out of tolerance".to_string() } else { worst.join(", ") }
             ),
         })

@@ -463,36 +463,20 @@ impl Job<'_> {
             .run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || {
                 self.run_candidate(feeds, &outputs_only)
             })?;
-        let mut outputs: Vec<String> = Vec::new();
-        for o in &self.index.outputs {
-            if !outputs.contains(o) {
-                outputs.push(o.clone());
-            }
-        }
-        let deployed =
-            compare_all(&self.index, &outputs, &ref_out.tensors, &cand_out.tensors, &self.judging.tolerances);
         let comparison = std::mem::take(&mut compared.comparison);
-        let mut differ = Vec::new();
-        for d in &deployed.records {
-            if let Some(exposed) = comparison.get(&d.name) {
-                let (a, b) = (d.error_level(), exposed.error_level());
-                if !((a - b).abs() <= DEPLOYED_NOISE || a == b) {
-                    differ.push(format!("'{}' {a:.2e} as deployed, {b:.2e} exposed", d.name));
-                    compared.deployed_differs.push((d.name.clone(), a, b));
-                }
-            }
-        }
-        let mut records: Vec<_> = comparison.records.into_iter().filter(|r| !outputs.contains(&r.name)).collect();
-        records.extend(deployed.records.iter().cloned());
-        let mut not_compared: Vec<_> =
-            comparison.not_compared.into_iter().filter(|(t, _)| !outputs.contains(t)).collect();
-        not_compared.extend(
-            deployed
-                .not_compared
-                .iter()
-                .map(|(t, why)| (t.clone(), format!("{why} (in the candidate's run as deployed, only its outputs)"))),
+        let (comparison, differs) = with_deployed_outputs(
+            &self.index,
+            &self.order,
+            &self.judging,
+            comparison,
+            &ref_out.tensors,
+            &cand_out.tensors,
         );
-        compared.comparison = layerwise_analysis::Comparison::from_records(records, not_compared, &self.order);
+        compared.comparison = comparison;
+        let differ: Vec<String> =
+            differs.iter().map(|(name, a, b)| format!("'{name}' {a:.2e} as deployed, {b:.2e} exposed")).collect();
+        compared.deployed_differs.extend(differs);
+        let outputs = model_outputs(&self.index);
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {
             for o in &outputs {
@@ -528,6 +512,54 @@ impl Job<'_> {
             "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32"
         }
     }
+}
+
+/// The model outputs, each once, in the order the model declares them.
+fn model_outputs(index: &GraphIndex) -> Vec<String> {
+    let mut outputs: Vec<String> = Vec::new();
+    for o in &index.outputs {
+        if !outputs.contains(o) {
+            outputs.push(o.clone());
+        }
+    }
+    outputs
+}
+
+/// `comparison` (a run with every tensor exposed) with its model outputs' records taken from a
+/// run of the candidate as deployed (`deployed`: only its outputs asked for, so that ONNX Runtime
+/// fuses what exposing a tensor blocks) against `reference`; the intermediate tensors stay the
+/// exposed run's, which the walk reads. Also the outputs whose error differs between the two
+/// runs: (output, deployed, exposed). Bisect and `fix` judge a candidate file's outputs by this
+/// alone.
+pub(crate) fn with_deployed_outputs(
+    index: &GraphIndex,
+    order: &[String],
+    judging: &Judging,
+    comparison: layerwise_analysis::Comparison,
+    reference: &HashMap<String, Tensor>,
+    deployed: &HashMap<String, Tensor>,
+) -> (layerwise_analysis::Comparison, Vec<(String, f64, f64)>) {
+    let outputs = model_outputs(index);
+    let as_deployed = compare_all(index, &outputs, reference, deployed, &judging.tolerances);
+    let mut differs = Vec::new();
+    for d in &as_deployed.records {
+        if let Some(exposed) = comparison.get(&d.name) {
+            let (a, b) = (d.error_level(), exposed.error_level());
+            if !((a - b).abs() <= DEPLOYED_NOISE || a == b) {
+                differs.push((d.name.clone(), a, b));
+            }
+        }
+    }
+    let mut records: Vec<_> = comparison.records.into_iter().filter(|r| !outputs.contains(&r.name)).collect();
+    records.extend(as_deployed.records);
+    let mut not_compared: Vec<_> = comparison.not_compared.into_iter().filter(|(t, _)| !outputs.contains(t)).collect();
+    not_compared.extend(
+        as_deployed
+            .not_compared
+            .into_iter()
+            .map(|(t, why)| (t, format!("{why} (in the candidate's run as deployed, only its outputs)"))),
+    );
+    (layerwise_analysis::Comparison::from_records(records, not_compared, order), differs)
 }
 
 impl Job<'_> {

@@ -23,6 +23,7 @@ pub mod sim_quant;
 mod steps;
 
 pub use bisect::{bisect, bisect_model, refuse_empty_outputs};
+pub(crate) use compare::with_deployed_outputs;
 pub use names::{reference_names, reference_of};
 pub use options::{
     bisect_reads, check_not_external_data, check_outputs, default_candidate, default_memory_budget, parse_size,
