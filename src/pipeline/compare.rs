@@ -454,7 +454,7 @@ impl Job<'_> {
         if super::setup::typed_candidate(&self.options.candidate, cm).is_some() {
             return Ok(());
         }
-        let fusions = self.deployed_fusions();
+        let (fusions, blocked) = self.deployed_fusions();
         let outputs_only = Selection::Names(Vec::new());
         let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || {
             self.run_reference(feeds, &outputs_only)
@@ -497,19 +497,26 @@ impl Job<'_> {
             format!("output errors are the candidate's as deployed (only its outputs: {fusions}, as the user runs it), measured in a run of its own; the run with every tensor exposed gives the same within float32 noise")
         } else {
             format!(
-                "the candidate as deployed (only its outputs: {fusions}, as the user runs it) and with every tensor exposed (fusions blocked) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
+                "the candidate as deployed (only its outputs: {fusions}, as the user runs it) and with every tensor exposed ({blocked}) give different output errors (rel L2): {}; the output errors reported are the deployed run's, the intermediate tensors those of the unfused model",
                 differ.join(", ")
             )
         });
         Ok(())
     }
 
-    /// What ONNX Runtime fuses in the candidate's file when only its outputs are asked for.
-    fn deployed_fusions(&self) -> &'static str {
+    /// What ONNX Runtime fuses in the candidate's file when only its outputs are asked for, and
+    /// what exposing every tensor does instead.
+    fn deployed_fusions(&self) -> (&'static str, &'static str) {
         if self.judging.quantization.is_some() {
-            "ONNX Runtime's Q/DQ fusions and integer kernels"
+            (
+                "ONNX Runtime's Q/DQ fusions and integer kernels",
+                "fusions blocked, the quantizers computed in float32 between them",
+            )
         } else {
-            "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32"
+            (
+                "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32",
+                "fusions blocked",
+            )
         }
     }
 }
@@ -578,7 +585,7 @@ impl Job<'_> {
         if fd.cause.best.kind == layerwise_analysis::CauseKind::IntegerAccumulatorOverflow {
             return;
         }
-        let fusions = self.deployed_fusions();
+        let (fusions, _) = self.deployed_fusions();
         verdict.summary = format!(
             "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: {fusions}) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between its ops is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
         );
