@@ -801,28 +801,34 @@ fn a_kept_layernorm_at_opset_17_loads_in_onnx_runtime_with_its_defaults() {
     let by_converter: Vec<&str> = r
         .fixed_model_fp32_nodes
         .iter()
-        .filter(|(_, why)| why.contains("LayerNormalization of mixed types"))
+        .filter(|(_, why)| why.contains("would mix FP16 and float32"))
         .map(|(n, _)| n.as_str())
         .collect();
     assert_eq!(by_converter, ["ln_in"], "{}", outcome.text);
-    assert!(outcome.text.contains("ln_in: a LayerNorm with float32 and FP16 parts"), "{}", outcome.text);
+    assert!(outcome.text.contains("ln_in: a LayerNorm whose fused LayerNormalization would mix"), "{}", outcome.text);
     // The emulation kept what the file keeps: the summary's error is the written model's.
     let check = r.fixed_model_check.as_ref().unwrap();
     let emulated = r.outputs.iter().map(|o| o.after_rel_l2).fold(0.0f64, f64::max);
     let written = check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0f64, f64::max);
     assert!((emulated - written).abs() <= 1e-3 * written, "emulated {emulated} written {written}");
 
-    // `convert` with part of the LayerNorm kept (its gamma's Mul alone): the whole LayerNorm and
-    // its input's producer become float32, and the file loads with ONNX Runtime's defaults.
-    let out = common::layerwise(
-        &["convert", "ln17.onnx", "--to", "fp16", "--keep-fp32", "ln/gamma", "-o", "part.onnx"],
-        dir.path(),
-    );
-    let t = common::text(&out);
-    assert!(out.status.success(), "{t}");
-    assert!(t.contains("ONNX Runtime loads and runs it with its default options"), "{t}");
-    for node in ["ln_in", "ln/mean", "ln/div", "ln/beta"] {
-        assert!(t.contains(&format!("FP32 {node}: a LayerNorm with float32 and FP16 parts")), "{node}: {t}");
+    // `convert` with gamma's Mul and beta's Add kept, the body FP16: ONNX Runtime would fuse them
+    // (taking in the Cast between the Div and the Mul) into a LayerNormalization of FP16 input
+    // and float32 scale. The whole LayerNorm and its input's producer become float32. With
+    // gamma's Mul alone kept, the Cast between the Mul and the Add stops the fusion: nothing more
+    // is kept. Both files load with ONNX Runtime's defaults.
+    for (keep, widened) in [("ln/gamma,ln/beta", true), ("ln/gamma", false)] {
+        let out = common::layerwise(
+            &["convert", "ln17.onnx", "--to", "fp16", "--keep-fp32", keep, "-o", "part.onnx"],
+            dir.path(),
+        );
+        let t = common::text(&out);
+        assert!(out.status.success(), "{t}");
+        assert!(t.contains("ONNX Runtime loads and runs it with its default options"), "{keep}: {t}");
+        for node in ["ln_in", "ln/mean", "ln/div"] {
+            let said = t.contains(&format!("FP32 {node}: a LayerNorm whose fused LayerNormalization would mix"));
+            assert_eq!(said, widened, "{keep}, {node}: {t}");
+        }
     }
 }
 

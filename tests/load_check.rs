@@ -143,3 +143,42 @@ fn a_renamed_executable_checks_the_load_with_itself() {
     assert_eq!(out.status.code(), Some(0), "{t}");
     assert!(t.contains("loads and runs it with its default options on seeded random inputs"), "{t}");
 }
+
+/// The check without inputs to run (an FP16 input, `--fp16-io`) builds ONNX Runtime's session at
+/// each level, which is where its fusions run. It used to only type the model and said "loads"
+/// for a file whose LayerNorm, kept float32 behind the FP16 graph input it reads, ONNX Runtime's
+/// LayerNormFusion turns into a LayerNormalization of mixed types and refuses at every level but
+/// `disable` (nothing can be widened: the input is FP16 by request).
+#[test]
+fn a_file_with_fp16_inputs_is_checked_by_building_its_session_at_each_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("ln-on-input", 17);
+    b.input("x", DataType::Float, &[Dim::from(2), Dim::from(16)]);
+    b.initializer(f32_tensor("two", &[], &[2.0]));
+    b.initializer(f32_tensor("eps", &[], &[1e-5]));
+    b.initializer(f32_tensor("gamma", &[16], &[1.5; 16]));
+    b.initializer(f32_tensor("beta", &[16], &[0.25; 16]));
+    let axes = || vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)];
+    b.node("ReduceMean", "ln/mean", &["x"], &["mean"], axes());
+    b.node("Sub", "ln/sub", &["x", "mean"], &["d"], vec![]);
+    b.node("Pow", "ln/pow", &["d", "two"], &["sq"], vec![]);
+    b.node("ReduceMean", "ln/var", &["sq"], &["var"], axes());
+    b.node("Add", "ln/add_eps", &["var", "eps"], &["ve"], vec![]);
+    b.node("Sqrt", "ln/sqrt", &["ve"], &["sd"], vec![]);
+    b.node("Div", "ln/div", &["d", "sd"], &["n"], vec![]);
+    b.node("Mul", "ln/gamma", &["n", "gamma"], &["g"], vec![]);
+    b.node("Add", "ln/beta", &["g", "beta"], &["y"], vec![]);
+    b.node("Tanh", "head", &["y"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let keep = "ln/mean,ln/sub,ln/pow,ln/var,ln/add_eps,ln/sqrt,ln/div,ln/gamma,ln/beta";
+    let out = run(
+        &["convert", "m.onnx", "--to", "fp16", "--fp16-io", "--keep-fp32", keep, "-o", "m16.onnx"],
+        dir.path(),
+        None,
+    );
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(!t.contains("ONNX Runtime loads it"), "{t}");
+    assert!(t.contains("fails at all") && t.contains("LayerNormFusion"), "{t}");
+}

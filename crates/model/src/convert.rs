@@ -556,16 +556,19 @@ fn convert_graph(
 
 /// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
 /// control-flow node and the body prefix (`Node/then`, `Node/body`) it falls under.
-/// From opset 17, ONNX Runtime's LayerNormFusion (every provider, every optimization level but
-/// `disable`) fuses a decomposed LayerNorm with gamma and beta into one LayerNormalization, taking
-/// in a Cast between its Div and Mul, and a Cast that feeds it where that Cast's only readers are
-/// the ReduceMean and the Sub. That op's input, scale and output share one type, so where the
-/// island boundary puts FP16 on one side and float32 on the other, ONNX Runtime refuses the model
-/// it has just fused ("Type parameter (T) of Optype (LayerNormalization) bound to different
-/// types"). Such a LayerNorm, and the node producing its input where that is FP16, are made
-/// float32 together: the written model then loads with ONNX Runtime's defaults and computes the
-/// kept nodes in float32. Repeated until no LayerNorm is left mixed (making a producer float32
-/// can mix the LayerNorm it belongs to).
+/// From opset 17, ONNX Runtime's LayerNormFusion (1.31; every provider, every optimization level
+/// but `disable`) fuses a decomposed LayerNorm with gamma and beta into one LayerNormalization
+/// where its seven body nodes share one type and its Mul and Add share one type. It takes in a
+/// Cast between the Div and the Mul, and the Cast that feeds the body where that Cast's only
+/// readers are the ReduceMean and the Sub. The fused op's input, scale and output share one type,
+/// so where the input it takes in and the Mul's type differ, ONNX Runtime refuses the model it has
+/// just fused ("Type parameter (T) of Optype (LayerNormalization) bound to different types").
+/// Such a LayerNorm, and the node producing its input where that is FP16, are made float32
+/// together: the written model then loads with ONNX Runtime's defaults and computes the kept
+/// nodes in float32. Other mixes (a Cast inside the body, or between the Mul and the Add) are
+/// not fused, and load as they are. Repeated until no LayerNorm is left refused (making a
+/// producer float32 can change the LayerNorm it belongs to). Where the input is a graph input
+/// stored FP16 (`--fp16-io`) nothing can be widened: the load check says what ONNX Runtime does.
 fn layernorms_of_one_type(
     index: &GraphIndex,
     precision: &mut [Option<Precision>],
@@ -573,56 +576,50 @@ fn layernorms_of_one_type(
     keep_io_types: bool,
 ) -> Vec<(String, String)> {
     let mut made_fp32 = Vec::new();
-    let layernorms: Vec<DecomposedLayerNorm> = (0..index.nodes.len())
+    let layernorms: Vec<(DecomposedLayerNorm, usize, usize)> = (0..index.nodes.len())
         .filter_map(|sub| DecomposedLayerNorm::at(index, sub))
-        .filter(|ln| ln.scale.is_some() && ln.shift.is_some())
+        .filter_map(|ln| Some((ln, ln.scale?, ln.shift?)))
         .collect();
-    let reason = "a LayerNorm with float32 and FP16 parts: ONNX Runtime (opset 17 on) fuses it across the island's Casts into a LayerNormalization of mixed types, then refuses the model";
+    let reason = "a LayerNorm whose fused LayerNormalization would mix FP16 and float32: ONNX Runtime (1.31, opset 17 on) fuses it across the island's Casts, then refuses the model";
     loop {
         let mut changed = false;
-        for ln in &layernorms {
+        for (ln, scale, shift) in &layernorms {
             let of = |n: usize| precision[index.nodes[n].proto_index];
-            let nodes = ln.nodes();
-            let p = of(ln.mean);
-            if p.is_none() || nodes.iter().any(|&n| of(n) != p) {
-                // Parts of two types (an absent precision is no float node: left as it is).
-                if nodes.iter().any(|&n| of(n).is_none()) {
-                    continue;
+            let body = [ln.mean, ln.sub, ln.square, ln.variance, ln.add_epsilon, ln.sqrt, ln.div];
+            let (inside, affine) = (of(ln.mean), of(*scale));
+            if inside.is_none() || affine.is_none() || body.iter().any(|&n| of(n) != inside) || of(*shift) != affine {
+                continue;
+            }
+            let x = &index.nodes[ln.mean].inputs[0];
+            let producer = index.producer_index(x);
+            let stored = match producer {
+                Some(q) => of(q),
+                None if index.is_graph_input(x) && !index.is_initializer(x) => {
+                    Some(if keep_io_types { Precision::Fp32 } else { low })
                 }
-            } else {
-                // One type inside: mixed only where the Cast feeding it is taken in.
-                let x = &index.nodes[ln.mean].inputs[0];
-                let producer = index.producer_index(x);
-                let x_precision = match producer {
-                    Some(q) => of(q),
-                    None if index.is_graph_input(x) && !index.is_initializer(x) => {
-                        Some(if keep_io_types { Precision::Fp32 } else { low })
-                    }
-                    None => continue,
-                };
-                if x_precision.is_none() || x_precision == p {
-                    continue;
-                }
-                // The Cast to p is shared by every reader of x at p (type-agnostic readers read x
-                // as stored); ONNX Runtime takes it in when those are the ReduceMean and Subs alone.
-                let cast_readers: Vec<usize> = index
+                None => None,
+            };
+            let Some(stored) = stored else { continue };
+            // The Cast to the body's type is shared by every reader of x at that type
+            // (type-agnostic readers read x as stored); it is taken in when those are the
+            // ReduceMean and the Subs alone.
+            let taken_in = stored != inside.expect("checked")
+                && index
                     .consumers(x)
                     .iter()
                     .copied()
-                    .filter(|&c| of(c) == p && !ANY_TYPE_READERS.contains(&index.nodes[c].op_type.as_str()))
-                    .collect();
-                let taken_in = cast_readers.iter().all(|&c| {
-                    c == ln.mean
-                        || (index.nodes[c].op_type == "Sub"
-                            && index.nodes[c].inputs.get(1) == index.nodes[ln.mean].outputs.first())
-                });
-                if !taken_in {
-                    continue;
-                }
+                    .filter(|&c| of(c) == inside && !ANY_TYPE_READERS.contains(&index.nodes[c].op_type.as_str()))
+                    .all(|c| {
+                        c == ln.mean
+                            || (index.nodes[c].op_type == "Sub"
+                                && index.nodes[c].inputs.get(1) == index.nodes[ln.mean].outputs.first())
+                    });
+            let fused_input = if taken_in { Some(stored) } else { inside };
+            if fused_input == affine {
+                continue;
             }
-            let x = &index.nodes[ln.mean].inputs[0];
-            let producer = index.producer_index(x).filter(|&q| of(q) == Some(low));
-            for n in nodes.into_iter().chain(producer) {
+            let widened = producer.filter(|&q| of(q) == Some(low));
+            for n in body.into_iter().chain([*scale, *shift]).chain(widened) {
                 let info = &index.nodes[n];
                 if precision[info.proto_index] != Some(Precision::Fp32) {
                     precision[info.proto_index] = Some(Precision::Fp32);

@@ -16,8 +16,8 @@ mod optimized_pieces;
 mod ort_backend;
 mod spec;
 pub use ort_backend::{
-    check_types, float32_tensors, release_freed_memory, share_cpu, tensor_types, tensor_types_for_any_shapes,
-    timing_mark, CpuShare, ModelSession,
+    check_types, float32_tensors, load_session, release_freed_memory, share_cpu, tensor_types,
+    tensor_types_for_any_shapes, timing_mark, CpuShare, ModelSession,
 };
 #[cfg(feature = "tensorrt")]
 mod cuda;
