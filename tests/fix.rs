@@ -781,6 +781,14 @@ fn fix_keeps_the_reader_of_a_constant_beyond_fp16_not_the_constant() {
     assert!(!t.contains("from inputs within FP16's range"), "{t}");
 }
 
+/// The planted LayerNorm at opset 17, where ONNX Runtime's LayerNormFusion runs at every
+/// optimization level but `disable`.
+fn planted_layernorm_at_opset_17() -> ModelProto {
+    let mut proto = planted_layernorm();
+    proto.opset_import[0].version = Some(17);
+    proto
+}
+
 /// From opset 17 ONNX Runtime fuses a decomposed LayerNorm into one LayerNormalization, taking in
 /// the Cast that enters a float32 island; with an FP16 input and a float32 scale it then refused
 /// the written model at every optimization level but `disable` ("Type parameter (T) of Optype
@@ -789,9 +797,7 @@ fn fix_keeps_the_reader_of_a_constant_beyond_fp16_not_the_constant() {
 fn a_kept_layernorm_at_opset_17_loads_in_onnx_runtime_with_its_defaults() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ln17.onnx");
-    let mut proto = planted_layernorm();
-    proto.opset_import[0].version = Some(17);
-    save(&proto, &path);
+    save(&planted_layernorm_at_opset_17(), &path);
     let outcome = fix(&fix_options(&path, "sim:fp16", dir.path().join("fixed.onnx"))).unwrap();
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
@@ -841,9 +847,7 @@ fn a_kept_layernorm_at_opset_17_loads_in_onnx_runtime_with_its_defaults() {
 #[test]
 fn an_fp16_file_on_onnx_runtime_is_judged_on_its_outputs_as_deployed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut proto = planted_layernorm();
-    proto.opset_import[0].version = Some(17);
-    save(&proto, &dir.path().join("ln17.onnx"));
+    save(&planted_layernorm_at_opset_17(), &dir.path().join("ln17.onnx"));
     let converted = common::layerwise(&["convert", "ln17.onnx", "--to", "fp16", "-o", "ln17_16.onnx"], dir.path());
     assert!(converted.status.success(), "{}", common::text(&converted));
     for (cand, deployed_run) in [("ort:cpu,typed=off", true), ("ort:cpu", false)] {
@@ -865,9 +869,7 @@ fn an_fp16_file_on_onnx_runtime_is_judged_on_its_outputs_as_deployed() {
 #[test]
 fn fix_and_bisect_give_one_output_error_for_a_file_onnx_runtime_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let mut proto = planted_layernorm();
-    proto.opset_import[0].version = Some(17);
-    save(&proto, &dir.path().join("ln17.onnx"));
+    save(&planted_layernorm_at_opset_17(), &dir.path().join("ln17.onnx"));
     let cand = "ort:cpu,typed=off";
     let converted = common::layerwise(&["convert", "ln17.onnx", "--to", "fp16", "-o", "ln17_16.onnx"], dir.path());
     assert!(converted.status.success(), "{}", common::text(&converted));

@@ -121,17 +121,19 @@ impl<'a> Search<'a> {
                         return Ok((Ok(run), None));
                     }
                     let out = keeper.run(candidate.as_mut(), keep, feeds, &Selection::All)?;
-                    let as_deployed = match deployed {
-                        true => Some(keeper.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors),
-                        false => None,
+                    let as_deployed = if *deployed {
+                        Some(keeper.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors)
+                    } else {
+                        None
                     };
                     Ok((Ok(HeldRun::whole(keeper, keep, out.tensors)), as_deployed))
                 }
                 Keeping::Unquantized(runner) => {
                     let out = runner.run(candidate.as_mut(), keep, feeds, &Selection::All)?.tensors;
-                    let as_deployed = match deployed {
-                        true => Some(runner.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors),
-                        false => None,
+                    let as_deployed = if *deployed {
+                        Some(runner.run(candidate.as_mut(), keep, feeds, &outputs_only)?.tensors)
+                    } else {
+                        None
                     };
                     Ok((Err(out), as_deployed))
                 }

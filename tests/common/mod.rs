@@ -104,13 +104,23 @@ pub fn planted_layernorm() -> ModelProto {
     let d = drift_chain(&mut b, "pre", "x", 20);
     let ramp: Vec<f32> = (0..256).map(|i| (i as f32 - 128.0) * 3.0).collect();
     b.initializer(f32_tensor("ramp", &[256], &ramp));
+    b.node("Add", "ln_in", &[&d, "ramp"], &["h"], vec![]);
+    decomposed_layernorm(&mut b, "h", (&vec![1.0; 256], &vec![0.1; 256]));
+    b.node("Tanh", "head", &["ln_out"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// A decomposed LayerNorm over the last axis of `x`, as exporters before opset 17 write it: nodes
+/// `ln/mean`, `ln/sub`, `ln/pow`, `ln/var`, `ln/add_eps`, `ln/sqrt`, `ln/div`, `ln/gamma` and
+/// `ln/beta` (weights `two`, `eps`, `gamma`, `beta`), its output `ln_out`.
+pub fn decomposed_layernorm(b: &mut ModelBuilder, x: &str, (gamma, beta): (&[f32], &[f32])) {
     b.initializer(f32_tensor("two", &[], &[2.0]));
     b.initializer(f32_tensor("eps", &[], &[1e-5]));
-    b.initializer(f32_tensor("gamma", &[256], &vec![1.0; 256]));
-    b.initializer(f32_tensor("beta", &[256], &vec![0.1; 256]));
-    b.node("Add", "ln_in", &[&d, "ramp"], &["h"], vec![]);
-    b.node("ReduceMean", "ln/mean", &["h"], &["mean"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
-    b.node("Sub", "ln/sub", &["h", "mean"], &["centered"], vec![]);
+    b.initializer(f32_tensor("gamma", &[gamma.len() as i64], gamma));
+    b.initializer(f32_tensor("beta", &[beta.len() as i64], beta));
+    b.node("ReduceMean", "ln/mean", &[x], &["mean"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
+    b.node("Sub", "ln/sub", &[x, "mean"], &["centered"], vec![]);
     b.node("Pow", "ln/pow", &["centered", "two"], &["sq"], vec![]);
     b.node("ReduceMean", "ln/var", &["sq"], &["var"], vec![attr::ints("axes", &[-1]), attr::int("keepdims", 1)]);
     b.node("Add", "ln/add_eps", &["var", "eps"], &["var_eps"], vec![]);
@@ -118,9 +128,6 @@ pub fn planted_layernorm() -> ModelProto {
     b.node("Div", "ln/div", &["centered", "std"], &["normed"], vec![]);
     b.node("Mul", "ln/gamma", &["normed", "gamma"], &["scaled"], vec![]);
     b.node("Add", "ln/beta", &["scaled", "beta"], &["ln_out"], vec![]);
-    b.node("Tanh", "head", &["ln_out"], &["out"], vec![]);
-    b.output("out", DataType::Float);
-    b.build()
 }
 
 /// x[1,4,8,8] -> Conv -> BatchNormalization whose variance has a value beyond the FP16 range ->

@@ -427,20 +427,24 @@ impl PairReducer for PairedComparison {
         let reduced = match (reference.dtype, candidate.dtype) {
             (Err(why), _) => Reduced::Unavailable(format!("reference: {why}")),
             (_, Err(why)) => Reduced::Unavailable(format!("candidate: {why}")),
-            (Ok(rt), Ok(ct)) if different_meaning(rt, ct).is_some() => {
-                Reduced::Unavailable(different_meaning(rt, ct).unwrap_or_default())
-            }
-            (Ok(rt), Ok(ct)) => {
-                self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
-                let (metrics, histogram) = if reference.shape == candidate.shape {
-                    let m = compute(&reference.values, &candidate.values, self.tol.of(tensor));
-                    let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
-                    (Some(m), h)
-                } else {
-                    (None, None)
-                };
-                Reduced::Compared { record_inputs: ((reference.shape, rt), (candidate.shape, ct)), metrics, histogram }
-            }
+            (Ok(rt), Ok(ct)) => match different_meaning(rt, ct) {
+                Some(why) => Reduced::Unavailable(why),
+                None => {
+                    self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
+                    let (metrics, histogram) = if reference.shape == candidate.shape {
+                        let m = compute(&reference.values, &candidate.values, self.tol.of(tensor));
+                        let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
+                        (Some(m), h)
+                    } else {
+                        (None, None)
+                    };
+                    Reduced::Compared {
+                        record_inputs: ((reference.shape, rt), (candidate.shape, ct)),
+                        metrics,
+                        histogram,
+                    }
+                }
+            },
         };
         self.reduced.lock().unwrap_or_else(|p| p.into_inner()).insert(tensor.to_string(), reduced);
         self.arrival.lock().unwrap_or_else(|p| p.into_inner()).push(tensor.to_string());

@@ -306,8 +306,7 @@ fn convert_graph(
     let mut precision: Vec<Option<Precision>> = vec![None; graph.node.len()];
     let mut fp32_nodes = Vec::new();
     for info in &index.nodes {
-        let touches_float = info.inputs.iter().chain(&info.outputs).any(|t| float.contains(t));
-        if !touches_float || info.op_type == "Constant" {
+        if !has_precision(info, float) {
             continue;
         }
         let reason = if options.keep_nodes.contains(&info.name) {
@@ -554,8 +553,12 @@ fn convert_graph(
     })
 }
 
-/// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
-/// control-flow node and the body prefix (`Node/then`, `Node/body`) it falls under.
+/// Whether the converter gives `info` a precision: it touches a float tensor and is no Constant
+/// (whose value follows its readers).
+fn has_precision(info: &crate::NodeInfo, float: &HashSet<String>) -> bool {
+    info.op_type != "Constant" && info.inputs.iter().chain(&info.outputs).any(|t| float.contains(t))
+}
+
 /// From opset 17, ONNX Runtime's LayerNormFusion (1.31; every provider, every optimization level
 /// but `disable`) fuses a decomposed LayerNorm with gamma and beta into one LayerNormalization
 /// where its seven body nodes share one type and its Mul and Add share one type. It takes in a
@@ -649,15 +652,14 @@ pub fn layernorm_fp32_beyond(
         return Vec::new();
     }
     let mut precision: Vec<Option<Precision>> = vec![None; model.graph().node.len()];
-    for info in index.nodes.iter().filter(|n| n.op_type != "Constant") {
-        if info.inputs.iter().chain(&info.outputs).any(|t| float.contains(t)) {
-            precision[info.proto_index] =
-                Some(if fp32.contains(info.name.as_str()) { Precision::Fp32 } else { target });
-        }
+    for info in index.nodes.iter().filter(|n| has_precision(n, float)) {
+        precision[info.proto_index] = Some(if fp32.contains(info.name.as_str()) { Precision::Fp32 } else { target });
     }
     layernorms_of_one_type(index, &mut precision, target, ConvertOptions::default().keep_io_types)
 }
 
+/// For a keep-list name inside a body (`Node/then/inner`, `Node/iter3/inner`, nested alike): the
+/// control-flow node and the body prefix (`Node/then`, `Node/body`) it falls under.
 fn body_of<'a>(index: &'a GraphIndex, name: &str) -> Option<(&'a crate::NodeInfo, String)> {
     index.nodes.iter().filter(|n| matches!(n.op_type.as_str(), "If" | "Loop")).find_map(|n| {
         let rest = name.strip_prefix(&n.name)?.strip_prefix('/')?;
