@@ -834,3 +834,59 @@ fn a_stored_value_that_is_a_model_output_names_no_layer() {
     assert_eq!(v["summary"], "output 'k' diverges: it is a value stored in the model (Constant 'k_node'), which the candidate holds otherwise (relative L2 inf, 8 values inf/NaN on one side only): no layer computes it", "{t}");
     assert!(!t.contains("First divergent layer") && !t.contains("arise further on"), "{t}");
 }
+
+/// Two int32 sums, each cast to float, scaled and squashed by a Sigmoid, then added: each Cast's
+/// output (about 1.3e5) is inf in FP16, and the Sigmoid turns the inf into a finite 1, so the
+/// output's error is finite. Keeping either Cast alone removes half of it.
+fn two_integer_sums_cast_to_float() -> layerwise_model::onnx::ModelProto {
+    use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let mut b = ModelBuilder::new("two_integer_sums", 17);
+    b.initializer(f32_tensor("scale", &[1], &[1e-5]));
+    b.initializer(i64_tensor("axis", &[1], &[1]));
+    for p in ["first", "second"] {
+        b.input(&format!("{p}_idx"), DataType::Int32, &[Dim::from(1), Dim::from(64)]);
+        b.node("ReduceSum", &format!("{p}/ReduceSum"), &[&format!("{p}_idx"), "axis"], &[&format!("{p}_sum")], vec![]);
+        b.node("Cast", &format!("{p}/Cast"), &[&format!("{p}_sum")], &[&format!("{p}_f")], vec![attr::int("to", 1)]);
+        b.node("Mul", &format!("{p}/Mul"), &[&format!("{p}_f"), "scale"], &[&format!("{p}_s")], vec![]);
+        b.node("Sigmoid", &format!("{p}/Sigmoid"), &[&format!("{p}_s")], &[&format!("{p}_p")], vec![]);
+    }
+    b.node("Add", "join", &["first_p", "second_p"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// Issue 51 item 4: the first Cast was named, then "no single break explains the error: it is
+/// drift plus a sensitive consumer". Both breaks are named with their shares, and keeping them
+/// together is measured.
+#[test]
+fn two_casts_each_removing_half_are_named_with_shares_and_kept_together_int32_sums() {
+    use layerwise_runtime::{Tensor, TensorData};
+    let dir = tempfile::tempdir().unwrap();
+    common::save(&two_integer_sums_cast_to_float(), &dir.path().join("m.onnx"));
+    // Sums of 64 values in 1000..3000 (about 1.3e5): beyond FP16's 65504.
+    let idx =
+        |offset: i32| Tensor::new(vec![1, 64], TensorData::I32((0..64).map(|i| 1000 + offset + 31 * i).collect()));
+    let (first, second) = (idx(0), idx(7));
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("first_idx", &first), ("second_idx", &second)])
+        .unwrap();
+    let out = common::layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let t = common::text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = common::json(&dir.path().join("r.json"));
+    let conclusion = r["counterfactual"]["conclusion"].as_str().unwrap();
+    assert!(!conclusion.contains("drift"), "{conclusion}");
+    assert!(
+        conclusion.contains("needs 2 breaks together, each removing only part of it: first/Cast (50% alone), second/Cast (50% alone); keeping them together at reference precision brings every output within tolerance (measured)"),
+        "{conclusion}"
+    );
+    let checks = r["counterfactual"]["checks"].as_array().unwrap();
+    let together = checks.iter().find(|c| c["reason"] == "breaks_together").expect("the together check");
+    assert_eq!(together["fixes"], true, "{together}");
+    assert_eq!(together["node"], "first/Cast, second/Cast");
+    assert!(checks.iter().filter(|c| c["reason"] != "breaks_together").all(|c| c["fixes"] == false), "{checks:?}");
+    let summary = r["verdict"]["summary"].as_str().unwrap();
+    assert!(summary.contains("its error needs 2 breaks, none enough alone: first/Cast (Cast): "), "{summary}");
+    assert!(summary.contains("second/Cast (Cast): its output reaches "), "{summary}");
+    assert!(summary.ends_with("keeping them together at reference precision brings every output within tolerance (measured by the counterfactual)"), "{summary}");
+}

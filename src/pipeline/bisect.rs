@@ -925,7 +925,7 @@ fn report(
     ));
     conclusions.extend(conclusions::emulation_limits(&options.candidate, job.model, &job.index, &compared.comparison));
     conclusions::conclude(&mut verdict, &extras, &compared.comparison, conclusions);
-    if let Some(headline) = several_origins_headline(job, &verdict, &extras, &compared.comparison, weights) {
+    if let Some(headline) = several_places_headline(job, &verdict, &extras, &compared.comparison, weights) {
         verdict.summary = headline;
     }
     if let Some(top) =
@@ -985,25 +985,24 @@ fn report(
     Ok(BisectOutcome { report, text })
 }
 
-/// Where inf/NaN are born at several independent places and the counterfactual measured keeping
-/// them together: the verdict's headline says so, with every origin in graph order and its cause
-/// (a UNet's headline named a late Gemm, and its early Mul was "off the blame chain").
-fn several_origins_headline(
+/// Where the error needs several places kept (inf/NaN born at several independent places, or
+/// breaks that each remove only part of a finite error) and the counterfactual measured keeping
+/// them together: the verdict's headline says so, with each place and its cause (a UNet's
+/// headline named a late Gemm, and its early Mul was "off the blame chain").
+fn several_places_headline(
     job: &Job,
     verdict: &Verdict,
     extras: &Extras,
     comparison: &layerwise_analysis::Comparison,
     weights: &[WeightRange],
 ) -> Option<String> {
-    let together =
-        extras.counterfactual.as_ref()?.checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
+    let checks = &extras.counterfactual.as_ref()?.checks;
+    let before = extras.counterfactual.as_ref()?.output_error;
     let worst = verdict.worst_output.as_deref()?;
-    let origins = counterfactual::independent_origins(job, verdict);
-    let alone = extras.counterfactual.as_ref()?.checks.len() - 1;
     let non_finite: std::collections::HashMap<&str, &layerwise_analysis::NonFiniteTensor> =
         verdict.non_finite.iter().rev().map(|n| (n.node.as_str(), n)).collect();
     let cause = |node: &str| -> String {
-        if let Some(fd) = verdict.first_divergent.as_ref().filter(|f| f.node == node) {
+        if let Some(fd) = verdict.first_divergent.iter().chain(&verdict.breaks).find(|f| f.node == node) {
             return format!("{} ({}): {}", fd.node, fd.op_type, fd.cause.best.detail);
         }
         let Some(n) = non_finite.get(node) else { return node.to_string() };
@@ -1031,6 +1030,22 @@ fn several_origins_headline(
             )
         }
     };
+    if let Some(together) = counterfactual::breaks_together_used(checks) {
+        let partial: Vec<&layerwise_analysis::KeepCheck> = counterfactual::partial_breaks(checks).collect();
+        return Some(format!(
+            "output '{worst}' diverges; its error needs {} breaks, none enough alone: {}; keeping them together at reference precision {} (measured by the counterfactual)",
+            partial.len(),
+            partial
+                .iter()
+                .map(|c| format!("{} (removes {:.0}% alone)", cause(&c.node), 100.0 * c.explained))
+                .collect::<Vec<_>>()
+                .join("; "),
+            if together.fixes { "brings every output within tolerance".to_string() } else { together.effect(before, Some(worst)) }
+        ));
+    }
+    let together = checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
+    let origins = counterfactual::independent_origins(job, verdict);
+    let alone = checks.len() - 1;
     Some(format!(
         "output '{worst}' diverges; inf/NaN are born at {} independent places, each needing a fix: {}; keeping them together at reference precision {}, and keeping {} alone leaves '{worst}' with inf/NaN (measured by the counterfactual)",
         origins.len(),

@@ -117,8 +117,31 @@ pub(super) fn counterfactual(
             kept,
         )?);
     }
-    let best = checks.iter().max_by(|a, b| a.explained.total_cmp(&b.explained));
+    // Several breaks that each remove part of a finite error, none of which alone brings the
+    // outputs within tolerance (two int32 sums cast to FP16, each overflowing): keeping them
+    // together is measured, so the conclusion names each with its share instead of calling the
+    // rest drift.
+    let partial: Vec<&KeepCheck> = partial_breaks(&checks).collect();
+    if !checks.iter().any(|c| c.fixes || c.reason == ORIGINS_TOGETHER) && partial.len() > 1 {
+        let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
+        for check in &partial {
+            kept.extend(check.kept.iter().filter(|n| seen.insert(n.to_string())).cloned());
+        }
+        let names = partial.iter().map(|c| c.node.clone()).collect::<Vec<_>>().join(", ");
+        checks.push(trial.keep(
+            job.candidate.as_mut(),
+            &mut keeper,
+            &job.index,
+            &job.judging.tolerances,
+            names,
+            BREAKS_TOGETHER,
+            "breaks_together",
+            kept,
+        )?);
+    }
+    let best = checks.iter().filter(|c| c.reason != BREAKS_TOGETHER).max_by(|a, b| a.explained.total_cmp(&b.explained));
     let together = checks.iter().find(|c| c.reason == ORIGINS_TOGETHER);
+    let breaks_together = breaks_together_used(&checks);
     let conclusion = if let Some(t) = together {
         let alone = checks.len() - 1;
         format!(
@@ -128,6 +151,21 @@ pub(super) fn counterfactual(
             if alone == 1 { "the one".to_string() } else { format!("any one of the {alone}") },
             together_outcome(t),
             if t.output_error_after.is_finite() { String::new() } else { beyond_the_kept(&job.index, comparison, &t.kept, job.judging.precision()) }
+        )
+    } else if let Some(t) = breaks_together {
+        let shares = partial_breaks(&checks)
+            .map(|c| format!("{} ({:.0}% alone)", c.node, 100.0 * c.explained))
+            .collect::<Vec<_>>();
+        let measured = if t.fixes {
+            "brings every output within tolerance".to_string()
+        } else {
+            format!("{}; the rest is drift or breaks not checked", t.effect(before, Some(&worst)))
+        };
+        format!(
+            "the error of '{worst}' needs {} breaks together, each removing only part of it: {}; keeping them together {} {measured} (measured)",
+            shares.len(),
+            shares.join(", "),
+            if unquantized.is_some() { "unquantized (their quantizers removed)" } else { "at reference precision" },
         )
     } else {
         match best {
@@ -176,6 +214,31 @@ pub(super) fn counterfactual(
 
 /// The reason of the check that keeps every inf/NaN origin together.
 pub(crate) const ORIGINS_TOGETHER: &str = "non_finite_origins_together";
+
+/// The reason of the check that keeps together every break that alone removed part of the error.
+pub(crate) const BREAKS_TOGETHER: &str = "breaks_together";
+
+/// The share of the output's error a kept break must remove alone to be one of several a
+/// finite error needs.
+const PARTIAL_SHARE: f64 = 0.1;
+
+/// The checks that each removed part of a finite error alone, in the order they were checked.
+pub(crate) fn partial_breaks(checks: &[KeepCheck]) -> impl Iterator<Item = &KeepCheck> {
+    checks
+        .iter()
+        .filter(|c| c.reason != BREAKS_TOGETHER && c.explained >= PARTIAL_SHARE && c.output_error_after.is_finite())
+}
+
+/// The check that kept the partial breaks together, where it did better than the best of them
+/// alone: then it is the conclusion.
+pub(crate) fn breaks_together_used(checks: &[KeepCheck]) -> Option<&KeepCheck> {
+    let best =
+        checks.iter().filter(|c| c.reason != BREAKS_TOGETHER).max_by(|a, b| a.explained.total_cmp(&b.explained))?;
+    checks
+        .iter()
+        .find(|c| c.reason == BREAKS_TOGETHER)
+        .filter(|t| (t.fixes && !best.fixes) || t.explained >= best.explained + PARTIAL_SHARE)
+}
 
 /// The nodes where the candidate's inf/NaN are born from finite inputs (weights aside), each
 /// once, in graph order.
