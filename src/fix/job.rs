@@ -186,8 +186,8 @@ fn fix_float(
     let order: Vec<String> = index.computed_tensors().map(str::to_string).chain(passed_through(index)).collect();
     let weights = scan_fp16_weight_range(model)?;
     // Converted files run by ONNX Runtime itself (not the emulation, not a typed evaluation) are
-    // judged on their outputs as deployed, as bisect judges them.
-    let deployed = !keeper.emulated() && b.candidate.typed_cpu_threads().is_none();
+    // judged on their outputs as deployed, by bisect's rule; the file fix writes holds FP16/BF16.
+    let deployed = !keeper.emulated() && crate::pipeline::setup::judged_as_deployed(&b.candidate, true);
     let mut search =
         Search::new(index, samples, order, candidate, Keeping::Float(keeper), judging, weights, steps, deployed);
 

@@ -448,10 +448,9 @@ impl Job<'_> {
         compared: &mut Compared,
         steps: &mut Steps,
     ) -> Result<()> {
-        // An FP16/BF16 file on ort:cpu is evaluated node by node in its own types, exposed or not:
-        // there is no fused session to measure.
         let Some((cm, _)) = &self.cand_model else { return Ok(()) };
-        if super::setup::typed_candidate(&self.options.candidate, cm).is_some() {
+        let reduced_precision = layerwise_runtime::typed::has_reduced_precision(cm);
+        if !super::setup::judged_as_deployed(&self.options.candidate, reduced_precision) {
             return Ok(());
         }
         let (fusions, blocked) = self.deployed_fusions();

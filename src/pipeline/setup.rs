@@ -565,6 +565,15 @@ pub(crate) fn typed_candidate(spec: &BackendSpec, cand_model: &Model) -> Option<
     spec.typed_cpu_threads().filter(|_| layerwise_runtime::typed::has_reduced_precision(cand_model))
 }
 
+/// Whether a candidate file runs in an ONNX Runtime session of its own, whose fusions the run
+/// with every tensor exposed blocks: then its outputs are judged as deployed (bisect and `fix`).
+/// A file with FP16/BF16 tensors on `ort:cpu` (typed) is evaluated node by node, exposed or not:
+/// no fused session to measure. `reduced_precision`: the file holds FP16/BF16 tensors (a file
+/// `fix` converts always does).
+pub(crate) fn judged_as_deployed(spec: &BackendSpec, reduced_precision: bool) -> bool {
+    !(reduced_precision && spec.typed_cpu_threads().is_some())
+}
+
 /// The precision a converted candidate model computes in: BF16 when it declares bfloat16 and no
 /// float16, FP16 otherwise (whatever its backend's own precision).
 fn converted_precision(model: &Model) -> Precision {
