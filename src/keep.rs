@@ -840,7 +840,7 @@ impl<'a> UnquantizedRunner<'a> {
     }
 
     /// The candidate's counterparts of the reference nodes `keep`: the node of the same name and
-    /// op, else (a Relu a quantizer took over) the quantizer whose output holds its value.
+    /// op, else (a Relu or Clip a quantizer took over) the quantizer whose output holds its value.
     pub fn translate(&self, keep: &[String]) -> Unquantizing {
         let mut out = Unquantizing {
             nodes: Vec::new(),
@@ -863,11 +863,12 @@ impl<'a> UnquantizedRunner<'a> {
                 .first()
                 .and_then(|o| self.cand_names.get(o))
                 .filter(|c| self.cand_index.producer(c).is_some_and(|p| p.op_type == "DequantizeLinear"));
-            match held {
-                Some(c) if node.op_type == "Relu" => {
+            let clamp = layerwise_model::matching::Clamp::of(self.reference.graph(), self.ref_index, node);
+            match (held, clamp) {
+                (Some(c), Some(clamp)) => {
                     out.quantizers.push(layerwise_model::unquantize::BypassedQuantizer {
                         dequantized: c.clone(),
-                        activation: Some("Relu".into()),
+                        activation: Some(clamp),
                     });
                     out.kept.push(name.clone());
                 }

@@ -745,3 +745,66 @@ fn uint8_codes_under_a_float_tensors_name_are_never_compared_with_its_values() {
         report["not_compared"]
     );
 }
+
+/// Issue 53 items 1 and 2, as PP-OCR's direction classifier (rapidocr-onnxruntime 1.4.4, opset
+/// 11) quantized by quantize_static without pre-processing: its hardswish Clips (bounds from
+/// Constant nodes) were removed and their quantizers clip. The walk stopped at the first Clip it
+/// could not pair ("input not compared"), and `fix` refused: "the reference's Clip reads a
+/// Constant, which is no initializer". The Clip is paired with the quantizer that took it over,
+/// the planted quantizer is named with its clipping, and `fix` writes a file that passes.
+#[test]
+fn a_clip_with_constant_bounds_taken_over_by_its_quantizer_is_paired_and_kept_ppocr_cls() {
+    use crate::common::quantized::{hardswish_float_model, hardswish_qdq_model};
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 3), weights(32, 4));
+    save(&hardswish_float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&hardswish_qdq_model(&w1, &w2, 16.0), &dir.path().join("planted.onnx"));
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand-model", "planted.onnx", "--val-range", "x:-1,1", "--json", "r.json"],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert!(t.contains("0 reference tensors unmatched"), "every reference tensor is paired: {t}");
+    assert!(!t.contains("Sight ends"), "{t}");
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["cause"]["kind"], "quantizer_clipping", "{t}");
+    assert!(fd["cause"]["detail"].as_str().unwrap().contains("quantizer of its input 'h'"), "{fd}");
+    // The reference's Clip output 'c' is compared with the clipping quantizer's output.
+    let pairs = r["matching"]["structure_pairs"].as_array().unwrap();
+    assert!(pairs.contains(&serde_json::json!(["c", "c_f"])), "{pairs:?}");
+    assert!(pairs.contains(&serde_json::json!(["a", "c"])), "the Add's output carries the Clip's name: {pairs:?}");
+
+    let out = layerwise(
+        &[
+            "fix",
+            "m.onnx",
+            "--cand-model",
+            "planted.onnx",
+            "--val-range",
+            "x:-1,1",
+            "-o",
+            "fixed.onnx",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = json(&dir.path().join("f.json"));
+    assert_eq!(f["status"], "fixed", "{t}");
+    assert_eq!(f["fixed_model_check"]["pass"], true, "{t}");
+    // The kept Clip is computed on the float tensor with the reference's bounds, as opset 11 writes them.
+    let fixed = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let g = fixed.graph();
+    for clip in g.node.iter().filter(|n| n.op_type() == "Clip") {
+        let bound = |slot: usize| {
+            let name = &clip.input[slot];
+            let w = g.initializer.iter().find(|w| w.name() == name.as_str()).expect("a stored bound");
+            layerwise_model::Tensor::from_proto(w).unwrap().to_f32()[0]
+        };
+        assert_eq!((bound(1), bound(2)), (0.0, 6.0), "{clip:?}");
+    }
+}

@@ -298,11 +298,18 @@ pub(super) fn quantizers_alone_lines(
         .iter()
         .take(3)
         .map(|q| {
-            format!("'{}' (QuantizeLinear '{}') {} ({} of together)", q.tensor, q.node, n(q.error), share(q.error))
+            format!(
+                "'{}' (QuantizeLinear '{}') {} ({} of together{})",
+                q.tensor,
+                q.node,
+                n(q.error),
+                share(q.error),
+                q.without.map_or(String::new(), |w| format!("; left out, the others give {}", n(w)))
+            )
         })
         .collect();
     out.push(format!(
-        "quantizers one at a time on the reference (each alone, float32 between, weights float; {} measured in one session): all of them together give '{}' rel L2 {} (the candidate: {}); alone, {}",
+        "quantizers one at a time on the reference (each alone, and each left out of all, float32 between, weights float; {} measured in one session): all of them together give '{}' rel L2 {} (the candidate: {}); alone, {}",
         found.each.len(),
         found.output,
         n(found.together),
@@ -325,8 +332,9 @@ pub(super) fn quantizers_alone_lines(
     if at_fault.is_empty() {
         if let Some(top) = found.each.first() {
             out.push(format!(
-                "no activation quantizer is at fault: none alone gives both half of what they give together and {} (the walk's least break); the largest, '{}', gives {} ({})",
+                "no activation quantizer is at fault: none alone gives both half of what they give together and {} (the walk's least break){}; the largest, '{}', gives {} ({})",
                 n(found.fault_threshold),
+                if top.without.is_some() { ", and leaving none out removes that much" } else { "" },
                 top.tensor,
                 n(top.error),
                 share(top.error)
@@ -347,15 +355,31 @@ pub(super) fn quantizers_alone_lines(
             }
             format!(" ({})", why.join("; "))
         });
+        let alone_enough = q.error >= 0.5 * found.together && q.error >= found.fault_threshold;
+        let measured = if alone_enough {
+            format!(
+                "alone it gives rel L2 {}, {} of what every activation quantizer gives together",
+                n(q.error),
+                share(q.error)
+            )
+        } else {
+            format!(
+                "alone it gives rel L2 {} ({}), but left out of all of them it takes their error from {} to {}: {} of it comes through this quantizer, amplified by the quantizers after it",
+                n(q.error),
+                share(q.error),
+                n(found.together),
+                n(q.without.unwrap_or(f64::NAN)),
+                share(q.removed_from(found.together))
+            )
+        };
         out.push(format!(
-            "the quantizer of '{}' (QuantizeLinear '{}') is at fault: alone it gives rel L2 {}, {} of what every activation quantizer gives together{}; {}",
+            "the quantizer of '{}' (QuantizeLinear '{}') is at fault: {measured}{}; {}",
             q.tensor,
             q.node,
-            n(q.error),
-            share(q.error),
             why.unwrap_or_default(),
             match weights_carry {
-                Some(w) => format!("leaving the nodes that read it unquantized removes its part, not the weights' {}", n(w)),
+                Some(w) =>
+                    format!("leaving the nodes that read it unquantized removes its part, not the weights' {}", n(w)),
                 None => "leaving the nodes that read it unquantized is what removes it".to_string(),
             }
         ));

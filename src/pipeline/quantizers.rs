@@ -171,15 +171,20 @@ pub(crate) fn measure(
             not_measured.push((node.clone(), format!("not among the {MOST_ALONE} of the {} with the largest error of their own on the reference's values", measured.len())));
             continue;
         };
+        // Left out: only where every quantizer is switched (else the unswitched would be off too).
+        let without = if chosen.len() == measured.len() { Some(error(&run(&|s| s != k)?)) } else { None };
         each.push(QuantizerAlone {
             node: node.clone(),
             tensor: tensor.clone(),
             holds: holds.clone(),
             error: error(&run(&|s| s == k)?),
+            without,
         });
     }
-    // Largest first; graph order on ties (a stable sort keeps it).
-    each.sort_by(|a, b| b.error.total_cmp(&a.error));
+    // Largest first, by what it gives alone or takes away left out; graph order on ties (a
+    // stable sort keeps it).
+    let weight = |q: &QuantizerAlone| q.error.max(q.removed_from(together));
+    each.sort_by(|a, b| weight(b).total_cmp(&weight(a)));
     Ok(Some(QuantizersAlone {
         output: output.to_string(),
         together,

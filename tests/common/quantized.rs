@@ -103,3 +103,90 @@ pub fn qoperator_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
     b.output("y", DataType::Float);
     b.build()
 }
+
+/// x[1,8] -> MatMul(w1) -> h -> hardswish as PaddlePaddle exports it at opset 11:
+/// `h * Clip(h + 3, 0, 6) / 6`, the 3 and the Clip's bounds from Constant nodes -> MatMul(w2) -> y.
+pub fn hardswish_float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
+    use layerwise_model::builder::attr;
+    let mut b = ModelBuilder::new("hardswish", 11);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("w1", &[8, 8], w1));
+    b.initializer(f32_tensor("w2", &[8, 4], w2));
+    b.initializer(f32_tensor("six", &[1], &[6.0]));
+    for (name, v) in [("three", 3.0), ("clip_lo", 0.0), ("clip_hi", 6.0)] {
+        b.node(
+            "Constant",
+            &format!("{name}_const"),
+            &[],
+            &[name],
+            vec![attr::tensor("value", f32_tensor(name, &[], &[v]))],
+        );
+    }
+    b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
+    b.node("Add", "add3", &["h", "three"], &["a"], vec![]);
+    b.node("Clip", "clip", &["a", "clip_lo", "clip_hi"], &["c"], vec![]);
+    b.node("Mul", "gate", &["h", "c"], &["m"], vec![]);
+    b.node("Div", "div6", &["m", "six"], &["hs"], vec![]);
+    b.node("MatMul", "mm2", &["hs", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// `hardswish_float_model` quantized as ONNX Runtime's quantize_static writes it without
+/// pre-processing (QDQ, int8): the Clip is removed and its output name moved onto the Add, whose
+/// quantizer (zero point -128, scale 6/255: [0, 6]) does the clipping; the Constant nodes stay.
+/// `shrink` divides the scale of h's quantizer (16: h clips).
+pub fn hardswish_qdq_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
+    use layerwise_model::builder::attr;
+    let scale = |w: &[f32]| w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+    let quantize = |w: &[f32], s: f32| w.iter().map(|v| (v / s).round() as i32).collect::<Vec<_>>();
+    let (s1, s2) = (scale(w1), scale(w2));
+    // |h| <= 8 * max|w1| for x in [-1, 1]; hardswish of h stays within |h| * 2 ... bounded by 3 |h|.
+    let sh = 8.0 * s1;
+    let mut b = ModelBuilder::new("hardswish_int8", 11);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w1_q", &[8, 8], &quantize(w1, s1)));
+    b.initializer(int8_tensor("w2_q", &[8, 4], &quantize(w2, s2)));
+    b.initializer(f32_tensor("six", &[1], &[6.0]));
+    for (name, v) in [
+        ("s1", s1),
+        ("s2", s2),
+        ("sx", 1.0 / 127.0),
+        ("sh", sh / shrink),
+        ("sc", 6.0 / 255.0),
+        ("sm", 3.0 * sh),
+        ("shs", sh / 2.0),
+    ] {
+        b.initializer(f32_tensor(name, &[], &[v]));
+    }
+    b.initializer(int8_tensor("z0", &[], &[0]));
+    b.initializer(int8_tensor("zmin", &[], &[-128]));
+    for (name, v) in [("three", 3.0), ("clip_lo", 0.0), ("clip_hi", 6.0)] {
+        b.node(
+            "Constant",
+            &format!("{name}_const"),
+            &[],
+            &[name],
+            vec![attr::tensor("value", f32_tensor(name, &[], &[v]))],
+        );
+    }
+    b.node("DequantizeLinear", "w1_dq", &["w1_q", "s1", "z0"], &["w1_f"], vec![]);
+    b.node("DequantizeLinear", "w2_dq", &["w2_q", "s2", "z0"], &["w2_f"], vec![]);
+    b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x_q8"], vec![]);
+    b.node("DequantizeLinear", "x_dq", &["x_q8", "sx", "z0"], &["x_f"], vec![]);
+    b.node("MatMul", "mm1", &["x_f", "w1_f"], &["h"], vec![]);
+    b.node("QuantizeLinear", "h_q", &["h", "sh", "z0"], &["h_q8"], vec![]);
+    b.node("DequantizeLinear", "h_dq", &["h_q8", "sh", "z0"], &["h_f"], vec![]);
+    b.node("Add", "add3", &["h_f", "three"], &["c"], vec![]);
+    b.node("QuantizeLinear", "c_q", &["c", "sc", "zmin"], &["c_q8"], vec![]);
+    b.node("DequantizeLinear", "c_dq", &["c_q8", "sc", "zmin"], &["c_f"], vec![]);
+    b.node("Mul", "gate", &["h_f", "c_f"], &["m"], vec![]);
+    b.node("QuantizeLinear", "m_q", &["m", "sm", "z0"], &["m_q8"], vec![]);
+    b.node("DequantizeLinear", "m_dq", &["m_q8", "sm", "z0"], &["m_f"], vec![]);
+    b.node("Div", "div6", &["m_f", "six"], &["hs"], vec![]);
+    b.node("QuantizeLinear", "hs_q", &["hs", "shs", "z0"], &["hs_q8"], vec![]);
+    b.node("DequantizeLinear", "hs_dq", &["hs_q8", "shs", "z0"], &["hs_f"], vec![]);
+    b.node("MatMul", "mm2", &["hs_f", "w2_f"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}

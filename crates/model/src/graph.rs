@@ -239,6 +239,17 @@ impl GraphIndex {
                 .is_some_and(|n| n.op_type == "Constant" && (n.domain.is_empty() || n.domain == "ai.onnx"))
     }
 
+    /// The stored value of `tensor` in `graph` (the graph this index was built from): its
+    /// initializer, else the `value` tensor of the Constant node computing it (PaddlePaddle's
+    /// exports keep Clip bounds and BatchNorm parameters there).
+    pub fn stored_tensor<'g>(&self, graph: &'g GraphProto, tensor: &str) -> Option<&'g crate::onnx::TensorProto> {
+        if self.is_initializer(tensor) {
+            return graph.initializer.iter().find(|w| w.name() == tensor);
+        }
+        let producer = self.producer(tensor).filter(|n| n.op_type == "Constant" && n.domain.is_empty())?;
+        graph.node.get(producer.proto_index)?.attribute.iter().find(|a| a.name() == "value").and_then(|a| a.t.as_ref())
+    }
+
     /// For a tensor produced inside an If/Loop/Scan body, the main-graph node that owns the body.
     pub fn subgraph_owner(&self, tensor: &str) -> Option<&str> {
         self.subgraph_tensors.get(tensor).map(String::as_str)

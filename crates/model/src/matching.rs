@@ -61,40 +61,141 @@ struct View<'a> {
     index: &'a GraphIndex,
     /// Tensors seen as their own values although an Identity produces them (see `match_tensors`).
     cut: &'a HashSet<String>,
-    /// Relu is seen through too: against a quantized candidate, whose quantizers may have taken
-    /// Relus over (see `match_tensors`).
-    through_relu: bool,
+    /// Clamps (Relu, Clip with stored bounds) are seen through too: against a quantized
+    /// candidate, whose quantizers may have taken them over (see `match_tensors`).
+    through_clamps: bool,
+}
+
+/// Where a value is held clamped, and to what: `[lo, hi]`.
+#[derive(Debug, Clone)]
+struct Clamped {
+    holder: String,
+    lo: f32,
+    hi: f32,
+    /// Held by a quantizer (its DequantizeLinear's output), which clamps to the values it can
+    /// represent, within `tolerance` (half its step).
+    tolerance: Option<f32>,
+}
+
+/// An activation that clamps a value to `[lo, hi]` and does nothing else: a Relu, or a Clip
+/// whose bounds the file stores (inputs from opset 11, from initializers or Constant nodes;
+/// attributes before; an absent bound is none). A quantizer can take one over.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Clamp {
+    pub lo: f32,
+    pub hi: f32,
+    /// A Relu (else a Clip).
+    pub relu: bool,
+}
+
+impl Clamp {
+    /// The clamp `node` (of `graph`, indexed by `index`) computes, if it is one.
+    pub fn of(graph: &GraphProto, index: &GraphIndex, node: &crate::NodeInfo) -> Option<Clamp> {
+        if !node.domain.is_empty() {
+            return None;
+        }
+        let proto = graph.node.get(node.proto_index)?;
+        match node.op_type.as_str() {
+            "Relu" => Some(Clamp { lo: 0.0, hi: f32::INFINITY, relu: true }),
+            "Clip" => {
+                let attr = |name: &str| proto.attribute.iter().find(|a| a.name() == name).and_then(|a| a.f);
+                let bound = |slot: usize, unbounded: f32| -> Option<f32> {
+                    match proto.input.get(slot).filter(|t| !t.is_empty()) {
+                        None => Some(unbounded),
+                        Some(t) => {
+                            let stored = index.stored_tensor(graph, t)?;
+                            let value = crate::Tensor::from_proto(stored).ok()?;
+                            let first = value.to_f32().first().copied();
+                            first.filter(|_| value.len() == 1)
+                        }
+                    }
+                };
+                let lo = attr("min").map_or_else(|| bound(1, f32::NEG_INFINITY), Some)?;
+                let hi = attr("max").map_or_else(|| bound(2, f32::INFINITY), Some)?;
+                Some(Clamp { lo, hi, relu: false })
+            }
+            _ => None,
+        }
+    }
+
+    /// The clamp as a node of a graph at `opset`, computing `output` from `input`; a Clip's
+    /// bounds become `weights` named by `fresh` (inputs from opset 11, attributes before).
+    pub fn node(
+        &self,
+        name: String,
+        input: &str,
+        output: &str,
+        opset: i64,
+        fresh: &mut dyn FnMut(&str) -> String,
+        weights: &mut Vec<crate::onnx::TensorProto>,
+    ) -> NodeProto {
+        let mut node = NodeProto {
+            name: Some(name),
+            op_type: Some(if self.relu { "Relu" } else { "Clip" }.to_string()),
+            input: vec![input.to_string()],
+            output: vec![output.to_string()],
+            ..Default::default()
+        };
+        if self.relu {
+            return node;
+        }
+        if opset < 11 {
+            for (attr, v) in [("min", self.lo), ("max", self.hi)].into_iter().filter(|(_, v)| v.is_finite()) {
+                node.attribute.push(crate::builder::attr::float(attr, v));
+            }
+            return node;
+        }
+        for (base, v) in [("clip_min", self.lo), ("clip_max", self.hi)] {
+            if v.is_finite() {
+                let bound = fresh(&format!("{output}_{base}"));
+                weights.push(crate::builder::f32_tensor(&bound, &[], &[v]));
+                node.input.push(bound);
+            } else {
+                node.input.push(String::new());
+            }
+        }
+        while node.input.last().is_some_and(|i| i.is_empty()) {
+            node.input.pop();
+        }
+        node
+    }
 }
 
 impl View<'_> {
     fn is_transparent(&self, topo: usize) -> bool {
-        let info = &self.index.nodes[topo];
-        (self.through_relu && info.op_type == "Relu" && info.domain.is_empty())
-            || transparent(self.graph, self.index, &self.graph.node[info.proto_index])
+        (self.through_clamps && self.clamp_of(topo).is_some())
+            || transparent(self.graph, self.index, &self.graph.node[self.index.nodes[topo].proto_index])
     }
 
-    /// Whether `t` is computed by a Relu seen through.
-    fn is_relu(&self, t: &str) -> bool {
-        self.through_relu && self.index.producer(t).is_some_and(|p| p.op_type == "Relu" && p.domain.is_empty())
+    /// The range a Relu or a Clip with stored bounds clamps to.
+    fn clamp_of(&self, topo: usize) -> Option<(f32, f32)> {
+        Clamp::of(self.graph, self.index, &self.index.nodes[topo]).map(|c| (c.lo, c.hi))
     }
 
-    /// Where the candidate holds Relu of a value: source tensor -> the tensor holding its Relu,
-    /// an explicit Relu's output, else the output of a DequantizeLinear whose QuantizeLinear's
-    /// zero point is its type's minimum (it clips at 0: ONNX Runtime's quantize_static drops a
-    /// Relu into it).
-    fn relus(&self) -> HashMap<String, String> {
-        let stored: HashMap<&str, &crate::onnx::TensorProto> =
-            self.graph.initializer.iter().map(|w| (w.name(), w)).collect();
-        let clips = |q: &NodeProto| {
-            q.input.get(2).and_then(|z| stored.get(z.as_str())).is_some_and(|zp| crate::quant::clips_at_zero(zp))
-        };
-        let mut found: HashMap<String, String> = HashMap::new();
+    /// The range `t` is clamped to, where a clamp seen through computes it.
+    fn clamp(&self, t: &str) -> Option<(f32, f32)> {
+        if !self.through_clamps {
+            return None;
+        }
+        self.clamp_of(self.index.producer_index(t)?)
+    }
+
+    /// Where the candidate holds a value clamped: source tensor -> the tensors holding a clamp of
+    /// it: an explicit Relu's or Clip's output, else the output of a DequantizeLinear of a
+    /// per-tensor QuantizeLinear, which clamps to the values it can represent (ONNX Runtime's
+    /// quantize_static removes a Relu or Clip after a Conv or Add and lets its quantizer clip).
+    /// Explicit clamps come first.
+    fn clamps(&self) -> HashMap<String, Vec<Clamped>> {
+        let mut found: HashMap<String, Vec<Clamped>> = HashMap::new();
         for info in &self.index.nodes {
             let node = &self.graph.node[info.proto_index];
             let Some(input) = node.input.first().filter(|t| !t.is_empty()) else { continue };
             let Some(output) = node.output.first().filter(|t| !t.is_empty()) else { continue };
-            if info.op_type == "Relu" && info.domain.is_empty() {
-                found.insert(self.source(input), output.clone());
+            if let Some((lo, hi)) = self.clamp_of(info.topo_index) {
+                found
+                    .entry(self.source(input))
+                    .or_default()
+                    .insert(0, Clamped { holder: output.clone(), lo, hi, tolerance: None });
             } else if info.op_type == "DequantizeLinear" {
                 let Some(q) = self
                     .index
@@ -105,9 +206,13 @@ impl View<'_> {
                     continue;
                 };
                 let Some(x) = q.input.first() else { continue };
-                if clips(q) {
-                    found.entry(self.source(x)).or_insert_with(|| output.clone());
-                }
+                let Some(range) = crate::quant::quantizer_range(self.graph, self.index, q) else { continue };
+                found.entry(self.source(x)).or_default().push(Clamped {
+                    holder: output.clone(),
+                    lo: range.lo,
+                    hi: range.hi,
+                    tolerance: Some(0.5 * range.scale.abs()),
+                });
             }
         }
         found
@@ -192,12 +297,12 @@ pub fn match_tensors(
     structural: bool,
     cut: &HashSet<String>,
 ) -> Matching {
-    // Against a quantized candidate, Relus are seen through on both sides: its quantizers may
-    // have taken them over, and a reference Relu's output is then paired with the tensor holding
-    // the candidate's Relu of the same value (`View::relus`).
+    // Against a quantized candidate, clamps (Relu, Clip with stored bounds) are seen through on
+    // both sides: its quantizers may have taken them over, and a reference clamp's output is then
+    // paired with the tensor holding the candidate's clamp of the same value (`View::clamps`).
     let quantized = candidate.node.iter().any(|n| n.op_type() == "QuantizeLinear");
-    let r = View { graph: reference, index: ref_index, cut, through_relu: quantized };
-    let c = View { graph: candidate, index: cand_index, cut, through_relu: quantized };
+    let r = View { graph: reference, index: ref_index, cut, through_clamps: quantized };
+    let c = View { graph: candidate, index: cand_index, cut, through_clamps: quantized };
     // Candidate source tensor -> reference source tensor.
     let mut c2r: HashMap<String, (String, MatchedBy)> = HashMap::new();
     let mut matched_ref: HashSet<String> = HashSet::new();
@@ -299,13 +404,22 @@ pub fn match_tensors(
     // Reference source -> candidate tensor, then every reference tensor through its source.
     let r2c: HashMap<&str, (&str, MatchedBy)> =
         c2r.iter().map(|(cs, (rs, by))| (rs.as_str(), (cs.as_str(), *by))).collect();
-    let cand_relus = if quantized { c.relus() } else { HashMap::new() };
+    let cand_clamps = if quantized { c.clamps() } else { HashMap::new() };
     let mut matching = Matching::default();
     let mut used: HashSet<String> = HashSet::new();
     for t in ref_index.computed_tensors() {
-        if r.is_relu(t) {
-            // Relu of the value the candidate's twin holds, where the candidate computes it.
-            let twin = r2c.get(r.source(t).as_str()).and_then(|(cs, by)| cand_relus.get(*cs).map(|h| (h.clone(), *by)));
+        if let Some((lo, hi)) = r.clamp(t) {
+            // The same clamp of the value the candidate's twin holds, where the candidate computes
+            // it: an explicit one with the same bounds, or a quantizer whose range lies within
+            // them (half a step either way), so that quantizing the clamped value or the value
+            // itself gives the same codes: the quantizer took the clamp over.
+            let same = |c: &Clamped| match c.tolerance {
+                None => c.lo == lo && c.hi == hi,
+                Some(tol) => c.lo >= lo - tol && c.hi <= hi + tol,
+            };
+            let twin = r2c
+                .get(r.source(t).as_str())
+                .and_then(|(cs, by)| cand_clamps.get(*cs)?.iter().find(|c| same(c)).map(|c| (c.holder.clone(), *by)));
             match twin.filter(|(h, _)| cand_index.producer_index(h).is_some()) {
                 Some((h, by)) => {
                     let by = if h == t { MatchedBy::Name } else { by.max(MatchedBy::Structure) };

@@ -209,8 +209,9 @@ impl<'g> Stored<'g> {
         Stored { graph, index, by_name: graph.initializer.iter().map(|w| (w.name(), w)).collect() }
     }
 
+    /// An initializer, else a Constant node's value.
     fn get(&self, t: &str) -> Option<&'g TensorProto> {
-        self.by_name.get(t).copied()
+        self.by_name.get(t).copied().or_else(|| self.index.stored_tensor(self.graph, t))
     }
 
     /// A float32 initializer's values (`None` for another type or values it does not hold).
@@ -414,6 +415,41 @@ pub struct ActivationQuantizer {
     pub holds: Vec<String>,
 }
 
+impl Stored<'_> {
+    /// The values a per-tensor QuantizeLinear can represent (`None`: per channel or block, or
+    /// parameters not stored).
+    fn range(&self, node: &NodeProto) -> Option<QuantizerRange> {
+        let s = node
+            .input
+            .get(1)
+            .filter(|s| self.get(s).is_some_and(|w| w.dims.iter().product::<i64>() == 1))
+            .and_then(|s| self.floats(s))
+            .and_then(|v| v.first().copied())?;
+        // Through Tensor::from_proto; the int32_data entry as written for the types it does not carry.
+        let zero_point = |t: &str| -> Option<i32> {
+            let w = self.get(t)?;
+            Tensor::from_proto(w)
+                .ok()
+                .and_then(|v| v.to_f32().first().map(|&z| z as i32))
+                .or(w.int32_data.first().copied())
+        };
+        let format = self.quantized_type(node).and_then(QuantFormat::of)?;
+        let zp = node.input.get(2).filter(|t| !t.is_empty()).map_or(Some(0), |z| zero_point(z)).unwrap_or(0);
+        let (qmin, qmax) = format.limits();
+        Some(if matches!(format, QuantFormat::Float8E4M3 | QuantFormat::Float8E5M2) {
+            QuantizerRange { format, scale: s, zero_point: 0, lo: qmin * s, hi: qmax * s }
+        } else {
+            QuantizerRange { format, scale: s, zero_point: zp, lo: (qmin - zp as f32) * s, hi: (qmax - zp as f32) * s }
+        })
+    }
+}
+
+/// The values the per-tensor QuantizeLinear `node` of `graph` can represent (`None`: per channel
+/// or block, or parameters not stored in the file).
+pub fn quantizer_range(graph: &GraphProto, index: &GraphIndex, node: &NodeProto) -> Option<QuantizerRange> {
+    Stored::of(graph, index).range(node)
+}
+
 /// Every per-tensor activation quantizer of `candidate`, in graph order, with the reference
 /// tensors it stands for (`reference_of`, the matching's pairs read backwards).
 pub fn activation_quantizers(
@@ -422,33 +458,14 @@ pub fn activation_quantizers(
     reference_of: &dyn Fn(&str) -> Option<String>,
 ) -> Vec<ActivationQuantizer> {
     let stored = Stored::of(candidate, cand_index);
-    let scalar = |t: &str| {
-        stored
-            .get(t)
-            .filter(|w| w.dims.iter().product::<i64>() == 1)
-            .and_then(|_| stored.floats(t))
-            .and_then(|v| v.first().copied())
-    };
-    // Through Tensor::from_proto; the int32_data entry as written for the types it does not carry.
-    let zero_point = |t: &str| -> Option<i32> {
-        let w = stored.get(t)?;
-        Tensor::from_proto(w).ok().and_then(|v| v.to_f32().first().map(|&z| z as i32)).or(w.int32_data.first().copied())
-    };
     let mut quantizers = Vec::new();
     for info in cand_index.nodes.iter().filter(|n| n.op_type == "QuantizeLinear") {
         let node = &candidate.node[info.proto_index];
-        let (Some(x), Some(s)) = (node.input.first(), node.input.get(1).and_then(|s| scalar(s))) else { continue };
+        let Some(x) = node.input.first() else { continue };
         if cand_index.is_constant_like(x) {
             continue;
         }
-        let Some(format) = stored.quantized_type(node).and_then(QuantFormat::of) else { continue };
-        let zp = node.input.get(2).filter(|t| !t.is_empty()).map_or(Some(0), |z| zero_point(z)).unwrap_or(0);
-        let (qmin, qmax) = format.limits();
-        let range = if matches!(format, QuantFormat::Float8E4M3 | QuantFormat::Float8E5M2) {
-            QuantizerRange { format, scale: s, zero_point: 0, lo: qmin * s, hi: qmax * s }
-        } else {
-            QuantizerRange { format, scale: s, zero_point: zp, lo: (qmin - zp as f32) * s, hi: (qmax - zp as f32) * s }
-        };
+        let Some(range) = stored.range(node) else { continue };
         let mut holds = Vec::new();
         for out in &node.output {
             for c in cand_index

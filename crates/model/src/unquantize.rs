@@ -19,16 +19,17 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::matching::Clamp;
 use crate::onnx::{ModelProto, NodeProto, TensorProto};
 use crate::{DataType, GraphIndex, ModelError, Tensor};
 
-/// A quantizer bypassed for every reader: its DequantizeLinear's output, and the op computed in
-/// its place on the quantized float tensor (`Some("Relu")` where the quantizer took a Relu over;
-/// `None`: the float tensor as it is).
+/// A quantizer bypassed for every reader: its DequantizeLinear's output, and the clamp computed
+/// in its place on the quantized float tensor (where the quantizer took the reference's Relu or
+/// Clip over; `None`: the float tensor as it is).
 #[derive(Debug, Clone, PartialEq)]
 pub struct BypassedQuantizer {
     pub dequantized: String,
-    pub activation: Option<String>,
+    pub activation: Option<Clamp>,
 }
 
 /// Where a kept node's float weight came from.
@@ -70,6 +71,8 @@ pub fn keep_unquantized(
         None => None,
     };
     let producer_op = |t: &str| index.producer(t).map(|p| p.op_type.as_str());
+    // The candidate's default-domain opset: a Clip's bounds are inputs from 11, attributes before.
+    let opset = crate::model::default_opset(candidate);
     let mut taken: HashSet<String> = graph
         .node
         .iter()
@@ -141,39 +144,31 @@ pub fn keep_unquantized(
                 // range, into the quantizer after a Conv and leaves its output name on the Conv),
                 // that activation is part of the value, not of the rounding: the kept node reads it
                 // computed on the float tensor, as the reference computes it.
-                let held = reference.as_ref().and_then(|(g, ri)| {
-                    let theirs = ri.producer(&float).filter(|p| matches!(p.op_type.as_str(), "Relu" | "Clip"))?;
-                    let ours = index.producer(&float);
-                    ours.is_none_or(|o| o.op_type != theirs.op_type).then(|| (g, &g.node[theirs.proto_index]))
-                });
+                let held = match reference.as_ref() {
+                    None => None,
+                    Some((g, ri)) => {
+                        match ri.producer(&float).filter(|p| matches!(p.op_type.as_str(), "Relu" | "Clip")) {
+                            Some(theirs) if index.producer(&float).is_none_or(|o| o.op_type != theirs.op_type) => {
+                                let clamp = Clamp::of(g, ri, theirs).ok_or_else(|| {
+                                ModelError::InvalidGraph(format!(
+                                    "the reference's {} '{}' clamps to bounds the file does not store (computed by other nodes): they cannot be copied",
+                                    theirs.op_type, theirs.name
+                                ))
+                            })?;
+                                Some((clamp, theirs.name.clone()))
+                            }
+                            _ => None,
+                        }
+                    }
+                };
                 match held {
                     None => float,
-                    Some((g, activation)) => match held_of.get(&float) {
+                    Some((clamp, theirs)) => match held_of.get(&float) {
                         Some(out) => out.clone(),
                         None => {
-                            let out = fresh(&format!("{float}_{}", activation.op_type().to_lowercase()));
-                            let mut inputs = vec![float.clone()];
-                            // A Clip's bounds: the reference's constants, copied under fresh names.
-                            for bound in activation.input.iter().skip(1) {
-                                if bound.is_empty() {
-                                    inputs.push(String::new());
-                                    continue;
-                                }
-                                let value = g.initializer.iter().find(|w| w.name() == bound.as_str()).cloned().ok_or_else(|| {
-                                    ModelError::InvalidGraph(format!("the reference's {} '{}' reads '{bound}', which is no initializer: its bound cannot be copied", activation.op_type(), activation.name()))
-                                })?;
-                                let name = fresh(&format!("{bound}_reference"));
-                                new_weights.push(TensorProto { name: Some(name.clone()), ..value });
-                                inputs.push(name);
-                            }
-                            let node = NodeProto {
-                                name: Some(fresh(&format!("{}_as_reference", activation.name()))),
-                                op_type: activation.op_type.clone(),
-                                input: inputs,
-                                output: vec![out.clone()],
-                                attribute: activation.attribute.clone(),
-                                ..Default::default()
-                            };
+                            let out = fresh(&format!("{float}_{}", if clamp.relu { "relu" } else { "clip" }));
+                            let name = fresh(&format!("{theirs}_as_reference"));
+                            let node = clamp.node(name, &float, &out, opset, &mut fresh, &mut new_weights);
                             activations.push((q.proto_index, node));
                             held_of.insert(float, out.clone());
                             out
@@ -203,14 +198,23 @@ pub fn keep_unquantized(
                 },
             )?;
         let float = q.inputs.first().cloned().unwrap_or_default();
-        let op = bypass.activation.as_deref().unwrap_or("Identity");
         let dq_name = dq.name.clone();
-        graph.node[dq.proto_index] = NodeProto {
-            name: Some(format!("{dq_name}_as_{}", op.to_lowercase())),
-            op_type: Some(op.to_string()),
-            input: vec![float],
-            output: vec![bypass.dequantized.clone()],
-            ..Default::default()
+        graph.node[dq.proto_index] = match &bypass.activation {
+            Some(clamp) => clamp.node(
+                format!("{dq_name}_as_{}", if clamp.relu { "relu" } else { "clip" }),
+                &float,
+                &bypass.dequantized,
+                opset,
+                &mut fresh,
+                &mut new_weights,
+            ),
+            None => NodeProto {
+                name: Some(format!("{dq_name}_as_identity")),
+                op_type: Some("Identity".to_string()),
+                input: vec![float],
+                output: vec![bypass.dequantized.clone()],
+                ..Default::default()
+            },
         };
         done.removed.push(dq_name);
     }
@@ -475,7 +479,10 @@ mod tests {
     #[test]
     fn a_quantizer_that_took_a_relu_over_is_kept_as_that_relu() {
         let q = qdq();
-        let bypass = BypassedQuantizer { dequantized: "r_f".into(), activation: Some("Relu".into()) };
+        let bypass = BypassedQuantizer {
+            dequantized: "r_f".into(),
+            activation: Some(Clamp { lo: 0.0, hi: f32::INFINITY, relu: true }),
+        };
         let done = keep_unquantized(&q, &[], &[bypass], None).unwrap();
         let relu =
             done.model.graph.as_ref().unwrap().node.iter().find(|n| n.output == vec!["r_f".to_string()]).unwrap();
