@@ -232,12 +232,12 @@ fn fix_float(
             search.steps.record("measuring the noise floor", started.elapsed().as_secs_f64());
             if measured.ill_conditioned {
                 stuck = Some(format!(
-                    "no small keep list can exist: output '{}' is ill-conditioned for these inputs; {} moves it by rel L2 {}, the candidate by {} ({})",
+                    "stopped before searching: output '{}' is ill-conditioned for these inputs ({} moves it by rel L2 {}, the candidate by {}, {} of it); a keep list holds activations at reference precision, not the weights, so whether a small one still brings it within tolerance was not measured",
                     plan.output,
                     measured.rounds,
                     num(measured.output_error),
                     num(measured.candidate_error),
-                    if measured.ratio < 1.0 { format!("1/{:.0} of it", 1.0 / measured.ratio) } else { format!("{:.1}x", measured.ratio) }
+                    measured.ratio_words()
                 ));
             }
             floor = Some(measured);

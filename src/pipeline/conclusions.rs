@@ -192,7 +192,7 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             let no_fault = if floor.rounds == super::noise_floor::QUANTIZER_ROUNDS {
                 "No quantizer is at fault: the error is the quantizers' resolution, spread over the model; whether leaving a few layers unquantized helps is not measured"
             } else {
-                "No layer is at fault: the output is ill-conditioned for these inputs, and no small keep list can fix it"
+                "No layer is at fault: the output is ill-conditioned for these inputs; whether a small keep list still brings it within tolerance is not measured"
             };
             verdict.summary = if floor.ratio < 1.0 {
                 format!(
@@ -202,8 +202,7 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                     floor.rounds,
                     n(floor.output_error),
                     floor.seeds.len(),
-                    // 0.86 reads as "0.86x"; 1/1 would say they are equal.
-                    if floor.ratio >= 0.5 { format!("{:.2}x", floor.ratio) } else { format!("1/{:.0}", 1.0 / floor.ratio) }
+                    floor.ratio_words()
                 )
             } else {
                 format!(

@@ -149,7 +149,7 @@ pub(crate) fn measure(
     // Against the float model run in the same kind of session: the switched model's float run
     // is another graph, whose float32 arithmetic ONNX Runtime fuses otherwise (an output near 0
     // read 0.0418 against an independent 0.0337).
-    let weights_together = match weights_only(cm, ci) {
+    let weights_together = match weights_only(pair) {
         Some(proto) => (|| -> Result<Option<f64>> {
             let weights = ModelSession::cpu(cm, &proto, "weight quantizers together")?.run(feeds)?;
             let float = ModelSession::cpu(pair.model, &pair.model.proto, "the float model")?.run(feeds)?;
@@ -199,10 +199,31 @@ pub(crate) fn measure(
 /// The Q/DQ candidate with every activation quantizer taken out: each DequantizeLinear that reads
 /// a QuantizeLinear of a computed or fed tensor becomes an Identity of that tensor (its output
 /// name stays, a graph output's too), so that only the weights' DequantizeLinear nodes are left.
-/// `None` where the candidate has no weight quantizer (nothing to measure).
-fn weights_only(cm: &Model, ci: &GraphIndex) -> Option<layerwise_model::onnx::ModelProto> {
+/// A quantizer that took over the reference's Relu or Clip (the matching paired its output with
+/// that clamp) becomes that clamp instead: the clamp is the model's, not the rounding's (without
+/// it, a ResNet whose Relus live in its quantizers read 1.45 for "the weights alone", where they
+/// give 7.0e-2). `None` where the candidate has no weight quantizer (nothing to measure).
+fn weights_only(pair: &QuantizedPair) -> Option<layerwise_model::onnx::ModelProto> {
+    let (cm, ci) = pair.candidate;
     let mut proto = cm.proto.clone();
+    let opset = cm.opset();
     let graph = proto.graph.as_mut()?;
+    let mut taken: std::collections::HashSet<String> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().chain(&n.output).cloned())
+        .chain(graph.initializer.iter().map(|w| w.name().to_string()))
+        .collect();
+    let mut fresh = |base: &str| -> String {
+        let mut name = base.to_string();
+        let mut k = 1;
+        while !taken.insert(name.clone()) {
+            name = format!("{base}_{k}");
+            k += 1;
+        }
+        name
+    };
+    let mut bounds = Vec::new();
     let mut weights = 0;
     for node in graph.node.iter_mut().filter(|n| n.op_type() == "DequantizeLinear") {
         let Some(q) = node.input.first().and_then(|t| ci.producer(t)).filter(|p| p.op_type == "QuantizeLinear") else {
@@ -210,14 +231,23 @@ fn weights_only(cm: &Model, ci: &GraphIndex) -> Option<layerwise_model::onnx::Mo
             continue;
         };
         let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)).cloned() else { continue };
-        *node = layerwise_model::onnx::NodeProto {
-            op_type: Some("Identity".into()),
-            name: node.name.clone(),
-            input: vec![x],
-            output: node.output.clone(),
-            ..Default::default()
+        let output = node.output.first().cloned().unwrap_or_default();
+        let clamp = (pair.reference_of)(&output)
+            .and_then(|r| pair.index.producer(&r))
+            .and_then(|p| layerwise_model::matching::Clamp::of(pair.model.graph(), pair.index, p))
+            .filter(|_| ci.producer(&x).is_none_or(|p| !matches!(p.op_type.as_str(), "Relu" | "Clip")));
+        *node = match clamp {
+            Some(clamp) => clamp.node(node.name().to_string(), &x, &output, opset, &mut fresh, &mut bounds),
+            None => layerwise_model::onnx::NodeProto {
+                op_type: Some("Identity".into()),
+                name: node.name.clone(),
+                input: vec![x],
+                output: node.output.clone(),
+                ..Default::default()
+            },
         };
     }
+    graph.initializer.extend(bounds);
     // The QuantizeLinear nodes left without a reader go too: ONNX Runtime's optimizer otherwise
     // still reads them as Q/DQ groups (the output moved by 1.9311905e-5 against 1.9222498e-5).
     let read: std::collections::HashSet<String> = graph

@@ -298,7 +298,20 @@ impl<'a> InputView<'a> {
         // initializer or a Constant node's output) is no step: its reader is the layer.
         let weight_derived =
             |t: &str| index.is_constant_like(t) && !index.is_stored_value(t) && comparison.get(t).is_some();
-        for t in node.all_inputs().filter(|t| !index.is_constant_like(t) || weight_derived(t)) {
+        // A DequantizeLinear's input from a QuantizeLinear is integer codes, whose relative error
+        // is taken against codes offset by the zero point (a uint8 tensor near 135 "erred" by
+        // 1.3e-2 where the value it codes erred by 1.7e-1): the value read is what the
+        // QuantizeLinear quantizes, and that is the input compared.
+        let quantized_value = |t: &'_ String| -> String {
+            match index.producer(t) {
+                Some(q) if node.op_type == "DequantizeLinear" && q.op_type == "QuantizeLinear" => {
+                    q.inputs.first().filter(|x| !x.is_empty()).cloned().unwrap_or_else(|| t.clone())
+                }
+                _ => t.clone(),
+            }
+        };
+        for t in node.all_inputs().filter(|t| !index.is_constant_like(t) || weight_derived(t)).map(quantized_value) {
+            let t = &t;
             match comparison.get(t) {
                 // Both runs are fed the same graph inputs: they are exact (also where one is an
                 // output too, and compared as the candidate returns it).

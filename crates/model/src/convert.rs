@@ -37,6 +37,18 @@ pub const FP32_ONLY_OPS: &[(&str, &str)] = &[
     ("ConvInteger", "integer op with float32 scales around it"),
 ];
 
+/// The quantization ops among [`FP32_ONLY_OPS`]: float32 by every runtime's convention (TensorRT's
+/// Q/DQ scales too), so the FP16/BF16 emulations keep them float32 as well: their scales are not
+/// rounded, and a quantizer of a graph input reads it as fed.
+pub const QUANTIZATION_OPS: &[&str] = &[
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "DynamicQuantizeLinear",
+    "DynamicQuantizeLSTM",
+    "MatMulInteger",
+    "ConvInteger",
+];
+
 /// Ops that read a float input of any type without arithmetic on it: no Cast is needed in front.
 const ANY_TYPE_READERS: &[&str] = &["Shape", "Size", "Cast"];
 

@@ -33,14 +33,17 @@ const LAYOUT_OPS: &[&str] =
 /// NaN and read as a noise floor of 1.8.)
 const EXPONENT_SLOTS: &[(&str, usize)] = &[("Pow", 1)];
 
-/// Weights of `graph` that a node reads as a shape, an index or an exponent (see
-/// [`SHAPE_READERS`], [`EXPONENT_SLOTS`] and the float32 slots of Resize/Upsample): they are left
-/// as they are.
+/// Weights of `graph` that a node reads as a shape, an index, an exponent or a quantizer's scale
+/// (see [`SHAPE_READERS`], [`EXPONENT_SLOTS`], the float32 slots of Resize/Upsample and
+/// [`crate::convert::QUANTIZATION_OPS`]): they are left as they are.
 fn shape_weights(graph: &GraphProto) -> HashSet<String> {
     let mut skip = HashSet::new();
     for n in &graph.node {
         for (slot, input) in n.input.iter().enumerate() {
+            // A quantizer's scale stays float32 in the converted file and in the emulation
+            // (`convert::QUANTIZATION_OPS`): the candidate does not round it.
             if SHAPE_READERS.contains(&n.op_type())
+                || (crate::convert::QUANTIZATION_OPS.contains(&n.op_type()) && slot > 0)
                 || (LAYOUT_OPS.contains(&n.op_type()) && slot > 0)
                 || crate::convert::FP32_INPUT_SLOTS.contains(&(n.op_type(), slot))
                 || EXPONENT_SLOTS.contains(&(n.op_type(), slot))

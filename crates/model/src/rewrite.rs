@@ -154,6 +154,17 @@ pub fn emulate_reusing(
     let float_tensors: HashSet<String> =
         float_tensors.iter().filter(|t| !parameters.contains(t.as_str())).cloned().collect();
     let float_tensors = &float_tensors;
+    // Quantizers stay float32, as the converted file has them (`convert::QUANTIZATION_OPS`).
+    let mut keep_fp32 = keep_fp32.clone();
+    keep_fp32.extend(
+        graph
+            .node
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.domain().is_empty() && crate::convert::QUANTIZATION_OPS.contains(&n.op_type()))
+            .map(|(i, _)| i),
+    );
+    let keep_fp32 = &keep_fp32;
     let shift = keep_weights_fp32(graph, keep_fp32);
     let keep_fp32: HashSet<usize> = keep_fp32.iter().map(|i| i + shift).collect();
     // Cast reads and writes bfloat16 from opset 13 on; before it, a Veltkamp split rounds to

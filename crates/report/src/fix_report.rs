@@ -228,7 +228,16 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
         .map(|(st, n)| format!("{st} {n}"))
         .collect();
     let _ = writeln!(out, "  rounds: {}", stages.join(", "));
-    let _ = writeln!(out, "  outputs (relative L2, {precision} -> with keep list):");
+    // A converted model's "before" is the file convert writes with nothing kept: its own FP32
+    // nodes (ops that stay FP32, quantizers, weights beyond range) are FP32 there, which a plain
+    // `bisect --cand sim:*` does not keep, so their numbers can differ.
+    let before = match precision {
+        "FP16" | "BF16" if r.fixed_model_fp32_nodes.iter().any(|(_, why)| why != "--keep-fp32") => {
+            format!("{precision} as converted with nothing kept")
+        }
+        _ => precision.to_string(),
+    };
+    let _ = writeln!(out, "  outputs (relative L2, {before} -> with keep list):");
     for o in &r.outputs {
         let _ = writeln!(
             out,
