@@ -488,6 +488,21 @@ pub struct SampleStats {
     pub failing_samples: usize,
 }
 
+impl NoiseFloor {
+    /// The candidate's error as a multiple of the floor: 0.86 reads as "0.86x" (1/1 would say
+    /// they are equal), 0.1 as "1/10", 2.3 as "2.3x".
+    pub fn ratio_words(&self) -> String {
+        let ratio = self.ratio;
+        if ratio >= 1.0 {
+            format!("{ratio:.1}x")
+        } else if ratio >= 0.5 {
+            format!("{ratio:.2}x")
+        } else {
+            format!("1/{:.0}", 1.0 / ratio)
+        }
+    }
+}
+
 #[cfg(test)]
 mod quantizers_at_fault {
     use super::*;
@@ -517,20 +532,5 @@ mod quantizers_at_fault {
         assert_eq!(at_fault, ["clipping"]);
         assert!((found.each[0].removed_from(found.together) - 0.5643).abs() < 1e-9);
         assert_eq!(found.each[2].removed_from(found.together), 0.0);
-    }
-}
-
-impl NoiseFloor {
-    /// The candidate's error as a multiple of the floor: 0.86 reads as "0.86x" (1/1 would say
-    /// they are equal), 0.1 as "1/10", 2.3 as "2.3x".
-    pub fn ratio_words(&self) -> String {
-        let ratio = self.ratio;
-        if ratio >= 1.0 {
-            format!("{ratio:.1}x")
-        } else if ratio >= 0.5 {
-            format!("{ratio:.2}x")
-        } else {
-            format!("1/{:.0}", 1.0 / ratio)
-        }
     }
 }
