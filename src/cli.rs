@@ -720,8 +720,23 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         conversion.casts_inserted,
         shown(args.output.display())
     );
+    // One line a node, except where many share a reason (a quantized encoder's 192 quantizers
+    // printed 192 lines): more than 10 get one line with their count and the first few.
+    let mut by_reason: Vec<(&str, Vec<&str>)> = Vec::new();
     for (node, why) in &conversion.fp32_nodes {
-        say!("  FP32 {}: {}", shown(node), shown(why));
+        match by_reason.iter_mut().find(|(w, _)| *w == why.as_str()) {
+            Some((_, nodes)) => nodes.push(node),
+            None => by_reason.push((why, vec![node])),
+        }
+    }
+    for (why, nodes) in &by_reason {
+        if nodes.len() <= 10 {
+            for node in nodes {
+                say!("  FP32 {}: {}", shown(node), shown(why));
+            }
+        } else {
+            say!("  FP32 {} nodes: {} (first {}, ...)", nodes.len(), shown(why), shown(nodes[..3].join(", ")));
+        }
     }
     if already_reduced {
         say!("  note: {} already held FP16 or BF16 tensors; converting its float32 original gives the converter's full choice", shown(args.model.display()));
@@ -735,6 +750,31 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
         ),
         layerwise_report::LoadStatus::RunsBelowDefault => say!("  ONNX Runtime {}", shown(load.detail.unwrap_or_default())),
         _ => say!("  ONNX Runtime with its default options ({}): {}", load.status, shown(load.detail.unwrap_or_default())),
+    }
+    // A constant FP16 flushes to 0 (an epsilon under a Log or a Div) is no overflow and the
+    // converter keeps no reader for it, but it can make the file give inf/NaN on real inputs (a
+    // note-transcription model's 1e-10 under a Log: every output non-finite). Said, not judged:
+    // whether it matters depends on the inputs.
+    if options.target == layerwise_model::Precision::Fp16 {
+        let fp32: std::collections::HashSet<&str> = conversion.fp32_nodes.iter().map(|(n, _)| n.as_str()).collect();
+        for w in layerwise_model::scan_fp16_weight_range(&model)?.iter().filter(|w| w.underflow_count > 0) {
+            let readers: Vec<&str> = index
+                .consumers(&w.name)
+                .iter()
+                .map(|&c| index.nodes[c].name.as_str())
+                .filter(|n| !fp32.contains(n))
+                .collect();
+            if !readers.is_empty() {
+                say!(
+                    "  weight '{}' has {} of {} values that FP16 flushes to 0 (largest {:.3e}), read in FP16 by {}: where such a value keeps a Log, Div or Sqrt away from 0, the file can give inf/NaN; `layerwise bisect` on real inputs shows whether it does (`--keep-fp32` keeps its readers)",
+                    shown(&w.name),
+                    w.underflow_count,
+                    w.numel,
+                    w.underflow_max,
+                    shown(readers.join(", "))
+                );
+            }
+        }
     }
     for (w, readers) in &conversion.overflowing_weights {
         if readers.is_empty() {

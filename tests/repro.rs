@@ -69,3 +69,80 @@ fn a_repro_folder_that_is_not_empty_is_refused_before_any_run() {
     assert_eq!(std::fs::read_to_string(dir.path().join("full/old.txt")).unwrap(), "keep me");
     assert_eq!(std::fs::read_dir(dir.path().join("full")).unwrap().count(), 1);
 }
+
+/// Issue 51, found by the independent tester on basic-pitch 0.4.0's note model: the cause names
+/// the constant 1e-10 that an Add puts under a Log (FP16 flushes it to 0), and the repro held the
+/// Log alone, whose own bisect named another cause. The repro holds the pattern the
+/// counterfactual keeps: the Add and the Log.
+#[test]
+fn the_repro_holds_the_add_whose_epsilon_the_cause_names_basic_pitch_log() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("log_of_power", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("eps", &[1], &[1e-10]));
+    b.node("Mul", "power", &["x", "x"], &["p"], vec![]);
+    b.node("Add", "add_eps", &["p", "eps"], &["pe"], vec![]);
+    b.node("Log", "log", &["pe"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    // Half the values are 0 (the audio's zero padding): their power is 0, and 0 + 1e-10 is 0 in FP16.
+    let x = Tensor::f32(vec![1, 64], (0..64).map(|i| if i < 32 { 0.0 } else { 0.01 * i as f32 }).collect());
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x)]).unwrap();
+    let out =
+        layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json", "--repro", "repro"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["verdict"]["first_divergent"]["cause"]["kind"], "underflow", "{t}");
+    assert_eq!(r["repro"]["nodes"], serde_json::json!(["add_eps", "log"]), "{t}");
+    assert_eq!(r["repro"]["reproduces"], true, "{t}");
+    // The repro's own bisect names the same cause.
+    let repro = dir.path().join("repro");
+    let again = layerwise(&["bisect", "model.onnx", "--inputs", "inputs.npz", "--json", "again.json"], &repro);
+    let ta = text(&again);
+    assert_eq!(again.status.code(), Some(1), "{ta}");
+    assert_eq!(json(&repro.join("again.json"))["verdict"]["first_divergent"]["cause"]["kind"], "underflow", "{ta}");
+}
+
+/// Issue 51, found by the independent tester: `convert` said nothing of the 1e-10 that FP16
+/// flushes to 0 under a Log, and its file gave inf/NaN on real inputs. It names the constant and
+/// its FP16 reader, and says the inputs decide.
+#[test]
+fn convert_names_a_constant_fp16_flushes_to_zero_and_its_reader_basic_pitch_log() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("log_of_power", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("eps", &[1], &[1e-10]));
+    b.node("Mul", "power", &["x", "x"], &["p"], vec![]);
+    b.node("Add", "add_eps", &["p", "eps"], &["pe"], vec![]);
+    b.node("Log", "log", &["pe"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "fp16.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("weight 'eps' has 1 of 1 values that FP16 flushes to 0 (largest 1.000e-10), read in FP16 by add_eps: where such a value keeps a Log, Div or Sqrt away from 0, the file can give inf/NaN"), "{t}");
+    // Kept in FP32, its reader reads it unflushed: nothing to say.
+    let out = layerwise(&["convert", "m.onnx", "-o", "kept.onnx", "--keep-fp32", "add_eps"], dir.path());
+    assert!(!text(&out).contains("flushes to 0"), "{}", text(&out));
+}
+
+/// Issue 51, found by the independent tester: `bisect MODEL --cand-model FP16.onnx` without
+/// `--cand` chose sim:fp16, which refuses the very file `convert` writes (exit 2). A file with
+/// FP16/BF16 tensors runs on ort:cpu in its own types, and a line says so.
+#[test]
+fn a_converted_cand_model_without_cand_runs_on_ort_cpu_in_its_own_types() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&crate::common::convertible(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "fp16.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = layerwise(&["bisect", "m.onnx", "--cand-model", "fp16.onnx", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+    assert!(t.contains("the candidate model holds FP16/BF16 tensors: the candidate is ort:cpu"), "{t}");
+    assert_eq!(json(&dir.path().join("r.json"))["cand"]["spec"], "ort:cpu", "{t}");
+}

@@ -25,6 +25,12 @@ pub fn default_candidate(cand_model: Option<&Path>) -> Result<(BackendSpec, Opti
     let index = layerwise_model::GraphIndex::build(model.graph())?;
     Ok(match layerwise_model::quant::quantization_of(model.graph(), &index) {
         Some(q) => (BackendSpec::ort_cpu(), Some(format!("the candidate model is quantized ({}): the candidate is ort:cpu, which runs it as deployed (a candidate given chooses another)", q.describe()))),
+        // A file that already holds FP16/BF16 (`convert`'s, or another converter's) is what the
+        // emulation would make of the float model: it is evaluated in its own types instead.
+        None if layerwise_runtime::typed::has_reduced_precision(&model) => (
+            BackendSpec::ort_cpu(),
+            Some("the candidate model holds FP16/BF16 tensors: the candidate is ort:cpu, which evaluates it node by node in its own types (a candidate given chooses another)".to_string()),
+        ),
         None => (emulation, None),
     })
 }

@@ -36,8 +36,21 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
     if job.options.candidate.is_saved() {
         return not_written("a saved candidate cannot run a new model".into());
     }
-    // Growing sets: the node, then its upstream producers level by level.
-    let mut sets: Vec<Vec<String>> = vec![vec![fd.node.clone()]];
+    // Growing sets: the node with the nodes its cause needs (the Add that puts an epsilon FP16
+    // flushes under a Log: the cause names the Add's constant, and a repro of the Log alone showed
+    // another cause), then its upstream producers level by level.
+    let fp16 = job.judging.precision() == layerwise_runtime::Precision::Fp16;
+    let mut first = vec![fd.node.clone()];
+    for n in layerwise_analysis::cause_nodes(&job.index, &fd, fp16) {
+        let usable = job.index.node(&n).is_some_and(|i| !i.has_subgraphs)
+            && job.cand_model.as_ref().is_none_or(|(_, ci)| ci.node(&n).is_some());
+        if usable && !first.contains(&n) {
+            first.push(n);
+        }
+    }
+    // In graph order.
+    first.sort_by_key(|n| job.index.node(n).map_or(usize::MAX, |i| i.topo_index));
+    let mut sets: Vec<Vec<String>> = vec![first];
     for _ in 0..MOST_LEVELS {
         let last = sets.last().expect("one set").clone();
         let mut next = last.clone();

@@ -28,7 +28,9 @@ pub use histogram::{histogram, Histogram};
 pub use metrics::{
     compute, metrics_of_totals, MaskSentinels, Metrics, PairTotals, Tolerance, ToleranceSet, MASK_SENTINEL_MIN_ABS,
 };
-pub use patterns::{close_over_fp16_range, keep_pattern, may_compute_integer_from_float, pattern_of, Pattern};
+pub use patterns::{
+    cause_nodes, close_over_fp16_range, keep_pattern, may_compute_integer_from_float, pattern_of, Pattern,
+};
 pub use search::{run_bound, search_first_divergent, SearchResult, SearchRun};
 pub use verdict::{
     Candidate, Cause, CauseKind, ChainStep, Evidence, FirstDivergent, Mechanism, NonFiniteTensor, SightEnd, Status,

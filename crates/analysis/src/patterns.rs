@@ -36,6 +36,29 @@ pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
     may_compute_integer_from_float(op) && (is_integer_dtype(dtype) || matches!(op, "Floor" | "Ceil" | "Round"))
 }
 
+/// Where `fd` breaks because a constant flushes to 0 in FP16 (an epsilon), every reader of that
+/// constant: the cause names them (the Add that puts 1e-10 under a Log).
+fn underflowed_readers(index: &GraphIndex, fd: &crate::FirstDivergent, fp16: bool) -> Vec<String> {
+    let underflowed = Some(fd).filter(|fd| fp16 && fd.cause.best.kind == crate::CauseKind::Underflow);
+    underflowed
+        .and_then(|fd| fd.cause.best.weight.as_deref())
+        .map(|w| index.consumers(w).iter().map(|&r| index.nodes[r].name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The nodes the first divergent layer's cause needs beside it: the storage path it shows
+/// (`keep_with`) and the readers of a constant FP16 flushes to 0. A repro holds them, so that it
+/// shows the cause it is written for.
+pub fn cause_nodes(index: &GraphIndex, fd: &crate::FirstDivergent, fp16: bool) -> Vec<String> {
+    let mut nodes = fd.keep_with.clone();
+    for reader in underflowed_readers(index, fd, fp16) {
+        if !nodes.contains(&reader) {
+            nodes.push(reader);
+        }
+    }
+    nodes
+}
+
 /// What a precision fix keeps at reference precision for the break at `node`, in bisect's
 /// counterfactual and in `fix` alike: its recognised pattern; for an integer computed from a float,
 /// also the node computing that float, so that the kept node reads it as float32 computes it (its
@@ -60,15 +83,10 @@ pub fn keep_pattern(
             pattern.nodes.iter().chain(&fd.keep_with).filter_map(|n| Some(index.node(n)?.topo_index)).collect();
         pattern = make(index, shown.map_or("storage_path", |p| p.kind), nodes);
     }
-    let underflowed = verdict
-        .first_divergent
-        .as_ref()
-        .filter(|fd| fp16 && fd.node == node && fd.cause.best.kind == crate::CauseKind::Underflow)
-        .and_then(|fd| fd.cause.best.weight.as_deref());
-    for &reader in underflowed.map(|w| index.consumers(w)).unwrap_or(&[]) {
-        let reader = &index.nodes[reader].name;
-        if !pattern.nodes.contains(reader) {
-            pattern.nodes.insert(0, reader.clone());
+    let first = verdict.first_divergent.as_ref().filter(|fd| fd.node == node);
+    for reader in first.map(|fd| underflowed_readers(index, fd, fp16)).unwrap_or_default() {
+        if !pattern.nodes.contains(&reader) {
+            pattern.nodes.insert(0, reader);
         }
     }
     if let Some(info) = index.node(node) {
