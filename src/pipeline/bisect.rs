@@ -306,9 +306,36 @@ fn run_bisect(
                 .run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())))?,
         )
     };
-    let not_the_model = reference_outputs.as_ref().and_then(|plain| {
-        plain_reference::conclusion(&plain_reference::differences(&job.index, &chosen.compared.comparison, plain))
-    });
+    let not_the_model = match &reference_outputs {
+        Some(plain) => {
+            let differences = plain_reference::differences(&job.index, &chosen.compared.comparison, plain);
+            // Why, where it can be measured: the same plain run with ONNX Runtime's graph
+            // optimizations off (the CPU provider's reference only).
+            let why = if differences.is_empty() || !options.reference.to_string().starts_with("ort:cpu") {
+                plain_reference::Why::NotMeasured
+            } else {
+                steps
+                    .run("running the reference without graph optimizations (outputs)", || {
+                        let spec = layerwise_runtime::BackendSpec::parse("ort:cpu,opt=disable")?;
+                        let mut unoptimized = layerwise_runtime::create_backend(&spec)?;
+                        let out = unoptimized.run(&layerwise_runtime::RunRequest {
+                            model: job.model,
+                            index: &job.index,
+                            inputs: &feeds,
+                            selection: &Selection::Names(Vec::new()),
+                        })?;
+                        Ok(if plain_reference::differences(&job.index, &chosen.compared.comparison, &out).is_empty() {
+                            plain_reference::Why::Fusions
+                        } else {
+                            plain_reference::Why::NotFusions
+                        })
+                    })
+                    .unwrap_or(plain_reference::Why::NotMeasured)
+            };
+            plain_reference::conclusion(&differences, why)
+        }
+        None => None,
+    };
     let mut conclusions = after_walk(
         &mut job,
         &feeds,

@@ -47,11 +47,26 @@ pub(super) fn differences(index: &GraphIndex, comparison: &Comparison, plain: &R
     found
 }
 
+/// What a plain run with ONNX Runtime's graph optimizations off told of the differences: with
+/// them off the plain run gives the exposed run's outputs (the fusions differ), or it still
+/// differs (buffer reuse or random ops), or it was not made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    Fusions,
+    NotFusions,
+    NotMeasured,
+}
+
 /// The verdict's sentence for `differences`, where there are any.
-pub(super) fn conclusion(differences: &[String]) -> Option<String> {
+pub(super) fn conclusion(differences: &[String], why: Why) -> Option<String> {
+    let why = match why {
+        Why::Fusions => "why, measured: ONNX Runtime's graph optimizations; a plain run with them off gives the exposed run's outputs, so the two runs fuse the graph differently",
+        Why::NotFusions => "a plain run with ONNX Runtime's graph optimizations off differs from the exposed run too, so it is not the fusions; buffer reuse or random ops remain, which this check does not tell apart",
+        Why::NotMeasured => "why is not known from this check: exposing outputs can change ONNX Runtime's buffer reuse and fusions, and random ops differ run to run",
+    };
     (!differences.is_empty()).then(|| {
         format!(
-            "the reference with every tensor exposed is not what the model computes: {}; every number here compares runs with every tensor exposed, which the deployed model does not make (why is not known from this check: exposing outputs can change ONNX Runtime's buffer reuse and fusions, and random ops differ run to run)",
+            "the reference with every tensor exposed is not what the model computes: {}; every number here compares runs with every tensor exposed, which the deployed model does not make ({why})",
             differences.join("; ")
         )
     })
@@ -100,8 +115,8 @@ mod tests {
         assert!(other[0].contains("reaches 3") && other[0].contains("3.5"), "{other:?}");
         let inf = check(exposed, Tensor::f32(vec![4], vec![1.0, f32::INFINITY, 3.0, 0.5]));
         assert!(inf[0].contains("0 NaN and 0 inf") && inf[0].contains("0 and 1 in a plain run"), "{inf:?}");
-        let said = conclusion(&inf).unwrap();
+        let said = conclusion(&inf, super::Why::NotMeasured).unwrap();
         assert!(said.starts_with("the reference with every tensor exposed is not what the model computes"), "{said}");
-        assert!(conclusion(&[]).is_none());
+        assert!(conclusion(&[], super::Why::Fusions).is_none());
     }
 }

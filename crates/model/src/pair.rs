@@ -278,20 +278,49 @@ fn rename_graph(graph: &mut crate::onnx::GraphProto, rename: &dyn Fn(&str) -> St
     }
 }
 
-/// Both programs' opset imports plus the reduction's domain; one domain at two versions is refused
-/// (the same node would mean two things).
+/// Both programs' opset imports plus the reduction's domain. One domain at two versions is
+/// refused where both programs have nodes of it (the same node would mean two things); where at
+/// most one has, that one's version (the higher where neither has) serves both (a quantized file
+/// saved by ONNX Runtime imports 'ai.onnx.ml' 3 and uses none of it).
 fn merged_opsets(reference: &ModelProto, candidate: &ModelProto) -> Result<Vec<OperatorSetIdProto>, ModelError> {
+    let normal = |d: &str| if d == "ai.onnx" { String::new() } else { d.to_string() };
+    let used = |m: &ModelProto| -> std::collections::HashSet<String> {
+        let mut domains = std::collections::HashSet::new();
+        let mut stack: Vec<&crate::onnx::GraphProto> = m.graph.iter().collect();
+        while let Some(g) = stack.pop() {
+            for n in &g.node {
+                domains.insert(normal(n.domain()));
+                for a in &n.attribute {
+                    stack.extend(a.g.iter().chain(&a.graphs));
+                }
+            }
+        }
+        domains
+    };
+    let (used_by_reference, used_by_candidate) = (used(reference), used(candidate));
     let mut versions: HashMap<String, i64> = HashMap::new();
     let mut order = Vec::new();
-    for o in reference.opset_import.iter().chain(&candidate.opset_import) {
-        let domain = o.domain().to_string();
-        let domain = if domain == "ai.onnx" { String::new() } else { domain };
+    for (o, from_reference) in
+        reference.opset_import.iter().map(|o| (o, true)).chain(candidate.opset_import.iter().map(|o| (o, false)))
+    {
+        let domain = normal(o.domain());
         match versions.get(&domain) {
             Some(&v) if v != o.version() => {
-                return Err(ModelError::InvalidGraph(format!(
-                    "the programs import opset '{domain}' at versions {v} and {}",
-                    o.version()
-                )));
+                let (mine, theirs) = if from_reference {
+                    (used_by_reference.contains(&domain), used_by_candidate.contains(&domain))
+                } else {
+                    (used_by_candidate.contains(&domain), used_by_reference.contains(&domain))
+                };
+                if mine && theirs {
+                    return Err(ModelError::InvalidGraph(format!(
+                        "the model and the candidate model both use ops of domain '{}' but import it at versions {v} and {}: one session cannot run both (run them apart with --separate-runs)",
+                        if domain.is_empty() { "ai.onnx" } else { &domain },
+                        o.version()
+                    )));
+                }
+                if mine || (!theirs && o.version() > v) {
+                    versions.insert(domain, o.version());
+                }
             }
             Some(_) => {}
             None => {
@@ -310,6 +339,29 @@ mod tests {
     use super::*;
     use crate::builder::ModelBuilder;
     use crate::DataType;
+
+    /// Found by the independent tester: a quantized file saved by ONNX Runtime imports
+    /// 'ai.onnx.ml' 3 and uses none of it, and the paired session was refused ("the programs
+    /// import opset 'ai.onnx.ml' at versions 5 and 3"). A domain only one side uses, or neither,
+    /// takes one version; one both use at two versions is refused, naming the way out.
+    #[test]
+    fn a_domain_imported_at_two_versions_is_refused_only_where_both_use_it() {
+        let import = |m: &mut ModelProto, version: i64| {
+            m.opset_import.push(OperatorSetIdProto { domain: Some("ai.onnx.ml".into()), version: Some(version) })
+        };
+        let (mut r, mut c) = (program(1.0), program(2.0));
+        import(&mut r, 5);
+        import(&mut c, 3);
+        let merged = merged_opsets(&r, &c).unwrap();
+        assert_eq!(merged.iter().find(|o| o.domain() == "ai.onnx.ml").map(|o| o.version()), Some(5));
+        // The candidate uses it: its version serves both.
+        c.graph.as_mut().unwrap().node[1].domain = Some("ai.onnx.ml".into());
+        let merged = merged_opsets(&r, &c).unwrap();
+        assert_eq!(merged.iter().find(|o| o.domain() == "ai.onnx.ml").map(|o| o.version()), Some(3));
+        r.graph.as_mut().unwrap().node[1].domain = Some("ai.onnx.ml".into());
+        let refused = merged_opsets(&r, &c).unwrap_err().to_string();
+        assert!(refused.contains("both use ops of domain 'ai.onnx.ml' but import it at versions 5 and 3"), "{refused}");
+    }
 
     fn program(scale: f32) -> ModelProto {
         let mut b = ModelBuilder::new("program", 13);
