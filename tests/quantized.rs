@@ -808,3 +808,85 @@ fn a_clip_with_constant_bounds_taken_over_by_its_quantizer_is_paired_and_kept_pp
         assert_eq!((bound(1), bound(2)), (0.0, 6.0), "{clip:?}");
     }
 }
+
+/// Found by the independent tester (issue 51, EfficientWord-Net's shipped int8 ResNet): with the
+/// activation quantizers taken out, the Relus they had taken over went too, and "the weight
+/// quantizers together" read 1.45 where the weights give 7.0e-2. The clamp stays: the weights'
+/// share is the float model with its weights dequantized, computed here apart.
+#[test]
+fn the_weights_share_keeps_the_relu_a_quantizer_took_over_effword() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
+    // The oracle: the float model with the weights as qdq_model stores them (per tensor, int8).
+    let stored = |w: &[f32]| {
+        let s = w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        w.iter().map(|v| (v / s).round() * s).collect::<Vec<_>>()
+    };
+    save(&float_model(&stored(&w1), &stored(&w2)), &dir.path().join("weights.onnx"));
+    let run = |cand: &str, json_name: &str| {
+        let out = layerwise(
+            &[
+                "bisect",
+                "m.onnx",
+                "--cand",
+                "ort:cpu",
+                "--cand-model",
+                cand,
+                "--val-range",
+                "x:-1,1",
+                "--json",
+                json_name,
+            ],
+            dir.path(),
+        );
+        (json(&dir.path().join(json_name)), text(&out))
+    };
+    let (oracle, t) = run("weights.onnx", "w.json");
+    let expected = oracle["outputs"].as_array().unwrap()[0]["rel_l2_err"].as_f64().unwrap_or_else(|| panic!("{t}"));
+    let (report, t) = run("clipped.onnx", "q.json");
+    let measured = report["quantizers_alone"]["weights_together"].as_f64().unwrap_or_else(|| panic!("{t}"));
+    assert!(
+        (measured - expected).abs() <= 1e-6 + 1e-3 * expected,
+        "weights_together {measured}, the dequantized weights alone {expected}: {t}"
+    );
+}
+
+/// Found by the independent tester (issue 51, pipecat's smart-turn encoder, int8 Q/DQ, under
+/// sim:fp16): the emulation rounded the quantizers' scales and the graph input a quantizer reads,
+/// which no runtime does and `convert` does not write (5.40e-2 where the converted file gives
+/// 5.04e-2). Quantizers stay float32 in the emulation, as in the converted file.
+#[test]
+fn the_fp16_emulation_keeps_quantizer_scales_and_their_graph_input_float32_smart_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&qdq_model(&w1, &w2), &dir.path().join("q.onnx"));
+    let out = layerwise(&["convert", "q.onnx", "--to", "fp16-emulated", "-o", "emulated.onnx"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let emulated = layerwise_model::Model::load(&dir.path().join("emulated.onnx")).unwrap();
+    let g = emulated.graph();
+    let q = g.node.iter().find(|n| n.name() == "x_q").unwrap();
+    assert_eq!(q.input[0], "x", "the quantizer reads the graph input as fed: {q:?}");
+    let scale = |name: &str| {
+        let w = g.initializer.iter().find(|w| w.name() == name).unwrap_or_else(|| panic!("{name}"));
+        layerwise_model::Tensor::from_proto(w).unwrap().to_f32()[0]
+    };
+    for (node, slot) in [("x_q", 1), ("r_q", 1), ("w1_dq", 1)] {
+        let n = g.node.iter().find(|n| n.name() == node).unwrap();
+        let read = scale(&n.input[slot]);
+        let original = qdq_model(&w1, &w2)
+            .graph
+            .unwrap()
+            .initializer
+            .into_iter()
+            .find(|w| w.name() == n.input[slot].trim_end_matches("__lw_keep32"))
+            .map(|w| layerwise_model::Tensor::from_proto(&w).unwrap().to_f32()[0]);
+        assert_eq!(Some(read), original, "{node} reads its scale unrounded");
+        assert_ne!(
+            read,
+            half::f16::from_f32(read).to_f32(),
+            "{node}'s scale is not exact in FP16, so rounding would show"
+        );
+    }
+}

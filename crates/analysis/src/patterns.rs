@@ -87,6 +87,10 @@ pub fn keep_pattern(
     for reader in first.map(|fd| underflowed_readers(index, fd, fp16)).unwrap_or_default() {
         if !pattern.nodes.contains(&reader) {
             pattern.nodes.insert(0, reader);
+            // Its name says more is kept than the node (a Log and the Add before it were "Log (node)").
+            if pattern.kind == "node" {
+                pattern.kind = "node+flushed_constant_readers";
+            }
         }
     }
     if let Some(info) = index.node(node) {

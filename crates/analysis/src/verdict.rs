@@ -340,3 +340,58 @@ impl<'a> InputView<'a> {
         self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::{DataType, GraphIndex, Tensor, TensorData};
+
+    use super::InputView;
+    use crate::{compare_all, Tolerance};
+
+    /// Found by the independent tester (pipecat's smart-turn encoder): a DequantizeLinear's input
+    /// was its QuantizeLinear's uint8 codes, whose relative error is taken against codes near the
+    /// zero point (1.3e-2), while the value they code erred by 1.7e-1, and the verdict said the
+    /// DequantizeLinear "amplifies its input error 13.1x". Its input is the quantized value.
+    #[test]
+    fn a_dequantizelinear_reads_the_value_its_quantizelinear_quantizes_not_the_codes() {
+        let mut b = ModelBuilder::new("qdq", 17);
+        b.input("x", DataType::Float, &[Dim::from(4)]);
+        b.initializer(f32_tensor("s", &[], &[0.01]));
+        b.initializer(layerwise_model::onnx::TensorProto {
+            name: Some("z".into()),
+            data_type: Some(DataType::Uint8 as i32),
+            int32_data: vec![135],
+            ..Default::default()
+        });
+        b.node("Relu", "act", &["x"], &["a"], vec![]);
+        b.node("QuantizeLinear", "q", &["a", "s", "z"], &["codes"], vec![]);
+        b.node("DequantizeLinear", "dq", &["codes", "s", "z"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        let index = GraphIndex::build(b.graph()).unwrap();
+        let float = |v: &[f32]| Tensor::f32(vec![4], v.to_vec());
+        let codes = |v: &[u8]| Tensor::new(vec![4], TensorData::U8(v.to_vec()));
+        let reference: HashMap<String, Tensor> = [
+            ("a".to_string(), float(&[0.1, 0.2, 0.3, 0.4])),
+            ("codes".to_string(), codes(&[145, 155, 165, 175])),
+            ("y".to_string(), float(&[0.1, 0.2, 0.3, 0.4])),
+        ]
+        .into();
+        let candidate: HashMap<String, Tensor> = [
+            ("a".to_string(), float(&[0.12, 0.16, 0.35, 0.45])),
+            ("codes".to_string(), codes(&[147, 151, 170, 180])),
+            ("y".to_string(), float(&[0.12, 0.16, 0.35, 0.45])),
+        ]
+        .into();
+        let order: Vec<String> = ["a", "codes", "y"].iter().map(|t| t.to_string()).collect();
+        let comparison = compare_all(&index, &order, &reference, &candidate, &Tolerance::FP16.into());
+        let dq = index.node("dq").unwrap();
+        let view = InputView::of(&index, &comparison, dq);
+        let a = comparison.get("a").unwrap().error_level();
+        assert!(a > 0.1, "{a}");
+        assert_eq!(view.error(), Some(a), "the input error is the quantized value's, not the codes'");
+        assert_eq!(view.worst().map(|r| r.name.as_str()), Some("a"));
+    }
+}

@@ -254,7 +254,10 @@ pub fn keep_unquantized(
 /// A DequantizeLinear's stored weight as float32: `(q - zero point) * scale`, the scale per
 /// tensor (one value), per channel along `axis` (one value per slice) or per block (`block_size`
 /// along `axis`).
-fn dequantize_weight(dq: &NodeProto, initializers: &HashMap<String, TensorProto>) -> Result<TensorProto, ModelError> {
+pub fn dequantize_weight(
+    dq: &NodeProto,
+    initializers: &HashMap<String, TensorProto>,
+) -> Result<TensorProto, ModelError> {
     let name = dq.name().to_string();
     let fail = |why: String| ModelError::InvalidGraph(format!("cannot dequantize the weight of '{name}': {why}"));
     let read = |slot: usize| -> Result<Option<Tensor>, ModelError> {
