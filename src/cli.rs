@@ -758,11 +758,17 @@ fn run_convert(args: ConvertArgs) -> Result<u8> {
     if options.target == layerwise_model::Precision::Fp16 {
         let fp32: std::collections::HashSet<&str> = conversion.fp32_nodes.iter().map(|(n, _)| n.as_str()).collect();
         for w in layerwise_model::scan_fp16_weight_range(&model)?.iter().filter(|w| w.underflow_count > 0) {
+            // Only where it can be an epsilon: a small constant added (or a floor taken) on the way
+            // to a Log, Div or Sqrt, or read by one of those; a Conv's tiny weights or a
+            // Greater's FLT_MIN were warned of too.
+            let epsilon_readers = ["Add", "Sub", "Max", "Clip", "Log", "Div", "Sqrt", "Reciprocal", "Pow"];
             let readers: Vec<&str> = index
                 .consumers(&w.name)
                 .iter()
-                .map(|&c| index.nodes[c].name.as_str())
-                .filter(|n| !fp32.contains(n))
+                .map(|&c| &index.nodes[c])
+                .filter(|n| !fp32.contains(n.name.as_str()) && epsilon_readers.contains(&n.op_type.as_str()))
+                .filter(|n| w.numel <= 16 || !matches!(n.op_type.as_str(), "Add" | "Sub" | "Max" | "Clip"))
+                .map(|n| n.name.as_str())
                 .collect();
             if !readers.is_empty() {
                 say!(

@@ -208,7 +208,16 @@ pub fn convert_that_loads(
      -> Result<(Conversion, LoadCheck)> {
         let mut o = options.clone();
         o.keep_ops.extend(keep.iter().cloned());
-        let c = convert(&o)?;
+        let mut c = convert(&o)?;
+        // Kept by this search, not by the user: the reason says so (it read "--keep-fp32-op
+        // Transpose", a flag nobody gave).
+        for (_, why) in c.fp32_nodes.iter_mut() {
+            if let Some(op) = why.strip_prefix("--keep-fp32-op ").filter(|op| keep.iter().any(|k| k == op)) {
+                if !options.keep_ops.contains(op) {
+                    *why = format!("{op} kept FP32: ONNX Runtime crashed running the file with its FP16 {op} nodes");
+                }
+            }
+        }
         model.save_standalone(&c.proto, path)?;
         Ok((c, check_in_child(path, inputs)?))
     };

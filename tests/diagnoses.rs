@@ -884,7 +884,7 @@ fn two_casts_each_removing_half_are_named_with_shares_and_kept_together_int32_su
     let conclusion = r["counterfactual"]["conclusion"].as_str().unwrap();
     assert!(!conclusion.contains("drift"), "{conclusion}");
     assert!(
-        conclusion.contains("needs 2 breaks together, each removing only part of it: first/Cast (50% alone), second/Cast (50% alone); keeping them together at reference precision brings every output within tolerance (measured)"),
+        conclusion.contains("needs 2 breaks together, none enough alone: first/Cast (50% alone), second/Cast (50% alone); keeping them together at reference precision brings every output within tolerance (measured)"),
         "{conclusion}"
     );
     let checks = r["counterfactual"]["checks"].as_array().unwrap();

@@ -890,3 +890,33 @@ fn the_fp16_emulation_keeps_quantizer_scales_and_their_graph_input_float32_smart
         );
     }
 }
+
+/// Found by the independent tester (issue 51, text2tashkeel 0.1.0, dynamically quantized):
+/// `convert` set `to=FLOAT16` on every Cast of a MatMulInteger's int32 accumulator, whose sums
+/// reach beyond 65504, and said nothing. The Cast stays float32, with the reason.
+#[test]
+fn convert_keeps_the_cast_of_an_integer_accumulator_float32() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("dynamic", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w_q", &[8, 4], &[100; 32]));
+    b.initializer(f32_tensor("w_scale", &[], &[0.01]));
+    b.node("DynamicQuantizeLinear", "x_dq", &["x"], &["x_u8", "x_scale", "x_zp"], vec![]);
+    b.node("MatMulInteger", "mm", &["x_u8", "w_q", "x_zp"], &["acc"], vec![]);
+    b.node("Cast", "acc_cast", &["acc"], &["acc_f"], vec![layerwise_model::builder::attr::int("to", 1)]);
+    b.node("Mul", "scale_x", &["x_scale", "w_scale"], &["s"], vec![]);
+    b.node("Mul", "rescale", &["acc_f", "s"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "fp16.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("FP32 acc_cast: Cast of an integer accumulator (MatMulInteger/ConvInteger sums) stays FP32"),
+        "{t}"
+    );
+    let written = layerwise_model::Model::load(&dir.path().join("fp16.onnx")).unwrap();
+    let cast = written.graph().node.iter().find(|n| n.name() == "acc_cast").unwrap();
+    let to = cast.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i);
+    assert_eq!(to, Some(DataType::Float as i64), "{cast:?}");
+}

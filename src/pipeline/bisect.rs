@@ -1067,7 +1067,7 @@ fn several_places_headline(
                 .map(|c| format!("{} (removes {:.0}% alone)", cause(&c.node), 100.0 * c.explained))
                 .collect::<Vec<_>>()
                 .join("; "),
-            if together.fixes { "brings every output within tolerance".to_string() } else { together.effect(before, Some(worst)) }
+            if together.fixes { "brings every output within tolerance".to_string() } else { together.effect(before, Some(worst), extras.counterfactual.as_ref().is_some_and(|c| c.shape_differs)) }
         ));
     }
     let together = checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;

@@ -26,6 +26,8 @@ pub(super) fn counterfactual(
 ) -> Result<Option<Counterfactual>> {
     let Some(worst) = verdict.worst_output.clone() else { return Ok(None) };
     let before = comparison.get(&worst).map(|r| r.error_level()).unwrap_or(f64::NAN);
+    // Not finite because the candidate's output has another shape, not because of inf/NaN.
+    let shape_differs = comparison.get(&worst).is_some_and(|r| r.mismatch.is_some());
     // A Q/DQ candidate keeps a break unquantized: its quantizers removed from the candidate's own
     // model, which runs again on the candidate backend (docs/quantization.md).
     let unquantized = match (&job.judging.quantization, &job.cand_model) {
@@ -159,10 +161,10 @@ pub(super) fn counterfactual(
         let measured = if t.fixes {
             "brings every output within tolerance".to_string()
         } else {
-            format!("{}; the rest is drift or breaks not checked", t.effect(before, Some(&worst)))
+            format!("{}; the rest is drift or breaks not checked", t.effect(before, Some(&worst), shape_differs))
         };
         format!(
-            "the error of '{worst}' needs {} breaks together, each removing only part of it: {}; keeping them together {} {measured} (measured)",
+            "the error of '{worst}' needs {} breaks together, none enough alone: {}; keeping them together {} {measured} (measured)",
             shares.len(),
             shares.join(", "),
             if unquantized.is_some() { "unquantized (their quantizers removed)" } else { "at reference precision" },
@@ -174,13 +176,18 @@ pub(super) fn counterfactual(
             b.node,
             b.pattern,
             if unquantized.is_some() { "unquantized (its quantizers removed)" } else { "at reference precision" },
-            b.effect(before, Some(&worst)),
+            b.effect(before, Some(&worst), shape_differs),
             if b.fixes { " and brings every output within tolerance" } else if !before.is_finite() { "; the outputs are still not all within tolerance" } else { "" }
         ),
         // inf/NaN the inputs hold, carried differently by the two sides: no precision kept at one
         // node changes how the rest of the candidate carries them.
         Some(_) if checks.iter().all(|c| !c.output_error_after.is_finite()) && verdict.first_divergent.as_ref().is_some_and(|f| f.cause.best.kind == layerwise_analysis::CauseKind::NonFiniteInput) => format!(
             "keeping {} at reference precision still leaves inf/NaN mismatches in '{worst}': they are the inputs' inf/NaN (the cause above), which the candidate still does not carry as the reference does further on: they arise at no node",
+            if checks.len() == 1 { format!("the checked break ({})", checks[0].node) } else { format!("any one of the {} checked breaks", checks.len()) }
+        ),
+        // Every keep still leaves the output with another shape: no inf/NaN to speak of.
+        Some(_) if shape_differs && checks.iter().all(|c| !c.output_error_after.is_finite()) => format!(
+            "keeping {} at reference precision still leaves '{worst}' with another shape than the reference's: its length depends on values that more than the checked nodes compute differently",
             if checks.len() == 1 { format!("the checked break ({})", checks[0].node) } else { format!("any one of the {} checked breaks", checks.len()) }
         ),
         // Every keep still leaves inf/NaN: they have more than one source, which is no drift.
@@ -209,7 +216,7 @@ pub(super) fn counterfactual(
         }
         }
     };
-    Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion }))
+    Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion, shape_differs }))
 }
 
 /// The reason of the check that keeps every inf/NaN origin together.
@@ -222,11 +229,15 @@ pub(crate) const BREAKS_TOGETHER: &str = "breaks_together";
 /// finite error needs.
 const PARTIAL_SHARE: f64 = 0.1;
 
-/// The checks that each removed part of a finite error alone, in the order they were checked.
+/// The checks that each removed part of a finite error alone, and the places inf/NaN are born
+/// (each a break, whatever it removes alone: a diacritizer's second overflowing accumulator Cast
+/// was "contained" alone, and `fix` needed it), in the order they were checked.
 pub(crate) fn partial_breaks(checks: &[KeepCheck]) -> impl Iterator<Item = &KeepCheck> {
-    checks
-        .iter()
-        .filter(|c| c.reason != BREAKS_TOGETHER && c.explained >= PARTIAL_SHARE && c.output_error_after.is_finite())
+    checks.iter().filter(|c| {
+        c.reason != BREAKS_TOGETHER
+            && c.output_error_after.is_finite()
+            && (c.explained >= PARTIAL_SHARE || c.reason == "non_finite_origin")
+    })
 }
 
 /// The check that kept the partial breaks together, where it did better than the best of them

@@ -27,6 +27,11 @@ pub(super) fn differences(index: &GraphIndex, comparison: &Comparison, plain: &R
             ));
             continue;
         }
+        // A record whose two sides could not be compared (another shape in the candidate) holds no
+        // reference statistics: its zeros are no value of the run (piper's output "reached 0").
+        if exposed.mismatch.is_some() {
+            continue;
+        }
         let values = plain.to_f32();
         let (nan, inf) = plain.non_finite_counts();
         let largest = values.iter().filter(|v| v.is_finite()).fold(0f64, |m, v| m.max(v.abs() as f64));

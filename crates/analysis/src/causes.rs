@@ -671,11 +671,18 @@ fn value_overflow(s: &Site) -> Option<Mechanism> {
     mechanism(
         CauseKind::ValueOverflow,
         Some(1.0),
+        // Two counts, each of its own run: the reference's values beyond the maximum, and the
+        // candidate's inf/NaN (one more where the candidate's own value rounded past it: 240 and
+        // 241 read as one count before).
         format!(
-            "{} output reaches {:.4e} in the reference, beyond the {} maximum {max}: {} values become inf/NaN",
+            "{} output reaches {:.4e} in the reference, beyond the {} maximum {max}{}: {} values are inf/NaN in the candidate",
             s.op,
             s.m().ref_max_abs,
             storage.name(),
+            match (storage, s.m().ref_fp16_overflow) {
+                (Precision::Fp16, n) if n > 0 => format!(" ({n} of its values)"),
+                _ => String::new(),
+            },
             s.m().nonfinite_mismatch
         ),
     )

@@ -267,6 +267,10 @@ pub struct Counterfactual {
     pub checks: Vec<KeepCheck>,
     /// One paragraph for people: which break explains the output error, or that none does.
     pub conclusion: String,
+    /// The output has another shape in the candidate (a length computed from values it computes
+    /// differently): its error is not finite for that reason, not for inf/NaN.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shape_differs: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -301,12 +305,16 @@ impl KeepCheck {
     /// What keeping the pattern does to the output whose error was `before` (`output` names it;
     /// else "the output"), in words: a share of a finite error; where the error was inf/NaN and is
     /// finite after, no share (no part of an infinite error measures what is left) but what is left.
-    pub fn effect(&self, before: f64, output: Option<&str>) -> String {
+    pub fn effect(&self, before: f64, output: Option<&str>, shape_differs: bool) -> String {
         let (error, it) = match output {
             Some(o) => (format!("the error of '{o}'"), format!("'{o}'")),
             None => ("the output error".to_string(), "the output".to_string()),
         };
-        if self.contained {
+        if shape_differs && !self.output_error_after.is_finite() {
+            format!("leaves {it} with another shape than the reference's")
+        } else if shape_differs {
+            format!("gives {it} the reference's shape, leaving rel L2 {:.2e}", self.output_error_after)
+        } else if self.contained {
             format!("contained: {error} does not change")
         } else if !before.is_finite() && self.output_error_after.is_finite() {
             format!("clears the inf/NaN of {it}, leaving rel L2 {:.2e}", self.output_error_after)

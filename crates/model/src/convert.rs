@@ -329,6 +329,16 @@ fn convert_graph(
             Some(format!("--keep-fp32-op {}", info.op_type))
         } else if let Some(why) = fp32_only.get(info.op_type.as_str()) {
             Some(format!("{} stays FP32: {why}", info.op_type))
+        } else if info.op_type == "Cast"
+            && info.inputs.first().and_then(|t| index.producer(t)).is_some_and(|p| {
+                matches!(p.op_type.as_str(), "MatMulInteger" | "ConvInteger")
+                    && (p.domain.is_empty() || p.domain == "ai.onnx")
+            })
+        {
+            // A dynamically quantized model casts each int32 accumulator to float before its
+            // scale: sums of int8 products reach beyond 65504 (a text-diacritics model's three
+            // did, on every input), and ONNX Runtime fuses the pair in float32.
+            Some("Cast of an integer accumulator (MatMulInteger/ConvInteger sums) stays FP32: its int32 sums reach beyond FP16's range".to_string())
         } else if !info.domain.is_empty() && info.domain != "ai.onnx" {
             Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
         } else if info.has_subgraphs && !matches!(info.op_type.as_str(), "If" | "Loop") {

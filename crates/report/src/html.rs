@@ -230,7 +230,7 @@ fn after_walk_sections(report: &Report) -> String {
         for c in &cf.checks {
             let effect = format!(
                 "{}{}",
-                c.effect(cf.output_error, None),
+                c.effect(cf.output_error, None, cf.shape_differs),
                 if c.fixes && !c.contained { ", fixes every output" } else { "" }
             );
             let kept = c.kept.len();

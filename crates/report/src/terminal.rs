@@ -172,7 +172,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             num(cf.output_error)
         );
         for c in &cf.checks {
-            let effect = c.effect(cf.output_error, None);
+            let effect = c.effect(cf.output_error, None, cf.shape_differs);
             let _ = writeln!(
                 out,
                 "  {:<40} {:<22} -> {:>9}  {effect}{}",
