@@ -1072,7 +1072,7 @@ fn several_places_headline(
     }
     let together = checks.iter().find(|c| c.reason == counterfactual::ORIGINS_TOGETHER)?;
     let origins = counterfactual::independent_origins(job, verdict);
-    let alone = checks.len() - 1;
+    let alone = checks.iter().filter(|c| c.reason != counterfactual::AS_CONVERTED).count() - 1;
     Some(format!(
         "output '{worst}' diverges; inf/NaN are born at {} independent places, each needing a fix: {}; keeping them together at reference precision {}, and keeping {} alone leaves '{worst}' with inf/NaN (measured by the counterfactual)",
         origins.len(),

@@ -40,7 +40,12 @@ pub(super) fn counterfactual(
         return Ok(None);
     }
     let started = std::time::Instant::now();
-    keeper.as_written(&[]);
+    // What the file `convert` writes keeps FP32 with nothing asked (its own rules: Range, CumSum,
+    // quantizers, readers of weights beyond range): every check keeps them too, so an emulation
+    // measures that file with nothing kept first, or a check would be credited with what those
+    // nodes do (a voice model's length came back with any node kept, because Range was).
+    let converter_own: Vec<(String, String)> =
+        if keeper.emulated() { keeper.converter_fp32_with(&[]) } else { Vec::new() };
     super::steps::timing("counterfactual: the converter's own FP32 nodes", started);
     let mut candidates: Vec<(String, &'static str)> = Vec::new();
     if let Some(fd) = &verdict.first_divergent {
@@ -72,6 +77,20 @@ pub(super) fn counterfactual(
         unquantized: unquantized.as_ref(),
     };
     let mut checks = Vec::new();
+    // Kept apart while the breaks are weighed, and listed first at the end.
+    let mut as_converted = None;
+    if !converter_own.is_empty() {
+        as_converted = Some(trial.keep(
+            job.candidate.as_mut(),
+            &mut keeper,
+            &job.index,
+            &job.judging.tolerances,
+            "as converted".to_string(),
+            AS_CONVERTED,
+            "converter_fp32",
+            Vec::new(),
+        )?);
+    }
     let mut tried: Vec<Vec<String>> = Vec::new();
     for (node, reason) in candidates {
         let pattern = job.judging.keep_pattern(&job.index, &node, comparison, verdict);
@@ -141,7 +160,10 @@ pub(super) fn counterfactual(
             kept,
         )?);
     }
-    let best = checks.iter().filter(|c| c.reason != BREAKS_TOGETHER).max_by(|a, b| a.explained.total_cmp(&b.explained));
+    let best = checks
+        .iter()
+        .filter(|c| c.reason != BREAKS_TOGETHER && c.reason != AS_CONVERTED)
+        .max_by(|a, b| a.explained.total_cmp(&b.explained));
     let together = checks.iter().find(|c| c.reason == ORIGINS_TOGETHER);
     let breaks_together = breaks_together_used(&checks);
     let conclusion = if let Some(t) = together {
@@ -216,11 +238,31 @@ pub(super) fn counterfactual(
         }
         }
     };
+    // Where the converter's own FP32 nodes already remove most of the error, that comes first:
+    // the checks after it are measured on top of them.
+    let conclusion = match as_converted.as_ref().filter(|c| c.fixes || c.explained >= 0.5) {
+        Some(c) => format!(
+            "the file `convert` writes with nothing kept ({} node{} FP32 by its own rules, first {}: {}) {}{}; every check here keeps them too, so {}",
+            converter_own.len(),
+            if converter_own.len() == 1 { "" } else { "s" },
+            converter_own[0].0,
+            converter_own[0].1,
+            c.effect(before, Some(&worst), shape_differs),
+            if c.fixes { " and brings every output within tolerance" } else { "" },
+            conclusion
+        ),
+        None => conclusion,
+    };
+    checks.splice(0..0, as_converted);
     Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion, shape_differs }))
 }
 
 /// The reason of the check that keeps every inf/NaN origin together.
 pub(crate) const ORIGINS_TOGETHER: &str = "non_finite_origins_together";
+
+/// The reason of the check that keeps nothing beyond the converter's own FP32 nodes: the file
+/// `convert` writes with nothing kept, which every other check of an emulation builds on.
+pub(crate) const AS_CONVERTED: &str = "as_converted";
 
 /// The reason of the check that keeps together every break that alone removed part of the error.
 pub(crate) const BREAKS_TOGETHER: &str = "breaks_together";
@@ -235,6 +277,7 @@ const PARTIAL_SHARE: f64 = 0.1;
 pub(crate) fn partial_breaks(checks: &[KeepCheck]) -> impl Iterator<Item = &KeepCheck> {
     checks.iter().filter(|c| {
         c.reason != BREAKS_TOGETHER
+            && c.reason != AS_CONVERTED
             && c.output_error_after.is_finite()
             && (c.explained >= PARTIAL_SHARE || c.reason == "non_finite_origin")
     })
