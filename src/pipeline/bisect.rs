@@ -346,6 +346,8 @@ fn run_bisect(
         &mut extras,
     )?;
     conclusions.splice(0..0, not_the_model);
+    let random = plain_reference::unseeded_random_nodes(job.model.graph(), &job.index);
+    conclusions.splice(0..0, plain_reference::random_conclusion(&random));
     if let Some(dir) = &options.repro {
         extras.repro = Some(steps.run("writing the repro", || repro::write_repro(&mut job, &feeds, &verdict, dir))?);
     }

@@ -77,6 +77,36 @@ pub(super) fn conclusion(differences: &[String], why: Why) -> Option<String> {
     })
 }
 
+/// Ops that draw random values: without a `seed` attribute each run draws others.
+const RANDOM_OPS: &[&str] =
+    &["RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"];
+
+/// The main-graph nodes that draw random values without a seed, in graph order.
+pub(super) fn unseeded_random_nodes(graph: &layerwise_model::onnx::GraphProto, index: &GraphIndex) -> Vec<String> {
+    index
+        .nodes
+        .iter()
+        .filter(|n| n.domain.is_empty() && RANDOM_OPS.contains(&n.op_type.as_str()))
+        .filter(|n| !graph.node[n.proto_index].attribute.iter().any(|a| a.name() == "seed"))
+        .map(|n| format!("{} ({})", n.name, n.op_type))
+        .collect()
+}
+
+/// The verdict's sentence for unseeded random nodes, where there are any: the reference and the
+/// candidate draw different values there, so what follows them differs for that reason too (a
+/// VITS voice's noise scales made two plain runs of the reference differ in length).
+pub(super) fn random_conclusion(nodes: &[String]) -> Option<String> {
+    (!nodes.is_empty()).then(|| {
+        format!(
+            "the model draws random values without a seed at {} node{} ({}): every run, the reference's and the candidate's, draws others, so what they feed differs run to run whatever the precision; feed them fixed values (a noise scale of 0, or the node's output as an input) to compare precision alone",
+            nodes.len(),
+            if nodes.len() == 1 { "" } else { "s" },
+            nodes.iter().take(3).cloned().collect::<Vec<_>>().join(", ")
+                + &if nodes.len() > 3 { format!(" and {} more", nodes.len() - 3) } else { String::new() }
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
