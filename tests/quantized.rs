@@ -821,8 +821,8 @@ fn the_weights_share_keeps_the_relu_a_quantizer_took_over_effword() {
     save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
     // The oracle: the float model with the weights as qdq_model stores them (per tensor, int8).
     let stored = |w: &[f32]| {
-        let s = w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-        w.iter().map(|v| (v / s).round() * s).collect::<Vec<_>>()
+        let (codes, scale) = crate::common::quantized::per_tensor_int8(w);
+        codes.iter().map(|&q| q as f32 * scale).collect::<Vec<_>>()
     };
     save(&float_model(&stored(&w1), &stored(&w2)), &dir.path().join("weights.onnx"));
     let run = |cand: &str, json_name: &str| {

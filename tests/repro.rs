@@ -70,15 +70,11 @@ fn a_repro_folder_that_is_not_empty_is_refused_before_any_run() {
     assert_eq!(std::fs::read_dir(dir.path().join("full")).unwrap().count(), 1);
 }
 
-/// Issue 51, found by the independent tester on basic-pitch 0.4.0's note model: the cause names
-/// the constant 1e-10 that an Add puts under a Log (FP16 flushes it to 0), and the repro held the
-/// Log alone, whose own bisect named another cause. The repro holds the pattern the
-/// counterfactual keeps: the Add and the Log.
-#[test]
-fn the_repro_holds_the_add_whose_epsilon_the_cause_names_basic_pitch_log() {
+/// x[1,64] -> x * x + 1e-10 -> Log, as basic-pitch 0.4.0's note model takes the log of a power:
+/// FP16 flushes the 1e-10 to 0, so a zero input gives -inf.
+fn log_of_power() -> layerwise_model::onnx::ModelProto {
     use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
     use layerwise_model::DataType;
-    let dir = tempfile::tempdir().unwrap();
     let mut b = ModelBuilder::new("log_of_power", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
     b.initializer(f32_tensor("eps", &[1], &[1e-10]));
@@ -86,7 +82,17 @@ fn the_repro_holds_the_add_whose_epsilon_the_cause_names_basic_pitch_log() {
     b.node("Add", "add_eps", &["p", "eps"], &["pe"], vec![]);
     b.node("Log", "log", &["pe"], &["y"], vec![]);
     b.output("y", DataType::Float);
-    save(&b.build(), &dir.path().join("m.onnx"));
+    b.build()
+}
+
+/// Issue 51, found by the independent tester on basic-pitch 0.4.0's note model: the cause names
+/// the constant 1e-10 that an Add puts under a Log (FP16 flushes it to 0), and the repro held the
+/// Log alone, whose own bisect named another cause. The repro holds the pattern the
+/// counterfactual keeps: the Add and the Log.
+#[test]
+fn the_repro_holds_the_add_whose_epsilon_the_cause_names_basic_pitch_log() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&log_of_power(), &dir.path().join("m.onnx"));
     // Half the values are 0 (the audio's zero padding): their power is 0, and 0 + 1e-10 is 0 in FP16.
     let x = Tensor::f32(vec![1, 64], (0..64).map(|i| if i < 32 { 0.0 } else { 0.01 * i as f32 }).collect());
     layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x)]).unwrap();
@@ -111,17 +117,8 @@ fn the_repro_holds_the_add_whose_epsilon_the_cause_names_basic_pitch_log() {
 /// its FP16 reader, and says the inputs decide.
 #[test]
 fn convert_names_a_constant_fp16_flushes_to_zero_and_its_reader_basic_pitch_log() {
-    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
-    use layerwise_model::DataType;
     let dir = tempfile::tempdir().unwrap();
-    let mut b = ModelBuilder::new("log_of_power", 17);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
-    b.initializer(f32_tensor("eps", &[1], &[1e-10]));
-    b.node("Mul", "power", &["x", "x"], &["p"], vec![]);
-    b.node("Add", "add_eps", &["p", "eps"], &["pe"], vec![]);
-    b.node("Log", "log", &["pe"], &["y"], vec![]);
-    b.output("y", DataType::Float);
-    save(&b.build(), &dir.path().join("m.onnx"));
+    save(&log_of_power(), &dir.path().join("m.onnx"));
     let out = layerwise(&["convert", "m.onnx", "-o", "fp16.onnx"], dir.path());
     let t = text(&out);
     assert_eq!(out.status.code(), Some(0), "{t}");

@@ -117,16 +117,9 @@ pub(super) fn counterfactual(
     // every origin together is measured, not inferred (a UNet's early Mul and late Gemm).
     let origins = independent_origins(job, verdict);
     if origins.len() > 1 && checks.iter().all(|c| !c.output_error_after.is_finite()) {
-        let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
-        for origin in &origins {
-            kept.extend(
-                job.judging
-                    .keep_pattern(&job.index, origin, comparison, verdict)
-                    .nodes
-                    .into_iter()
-                    .filter(|n| seen.insert(n.clone())),
-            );
-        }
+        let kept = union_in_order(
+            origins.iter().map(|origin| job.judging.keep_pattern(&job.index, origin, comparison, verdict).nodes),
+        );
         checks.push(trial.keep(
             job.candidate.as_mut(),
             &mut keeper,
@@ -144,10 +137,7 @@ pub(super) fn counterfactual(
     // rest drift.
     let partial: Vec<&KeepCheck> = partial_breaks(&checks).collect();
     if !checks.iter().any(|c| c.fixes || c.reason == ORIGINS_TOGETHER) && partial.len() > 1 {
-        let (mut kept, mut seen) = (Vec::new(), std::collections::HashSet::new());
-        for check in &partial {
-            kept.extend(check.kept.iter().filter(|n| seen.insert(n.to_string())).cloned());
-        }
+        let kept = union_in_order(partial.iter().map(|check| check.kept.clone()));
         let names = partial.iter().map(|c| c.node.clone()).collect::<Vec<_>>().join(", ");
         checks.push(trial.keep(
             job.candidate.as_mut(),
@@ -255,6 +245,13 @@ pub(super) fn counterfactual(
     };
     checks.splice(0..0, as_converted);
     Ok(Some(Counterfactual { output: worst, output_error: before, checks, conclusion, shape_differs }))
+}
+
+/// The nodes of several keep lists, each once, in the order first met: what keeping them together
+/// keeps.
+fn union_in_order(lists: impl Iterator<Item = Vec<String>>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    lists.flatten().filter(|n| seen.insert(n.clone())).collect()
 }
 
 /// The reason of the check that keeps every inf/NaN origin together.

@@ -210,36 +210,24 @@ fn weights_only(pair: &QuantizedPair) -> Option<layerwise_model::onnx::ModelProt
     let mut proto = cm.proto.clone();
     let opset = cm.opset();
     let graph = proto.graph.as_mut()?;
-    let mut taken: std::collections::HashSet<String> = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().chain(&n.output).cloned())
-        .chain(graph.initializer.iter().map(|w| w.name().to_string()))
-        .collect();
-    let mut fresh = |base: &str| -> String {
-        let mut name = base.to_string();
-        let mut k = 1;
-        while !taken.insert(name.clone()) {
-            name = format!("{base}_{k}");
-            k += 1;
-        }
-        name
-    };
+    let mut names = layerwise_model::FreshNames::of(graph);
     let mut bounds = Vec::new();
     let mut weights = 0;
-    let initializers: std::collections::HashMap<String, layerwise_model::onnx::TensorProto> =
-        graph.initializer.iter().map(|w| (w.name().to_string(), w.clone())).collect();
+    // Read from the candidate's own graph: no copy of its weights.
+    let stored: std::collections::HashMap<&str, &layerwise_model::onnx::TensorProto> =
+        cm.graph().initializer.iter().map(|w| (w.name(), w)).collect();
     for node in graph.node.iter_mut().filter(|n| n.op_type() == "DequantizeLinear") {
         let Some(q) = node.input.first().and_then(|t| ci.producer(t)).filter(|p| p.op_type == "QuantizeLinear") else {
             // A stored weight: dequantized here, exactly, and read as a float weight. Left as a
             // DequantizeLinear before a MatMul, ONNX Runtime fuses the pair into a kernel that
             // quantizes the float activation on the fly (7.0e-3 where the weights alone give
             // 6.5e-3).
-            let stored = node.input.first().is_some_and(|t| initializers.contains_key(t));
-            if let Some(float) =
-                stored.then(|| layerwise_model::unquantize::dequantize_weight(node, &initializers).ok()).flatten()
-            {
-                let name = fresh(&format!("{}_float", node.output.first().map_or("weight", String::as_str)));
+            let is_stored = node.input.first().is_some_and(|t| stored.contains_key(t.as_str()));
+            let dequantized = is_stored
+                .then(|| layerwise_model::unquantize::dequantize_weight(node, &|t| stored.get(t).copied()).ok())
+                .flatten();
+            if let Some(float) = dequantized {
+                let name = names.fresh(&format!("{}_float", node.output.first().map_or("weight", String::as_str)));
                 bounds.push(layerwise_model::onnx::TensorProto { name: Some(name.clone()), ..float });
                 *node = layerwise_model::onnx::NodeProto {
                     op_type: Some("Identity".into()),
@@ -249,7 +237,7 @@ fn weights_only(pair: &QuantizedPair) -> Option<layerwise_model::onnx::ModelProt
                     ..Default::default()
                 };
             }
-            weights += usize::from(stored || node.input.first().is_some_and(|t| ci.is_constant_like(t)));
+            weights += usize::from(is_stored || node.input.first().is_some_and(|t| ci.is_constant_like(t)));
             continue;
         };
         let Some(x) = q.inputs.first().filter(|x| !ci.is_constant_like(x)).cloned() else { continue };
@@ -259,7 +247,7 @@ fn weights_only(pair: &QuantizedPair) -> Option<layerwise_model::onnx::ModelProt
             .and_then(|p| layerwise_model::matching::Clamp::of(pair.model.graph(), pair.index, p))
             .filter(|_| ci.producer(&x).is_none_or(|p| !matches!(p.op_type.as_str(), "Relu" | "Clip")));
         *node = match clamp {
-            Some(clamp) => clamp.node(node.name().to_string(), &x, &output, opset, &mut fresh, &mut bounds),
+            Some(clamp) => clamp.node(node.name().to_string(), &x, &output, opset, &mut names, &mut bounds),
             None => layerwise_model::onnx::NodeProto {
                 op_type: Some("Identity".into()),
                 name: node.name.clone(),

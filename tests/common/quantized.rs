@@ -25,6 +25,13 @@ pub fn weights(n: usize, seed: u32) -> Vec<f32> {
         .collect()
 }
 
+/// `w` stored int8 with one scale, as quantize_static stores a per-tensor weight: the codes and
+/// the scale (max |w| / 127).
+pub fn per_tensor_int8(w: &[f32]) -> (Vec<i32>, f32) {
+    let scale = w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+    (w.iter().map(|v| (v / scale).round() as i32).collect(), scale)
+}
+
 /// x[1,8] -> MatMul(w1) -> h -> Relu -> r -> MatMul(w2) -> y.
 pub fn float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
     let mut b = ModelBuilder::new("mlp", 17);
@@ -42,15 +49,13 @@ pub fn float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
 /// stored in int8 with a per-tensor scale, activations quantized, and the Relu taken over by the
 /// quantizer after mm1 (zero point -128: it clips at 0), which leaves the name 'r' on mm1's output.
 pub fn qdq_model(w1: &[f32], w2: &[f32]) -> ModelProto {
-    let scale = |w: &[f32]| w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-    let quantize = |w: &[f32], s: f32| w.iter().map(|v| (v / s).round() as i32).collect::<Vec<_>>();
-    let (s1, s2) = (scale(w1), scale(w2));
+    let ((w1_q, s1), (w2_q, s2)) = (per_tensor_int8(w1), per_tensor_int8(w2));
     // |h| <= 8 * max|w1| for x in [-1, 1].
     let sr = 8.0 * s1 * 127.0 / 255.0;
     let mut b = ModelBuilder::new("mlp_int8", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
-    b.initializer(int8_tensor("w1_q", &[8, 8], &quantize(w1, s1)));
-    b.initializer(int8_tensor("w2_q", &[8, 4], &quantize(w2, s2)));
+    b.initializer(int8_tensor("w1_q", &[8, 8], &w1_q));
+    b.initializer(int8_tensor("w2_q", &[8, 4], &w2_q));
     b.initializer(f32_tensor("s1", &[], &[s1]));
     b.initializer(f32_tensor("s2", &[], &[s2]));
     b.initializer(f32_tensor("sx", &[], &[1.0 / 127.0]));
@@ -104,15 +109,10 @@ pub fn qoperator_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
     b.build()
 }
 
-/// x[1,8] -> MatMul(w1) -> h -> hardswish as PaddlePaddle exports it at opset 11:
-/// `h * Clip(h + 3, 0, 6) / 6`, the 3 and the Clip's bounds from Constant nodes -> MatMul(w2) -> y.
-pub fn hardswish_float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
+/// The 3 of `x + 3` and the Clip's bounds 0 and 6, as Constant nodes (PaddlePaddle's export at
+/// opset 11).
+fn hardswish_constants(b: &mut ModelBuilder) {
     use layerwise_model::builder::attr;
-    let mut b = ModelBuilder::new("hardswish", 11);
-    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
-    b.initializer(f32_tensor("w1", &[8, 8], w1));
-    b.initializer(f32_tensor("w2", &[8, 4], w2));
-    b.initializer(f32_tensor("six", &[1], &[6.0]));
     for (name, v) in [("three", 3.0), ("clip_lo", 0.0), ("clip_hi", 6.0)] {
         b.node(
             "Constant",
@@ -122,6 +122,17 @@ pub fn hardswish_float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
             vec![attr::tensor("value", f32_tensor(name, &[], &[v]))],
         );
     }
+}
+
+/// x[1,8] -> MatMul(w1) -> h -> hardswish as PaddlePaddle exports it at opset 11:
+/// `h * Clip(h + 3, 0, 6) / 6`, the 3 and the Clip's bounds from Constant nodes -> MatMul(w2) -> y.
+pub fn hardswish_float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
+    let mut b = ModelBuilder::new("hardswish", 11);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(f32_tensor("w1", &[8, 8], w1));
+    b.initializer(f32_tensor("w2", &[8, 4], w2));
+    b.initializer(f32_tensor("six", &[1], &[6.0]));
+    hardswish_constants(&mut b);
     b.node("MatMul", "mm1", &["x", "w1"], &["h"], vec![]);
     b.node("Add", "add3", &["h", "three"], &["a"], vec![]);
     b.node("Clip", "clip", &["a", "clip_lo", "clip_hi"], &["c"], vec![]);
@@ -137,16 +148,14 @@ pub fn hardswish_float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
 /// quantizer (zero point -128, scale 6/255: [0, 6]) does the clipping; the Constant nodes stay.
 /// `shrink` divides the scale of h's quantizer (16: h clips).
 pub fn hardswish_qdq_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
-    use layerwise_model::builder::attr;
-    let scale = |w: &[f32]| w.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
-    let quantize = |w: &[f32], s: f32| w.iter().map(|v| (v / s).round() as i32).collect::<Vec<_>>();
-    let (s1, s2) = (scale(w1), scale(w2));
-    // |h| <= 8 * max|w1| for x in [-1, 1]; hardswish of h stays within |h| * 2 ... bounded by 3 |h|.
+    let ((w1_q, s1), (w2_q, s2)) = (per_tensor_int8(w1), per_tensor_int8(w2));
+    // |h| <= 8 * max|w1| = 127 * sh for x in [-1, 1]; the gate's product and the hardswish get
+    // scales of their own, 3x and 0.5x h's.
     let sh = 8.0 * s1;
     let mut b = ModelBuilder::new("hardswish_int8", 11);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
-    b.initializer(int8_tensor("w1_q", &[8, 8], &quantize(w1, s1)));
-    b.initializer(int8_tensor("w2_q", &[8, 4], &quantize(w2, s2)));
+    b.initializer(int8_tensor("w1_q", &[8, 8], &w1_q));
+    b.initializer(int8_tensor("w2_q", &[8, 4], &w2_q));
     b.initializer(f32_tensor("six", &[1], &[6.0]));
     for (name, v) in [
         ("s1", s1),
@@ -161,15 +170,7 @@ pub fn hardswish_qdq_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
     }
     b.initializer(int8_tensor("z0", &[], &[0]));
     b.initializer(int8_tensor("zmin", &[], &[-128]));
-    for (name, v) in [("three", 3.0), ("clip_lo", 0.0), ("clip_hi", 6.0)] {
-        b.node(
-            "Constant",
-            &format!("{name}_const"),
-            &[],
-            &[name],
-            vec![attr::tensor("value", f32_tensor(name, &[], &[v]))],
-        );
-    }
+    hardswish_constants(&mut b);
     b.node("DequantizeLinear", "w1_dq", &["w1_q", "s1", "z0"], &["w1_f"], vec![]);
     b.node("DequantizeLinear", "w2_dq", &["w2_q", "s2", "z0"], &["w2_f"], vec![]);
     b.node("QuantizeLinear", "x_q", &["x", "sx", "z0"], &["x_q8"], vec![]);

@@ -398,3 +398,31 @@ pub(crate) fn collect_produced(graph: &GraphProto, f: &mut dyn FnMut(&str)) {
         }
     }
 }
+
+/// Names for what a rewrite adds, each unused in the graph: a model may hold a tensor of that name
+/// already (an exporter's `val_251_scale`), which the new one would shadow. Where the plain name
+/// is taken, `_1`, `_2`, ... follow it. Every name the graph defines or reads counts as taken.
+pub struct FreshNames {
+    taken: HashSet<String>,
+}
+
+impl FreshNames {
+    pub fn of(graph: &GraphProto) -> FreshNames {
+        let mut taken: HashSet<String> = HashSet::new();
+        taken.extend(graph.initializer.iter().map(|t| t.name().to_string()));
+        taken.extend(graph.input.iter().chain(&graph.output).chain(&graph.value_info).map(|v| v.name().to_string()));
+        for n in &graph.node {
+            taken.extend(n.input.iter().chain(&n.output).cloned());
+            taken.insert(n.name().to_string());
+        }
+        FreshNames { taken }
+    }
+
+    /// `base`, or `base_k` with the least k that is free; taken from then on.
+    pub fn fresh(&mut self, base: &str) -> String {
+        if self.taken.insert(base.to_string()) {
+            return base.to_string();
+        }
+        (1..).map(|k| format!("{base}_{k}")).find(|n| self.taken.insert(n.clone())).expect("some suffix is free")
+    }
+}

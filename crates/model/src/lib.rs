@@ -36,7 +36,7 @@ mod weights;
 
 pub use arithmetic::{Arithmetic, Precision, QuantFamily};
 pub use error::ModelError;
-pub use graph::{GraphIndex, NodeInfo};
+pub use graph::{FreshNames, GraphIndex, NodeInfo};
 pub use model::{data_type_name, data_type_size, is_external, open_regular, Model};
 pub use rewrite::{emulate, emulate_reusing, emulate_tf32, expose, Emulation, RoundedWeights, Selection};
 pub use rounding::Rounding;

@@ -119,14 +119,14 @@ impl Clamp {
     }
 
     /// The clamp as a node of a graph at `opset`, computing `output` from `input`; a Clip's
-    /// bounds become `weights` named by `fresh` (inputs from opset 11, attributes before).
+    /// bounds become `weights` under names from `names` (inputs from opset 11, attributes before).
     pub fn node(
         &self,
         name: String,
         input: &str,
         output: &str,
         opset: i64,
-        fresh: &mut dyn FnMut(&str) -> String,
+        names: &mut crate::FreshNames,
         weights: &mut Vec<crate::onnx::TensorProto>,
     ) -> NodeProto {
         let mut node = NodeProto {
@@ -147,7 +147,7 @@ impl Clamp {
         }
         for (base, v) in [("clip_min", self.lo), ("clip_max", self.hi)] {
             if v.is_finite() {
-                let bound = fresh(&format!("{output}_{base}"));
+                let bound = names.fresh(&format!("{output}_{base}"));
                 weights.push(crate::builder::f32_tensor(&bound, &[], &[v]));
                 node.input.push(bound);
             } else {

@@ -385,33 +385,6 @@ pub fn to_float8e4m3fn(x: f32) -> u8 {
     sign | code
 }
 
-/// Names for what the quantizer adds (`x_scale`, `x_QuantizeLinear`, ...), each unused in the graph:
-/// a model may hold a tensor of that name already (an exporter's `val_251_scale`), which the new
-/// one would shadow. Where the plain name is taken, `_1`, `_2`, ... follow it.
-struct FreshNames {
-    taken: HashSet<String>,
-}
-
-impl FreshNames {
-    fn of(graph: &crate::onnx::GraphProto) -> FreshNames {
-        let mut taken: HashSet<String> = HashSet::new();
-        taken.extend(graph.initializer.iter().map(|t| t.name().to_string()));
-        taken.extend(graph.input.iter().chain(&graph.output).chain(&graph.value_info).map(|v| v.name().to_string()));
-        for n in &graph.node {
-            taken.extend(n.output.iter().cloned());
-            taken.insert(n.name().to_string());
-        }
-        FreshNames { taken }
-    }
-
-    fn fresh(&mut self, base: String) -> String {
-        if self.taken.insert(base.clone()) {
-            return base;
-        }
-        (1..).map(|k| format!("{base}_{k}")).find(|n| self.taken.insert(n.clone())).expect("some suffix is free")
-    }
-}
-
 /// The Q/DQ model of `model` under `config`, with `ranges` (tensor -> calibrated min, max) for
 /// every float32 activation of [`plan`]: an activation without one holds no float32 values (a
 /// Concat of shapes) and is left as it is.
@@ -423,7 +396,7 @@ pub fn quantize(
 ) -> Result<ModelProto, ModelError> {
     let plan = plan(model, index, config)?;
     let graph = model.graph();
-    let mut names = FreshNames::of(graph);
+    let mut names = crate::graph::FreshNames::of(graph);
     let quantized_nodes: HashSet<&str> = plan.nodes.iter().map(String::as_str).collect();
     let excluded: HashSet<&str> = config.nodes_to_exclude.iter().map(String::as_str).collect();
     let format = config.format;
@@ -447,14 +420,14 @@ pub fn quantize(
             )));
         }
         let q = activation_quantizer(format, min, max);
-        let (scale, zp) = (names.fresh(format!("{t}_scale")), names.fresh(format!("{t}_zero_point")));
+        let (scale, zp) = (names.fresh(&format!("{t}_scale")), names.fresh(&format!("{t}_zero_point")));
         new_inits.push(crate::builder::f32_tensor(&scale, &[], &[q.scale]));
         new_inits.push(quantized_tensor(&zp, &[], q_type, &[quantized_bits(format, q.zero_point as f32)]));
         let (qo, mut dqo) =
-            (names.fresh(format!("{t}_QuantizeLinear_Output")), names.fresh(format!("{t}_DequantizeLinear_Output")));
+            (names.fresh(&format!("{t}_QuantizeLinear_Output")), names.fresh(&format!("{t}_DequantizeLinear_Output")));
         let mut quantized = t.clone();
         if index.outputs.contains(t) {
-            quantized = names.fresh(format!("{t}_QuantizeLinear_Input"));
+            quantized = names.fresh(&format!("{t}_QuantizeLinear_Input"));
             renamed.insert(quantized.clone(), t.clone());
             dqo = t.clone();
         }
@@ -463,14 +436,14 @@ pub fn quantize(
             vec![
                 node(
                     "QuantizeLinear",
-                    &names.fresh(format!("{t}_QuantizeLinear")),
+                    &names.fresh(&format!("{t}_QuantizeLinear")),
                     &[&quantized, &scale, &zp],
                     &[&qo],
                     vec![],
                 ),
                 node(
                     "DequantizeLinear",
-                    &names.fresh(format!("{t}_DequantizeLinear")),
+                    &names.fresh(&format!("{t}_DequantizeLinear")),
                     &[&qo, &scale, &zp],
                     &[&dqo],
                     vec![],
@@ -548,10 +521,10 @@ pub fn quantize(
                             })
                             .collect();
                         let (qn, sn, zn, dqo) = (
-                            names.fresh(format!("{t}_quantized")),
-                            names.fresh(format!("{t}_scale")),
-                            names.fresh(format!("{t}_zero_point")),
-                            names.fresh(format!("{t}_DequantizeLinear_Output")),
+                            names.fresh(&format!("{t}_quantized")),
+                            names.fresh(&format!("{t}_scale")),
+                            names.fresh(&format!("{t}_zero_point")),
+                            names.fresh(&format!("{t}_DequantizeLinear_Output")),
                         );
                         let sdims: Vec<i64> = if axis.is_some() { vec![scales.len() as i64] } else { vec![] };
                         new_inits.push(quantized_tensor(&qn, &w.dims, w_type, &bits));
@@ -560,7 +533,7 @@ pub fn quantize(
                         let attrs = axis.map(|a| vec![attr::int("axis", a as i64)]).unwrap_or_default();
                         weight_nodes.push(node(
                             "DequantizeLinear",
-                            &names.fresh(format!("{t}_DequantizeLinear")),
+                            &names.fresh(&format!("{t}_DequantizeLinear")),
                             &[&qn, &sn, &zn],
                             &[&dqo],
                             attrs,
@@ -590,10 +563,10 @@ pub fn quantize(
                         .map(|(v, s)| (v / s).round_ties_even().clamp(i32::MIN as f32, i32::MAX as f32) as i32)
                         .collect();
                     let (qn, sn, zn, dqo) = (
-                        names.fresh(format!("{t}_quantized")),
-                        names.fresh(format!("{t}_scale")),
-                        names.fresh(format!("{t}_zero_point")),
-                        names.fresh(format!("{t}_DequantizeLinear_Output")),
+                        names.fresh(&format!("{t}_quantized")),
+                        names.fresh(&format!("{t}_scale")),
+                        names.fresh(&format!("{t}_zero_point")),
+                        names.fresh(&format!("{t}_DequantizeLinear_Output")),
                     );
                     new_inits.push(TensorProto {
                         name: Some(qn.clone()),
@@ -612,7 +585,7 @@ pub fn quantize(
                     });
                     weight_nodes.push(node(
                         "DequantizeLinear",
-                        &names.fresh(format!("{t}_DequantizeLinear")),
+                        &names.fresh(&format!("{t}_DequantizeLinear")),
                         &[&qn, &sn, &zn],
                         &[&dqo],
                         vec![attr::int("axis", 0)],

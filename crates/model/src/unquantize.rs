@@ -73,22 +73,7 @@ pub fn keep_unquantized(
     let producer_op = |t: &str| index.producer(t).map(|p| p.op_type.as_str());
     // The candidate's default-domain opset: a Clip's bounds are inputs from 11, attributes before.
     let opset = crate::model::default_opset(candidate);
-    let mut taken: HashSet<String> = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().chain(&n.output).cloned())
-        .chain(graph.initializer.iter().map(|w| w.name().to_string()))
-        .collect();
-    let mut fresh = |base: &str| -> String {
-        let mut name = base.to_string();
-        let mut k = 1;
-        while taken.contains(&name) {
-            name = format!("{base}_{k}");
-            k += 1;
-        }
-        taken.insert(name.clone());
-        name
-    };
+    let mut names = crate::FreshNames::of(graph);
     let initializers: HashMap<String, TensorProto> =
         graph.initializer.iter().map(|w| (w.name().to_string(), w.clone())).collect();
     let mut done = Unquantized {
@@ -124,11 +109,12 @@ pub fn keep_unquantized(
                 } else {
                     let (source, mut proto) = match from_reference {
                         Some((w, proto)) => (FloatWeight::Reference(w), proto),
-                        None => {
-                            (FloatWeight::Dequantized, dequantize_weight(&graph.node[dq.proto_index], &initializers)?)
-                        }
+                        None => (
+                            FloatWeight::Dequantized,
+                            dequantize_weight(&graph.node[dq.proto_index], &|t| initializers.get(t))?,
+                        ),
                     };
-                    let float_name = fresh(&format!("{quantized}_float"));
+                    let float_name = names.fresh(&format!("{quantized}_float"));
                     proto.name = Some(float_name.clone());
                     new_weights.push(proto);
                     float_of_dq.insert(input.clone(), float_name.clone());
@@ -166,9 +152,9 @@ pub fn keep_unquantized(
                     Some((clamp, theirs)) => match held_of.get(&float) {
                         Some(out) => out.clone(),
                         None => {
-                            let out = fresh(&format!("{float}_{}", if clamp.relu { "relu" } else { "clip" }));
-                            let name = fresh(&format!("{theirs}_as_reference"));
-                            let node = clamp.node(name, &float, &out, opset, &mut fresh, &mut new_weights);
+                            let out = names.fresh(&format!("{float}_{}", if clamp.relu { "relu" } else { "clip" }));
+                            let name = names.fresh(&format!("{theirs}_as_reference"));
+                            let node = clamp.node(name, &float, &out, opset, &mut names, &mut new_weights);
                             activations.push((q.proto_index, node));
                             held_of.insert(float, out.clone());
                             out
@@ -205,7 +191,7 @@ pub fn keep_unquantized(
                 &float,
                 &bypass.dequantized,
                 opset,
-                &mut fresh,
+                &mut names,
                 &mut new_weights,
             ),
             None => NodeProto {
@@ -254,9 +240,9 @@ pub fn keep_unquantized(
 /// A DequantizeLinear's stored weight as float32: `(q - zero point) * scale`, the scale per
 /// tensor (one value), per channel along `axis` (one value per slice) or per block (`block_size`
 /// along `axis`).
-pub fn dequantize_weight(
+pub fn dequantize_weight<'w>(
     dq: &NodeProto,
-    initializers: &HashMap<String, TensorProto>,
+    stored: &dyn Fn(&str) -> Option<&'w TensorProto>,
 ) -> Result<TensorProto, ModelError> {
     let name = dq.name().to_string();
     let fail = |why: String| ModelError::InvalidGraph(format!("cannot dequantize the weight of '{name}': {why}"));
@@ -264,7 +250,7 @@ pub fn dequantize_weight(
         match dq.input.get(slot).filter(|t| !t.is_empty()) {
             None => Ok(None),
             Some(t) => {
-                let w = initializers.get(t).ok_or_else(|| fail(format!("'{t}' is not stored in the model")))?;
+                let w = stored(t).ok_or_else(|| fail(format!("'{t}' is not stored in the model")))?;
                 Tensor::from_proto(w).map(Some).map_err(|e| fail(format!("'{t}': {e}")))
             }
         }
@@ -516,7 +502,7 @@ mod tests {
             attribute: vec![crate::builder::attr::int("axis", 1), crate::builder::attr::int("block_size", 2)],
             ..Default::default()
         };
-        let w = dequantize_weight(&dq, &inits).unwrap();
+        let w = dequantize_weight(&dq, &|t| inits.get(t)).unwrap();
         assert_eq!(Tensor::from_proto(&w).unwrap().to_f32().as_ref(), &[1.0, 2.0, 6.0, 8.0, 15.0, 18.0, 28.0, 32.0]);
     }
 }
