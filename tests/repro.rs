@@ -85,6 +85,37 @@ fn log_of_power() -> layerwise_model::onnx::ModelProto {
     b.build()
 }
 
+/// Found by the second independent tester (speechmos 0.0.1.1's DNSMOS): `fix` said FIXED with
+/// nothing to keep while the FP16 model held -inf at a Log of a power inside (0 in FP16), which a
+/// later op hid from the outputs; the summary did not say so. x -> x*x + 1e-10 -> Log -> Max(-5).
+#[test]
+fn a_fix_whose_outputs_pass_says_the_inf_it_still_holds_inside_dnsmos_log() {
+    use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+    use layerwise_model::DataType;
+    let mut b = ModelBuilder::new("log_floored", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+    b.initializer(f32_tensor("eps", &[1], &[1e-10]));
+    b.initializer(f32_tensor("floor", &[1], &[-5.0]));
+    b.node("Mul", "power", &["x", "x"], &["p"], vec![]);
+    b.node("Add", "add_eps", &["p", "eps"], &["pe"], vec![]);
+    b.node("Log", "log", &["pe"], &["l"], vec![]);
+    b.node("Max", "floored", &["l", "floor"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let x = Tensor::f32(vec![1, 64], (0..64).map(|i| if i < 32 { 0.0 } else { 0.01 * i as f32 }).collect());
+    layerwise_runtime::npy::write_npz(&dir.path().join("in.npz"), &[("x", &x)]).unwrap();
+    let out = layerwise(&["fix", "m.onnx", "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let summary = json(&dir.path().join("fix.json"))["summary"].as_str().unwrap().to_string();
+    assert!(summary.starts_with("all outputs are within tolerance in FP16; nothing to keep"), "{summary}");
+    assert!(
+        summary.contains("still holds inf/NaN inside, in 1 tensor born at log (Log), which do not reach the outputs"),
+        "{summary}"
+    );
+}
+
 /// Issue 51, found by the independent tester on basic-pitch 0.4.0's note model: the cause names
 /// the constant 1e-10 that an Add puts under a Log (FP16 flushes it to 0), and the repro held the
 /// Log alone, whose own bisect named another cause. The repro holds the pattern the

@@ -179,7 +179,7 @@ fn fix_float(
             b.candidate
         );
     }
-    let judging = Judging::new(low, false, b)?;
+    let judging = Judging::new(low, false, b, index)?;
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).
@@ -389,6 +389,7 @@ fn fix_float(
             .as_ref()
             .filter(|_| fixed)
             .map(|c| c.check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max)),
+        non_finite_inside: &last.1.non_finite,
     });
     let (fixed_model, fixed_model_fp32_nodes, fixed_model_check, fixed_model_load) = match checked {
         Some(c) => (c.fixed_model, c.fp32_nodes, Some(c.check), Some(c.load)),

@@ -100,7 +100,7 @@ pub(super) fn bf16_whole(
 ) -> Result<OtherPrecision> {
     let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
     let mut bf16 = layerwise_runtime::create_backend(&spec)?;
-    let judging = Judging::new(Precision::Bf16, false, options)?;
+    let judging = Judging::new(Precision::Bf16, false, options, index)?;
     let (mut pass, mut worst) = (true, 0f64);
     for (feeds, reference) in samples {
         let mut out =
@@ -140,6 +140,8 @@ pub(super) struct Found<'a> {
     pub other_precision: Option<&'a OtherPrecision>,
     /// The worst output error of the FP16 fix, where one holds (the written model's check).
     pub fixed_error: Option<f64>,
+    /// The inf/NaN the last candidate run (with the keep list) held, by tensor.
+    pub non_finite_inside: &'a [layerwise_analysis::NonFiniteTensor],
 }
 
 /// "12x", or "more than" where the ratio is not a finite number.
@@ -237,6 +239,26 @@ pub(super) fn summary(found: &Found) -> String {
         summary.push_str(&format!(
             "; searched and checked on the If branches these inputs took ({}{more}): the branches not taken are written converted with nothing kept in FP32, and no run here computed them",
             shown.join(", ")
+        ));
+    }
+    // Outputs within tolerance say nothing of what is inside: inf/NaN that does not reach them
+    // with these inputs (a Log of a power that is 0 in FP16) may with others.
+    if fixed && !found.non_finite_inside.is_empty() {
+        let mut born: Vec<String> = Vec::new();
+        for n in found.non_finite_inside.iter().filter(|n| n.origin) {
+            let at = format!("{} ({})", n.node, n.op_type);
+            if !born.contains(&at) {
+                born.push(at);
+            }
+        }
+        let more = if born.len() > 3 { format!(" and {} more", born.len() - 3) } else { String::new() };
+        born.truncate(3);
+        summary.push_str(&format!(
+            "; the {low_name} run with {} still holds inf/NaN inside, in {} tensor{}{}, which do not reach the outputs with these inputs (other inputs may carry them there)",
+            if keep.is_empty() { "nothing kept" } else { "this keep list" },
+            found.non_finite_inside.len(),
+            if found.non_finite_inside.len() == 1 { "" } else { "s" },
+            if born.is_empty() { String::new() } else { format!(" born at {}{more}", born.join(", ")) }
         ));
     }
     for o in weight_outputs {

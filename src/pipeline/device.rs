@@ -221,7 +221,7 @@ fn sample_records(
         }
         let layout = layout_of(name.as_str()).ok_or_else(|| anyhow!("tensor '{name}' was not in the checked batch"))?;
         let (rs, cs) = (layout.per_sample(&r.shape, width), layout.per_sample(&c.shape, width));
-        let tol = tolerances.of(name);
+        let tol = tolerances.judging(name, r.dtype);
         let same_shape = r.shape == c.shape;
         match (element_kind(r.dtype), element_kind(c.dtype)) {
             (Some(rk), Some(ck)) if same_shape => {
@@ -246,15 +246,17 @@ fn sample_records(
             }
             _ if !same_shape => {
                 for record in records.iter_mut() {
-                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), Metrics::default));
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), tolerances, |_| {
+                        Metrics::default()
+                    }));
                 }
             }
             _ => {
                 for (k, record) in records.iter_mut().enumerate() {
                     let (rv, cv) =
                         (sample_part(reducer, r, layout, k, width)?, sample_part(reducer, c, layout, k, width)?);
-                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), || {
-                        compute(&rv.to_f32(), &cv.to_f32(), tol)
+                    record.push(tensor_record(index, name, (&rs, r.dtype), (&cs, c.dtype), tolerances, |t| {
+                        compute(&rv.to_f32(), &cv.to_f32(), t)
                     }));
                 }
             }
@@ -264,7 +266,7 @@ fn sample_records(
     let totals = reducer.reduce(&pairs).map_err(|e| anyhow!("comparing on GPU {device}: {e}"))?;
     for ((k, name, r, c, _), t) in on_device.iter().zip(&totals) {
         let metrics = metrics_of_totals(t);
-        records[*k].push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
+        records[*k].push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), tolerances, |_| metrics));
     }
     Ok((records, not_compared, pairs.len()))
 }

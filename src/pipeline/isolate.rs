@@ -169,7 +169,11 @@ pub(super) fn isolate(
             ));
             continue;
         }
-        let local = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&step.tensor));
+        let local = layerwise_analysis::compute(
+            &r.to_f32(),
+            &c.to_f32(),
+            job.judging.tolerances.judging(&step.tensor, r.dtype()),
+        );
         let local_error = local.error_level();
         // An input whose reference values exceed the FP16 range cannot be stored in FP16: run alone,
         // the node sees that overflow, but in the model it comes from upstream.

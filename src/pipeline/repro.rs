@@ -193,7 +193,11 @@ pub(super) fn write_repro(job: &mut Job, feeds: &[(String, Tensor)], verdict: &V
         if r.shape != c.shape {
             continue;
         }
-        let metrics = layerwise_analysis::compute(&r.to_f32(), &c.to_f32(), job.judging.tolerances.of(&fd.tensor));
+        let metrics = layerwise_analysis::compute(
+            &r.to_f32(),
+            &c.to_f32(),
+            job.judging.tolerances.judging(&fd.tensor, r.dtype()),
+        );
         let reproduces = !metrics.passes();
         let done = reproduces || set.len() == largest.len();
         tried = Some((

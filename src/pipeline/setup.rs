@@ -39,8 +39,13 @@ pub(crate) struct Judging {
 
 impl Judging {
     /// Judging a candidate that stores values in `precision`, with TF32 tensor cores or not.
-    pub(crate) fn new(precision: Precision, tf32: bool, options: &BisectOptions) -> Result<Judging> {
-        Judging::of(Arithmetic::of(precision, tf32), options)
+    pub(crate) fn new(
+        precision: Precision,
+        tf32: bool,
+        options: &BisectOptions,
+        index: &GraphIndex,
+    ) -> Result<Judging> {
+        Judging::of(Arithmetic::of(precision, tf32), options, index)
     }
 
     /// Judging a Q/DQ candidate model that computes in float32 between its quantizers: by the
@@ -48,16 +53,18 @@ impl Judging {
     pub(crate) fn quantized(
         quantization: layerwise_model::quant::Quantization,
         options: &BisectOptions,
+        index: &GraphIndex,
     ) -> Result<Judging> {
         let family = quantization.coarsest().map_or(QuantFamily::Int8, |f| f.family());
-        let mut judging = Judging::of(Arithmetic::Quantized(family), options)?;
+        let mut judging = Judging::of(Arithmetic::Quantized(family), options, index)?;
         judging.quantization = Some(quantization);
         Ok(judging)
     }
 
     /// The defaults of `arithmetic` (tolerances and walk rule), with the user's tolerances over
-    /// them, field by field and tensor by tensor.
-    fn of(arithmetic: Arithmetic, options: &BisectOptions) -> Result<Judging> {
+    /// them, field by field and tensor by tensor, and the integers of the reference's graph
+    /// (`index`) judged exactly where none was given.
+    fn of(arithmetic: Arithmetic, options: &BisectOptions, index: &GraphIndex) -> Result<Judging> {
         let (defaults, rule) = layerwise_analysis::defaults_and_rule(arithmetic);
         let tolerance = given_or_default(defaults, options)?;
         let mut by_tensor: Vec<(String, Tolerance)> = Vec::new();
@@ -78,7 +85,7 @@ impl Judging {
                 ToleranceField::RangeTol => entry.range_tol = *value,
             }
         }
-        let tolerances = ToleranceSet { all: tolerance, by_tensor };
+        let tolerances = ToleranceSet { by_tensor, ..ToleranceSet::from(tolerance) }.with_integers_of(index);
         Ok(Judging { tolerances, rule, candidate: Candidate { arithmetic, atol: tolerance.atol }, quantization: None })
     }
 
@@ -473,9 +480,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                 q.describe(),
                 q.coarsest().map_or(QuantFamily::Int8, |f| f.family())
             ));
-            Judging::quantized(q, options)?
+            Judging::quantized(q, options, &index)?
         }
-        None => Judging::new(precision, candidate.tf32(), options)?,
+        None => Judging::new(precision, candidate.tf32(), options, &index)?,
     };
     let order: Vec<String> = match &options.selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),

@@ -584,14 +584,21 @@ fn integer_boundary(s: &Site) -> Option<Mechanism> {
     };
     // Every changed value moved by a whole number, so the mean change bounds how many moved.
     let moved = (m.mean_abs_err * m.numel as f64).round() as usize;
-    let count = if m.max_abs_err == 1.0 {
-        format!("{moved} of {} values", m.numel)
+    let detail = if s.output.ref_dtype == "bool" {
+        format!(
+            "{moved} of {} truth values flip: {moved_by} moves the compared values across the other side of the comparison; a truth value is exact or flipped, so what reads it (a mask, a length, a branch) changes by a whole step, not by the rounding",
+            m.numel
+        )
     } else {
-        format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err)
+        let count = if m.max_abs_err == 1.0 {
+            format!("{moved} of {} values", m.numel)
+        } else {
+            format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err)
+        };
+        format!(
+            "{count} land on another integer: {moved_by} moves them across an integer boundary; an integer computed from a rounded float is exact or off by a whole step, so the output's error is the size of that step, not of the rounding"
+        )
     };
-    let detail = format!(
-        "{count} land on another integer: {moved_by} moves them across an integer boundary; an integer computed from a rounded float is exact or off by a whole step, so the output's error is the size of that step, not of the rounding"
-    );
     mechanism(CauseKind::IntegerBoundary, Some(1.0), detail)
 }
 

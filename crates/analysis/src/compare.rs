@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::{histogram, Histogram};
-use crate::metrics::{compute, Metrics, ToleranceSet};
+use crate::metrics::{compute, Metrics, Tolerance, ToleranceSet};
 
 /// The comparison of one tensor present in both runs.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -30,6 +30,10 @@ pub struct TensorRecord {
     pub is_output: bool,
     /// Computed from weights alone (not a layer).
     pub constant_like: bool,
+    /// Holds integers (an index, a count, a rounded value; not a quantizer's codes), judged
+    /// exactly: a changed value is a whole step ([`crate::IntegerTensors`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holds_integers: bool,
     /// Why the tensor could not be compared element by element (shape mismatch), if so.
     pub mismatch: Option<String>,
     pub metrics: Metrics,
@@ -43,6 +47,12 @@ impl TensorRecord {
         } else {
             self.metrics.error_level()
         }
+    }
+
+    /// Holds integers and some of them changed: an error that starts where it first appears,
+    /// however small its relative size (355 frames against 354).
+    pub fn integers_changed(&self) -> bool {
+        self.holds_integers && !self.pass
     }
 
     /// Passes on matching inf/NaN alone: every value is NaN or inf in the reference and the
@@ -155,7 +165,8 @@ pub fn tensor_record(
     name: &str,
     (ref_shape, ref_dtype): (&[usize], DType),
     (cand_shape, cand_dtype): (&[usize], DType),
-    metrics: impl FnOnce() -> Metrics,
+    tolerances: &ToleranceSet,
+    metrics: impl FnOnce(Tolerance) -> Metrics,
 ) -> TensorRecord {
     let node = index.producer(name);
     let mut record = TensorRecord {
@@ -176,6 +187,7 @@ pub fn tensor_record(
         cand_dtype: cand_dtype.name().to_string(),
         is_output: index.outputs.iter().any(|o| o == name),
         constant_like: index.is_constant_like(name),
+        holds_integers: tolerances.integers.holds(name, ref_dtype),
         mismatch: None,
         metrics: Metrics::default(),
         pass: false,
@@ -188,7 +200,7 @@ pub fn tensor_record(
         ));
         return record;
     }
-    record.metrics = metrics();
+    record.metrics = metrics(tolerances.judging(name, ref_dtype));
     record.pass = record.metrics.passes();
     record
 }
@@ -313,7 +325,7 @@ pub fn compare_all(
         .par_iter()
         .map(|(name, r, c)| {
             let (ref_side, cand_side) = ((r.shape.as_slice(), r.dtype()), (c.shape.as_slice(), c.dtype()));
-            tensor_record(index, name, ref_side, cand_side, || compute(&r.to_f32(), &c.to_f32(), tol.of(name)))
+            tensor_record(index, name, ref_side, cand_side, tol, |t| compute(&r.to_f32(), &c.to_f32(), t))
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
@@ -390,7 +402,7 @@ impl PairedComparison {
             match reduced.remove(name) {
                 Some(Reduced::Compared { record_inputs: (r, c), metrics, histogram }) => {
                     let metrics = metrics.unwrap_or_default();
-                    records.push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), || metrics));
+                    records.push(tensor_record(index, name, (&r.0, r.1), (&c.0, c.1), &self.tol, |_| metrics));
                     if let Some(h) = histogram {
                         histograms.insert(name.clone(), h);
                     }
@@ -432,7 +444,7 @@ impl PairReducer for PairedComparison {
                 None => {
                     self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
                     let (metrics, histogram) = if reference.shape == candidate.shape {
-                        let m = compute(&reference.values, &candidate.values, self.tol.of(tensor));
+                        let m = compute(&reference.values, &candidate.values, self.tol.judging(tensor, rt));
                         let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
                         (Some(m), h)
                     } else {

@@ -6,6 +6,7 @@ mod compare;
 mod defaults;
 pub mod findings;
 mod histogram;
+mod integers;
 mod metrics;
 pub mod num;
 mod patterns;
@@ -25,6 +26,7 @@ pub use findings::{
     SampleRun, SampleStats, Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
 };
 pub use histogram::{histogram, Histogram};
+pub use integers::IntegerTensors;
 pub use metrics::{
     compute, metrics_of_totals, MaskSentinels, Metrics, PairTotals, Tolerance, ToleranceSet, MASK_SENTINEL_MIN_ABS,
 };

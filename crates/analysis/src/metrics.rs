@@ -4,7 +4,9 @@ use layerwise_model::fp16::{FP16_MAX, FP16_MIN_NORMAL};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::integers::IntegerTensors;
 use crate::num::FiniteOrString;
+use layerwise_model::DType;
 
 /// Tolerances. An element passes when
 /// `|cand - ref| <= atol + rtol * |ref| + range_tol * max|ref|`, where `max|ref|` is the largest
@@ -51,26 +53,46 @@ impl Tolerance {
     pub const FP8_E4M3: Tolerance = Tolerance { atol: 1e-3, rtol: 0.125, range_tol: 0.125 };
     /// float8 e5m2: 2 mantissa bits, a relative step of 2^-2.
     pub const FP8_E5M2: Tolerance = Tolerance { atol: 1e-3, rtol: 0.25, range_tol: 0.25 };
+    /// Tensors that hold integers (see [`IntegerTensors`]): any changed value is out.
+    pub const EXACT: Tolerance = Tolerance { atol: 0.0, rtol: 0.0, range_tol: 0.0 };
 }
 
-/// The tolerance of every tensor: one for all, and tensors (model outputs, usually) given their
-/// own (`--atol logits:1e-3`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The tolerance of every tensor: one for all, tensors (model outputs, usually) given their own
+/// (`--atol logits:1e-3`), and exactness for tensors that hold integers (see [`IntegerTensors`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ToleranceSet {
     pub all: Tolerance,
     pub by_tensor: Vec<(String, Tolerance)>,
+    /// Which tensors hold integers, read from the reference's graph; empty where none was read.
+    pub integers: std::sync::Arc<IntegerTensors>,
 }
 
 impl ToleranceSet {
-    /// The tolerance `tensor` is judged by.
+    /// The tolerance given for `tensor` (its own, else the one for all), whatever it holds: for
+    /// error levels and for the flags of a command line, which name one tolerance for all.
     pub fn of(&self, tensor: &str) -> Tolerance {
         self.by_tensor.iter().find(|(t, _)| t == tensor).map_or(self.all, |(_, tol)| *tol)
+    }
+
+    /// The tolerance `tensor`, of element type `dtype` in the reference, is judged by: its own
+    /// where one was given, else [`Tolerance::EXACT`] where it holds integers, else the one for all.
+    pub fn judging(&self, tensor: &str, dtype: DType) -> Tolerance {
+        match self.by_tensor.iter().find(|(t, _)| t == tensor) {
+            Some((_, tol)) => *tol,
+            None if self.integers.holds(tensor, dtype) => Tolerance::EXACT,
+            None => self.all,
+        }
+    }
+
+    /// These tolerances, with the integers of `index`'s graph judged exactly.
+    pub fn with_integers_of(self, index: &layerwise_model::GraphIndex) -> ToleranceSet {
+        ToleranceSet { integers: std::sync::Arc::new(IntegerTensors::of(index)), ..self }
     }
 }
 
 impl From<Tolerance> for ToleranceSet {
     fn from(all: Tolerance) -> ToleranceSet {
-        ToleranceSet { all, by_tensor: Vec::new() }
+        ToleranceSet { all, by_tensor: Vec::new(), integers: Default::default() }
     }
 }
 

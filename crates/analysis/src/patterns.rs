@@ -18,8 +18,22 @@ pub struct Pattern {
 }
 
 /// Ops that can compute an integer from a float: a Cast to an integer type, the rounding ops
-/// (whose output is float but integral), ArgMax/ArgMin and TopK's indices.
-const INTEGER_FROM_FLOAT: &[&str] = &["Cast", "Floor", "Ceil", "Round", "ArgMax", "ArgMin", "TopK"];
+/// (whose output is float but integral), ArgMax/ArgMin, TopK's indices, and the comparisons
+/// (truth values).
+const INTEGER_FROM_FLOAT: &[&str] = &[
+    "Cast",
+    "Floor",
+    "Ceil",
+    "Round",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "Equal",
+];
 
 /// A tensor type name of the reports (`int32`, `uint8`, ...) that holds integers.
 pub fn is_integer_dtype(dtype: &str) -> bool {
@@ -33,7 +47,8 @@ pub fn may_compute_integer_from_float(op: &str) -> bool {
 
 /// Whether `op`, whose output has type `dtype`, computes an integer from its input.
 pub fn computes_integer_from_float(op: &str, dtype: &str) -> bool {
-    may_compute_integer_from_float(op) && (is_integer_dtype(dtype) || matches!(op, "Floor" | "Ceil" | "Round"))
+    may_compute_integer_from_float(op)
+        && (is_integer_dtype(dtype) || dtype == "bool" || matches!(op, "Floor" | "Ceil" | "Round"))
 }
 
 /// Where `fd` breaks because a constant flushes to 0 in FP16 (an epsilon), every reader of that

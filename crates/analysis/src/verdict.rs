@@ -335,9 +335,16 @@ impl<'a> InputView<'a> {
         self.unseen.is_empty().then(|| self.seen.iter().map(|r| r.error_level()).fold(0.0, f64::max))
     }
 
-    /// The compared input with the largest error.
+    /// The compared input the error comes from: inf/NaN first, then changed integers (an index
+    /// off by one changes what is read, whatever its relative size), then the largest error.
     pub(crate) fn worst(&self) -> Option<&'a TensorRecord> {
-        self.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied()
+        let rank = |r: &TensorRecord| (r.error_level() == f64::INFINITY, r.integers_changed());
+        self.seen.iter().max_by(|a, b| rank(a).cmp(&rank(b)).then(a.error_level().total_cmp(&b.error_level()))).copied()
+    }
+
+    /// Whether an input holds integers that changed: an error already there, however small.
+    pub(crate) fn integers_changed(&self) -> bool {
+        self.seen.iter().any(|r| r.integers_changed())
     }
 }
 

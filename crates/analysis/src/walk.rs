@@ -5,7 +5,11 @@
 //! *breaks* when
 //! - it produces inf/NaN from finite inputs, or
 //! - its output error (relative L2) is at least `ratio` times its largest input error, and at least
-//!   `min_break` in absolute terms (so rounding noise at the first layers is never a break).
+//!   `min_break` in absolute terms (so rounding noise at the first layers is never a break), or
+//! - it changes integers (an index, a count, a rounded value: judged exactly) that no input did;
+//!
+//! and no input holds changed integers: a length off by one frame is an error already, however
+//! small relatively, and the walk follows it first.
 //!
 //! The walk stops at the first breaking node, seen from the output, whose inputs carry only
 //! drift-level error (below `max_drift`): that node introduces the error. A breaking node whose
@@ -82,7 +86,9 @@ pub fn walk_back(
             let output_error = current.error_level();
             // The error may come from an input nobody measured: the walk cannot go on, and no node
             // from here on can be called the origin.
-            if !inputs.unseen.is_empty() && (output_error >= rule.min_break || current.metrics.nonfinite_mismatch > 0) {
+            // A changed integer is an error to follow whatever its relative size.
+            let significant = output_error >= rule.min_break || current.integers_changed();
+            if !inputs.unseen.is_empty() && (significant || current.metrics.nonfinite_mismatch > 0) {
                 verdict.sight_ends = Some(SightEnd::at(node, current, inputs.unseen));
                 break;
             }
@@ -95,9 +101,8 @@ pub fn walk_back(
                 earlier_breaks.push((verdict.chain.len(), finding));
             }
             // Follow the input carrying the most error; stop if none carries any worth following.
-            let next = inputs.seen.iter().max_by(|a, b| a.error_level().total_cmp(&b.error_level())).copied();
-            match next {
-                Some(next) if next.error_level() > 0.0 && output_error >= rule.min_break => current = next,
+            match inputs.worst() {
+                Some(next) if next.error_level() > 0.0 && significant => current = next,
                 _ => break,
             }
         }
@@ -150,11 +155,14 @@ pub fn judge_node(
     let input_error = inputs.error()?;
     let output_error = output.error_level();
     let nonfinite_in = inputs.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0);
-    let breaks = if output.metrics.nonfinite_mismatch > 0 {
-        !nonfinite_in
-    } else {
-        output_error >= rule.min_break && output_error >= rule.ratio * input_error
-    };
+    // Integers that changed in an input are an earlier error, whatever their relative size: a
+    // length off by one frame gives another shape here, an index another row.
+    let breaks = !inputs.integers_changed()
+        && if output.metrics.nonfinite_mismatch > 0 || output.integers_changed() {
+            !nonfinite_in
+        } else {
+            output_error >= rule.min_break && output_error >= rule.ratio * input_error
+        };
     if !breaks {
         return None;
     }
