@@ -60,7 +60,7 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let request = RunRequest { model: &m, index: &index, inputs: &feeds, selection: &Selection::All };
     let reference = create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap();
     let candidate = create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap();
-    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into()));
+    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into(), &index.outputs));
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
     assert_eq!(comparison.arrival(), order);
@@ -74,7 +74,7 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     };
     let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
     let mut session = PairedSession::build_in_segments(programs, &order, &shapes, 25).unwrap();
-    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into()));
+    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into(), &index.outputs));
     let run = session.run(&feeds, comparison.clone()).unwrap();
     assert!(run.segments > 10, "{}", run.segments);
     assert_eq!(comparison.arrival(), order);

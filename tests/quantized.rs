@@ -920,3 +920,80 @@ fn convert_keeps_the_cast_of_an_integer_accumulator_float32() {
     let to = cast.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i);
     assert_eq!(to, Some(DataType::Float as i64), "{cast:?}");
 }
+
+/// b[1,4,64] (box coordinates up to 300) and Sigmoid(s[1,4,64]) (scores below 1) joined by a
+/// Concat on axis 1 into 'out', as YOLOv8n's head joins them; `quantized`: 'out' through one int8
+/// per-tensor quantizer, as `quantize_static` quantizes a model output (step 300/127).
+fn boxes_and_scores(quantized: bool) -> ModelProto {
+    let mut b = ModelBuilder::new("boxes_and_scores", 17);
+    b.input("b", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(64)]);
+    b.input("s", DataType::Float, &[Dim::from(1), Dim::from(4), Dim::from(64)]);
+    b.node("Sigmoid", "score", &["s"], &["sig"], vec![]);
+    if quantized {
+        b.initializer(f32_tensor("out_scale", &[], &[300.0 / 127.0]));
+        b.initializer(int8_tensor("out_zero", &[], &[0]));
+        b.node("Concat", "cat", &["b", "sig"], &["cat"], vec![layerwise_model::builder::attr::int("axis", 1)]);
+        b.node("QuantizeLinear", "out_q", &["cat", "out_scale", "out_zero"], &["cat_q"], vec![]);
+        b.node("DequantizeLinear", "out_dq", &["cat_q", "out_scale", "out_zero"], &["out"], vec![]);
+    } else {
+        b.node("Concat", "cat", &["b", "sig"], &["out"], vec![layerwise_model::builder::attr::int("axis", 1)]);
+    }
+    b.output("out", DataType::Float);
+    b.build()
+}
+
+/// Issue 53 item 5 (docs/quantization.md: nudenet 3.4.2's YOLOv8n, whose output quantizer's step
+/// of 1.26 rounds every class score to 0 while the output passed, INT8's range term being 5% of
+/// the boxes' 317): an output a Concat joins from parts of very different scale is judged part by
+/// part, the output quantizer is named with its part's loss, and `fix` leaves the Concat
+/// unquantized, its output quantizer (which no node reads) with it.
+#[test]
+fn an_output_quantizer_that_rounds_the_scores_beside_the_boxes_to_0_is_named_and_removed_yolov8n() {
+    use layerwise_runtime::Tensor;
+    let dir = tempfile::tempdir().unwrap();
+    save(&boxes_and_scores(false), &dir.path().join("m.onnx"));
+    save(&boxes_and_scores(true), &dir.path().join("q.onnx"));
+    let boxes: Vec<f32> = (0..256).map(|i| (i * 37 % 256) as f32 * 300.0 / 256.0).collect();
+    let logits: Vec<f32> = (0..256).map(|i| ((i * 11 % 64) as f32 - 40.0) / 8.0).collect();
+    layerwise_runtime::npy::write_npz(
+        &dir.path().join("in.npz"),
+        &[("b", &Tensor::f32(vec![1, 4, 64], boxes)), ("s", &Tensor::f32(vec![1, 4, 64], logits))],
+    )
+    .unwrap();
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand-model", "q.onnx", "--inputs", "in.npz", "--json", "r.json"],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    let record = r["tensors"].as_array().unwrap().iter().find(|x| x["name"] == "out").cloned().unwrap();
+    let parts = &record["metrics"]["parts"];
+    assert_eq!(parts["axis"], 1, "{t}");
+    assert_eq!(parts["parts"], serde_json::json!([[0, 4], [4, 4]]), "{t}");
+    assert_eq!(parts["failing"], serde_json::json!([1]), "{t}");
+    // The whole tensor's error is the boxes' rounding, within tolerance; the scores' is all of them.
+    assert!(parts["whole_rel_l2"].as_f64().unwrap() < 1e-2, "{t}");
+    assert!(record["metrics"]["rel_l2_err"].as_f64().unwrap() > 0.9, "{t}");
+    assert!(t.contains("'out': judged part by part along axis 1"), "{t}");
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["cause"]["kind"], "quantizer_part_step", "{t}");
+    assert!(fd["cause"]["detail"].as_str().unwrap().contains("part 4..=7"), "{t}");
+    let conclusions = r["verdict"]["conclusions"].to_string();
+    assert!(conclusions.contains("the quantizer of 'out' (QuantizeLinear 'out_q') is at fault"), "{conclusions}");
+    assert!(conclusions.contains("no node reads it (it quantizes a model output)"), "{conclusions}");
+
+    let out = layerwise(
+        &["fix", "m.onnx", "--cand-model", "q.onnx", "--inputs", "in.npz", "-o", "fixed.onnx", "--json", "fix.json"],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let f = json(&dir.path().join("fix.json"));
+    assert_eq!(f["status"], "fixed", "{t}");
+    assert_eq!(f["keep_fp32"], serde_json::json!(["cat"]), "{t}");
+    assert_eq!(f["fixed_model_check"]["pass"], true, "{t}");
+    // The written model has no quantizer left on 'out'.
+    let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    assert!(written.graph().node.iter().all(|n| n.op_type() != "QuantizeLinear"), "{t}");
+}

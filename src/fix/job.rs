@@ -179,7 +179,7 @@ fn fix_float(
             b.candidate
         );
     }
-    let judging = Judging::new(low, false, b, index)?;
+    let judging = Judging::new(low, false, b, (model, index))?;
     let low_flag = if low == Precision::Bf16 { "bf16" } else { "fp16" };
     // Every computed tensor, and the outputs passed straight from an input (compared as bisect
     // compares them: each side returns the value it was fed).
@@ -236,7 +236,7 @@ fn fix_float(
                 index,
                 &search.sample().feeds,
                 &plain.tensors,
-                search.judging.tolerances.of(&plan.output),
+                &search.judging.tolerances,
                 plan.target(&search.judging, &no_exact_weights, b.inputs.seed, None),
             )?;
             search.steps.record("measuring the noise floor", started.elapsed().as_secs_f64());

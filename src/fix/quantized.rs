@@ -56,7 +56,7 @@ pub(super) fn fix_quantized(
                 index,
                 candidate: cand_model.as_ref().expect("checked by the caller"),
                 reference_of: &of,
-                tolerance: search.judging.tolerances.of(output),
+                tolerances: &search.judging.tolerances,
                 fault_threshold: search.judging.rule.min_break,
             };
             let error = first.0.get(output).map_or(f64::INFINITY, |r| r.error_level());

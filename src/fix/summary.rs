@@ -100,7 +100,7 @@ pub(super) fn bf16_whole(
 ) -> Result<OtherPrecision> {
     let spec = layerwise_runtime::BackendSpec::sim(layerwise_model::Rounding::Bf16);
     let mut bf16 = layerwise_runtime::create_backend(&spec)?;
-    let judging = Judging::new(Precision::Bf16, false, options, index)?;
+    let judging = Judging::new(Precision::Bf16, false, options, (model, index))?;
     let (mut pass, mut worst) = (true, 0f64);
     for (feeds, reference) in samples {
         let mut out =

@@ -682,7 +682,7 @@ fn after_walk(
             &floor_index,
             feeds,
             &reference.tensors,
-            judging.tolerances.of(&plan.output),
+            &judging.tolerances,
             plan.target(&judging, exact, options.inputs.seed, quantizer_steps.as_ref()),
         )
     };
@@ -757,7 +757,7 @@ fn after_walk(
                 })? {
                     Ok(Some(found)) => {
                         let effects = effects_of_the_faulty(job, feeds, compared, &found);
-                        conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects));
+                        conclusions.extend(conclusions::quantizers_alone_lines(&found, &effects, &job.index));
                         if found.at_fault().next().is_some() {
                             if let Some(floor) = extras.noise_floor.as_mut().filter(|f| f.ill_conditioned) {
                                 // The floor moved the faulty quantizers' coarse steps too.
@@ -861,7 +861,7 @@ fn effects_of_the_faulty(
         ) else {
             continue;
         };
-        effects.insert(t.clone(), layerwise_model::quant::quantizer_effect(range, &value.to_f32(), &value.shape));
+        effects.insert(t.clone(), job.judging.quantizer_effect(&t, range, value));
     }
     effects
 }
@@ -1166,9 +1166,7 @@ fn measure_quantizers(
             continue;
         };
         let range = comparison.quantizers[t];
-        comparison
-            .quantizer_effects
-            .insert(t.clone(), layerwise_model::quant::quantizer_effect(&range, &values.to_f32(), &values.shape));
+        comparison.quantizer_effects.insert(t.clone(), job.judging.quantizer_effect(t, &range, &values));
     }
     Ok(())
 }

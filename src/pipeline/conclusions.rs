@@ -288,6 +288,7 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
 pub(super) fn quantizers_alone_lines(
     found: &layerwise_analysis::QuantizersAlone,
     effects: &std::collections::HashMap<String, layerwise_model::quant::QuantizerEffect>,
+    index: &layerwise_model::GraphIndex,
 ) -> Vec<String> {
     let mut out = Vec::new();
     let share =
@@ -350,7 +351,10 @@ pub(super) fn quantizers_alone_lines(
                 why.push(format!("it clips {} of {} values, by up to {:.4e}", e.clipped, e.count, e.max_overshoot));
             }
             if why.is_empty() {
-                why.push(format!("on the reference's values it rounds {} of {} values to 0{}", e.to_zero, e.count, e.rel_l2.map_or(String::new(), |r| format!(" and errs by rel L2 {r:.2e}"))));
+                why.push(format!("on the reference's values it rounds {} of {} values to 0{}", e.to_zero, e.count, e.rel_l2.map_or(String::new(), |r| format!(" and errs by rel L2 {r:.2e} over the whole tensor"))));
+            }
+            if let Some(l) = e.worst_part {
+                why.push(format!("its one step leaves part {}..={} along axis {} (max |x| {:.4e}, where the largest part reaches {:.4e}) a relative L2 of {:.2e}", l.first, l.first + l.size - 1, l.axis, l.range, l.largest_range, l.rel_l2));
             }
             format!(" ({})", why.join("; "))
         });
@@ -379,6 +383,10 @@ pub(super) fn quantizers_alone_lines(
             match weights_carry {
                 Some(w) =>
                     format!("leaving the nodes that read it unquantized removes its part, not the weights' {}", n(w)),
+                // quantize_static quantizes model outputs too: no node reads that quantizer.
+                None if index.outputs.contains(&q.tensor) && index.consumers(&q.tensor).is_empty() => {
+                    "no node reads it (it quantizes a model output): leaving the node that computes the output unquantized removes it with that node".to_string()
+                }
                 None => "leaving the nodes that read it unquantized is what removes it".to_string(),
             }
         ));

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 
 use anyhow::{bail, Result};
-use layerwise_analysis::{Comparison, NoiseFloor, Tolerance, Verdict, ILL_CONDITIONED_FACTOR};
+use layerwise_analysis::{Comparison, NoiseFloor, ToleranceSet, Verdict, ILL_CONDITIONED_FACTOR};
 use layerwise_model::perturb::{perturb_weights, Perturbation, Perturbed};
 use layerwise_model::{GraphIndex, Model, Rounding, Selection};
 use layerwise_runtime::{Backend, RunRequest, Tensor};
@@ -89,11 +89,11 @@ pub fn noise_floor(
     index: &GraphIndex,
     feeds: &[(String, Tensor)],
     reference_outputs: &HashMap<String, Tensor>,
-    tolerance: Tolerance,
+    tolerances: &ToleranceSet,
     target: FloorTarget,
 ) -> Result<NoiseFloor> {
     if let Some(steps) = target.quantizers {
-        return quantizer_floor(reference, model, index, feeds, reference_outputs, tolerance, &target, steps);
+        return quantizer_floor(reference, model, index, feeds, reference_outputs, tolerances, &target, steps);
     }
     let exact: HashSet<String> = target.exact.iter().cloned().chain(target.left_for_the_fix.iter().cloned()).collect();
     let mut count = Perturbed::default();
@@ -103,7 +103,7 @@ pub fn noise_floor(
         index,
         feeds,
         reference_outputs,
-        tolerance,
+        tolerances,
         &target,
         0x6e6f_6973_6500,
         |seed| {
@@ -157,7 +157,7 @@ fn largest_over_seeds(
     index: &GraphIndex,
     feeds: &[(String, Tensor)],
     reference_outputs: &HashMap<String, Tensor>,
-    tolerance: Tolerance,
+    tolerances: &ToleranceSet,
     target: &FloorTarget,
     salt: u64,
     mut perturb: impl FnMut(u64) -> Result<Option<(layerwise_model::onnx::ModelProto, bool)>>,
@@ -187,7 +187,10 @@ fn largest_over_seeds(
         let (Some(r), Some(p)) = (reference_outputs.get(target.output), out.tensors.get(target.output)) else {
             bail!("the perturbed run returned no '{}'", target.output);
         };
-        floor = floor.max(layerwise_analysis::compute(&r.to_f32(), &p.to_f32(), tolerance).error_level());
+        // Judged as bisect judges the output (part by part where a Concat joins parts of very
+        // different scale), so that the floor and the candidate's error are one measure.
+        let judge = tolerances.output(target.output, r.dtype());
+        floor = floor.max(judge.metrics(&r.to_f32(), &p.to_f32(), &r.shape).error_level());
     }
     Ok((seeds, floor))
 }
@@ -201,7 +204,7 @@ fn quantizer_floor(
     index: &GraphIndex,
     feeds: &[(String, Tensor)],
     reference_outputs: &HashMap<String, Tensor>,
-    tolerance: Tolerance,
+    tolerances: &ToleranceSet,
     target: &FloorTarget,
     steps: &layerwise_model::quant::QuantizerSteps,
 ) -> Result<NoiseFloor> {
@@ -212,7 +215,7 @@ fn quantizer_floor(
         index,
         feeds,
         reference_outputs,
-        tolerance,
+        tolerances,
         target,
         0x7175_616e_7400,
         |seed| {

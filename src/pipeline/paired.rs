@@ -35,7 +35,7 @@ impl Job<'_> {
                 RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection }
             }
         };
-        let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone()));
+        let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone(), &self.index.outputs));
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
         // Samples of the same shapes run in the session the first one built.

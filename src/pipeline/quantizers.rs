@@ -6,7 +6,7 @@
 //! itself.
 
 use anyhow::Result;
-use layerwise_analysis::Tolerance;
+use layerwise_analysis::ToleranceSet;
 use layerwise_analysis::{QuantizerAlone, QuantizersAlone};
 use layerwise_model::quant::{activation_quantizers, quantizers_on, switchable_quantizers, QUANTIZER_SWITCHES};
 use layerwise_model::{GraphIndex, Model};
@@ -34,7 +34,7 @@ pub(super) fn quantizers_alone(
         index: &job.index,
         candidate,
         reference_of: &of,
-        tolerance: job.judging.tolerances.of(output),
+        tolerances: &job.judging.tolerances,
         fault_threshold: job.judging.rule.min_break,
     };
     measure(&pair, feeds, output, candidate_error)
@@ -59,7 +59,7 @@ pub(crate) struct QuantizedPair<'a> {
     pub index: &'a GraphIndex,
     pub candidate: &'a (Model, GraphIndex),
     pub reference_of: &'a dyn Fn(&str) -> Option<String>,
-    pub tolerance: Tolerance,
+    pub tolerances: &'a ToleranceSet,
     pub fault_threshold: f64,
 }
 
@@ -122,18 +122,19 @@ pub(crate) fn measure(
         chosen.iter().map(|&i| measured[i].clone()).collect();
     let proto = switchable_quantizers(&pair.model.proto, &switched)?;
     let mut session = ModelSession::cpu(pair.model, &proto, "quantizers alone")?;
-    let tolerance = pair.tolerance;
-    let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Vec<f32>> {
+    let mut run = |on: &dyn Fn(usize) -> bool| -> Result<Tensor> {
         let mut outputs = session.run(&with_switches(feeds, (0..switched.len()).map(on).collect()))?;
-        let value = outputs
+        outputs
             .remove(output)
-            .ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))?;
-        Ok(value.to_f32().into_owned())
+            .ok_or_else(|| anyhow::anyhow!("the model with its quantizers switched gives no '{output}'"))
     };
+    // Judged as bisect judges the output: slice by slice where its slices differ in scale.
     let reference = run(&|_| false)?;
-    let error = |values: &[f32]| layerwise_analysis::compute(&reference, values, tolerance).error_level();
+    let judge = pair.tolerances.output(output, reference.dtype());
+    let (shape, reference) = (reference.shape.clone(), reference.to_f32().into_owned());
+    let error = |values: &[f32]| judge.metrics(&reference, values, &shape).error_level();
     let together = if chosen.len() == measured.len() {
-        error(&run(&|_| true)?)
+        error(&run(&|_| true)?.to_f32())
     } else {
         // Every quantizer at once, the unmeasured too: one session without switches, one run.
         let all = ModelSession::cpu(pair.model, &quantizers_on(&pair.model.proto, &measured)?, "quantizers together")?
@@ -155,7 +156,8 @@ pub(crate) fn measure(
             let float = ModelSession::cpu(pair.model, &pair.model.proto, "the float model")?.run(feeds)?;
             Ok(match (float.get(output), weights.get(output)) {
                 (Some(r), Some(w)) => {
-                    Some(layerwise_analysis::compute(&r.to_f32(), &w.to_f32(), tolerance).error_level())
+                    let judge = pair.tolerances.output(output, r.dtype());
+                    Some(judge.metrics(&r.to_f32(), &w.to_f32(), &r.shape).error_level())
                 }
                 _ => None,
             })
@@ -172,12 +174,12 @@ pub(crate) fn measure(
             continue;
         };
         // Left out: only where every quantizer is switched (else the unswitched would be off too).
-        let without = if chosen.len() == measured.len() { Some(error(&run(&|s| s != k)?)) } else { None };
+        let without = if chosen.len() == measured.len() { Some(error(&run(&|s| s != k)?.to_f32())) } else { None };
         each.push(QuantizerAlone {
             node: node.clone(),
             tensor: tensor.clone(),
             holds: holds.clone(),
-            error: error(&run(&|s| s == k)?),
+            error: error(&run(&|s| s == k)?.to_f32()),
             without,
         });
     }

@@ -24,6 +24,63 @@ use super::control_flow::flatten_control_flow;
 use super::options::{BisectOptions, Marking, ToleranceField};
 use super::steps::Steps;
 
+/// The model outputs a Concat computes, with the size of each of its inputs along its axis: what
+/// [`layerwise_analysis::OutputJudge`] judges part by part where their scales differ by orders of
+/// magnitude. Sizes come from ONNX Runtime's shape inference; an output whose parts it cannot size
+/// (a dimension known only at run time) is judged whole.
+fn output_parts(model: &Model, index: &GraphIndex) -> HashMap<String, layerwise_analysis::OutputParts> {
+    let concats: Vec<(&String, &layerwise_model::NodeInfo)> = index
+        .outputs
+        .iter()
+        .filter_map(|o| index.producer(o).filter(|p| p.op_type == "Concat" && p.inputs.len() >= 2).map(|p| (o, p)))
+        .collect();
+    if concats.is_empty() {
+        return HashMap::new();
+    }
+    let Ok(types) = layerwise_runtime::tensor_types_for_any_shapes(model, index) else { return HashMap::new() };
+    let mut parts = HashMap::new();
+    for (output, concat) in concats {
+        let node = &model.graph().node[concat.proto_index];
+        let Some(axis) = node.attribute.iter().find(|a| a.name() == "axis").and_then(|a| a.i) else { continue };
+        let Some(rank) = types.get(output).map(|t| t.dims.len()) else { continue };
+        let Ok(axis) = usize::try_from(if axis < 0 { axis + rank as i64 } else { axis }) else { continue };
+        // A graph input or a weight has its declared type; a computed tensor the inferred one.
+        let sizes: Option<Vec<usize>> = concat
+            .inputs
+            .iter()
+            .map(|i| {
+                types.get(i).map(|t| t.dims.clone()).or_else(|| declared_dims(model, i))?.get(axis).copied().flatten()
+            })
+            .collect();
+        if let Some(sizes) = sizes {
+            parts.insert(output.clone(), layerwise_analysis::OutputParts { axis, sizes });
+        }
+    }
+    parts
+}
+
+/// The dimensions a graph input or an initializer declares (`None` where one is not fixed).
+fn declared_dims(model: &Model, tensor: &str) -> Option<Vec<Option<usize>>> {
+    let graph = model.graph();
+    if let Some(w) = graph.initializer.iter().find(|w| w.name() == tensor) {
+        return Some(w.dims.iter().map(|&d| usize::try_from(d).ok()).collect());
+    }
+    let input = graph.input.iter().find(|v| v.name() == tensor)?;
+    use layerwise_model::onnx::{tensor_shape_proto::dimension::Value as DimValue, type_proto::Value};
+    let Value::TensorType(t) = input.r#type.as_ref()?.value.as_ref()? else { return None };
+    Some(
+        t.shape
+            .as_ref()?
+            .dim
+            .iter()
+            .map(|d| match d.value {
+                Some(DimValue::DimValue(v)) => usize::try_from(v).ok(),
+                _ => None,
+            })
+            .collect(),
+    )
+}
+
 /// What the candidate is judged by: its arithmetic (whose name keys the default tolerances), the
 /// tolerances, and the walk's thresholds.
 #[derive(Debug, Clone)]
@@ -43,9 +100,9 @@ impl Judging {
         precision: Precision,
         tf32: bool,
         options: &BisectOptions,
-        index: &GraphIndex,
+        reference: (&Model, &GraphIndex),
     ) -> Result<Judging> {
-        Judging::of(Arithmetic::of(precision, tf32), options, index)
+        Judging::of(Arithmetic::of(precision, tf32), options, reference)
     }
 
     /// Judging a Q/DQ candidate model that computes in float32 between its quantizers: by the
@@ -53,18 +110,18 @@ impl Judging {
     pub(crate) fn quantized(
         quantization: layerwise_model::quant::Quantization,
         options: &BisectOptions,
-        index: &GraphIndex,
+        reference: (&Model, &GraphIndex),
     ) -> Result<Judging> {
         let family = quantization.coarsest().map_or(QuantFamily::Int8, |f| f.family());
-        let mut judging = Judging::of(Arithmetic::Quantized(family), options, index)?;
+        let mut judging = Judging::of(Arithmetic::Quantized(family), options, reference)?;
         judging.quantization = Some(quantization);
         Ok(judging)
     }
 
     /// The defaults of `arithmetic` (tolerances and walk rule), with the user's tolerances over
-    /// them, field by field and tensor by tensor, and the integers of the reference's graph
-    /// (`index`) judged exactly where none was given.
-    fn of(arithmetic: Arithmetic, options: &BisectOptions, index: &GraphIndex) -> Result<Judging> {
+    /// them, field by field and tensor by tensor, the integers of the reference's graph judged
+    /// exactly where none was given, and its outputs a Concat joins judged part by part.
+    fn of(arithmetic: Arithmetic, options: &BisectOptions, (model, index): (&Model, &GraphIndex)) -> Result<Judging> {
         let (defaults, rule) = layerwise_analysis::defaults_and_rule(arithmetic);
         let tolerance = given_or_default(defaults, options)?;
         let mut by_tensor: Vec<(String, Tolerance)> = Vec::new();
@@ -85,8 +142,31 @@ impl Judging {
                 ToleranceField::RangeTol => entry.range_tol = *value,
             }
         }
-        let tolerances = ToleranceSet { by_tensor, ..ToleranceSet::from(tolerance) }.with_integers_of(index);
+        let tolerances = ToleranceSet {
+            by_tensor,
+            output_parts: std::sync::Arc::new(output_parts(model, index)),
+            ..ToleranceSet::from(tolerance)
+        }
+        .with_integers_of(index);
         Ok(Judging { tolerances, rule, candidate: Candidate { arithmetic, atol: tolerance.atol }, quantization: None })
+    }
+
+    /// What the candidate's quantizer `range` does to the reference's `values` of `tensor`; of a
+    /// model output a Concat joins, part by part too, as that output is judged.
+    pub(crate) fn quantizer_effect(
+        &self,
+        tensor: &str,
+        range: &layerwise_model::quant::QuantizerRange,
+        values: &Tensor,
+    ) -> layerwise_model::quant::QuantizerEffect {
+        let flat = values.to_f32();
+        let mut effect = layerwise_model::quant::quantizer_effect(range, &flat, &values.shape);
+        effect.worst_part = self
+            .tolerances
+            .output_parts
+            .get(tensor)
+            .and_then(|p| layerwise_model::quant::part_loss(range, &flat, &values.shape, p.axis, &p.sizes));
+        effect
     }
 
     /// How the candidate stores values between ops.
@@ -480,9 +560,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                 q.describe(),
                 q.coarsest().map_or(QuantFamily::Int8, |f| f.family())
             ));
-            Judging::quantized(q, options, &index)?
+            Judging::quantized(q, options, (&model, &index))?
         }
-        None => Judging::new(precision, candidate.tf32(), options, &index)?,
+        None => Judging::new(precision, candidate.tf32(), options, (&model, &index))?,
     };
     let order: Vec<String> = match &options.selection {
         Selection::All => index.computed_tensors().map(str::to_string).collect(),

@@ -61,6 +61,7 @@ pub const CATALOGUE: &[CauseRule] = &[
     CauseRule { applies_to: STORAGE, detect: value_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_clipping },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_outlier_step },
+    CauseRule { applies_to: &[Numerics::Quantized], detect: quantizer_part_step },
     CauseRule { applies_to: &[Numerics::Quantized], detect: per_tensor_weight },
     CauseRule { applies_to: &[Numerics::Quantized], detect: integer_accumulator_overflow },
     CauseRule { applies_to: &[Numerics::Quantized], detect: quantized_denominator },
@@ -339,6 +340,46 @@ fn quantizer_outlier_step(s: &Site) -> Option<Mechanism> {
                 e.bulk_scale,
                 s.output.name,
                 s.out_rel,
+            ),
+        )
+    })
+}
+
+/// A per-tensor quantizer of a model output judged part by part (a Concat joins parts of very
+/// different scale): its one step, fit to the largest part, leaves a small one a few levels or none.
+/// Measured on the reference's values, part by part.
+fn quantizer_part_step(s: &Site) -> Option<Mechanism> {
+    let judged = s.output.metrics.parts.as_ref()?;
+    quantizers_at(s).into_iter().find_map(|(tensor, q, effect, is_output)| {
+        let e = effect?;
+        let loss = e.worst_part.filter(|l| l.axis == judged.axis)?;
+        let levels = loss.range / q.scale as f64;
+        // Coarse for that part: fewer than 16 steps over its range.
+        if !(levels < 16.0) {
+            return None;
+        }
+        let last = loss.first + loss.size - 1;
+        mechanism(
+            CauseKind::QuantizerPartStep,
+            Some(s.share(loss.rel_l2)),
+            format!(
+                "the candidate's {} per-tensor {} has one step of {:.4e} for the whole tensor, fit to its largest part along axis {} (max |x| {:.4e}), while part {}..={last} (what the Concat's input {} gives) stays within {:.4e}, which that step covers with {levels:.1} steps: it rounds {} of the tensor's {} values ({:.1}%) to 0 and that part by relative L2 {:.2e} (measured on the reference's values, part by part as the output is judged); measured relative L2 of '{}' {:.2e}{}, the whole tensor's {:.2e}",
+                q.format.name(),
+                quantizer_of(tensor, is_output),
+                q.scale,
+                loss.axis,
+                loss.largest_range,
+                loss.first,
+                loss.part,
+                loss.range,
+                e.to_zero,
+                e.count,
+                percent(e.to_zero, e.count),
+                loss.rel_l2,
+                s.output.name,
+                s.out_rel,
+                judged.worst_part.map_or(String::new(), |k| format!(" (its part {k}, the worst out of tolerance)")),
+                judged.whole_rel_l2,
             ),
         )
     })
@@ -928,10 +969,24 @@ fn rounding_of_exact_inputs(s: &Site) -> Option<Mechanism> {
                     .map(|q| format!("'{t}' by a {} quantizer of step {:.3e}", q.format.name(), q.scale))
             })
             .collect();
-        let read = if steps.is_empty() {
-            "its inputs' quantizers (not found among the candidate's per-tensor ones)".to_string()
-        } else {
-            steps.join(", ")
+        let read = match (steps.is_empty(), s.comparison.quantizers.get(&s.output.name)) {
+            (false, _) => steps.join(", "),
+            // quantize_static quantizes model outputs too: the node's output, not what it reads.
+            (true, Some(q)) => {
+                return mechanism(
+                    CauseKind::PrecisionLoss,
+                    None,
+                    format!(
+                        "{} introduces a relative L2 error of {:.2e} from exact inputs: the candidate quantizes its output ('{}' by a {} quantizer of step {:.3e}); how much of the output's error that is, the quantizers measured one at a time say",
+                        s.op,
+                        s.out_rel,
+                        s.output.name,
+                        q.format.name(),
+                        q.scale
+                    ),
+                )
+            }
+            (true, None) => "its inputs' quantizers (not found among the candidate's per-tensor ones)".to_string(),
         };
         return mechanism(
             CauseKind::PrecisionLoss,

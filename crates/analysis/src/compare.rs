@@ -325,7 +325,13 @@ pub fn compare_all(
         .par_iter()
         .map(|(name, r, c)| {
             let (ref_side, cand_side) = ((r.shape.as_slice(), r.dtype()), (c.shape.as_slice(), c.dtype()));
-            tensor_record(index, name, ref_side, cand_side, tol, |t| compute(&r.to_f32(), &c.to_f32(), t))
+            tensor_record(index, name, ref_side, cand_side, tol, |t| {
+                if index.outputs.contains(*name) {
+                    tol.output(name, r.dtype()).metrics(&r.to_f32(), &c.to_f32(), &r.shape)
+                } else {
+                    compute(&r.to_f32(), &c.to_f32(), t)
+                }
+            })
         })
         .collect();
     let position = records.iter().enumerate().map(|(i, r)| (r.name.clone(), i)).collect();
@@ -347,6 +353,8 @@ pub fn compare_all(
 /// kernel as [`compare_all`].
 pub struct PairedComparison {
     tol: ToleranceSet,
+    /// The model outputs, judged by [`crate::OutputJudge`].
+    outputs: std::collections::HashSet<String>,
     reduced: Mutex<HashMap<String, Reduced>>,
     /// The tensors in the order they arrived: the session's execution order.
     arrival: Mutex<Vec<String>>,
@@ -366,9 +374,10 @@ enum Reduced {
 pub const HISTOGRAM_BINS: usize = 40;
 
 impl PairedComparison {
-    pub fn new(tol: ToleranceSet) -> PairedComparison {
+    pub fn new(tol: ToleranceSet, outputs: &[String]) -> PairedComparison {
         PairedComparison {
             tol,
+            outputs: outputs.iter().cloned().collect(),
             reduced: Mutex::new(HashMap::new()),
             arrival: Mutex::new(Vec::new()),
             reference_bytes: AtomicU64::new(0),
@@ -444,7 +453,11 @@ impl PairReducer for PairedComparison {
                 None => {
                     self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
                     let (metrics, histogram) = if reference.shape == candidate.shape {
-                        let m = compute(&reference.values, &candidate.values, self.tol.judging(tensor, rt));
+                        let m = if self.outputs.contains(tensor) {
+                            self.tol.output(tensor, rt).metrics(&reference.values, &candidate.values, &reference.shape)
+                        } else {
+                            compute(&reference.values, &candidate.values, self.tol.judging(tensor, rt))
+                        };
                         let h = (!m.passes()).then(|| histogram(&reference.values, &candidate.values, HISTOGRAM_BINS));
                         (Some(m), h)
                     } else {

@@ -28,7 +28,8 @@ pub use findings::{
 pub use histogram::{histogram, Histogram};
 pub use integers::IntegerTensors;
 pub use metrics::{
-    compute, metrics_of_totals, MaskSentinels, Metrics, PairTotals, Tolerance, ToleranceSet, MASK_SENTINEL_MIN_ABS,
+    compute, metrics_of_totals, MaskSentinels, Metrics, OutputJudge, OutputParts, PairTotals, PartJudging, Tolerance,
+    ToleranceSet, MASK_SENTINEL_MIN_ABS, PART_SCALE_RATIO,
 };
 pub use patterns::{
     cause_nodes, close_over_fp16_range, keep_pattern, may_compute_integer_from_float, pattern_of, Pattern,

@@ -65,6 +65,8 @@ pub struct ToleranceSet {
     pub by_tensor: Vec<(String, Tolerance)>,
     /// Which tensors hold integers, read from the reference's graph; empty where none was read.
     pub integers: std::sync::Arc<IntegerTensors>,
+    /// The model outputs a Concat joins, with their parts (see [`OutputJudge`]).
+    pub output_parts: std::sync::Arc<std::collections::HashMap<String, OutputParts>>,
 }
 
 impl ToleranceSet {
@@ -84,6 +86,11 @@ impl ToleranceSet {
         }
     }
 
+    /// How model output `output`, of element type `dtype`, is judged.
+    pub fn output(&self, output: &str, dtype: DType) -> OutputJudge {
+        OutputJudge { tolerance: self.judging(output, dtype), parts: self.output_parts.get(output).cloned() }
+    }
+
     /// These tolerances, with the integers of `index`'s graph judged exactly.
     pub fn with_integers_of(self, index: &layerwise_model::GraphIndex) -> ToleranceSet {
         ToleranceSet { integers: std::sync::Arc::new(IntegerTensors::of(index)), ..self }
@@ -92,7 +99,7 @@ impl ToleranceSet {
 
 impl From<Tolerance> for ToleranceSet {
     fn from(all: Tolerance) -> ToleranceSet {
-        ToleranceSet { all, by_tensor: Vec::new(), integers: Default::default() }
+        ToleranceSet { all, by_tensor: Vec::new(), integers: Default::default(), output_parts: Default::default() }
     }
 }
 
@@ -114,6 +121,87 @@ pub struct MaskSentinels {
     #[serde(with = "crate::num::finite")]
     #[schemars(with = "FiniteOrString")]
     pub ref_max_abs_outside: f64,
+}
+
+/// How a model output that a Concat joins from parts of very different scale was judged: part by
+/// part, each by its own range (`range_tol * max|ref|` of the part). One range for the whole tensor
+/// lets the largest part set the allowance of all: YOLOv8n's [1, 84, N] output joins box
+/// coordinates up to 317 and class scores below 1, and 5% of 317 passes every score rounded to 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PartJudging {
+    /// The Concat's axis, and each part's first index and size along it.
+    pub axis: usize,
+    pub parts: Vec<(usize, usize)>,
+    /// max |r| of each part.
+    pub ranges: Vec<f64>,
+    /// The parts out of tolerance (by position among the parts).
+    pub failing: Vec<usize>,
+    /// The part out of tolerance whose relative L2 (cosine, SNR) the tensor's metrics give, where
+    /// one errs more than the whole tensor.
+    pub worst_part: Option<usize>,
+    /// The whole tensor's relative L2, which the largest part dominates.
+    #[serde(with = "crate::num::finite")]
+    #[schemars(with = "FiniteOrString")]
+    pub whole_rel_l2: f64,
+}
+
+/// How many times the smallest part's range the largest part's must be for a model output joined
+/// by a Concat to be judged part by part: two orders of magnitude (YOLOv8n: 317 against 0.9).
+pub const PART_SCALE_RATIO: f64 = 100.0;
+
+/// A model output computed by a Concat of `sizes` along `axis` (read from the reference's graph
+/// and types): what it may be judged by, part by part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputParts {
+    pub axis: usize,
+    pub sizes: Vec<usize>,
+}
+
+/// How one model output is judged: its tolerance, and the parts a Concat joins it from, where known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputJudge {
+    pub tolerance: Tolerance,
+    pub parts: Option<OutputParts>,
+}
+
+impl OutputJudge {
+    /// [`compute`], with the parts judged apart where their ranges differ by
+    /// [`PART_SCALE_RATIO`] or more: each part's violations against its own range, and where a
+    /// part out of tolerance errs more than the whole tensor, the relative L2, cosine and SNR of
+    /// the worst such part. A part within its own tolerance is no error, however large relatively.
+    pub fn metrics(&self, reference: &[f32], candidate: &[f32], shape: &[usize]) -> Metrics {
+        let whole = compute(reference, candidate, self.tolerance);
+        let Some(parts) = &self.parts else { return whole };
+        let Some(cut) = layerwise_model::slices::parts_along(shape, parts.axis, &parts.sizes) else { return whole };
+        let ranges: Vec<f64> = cut.iter().map(|p| p.max_abs(reference)).collect();
+        let (smallest, largest) = ranges.iter().fold((f64::INFINITY, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        if !(largest > 0.0 && largest >= PART_SCALE_RATIO * smallest) {
+            return whole;
+        }
+        let mut m = Metrics { violations: 0, ..whole.clone() };
+        let (mut worst, mut worst_level, mut failing) = (None, whole.error_level(), Vec::new());
+        for (k, part) in cut.iter().enumerate() {
+            let one = compute(&part.values(reference), &part.values(candidate), self.tolerance);
+            m.violations += one.violations;
+            if one.passes() {
+                continue;
+            }
+            failing.push(k);
+            if one.error_level() > worst_level {
+                (worst, worst_level) = (Some(k), one.error_level());
+                (m.rel_l2_err, m.cosine, m.snr_db) = (one.rel_l2_err, one.cosine, one.snr_db);
+            }
+        }
+        m.parts = Some(PartJudging {
+            axis: parts.axis,
+            parts: cut.iter().map(|p| (p.first, p.size)).collect(),
+            ranges,
+            failing,
+            worst_part: worst,
+            whole_rel_l2: whole.rel_l2_err,
+        });
+        m
+    }
 }
 
 /// Metrics of one tensor. Errors are computed in f64 over the values widened to f32.
@@ -161,6 +249,11 @@ pub struct Metrics {
     /// Mask sentinels left out of the relative metrics, where the tensor has any (see [`MaskSentinels`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_sentinels: Option<MaskSentinels>,
+    /// Where the tensor (a model output a Concat joins) was judged part by part, how: its
+    /// violations are every part's against its own range, and its relative L2, cosine and SNR the
+    /// worst failing part's where that errs more than the whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<PartJudging>,
     /// Reference values beyond the FP16 range (|r| > 65504): they overflow when stored as FP16.
     pub ref_fp16_overflow: usize,
     /// Share of non-zero reference values in the FP16 subnormal range (|r| < 6.1e-5), where FP16

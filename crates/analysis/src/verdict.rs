@@ -101,6 +101,10 @@ pub enum CauseKind {
     /// A per-tensor quantizer whose step a few outliers set (one channel far larger than the
     /// rest): the bulk of the values keeps a few levels, or rounds to 0.
     QuantizerOutlierStep,
+    /// A per-tensor quantizer of a model output that a Concat joins from parts of very different
+    /// scale (boxes up to 317 beside scores below 1): its one step fits the largest part and
+    /// rounds a small one to a few levels, or to 0.
+    QuantizerPartStep,
     /// A weight stored with one scale whose output channels differ by orders of magnitude: the
     /// small channels keep a few levels, or round to 0.
     PerTensorWeight,

@@ -29,6 +29,7 @@ pub mod quantize;
 mod rewrite;
 pub mod rounding;
 pub mod scratch;
+pub mod slices;
 pub mod tensor;
 pub mod terminal_text;
 pub mod unquantize;

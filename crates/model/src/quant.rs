@@ -367,15 +367,8 @@ pub fn quantizer_steps(
     steps
 }
 
-/// Magnitude from which a value the reference and the candidate both hold, exactly the same, is a
-/// mask sentinel rather than a computed value: an attention mask's `finfo(float32).min` =
-/// -3.4028e38 (what Hugging Face models add to masked scores), a `-1e30`, or `±inf`. No healthy
-/// activation comes near it (FP16 stops at 6.55e4; an overflowing float32 value is inf, counted
-/// apart), yet one such value outweighs every real one in a norm: a score tensor whose real values
-/// are all 100% off reads as a relative L2 of 1e-38. Smaller masks (-1e9, -1e4) are not told from
-/// values and count as values.
-/// A quantizer's bulk leaves such values out too ([`quantizer_effect`]).
-pub const MASK_SENTINEL_MIN_ABS: f64 = 1e30;
+// Defined with the slices, which leave mask values out of a slice's range too.
+pub use crate::slices::MASK_SENTINEL_MIN_ABS;
 
 /// The values one activation quantizer can represent: `[lo, hi]` = `(qmin - zero point) * scale`
 /// to `(qmax - zero point) * scale`.
@@ -590,6 +583,61 @@ pub struct QuantizerEffect {
     pub below_half: usize,
     /// Where the values are one-sided and the zero point leaves half the codes or more unused.
     pub zero_point_shift: Option<ZeroPointShift>,
+    /// Where the tensor is a model output that a Concat joins from parts ([`part_loss`]): the part
+    /// this quantizer's one step loses most of. Set by the caller, which knows the parts.
+    pub worst_part: Option<PartLoss>,
+}
+
+/// What a per-tensor quantizer loses of the part it loses most of.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartLoss {
+    pub axis: usize,
+    /// The part (by position), and its first index and size along `axis`.
+    pub part: usize,
+    pub first: usize,
+    pub size: usize,
+    /// Relative L2 of the round trip over that part's values.
+    pub rel_l2: f64,
+    /// max |x| of that part, and of the largest part.
+    pub range: f64,
+    pub largest_range: f64,
+}
+
+/// The part of `values` (of `shape`, cut into `sizes` along `axis`) whose values `range`'s round
+/// trip loses most of (relative L2), with the parts' ranges; `None` for float8 (not emulated here)
+/// or where the sizes do not tile the axis.
+pub fn part_loss(
+    range: &QuantizerRange,
+    values: &[f32],
+    shape: &[usize],
+    axis: usize,
+    sizes: &[usize],
+) -> Option<PartLoss> {
+    if range.format.is_float8() || !(range.scale > 0.0) {
+        return None;
+    }
+    let parts = crate::slices::parts_along(shape, axis, sizes)?;
+    let largest_range = parts.iter().map(|p| p.max_abs(values)).fold(0.0, f64::max);
+    parts
+        .iter()
+        .enumerate()
+        .filter_map(|(k, p)| {
+            let (mut err, mut norm) = (0f64, 0f64);
+            for x in p.values(values).into_iter().filter(|x| x.is_finite()) {
+                err += ((range.round_trip(x, range.scale) - x) as f64).powi(2);
+                norm += (x as f64).powi(2);
+            }
+            (norm > 0.0).then(|| PartLoss {
+                axis,
+                part: k,
+                first: p.first,
+                size: p.size,
+                rel_l2: (err / norm).sqrt(),
+                range: p.max_abs(values),
+                largest_range,
+            })
+        })
+        .max_by(|a, b| a.rel_l2.total_cmp(&b.rel_l2))
 }
 
 /// How many times the bulk of a tensor must be below its largest value (or one channel above
@@ -686,6 +734,7 @@ pub fn quantizer_effect(range: &QuantizerRange, values: &[f32], shape: &[usize])
             _ => false,
         });
     QuantizerEffect {
+        worst_part: None,
         count: values.len(),
         clipped,
         max_overshoot,

@@ -10,7 +10,10 @@
 //!   reference model's weight in the same slot of the node of the same name and op (the float
 //!   model the candidate was made from) where it has one of the same dimensions, else the stored
 //!   weight dequantized exactly (`(q - zero point) * scale`, per tensor, channel or block);
-//! - its output is quantized as before where its readers quantize it (their own quantizers).
+//! - its output is quantized as before where its readers quantize it (their own quantizers),
+//!   except a quantizer that only a graph output reads (`quantize_static` quantizes model outputs
+//!   too): no node owns it, and it goes with the node (YOLOv8n's output quantizer, whose step the
+//!   box coordinates set, rounds every class score to 0).
 //!
 //! A quantizer that took over an activation (`quantize_static` drops a Relu into the quantizer
 //! after a Conv, its zero point clipping at 0) is kept unquantized **as that activation**: its
@@ -167,7 +170,28 @@ pub fn keep_unquantized(
             graph.node[info.proto_index].input[slot] = new_input;
         }
     }
-    for bypass in quantizers {
+    // A kept node's output quantizers that only graph outputs read: bypassed with the node.
+    let graph_outputs: HashSet<&str> = graph.output.iter().map(|o| o.name()).collect();
+    let mut quantizers = quantizers.to_vec();
+    for name in nodes {
+        let info = index.node(name).expect("checked above");
+        for q in info.outputs.iter().flat_map(|o| index.consumers(o)).map(|&c| &index.nodes[c]) {
+            if q.op_type != "QuantizeLinear" {
+                continue;
+            }
+            for dq in q.outputs.iter().flat_map(|o| index.consumers(o)).map(|&c| &index.nodes[c]) {
+                let Some(out) = dq.outputs.first() else { continue };
+                let only_the_output = graph_outputs.contains(out.as_str()) && index.consumers(out).is_empty();
+                if dq.op_type == "DequantizeLinear"
+                    && only_the_output
+                    && !quantizers.iter().any(|b| &b.dequantized == out)
+                {
+                    quantizers.push(BypassedQuantizer { dequantized: out.clone(), activation: None });
+                }
+            }
+        }
+    }
+    for bypass in &quantizers {
         let dq = index.producer(&bypass.dequantized).filter(|p| p.op_type == "DequantizeLinear").ok_or_else(|| {
             ModelError::InvalidGraph(format!(
                 "'{}' is not the output of a DequantizeLinear: no quantizer to bypass",

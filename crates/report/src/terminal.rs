@@ -50,6 +50,40 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             t.tensor, tol.atol, tol.rtol, tol.range_tol
         );
     }
+    let integers = report.tensors.iter().filter(|r| r.holds_integers).count();
+    if integers > 0 {
+        let _ = writeln!(
+            out,
+            "           {integers} tensors hold integers (indices, counts, rounded values; not quantizer codes): judged exactly"
+        );
+    }
+    for r in report.tensors.iter().filter(|r| r.is_output) {
+        if let Some(p) = &r.metrics.parts {
+            let parts: Vec<String> = p
+                .parts
+                .iter()
+                .zip(&p.ranges)
+                .map(|((first, size), range)| format!("{first}..={} max|ref| {}", first + size - 1, num(*range)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "           '{}': judged part by part along axis {} (the parts its Concat joins: {}), each by its own range: {} of {} out of tolerance{}",
+                r.name,
+                p.axis,
+                parts.join(", "),
+                p.failing.len(),
+                p.parts.len(),
+                match p.worst_part {
+                    Some(k) => format!(
+                        "; its relative L2 is part {k}'s ({}), the whole tensor's {}",
+                        num(r.metrics.rel_l2_err),
+                        num(p.whole_rel_l2)
+                    ),
+                    None => String::new(),
+                }
+            );
+        }
+    }
     if let Some(m) = &report.extras.matching {
         let _ = writeln!(
             out,
