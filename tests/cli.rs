@@ -591,3 +591,57 @@ fn batch_is_refused_where_the_sides_do_not_run_on_one_gpu() {
     let out = layerwise(&["bisect", "m.onnx", "--inputs", "samples", "--batch", "0"], dir.path());
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
+
+/// Found by the red team (issue 54 item 8): a tensor named `block..1` was saved as
+/// `00000_block..1.npy`, and `--cand npz:` refused its own manifest ("outside the folder"): a
+/// file name holding `..` is still one plain name in the folder.
+#[test]
+fn a_saved_run_whose_tensor_name_holds_two_dots_is_replayed() {
+    use layerwise_model::builder::ModelBuilder;
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("dots", 13);
+    b.input("x", DataType::Float, &[1.into(), 4.into()]);
+    b.node("Relu", "relu", &["x"], &["block..1"], vec![]);
+    b.node("Neg", "neg", &["block..1"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--separate-runs", "--save-tensors", "st"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let manifest = std::fs::read_to_string(dir.path().join("st/cand/manifest.json")).unwrap();
+    assert!(manifest.contains("block..1.npy"), "{manifest}");
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "npz:st/cand", "--json", "r.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let r = common::json(&dir.path().join("r.json"));
+    assert!(r["tensors"].as_array().unwrap().iter().any(|t| t["name"] == "block..1"), "{}", text(&out));
+}
+
+/// Found by the red team (issue 54 item 4): Ctrl-C during the Python probe for ONNX Runtime (the
+/// signal reaches the whole process group) made the probe fail, which read as "not installed",
+/// and `pip download` started. A probe ended by a signal fetches nothing.
+#[test]
+fn an_interrupted_probe_for_onnx_runtime_starts_no_download() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    save(&planted(Ending::Healthy), &dir.path().join("m.onnx"));
+    // A Python that logs each call, then is interrupted as Ctrl-C would.
+    let python = dir.path().join("python");
+    std::fs::write(&python, "#!/bin/sh\necho \"$*\" >> \"$(dirname \"$0\")/calls.log\"\nkill -INT $$\n").unwrap();
+    std::fs::set_permissions(&python, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(dir.path().join("cache")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_layerwise"))
+        .args(["bisect", "m.onnx"])
+        .current_dir(dir.path())
+        .env("LAYERWISE_PYTHON", &python)
+        .env("LAYERWISE_CACHE_DIR", dir.path().join("cache"))
+        .env_remove("LAYERWISE_ORT_LIB")
+        .env_remove("ORT_DYLIB_PATH")
+        .output()
+        .unwrap();
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(t.contains("ended by signal 2"), "{t}");
+    let calls = std::fs::read_to_string(dir.path().join("calls.log")).unwrap();
+    assert_eq!(calls.lines().count(), 1, "only the probe ran: {calls}");
+    assert!(!calls.contains("pip"), "{calls}");
+}

@@ -222,20 +222,51 @@ fn code_span(text: &str) -> String {
 }
 
 /// `text` as a CSV text cell (names, op types, messages): one that a spreadsheet would read as a
-/// formula (`=`, `+`, `-`, `@`, also after leading spaces or line breaks, or a leading tab or
-/// carriage return) gets a leading `'`, as spreadsheets document. Numbers are written as numbers,
-/// not through this.
+/// formula gets a leading `'`, as spreadsheets document. What decides is what a spreadsheet sees:
+/// the first character that is not white space, a format character (soft hyphen, bidi marks, the
+/// invisible operators) or otherwise default-ignorable (variation selectors, Hangul fillers), taken
+/// in its compatibility form (small and fullwidth `=`, `+`, `-`, `@` are those); a leading tab or
+/// carriage return counts too. Numbers are written as numbers, not through this.
 pub fn csv_text(text: &str) -> Cow<'_, str> {
-    const FORMULA: [char; 8] = ['=', '+', '-', '@', '\u{FF1D}', '\u{FF0B}', '\u{FF0D}', '\u{FF20}'];
-    // Zero-width characters before a formula sign are no protection: a spreadsheet may drop them.
-    let visible = text.trim_start_matches(|c: char| {
-        c.is_whitespace() || matches!(c, '\u{FEFF}' | '\u{200B}' | '\u{200C}' | '\u{200D}' | '\u{2060}')
+    let visible = text.trim_start_matches(|c: char| c.is_whitespace() || unseen_in_a_cell(c));
+    let formula = visible.chars().next().is_some_and(|c| {
+        use unicode_normalization::char::decompose_compatible;
+        let mut folded = String::new();
+        decompose_compatible(c, |d| folded.push(d));
+        matches!(folded.as_str(), "=" | "+" | "-" | "@") || c == '\u{2212}'
     });
-    if text.starts_with(['\t', '\r']) || visible.starts_with(FORMULA) {
+    if text.starts_with(['\t', '\r']) || formula {
         Cow::Owned(format!("'{text}"))
     } else {
         Cow::Borrowed(text)
     }
+}
+
+/// Characters a spreadsheet may drop or not show before a formula sign: format characters (Cf)
+/// and the other default-ignorable code points of Unicode's DerivedCoreProperties.
+fn unseen_in_a_cell(c: char) -> bool {
+    use unicode_general_category::{get_general_category, GeneralCategory};
+    get_general_category(c) == GeneralCategory::Format
+        || matches!(
+            c as u32,
+            0x00AD
+                | 0x034F
+                | 0x061C
+                | 0x115F..=0x1160
+                | 0x17B4..=0x17B5
+                | 0x180B..=0x180F
+                | 0x200B..=0x200F
+                | 0x202A..=0x202E
+                | 0x2060..=0x206F
+                | 0x3164
+                | 0xFE00..=0xFE0F
+                | 0xFEFF
+                | 0xFFA0
+                | 0xFFF0..=0xFFF8
+                | 0x1BCA0..=0x1BCA3
+                | 0x1D173..=0x1D17A
+                | 0xE0000..=0xE0FFF
+        )
 }
 
 /// `text` as one word of a printed POSIX shell command (bash, zsh, sh): bare where it is made of
@@ -288,4 +319,22 @@ pub fn trtexec_left_out(keep: &[String]) -> Vec<(&str, &'static str)> {
 /// `text` for HTML text and double-quoted attributes.
 pub fn html(text: &str) -> String {
     text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::csv_text;
+
+    /// Found by the red team (issue 54 item 6): these before `=` got no quote.
+    #[test]
+    fn a_formula_after_invisible_characters_or_in_a_compatibility_form_is_quoted() {
+        for text in
+            ["\u{00AD}=1+1", "\u{200E}=1+1", "\u{2061}=1+1", "\u{3164}=1+1", "\u{FE66}1+1", "\u{FE62}1", "\u{FE6B}x"]
+        {
+            assert!(csv_text(text).starts_with('\''), "{text:?}");
+        }
+        for text in ["a=1", "conv1", "\u{3164}a", "1e-3", "\u{00C9}=1"] {
+            assert_eq!(csv_text(text), text, "{text:?}");
+        }
+    }
 }

@@ -99,22 +99,32 @@ fn from_env(var: &str) -> Result<Option<OrtLibrary>, RuntimeError> {
     Ok(Some(OrtLibrary { path, found_by: var.to_string() }))
 }
 
-fn from_python() -> Option<OrtLibrary> {
-    let out = Command::new(python())
+fn from_python() -> Result<Option<OrtLibrary>, RuntimeError> {
+    let Ok(out) = Command::new(python())
         // Where the package lies, without importing it (an import loads numpy and the library:
         // a tenth of a second before any work).
         .args(["-c", "import importlib.util as u; s = u.find_spec('onnxruntime'); print(s.submodule_search_locations[0] if s else '')"])
         .output()
-        .ok()?;
+    else {
+        return Ok(None);
+    };
+    // A probe ended by a signal (Ctrl-C reaches the whole process group) says nothing of what is
+    // installed: an interrupt is no reason to start a download.
+    #[cfg(unix)]
+    if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
+        return Err(RuntimeError::OrtNotFound(format!(
+            "the probe for the Python onnxruntime package was ended by signal {signal} (an interrupt?); nothing was fetched"
+        )));
+    }
     let found = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || found.is_empty() {
-        return None;
+        return Ok(None);
     }
     let dir = PathBuf::from(found).join("capi");
     if wants_gpu() && !is_gpu_build(&dir) {
-        return None;
+        return Ok(None);
     }
-    find_lib_in(&dir).map(|path| OrtLibrary { path, found_by: "the installed Python onnxruntime package".into() })
+    Ok(find_lib_in(&dir).map(|path| OrtLibrary { path, found_by: "the installed Python onnxruntime package".into() }))
 }
 
 fn fetch_with_pip(dest: &Path) -> Result<PathBuf, String> {
@@ -211,7 +221,7 @@ pub fn locate() -> Result<OrtLibrary, RuntimeError> {
     if let Some(path) = find_lib_in(&cached) {
         return Ok(OrtLibrary { path, found_by: "layerwise's cache".into() });
     }
-    if let Some(lib) = from_python() {
+    if let Some(lib) = from_python()? {
         return Ok(lib);
     }
     let how = format!(

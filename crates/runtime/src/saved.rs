@@ -156,7 +156,11 @@ impl SavedBackend {
             let (Some(name), Some(file)) = (entry["name"].as_str(), entry["file"].as_str()) else {
                 return Err(bad("manifest entry without name or file".into()));
             };
-            if file.contains('/') || file.contains("..") {
+            // One plain file name: `block..1` is one (a tensor's name may hold dots), `..` and
+            // `a/b` are not.
+            let mut parts = std::path::Path::new(file).components();
+            let plain = matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(_)), None));
+            if !plain || file.contains(['/', '\\']) {
                 return Err(bad(format!("manifest names file '{}' outside the folder", crate::npy::excerpt(file))));
             }
             backend.tensors.insert(name.to_string(), read_npy_file(&path.join(file))?);
