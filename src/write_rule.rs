@@ -24,6 +24,9 @@ struct Read {
     path: PathBuf,
     /// `path` resolved once, when it is listed (every output is checked against every entry).
     resolved: Option<PathBuf>,
+    /// The file's identity (device and inode) where it exists: a second spelling of one file
+    /// that no path comparison sees (a bind mount, a case-insensitive file system) has the same.
+    identity: Option<(u64, u64)>,
     folder: bool,
 }
 
@@ -37,6 +40,7 @@ impl Reads {
             what: what.into(),
             path: path.as_ref().to_path_buf(),
             resolved: resolved(path.as_ref()),
+            identity: identity(path.as_ref()),
             folder: false,
         });
         self
@@ -47,6 +51,7 @@ impl Reads {
             what: what.into(),
             path: path.as_ref().to_path_buf(),
             resolved: resolved(path.as_ref()),
+            identity: identity(path.as_ref()),
             folder: true,
         });
         self
@@ -63,9 +68,13 @@ impl Reads {
     /// Refuses `target` (an output; `what` it is) where it is, or lies inside, anything read.
     pub fn refuse_overlap(&self, target: &Path, what: &str) -> Result<()> {
         let Some(t) = resolved(target) else { return Ok(()) };
+        let target_identity = identity(target);
+        // The folders the target would lie in, by identity (a folder mounted at a second path).
+        let within: Vec<(u64, u64)> = t.ancestors().skip(1).filter_map(identity).collect();
         for read in &self.entries {
+            let same_file = read.identity.is_some() && read.identity == target_identity;
             let Some(r) = &read.resolved else { continue };
-            if *r == t {
+            if *r == t || same_file {
                 bail!(
                     "{what} {} would overwrite {} {}; choose another path",
                     target.display(),
@@ -73,7 +82,7 @@ impl Reads {
                     read.path.display()
                 );
             }
-            if read.folder && t.starts_with(r) {
+            if read.folder && (t.starts_with(r) || read.identity.is_some_and(|id| within.contains(&id))) {
                 bail!(
                     "{what} {} would write into {} {}; choose a path outside it",
                     target.display(),
@@ -127,6 +136,20 @@ fn parent_of(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
+    }
+}
+
+/// The identity (device, inode) of what `path` names, where it exists.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
     }
 }
 

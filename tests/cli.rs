@@ -645,3 +645,23 @@ fn an_interrupted_probe_for_onnx_runtime_starts_no_download() {
     assert_eq!(calls.lines().count(), 1, "only the probe ran: {calls}");
     assert!(!calls.contains("pip"), "{calls}");
 }
+
+/// Found by the red team (issue 54 item 1): with the model's folder mounted at a second path, an
+/// output naming the model through it replaced the model (the rule compared path strings). Outputs
+/// are compared with inputs by file identity (device and inode); a hard link is such a second
+/// name here (a bind mount needs privileges a test does not have).
+#[test]
+fn an_output_naming_the_input_model_through_a_second_name_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["a", "b"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    save(&planted(Ending::Healthy), &dir.path().join("a/m.onnx"));
+    std::fs::hard_link(dir.path().join("a/m.onnx"), dir.path().join("b/m.onnx")).unwrap();
+    let before = std::fs::read(dir.path().join("a/m.onnx")).unwrap();
+    for args in [&["convert", "a/m.onnx", "-o", "b/m.onnx"][..], &["bisect", "a/m.onnx", "--json", "b/m.onnx"][..]] {
+        let out = layerwise(args, dir.path());
+        assert_refused(&out, args, "would overwrite the input model");
+    }
+    assert_eq!(std::fs::read(dir.path().join("a/m.onnx")).unwrap(), before);
+}
