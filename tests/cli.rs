@@ -665,3 +665,84 @@ fn an_output_naming_the_input_model_through_a_second_name_is_refused() {
     }
     assert_eq!(std::fs::read(dir.path().join("a/m.onnx")).unwrap(), before);
 }
+
+/// Found by the red team (issue 54 item 5): a Constant whose `sparse_value` keeps its values in
+/// external data was neither checked nor inlined, and ONNX Runtime read the file from the working
+/// folder (a `location` of `.ssh/id_rsa` put the user's key in the reports). Sparse values and
+/// indices follow the rule of every tensor: read from the model's folder, inside it.
+#[test]
+fn a_sparse_constant_with_external_values_is_read_from_the_models_folder() {
+    use layerwise_model::builder::{node, ModelBuilder};
+    use layerwise_model::onnx::attribute_proto::AttributeType;
+    use layerwise_model::onnx::{
+        tensor_proto::DataLocation, AttributeProto, SparseTensorProto, StringStringEntryProto, TensorProto,
+    };
+    use layerwise_model::DataType;
+    let dir = tempfile::tempdir().unwrap();
+    for d in ["model", "decoy"] {
+        std::fs::create_dir(dir.path().join(d)).unwrap();
+    }
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    std::fs::write(dir.path().join("model/s.data"), bytes(&[5.0, 7.0])).unwrap();
+    std::fs::write(dir.path().join("decoy/s.data"), bytes(&[500.0, 700.0])).unwrap();
+    let entry = |k: &str, v: &str| StringStringEntryProto { key: Some(k.into()), value: Some(v.into()) };
+    let sparse = |location: &str| SparseTensorProto {
+        values: Some(TensorProto {
+            name: Some("cv".into()),
+            dims: vec![2],
+            data_type: Some(DataType::Float as i32),
+            external_data: vec![entry("location", location), entry("length", "8")],
+            data_location: Some(DataLocation::External as i32),
+            ..Default::default()
+        }),
+        indices: Some(TensorProto {
+            dims: vec![2],
+            data_type: Some(DataType::Int64 as i32),
+            int64_data: vec![1, 3],
+            ..Default::default()
+        }),
+        // ONNX Runtime densifies two-dimensional sparse constants (indices linearized).
+        dims: vec![2, 2],
+    };
+    let model = |location: &str| {
+        let mut b = ModelBuilder::new("sparse_constant", 13);
+        b.input("x", DataType::Float, &[2.into(), 2.into()]);
+        let value = AttributeProto {
+            name: Some("sparse_value".into()),
+            r#type: Some(AttributeType::SparseTensor as i32),
+            sparse_tensor: Some(sparse(location)),
+            ..Default::default()
+        };
+        b.node("Constant", "c", &[], &["c"], vec![value]);
+        let mut proto = b.build();
+        let g = proto.graph.as_mut().unwrap();
+        g.node.push(node("Add", "add", &["x", "c"], &["y"], vec![]));
+        g.output.push(g.input[0].clone());
+        g.output[0].name = Some("y".into());
+        proto
+    };
+    save(&model("s.data"), &dir.path().join("model/model.onnx"));
+    // Loaded, the values are the model folder's file, held inline (ONNX Runtime runs no sparse
+    // Constant: it reports the output missing, so no run can show them).
+    let loaded = layerwise_model::Model::load(&dir.path().join("model/model.onnx")).unwrap();
+    let values = loaded.graph().node[0].attribute[0].sparse_tensor.as_ref().unwrap().values.clone().unwrap();
+    assert!(values.external_data.is_empty(), "held inline: {values:?}");
+    let raw = values.raw_data.clone().unwrap_or_default();
+    let read: Vec<f32> = raw.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!(read, [5.0, 7.0], "the model's own s.data");
+    // A location only the working folder holds is refused before anything runs or is written.
+    std::fs::create_dir(dir.path().join("decoy/.ssh")).unwrap();
+    std::fs::write(dir.path().join("decoy/.ssh/id_rsa"), bytes(&[1.0, 2.0])).unwrap();
+    save(&model(".ssh/id_rsa"), &dir.path().join("model/leak.onnx"));
+    for args in [
+        &["bisect", "../model/leak.onnx", "--json", "r.json", "--save-tensors", "st"][..],
+        &["convert", "../model/leak.onnx", "-o", "leak.onnx"][..],
+    ] {
+        let out = layerwise(args, &dir.path().join("decoy"));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        assert!(text(&out).contains("external data"), "{args:?}: {}", text(&out));
+    }
+    for written in ["r.json", "st", "leak.onnx"] {
+        assert!(!dir.path().join("decoy").join(written).exists(), "{written}");
+    }
+}

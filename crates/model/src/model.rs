@@ -173,7 +173,14 @@ impl Model {
     fn inline_external_attributes(&mut self) -> Result<(), ModelError> {
         let mut tensors: Vec<&mut TensorProto> = Vec::new();
         let mut stack: Vec<&mut NodeProto> = Vec::new();
+        // A sparse tensor (an attribute's `sparse_value`, a graph's sparse initializer) keeps its
+        // values and indices in tensors of their own, which may be external as any other (a
+        // `location` of `.ssh/id_rsa` was resolved against the working folder, unchecked).
+        fn sparse_parts(sparse: &mut crate::onnx::SparseTensorProto) -> impl Iterator<Item = &mut TensorProto> {
+            sparse.values.iter_mut().chain(sparse.indices.iter_mut()).filter(|t| is_external(t))
+        }
         if let Some(g) = self.proto.graph.as_mut() {
+            tensors.extend(g.sparse_initializer.iter_mut().flat_map(sparse_parts));
             stack.extend(g.node.iter_mut());
         }
         for f in self.proto.functions.iter_mut() {
@@ -183,7 +190,10 @@ impl Model {
             for attr in node.attribute.iter_mut() {
                 tensors.extend(attr.t.iter_mut().filter(|t| is_external(t)));
                 tensors.extend(attr.tensors.iter_mut().filter(|t| is_external(t)));
+                tensors
+                    .extend(attr.sparse_tensor.iter_mut().chain(attr.sparse_tensors.iter_mut()).flat_map(sparse_parts));
                 for g in attr.g.iter_mut().chain(attr.graphs.iter_mut()) {
+                    tensors.extend(g.sparse_initializer.iter_mut().flat_map(sparse_parts));
                     stack.extend(g.node.iter_mut());
                 }
             }
