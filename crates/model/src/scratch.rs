@@ -107,22 +107,81 @@ impl StagedDir {
 
     /// Moves what the folder holds to `destination`: renamed there when it does not exist, or
     /// moved entry by entry into an empty folder there (the user's folder stays, with its
-    /// permissions); records it written ([`note_written`]). On failure the staging folder is
-    /// removed, leaving nothing behind.
+    /// permissions); records it written ([`note_written`]). Nothing that appeared at the
+    /// destination since it was checked is replaced (another run, a user): the move fails, and
+    /// what it had moved goes back. On failure the staging folder is removed, leaving nothing behind.
     pub fn move_to(self, destination: &Path) -> std::io::Result<()> {
         if destination.is_dir() {
+            if let Some(entry) = std::fs::read_dir(destination)?.next() {
+                return Err(appeared(&entry?.path(), destination));
+            }
+            let mut moved: Vec<(PathBuf, PathBuf)> = Vec::new();
             for entry in std::fs::read_dir(self.dir.path())? {
                 let entry = entry?;
-                std::fs::rename(entry.path(), destination.join(entry.file_name()))?;
+                let target = destination.join(entry.file_name());
+                if let Err(e) = rename_no_replace(&entry.path(), &target) {
+                    for (from, to) in moved.iter().rev() {
+                        let _ = std::fs::rename(to, from);
+                    }
+                    return Err(if e.kind() == std::io::ErrorKind::AlreadyExists {
+                        appeared(&target, destination)
+                    } else {
+                        e
+                    });
+                }
+                moved.push((entry.path(), target));
             }
         } else {
-            std::fs::rename(self.dir.path(), destination)?;
+            rename_no_replace(self.dir.path(), destination).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    appeared(destination, destination)
+                } else {
+                    e
+                }
+            })?;
             // Moved away: nothing is left for the drop to remove.
             let _ = self.dir.keep();
         }
         note_written(destination);
         Ok(())
     }
+}
+
+fn appeared(what: &Path, destination: &Path) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!(
+            "'{}' appeared at {} during the run (another run or program writes there); nothing was replaced and nothing of this run was moved in",
+            what.display(),
+            destination.display()
+        ),
+    )
+}
+
+/// `rename(from, to)` that fails with `AlreadyExists` where `to` exists (an empty folder
+/// included, which a plain rename replaces): Linux's `RENAME_NOREPLACE`, atomically; elsewhere,
+/// and on file systems without it, checked just before.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(std::io::Error::other);
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: both paths are NUL-terminated strings that live across the call.
+        let done =
+            unsafe { libc::renameat2(libc::AT_FDCWD, f.as_ptr(), libc::AT_FDCWD, t.as_ptr(), libc::RENAME_NOREPLACE) };
+        if done == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    if std::fs::symlink_metadata(to).is_ok() {
+        return Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists));
+    }
+    std::fs::rename(from, to)
 }
 
 /// Removes every listed temporary file and folder. It never panics.
@@ -221,5 +280,37 @@ mod tests {
             writer.join().unwrap();
             assert!(left.is_empty(), "{left:?} left while a thread wrote into it");
         }
+    }
+
+    /// Found by the red team (issue 54 item 2): a file that appeared in the checked-empty
+    /// `--repro` or `--save-tensors` folder during the run was replaced when the staged entries
+    /// were renamed in, and of two runs into one new folder the second mixed its files into the
+    /// first's. Nothing that appeared is replaced, and nothing of the run is moved in.
+    #[test]
+    fn a_staged_folder_replaces_nothing_that_appeared_at_its_destination() {
+        let root = tempfile::tempdir().unwrap();
+        // An empty folder, checked at the start; a file appears in it during the run.
+        let dest = root.path().join("repro");
+        std::fs::create_dir(&dest).unwrap();
+        let staged = StagedDir::beside(&dest, ".stage-").unwrap();
+        std::fs::write(staged.path().join("model.onnx"), b"ours").unwrap();
+        std::fs::write(staged.path().join("README.md"), b"ours").unwrap();
+        std::fs::write(dest.join("model.onnx"), b"theirs").unwrap();
+        let e = staged.move_to(&dest).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+        assert_eq!(std::fs::read(dest.join("model.onnx")).unwrap(), b"theirs");
+        assert!(!dest.join("README.md").exists());
+        // A new folder that another run created, and filled, meanwhile.
+        let dest = root.path().join("new");
+        let first = StagedDir::beside(&dest, ".stage-").unwrap();
+        let second = StagedDir::beside(&dest, ".stage-").unwrap();
+        std::fs::write(first.path().join("inputs.npz"), b"first").unwrap();
+        std::fs::write(second.path().join("inputs.npz"), b"second").unwrap();
+        first.move_to(&dest).unwrap();
+        assert!(second.move_to(&dest).is_err());
+        assert_eq!(std::fs::read(dest.join("inputs.npz")).unwrap(), b"first");
+        // Nothing else is left beside it.
+        let left: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
     }
 }
