@@ -459,6 +459,11 @@ struct InputArgs {
     /// --inputs DIR are. Needs numpy in that Python (LAYERWISE_PYTHON, default python3).
     #[arg(long, value_name = "FILE.py[:FUNC]", conflicts_with = "npz")]
     data_loader_script: Option<String>,
+    /// The most samples read from --data-loader-script: a loader that yields more is refused as
+    /// one that does not end (its samples are also bounded by half the free space of the
+    /// temporary folder).
+    #[arg(long, value_name = "N", default_value_t = 10_000, requires = "data_loader_script")]
+    max_loader_samples: usize,
 }
 
 #[derive(Args)]
@@ -508,7 +513,7 @@ impl InputArgs {
     fn options(self) -> Result<(InputOptions, Option<layerwise_model::scratch::ScratchDir>)> {
         let (npz, guard) = match &self.data_loader_script {
             Some(spec) => {
-                let (guard, folder) = crate::data_loader::samples_from_script(spec)?;
+                let (guard, folder) = crate::data_loader::samples_from_script(spec, self.max_loader_samples)?;
                 (Some(folder), Some(guard))
             }
             None => (self.npz, None),

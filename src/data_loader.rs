@@ -19,6 +19,7 @@ use layerwise_model::scratch::ScratchDir;
 const DRIVER: &str = r#"
 import importlib.util, os, sys
 path, func, out = sys.argv[1:4]
+max_count, max_bytes = int(sys.argv[4]), int(sys.argv[5])
 def refuse(message):
     with open(os.path.join(out, ".layerwise-driver-error"), "w", encoding="utf-8") as f:
         f.write(message)
@@ -33,12 +34,17 @@ spec.loader.exec_module(module)
 loader = getattr(module, func, None)
 if not callable(loader):
     refuse(f"{path} defines no function '{func}' (name another with {path}:FUNC)")
-count = 0
+count, written = 0, 0
 for i, sample in enumerate(loader()):
     if not hasattr(sample, "items"):
         refuse(f"sample {i} from {func}() is a {type(sample).__name__}, not a dict of input names to arrays")
-    np.savez(os.path.join(out, f"sample_{i:06d}.npz"), **{str(k): np.asarray(v) for k, v in sample.items()})
+    arrays = {str(k): np.asarray(v) for k, v in sample.items()}
+    need = sum(a.nbytes for a in arrays.values())
+    if count >= max_count or written + need > max_bytes:
+        refuse(f"{func}() did not end within {count} samples ({written} bytes): the limit is {max_count} samples and {max_bytes} bytes (half the free space of the temporary folder's file system); read no more. Raise the count with --max-loader-samples, or make {func}() stop")
+    np.savez(os.path.join(out, f"sample_{i:06d}.npz"), **arrays)
     count += 1
+    written += need
 if count == 0:
     refuse(f"{func}() in {path} yielded no samples")
 open(os.path.join(out, ".layerwise-driver-done"), "w").close()
@@ -67,7 +73,7 @@ const STDERR_KEPT_BYTES: usize = 64 * 1024;
 
 /// The samples `spec` (`FILE.py` or `FILE.py:FUNC`) yields, saved in a scratch folder that lives
 /// as long as the returned guard; the folder's path is the second value.
-pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
+pub fn samples_from_script(spec: &str, max_samples: usize) -> Result<(ScratchDir, PathBuf)> {
     let (file, func) = script_and_function(spec);
     let path = Path::new(file);
     if !path.exists() {
@@ -82,6 +88,8 @@ pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
         .arg(path)
         .arg(func)
         .arg(scratch.path())
+        .arg(max_samples.to_string())
+        .arg(half_the_free_space(scratch.path()).to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -115,6 +123,20 @@ pub fn samples_from_script(spec: &str) -> Result<(ScratchDir, PathBuf)> {
     let _ = std::fs::remove_file(done);
     let folder = scratch.path().to_path_buf();
     Ok((scratch, folder))
+}
+
+/// Half the space free for an unprivileged writer on `dir`'s file system: what a loader's samples
+/// may take, so that one that never ends stops with room left (unknown: no bound by bytes).
+fn half_the_free_space(dir: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else { return u64::MAX };
+    // SAFETY: `stats` is plain data that statvfs fills; `path` is NUL-terminated and lives across
+    // the call.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stats) } != 0 {
+        return u64::MAX;
+    }
+    (stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64) / 2
 }
 
 /// The last `STDERR_KEPT_BYTES` of what `from` gives, read to its end (the child's stderr: read

@@ -526,3 +526,24 @@ fn runs_that_cannot_fit_in_memory_are_refused_up_front_with_the_figures() {
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     c.refused(&["fix", &m, "--input-shape", &shape, "-o", &c.p("fixed.onnx")], "this run needs about", QUICK);
 }
+
+/// Found by the red team (issue 54 item 7): a `while True` data loader was drained into the
+/// temporary folder until the disk was full, and the user saw numpy's traceback. Samples are
+/// bounded by count (--max-loader-samples) and by half the free space, and the run says the
+/// loader did not end, leaving nothing behind.
+#[test]
+fn a_data_loader_that_never_ends_is_stopped_and_said_so() {
+    let c = Cases::new();
+    save(&valid(), &c.path("m.onnx"));
+    std::fs::write(
+        c.path("endless.py"),
+        "import numpy as np\ndef load_data():\n    while True:\n        yield {'x': np.zeros((1, 4), np.float32)}\n",
+    )
+    .unwrap();
+    let (m, json, script) = (c.p("m.onnx"), c.p("r.json"), c.p("endless.py"));
+    c.refused(
+        &["bisect", &m, "--data-loader-script", &script, "--max-loader-samples", "5", "--json", &json],
+        "load_data() did not end within 5 samples (80 bytes): the limit is 5 samples",
+        QUICK,
+    );
+}
