@@ -959,3 +959,47 @@ fn two_casts_each_removing_half_are_named_with_shares_and_kept_together_int32_su
     assert!(summary.contains("second/Cast (Cast): its output reaches "), "{summary}");
     assert!(summary.ends_with("keeping them together at reference precision brings every output within tolerance (measured by the counterfactual)"), "{summary}");
 }
+
+/// Found by the third independent tester (trueocr 0.1.1's CTC recognizer under BF16): its class
+/// ids changed at one position, 14 to 0, and the verdict started at its float output, named no
+/// layer, and the ArgMax cause read "up to 14 of 276 values (by up to 14)". A changed integer
+/// output is walked first, and a value judged exactly is counted exactly. x[1,64,16] -> ArgMax ->
+/// ids, and ReduceMax(x) - 1 -> conf (which FP16 cancels to 0 at the tie).
+#[test]
+fn a_changed_class_id_is_walked_first_and_counted_exactly_trueocr() {
+    use layerwise_runtime::{Tensor, TensorData};
+    let mut b = ModelBuilder::new("ids", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64), Dim::from(16)]);
+    b.initializer(f32_tensor("one", &[1], &[1.0]));
+    b.node("ArgMax", "argmax", &["x"], &["ids"], vec![attr::int("axis", 2), attr::int("keepdims", 0)]);
+    b.node("ReduceMax", "best", &["x"], &["m"], vec![attr::ints("axes", &[2]), attr::int("keepdims", 0)]);
+    b.node("Sub", "conf", &["m", "one"], &["c"], vec![]);
+    b.output("ids", DataType::Int64);
+    b.output("c", DataType::Float);
+    let dir = tempfile::tempdir().unwrap();
+    save(&b.build(), &dir.path().join("m.onnx"));
+    // Each position's maximum at a class of its own, 1.5 or more; at position 61, 1.0 at class 0
+    // against 1.0001 at class 14, which FP16 rounds to 1.0: the first of the tie wins.
+    let mut x = vec![0.0f32; 64 * 16];
+    for p in 0..64 {
+        x[p * 16 + (p * 5 + 3) % 16] = 1.5 + p as f32 / 64.0;
+    }
+    x[61 * 16..62 * 16].fill(0.0);
+    x[61 * 16] = 1.0;
+    x[61 * 16 + 14] = 1.0001;
+    layerwise_runtime::npy::write_npz(
+        &dir.path().join("in.npz"),
+        &[("x", &Tensor::new(vec![1, 64, 16], TensorData::F32(x)))],
+    )
+    .unwrap();
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "in.npz", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["verdict"]["worst_output"], "ids", "{t}");
+    let fd = &r["verdict"]["first_divergent"];
+    assert_eq!(fd["node"], "argmax", "{t}");
+    let detail = fd["cause"]["detail"].as_str().unwrap();
+    assert!(detail.starts_with("1 of 64 values (by up to 14) land on another integer"), "{detail}");
+    assert!(!t.contains("amplifies its input error 0."), "{t}");
+}

@@ -919,6 +919,12 @@ fn convert_keeps_the_cast_of_an_integer_accumulator_float32() {
     let cast = written.graph().node.iter().find(|n| n.name() == "acc_cast").unwrap();
     let to = cast.attribute.iter().find(|a| a.name() == "to").and_then(|a| a.i);
     assert_eq!(to, Some(DataType::Float as i64), "{cast:?}");
+    // Found by the third independent tester (a T5 decoder quantized dynamically): the Cast stayed
+    // FP32, but an edge Cast to FP16 followed it and the scale Mul ran in FP16, so the sums
+    // overflowed one node later (50 of one layer's became inf). The scale Mul reads them in FP32.
+    assert!(t.contains("FP32 rescale: Mul scaling an integer accumulator stays FP32"), "{t}");
+    let rescale = written.graph().node.iter().find(|n| n.name() == "rescale").unwrap();
+    assert_eq!(rescale.input[0], "acc_f", "the Mul reads the float32 sums themselves: {rescale:?}");
 }
 
 /// b[1,4,64] (box coordinates up to 300) and Sigmoid(s[1,4,64]) (scores below 1) joined by a
@@ -996,4 +1002,34 @@ fn an_output_quantizer_that_rounds_the_scores_beside_the_boxes_to_0_is_named_and
     // The written model has no quantizer left on 'out'.
     let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     assert!(written.graph().node.iter().all(|n| n.op_type() != "QuantizeLinear"), "{t}");
+}
+
+/// Found by the third independent tester (a T5 decoder's attention mask, built at run time by a
+/// ConstantOfShape filled with -3.4e38): `convert` stored that value in FP16 (-inf), and the
+/// converted decoder's every logit was inf/NaN. A ConstantOfShape whose value is beyond FP16's
+/// range stays FP32, and so do its readers.
+#[test]
+fn convert_keeps_a_constant_of_shape_beyond_fp16_float32_t5_mask() {
+    use layerwise_model::builder::{attr, i64_tensor};
+    let dir = tempfile::tempdir().unwrap();
+    let mut b = ModelBuilder::new("mask", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(4)]);
+    b.initializer(i64_tensor("shape", &[2], &[1, 4]));
+    b.node(
+        "ConstantOfShape",
+        "fill",
+        &["shape"],
+        &["mask"],
+        vec![attr::tensor("value", f32_tensor("v", &[1], &[-3.4e38]))],
+    );
+    b.node("Max", "floor", &["x", "mask"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["convert", "m.onnx", "-o", "fp16.onnx"], dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("FP32 fill: ConstantOfShape stays FP32: its value is beyond the FP16 range"), "{t}");
+    let written = layerwise_model::Model::load(&dir.path().join("fp16.onnx")).unwrap();
+    let fill = written.graph().node.iter().find(|n| n.name() == "fill").unwrap();
+    assert_eq!(fill.attribute[0].t.as_ref().unwrap().data_type, Some(DataType::Float as i32), "{fill:?}");
 }

@@ -763,8 +763,11 @@ fn after_walk(
                                 // The floor moved the faulty quantizers' coarse steps too.
                                 floor.ill_conditioned = false;
                                 conclusions.push(format!(
-                                    "noise floor: one step of each quantizer at once moves '{}' by rel L2 {}, as much as the candidate's {}, but it moves the faulty quantizers by their coarse steps too: it does not tell resolution from a fault, and the quantizers measured one at a time name the fault",
-                                    floor.output, conclusions::n(floor.output_error), conclusions::n(floor.candidate_error)
+                                    "noise floor: one step of each quantizer at once moves '{}' by rel L2 {}, the candidate's {} being {} of it (within the factor that calls an output ill-conditioned), but it moves the faulty quantizers by their coarse steps too: it does not tell resolution from a fault, and the quantizers measured one at a time name the fault",
+                                    floor.output,
+                                    conclusions::n(floor.output_error),
+                                    conclusions::n(floor.candidate_error),
+                                    floor.ratio_words()
                                 ));
                             }
                         }

@@ -233,6 +233,11 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                 )
             } else if floor.moved_values == 0 {
                 format!("noise floor: the candidate's precision changes no weight ({} rounds none), so the floor is 0 and the candidate's error is not the weights' rounding", floor.rounds)
+            } else if floor.output_error == 0.0 {
+                format!(
+                    "noise floor: {} moves {} values of the weights but leaves '{}' exactly as it was (rel L2 0); the candidate's {} is not the model's own sensitivity",
+                    floor.rounds, floor.moved_values, floor.output, n(floor.candidate_error)
+                )
             } else {
                 format!(
                     "noise floor: {} moves '{}' by rel L2 {}; the candidate's {} is {} times that, so it is not the model's own sensitivity",
@@ -259,9 +264,16 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                     "run alone on the reference's inputs, {node} introduces the most error (rel L2 {} by itself); chain nodes marked 'propagates' only pass on error from upstream", n(local)
                 ));
             }
-            None if !iso.nodes.is_empty() => out.push(match lost_in_storage(verdict) {
-                Some(said) => said,
-                None => "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
+            None if !iso.nodes.is_empty() => out.push(match (lost_in_storage(verdict), &verdict.first_divergent) {
+                (Some(said), _) => said,
+                // An integer computed from a float gives the reference's integers from the
+                // reference's inputs: what moves them is its input's error, which it turns into a
+                // whole step (the headline's node, by the walk's rule).
+                (None, Some(fd)) if fd.cause.best.kind == layerwise_analysis::CauseKind::IntegerBoundary => format!(
+                    "run alone on the reference's inputs, {} gives the reference's integers: its input's error, accumulated before it, is what moves values across an integer boundary there",
+                    fd.node
+                ),
+                (None, _) => "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
             }),
             None => {
                 if let Some((_, why)) = iso.skipped.iter().find(|(n, _)| n == "*") {

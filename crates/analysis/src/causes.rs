@@ -623,18 +623,20 @@ fn integer_boundary(s: &Site) -> Option<Mechanism> {
             s.node.inputs.first().map_or("", String::as_str)
         ),
     };
-    // Every changed value moved by a whole number, so the mean change bounds how many moved.
-    let moved = (m.mean_abs_err * m.numel as f64).round() as usize;
+    // Judged exactly, each changed value is a violation; else every changed value moved by a whole
+    // number, so the mean change bounds how many moved (one value off by 14 read as 14).
+    let exact = s.output.holds_integers && s.output.mismatch.is_none();
+    let moved = if exact { m.violations } else { (m.mean_abs_err * m.numel as f64).round() as usize };
     let detail = if s.output.ref_dtype == "bool" {
         format!(
             "{moved} of {} truth values flip: {moved_by} moves the compared values across the other side of the comparison; a truth value is exact or flipped, so what reads it (a mask, a length, a branch) changes by a whole step, not by the rounding",
             m.numel
         )
     } else {
-        let count = if m.max_abs_err == 1.0 {
-            format!("{moved} of {} values", m.numel)
-        } else {
-            format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err)
+        let count = match (m.max_abs_err == 1.0, exact) {
+            (true, _) => format!("{moved} of {} values", m.numel),
+            (false, true) => format!("{moved} of {} values (by up to {})", m.numel, m.max_abs_err),
+            (false, false) => format!("up to {moved} of {} values (by up to {})", m.numel, m.max_abs_err),
         };
         format!(
             "{count} land on another integer: {moved_by} moves them across an integer boundary; an integer computed from a rounded float is exact or off by a whole step, so the output's error is the size of that step, not of the rounding"
@@ -1097,7 +1099,9 @@ const SENSITIVE_OPS: &[&str] = &[
 
 /// The fallback: the node multiplies its input's relative error, by how much is measured, why is not.
 fn amplification(s: &Site) -> Option<Mechanism> {
-    if s.non_finite() || !(s.out_rel.is_finite() && s.input_error > 0.0) {
+    // A node whose output errs less than its input amplifies nothing (an ArgMax whose one changed
+    // class is a changed integer, not an amplified error).
+    if s.non_finite() || !(s.out_rel.is_finite() && s.input_error > 0.0 && s.out_rel > s.input_error) {
         return None;
     }
     let sensitive = if SENSITIVE_OPS.contains(&s.op) { "; it is a precision-sensitive op" } else { "" };

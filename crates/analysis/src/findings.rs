@@ -314,8 +314,16 @@ impl KeepCheck {
             format!("leaves {it} with another shape than the reference's")
         } else if shape_differs {
             format!("gives {it} the reference's shape, leaving rel L2 {:.2e}", self.output_error_after)
-        } else if self.contained {
+        } else if before.is_finite() && self.output_error_after > 1.01 * before {
+            // Kept at reference precision yet worse: no share of the error is removed.
+            format!("makes {error} larger: rel L2 {before:.2e} -> {:.2e}", self.output_error_after)
+        } else if self.contained && (!before.is_finite() || (self.output_error_after - before).abs() <= 0.01 * before) {
             format!("contained: {error} does not change")
+        } else if self.contained {
+            format!(
+                "contained: {error} changes by less than 10% (rel L2 {before:.2e} -> {:.2e})",
+                self.output_error_after
+            )
         } else if !before.is_finite() && self.output_error_after.is_finite() {
             format!("clears the inf/NaN of {it}, leaving rel L2 {:.2e}", self.output_error_after)
         } else {
@@ -540,5 +548,44 @@ mod quantizers_at_fault {
         assert_eq!(at_fault, ["clipping"]);
         assert!((found.each[0].removed_from(found.together) - 0.5643).abs() < 1e-9);
         assert_eq!(found.each[2].removed_from(found.together), 0.0);
+    }
+}
+
+#[cfg(test)]
+mod keep_check_words {
+    use super::KeepCheck;
+
+    fn check(after: f64, before: f64) -> KeepCheck {
+        let explained = KeepCheck::explained_share(before, after);
+        KeepCheck {
+            node: "n".into(),
+            reason: "break".into(),
+            pattern: "node".into(),
+            kept: vec!["n".into()],
+            output_error_after: after,
+            explained,
+            fixes: false,
+            contained: explained < 0.1,
+            nodes_rerun: None,
+        }
+    }
+
+    /// Found by the third independent tester (a DistilBERT tagger quantized with Q/DQ): "contained:
+    /// the output error does not change" where keeping the node took it from 2.64e-1 to 2.91e-1.
+    #[test]
+    fn a_check_that_makes_the_error_larger_says_so() {
+        assert_eq!(
+            check(2.91e-1, 2.64e-1).effect(2.64e-1, Some("logits"), false),
+            "makes the error of 'logits' larger: rel L2 2.64e-1 -> 2.91e-1"
+        );
+        assert_eq!(check(2.64e-1, 2.64e-1).effect(2.64e-1, None, false), "contained: the output error does not change");
+        assert_eq!(
+            check(2.5e-1, 2.64e-1).effect(2.64e-1, None, false),
+            "contained: the output error changes by less than 10% (rel L2 2.64e-1 -> 2.50e-1)"
+        );
+        assert_eq!(
+            check(f64::INFINITY, f64::INFINITY).effect(f64::INFINITY, None, false),
+            "contained: the output error does not change"
+        );
     }
 }

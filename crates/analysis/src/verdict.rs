@@ -346,10 +346,37 @@ impl<'a> InputView<'a> {
         self.seen.iter().max_by(|a, b| rank(a).cmp(&rank(b)).then(a.error_level().total_cmp(&b.error_level()))).copied()
     }
 
+    /// Whether an input holds inf/NaN the reference does not, seen or carried: a quantizer's
+    /// codes, and the integer sums and dequantized values computed from them, are finite whatever
+    /// they were computed from (a NaN activation's codes are garbage, not NaN), so inf/NaN where
+    /// such a tensor is read again comes from the float the quantizer read.
+    pub(crate) fn nonfinite(&self, index: &GraphIndex, comparison: &Comparison) -> bool {
+        self.seen.iter().any(|r| r.metrics.nonfinite_mismatch > 0 || carries_nonfinite(index, comparison, &r.name))
+    }
+
     /// Whether an input holds integers that changed: an error already there, however small.
     pub(crate) fn integers_changed(&self) -> bool {
         self.seen.iter().any(|r| r.integers_changed())
     }
+}
+
+/// Whether `tensor`, computed by quantizers or integer ops, was computed from a float that holds
+/// inf/NaN in the candidate where the reference does not (see [`InputView::nonfinite`]).
+pub(crate) fn carries_nonfinite(index: &GraphIndex, comparison: &Comparison, tensor: &str) -> bool {
+    let through = |op: &str| {
+        layerwise_model::quant::is_integer_op(op) || layerwise_model::convert::QUANTIZATION_OPS.contains(&op)
+    };
+    let mut stack = vec![(tensor.to_string(), 0usize)];
+    while let Some((t, depth)) = stack.pop() {
+        let Some(p) = index.producer(&t).filter(|p| through(&p.op_type) && depth < 8) else { continue };
+        for i in p.inputs.iter().filter(|i| !i.is_empty() && !index.is_constant_like(i)) {
+            if comparison.get(i).is_some_and(|r| r.metrics.nonfinite_mismatch > 0) {
+                return true;
+            }
+            stack.push((i.clone(), depth + 1));
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -404,5 +431,43 @@ mod tests {
         assert!(a > 0.1, "{a}");
         assert_eq!(view.error(), Some(a), "the input error is the quantized value's, not the codes'");
         assert_eq!(view.worst().map(|r| r.name.as_str()), Some("a"));
+    }
+
+    /// Found by the third independent tester (a T5 decoder quantized dynamically, under FP16): a
+    /// NaN activation's codes are finite garbage, and the Casts of the integer sums computed from
+    /// them were called places where inf/NaN are born ("89 independent places", 70 of them fed by
+    /// that NaN). Codes and sums carry the inf/NaN of the float their quantizer read.
+    #[test]
+    fn integer_sums_computed_from_a_nan_activation_carry_its_nan() {
+        let mut b = ModelBuilder::new("dynamic", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(2)]);
+        b.node("DynamicQuantizeLinear", "dql", &["x"], &["xq", "xs", "xz"], vec![]);
+        b.node("MatMulInteger", "mmi", &["xq", "xq"], &["sums"], vec![]);
+        b.node("Cast", "cast", &["sums"], &["y"], vec![layerwise_model::builder::attr::int("to", 1)]);
+        b.node("Relu", "plain", &["x"], &["r"], vec![]);
+        b.output("y", DataType::Float);
+        let model = b.build();
+        let index = GraphIndex::build(model.graph.as_ref().unwrap()).unwrap();
+        let t = |data: TensorData| Tensor::new(vec![1, 2], data);
+        let reference: HashMap<String, Tensor> = [
+            ("x", t(TensorData::F32(vec![1.0, 2.0]))),
+            ("xq", t(TensorData::U8(vec![127, 255]))),
+            ("sums", t(TensorData::I32(vec![5, 7]))),
+            ("y", t(TensorData::F32(vec![5.0, 7.0]))),
+            ("r", t(TensorData::F32(vec![1.0, 2.0]))),
+        ]
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v))
+        .collect();
+        let mut candidate = reference.clone();
+        candidate.insert("x".into(), t(TensorData::F32(vec![f32::NAN, 2.0])));
+        candidate.insert("y".into(), t(TensorData::F32(vec![f32::INFINITY, 7.0])));
+        let order: Vec<String> = ["x", "xq", "sums", "y", "r"].iter().map(|s| s.to_string()).collect();
+        let comparison = compare_all(&index, &order, &reference, &candidate, &Tolerance::FP16.into());
+        assert!(super::carries_nonfinite(&index, &comparison, "sums"));
+        assert!(super::carries_nonfinite(&index, &comparison, "xq"));
+        assert!(!super::carries_nonfinite(&index, &comparison, "r"));
+        let cast = index.node("cast").unwrap();
+        assert!(InputView::of(&index, &comparison, cast).nonfinite(&index, &comparison));
     }
 }

@@ -292,7 +292,8 @@ fn convert_graph(
             overflowing.insert(t.name().to_string(), Vec::new());
         }
     }
-    for n in graph.node.iter().filter(|n| n.op_type() == "Constant") {
+    // A ConstantOfShape's `value` too: a mask filled with -3.4e38 (a T5 decoder's) is such a weight.
+    for n in graph.node.iter().filter(|n| matches!(n.op_type(), "Constant" | "ConstantOfShape")) {
         let over = target == Precision::Fp16
             && n.attribute.iter().any(|a| match (a.name(), &a.t) {
                 ("value", Some(t)) if t.data_type() == DataType::Float as i32 => {
@@ -329,16 +330,25 @@ fn convert_graph(
             Some(format!("--keep-fp32-op {}", info.op_type))
         } else if let Some(why) = fp32_only.get(info.op_type.as_str()) {
             Some(format!("{} stays FP32: {why}", info.op_type))
-        } else if info.op_type == "Cast"
-            && info.inputs.first().and_then(|t| index.producer(t)).is_some_and(|p| {
-                matches!(p.op_type.as_str(), "MatMulInteger" | "ConvInteger")
-                    && (p.domain.is_empty() || p.domain == "ai.onnx")
-            })
-        {
+        } else if info.op_type == "Cast" && info.inputs.first().is_some_and(|t| integer_sums(index, t)) {
             // A dynamically quantized model casts each int32 accumulator to float before its
             // scale: sums of int8 products reach beyond 65504 (a text-diacritics model's three
             // did, on every input), and ONNX Runtime fuses the pair in float32.
             Some("Cast of an integer accumulator (MatMulInteger/ConvInteger sums) stays FP32: its int32 sums reach beyond FP16's range".to_string())
+        } else if info.op_type == "Mul"
+            && info.inputs.iter().any(|t| {
+                index
+                    .producer(t)
+                    .is_some_and(|c| c.op_type == "Cast" && c.inputs.first().is_some_and(|i| integer_sums(index, i)))
+            })
+        {
+            // Its scale Mul too: the Cast's output stored in FP16 before it overflowed one node
+            // later (a T5 decoder's cross-attention sums reached 87,580: 50 became inf). The
+            // product is the layer's value, in range.
+            Some("Mul scaling an integer accumulator stays FP32: it reads the accumulator's sums, beyond FP16's range; its product is stored in FP16".to_string())
+        } else if info.op_type == "ConstantOfShape" && info.outputs.first().is_some_and(|o| overflowing.contains_key(o))
+        {
+            Some("ConstantOfShape stays FP32: its value is beyond the FP16 range".to_string())
         } else if !info.domain.is_empty() && info.domain != "ai.onnx" {
             Some(format!("custom-domain op ({}) with no known FP16 definition", info.domain))
         } else if info.has_subgraphs && !matches!(info.op_type.as_str(), "If" | "Loop") {
@@ -1034,4 +1044,11 @@ fn op_types(graph: &crate::onnx::GraphProto) -> HashSet<&str> {
         }
     }
     out
+}
+
+/// Whether `tensor` holds the int32 sums of a MatMulInteger or ConvInteger (default domain).
+fn integer_sums(index: &GraphIndex, tensor: &str) -> bool {
+    index.producer(tensor).is_some_and(|p| {
+        matches!(p.op_type.as_str(), "MatMulInteger" | "ConvInteger") && (p.domain.is_empty() || p.domain == "ai.onnx")
+    })
 }
