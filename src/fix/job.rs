@@ -16,7 +16,7 @@ use layerwise_runtime::{float32_tensors, Precision, RunRequest};
 use super::options::{check_fix_outputs, files_written_at, FixOptions, FixOutcome};
 use super::quantized::fix_quantized;
 use super::search::{diagnose, keep_the_breaks, region_search, BreaksKept, Judged, Keeping, Sample, Search};
-use super::summary::{bf16_samples, bf16_whole, num, output_changes, summary, write_json, Found, LARGE_KEEP_LIST};
+use super::summary::{bf16_samples, bf16_whole, num, output_changes, stage_json, summary, Found, LARGE_KEEP_LIST};
 use super::write::{made_by_inlining, trtexec_flags, write_and_check, Writing};
 use crate::keep::KeepRunner;
 use crate::pipeline::noise_floor::{noise_floor, FloorPlan};
@@ -391,9 +391,9 @@ fn fix_float(
             .map(|c| c.check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max)),
         non_finite_inside: &last.1.non_finite,
     });
-    let (fixed_model, fixed_model_fp32_nodes, fixed_model_check, fixed_model_load) = match checked {
-        Some(c) => (c.fixed_model, c.fp32_nodes, Some(c.check), Some(c.load)),
-        None => (None, Vec::new(), None, None),
+    let (fixed_model, fixed_model_fp32_nodes, fixed_model_check, fixed_model_load, mut staged) = match checked {
+        Some(c) => (c.fixed_model, c.fp32_nodes, Some(c.check), Some(c.load), c.outputs),
+        None => (None, Vec::new(), None, None, super::write::Staged::default()),
     };
     let report = FixReport {
         schema: FIX_SCHEMA.to_string(),
@@ -422,7 +422,9 @@ fn fix_float(
         other_precision,
         run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
-    write_json(b, &report)?;
+    // Every output of the run, or none: the report staged too, then all moved into place.
+    staged.files.extend(stage_json(b, &report)?);
+    staged.commit()?;
     let text = render_fix_terminal(&report, if low == Precision::Bf16 { "BF16" } else { "FP16" });
     Ok(FixOutcome { report, text })
 }

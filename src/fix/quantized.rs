@@ -12,14 +12,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use layerwise_analysis::{Comparison, QuantizerAlone, Status};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_report::{
-    render_fix_terminal, write_atomic, FixReport, FixStage, FixStatus, KeptPattern, ModelCheck, FIX_SCHEMA,
-};
+use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, ModelCheck, FIX_SCHEMA};
 use layerwise_runtime::{RunRequest, Tensor};
 
 use super::options::{exclusion_list_path, FixOptions, FixOutcome};
 use super::search::{diagnose, Keeping, Sample, Search};
-use super::summary::{output_changes, write_json};
+use super::summary::{output_changes, stage_json};
 use crate::keep::UnquantizedRunner;
 use crate::pipeline::setup::Setup;
 use crate::pipeline::Steps;
@@ -157,8 +155,20 @@ pub(super) fn fix_quantized(
     let keep: Vec<String> = patterns.iter().flat_map(|p| p.nodes.clone()).collect();
     let searched_fixed = last.1.status != Status::Diverged;
     // The model as written, read back and run: every FIXED holds in that file.
+    // Written beside -o and moved there with the run's other outputs once all are written (a
+    // full disk leaves -o as it was); without -o, in a scratch folder.
     let scratch = layerwise_model::scratch::ScratchDir::new("layerwise-fix-quantized-")?;
-    let path = options.output.clone().unwrap_or_else(|| scratch.path().join("unquantized.onnx"));
+    let staging = match &options.output {
+        Some(out) => Some(layerwise_model::scratch::StagedDir::beside(out, ".layerwise-fix-")?),
+        None => None,
+    };
+    let path = match (&options.output, &staging) {
+        (Some(out), Some(staging)) => {
+            staging.path().join(out.file_name().unwrap_or(std::ffi::OsStr::new("unquantized.onnx")))
+        }
+        _ => scratch.path().join("unquantized.onnx"),
+    };
+    let mut staged = super::write::Staged::default();
     // `sim:int8`/`sim:fp8`: the float model quantized again with the config and the set excluded
     // (what a user's quantizer given the exclusion list writes), not the search's bypassed copy.
     let (written_proto, excluded) = match &sim_quant {
@@ -182,7 +192,14 @@ pub(super) fn fix_quantized(
         let list = exclusion_list(&excluded);
         let mut bytes = serde_json::to_vec_pretty(&list)?;
         bytes.push(b'\n');
-        write_atomic(&exclusion_list_path(out), &bytes)?;
+        staged.files.push(layerwise_report::stage_atomic(&exclusion_list_path(out), &bytes)?);
+        for (from, to) in
+            [(path.clone(), out.clone()), (Model::oversized_data_path(&path), Model::oversized_data_path(out))]
+        {
+            if from.exists() {
+                staged.moves.push((from, to));
+            }
+        }
         Some(exclusion_list_path(out))
     } else {
         None
@@ -246,7 +263,9 @@ pub(super) fn fix_quantized(
         other_precision: None,
         run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
-    write_json(b, &report)?;
+    // Every output of the run, or none: the report staged too, then all moved into place.
+    staged.files.extend(stage_json(b, &report)?);
+    staged.commit()?;
     // The FP16 report's line about the written files names a keep list this fix does not write.
     let mut text = render_fix_terminal(&report, &family);
     if let Some(path) = &report.fixed_model {

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use anyhow::Result;
 use layerwise_analysis::{add_passed_through, is_weight_output, Comparison, WEIGHT_OUTPUT};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_report::{write_atomic, FixReport, KeptPattern, OtherPrecision, OutputChange};
+use layerwise_report::{FixReport, KeptPattern, OtherPrecision, OutputChange};
 use layerwise_runtime::{Precision, RunRequest, Tensor};
 
 use super::search::Sample;
@@ -270,12 +270,11 @@ pub(super) fn summary(found: &Found) -> String {
     summary
 }
 
-/// The fix report at `--json`, where given.
-pub(super) fn write_json(b: &BisectOptions, report: &FixReport) -> Result<()> {
-    if let Some(json) = &b.outputs.json {
-        let mut bytes = serde_json::to_vec_pretty(report)?;
-        bytes.push(b'\n');
-        write_atomic(json, &bytes)?;
-    }
-    Ok(())
+/// The fix report at `--json`, staged beside it ([`layerwise_report::stage_atomic`]), to be moved
+/// there with the run's other outputs.
+pub(super) fn stage_json(b: &BisectOptions, report: &FixReport) -> Result<Option<layerwise_report::StagedFile>> {
+    let Some(json) = &b.outputs.json else { return Ok(None) };
+    let mut bytes = serde_json::to_vec_pretty(report)?;
+    bytes.push(b'\n');
+    Ok(Some(layerwise_report::stage_atomic(json, &bytes)?))
 }

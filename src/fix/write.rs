@@ -11,7 +11,7 @@ use layerwise_analysis::{verdict_order, Comparison};
 use layerwise_model::convert::{check_float_types, convert_fp16, Conversion, ConvertOptions};
 use layerwise_model::scratch::{ScratchDir, StagedDir};
 use layerwise_model::{GraphIndex, Model, Selection};
-use layerwise_report::{write_atomic, KeptPattern, LoadCheck, ModelCheck, OutputChange};
+use layerwise_report::{stage_atomic, KeptPattern, LoadCheck, ModelCheck, OutputChange};
 use layerwise_runtime::{Backend, RunRequest, Tensor};
 
 use super::options::keep_list_path;
@@ -88,8 +88,11 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, Comp
 
 /// What the written file's checks found.
 pub(super) struct Checked {
-    /// Where the model was moved to (`-o`), where it holds.
+    /// Where the model goes (`-o`), where it holds: moved there with the run's other outputs.
     pub fixed_model: Option<String>,
+    /// The model, its weights file and its keep list, staged; moved into place by the caller
+    /// with the run's report.
+    pub outputs: Staged,
     /// The nodes the written file holds in FP32, with why.
     pub fp32_nodes: Vec<(String, String)>,
     pub check: ModelCheck,
@@ -160,6 +163,7 @@ pub(super) fn write_and_check(
         .filter(|l| crate::load_check::unusable(l))
         .map(|l| format!("{}: {}", l.status, l.detail.clone().unwrap_or_default()));
     let mut fixed_model = None;
+    let mut outputs = Staged::default();
     let failure = if let Some(how) = crashed {
         Some(format!("the fixed model does not load: {how}"))
     } else if !check.pass {
@@ -184,19 +188,41 @@ pub(super) fn write_and_check(
                 (Model::oversized_data_path(&writing.path), Model::oversized_data_path(out)),
             ] {
                 if staged.exists() {
-                    std::fs::rename(&staged, &destination).with_context(|| {
-                        format!("-o: moving the fixed model into place at {}", destination.display())
-                    })?;
-                    layerwise_model::scratch::note_written(&destination);
+                    outputs.moves.push((staged, destination));
                 }
             }
             let keep_json = serde_json::json!({ "keep_fp32": keep, "patterns": patterns, "trtexec_flags": trtexec });
-            write_atomic(&keep_list_path(out), &serde_json::to_vec_pretty(&keep_json)?)?;
+            outputs.files.push(stage_atomic(&keep_list_path(out), &serde_json::to_vec_pretty(&keep_json)?)?);
             fixed_model = Some(out.display().to_string());
         }
         None
     };
-    Ok(Checked { fixed_model, fp32_nodes: conversion.fp32_nodes, check, load, failure })
+    Ok(Checked { fixed_model, outputs, fp32_nodes: conversion.fp32_nodes, check, load, failure })
+}
+
+/// A fix's outputs, written in full beside their destinations and moved there together once every
+/// one is (issue 54: on a full disk the fix exited 2 after `-o` was replaced, beside an older keep
+/// list). A rename in a folder needs no new space.
+#[derive(Debug, Default)]
+pub(crate) struct Staged {
+    /// Files written in a staging folder: (staged, destination).
+    pub moves: Vec<(std::path::PathBuf, std::path::PathBuf)>,
+    pub files: Vec<layerwise_report::StagedFile>,
+}
+
+impl Staged {
+    /// Moves every output into place, the model first.
+    pub(crate) fn commit(self) -> Result<()> {
+        for (staged, destination) in self.moves {
+            std::fs::rename(&staged, &destination)
+                .with_context(|| format!("-o: moving the fixed model into place at {}", destination.display()))?;
+            layerwise_model::scratch::note_written(&destination);
+        }
+        for file in self.files {
+            file.commit()?;
+        }
+        Ok(())
+    }
 }
 
 /// Whether keep-list name `name` is a node the inlining of `inlined` made (`If/output0`,

@@ -25,4 +25,4 @@ pub use schema::{fix_report_schema, report_schema};
 pub use terminal::render_terminal;
 pub use words::{cause_name, format_number, non_finite_heading, nothing_judged, special_number, verdict_headline};
 pub(crate) use words::{error_of, fmt, input_error_text, shorten, shorten_distinct};
-pub use write::{to_json, write_atomic, Outputs, ReportError};
+pub use write::{stage_atomic, to_json, write_atomic, Outputs, ReportError, StagedFile};

@@ -29,27 +29,29 @@ impl Outputs {
         .collect()
     }
 
-    /// Writes every requested format of a report, each atomically. `fix` adds the fix to the
-    /// Markdown summary.
+    /// Writes every requested format of a report, each atomically, and all or none: every file
+    /// is staged before any is moved into place, so a full disk on the last leaves none of them
+    /// written. `fix` adds the fix to the Markdown summary.
     pub fn write(&self, report: &Report, fix: Option<&FixReport>) -> Result<(), ReportError> {
+        let mut staged = Vec::new();
         if let Some(p) = &self.json {
-            write_atomic(p, &to_json(report))?;
+            staged.push(stage_atomic(p, &to_json(report))?);
         }
         if let Some(p) = &self.html {
-            write_atomic(p, render_html(report).as_bytes())?;
+            staged.push(stage_atomic(p, render_html(report).as_bytes())?);
         }
         if let Some(p) = &self.markdown {
-            write_atomic(p, render_markdown(report, fix).as_bytes())?;
+            staged.push(stage_atomic(p, render_markdown(report, fix).as_bytes())?);
         }
         if let Some(p) = &self.csv {
-            write_atomic(p, &render_csv(report))?;
+            staged.push(stage_atomic(p, &render_csv(report))?);
         }
         if let Some(p) = &self.model_explorer {
             let mut bytes = serde_json::to_vec_pretty(&render_model_explorer(report)).expect("json");
             bytes.push(b'\n');
-            write_atomic(p, &bytes)?;
+            staged.push(stage_atomic(p, &bytes)?);
         }
-        Ok(())
+        staged.into_iter().try_for_each(StagedFile::commit)
     }
 }
 
@@ -62,6 +64,29 @@ pub enum ReportError {
 /// Writes `bytes` to `path` through a temporary file in the same folder and a rename, so readers
 /// never see a half-written file and a failed write leaves nothing behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    stage_atomic(path, bytes)?.commit()
+}
+
+/// A file written in full beside its destination, not yet moved there ([`stage_atomic`]): a run
+/// with several outputs stages them all, then commits them, so that a full disk stops it before
+/// any output is replaced. Dropped uncommitted, it is removed.
+#[derive(Debug)]
+pub enum StagedFile {
+    File {
+        tmp: tempfile::NamedTempFile,
+        _tracked: layerwise_model::scratch::Tracked,
+        path: PathBuf,
+    },
+    /// A device (`/dev/null`, `/dev/stdout`): written at commit, nothing to stage.
+    Device {
+        path: PathBuf,
+        bytes: Vec<u8>,
+    },
+}
+
+/// `bytes` written and synced to a temporary file in `path`'s folder, to be moved to `path` by
+/// [`StagedFile::commit`].
+pub fn stage_atomic(path: &Path, bytes: &[u8]) -> Result<StagedFile, ReportError> {
     let err = |why: String| ReportError::Write { path: path.to_path_buf(), why };
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -73,8 +98,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
     if path.is_dir() {
         return Err(err("it is a folder".into()));
     }
-    if let Some(written) = layerwise_model::scratch::write_if_not_a_file(path, bytes) {
-        return written.map_err(|e| err(e.to_string()));
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return Ok(StagedFile::Device { path: path.to_path_buf(), bytes: bytes.to_vec() });
     }
     let (mut tmp, _tracked) = layerwise_model::scratch::create_tracked(
         || tempfile::Builder::new().prefix(".layerwise-").suffix(".tmp").tempfile_in(&dir),
@@ -89,9 +114,24 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o644)).map_err(|e| err(e.to_string()))?;
     }
-    tmp.persist(path).map_err(|e| err(e.error.to_string()))?;
-    layerwise_model::scratch::note_written(path);
-    Ok(())
+    Ok(StagedFile::File { tmp, _tracked, path: path.to_path_buf() })
+}
+
+impl StagedFile {
+    /// Moves the file into place (a rename in its folder) and records it written.
+    pub fn commit(self) -> Result<(), ReportError> {
+        match self {
+            StagedFile::File { tmp, _tracked, path } => {
+                tmp.persist(&path).map_err(|e| ReportError::Write { path: path.clone(), why: e.error.to_string() })?;
+                layerwise_model::scratch::note_written(&path);
+                Ok(())
+            }
+            StagedFile::Device { path, bytes } => match layerwise_model::scratch::write_if_not_a_file(&path, &bytes) {
+                Some(written) => written.map_err(|e| ReportError::Write { path, why: e.to_string() }),
+                None => Err(ReportError::Write { path, why: "it is no longer a device".into() }),
+            },
+        }
+    }
 }
 
 /// The JSON text of a report (pretty, with a final newline).
