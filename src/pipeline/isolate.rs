@@ -126,7 +126,13 @@ pub(super) fn isolate(
                 .producer(t)
                 .is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear")
     };
-    let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t);
+    // A converted candidate's edge Cast (`x__to_fp16`, which `convert` adds between FP32 and FP16
+    // nodes) has no reference twin to be fed: it comes along, fed the reference's value of what it
+    // casts (it was "no type and shape known for '..._to_fp16'", every chain node left unrun).
+    let edge_cast = |t: &str| {
+        value(t).is_none() && source_index.producer(t).is_some_and(|p| p.op_type == "Cast" && p.inputs.len() == 1)
+    };
+    let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t) || edge_cast(t);
     let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;
     super::steps::timing("isolation: extracted", started);
     let started = std::time::Instant::now();
