@@ -230,17 +230,31 @@ pub(super) fn counterfactual(
     };
     // Where the converter's own FP32 nodes already remove most of the error, that comes first:
     // the checks after it are measured on top of them.
+    // Where no check does better than that file, no node checked is shown to matter beyond the
+    // converter's own nodes (an ArgMax credited with 100% the converter's FP32 nodes gave).
+    let best_check =
+        checks.iter().map(|c| (c.fixes, c.explained)).fold((false, 0f64), |a, b| (a.0 || b.0, a.1.max(b.1)));
     let conclusion = match as_converted.as_ref().filter(|c| c.fixes || c.explained >= 0.5) {
-        Some(c) => format!(
-            "the file `convert` writes with nothing kept ({} node{} FP32 by its own rules, first {}: {}) {}{}; every check here keeps them too, so {}",
-            converter_own.len(),
-            if converter_own.len() == 1 { "" } else { "s" },
-            converter_own[0].0,
-            converter_own[0].1,
-            c.effect(before, Some(&worst), shape_differs),
-            if c.fixes { " and brings every output within tolerance" } else { "" },
-            conclusion
-        ),
+        Some(c) => {
+            let named = verdict.first_divergent.as_ref().map(|f| f.node.as_str());
+            let beyond = if (c.fixes || !best_check.0) && best_check.1 <= c.explained + 0.01 {
+                match named.filter(|n| converter_own.iter().any(|(own, _)| own == n)) {
+                    Some(n) => format!("that set holds {n}, the first divergent layer, already; every check here keeps them too and does no better"),
+                    None => "every check here keeps them too and does no better, so no node checked is shown to matter beyond them".to_string(),
+                }
+            } else {
+                format!("every check here keeps them too, so on top of them {conclusion}")
+            };
+            format!(
+                "the file `convert` writes with nothing kept ({} node{} FP32 by its own rules, first {}: {}) {}{}; {beyond}",
+                converter_own.len(),
+                if converter_own.len() == 1 { "" } else { "s" },
+                converter_own[0].0,
+                converter_own[0].1,
+                c.effect(before, Some(&worst), shape_differs),
+                if c.fixes { " and brings every output within tolerance" } else { "" },
+            )
+        }
         None => conclusion,
     };
     checks.splice(0..0, as_converted);

@@ -15,6 +15,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     // Only the tensors shown are escaped: escaping goes through a JSON tree of what it is given,
     // and every tensor's record made that grow with the graph (1.9 s of a 50,000-node run).
     let compared = report.tensors.len();
+    // Counted and read before `report` is narrowed to the tensors shown below.
+    let judging_lines = judging_lines(report);
     let mut worst: Vec<&layerwise_analysis::TensorRecord> =
         report.tensors.iter().filter(|t| !t.constant_like).collect();
     worst.sort_by(|a, b| b.error_level().total_cmp(&a.error_level()).then(a.topo_index.cmp(&b.topo_index)));
@@ -31,7 +33,19 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
         m.node_count
     );
     let _ = writeln!(out, "reference  {}", report.reference.spec);
-    let _ = writeln!(out, "candidate  {}", report.cand.spec);
+    // Where the candidate file was evaluated by layerwise in its own types (ONNX Runtime's CPU
+    // provider computes FP16 in float32, and would give another number), the header says so.
+    let typed = report.cand.notes.iter().any(|n| n.starts_with("typed evaluation:"));
+    let _ = writeln!(
+        out,
+        "candidate  {}{}",
+        report.cand.spec,
+        if typed {
+            " (the file evaluated in its own types by layerwise, not by ONNX Runtime's CPU kernels, which compute FP16 and BF16 in float32)"
+        } else {
+            ""
+        }
+    );
     let _ = writeln!(
         out,
         "tolerance  |cand - ref| <= {} + {} * |ref| + {} * max|ref| ({})    compared {} tensors ({} not compared)",
@@ -50,39 +64,8 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
             t.tensor, tol.atol, tol.rtol, tol.range_tol
         );
     }
-    let integers = report.tensors.iter().filter(|r| r.holds_integers).count();
-    if integers > 0 {
-        let _ = writeln!(
-            out,
-            "           {integers} tensors hold integers (indices, counts, rounded values; not quantizer codes): judged exactly"
-        );
-    }
-    for r in report.tensors.iter().filter(|r| r.is_output) {
-        if let Some(p) = &r.metrics.parts {
-            let parts: Vec<String> = p
-                .parts
-                .iter()
-                .zip(&p.ranges)
-                .map(|((first, size), range)| format!("{first}..={} max|ref| {}", first + size - 1, num(*range)))
-                .collect();
-            let _ = writeln!(
-                out,
-                "           '{}': judged part by part along axis {} (the parts its Concat joins: {}), each by its own range: {} of {} out of tolerance{}",
-                r.name,
-                p.axis,
-                parts.join(", "),
-                p.failing.len(),
-                p.parts.len(),
-                match p.worst_part {
-                    Some(k) => format!(
-                        "; its relative L2 is part {k}'s ({}), the whole tensor's {}",
-                        num(r.metrics.rel_l2_err),
-                        num(p.whole_rel_l2)
-                    ),
-                    None => String::new(),
-                }
-            );
-        }
+    for line in &judging_lines {
+        let _ = writeln!(out, "{line}");
     }
     if let Some(m) = &report.extras.matching {
         let _ = writeln!(
@@ -372,4 +355,43 @@ fn tolerance_origin(t: &crate::json::Tolerances) -> String {
             t.defaults_for, defaults.atol, defaults.rtol, defaults.range_tol
         )
     }
+}
+
+/// The header's lines on how tensors were judged beyond the tolerance line: how many hold integers
+/// (judged exactly), and each output judged part by part. Read from every record, names escaped.
+fn judging_lines(report: &Report) -> Vec<String> {
+    let mut lines = Vec::new();
+    let integers = report.tensors.iter().filter(|r| r.holds_integers).count();
+    if integers > 0 {
+        lines.push(format!(
+            "           {integers} tensors hold integers (indices, counts, rounded values, truth values; not quantizer codes): judged exactly"
+        ));
+    }
+    for r in report.tensors.iter().filter(|r| r.is_output) {
+        if let Some(p) = &r.metrics.parts {
+            let parts: Vec<String> = p
+                .parts
+                .iter()
+                .zip(&p.ranges)
+                .map(|((first, size), range)| format!("{first}..={} max|ref| {}", first + size - 1, num(*range)))
+                .collect();
+            lines.push(format!(
+                "           '{}': judged part by part along axis {} (the parts its Concat joins: {}), each by its own range: {} of {} out of tolerance{}",
+                crate::escape::terminal(&r.name),
+                p.axis,
+                parts.join(", "),
+                p.failing.len(),
+                p.parts.len(),
+                match p.worst_part {
+                    Some(k) => format!(
+                        "; its relative L2 is part {k}'s ({}), the whole tensor's {}",
+                        num(r.metrics.rel_l2_err),
+                        num(p.whole_rel_l2)
+                    ),
+                    None => String::new(),
+                }
+            ));
+        }
+    }
+    lines
 }
