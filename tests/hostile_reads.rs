@@ -547,3 +547,26 @@ fn a_data_loader_that_never_ends_is_stopped_and_said_so() {
         QUICK,
     );
 }
+
+/// Found by the red team (issue 54): a tensor file of a saved run that is a link to a file outside
+/// the run's folder was read as a saved tensor (a folder linked out was refused already). Every
+/// file of a saved run must resolve inside its folder.
+#[test]
+fn a_saved_runs_tensor_file_linked_out_of_its_folder_is_refused() {
+    let c = Cases::new();
+    save(&valid(), &c.path("m.onnx"));
+    let (m, json) = (c.p("m.onnx"), c.p("r.json"));
+    c.runs(&["bisect", &m, "--separate-runs", "--save-tensors", &c.p("st")]);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(c.path("st/cand/manifest.json")).unwrap()).unwrap();
+    let file = manifest["tensors"][0]["file"].as_str().unwrap().to_string();
+    let secret = c.path("secret.npy");
+    layerwise_runtime::npy::write_npy_file(&secret, &Tensor::f32(vec![1, 4], vec![123.0; 4])).unwrap();
+    std::fs::remove_file(c.path("st/cand").join(&file)).unwrap();
+    std::os::unix::fs::symlink(&secret, c.path("st/cand").join(&file)).unwrap();
+    c.refused(
+        &["bisect", &m, "--cand", &format!("npz:{}", c.p("st/cand")), "--json", &json],
+        "outside the saved run's folder",
+        QUICK,
+    );
+}

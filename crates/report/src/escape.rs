@@ -316,14 +316,26 @@ pub fn trtexec_left_out(keep: &[String]) -> Vec<(&str, &'static str)> {
     keep.iter().filter_map(|n| trtexec_layer_refusal(n).map(|why| (n.as_str(), why))).collect()
 }
 
-/// `text` for HTML text and double-quoted attributes.
+/// `text` for HTML text and double-quoted attributes. A NUL, which HTML does not allow (a parser
+/// shows U+FFFD for it), is written as that U+FFFD (the red team found raw NUL bytes from a node
+/// name `a\0b` in a report).
 pub fn html(text: &str) -> String {
-    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+        .replace('\0', "&#xFFFD;")
 }
 
 #[cfg(test)]
 mod tests {
     use super::csv_text;
+
+    /// Found by the red team (issue 54): a node name `a\0b` put a raw NUL into the HTML report.
+    #[test]
+    fn html_holds_no_nul() {
+        assert_eq!(super::html("a\0b<"), "a&#xFFFD;b&lt;");
+    }
 
     /// Found by the red team (issue 54 item 6): these before `=` got no quote.
     #[test]

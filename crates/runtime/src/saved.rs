@@ -122,7 +122,7 @@ impl SavedBackend {
                 let p = entry.path();
                 if p.extension().is_some_and(|x| x == "npy") {
                     let name = p.file_stem().unwrap_or_default().to_string_lossy().to_string();
-                    backend.tensors.insert(name, read_npy_file(&p)?);
+                    backend.tensors.insert(name, read_npy_file(&inside(path, &p).map_err(bad)?)?);
                 }
             }
             if backend.tensors.is_empty() {
@@ -130,6 +130,7 @@ impl SavedBackend {
             }
             return Ok(backend);
         }
+        let manifest_path = inside(path, &manifest_path).map_err(bad)?;
         let mut text = String::new();
         layerwise_model::open_regular(&manifest_path)
             .and_then(|mut f| std::io::Read::read_to_string(&mut f, &mut text))
@@ -163,9 +164,26 @@ impl SavedBackend {
             if !plain || file.contains(['/', '\\']) {
                 return Err(bad(format!("manifest names file '{}' outside the folder", crate::npy::excerpt(file))));
             }
-            backend.tensors.insert(name.to_string(), read_npy_file(&path.join(file))?);
+            backend.tensors.insert(name.to_string(), read_npy_file(&inside(path, &path.join(file)).map_err(bad)?)?);
         }
         Ok(backend)
+    }
+}
+
+/// `file`, a file of the saved run in `folder`, where it resolves (links followed) inside that
+/// folder: a tensor file that is a link out of it is a read of another file, which the user never
+/// named (found by the red team: a link to a file beside the model was read as a saved tensor).
+fn inside(folder: &Path, file: &Path) -> Result<PathBuf, String> {
+    let resolved = fs::canonicalize(file).map_err(|e| format!("cannot open '{}': {e}", file.display()))?;
+    let root = fs::canonicalize(folder).map_err(|e| format!("cannot open '{}': {e}", folder.display()))?;
+    if resolved.starts_with(&root) {
+        Ok(resolved)
+    } else {
+        Err(format!(
+            "'{}' resolves to '{}', outside the saved run's folder; a saved run's files must lie in it",
+            file.display(),
+            resolved.display()
+        ))
     }
 }
 
