@@ -569,4 +569,12 @@ fn a_saved_runs_tensor_file_linked_out_of_its_folder_is_refused() {
         "outside the saved run's folder",
         QUICK,
     );
+    // A hard link is another name of the outside file (the red team's re-run).
+    std::fs::remove_file(c.path("st/cand").join(&file)).unwrap();
+    std::fs::hard_link(&secret, c.path("st/cand").join(&file)).unwrap();
+    c.refused(
+        &["bisect", &m, "--cand", &format!("npz:{}", c.p("st/cand")), "--json", &json],
+        "has 2 names (hard links)",
+        QUICK,
+    );
 }

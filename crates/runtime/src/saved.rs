@@ -176,6 +176,20 @@ impl SavedBackend {
 fn inside(folder: &Path, file: &Path) -> Result<PathBuf, String> {
     let resolved = fs::canonicalize(file).map_err(|e| format!("cannot open '{}': {e}", file.display()))?;
     let root = fs::canonicalize(folder).map_err(|e| format!("cannot open '{}': {e}", folder.display()))?;
+    // A file with other names (hard links) may be one outside the folder under another name: a
+    // saved run's files are layerwise's own, each with one name (found by the red team: a hard
+    // link to a file beside the model was read as a saved tensor).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let links = fs::metadata(&resolved).map(|m| m.nlink()).unwrap_or(1);
+        if links > 1 {
+            return Err(format!(
+                "'{}' has {links} names (hard links), so it may be a file outside the saved run's folder under another name; a saved run's files have one name each, as layerwise writes them (copy the folder to give them their own)",
+                file.display()
+            ));
+        }
+    }
     if resolved.starts_with(&root) {
         Ok(resolved)
     } else {
