@@ -55,6 +55,13 @@ impl TensorRecord {
         self.holds_integers && !self.pass
     }
 
+    /// What the walk follows first, before the largest error: inf/NaN, then changed integers (a
+    /// class id off by one, however small its relative error). One rule for the output the walk
+    /// starts at and the input it steps into.
+    pub fn walk_rank(&self) -> (bool, bool) {
+        (self.error_level() == f64::INFINITY, self.integers_changed())
+    }
+
     /// Passes on matching inf/NaN alone: every value is NaN or inf in the reference and the
     /// candidate matches it (NaN inputs make NaN outputs), so nothing of it was judged.
     pub fn unjudged(&self) -> bool {

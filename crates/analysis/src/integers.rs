@@ -83,9 +83,7 @@ impl IntegerTensors {
                 || (SELECTING.contains(&op) && all_rounded(true))
             {
                 found.rounded.extend(outputs);
-            } else if layerwise_model::convert::QUANTIZATION_OPS.contains(&op)
-                || layerwise_model::quant::is_integer_op(op)
-                || (DATA_MOVEMENT.contains(&op) && reads(&found.codes))
+            } else if layerwise_model::quant::works_on_codes(op) || (DATA_MOVEMENT.contains(&op) && reads(&found.codes))
             {
                 found.codes.extend(outputs);
             }

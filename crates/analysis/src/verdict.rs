@@ -342,8 +342,10 @@ impl<'a> InputView<'a> {
     /// The compared input the error comes from: inf/NaN first, then changed integers (an index
     /// off by one changes what is read, whatever its relative size), then the largest error.
     pub(crate) fn worst(&self) -> Option<&'a TensorRecord> {
-        let rank = |r: &TensorRecord| (r.error_level() == f64::INFINITY, r.integers_changed());
-        self.seen.iter().max_by(|a, b| rank(a).cmp(&rank(b)).then(a.error_level().total_cmp(&b.error_level()))).copied()
+        self.seen
+            .iter()
+            .max_by(|a, b| a.walk_rank().cmp(&b.walk_rank()).then(a.error_level().total_cmp(&b.error_level())))
+            .copied()
     }
 
     /// Whether an input holds inf/NaN the reference does not, seen or carried: a quantizer's
@@ -363,9 +365,7 @@ impl<'a> InputView<'a> {
 /// Whether `tensor`, computed by quantizers or integer ops, was computed from a float that holds
 /// inf/NaN in the candidate where the reference does not (see [`InputView::nonfinite`]).
 pub(crate) fn carries_nonfinite(index: &GraphIndex, comparison: &Comparison, tensor: &str) -> bool {
-    let through = |op: &str| {
-        layerwise_model::quant::is_integer_op(op) || layerwise_model::convert::QUANTIZATION_OPS.contains(&op)
-    };
+    let through = layerwise_model::quant::works_on_codes;
     let mut stack = vec![(tensor.to_string(), 0usize)];
     while let Some((t, depth)) = stack.pop() {
         let Some(p) = index.producer(&t).filter(|p| through(&p.op_type) && depth < 8) else { continue };

@@ -55,11 +55,9 @@ pub fn walk_back(
         .iter()
         .filter(|r| !r.pass)
         .max_by(|a, b| {
-            // Then inf/NaN, then changed integers (a class id off, however small its relative
-            // error: the walk from it finds where it changed), then the largest error.
-            let rank = |r: &TensorRecord| (computed(r), r.error_level() == f64::INFINITY, r.integers_changed());
-            rank(a)
-                .cmp(&rank(b))
+            // Then as the walk ranks inputs (inf/NaN, then changed integers), then the largest error.
+            (computed(a), a.walk_rank())
+                .cmp(&(computed(b), b.walk_rank()))
                 .then(a.error_level().total_cmp(&b.error_level()))
                 .then(b.topo_index.cmp(&a.topo_index))
         })

@@ -122,6 +122,13 @@ pub fn is_integer_op(op: &str) -> bool {
         )
 }
 
+/// Whether `op` makes, reads or computes on a quantizer's codes (QuantizeLinear/DequantizeLinear,
+/// and the ops [`is_integer_op`] names): what such an op outputs stands for floats on a
+/// quantizer's grid, or carries what its float input held.
+pub fn works_on_codes(op: &str) -> bool {
+    crate::convert::QUANTIZATION_OPS.contains(&op) || is_integer_op(op)
+}
+
 impl Quantization {
     /// The coarsest format the model quantizes with: the one its error is judged by.
     pub fn coarsest(&self) -> Option<QuantFormat> {
