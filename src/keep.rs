@@ -814,6 +814,7 @@ pub struct UnquantizedRunner<'a> {
     cand_index: &'a GraphIndex,
     /// Reference tensor -> the candidate tensor holding its value (the matching's pairs).
     cand_names: &'a HashMap<String, String>,
+    file: Option<&'a Model>,
 }
 
 /// What keeping a set of reference nodes unquantized does in the candidate.
@@ -836,7 +837,15 @@ impl<'a> UnquantizedRunner<'a> {
         cand_index: &'a GraphIndex,
         cand_names: &'a HashMap<String, String>,
     ) -> UnquantizedRunner<'a> {
-        UnquantizedRunner { reference, ref_index, candidate, cand_index, cand_names }
+        UnquantizedRunner { reference, ref_index, candidate, cand_index, cand_names, file: None }
+    }
+
+    /// The candidate's file where `candidate` is its Q/DQ form (QOperator or dynamic integer
+    /// ops): runs as deployed are of the file with the kept ops float ([`Self::model_in_file_form`]),
+    /// what the user gets; runs that read tensors are of the Q/DQ form, whose tensors pair.
+    pub fn with_file(mut self, file: Option<&'a Model>) -> UnquantizedRunner<'a> {
+        self.file = file;
+        self
     }
 
     /// The candidate's counterparts of the reference nodes `keep`: the node of the same name and
@@ -889,6 +898,25 @@ impl<'a> UnquantizedRunner<'a> {
         )?)
     }
 
+    /// `file` (the candidate as its file has it, QOperator or dynamic integer ops, whose Q/DQ form
+    /// the runner holds) with `keep` unquantized: the kept ops read in the Q/DQ form and left
+    /// unquantized, every other op as the file has it.
+    pub fn model_in_file_form(
+        &self,
+        file: &layerwise_model::onnx::ModelProto,
+        keep: &[String],
+    ) -> Result<layerwise_model::unquantize::Unquantized> {
+        let plan = self.translate(keep);
+        let only: std::collections::HashSet<String> = plan.nodes.iter().cloned().collect();
+        let partial = layerwise_model::qdq_form::to_qdq_form_only(file, &only)?.map(|f| f.model);
+        Ok(layerwise_model::unquantize::keep_unquantized(
+            partial.as_ref().unwrap_or(file),
+            &plan.nodes,
+            &plan.quantizers,
+            Some(&self.reference.proto),
+        )?)
+    }
+
     /// One run of the candidate with `keep` unquantized: the tensors of `selection` (in its own
     /// names; `Selection::Names(vec![])` runs it as deployed, only its outputs, its Q/DQ pairs
     /// fused) under the reference names they hold.
@@ -899,7 +927,11 @@ impl<'a> UnquantizedRunner<'a> {
         inputs: &[(String, Tensor)],
         selection: &Selection,
     ) -> Result<RunOutput> {
-        let rewritten = self.model(keep)?;
+        let as_deployed = matches!(selection, Selection::Names(names) if names.is_empty());
+        let rewritten = match self.file.filter(|_| as_deployed) {
+            Some(file) => self.model_in_file_form(&file.proto, keep)?,
+            None => self.model(keep)?,
+        };
         let dir = layerwise_model::scratch::ScratchDir::new("layerwise-unquantized-")?;
         let path = dir.path().join("candidate.onnx");
         self.candidate.save_standalone(&rewritten.model, &path)?;

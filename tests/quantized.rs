@@ -604,39 +604,51 @@ fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
     assert!(t.contains(&format!("(QuantizeLinear 'q{planted}') is at fault")), "{t}");
 }
 
-/// A QOperator candidate (integer ops such as QLinearMatMul, no float node between its
-/// quantizers) has nothing `fix` could leave unquantized: refused with exit 2 and nothing
-/// written, neither the model nor its exclusion list.
+/// A QOperator candidate is read in its Q/DQ form (issue 53 item 4): its QLinearMatMul becomes
+/// DequantizeLinear, MatMul 'mm1', QuantizeLinear, so the float tensors pair with the reference's
+/// and the quantizer that clips h (its scale shrunk 16x) is named. Before, the QLinearMatMul was
+/// "not seen inside" and nothing was named.
 #[test]
-fn fix_refuses_a_qoperator_candidate_and_writes_nothing() {
+fn a_qoperator_candidate_is_read_in_qdq_form_and_the_quantizer_that_clips_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
-    save(&qoperator_model(&w1, &w2, 1.0), &dir.path().join("q.onnx"));
-    let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    let out = layerwise(
-        &["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"],
-        dir.path(),
-    );
+    save(&qoperator_model(&w1, &w2, 16.0), &dir.path().join("q.onnx"));
+    let before = std::fs::read(dir.path().join("q.onnx")).unwrap();
+    let args = ["bisect", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1"];
+    let out = layerwise(&[&args[..], &["--json", "r.json"]].concat(), dir.path());
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("computes with QLinearMatMul (the QOperator format"), "{t}");
-    let after: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(before, after, "nothing written: {t}");
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    let notes = report["cand"]["notes"].to_string();
+    assert!(
+        notes.contains("1 QOperator integer op (QLinearMatMul 'mm1' as MatMul 'mm1') read in the Q/DQ form"),
+        "{notes}"
+    );
+    assert!(!notes.contains("not seen inside"), "{notes}");
+    assert_eq!(report["matching"]["unmatched_reference"].as_array().map(Vec::len), Some(0), "{t}");
+    assert_eq!(report["verdict"]["first_divergent"]["node"], "mm1", "{t}");
+    let cause = report["verdict"]["first_divergent"]["cause"].to_string();
+    assert!(
+        cause.contains("quantizer_clipping")
+            && t.contains("int8 quantizer of 'h' (the requantization of MatMul 'mm1''s int32 sums"),
+        "the clipping quantizer named: {t}"
+    );
+    assert_eq!(std::fs::read(dir.path().join("q.onnx")).unwrap(), before, "the candidate file is unchanged");
 }
 
-/// bisect of a QOperator candidate whose QLinearMatMul clips (its output scale shrunk 16x) says
-/// that the integer op is not seen inside, rather than calling the candidate float32 between its
-/// quantizers.
+/// `fix` of that QOperator candidate leaves the clipping QLinearMatMul unquantized (issue 53
+/// item 4): the file written is the Q/DQ form with 'mm1' a float MatMul of the reference's w1,
+/// which passes, and the exclusion list names it. Before, fix refused the file (exit 2).
 #[test]
-fn bisect_of_a_qoperator_candidate_says_its_integer_ops_are_not_seen_inside() {
+fn fix_of_a_qoperator_candidate_leaves_its_clipping_integer_op_unquantized() {
     let dir = tempfile::tempdir().unwrap();
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&qoperator_model(&w1, &w2, 16.0), &dir.path().join("q.onnx"));
     let out = layerwise(
         &[
-            "bisect",
+            "fix",
             "m.onnx",
             "--cand",
             "ort:cpu",
@@ -644,20 +656,113 @@ fn bisect_of_a_qoperator_candidate_says_its_integer_ops_are_not_seen_inside() {
             "q.onnx",
             "--val-range",
             "x:-1,1",
+            "-o",
+            "fixed.onnx",
             "--json",
-            "r.json",
+            "f.json",
         ],
         dir.path(),
     );
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    let notes = json(&dir.path().join("r.json"))["cand"]["notes"].to_string();
-    assert!(
-        notes.contains("1 integer ops (QLinearMatMul 'mm1': the QOperator format")
-            && notes.contains("their inside and their own output scales are not read"),
-        "{notes}"
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let report = json(&dir.path().join("f.json"));
+    assert_eq!(report["status"], "fixed", "{t}");
+    // The quantizer's reader and the op that computes what it quantizes.
+    assert_eq!(report["keep_fp32"], serde_json::json!(["relu", "mm1"]), "{t}");
+    assert!(t.contains("the written file keeps the candidate's QOperator format"), "{t}");
+    let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let ops: Vec<&str> = written.graph().node.iter().map(|n| n.op_type()).collect();
+    assert!(!ops.contains(&"QLinearMatMul") && ops.contains(&"MatMul"), "{ops:?}");
+    assert_float_weight(&written, "mm1", &w1);
+    let relu = written.graph().node.iter().find(|n| n.name() == "relu").unwrap();
+    let mm1 = written.graph().node.iter().find(|n| n.name() == "mm1").unwrap();
+    assert_eq!(relu.input, mm1.output, "the Relu reads mm1's float output, past the clipping quantizer: {ops:?}");
+    let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
+    assert_eq!(
+        list["onnxruntime.quantization.quantize_static"]["nodes_to_exclude"],
+        serde_json::json!(["relu", "mm1"])
     );
-    assert!(!notes.contains("computed in float32 between its quantizers"), "{notes}");
+}
+
+/// `node` of `written` reads as its weight (input 1) an initializer holding exactly `weights`: the
+/// reference's float weight, not the candidate's dequantized one.
+fn assert_float_weight(written: &layerwise_model::Model, node: &str, weights: &[f32]) {
+    let n = written.graph().node.iter().find(|n| n.name() == node).unwrap();
+    let w = written.graph().initializer.iter().find(|w| w.name() == n.input[1].as_str()).unwrap();
+    let values = layerwise_model::Tensor::from_proto(w).unwrap().to_f32().into_owned();
+    assert_eq!(values, weights, "'{node}' reads '{}'", n.input[1]);
+}
+
+/// An integer op with no Q/DQ form layerwise reads (a MatMulInteger whose sums are used as they
+/// are, not scaled as quantize_dynamic writes them) is listed in the notes as not seen inside,
+/// and `fix` refuses the file with exit 2, writing nothing.
+#[test]
+fn fix_refuses_an_integer_op_with_no_qdq_form_and_writes_nothing() {
+    use layerwise_model::builder::attr;
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    let mut b = ModelBuilder::new("unscaled", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w1_q", &[8, 8], &w1.iter().map(|v| (v * 127.0).round() as i32).collect::<Vec<_>>()));
+    b.initializer(f32_tensor("w2", &[8, 4], &w2));
+    b.node("DynamicQuantizeLinear", "x_q", &["x"], &["x_q8", "x_s", "x_z"], vec![]);
+    b.node("MatMulInteger", "mm1", &["x_q8", "w1_q", "x_z"], &["sums"], vec![]);
+    b.node("Cast", "cast", &["sums"], &["h"], vec![attr::int("to", DataType::Float as i64)]);
+    b.node("Relu", "relu", &["h"], &["r"], vec![]);
+    b.node("MatMul", "mm2", &["r", "w2"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("q.onnx"));
+    let before: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let out = layerwise(
+        &["fix", "m.onnx", "--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1", "-o", "fixed.onnx"],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("computes with DynamicQuantizeLinear, MatMulInteger, which have no Q/DQ form that layerwise reads"),
+        "{t}"
+    );
+    let after: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(before, after, "nothing written: {t}");
+}
+
+/// A dynamically quantized candidate (quantize_dynamic's DynamicQuantizeLinear, MatMulInteger,
+/// Cast, Mul; issue 53 item 3) is read in its Q/DQ form: its float MatMul outputs pair with the
+/// reference's (no uint8 codes compared with floats), the MatMul whose weight saturates (w1's
+/// scale shrunk 4x) is named, and `fix` leaves it unquantized and writes the exclusion list for
+/// quantize_dynamic.
+#[test]
+fn a_dynamic_candidate_is_judged_in_qdq_form_and_fix_writes_quantize_dynamics_exclusions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&crate::common::quantized::dynamic_model(&w1, &w2, 4.0), &dir.path().join("q.onnx"));
+    let base = ["--cand", "ort:cpu", "--cand-model", "q.onnx", "--val-range", "x:-1,1"];
+    let out = layerwise(&[&["bisect", "m.onnx"][..], &base, &["--json", "r.json"]].concat(), dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let report = json(&dir.path().join("r.json"));
+    let notes = report["cand"]["notes"].to_string();
+    assert!(notes.contains("2 dynamic integer ops (MatMulInteger 'mm1_quant' as MatMul 'mm1' and 1 more)"), "{notes}");
+    assert!(notes.contains("2 activation quantizers (2 uint8 per tensor, each dynamic"), "{notes}");
+    assert_eq!(report["not_compared"].as_array().map(Vec::len).unwrap_or(0), 0, "{t}");
+    assert_eq!(report["verdict"]["first_divergent"]["node"], "mm1", "{t}");
+    let out =
+        layerwise(&[&["fix", "m.onnx"][..], &base, &["-o", "fixed.onnx", "--json", "f.json"]].concat(), dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert_eq!(json(&dir.path().join("f.json"))["keep_fp32"], serde_json::json!(["mm1"]), "{t}");
+    let list = json(&dir.path().join("fixed.onnx.nodes-to-exclude.json"));
+    assert_eq!(list["onnxruntime.quantization.quantize_dynamic"]["nodes_to_exclude"], serde_json::json!(["mm1"]));
+    let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    assert_float_weight(&written, "mm1", &w1);
+    let mm1 = written.graph().node.iter().find(|n| n.name() == "mm1").unwrap();
+    assert_eq!(mm1.input[0], "x", "mm1 reads x, not its dynamic quantizer's output: {t}");
+    // mm2 stays as the file has it: DynamicQuantizeLinear, MatMulInteger, Cast, Mul.
+    let ops: Vec<&str> = written.graph().node.iter().map(|n| n.op_type()).collect();
+    assert_eq!(ops, ["MatMul", "Relu", "DynamicQuantizeLinear", "Mul", "MatMulInteger", "Cast", "Mul"], "{t}");
 }
 
 #[test]

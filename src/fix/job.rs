@@ -66,15 +66,16 @@ fn refuse_unkeepable_candidate_model(cm: &Model, judging: &Judging) -> Result<()
             cm.path.display()
         );
     }
-    // Operators that compute on quantized values themselves (QOperator format) have no float
-    // counterpart to keep: unquantizing them would mean rebuilding the float graph.
-    let integer_ops: std::collections::BTreeSet<&str> =
-        cm.graph().node.iter().map(|n| n.op_type()).filter(|op| layerwise_model::quant::is_integer_op(op)).collect();
-    if !integer_ops.is_empty() {
+    // Integer ops left in the file's own form (no Q/DQ form is read for them, `qdq_form`) have no
+    // float counterpart to keep.
+    let index = GraphIndex::build(cm.graph())?;
+    let left: std::collections::BTreeSet<String> =
+        layerwise_model::quant::integer_ops(cm.graph(), &index).into_iter().map(|(op, _)| op).collect();
+    if !left.is_empty() {
         bail!(
-            "fix --cand-model takes a Q/DQ model (float ops between QuantizeLinear/DequantizeLinear pairs, quantize_static's QuantFormat.QDQ), and {} computes with {} (the QOperator format, or dynamic quantization): its nodes have no float counterpart to leave unquantized; quantize it again in the QDQ format",
+            "fix --cand-model reads a quantized model in its Q/DQ form (float ops between QuantizeLinear/DequantizeLinear pairs; QLinearConv, QLinearMatMul, QGemm, QLinearAdd/Mul/Concat/Sigmoid/LeakyRelu/Softmax/(Global)AveragePool and quantize_dynamic's MatMulInteger and ConvInteger are read so), and {} computes with {}, which have no Q/DQ form that layerwise reads: their nodes have no float counterpart to leave unquantized; quantize it again in the QDQ format",
             cm.path.display(),
-            integer_ops.into_iter().collect::<Vec<_>>().join(", ")
+            left.into_iter().collect::<Vec<_>>().join(", ")
         );
     }
     Ok(())

@@ -32,10 +32,13 @@ pub(super) fn fix_quantized(
     steps: Steps,
 ) -> Result<FixOutcome> {
     let b = &options.bisect;
-    let Setup { model, index, cand_model, cand_names, candidate, judging, order, sim_quant, .. } = setup;
+    let Setup {
+        model, index, cand_model, cand_names, candidate, judging, order, sim_quant, lifted, deployed_file, ..
+    } = setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
     let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
-    let runner = UnquantizedRunner::new(model, index, cm, ci, &cand_names);
+    let runner =
+        UnquantizedRunner::new(model, index, cm, ci, &cand_names).with_file(deployed_file.as_ref().map(|(f, _)| f));
     let keeping = Keeping::Unquantized(runner);
     // A Q/DQ model's outputs are judged as deployed (ONNX Runtime's Q/DQ fusions), as bisect judges them.
     let mut search = Search::new(index, samples, order, candidate, keeping, judging, Vec::new(), steps, true);
@@ -180,16 +183,25 @@ pub(super) fn fix_quantized(
                 .run("quantizing the model with the set excluded", || sq.requantize(model, index, &keep))?;
             (requantized, excluded)
         }
-        None => (runner.model(&keep)?.model, keep.clone()),
+        // A QOperator or dynamic file: the kept ops float, every other op as the file has it.
+        None => match &deployed_file {
+            Some((file, _)) => (runner.model_in_file_form(&file.proto, &keep)?.model, keep.clone()),
+            None => (runner.model(&keep)?.model, keep.clone()),
+        },
     };
     cm.save_standalone(&written_proto, &path).with_context(|| format!("writing {}", path.display()))?;
     let written = Model::load(&path)?;
     let written_index = GraphIndex::build(written.graph())?;
-    let (check_outputs, check_pass) =
-        check_as_deployed(&mut search, (cm, ci), (&written, &written_index), &cand_names)?;
+    let (check_outputs, check_pass) = check_as_deployed(
+        &mut search,
+        deployed_file.as_ref().map_or((cm, ci), |(f, fi)| (f, fi)),
+        (&written, &written_index),
+        &cand_names,
+    )?;
     let fixed = searched_fixed && check_pass;
     let exclusion = if let Some(out) = &options.output {
-        let list = exclusion_list(&excluded);
+        let dynamic = lifted.iter().any(|l| l.by == layerwise_model::qdq_form::QuantizedBy::Dynamic);
+        let list = exclusion_list(&excluded, dynamic);
         let mut bytes = serde_json::to_vec_pretty(&list)?;
         bytes.push(b'\n');
         staged.files.push(layerwise_report::stage_atomic(&exclusion_list_path(out), &bytes)?);
@@ -204,15 +216,26 @@ pub(super) fn fix_quantized(
     } else {
         None
     };
+    // A QOperator or dynamic file is written in the Q/DQ form it was read in.
+    let form = if lifted.is_empty() {
+        String::new()
+    } else {
+        let by: std::collections::BTreeSet<&str> = lifted.iter().map(|l| l.by.name()).collect();
+        format!(
+            "; the written file keeps the candidate's {} format: the integer ops not kept as the file has them",
+            by.into_iter().collect::<Vec<_>>().join(" and ")
+        )
+    };
     let family = search.judging.candidate.arithmetic.to_string();
     let summary = match (&stuck, fixed) {
         (_, true) if keep.is_empty() => "every output is within tolerance with nothing left unquantized".to_string(),
         (_, true) => format!(
-            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}{}",
+            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}{}{}",
             keep.len(),
             if keep.len() == 1 { "" } else { "s" },
             keep.join(", "),
             exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default(),
+            form,
             unpruned.map(|n| format!("; not pruned: {n} patterns, more than the {MOST_PRUNED} dropped one at a time, so a smaller set may exist")).unwrap_or_default()
         ),
         // The written model is quantized again with the set excluded, which is not the search's
@@ -318,12 +341,19 @@ fn quantizer_groups(
             .flat_map(|c| &c.outputs)
             .collect();
         let producer = q.inputs.first().and_then(|x| ci.producer(x)).map(|p| p.name.clone());
-        // Candidate nodes keep the float model's names.
+        // Candidate nodes keep the float model's names. One that reads no dequantized value has
+        // nothing to leave unquantized (a LayerNorm before a dynamic quantizer): not listed.
+        let unquantizable = |name: &String| {
+            ci.node(name).is_none_or(|n| {
+                n.inputs.iter().any(|i| ci.producer(i).is_some_and(|p| p.op_type == "DequantizeLinear"))
+            })
+        };
         let readers: Vec<String> = dequantized
             .iter()
             .flat_map(|d| ci.consumers(d))
             .map(|&c| ci.nodes[c].name.clone())
             .chain(producer)
+            .filter(unquantizable)
             .collect();
         let new: Vec<String> =
             runner.translate(&readers).kept.into_iter().filter(|n| taken.insert(n.clone())).collect();
@@ -341,6 +371,26 @@ fn quantizer_groups(
             None => format!("the quantizer QuantizeLinear '{q_node}' (not measured alone, or nothing alone): the nodes that read it and the one that computes what it quantizes are left unquantized"),
         };
         groups.push(KeptPattern { kind: "quantizer".to_string(), because, nodes: new });
+    }
+    // Nodes whose only quantized input is a stored weight (weights-only quantization: quantize_dynamic's
+    // Gather of an int8 embedding table) come last: they read their float weight when kept.
+    for dq in ci
+        .nodes
+        .iter()
+        .filter(|n| n.op_type == "DequantizeLinear" && n.inputs.first().is_some_and(|w| ci.is_constant_like(w)))
+    {
+        let readers: Vec<String> =
+            dq.outputs.iter().flat_map(|o| ci.consumers(o)).map(|&c| ci.nodes[c].name.clone()).collect();
+        let new: Vec<String> =
+            runner.translate(&readers).kept.into_iter().filter(|n| taken.insert(n.clone())).collect();
+        if new.is_empty() {
+            continue;
+        }
+        let because = format!(
+            "the stored weight '{}' is quantized (DequantizeLinear '{}') and no activation quantizer above holds its reader: the node that reads it is left unquantized, reading its float weight",
+            dq.inputs[0], dq.name
+        );
+        groups.push(KeptPattern { kind: "quantized weight".to_string(), because, nodes: new });
     }
     groups
 }
@@ -402,12 +452,18 @@ fn check_as_deployed(
 /// (`nodes_to_exclude`, node names of the float model) and ModelOpt's
 /// `modelopt.onnx.quantization.quantize` (`nodes_to_exclude`, read as regular expressions: each
 /// name escaped and anchored).
-fn exclusion_list(keep: &[String]) -> serde_json::Value {
-    serde_json::json!({
+fn exclusion_list(keep: &[String], dynamic: bool) -> serde_json::Value {
+    let mut list = serde_json::json!({
         "nodes_to_exclude": keep,
         "onnxruntime.quantization.quantize_static": { "nodes_to_exclude": keep },
         "modelopt.onnx.quantization.quantize": { "nodes_to_exclude": keep.iter().map(|n| python_regex_exact(n)).collect::<Vec<_>>() },
-    })
+    });
+    // A dynamically quantized candidate is made again by quantize_dynamic, which takes the same
+    // names (the float model's, as the Q/DQ form names its float nodes).
+    if dynamic {
+        list["onnxruntime.quantization.quantize_dynamic"] = serde_json::json!({ "nodes_to_exclude": keep });
+    }
+    list
 }
 
 /// A Python regular expression matching exactly `name`: every ASCII character other than a letter,

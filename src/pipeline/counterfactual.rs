@@ -31,7 +31,10 @@ pub(super) fn counterfactual(
     // A Q/DQ candidate keeps a break unquantized: its quantizers removed from the candidate's own
     // model, which runs again on the candidate backend (docs/quantization.md).
     let unquantized = match (&job.judging.quantization, &job.cand_model) {
-        (Some(_), Some((cm, ci))) => Some(UnquantizedRunner::new(job.model, &job.index, cm, ci, &job.cand_names)),
+        (Some(_), Some((cm, ci))) => Some(
+            UnquantizedRunner::new(job.model, &job.index, cm, ci, &job.cand_names)
+                .with_file(job.deployed_file.as_ref().map(|(f, _)| f)),
+        ),
         _ => None,
     };
     let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());

@@ -276,6 +276,11 @@ pub(crate) struct Setup<'m> {
     pub matching: Option<TensorMatching>,
     /// `sim:int8` / `sim:fp8`: the config and ranges the candidate model was quantized with.
     pub sim_quant: Option<super::sim_quant::SimQuantized>,
+    /// The candidate file as it is, where `cand_model` is its Q/DQ form (a QOperator or
+    /// dynamically quantized file): what runs as deployed.
+    pub deployed_file: Option<(Model, GraphIndex)>,
+    /// The integer ops read in the Q/DQ form.
+    pub lifted: Vec<layerwise_model::qdq_form::Lifted>,
 }
 
 /// Stage 1: the plan of a bisect of `original` with `options`.
@@ -327,6 +332,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         Some(fp8) => Some(super::sim_quant::load_config(options.quant_config.as_deref(), fp8)?),
         None => None,
     };
+    // The candidate file as it is, where it is read in another form (`qdq_form`), and what was read so.
+    let mut deployed_file = None;
+    let mut lifted = Vec::new();
     let mut loaded_cand = match &options.cand_model {
         Some(path) => {
             let loaded = steps.run("loading candidate model", || Model::load(path).map_err(Into::into))?;
@@ -343,8 +351,26 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
             }
             let (cm, note) = fit_for_onnx_runtime(&loaded)?;
             input_notes.extend(note);
-            let cm = cm.into_owned();
-            let ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            let mut cm = cm.into_owned();
+            let mut ci = GraphIndex::build(cm.graph()).with_context(|| format!("{}", cm.path.display()))?;
+            // A QOperator or dynamically quantized file on ONNX Runtime is read in its Q/DQ form
+            // (the same values), so its float tensors pair with the reference's; the file itself
+            // is what runs as deployed.
+            if matches!(options.candidate, BackendSpec::Ort(_)) && !layerwise_runtime::typed::has_reduced_precision(&cm)
+            {
+                if let Some(form) = layerwise_model::qdq_form::to_qdq_form(&cm.proto)? {
+                    if !form.lifted.is_empty() {
+                        input_notes.push(form.describe());
+                        let as_read = GraphIndex::build(form.model.graph.as_ref().expect("a graph"))
+                            .context("the candidate model in Q/DQ form")?;
+                        let file = std::mem::replace(&mut cm.proto, form.model);
+                        let mut deployed = cm.clone();
+                        deployed.proto = file;
+                        deployed_file = Some((deployed, std::mem::replace(&mut ci, as_read)));
+                        lifted = form.lifted;
+                    }
+                }
+            }
             Some((cm, ci))
         }
         None => None,
@@ -613,6 +639,8 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         control_flow,
         matching,
         sim_quant,
+        deployed_file,
+        lifted,
     })
 }
 

@@ -109,6 +109,43 @@ pub fn qoperator_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
     b.build()
 }
 
+/// The MLP of `float_model` quantized as ONNX Runtime's quantize_dynamic writes it: each MatMul
+/// reads x's codes from a DynamicQuantizeLinear (uint8, scale from each run's range) and its
+/// weight stored int8 per tensor; the int32 sums are cast to float and multiplied by the product
+/// of the two scales. `shrink` divides w1's scale (4: most of w1 saturates at +-127).
+pub fn dynamic_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
+    use layerwise_model::builder::attr;
+    let mut b = ModelBuilder::new("mlp_dynamic", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    let to_float = || attr::int("to", DataType::Float as i64);
+    for (k, w, dims, input, output) in [(1, w1, [8i64, 8], "x", "h"), (2, w2, [8, 4], "r", "y")] {
+        let (mut codes, mut scale) = per_tensor_int8(w);
+        if k == 1 {
+            scale /= shrink;
+            codes = w.iter().map(|v| (v / scale).round().clamp(-127.0, 127.0) as i32).collect();
+        }
+        let wq = format!("w{k}_quantized");
+        b.initializer(int8_tensor(&wq, &dims, &codes));
+        b.initializer(f32_tensor(&format!("w{k}_scale"), &[], &[scale]));
+        b.initializer(int8_tensor(&format!("w{k}_zero_point"), &[], &[0]));
+        let (xq, xs, xz) = (format!("{input}_quantized"), format!("{input}_scale"), format!("{input}_zero_point"));
+        b.node("DynamicQuantizeLinear", &format!("{input}_QuantizeLinear"), &[input], &[&xq, &xs, &xz], vec![]);
+        let scales = format!("mm{k}_quant_scales_mul:0");
+        b.node("Mul", &format!("mm{k}_quant_scales_mul"), &[&xs, &format!("w{k}_scale")], &[&scales], vec![]);
+        let sums = format!("{output}_output_quantized");
+        let zp = format!("w{k}_zero_point");
+        b.node("MatMulInteger", &format!("mm{k}_quant"), &[&xq, &wq, &xz, &zp], &[&sums], vec![]);
+        let cast = format!("{sums}_cast_output");
+        b.node("Cast", &format!("{sums}_cast"), &[&sums], &[&cast], vec![to_float()]);
+        b.node("Mul", &format!("mm{k}_quant_output_scale_mul"), &[&cast, &scales], &[output], vec![]);
+        if k == 1 {
+            b.node("Relu", "relu", &["h"], &["r"], vec![]);
+        }
+    }
+    b.output("y", DataType::Float);
+    b.build()
+}
+
 /// The 3 of `x + 3` and the Clip's bounds 0 and 6, as Constant nodes (PaddlePaddle's export at
 /// opset 11).
 fn hardswish_constants(b: &mut ModelBuilder) {

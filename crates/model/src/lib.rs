@@ -24,6 +24,7 @@ pub mod matching;
 mod model;
 pub mod pair;
 pub mod perturb;
+pub mod qdq_form;
 pub mod quant;
 pub mod quantize;
 mod rewrite;

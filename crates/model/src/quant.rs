@@ -100,9 +100,28 @@ pub struct Quantization {
     pub weights: BTreeMap<(QuantFormat, Granularity), usize>,
     /// QuantizeLinear nodes quantizing a computed tensor (an activation).
     pub activations: BTreeMap<(QuantFormat, Granularity), usize>,
-    /// Nodes that compute on quantized values themselves ([`is_integer_op`]), as (op type, node),
+    /// Nodes that compute on quantized values themselves ([`integer_ops`]), as (op type, node),
     /// in graph order: nothing in float stands for them.
     pub integer_ops: Vec<(String, String)>,
+    /// Activation quantizers whose scale and zero point each run computes from the tensor's range
+    /// (a DynamicQuantizeLinear's, as quantize_dynamic writes them).
+    pub dynamic: usize,
+}
+
+/// The nodes of `graph` that compute on quantized values themselves, as (op type, node), in
+/// graph order. A DynamicQuantizeLinear whose codes nothing reads only computes a range (the
+/// scale and zero point of the QuantizeLinear [`crate::qdq_form`] puts beside it): not one.
+pub fn integer_ops(graph: &GraphProto, index: &GraphIndex) -> Vec<(String, String)> {
+    index
+        .nodes
+        .iter()
+        .filter(|info| is_integer_op(&info.op_type))
+        .filter(|info| {
+            info.op_type != "DynamicQuantizeLinear"
+                || info.outputs.first().is_some_and(|c| !index.consumers(c).is_empty() || index.outputs.contains(c))
+        })
+        .map(|info| (graph.node[info.proto_index].op_type().to_string(), info.name.clone()))
+        .collect()
 }
 
 /// Whether `op` computes on quantized values itself (the QOperator format: QLinearConv,
@@ -148,7 +167,16 @@ impl Quantization {
         let count = |m: &BTreeMap<(QuantFormat, Granularity), usize>| m.values().sum::<usize>();
         let mut parts = Vec::new();
         if !self.activations.is_empty() {
-            parts.push(format!("{} activation quantizers ({})", count(&self.activations), list(&self.activations)));
+            let dynamic = match self.dynamic {
+                0 => String::new(),
+                n if n == count(&self.activations) => ", each dynamic: its scale from each run's range".to_string(),
+                n => format!(", {n} of them dynamic: their scale from each run's range"),
+            };
+            parts.push(format!(
+                "{} activation quantizers ({}{dynamic})",
+                count(&self.activations),
+                list(&self.activations)
+            ));
         } else {
             parts.push("activations not quantized (weights only)".to_string());
         }
@@ -173,15 +201,11 @@ impl Quantization {
 /// The quantizers of `graph`; `None` where it has no QuantizeLinear or DequantizeLinear node.
 pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantization> {
     let stored = Stored::of(graph, index);
-    let mut found = Quantization::default();
-    let mut any = false;
+    let mut found = Quantization { integer_ops: integer_ops(graph, index), ..Default::default() };
+    let mut any = !found.integer_ops.is_empty();
     for info in &index.nodes {
         let node = &graph.node[info.proto_index];
         let weight = node.input.first().and_then(|t| stored.get(t));
-        if is_integer_op(node.op_type()) {
-            any = true;
-            found.integer_ops.push((info.op_type.clone(), info.name.clone()));
-        }
         match node.op_type() {
             "DequantizeLinear" if weight.is_some() => {
                 any = true;
@@ -194,6 +218,9 @@ pub fn quantization_of(graph: &GraphProto, index: &GraphIndex) -> Option<Quantiz
                 any = true;
                 if let Some(format) = stored.quantized_type(node).and_then(QuantFormat::of) {
                     *found.activations.entry((format, stored.granularity(node))).or_default() += 1;
+                }
+                if stored.dynamic(node) {
+                    found.dynamic += 1;
                 }
             }
             "QuantizeLinear" => any = true,
@@ -234,7 +261,11 @@ impl<'g> Stored<'g> {
             if let Some(w) = self.get(zp) {
                 return Some(w.data_type());
             }
-            // A zero point from a Constant node: its value's type.
+            // A zero point from a Constant node: its value's type; from a DynamicQuantizeLinear:
+            // uint8, the only type it makes.
+            if self.dynamic(node) {
+                return Some(DataType::Uint8 as i32);
+            }
             let producer = self
                 .index
                 .producer(zp)
@@ -244,6 +275,11 @@ impl<'g> Stored<'g> {
         }
         let attr = node.attribute.iter().find(|a| a.name() == "output_dtype").and_then(|a| a.i).filter(|&i| i != 0);
         Some(attr.map_or(DataType::Uint8 as i32, |i| i as i32))
+    }
+
+    /// Whether a QuantizeLinear's scale is a DynamicQuantizeLinear's, computed by each run.
+    fn dynamic(&self, node: &NodeProto) -> bool {
+        node.input.get(1).and_then(|s| self.index.producer(s)).is_some_and(|p| p.op_type == "DynamicQuantizeLinear")
     }
 
     /// Per block where a `block_size` is given, per channel where the scale has more than one

@@ -52,7 +52,8 @@ pub struct Unquantized {
     pub bypassed_inputs: Vec<(String, usize)>,
     /// (kept node, input slot, source) that now read a float weight.
     pub float_weights: Vec<(String, usize, FloatWeight)>,
-    /// QuantizeLinear/DequantizeLinear nodes removed (nothing reads them any more).
+    /// QuantizeLinear/DequantizeLinear (and DynamicQuantizeLinear) nodes removed (nothing reads
+    /// them any more).
     pub removed: Vec<String>,
 }
 
@@ -245,7 +246,8 @@ pub fn keep_unquantized(
     loop {
         let read: HashSet<&str> = graph.node.iter().flat_map(|n| n.input.iter().map(String::as_str)).collect();
         let unread = graph.node.iter().position(|n| {
-            matches!(n.op_type(), "QuantizeLinear" | "DequantizeLinear")
+            // A DynamicQuantizeLinear of the Q/DQ form computes a range for its quantizer only.
+            matches!(n.op_type(), "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear")
                 && n.output.iter().all(|o| !read.contains(o.as_str()) && !outputs.contains(o))
         });
         let Some(i) = unread else { break };
