@@ -907,7 +907,14 @@ impl<'a> UnquantizedRunner<'a> {
         keep: &[String],
     ) -> Result<layerwise_model::unquantize::Unquantized> {
         let plan = self.translate(keep);
-        let only: std::collections::HashSet<String> = plan.nodes.iter().cloned().collect();
+        // The file's names of the kept nodes: a QOperator op's float node is named otherwise.
+        let form = layerwise_model::qdq_form::to_qdq_form(file)?;
+        let file_name = |n: &String| {
+            form.as_ref()
+                .and_then(|f| f.lifted.iter().find(|l| &l.float_node == n))
+                .map_or_else(|| n.clone(), |l| l.node.clone())
+        };
+        let only: std::collections::HashSet<String> = plan.nodes.iter().map(file_name).collect();
         let partial = layerwise_model::qdq_form::to_qdq_form_only(file, &only)?.map(|f| f.model);
         Ok(layerwise_model::unquantize::keep_unquantized(
             partial.as_ref().unwrap_or(file),

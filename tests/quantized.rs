@@ -684,6 +684,48 @@ fn fix_of_a_qoperator_candidate_leaves_its_clipping_integer_op_unquantized() {
     );
 }
 
+/// A QOperator file whose Relu is folded into mm1's output quantizer names that quantizer's codes
+/// after mm1 ('h_quantized'), so nothing in the file says a Relu was there. `fix` keeps mm2 (and
+/// mm1) unquantized past the clipping quantizer; the kept mm2 must read the Relu of mm1's float
+/// output, as its twin in the reference reads, not the float output itself. Before, the kept node
+/// read the unclipped value (PP-OCR's QOperator classifier: a kept Conv after a folded Relu gave
+/// rel L2 0.33 where its quantizer gave 2.2e-1).
+#[test]
+fn a_kept_node_after_a_relu_folded_into_a_qoperator_quantizer_reads_the_relu() {
+    let dir = tempfile::tempdir().unwrap();
+    let (w1, w2) = (weights(64, 1), weights(32, 2));
+    save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
+    save(&crate::common::quantized::qoperator_relu_folded_model(&w1, &w2, 16.0), &dir.path().join("q.onnx"));
+    let out = layerwise(
+        &[
+            "fix",
+            "m.onnx",
+            "--cand",
+            "ort:cpu",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "-o",
+            "fixed.onnx",
+            "--json",
+            "f.json",
+        ],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let report = json(&dir.path().join("f.json"));
+    assert_eq!(report["status"], "fixed", "{t}");
+    let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let g = written.graph();
+    let mm2 = g.node.iter().find(|n| n.name() == "mm2").expect("mm2 kept as a float MatMul");
+    let relu = g.node.iter().find(|n| n.output.first() == mm2.input.first()).unwrap();
+    let mm1_out = g.node.iter().find(|n| n.name() == "mm1").map(|n| n.output[0].clone());
+    assert_eq!(relu.op_type(), "Relu", "{t}");
+    assert_eq!(relu.input.first(), mm1_out.as_ref(), "{t}");
+}
+
 /// `node` of `written` reads as its weight (input 1) an initializer holding exactly `weights`: the
 /// reference's float weight, not the candidate's dequantized one.
 fn assert_float_weight(written: &layerwise_model::Model, node: &str, weights: &[f32]) {

@@ -296,7 +296,8 @@ pub(super) fn fix_quantized(
         text = text.replace(
             &fp16_line,
             &format!(
-                "  fixed model: {path} (the Q/DQ model with the set unquantized), exclusion list: {}",
+                "  fixed model: {path} (the {} model with the set unquantized), exclusion list: {}",
+                if lifted.is_empty() { "Q/DQ" } else { "candidate's" },
                 exclusion_list_path(Path::new(path)).display()
             ),
         );

@@ -109,6 +109,45 @@ pub fn qoperator_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
     b.build()
 }
 
+/// The MLP of `float_model` in the QOperator format with both MatMuls integer ops, as
+/// quantize_static writes it: the Relu folded into mm1's output quantizer (zero point -128: it
+/// clips at 0), whose codes are named after mm1's output ('h_quantized'), not the Relu's.
+/// `shrink` divides that quantizer's scale (16: h clips above too).
+pub fn qoperator_relu_folded_model(w1: &[f32], w2: &[f32], shrink: f32) -> ModelProto {
+    let ((w1_q, s1), (w2_q, s2)) = (per_tensor_int8(w1), per_tensor_int8(w2));
+    let mut b = ModelBuilder::new("mlp_qoperator_relu", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w1_quantized", &[8, 8], &w1_q));
+    b.initializer(int8_tensor("w2_quantized", &[8, 4], &w2_q));
+    b.initializer(f32_tensor("w1_scale", &[], &[s1]));
+    b.initializer(f32_tensor("w2_scale", &[], &[s2]));
+    b.initializer(f32_tensor("x_scale", &[], &[1.0 / 127.0]));
+    // |h| <= 8 * max|w1| for x in [-1, 1]; [0, that] in 255 steps.
+    b.initializer(f32_tensor("h_scale", &[], &[8.0 * s1 * 127.0 / 255.0 / shrink]));
+    let y_max: f32 = 8.0 * 8.0 * s1 * 127.0 * w2.iter().fold(0f32, |m, v| m.max(v.abs()));
+    b.initializer(f32_tensor("y_scale", &[], &[y_max / 127.0]));
+    b.initializer(int8_tensor("zero", &[], &[0]));
+    b.initializer(int8_tensor("least", &[], &[-128]));
+    b.node("QuantizeLinear", "x_QuantizeLinear", &["x", "x_scale", "zero"], &["x_quantized"], vec![]);
+    b.node(
+        "QLinearMatMul",
+        "mm1_quant",
+        &["x_quantized", "x_scale", "zero", "w1_quantized", "w1_scale", "zero", "h_scale", "least"],
+        &["h_quantized"],
+        vec![],
+    );
+    b.node(
+        "QLinearMatMul",
+        "mm2_quant",
+        &["h_quantized", "h_scale", "least", "w2_quantized", "w2_scale", "zero", "y_scale", "zero"],
+        &["y_quantized"],
+        vec![],
+    );
+    b.node("DequantizeLinear", "y_DequantizeLinear", &["y_quantized", "y_scale", "zero"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
 /// The MLP of `float_model` quantized as ONNX Runtime's quantize_dynamic writes it: each MatMul
 /// reads x's codes from a DynamicQuantizeLinear (uint8, scale from each run's range) and its
 /// weight stored int8 per tensor; the int32 sums are cast to float and multiplied by the product

@@ -180,8 +180,8 @@ pub fn to_qdq_form(model: &ModelProto) -> Result<Option<QdqForm>, ModelError> {
     qdq_form_of(model, None)
 }
 
-/// `model` with only the ops whose float node [`to_qdq_form`] names `only` read in the Q/DQ
-/// form, every other integer op as the file has it: what `fix` writes, so that the nodes it does
+/// `model` with only the ops named `only` (the file's node names, as [`GraphIndex`] gives them)
+/// read in the Q/DQ form, every other integer op as the file has it: what `fix` writes, so that the nodes it does
 /// not keep run on the integer kernels the user deploys (ONNX Runtime's u8s8 ConvInteger, say,
 /// which does not sum as a float Conv does). A kept op's dynamic codes come from a QuantizeLinear
 /// of their own beside the file's DynamicQuantizeLinear, which stays for the ops not kept.
@@ -207,14 +207,7 @@ fn qdq_form_of(model: &ModelProto, only: Option<&HashSet<String>>) -> Result<Opt
         dequantized: HashMap::new(),
         partial: false,
     };
-    // The float node of an op, as the whole rewrite names it (the file's name less `_quant`
-    // where no node has that name): a selection names ops by it.
-    let chosen = |name: &str| {
-        only.is_none_or(|set| {
-            let stem = name.strip_suffix("_quant").filter(|s| !s.is_empty() && index.node(s).is_none());
-            set.contains(stem.unwrap_or(name))
-        })
-    };
+    let chosen = |name: &str| only.is_none_or(|set| set.contains(name));
     let mut groups = dynamic_groups(graph, &index);
     groups.retain(|p, _| chosen(&index.nodes[index.producer_index(&graph.node[*p].output[0]).unwrap_or(0)].name));
     let mut stored_moves = stored_moves(graph, &index);

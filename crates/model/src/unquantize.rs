@@ -137,7 +137,17 @@ pub fn keep_unquantized(
                 let held = match reference.as_ref() {
                     None => None,
                     Some((g, ri)) => {
-                        match ri.producer(&float).filter(|p| matches!(p.op_type.as_str(), "Relu" | "Clip")) {
+                        // The reference's producer of the float tensor's name, else of what the
+                        // kept node's twin reads in that slot (a QOperator file names a Conv's
+                        // output after the Conv, the Relu folded into its quantizer).
+                        let clamp_of =
+                            |t: &str| ri.producer(t).filter(|p| matches!(p.op_type.as_str(), "Relu" | "Clip"));
+                        let twin_reads = ri
+                            .node(name)
+                            .filter(|twin| twin.op_type == info.op_type)
+                            .and_then(|twin| twin.inputs.get(slot))
+                            .and_then(|t| clamp_of(t));
+                        match clamp_of(&float).or(twin_reads) {
                             Some(theirs) if index.producer(&float).is_none_or(|o| o.op_type != theirs.op_type) => {
                                 let clamp = Clamp::of(g, ri, theirs).ok_or_else(|| {
                                 ModelError::InvalidGraph(format!(
