@@ -191,6 +191,9 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
             // output: say so, not "as sensitive", and never print the ratio as 0.0x.
             let no_fault = if floor.rounds == super::noise_floor::QUANTIZER_ROUNDS {
                 "No quantizer is at fault: the error is the quantizers' resolution, spread over the model; whether leaving a few layers unquantized helps is not measured"
+            } else if floor.rounds == super::noise_floor::STORED_QUANTIZER_ROUNDS {
+                // Dynamic quantizers were neither in the floor nor measured one at a time.
+                "No quantizer with a stored scale is at fault; the dynamic activation quantizers (their scale from each run's range) are neither in this floor nor measured one at a time, so whether one of them is at fault is unknown, and whether leaving a few layers unquantized helps is not measured"
             } else {
                 "No layer is at fault: the output is ill-conditioned for these inputs; whether a small keep list still brings it within tolerance is not measured"
             };

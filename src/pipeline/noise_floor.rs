@@ -15,6 +15,8 @@ use super::setup::Judging;
 
 /// What a quantized candidate's floor moves, in sentences.
 pub(crate) const QUANTIZER_ROUNDS: &str = "one step of each quantizer";
+/// The same where dynamic activation quantizers, which store no step, are left out.
+pub(crate) const STORED_QUANTIZER_ROUNDS: &str = "one step of each quantizer with a stored scale";
 
 /// Perturbation runs, each with its own seed; the floor is the largest output error among them.
 const SEEDS: usize = 2;
@@ -226,11 +228,17 @@ fn quantizer_floor(
         },
     )?;
     let ratio = if floor > 0.0 { target.candidate_error / floor } else { f64::INFINITY };
-    let missing = if steps.not_found > 0 {
+    let mut missing = if steps.not_found > 0 {
         format!("; {} quantizers whose reference tensor was not found are left out", steps.not_found)
     } else {
         String::new()
     };
+    if steps.dynamic > 0 {
+        missing.push_str(&format!(
+            "; {} dynamic activation quantizers (their scale from each run's range, none stored) are left out",
+            steps.dynamic
+        ));
+    }
     Ok(NoiseFloor {
         perturbation: format!(
             "one step of each of the candidate's quantizers, on the float32 reference: {} quantized activations given noise uniform within half their step where each is computed, {} values of {} quantized weights moved by up to half their channel's step, {} seed{}{missing}; the largest output error counts",
@@ -240,7 +248,7 @@ fn quantizer_floor(
             seeds.len(),
             if seeds.len() == 1 { "" } else { "s" }
         ),
-        rounds: QUANTIZER_ROUNDS.to_string(),
+        rounds: if steps.dynamic > 0 { STORED_QUANTIZER_ROUNDS } else { QUANTIZER_ROUNDS }.to_string(),
         moved_values: moved.weight_values,
         exact_values: 0,
         relative: 1.0 / 255.0,

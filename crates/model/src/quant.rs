@@ -319,6 +319,9 @@ pub struct QuantizerSteps {
     pub weights: Vec<WeightSteps>,
     /// Quantizers whose reference tensor or weight was not found (another structure).
     pub not_found: usize,
+    /// Dynamic activation quantizers (a DynamicQuantizeLinear's scale, from each run's range):
+    /// no step is stored, so none is taken.
+    pub dynamic: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -362,6 +365,10 @@ pub fn quantizer_steps(
     let mut steps = QuantizerSteps::default();
     for info in &cand_index.nodes {
         let node = &candidate.node[info.proto_index];
+        if info.op_type == "QuantizeLinear" && stored.dynamic(node) {
+            steps.dynamic += 1;
+            continue;
+        }
         let Some(scale) = node.input.get(1).and_then(|s| stored.floats(s)).filter(|s| !s.is_empty()) else { continue };
         let input = node.input.first().cloned().unwrap_or_default();
         match info.op_type.as_str() {
