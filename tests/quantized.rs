@@ -726,6 +726,56 @@ fn a_kept_node_after_a_relu_folded_into_a_qoperator_quantizer_reads_the_relu() {
     assert_eq!(relu.input.first(), mm1_out.as_ref(), "{t}");
 }
 
+/// A QOperator file at opset 11 with a per-channel weight scale (speechmos's PLCMOS quantized
+/// straight from its opset-11 file): DequantizeLinear takes no axis before opset 13, so that op
+/// has no Q/DQ form there. It is left as the file has it and listed; before, its Q/DQ form was
+/// written with an axis and the candidate's session refused it (exit 2).
+#[test]
+fn a_per_channel_qoperator_op_below_opset_13_is_left_as_it_is_and_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    let w1 = weights(64, 1);
+    let mut f = ModelBuilder::new("mm", 11);
+    f.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    f.initializer(f32_tensor("w1", &[8, 8], &w1));
+    f.node("MatMul", "mm1", &["x", "w1"], &["y"], vec![]);
+    f.output("y", DataType::Float);
+    save(&f.build(), &dir.path().join("m.onnx"));
+    // One scale per output column.
+    let scales: Vec<f32> = (0..8).map(|c| (0..8).map(|r| w1[r * 8 + c].abs()).fold(0f32, f32::max) / 127.0).collect();
+    let codes: Vec<i32> = (0..64).map(|i| (w1[i] / scales[i % 8]).round() as i32).collect();
+    let mut b = ModelBuilder::new("mm_qoperator", 11);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
+    b.initializer(int8_tensor("w1_quantized", &[8, 8], &codes));
+    b.initializer(f32_tensor("w1_scale", &[8], &scales));
+    b.initializer(int8_tensor("w1_zero_point", &[8], &[0; 8]));
+    b.initializer(f32_tensor("x_scale", &[], &[1.0 / 127.0]));
+    b.initializer(f32_tensor("y_scale", &[], &[8.0 * scales.iter().fold(0f32, |m, s| m.max(*s))]));
+    b.initializer(int8_tensor("zero", &[], &[0]));
+    b.node("QuantizeLinear", "x_QuantizeLinear", &["x", "x_scale", "zero"], &["x_quantized"], vec![]);
+    let ins = ["x_quantized", "x_scale", "zero", "w1_quantized", "w1_scale", "w1_zero_point", "y_scale", "zero"];
+    b.node("QLinearMatMul", "mm1_quant", &ins, &["y_quantized"], vec![]);
+    b.node("DequantizeLinear", "y_DequantizeLinear", &["y_quantized", "y_scale", "zero"], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    save(&b.build(), &dir.path().join("q.onnx"));
+    let args = [
+        "bisect",
+        "m.onnx",
+        "--cand",
+        "ort:cpu",
+        "--cand-model",
+        "q.onnx",
+        "--val-range",
+        "x:-1,1",
+        "--json",
+        "r.json",
+    ];
+    let out = layerwise(&args, dir.path());
+    let t = text(&out);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+    let notes = json(&dir.path().join("r.json"))["cand"]["notes"].to_string();
+    assert!(notes.contains("1 integer ops (QLinearMatMul 'mm1_quant'"), "listed as not seen inside: {notes}");
+}
+
 /// `node` of `written` reads as its weight (input 1) an initializer holding exactly `weights`: the
 /// reference's float weight, not the candidate's dequantized one.
 fn assert_float_weight(written: &layerwise_model::Model, node: &str, weights: &[f32]) {

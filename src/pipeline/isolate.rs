@@ -119,12 +119,31 @@ pub(super) fn isolate(
     // A quantizer whose output holds another chain tensor is that chain step's own, run alone
     // there: the node reading it is fed the reference's value instead (no fault counted twice).
     let chain_twin = |t: &str| reference_of.get(t).is_some_and(|r| verdict.chain.iter().any(|s| &s.tensor == r));
+    // Only where the float tensor the quantizer reads has a reference value to be fed: a QOperator
+    // file's float op whose output is named afresh in its Q/DQ form (the name taken by the file's
+    // own DequantizeLinear) has none, and the DequantizeLinear's output is fed instead.
+    let fed_from_reference = |t: &str| {
+        let Some(p) = source_index.producer(t) else { return false };
+        let float = match p.op_type.as_str() {
+            "QuantizeLinear" | "DynamicQuantizeLinear" => p.inputs.first(),
+            _ => p
+                .inputs
+                .first()
+                .and_then(|c| source_index.producer(c))
+                .filter(|q| q.op_type == "QuantizeLinear")
+                .and_then(|q| q.inputs.first()),
+        };
+        // A stored weight's DequantizeLinear reads no quantizer: it comes along as it is.
+        float.is_none_or(|f| value(f).is_some() || source_index.is_constant_like(f))
+    };
+    // A dynamic quantizer's range node comes along with it, fed what it quantizes.
     let quantizer = |t: &str| {
         job.judging.quantization.is_some()
             && !chain_twin(t)
-            && source_index
-                .producer(t)
-                .is_some_and(|p| p.op_type == "QuantizeLinear" || p.op_type == "DequantizeLinear")
+            && source_index.producer(t).is_some_and(|p| {
+                matches!(p.op_type.as_str(), "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear")
+            })
+            && fed_from_reference(t)
     };
     // A converted candidate's edge Cast (`x__to_fp16`, which `convert` adds between FP32 and FP16
     // nodes) has no reference twin to be fed: it comes along, fed the reference's value of what it
@@ -133,7 +152,28 @@ pub(super) fn isolate(
         value(t).is_none() && source_index.producer(t).is_some_and(|p| p.op_type == "Cast" && p.inputs.len() == 1)
     };
     let pull = |t: &str| (source_index.is_constant_like(t) && !on_chain(t)) || quantizer(t) || edge_cast(t);
-    let extraction = extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?;
+    // A node whose inputs have no reference value to feed (a QOperator op's input named afresh in
+    // its Q/DQ form) is left out on its own, saying why, rather than every chain node with it.
+    let extraction = match extract_groups_pulling(source, source_index, &groups, &type_of, &pull) {
+        Ok(e) => e,
+        Err(joint) => {
+            let mut kept = Vec::new();
+            for (group, step) in groups.iter().zip(std::mem::take(&mut steps_by_node)) {
+                match extract_groups_pulling(source, source_index, std::slice::from_ref(group), &type_of, &pull) {
+                    Ok(_) => {
+                        kept.push(group.clone());
+                        steps_by_node.push(step);
+                    }
+                    Err(e) => skipped.push((step.node.clone(), e.to_string())),
+                }
+            }
+            if kept.is_empty() {
+                return Err(joint.into());
+            }
+            groups = kept;
+            extract_groups_pulling(source, source_index, &groups, &type_of, &pull)?
+        }
+    };
     super::steps::timing("isolation: extracted", started);
     let started = std::time::Instant::now();
     let extracted = source.derived(extraction.proto, "isolated.onnx");

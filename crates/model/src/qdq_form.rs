@@ -209,6 +209,11 @@ fn qdq_form_of(model: &ModelProto, only: Option<&HashSet<String>>) -> Result<Opt
     };
     let chosen = |name: &str| only.is_none_or(|set| set.contains(name));
     let mut groups = dynamic_groups(graph, &index);
+    // A per-channel weight scale needs DequantizeLinear's axis, from opset 13: such a group is
+    // left as the file has it (listed with the integer ops left).
+    let stored_dims =
+        |t: &str| graph.initializer.iter().find(|w| w.name() == t).map_or(1, |w| w.dims.iter().product::<i64>());
+    groups.retain(|_, g| opset >= 13 || stored_dims(&g.scale_b) <= 1);
     groups.retain(|p, _| chosen(&index.nodes[index.producer_index(&graph.node[*p].output[0]).unwrap_or(0)].name));
     let mut stored_moves = stored_moves(graph, &index);
     stored_moves.retain(|p, _| chosen(&index.nodes[index.producer_index(&graph.node[*p].output[0]).unwrap_or(0)].name));
@@ -282,7 +287,7 @@ fn qdq_form_of(model: &ModelProto, only: Option<&HashSet<String>>) -> Result<Opt
         if crate::quant::is_integer_op(op) {
             let why = match op {
                 "MatMulInteger" | "ConvInteger" => {
-                    "its sums are not scaled by a Cast and a Mul of the two scales as quantize_dynamic writes them"
+                    "its sums are not scaled by a Cast and a Mul of the two scales as quantize_dynamic writes them, or its weight's scale is per channel below opset 13"
                 }
                 _ => "no Q/DQ form is known for it",
             };
@@ -581,6 +586,11 @@ impl Rewrite<'_> {
             }
             _ => Vec::new(),
         };
+        // DequantizeLinear takes a per-channel scale (its axis) from opset 13 only.
+        let per_channel = l.inputs.iter().any(|&(_, scale, _)| self.axis_of(&input(n, scale), 0).is_some());
+        if per_channel && opset < 13 {
+            return Err(format!("a per-channel scale at opset {opset} (DequantizeLinear takes an axis from opset 13)"));
+        }
         let mut float_inputs = Vec::new();
         for (k, &(codes, scale, zp)) in l.inputs.iter().enumerate() {
             let (codes, scale, zp) = (input(n, codes), input(n, scale), input(n, zp));
