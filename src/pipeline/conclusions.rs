@@ -276,6 +276,12 @@ pub(super) fn conclude(verdict: &mut Verdict, extras: &Extras, comparison: &Comp
                     "run alone on the reference's inputs, {} gives the reference's integers: its input's error, accumulated before it, is what moves values across an integer boundary there",
                     fd.node
                 ),
+                // Only where every chain node ran alone is "accumulated" measured.
+                (None, _) if iso.skipped.iter().any(|(n, _)| n != "*") => format!(
+                    "run alone on the reference's inputs, none of the {} chain nodes run introduces error above the break threshold; {} were not run (below), so whether the error is introduced there or accumulated is unknown",
+                    iso.nodes.len(),
+                    iso.skipped.iter().filter(|(n, _)| n != "*").count()
+                ),
                 (None, _) => "run alone on the reference's inputs, no chain node introduces error above the break threshold: the error is accumulated, not introduced".to_string(),
             }),
             None => {

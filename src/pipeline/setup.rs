@@ -581,8 +581,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let judging = match quantization {
         Some(q) => {
             let between = if q.integer_ops.is_empty() { ", computed in float32 between its quantizers" } else { "" };
+            let form = if lifted.is_empty() { "Q/DQ" } else { "read in its Q/DQ form" };
             input_notes.push(format!(
-                "the candidate model is quantized (Q/DQ): {}; judged by {} defaults{between}",
+                "the candidate model is quantized ({form}): {}; judged by {} defaults{between}",
                 q.describe(),
                 q.coarsest().map_or(QuantFamily::Int8, |f| f.family())
             ));
