@@ -814,7 +814,8 @@ pub struct UnquantizedRunner<'a> {
     cand_index: &'a GraphIndex,
     /// Reference tensor -> the candidate tensor holding its value (the matching's pairs).
     cand_names: &'a HashMap<String, String>,
-    file: Option<&'a Model>,
+    /// The candidate's file and its integer ops as its Q/DQ form names them (`with_file`).
+    file: Option<(&'a Model, &'a [layerwise_model::qdq_form::Lifted])>,
 }
 
 /// What keeping a set of reference nodes unquantized does in the candidate.
@@ -843,7 +844,10 @@ impl<'a> UnquantizedRunner<'a> {
     /// The candidate's file where `candidate` is its Q/DQ form (QOperator or dynamic integer
     /// ops): runs as deployed are of the file with the kept ops float ([`Self::model_in_file_form`]),
     /// what the user gets; runs that read tensors are of the Q/DQ form, whose tensors pair.
-    pub fn with_file(mut self, file: Option<&'a Model>) -> UnquantizedRunner<'a> {
+    pub fn with_file(
+        mut self,
+        file: Option<(&'a Model, &'a [layerwise_model::qdq_form::Lifted])>,
+    ) -> UnquantizedRunner<'a> {
         self.file = file;
         self
     }
@@ -904,16 +908,13 @@ impl<'a> UnquantizedRunner<'a> {
     pub fn model_in_file_form(
         &self,
         file: &layerwise_model::onnx::ModelProto,
+        lifted: &[layerwise_model::qdq_form::Lifted],
         keep: &[String],
     ) -> Result<layerwise_model::unquantize::Unquantized> {
         let plan = self.translate(keep);
         // The file's names of the kept nodes: a QOperator op's float node is named otherwise.
-        let form = layerwise_model::qdq_form::to_qdq_form(file)?;
-        let file_name = |n: &String| {
-            form.as_ref()
-                .and_then(|f| f.lifted.iter().find(|l| &l.float_node == n))
-                .map_or_else(|| n.clone(), |l| l.node.clone())
-        };
+        let file_name =
+            |n: &String| lifted.iter().find(|l| &l.float_node == n).map_or_else(|| n.clone(), |l| l.node.clone());
         let only: std::collections::HashSet<String> = plan.nodes.iter().map(file_name).collect();
         let partial = layerwise_model::qdq_form::to_qdq_form_only(file, &only)?.map(|f| f.model);
         Ok(layerwise_model::unquantize::keep_unquantized(
@@ -936,7 +937,7 @@ impl<'a> UnquantizedRunner<'a> {
     ) -> Result<RunOutput> {
         let as_deployed = matches!(selection, Selection::Names(names) if names.is_empty());
         let rewritten = match self.file.filter(|_| as_deployed) {
-            Some(file) => self.model_in_file_form(&file.proto, keep)?,
+            Some((file, lifted)) => self.model_in_file_form(&file.proto, lifted, keep)?,
             None => self.model(keep)?,
         };
         let dir = layerwise_model::scratch::ScratchDir::new("layerwise-unquantized-")?;

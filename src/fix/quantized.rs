@@ -37,8 +37,8 @@ pub(super) fn fix_quantized(
     } = setup;
     let (model, index): (&Model, &GraphIndex) = (&model, &index);
     let (cm, ci) = cand_model.as_ref().expect("checked by the caller");
-    let runner =
-        UnquantizedRunner::new(model, index, cm, ci, &cand_names).with_file(deployed_file.as_ref().map(|(f, _)| f));
+    let runner = UnquantizedRunner::new(model, index, cm, ci, &cand_names)
+        .with_file(deployed_file.as_ref().map(|(f, _)| (f, &lifted[..])));
     let keeping = Keeping::Unquantized(runner);
     // A Q/DQ model's outputs are judged as deployed (ONNX Runtime's Q/DQ fusions), as bisect judges them.
     let mut search = Search::new(index, samples, order, candidate, keeping, judging, Vec::new(), steps, true);
@@ -185,7 +185,7 @@ pub(super) fn fix_quantized(
         }
         // A QOperator or dynamic file: the kept ops float, every other op as the file has it.
         None => match &deployed_file {
-            Some((file, _)) => (runner.model_in_file_form(&file.proto, &keep)?.model, keep.clone()),
+            Some((file, _)) => (runner.model_in_file_form(&file.proto, &lifted, &keep)?.model, keep.clone()),
             None => (runner.model(&keep)?.model, keep.clone()),
         },
     };

@@ -23,6 +23,8 @@ pub(super) struct Job<'a> {
     pub cand_model: Option<(Model, GraphIndex)>,
     /// The candidate file as it is where `cand_model` is its Q/DQ form: what runs as deployed.
     pub deployed_file: Option<(Model, GraphIndex)>,
+    /// The file's integer ops read in the Q/DQ form, as that form names them.
+    pub lifted: Vec<layerwise_model::qdq_form::Lifted>,
     /// Reference tensor -> the candidate model's tensor holding its value (`--cand-model`).
     pub cand_names: HashMap<String, String>,
     pub reference: Box<dyn Backend>,
@@ -104,6 +106,7 @@ impl<'a> Job<'a> {
             index: setup.index,
             cand_model: setup.cand_model,
             deployed_file: setup.deployed_file,
+            lifted: setup.lifted,
             cand_names: setup.cand_names,
             reference: setup.reference,
             candidate: setup.candidate,
@@ -464,22 +467,17 @@ impl Job<'_> {
         let cand_out =
             steps.run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || {
                 // The file as it is, where the comparison reads it in Q/DQ form.
-                match &self.deployed_file {
-                    Some(file) => {
-                        let cand_selection = self.candidate_selection(&outputs_only);
-                        run_candidate_of(
-                            self.candidate.as_mut(),
-                            Some(file),
-                            &self.cand_names,
-                            (self.model, &self.index),
-                            feeds,
-                            &outputs_only,
-                            &cand_selection,
-                        )
-                        .with_context(|| format!("candidate {}", self.options.candidate))
-                    }
-                    None => self.run_candidate(feeds, &outputs_only),
-                }
+                let cand_selection = self.candidate_selection(&outputs_only);
+                run_candidate_of(
+                    self.candidate.as_mut(),
+                    self.deployed_file.as_ref().or(self.cand_model.as_ref()),
+                    &self.cand_names,
+                    (self.model, &self.index),
+                    feeds,
+                    &outputs_only,
+                    &cand_selection,
+                )
+                .with_context(|| format!("candidate {}", self.options.candidate))
             })?;
         let comparison = std::mem::take(&mut compared.comparison);
         let (comparison, differs) = with_deployed_outputs(

@@ -33,7 +33,7 @@ pub(super) fn counterfactual(
     let unquantized = match (&job.judging.quantization, &job.cand_model) {
         (Some(_), Some((cm, ci))) => Some(
             UnquantizedRunner::new(job.model, &job.index, cm, ci, &job.cand_names)
-                .with_file(job.deployed_file.as_ref().map(|(f, _)| f)),
+                .with_file(job.deployed_file.as_ref().map(|(f, _)| (f, &job.lifted[..]))),
         ),
         _ => None,
     };
