@@ -223,11 +223,10 @@ fn qdq_form_of(model: &ModelProto, only: Option<&HashSet<String>>) -> Result<Opt
     let mut groups = dynamic_groups(graph, &index);
     // A per-channel weight scale needs DequantizeLinear's axis, from opset 13: such a group is
     // left as the file has it (listed with the integer ops left).
-    let stored_dims =
-        |t: &str| graph.initializer.iter().find(|w| w.name() == t).map_or(1, |w| w.dims.iter().product::<i64>());
+    let stored_dims = |t: &str| rewrite.stored.get(t).map_or(1, |w| w.dims.iter().product::<i64>());
     groups.retain(|_, g| opset >= 13 || stored_dims(&g.scale_b) <= 1);
     groups.retain(|p, _| chosen(&index.nodes[index.producer_index(&graph.node[*p].output[0]).unwrap_or(0)].name));
-    let mut stored_moves = stored_moves(graph, &index);
+    let mut stored_moves = stored_moves(graph, &index, &rewrite.stored);
     stored_moves.retain(|p, _| chosen(&index.nodes[index.producer_index(&graph.node[*p].output[0]).unwrap_or(0)].name));
     rewrite.partial = only.is_some();
     let skipped: HashSet<usize> = groups
@@ -417,7 +416,11 @@ struct StoredMove {
     only_reader: Option<(usize, String)>,
 }
 
-fn stored_moves(graph: &GraphProto, index: &GraphIndex) -> HashMap<usize, StoredMove> {
+fn stored_moves(
+    graph: &GraphProto,
+    index: &GraphIndex,
+    stored: &HashMap<String, &TensorProto>,
+) -> HashMap<usize, StoredMove> {
     let mut found = HashMap::new();
     for info in &index.nodes {
         let n = &graph.node[info.proto_index];
@@ -441,11 +444,7 @@ fn stored_moves(graph: &GraphProto, index: &GraphIndex) -> HashMap<usize, Stored
                 .map(|&(_, s, z)| (input(reader, s), input(reader, z)))
         };
         let Some((scale, zp)) = readers.first().and_then(read_with) else { continue };
-        let per_tensor = graph
-            .initializer
-            .iter()
-            .find(|w| w.name() == scale.as_str())
-            .is_some_and(|w| w.dims.iter().product::<i64>() == 1);
+        let per_tensor = stored.get(&scale).is_some_and(|w| w.dims.iter().product::<i64>() == 1);
         if !per_tensor || !readers.iter().all(|r| read_with(r) == Some((scale.clone(), zp.clone()))) {
             continue;
         }
