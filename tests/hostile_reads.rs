@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::{save, text};
-use layerwise_model::builder::{f32_tensor, Dim, ModelBuilder};
+use layerwise_model::builder::{attr, f32_tensor, i64_tensor, Dim, ModelBuilder};
 use layerwise_model::onnx::{tensor_proto::DataLocation, ModelProto, StringStringEntryProto};
 use layerwise_model::DataType;
 use layerwise_runtime::npy::write_npz;
@@ -525,6 +525,68 @@ fn runs_that_cannot_fit_in_memory_are_refused_up_front_with_the_figures() {
     assert!(said.contains("of memory") && said.contains("available; give smaller inputs"), "{said}");
     assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
     c.refused(&["fix", &m, "--input-shape", &shape, "-o", &c.p("fixed.onnx")], "this run needs about", QUICK);
+}
+
+/// A model whose length is computed from the data: `length` (a float initializer) plus 0 times
+/// the input's sum, cast to an integer, makes a Range of that many rows; each row is multiplied by
+/// a 1,024-wide row and goes through Sin, Mul, Cos and Add before one mean comes out. Its tensors
+/// are `length` x 1,024 floats: a shape no plan made before the run can know.
+fn data_dependent_length(length: f32) -> ModelProto {
+    let mut b = ModelBuilder::new("length", 17);
+    b.input("x", DataType::Float, &[Dim::from(4)]);
+    b.initializer(f32_tensor("zero", &[], &[0.0]));
+    b.initializer(f32_tensor("length", &[], &[length]));
+    b.initializer(i64_tensor("start", &[], &[0]));
+    b.initializer(i64_tensor("step", &[], &[1]));
+    b.initializer(i64_tensor("axis1", &[1], &[1]));
+    b.initializer(f32_tensor("row", &[1, 1024], &(0..1024).map(|i| i as f32 / 1024.0).collect::<Vec<_>>()));
+    b.initializer(f32_tensor("half", &[], &[0.5]));
+    b.node("ReduceSum", "sum", &["x"], &["s"], vec![attr::int("keepdims", 0)]);
+    b.node("Mul", "nothing", &["s", "zero"], &["z"], vec![]);
+    b.node("Add", "lengthf", &["z", "length"], &["lf"], vec![]);
+    b.node("Cast", "length_int", &["lf"], &["n"], vec![attr::int("to", DataType::Int64 as i64)]);
+    b.node("Range", "range", &["start", "n", "step"], &["r"], vec![]);
+    b.node("Cast", "range_float", &["r"], &["rf"], vec![attr::int("to", DataType::Float as i64)]);
+    b.node("Unsqueeze", "column", &["rf", "axis1"], &["col"], vec![]);
+    b.node("Mul", "wide", &["col", "row"], &["w"], vec![]);
+    b.node("Sin", "sin", &["w"], &["a1"], vec![]);
+    b.node("Mul", "halve", &["a1", "half"], &["a2"], vec![]);
+    b.node("Cos", "cos", &["a2"], &["a3"], vec![]);
+    b.node("Add", "add", &["a3", "a1"], &["a4"], vec![]);
+    b.node("ReduceMean", "mean", &["a4"], &["y"], vec![attr::int("keepdims", 0)]);
+    b.output("y", DataType::Float);
+    b.build()
+}
+
+/// Issue 55: a candidate whose data-dependent shapes outgrow the reference's (a text-to-speech
+/// model whose FP16 duration overflowed computed 11x the frames, and the kernel killed `bisect` at
+/// 24 GB with or without `--max-memory 4G`: the plan knew only the reference's shapes). Here the
+/// candidate's length is 256x the reference's (256 MiB per tensor against 1 MiB): each run is
+/// stopped as it grows past --max-memory plus ONNX Runtime's working memory, and the run exits 2
+/// saying so, writing nothing. Without the stop the candidate ran to the end (exit 1, its
+/// tensors 1 GiB in all), whatever --max-memory said.
+#[test]
+fn a_candidate_whose_data_dependent_shapes_outgrow_the_plan_is_stopped_within_max_memory() {
+    let c = Cases::new();
+    save(&data_dependent_length(256.0), &c.path("ref.onnx"));
+    save(&data_dependent_length(65536.0), &c.path("cand.onnx"));
+    let (reference, candidate, json) = (c.p("ref.onnx"), c.p("cand.onnx"), c.p("r.json"));
+    let stopped = "the run was stopped while it ran: it grew the process by";
+    for extra in [&[][..], &["--separate-runs"][..]] {
+        let mut args =
+            vec!["bisect", &reference, "--cand", "ort:cpu", "--cand-model", &candidate, "--max-memory", "64M"];
+        args.extend_from_slice(&["--json", &json]);
+        args.extend_from_slice(extra);
+        let said = c.refused(&args, stopped, QUICK);
+        assert!(
+            said.contains("past its limit of 192.0 MiB (--max-memory 64.0 MiB plus 128.0 MiB of ONNX Runtime's own working memory)"),
+            "{said}"
+        );
+        assert!(said.contains("tensors whose shapes depend on the data"), "{said}");
+    }
+    // The same pair within the reference's sizes runs to a verdict under the same limit.
+    save(&data_dependent_length(512.0), &c.path("cand.onnx"));
+    c.runs(&["bisect", &reference, "--cand", "ort:cpu", "--cand-model", &candidate, "--max-memory", "64M"]);
 }
 
 /// Found by the red team (issue 54 item 7): a `while True` data loader was drained into the

@@ -77,6 +77,8 @@ impl Job<'_> {
                 self.separate_because = Some("a side gives ONNX Runtime no program to pair".into());
                 return Ok(None);
             }
+            // A run stopped for its memory would only grow again in separate runs.
+            Err(e) if matches!(e.downcast_ref(), Some(layerwise_runtime::RuntimeError::Memory(_))) => return Err(e),
             Err(e) => {
                 self.paired_session = None;
                 // A graph the pairing cannot take (disagreeing opsets) is compared the usual way,

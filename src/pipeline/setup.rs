@@ -285,6 +285,9 @@ pub(crate) struct Setup<'m> {
 
 /// Stage 1: the plan of a bisect of `original` with `options`.
 pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &mut Steps) -> Result<Setup<'m>> {
+    // Every run from here on is stopped where it grows the process past --max-memory (or most of
+    // the memory available): the plan below knows only the reference's shapes.
+    layerwise_runtime::run_guard::set_limit(options.max_memory);
     // A model saved by a newer onnx package: given to ONNX Runtime at the IR version it reads.
     let (original, ir_note) = fit_for_onnx_runtime(original)?;
     let mut input_notes: Vec<String> = ir_note.into_iter().collect();

@@ -380,6 +380,22 @@ pub fn available_memory() -> Option<u64> {
     line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kib| kib * 1024)
 }
 
+/// A byte count for messages: `16 B`, `3.8 KiB`, `381.5 MiB`, `3.7 GiB`.
+pub fn size(bytes: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", units[unit])
+    }
+}
+
 /// Refuses a tensor that could not be held in memory: its size overflows, or exceeds the memory
 /// available (or 64 GiB where that is unknown).
 pub fn check_fits(bytes: Option<u64>, shape: &[usize]) -> Result<(), String> {

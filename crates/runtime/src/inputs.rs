@@ -611,18 +611,4 @@ pub fn check_memory<'a>(
     Ok(())
 }
 
-/// A byte count for messages: `16 B`, `3.8 KiB`, `381.5 MiB`, `3.7 GiB`.
-pub fn size(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", units[unit])
-    }
-}
+pub use layerwise_model::tensor::size;

@@ -14,6 +14,7 @@ pub mod inputs;
 pub mod npy;
 mod optimized_pieces;
 mod ort_backend;
+pub mod run_guard;
 mod spec;
 pub use ort_backend::{
     check_types, float32_tensors, load_session, release_freed_memory, share_cpu, tensor_types,

@@ -10,6 +10,7 @@ use ort::session::Session;
 use ort::value::{DynValue, TensorElementType, ValueType};
 
 use crate::backend::{Backend, OnnxProgram, RunOutput, RunRequest};
+use crate::run_guard::{guarded, RunError};
 use crate::spec::{BackendSpec, ConvSearch, ExecutionProvider, OptLevel, OrtOptions, Precision};
 use crate::{optimized_pieces, ortlib, DType, InferredType, RuntimeError, Tensor, TensorData};
 
@@ -839,8 +840,8 @@ impl OrtBackend {
             let tr = std::time::Instant::now();
             let session_inputs = session_feeds(&session, &feeds, &self.label)?;
             drop(feeds);
-            let (mut results, _) = run_without_optionals(&mut session, session_inputs)
-                .map_err(|e| self.err(format!("run failed: {e}")))?;
+            let (mut results, _) =
+                run_without_optionals(&mut session, session_inputs).map_err(|e| e.into_runtime(&self.label))?;
             for t in piece {
                 let value = results
                     .remove(t.as_str())
@@ -946,7 +947,10 @@ impl OrtBackend {
         }
         let mut tensors = HashMap::new();
         {
-            let mut results = session.run_binding(&binding).map_err(|e| self.err(format!("run failed: {e}")))?;
+            let mut results = guarded(ort::session::RunOptions::new().map_err(|e| self.err(e))?, |o| {
+                session.run_binding_with_options(&binding, o)
+            })
+            .map_err(|e| e.into_runtime(&self.label))?;
             binding.synchronize_outputs().map_err(|e| fail("synchronizing the outputs", e))?;
             for name in names {
                 let Some(value) = results.remove(name.as_str()) else {
@@ -982,7 +986,7 @@ impl OrtBackend {
         let (mut session, names, key) = self.session_of(request, &mut output)?;
         let feeds = session_feeds(&session, request.inputs, &self.label)?;
         let (mut results, optional) =
-            run_without_optionals(&mut session, feeds).map_err(|e| self.err(format!("run failed: {e}")))?;
+            run_without_optionals(&mut session, feeds).map_err(|e| e.into_runtime(&self.label))?;
         for name in optional {
             output.unavailable.push((name, "an optional value, not a tensor (it may hold none): not compared".into()));
         }
@@ -1024,7 +1028,7 @@ fn input_shapes(request: &RunRequest) -> Vec<(String, Vec<usize>)> {
 pub(crate) fn run_without_optionals(
     session: &mut Session,
     feeds: Vec<(String, DynValue)>,
-) -> ort::Result<(HashMap<String, DynValue>, Vec<String>)> {
+) -> Result<(HashMap<String, DynValue>, Vec<String>), RunError> {
     let optional: Vec<String> = session
         .outputs()
         .iter()
@@ -1033,26 +1037,20 @@ pub(crate) fn run_without_optionals(
         .collect();
     let names: Vec<String> =
         session.outputs().iter().map(|o| o.name().to_string()).filter(|n| !optional.contains(n)).collect();
-    let mut values = HashMap::new();
-    if names.is_empty() {
+    // The values leave the run's outputs inside the guarded run: the outputs borrow its options.
+    let taken = |mut results: ort::session::SessionOutputs<'_>| -> HashMap<String, DynValue> {
+        names.iter().filter_map(|n| results.remove(n.as_str()).map(|v| (n.clone(), v))).collect()
+    };
+    let values = if names.is_empty() {
         // Nothing left to ask for: ONNX Runtime refuses a run that requests no output.
+        HashMap::new()
     } else if optional.is_empty() {
-        let mut results = session.run(feeds)?;
-        for n in names {
-            if let Some(v) = results.remove(n.as_str()) {
-                values.insert(n, v);
-            }
-        }
+        guarded(ort::session::RunOptions::new()?, |o| session.run_with_options(feeds, o).map(taken))?
     } else {
         let selector = optional.iter().fold(ort::session::OutputSelector::default(), |s, n| s.without(n.clone()));
         let options = ort::session::RunOptions::new()?.with_outputs(selector);
-        let mut results = session.run_with_options(feeds, &options)?;
-        for n in names {
-            if let Some(v) = results.remove(n.as_str()) {
-                values.insert(n, v);
-            }
-        }
-    }
+        guarded(options, |o| session.run_with_options(feeds, o).map(taken))?
+    };
     Ok((values, optional))
 }
 
@@ -1558,8 +1556,7 @@ impl ModelSession {
     /// The model's outputs for `feeds`, by name.
     pub fn run(&mut self, feeds: &[(String, Tensor)]) -> Result<HashMap<String, Tensor>, RuntimeError> {
         let inputs = session_feeds(&self.session, feeds, &self.label)?;
-        let (results, _) = run_without_optionals(&mut self.session, inputs)
-            .map_err(|e| RuntimeError::Ort { backend: self.label.clone(), why: format!("run failed: {e}") })?;
+        let (results, _) = run_without_optionals(&mut self.session, inputs).map_err(|e| e.into_runtime(&self.label))?;
         crate::backend_log::take(&self.label);
         results
             .iter()

@@ -320,10 +320,21 @@ impl PairedSession {
                     (i.name().to_string(), SessionInputValue::from(value))
                 })
                 .collect();
-            let mut outputs = segment.session.run(feeds).map_err(|e| err(format!("run failed: {e}")))?;
-            let passed: Vec<(String, DynValue)> =
-                segment.passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect();
-            drop(outputs);
+            let (session, passed_on) = (&mut segment.session, &segment.passed_on);
+            // The values passed on leave the outputs inside the guarded run (the outputs borrow its
+            // options); the rest are dropped with them.
+            let passed: Vec<(String, DynValue)> = crate::run_guard::guarded(
+                ort::session::RunOptions::new().map_err(|e| err(format!("run failed: {e}")))?,
+                |o| {
+                    session.run_with_options(feeds, o).map(|mut outputs| {
+                        passed_on.iter().filter_map(|n| outputs.remove(n).map(|v| (n.clone(), v))).collect()
+                    })
+                },
+            )
+            .map_err(|e| match e {
+                crate::run_guard::RunError::Memory(why) => RuntimeError::Memory(format!("the paired run: {why}")),
+                e => err(format!("run failed: {e}")),
+            })?;
             for name in &segment.last_read_here {
                 border.remove(name);
             }

@@ -378,8 +378,8 @@ fn run_session(
     spec: &str,
 ) -> Result<HashMap<String, Result<Tensor, String>>, RuntimeError> {
     let session_inputs = session_feeds(session, feeds, spec)?;
-    let (results, optional) = crate::ort_backend::run_without_optionals(session, session_inputs)
-        .map_err(|e| RuntimeError::Ort { backend: spec.to_string(), why: format!("run failed: {e}") })?;
+    let (results, optional) =
+        crate::ort_backend::run_without_optionals(session, session_inputs).map_err(|e| e.into_runtime(spec))?;
     let mut out: HashMap<String, Result<Tensor, String>> =
         results.into_iter().map(|(n, v)| (n, from_ort_value(&v))).collect();
     out.extend(
