@@ -64,20 +64,26 @@ fn pairs_are_reduced_in_the_order_the_tensors_are_computed() {
     let run = run_paired(&m, reference, candidate, &order, &feeds, comparison.clone()).unwrap();
     assert_eq!(run.paired.len(), order.len());
     assert_eq!(comparison.arrival(), order);
-    // And where the graph is split into segments: in order within each segment too.
-    let programs = Programs {
-        model: &m,
-        candidate_model: &m,
-        reference: create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap(),
-        candidate: create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap(),
-        candidate_names: &Default::default(),
-    };
-    let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-    let mut session = PairedSession::build_in_segments(programs, &order, &shapes, 25).unwrap();
-    let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into(), &index.outputs));
-    let run = session.run(&feeds, comparison.clone()).unwrap();
-    assert!(run.segments > 10, "{}", run.segments);
-    assert_eq!(comparison.arrival(), order);
+    // And where the graph is split into segments: in order within each segment too, with the
+    // segments' sessions kept for later samples or each built in its turn and released once run
+    // (one sample); a session whose segments were released builds them again for the next sample.
+    for keep_sessions in [true, false] {
+        let programs = Programs {
+            model: &m,
+            candidate_model: &m,
+            reference: create_backend(&spec("ort:cpu")).unwrap().onnx_program(&request).unwrap().unwrap(),
+            candidate: create_backend(&spec("sim:fp16")).unwrap().onnx_program(&request).unwrap().unwrap(),
+            candidate_names: &Default::default(),
+        };
+        let shapes: Vec<(String, Vec<usize>)> = feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
+        let mut session = PairedSession::build_in_segments(programs, &order, &shapes, 25, keep_sessions).unwrap();
+        for sample in 0..2 {
+            let comparison = Arc::new(PairedComparison::new(Tolerance::FP16.into(), &index.outputs));
+            let run = session.run(&feeds, comparison.clone()).unwrap();
+            assert!(run.segments > 10, "{}", run.segments);
+            assert_eq!(comparison.arrival(), order, "keep_sessions {keep_sessions}, sample {sample}");
+        }
+    }
 }
 
 /// `proto` with every float initializer moved into `folder/w.bin` as external data.

@@ -48,6 +48,8 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     // (bodies inlined, so nodes inside can be kept); the fixed model is the original with the keep
     // list resolved into its bodies.
     let mut setup = set_up(&original, b, &mut steps)?;
+    // The trials re-run the same pieces of the candidate's program, each in the session it built.
+    setup.candidate.keep_piece_sessions(true);
     if let Some((cm, _)) = &setup.cand_model {
         refuse_unkeepable_candidate_model(cm, &setup.judging)?;
     }

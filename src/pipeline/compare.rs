@@ -43,6 +43,9 @@ pub(super) struct Job<'a> {
     /// Why the tensors were compared after separate runs; once set, later samples go straight to
     /// separate runs.
     pub(super) separate_because: Option<String>,
+    /// Whether the paired session's segments stay built for later samples: with one sample, each
+    /// is released once it ran, so that ONNX Runtime holds one segment at a time.
+    pub(super) keep_paired_sessions: bool,
     /// The paired session of the samples so far, by input shapes (dropped after the samples).
     pub(super) paired_session: Option<(Vec<Vec<usize>>, layerwise_runtime::paired::PairedSession)>,
     /// The GPU reduction kernels, built for the first sample compared on the GPU (`device.rs`).
@@ -116,6 +119,7 @@ impl<'a> Job<'a> {
             plans: HashMap::new(),
             candidate_ran: std::collections::HashSet::new(),
             separate_because: None,
+            keep_paired_sessions: setup.total_samples > 1,
             paired_session: None,
             device_reducer: None,
             device_refused: None,

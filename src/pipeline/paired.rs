@@ -45,6 +45,7 @@ impl Job<'_> {
         }
         let (reference, candidate, order, cache) =
             (&mut self.reference, &mut self.candidate, &self.order, &mut self.paired_session);
+        let keep_sessions = self.keep_paired_sessions;
         let candidate_names = &self.cand_names;
         let run = steps.run(&label, || {
             if cache.is_none() {
@@ -63,7 +64,7 @@ impl Job<'_> {
                 };
                 let named: Vec<(String, Vec<usize>)> =
                     feeds.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
-                *cache = Some((shapes, PairedSession::build(programs, order, &named)?));
+                *cache = Some((shapes, PairedSession::build(programs, order, &named, keep_sessions)?));
             }
             layerwise_runtime::timing_mark(|| "paired: session built".into());
             let (_, session) = cache.as_mut().expect("built just above");

@@ -63,6 +63,13 @@ pub trait Backend: Send {
         let _ = (request, known, pieces);
         None
     }
+    /// Whether sessions built for pieces ([`Backend::run_pieces`]) are kept for later runs of the
+    /// same pieces. `fix`'s trials re-run them; a bisect's follow-up steps run most pieces once,
+    /// and the kept sessions were most of its peak (decoder of 11,201 nodes: 623 MiB kept, 326
+    /// MiB not). Off by default.
+    fn keep_piece_sessions(&mut self, keep: bool) {
+        let _ = keep;
+    }
     /// Whether float32 matrix products and convolutions run with TF32 on this backend.
     fn tf32(&self) -> bool {
         false

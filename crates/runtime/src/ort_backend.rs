@@ -42,6 +42,8 @@ pub struct OrtBackend {
     /// Sessions of the pieces `run_pieces` ran, by the hash of their program, the most recently
     /// used last: `fix`'s runs and the counterfactual's checks run the same pieces again.
     piece_sessions: Vec<(String, Session, usize)>,
+    /// Whether `piece_sessions` keeps sessions at all ([`Backend::keep_piece_sessions`]).
+    keep_piece_sessions: bool,
     /// The weights `run_pieces` emulated rounded, by model hash, for its next run of the same
     /// model (a run otherwise rounds every weight again whatever its keep list changes); one
     /// model's at a time.
@@ -78,6 +80,7 @@ impl OrtBackend {
             float_cache: HashMap::new(),
             gpu_session: None,
             piece_sessions: Vec::new(),
+            keep_piece_sessions: false,
             rounded_weights: Default::default(),
             log_id,
         }
@@ -497,6 +500,13 @@ impl Backend for OrtBackend {
         }
     }
 
+    fn keep_piece_sessions(&mut self, keep: bool) {
+        self.keep_piece_sessions = keep;
+        if !keep {
+            self.piece_sessions.clear();
+        }
+    }
+
     fn tf32(&self) -> bool {
         self.emulate == Some(Rounding::Tf32) || matches!(self.options.ep, ExecutionProvider::Cuda { tf32: true, .. })
     }
@@ -852,7 +862,7 @@ impl OrtBackend {
             t_run += tr.elapsed().as_secs_f64();
             // Weights mapped from their file cost no copy; inline ones are held by the session.
             let te = std::time::Instant::now();
-            if !external {
+            if !external && self.keep_piece_sessions {
                 self.piece_sessions.push((key, session, size));
                 while self.piece_sessions.len() > PIECE_SESSIONS
                     || self.piece_sessions.iter().map(|(_, _, n)| n).sum::<usize>() > PIECE_SESSION_BYTES

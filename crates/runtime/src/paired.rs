@@ -70,7 +70,7 @@ pub fn run_paired(
 ) -> Result<PairedRun, RuntimeError> {
     let shapes: Vec<(String, Vec<usize>)> = inputs.iter().map(|(n, t)| (n.clone(), t.shape.clone())).collect();
     let programs = Programs { model, candidate_model: model, reference, candidate, candidate_names: &HashMap::new() };
-    PairedSession::build(programs, tensors, &shapes)?.run(inputs, reducer)
+    PairedSession::build(programs, tensors, &shapes, false)?.run(inputs, reducer)
 }
 
 /// The two programs a paired session computes, and the models they come from.
@@ -98,13 +98,25 @@ pub struct PairedSession {
     log_id: String,
     /// What every run reports besides the log lines of that run.
     template: PairedRun,
+    /// Whether segment sessions stay built for later samples (else each is released once run).
+    keep_sessions: bool,
+    /// The types ONNX Runtime gave the values crossing a border, declared where they are read.
+    border_types: HashMap<String, TypeProto>,
+    options: OrtOptions,
     /// Holds the weights file the session maps.
     _scratch: layerwise_model::scratch::ScratchDir,
 }
 
 /// One ONNX Runtime session of a paired graph, and what crosses its borders.
 struct SegmentSession {
-    session: Session,
+    /// Built up front where sessions are kept for later samples, else when its turn comes.
+    session: Option<Session>,
+    /// The segment's graph with its weights in `folder`, without the inputs it reads from earlier
+    /// segments (their types are known once those are built): what its session is built from.
+    bytes: Vec<u8>,
+    folder: std::path::PathBuf,
+    /// Values from earlier segments it reads.
+    reads: Vec<String>,
     /// Its outputs that later segments read.
     passed_on: Vec<String>,
     /// Values from earlier segments that no later segment reads: freed once this one ran.
@@ -115,12 +127,16 @@ impl PairedSession {
     /// Builds the session: both programs must use the same execution provider and threads (the
     /// session is one); it runs with optimizations disabled, since each program carries its own.
     /// It is built for inputs of `input_shapes` (name, dimensions) and runs inputs of those shapes.
+    /// `keep_sessions`: every segment's session is built up front and kept for later samples;
+    /// without, each is built when its turn comes and released once it ran, so that ONNX Runtime
+    /// holds one segment at a time (for a single sample, which needs no session twice).
     pub fn build(
         programs: Programs<'_>,
         tensors: &[String],
         input_shapes: &[(String, Vec<usize>)],
+        keep_sessions: bool,
     ) -> Result<PairedSession, RuntimeError> {
-        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes())
+        Self::build_in_segments(programs, tensors, input_shapes, segment_nodes(), keep_sessions)
     }
 
     /// [`PairedSession::build`], with a paired graph of more than `max_nodes` nodes split into
@@ -130,6 +146,7 @@ impl PairedSession {
         tensors: &[String],
         input_shapes: &[(String, Vec<usize>)],
         max_nodes: usize,
+        keep_sessions: bool,
     ) -> Result<PairedSession, RuntimeError> {
         let Programs { model, candidate_model, reference, candidate, candidate_names } = programs;
         let label = format!("{} with {}", reference.spec, candidate.spec);
@@ -212,19 +229,8 @@ impl PairedSession {
             last_read_here[k].push(name.to_string());
         }
         crate::ort_backend::release_freed_memory();
-        let split = pieces.len() > 1;
-        // The types ONNX Runtime gave the values crossing a border, declared where they are read.
-        let mut border_types: HashMap<String, TypeProto> = HashMap::new();
         let mut segments = Vec::with_capacity(pieces.len());
-        for (k, ((mut proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
-            if let Some(g) = proto.graph.as_mut() {
-                for name in &reads {
-                    let ty = border_types.get(name).cloned().ok_or_else(|| {
-                        err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor"))
-                    })?;
-                    g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
-                }
-            }
+        for (k, ((proto, reads, passed_on), last_read_here)) in pieces.into_iter().zip(last_read_here).enumerate() {
             // Each segment writes its weights in its own folder.
             let folder = scratch.path().join(format!("segment-{k}"));
             std::fs::create_dir_all(&folder).map_err(|e| RuntimeError::Io { path: folder.clone(), cause: e })?;
@@ -235,32 +241,74 @@ impl PairedSession {
             } else {
                 model.runtime_bytes_weights_apart(proto, &folder)?
             };
-            let domain = OperatorDomain::new(PAIR_DOMAIN)
-                .and_then(|d| d.add(ReducePair { reducer: reducer.clone() }))
-                .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
-            // The segments' threads sleep between runs: each session has its own pool, and spinning
-            // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
-            let extras = SessionExtras {
-                optimized_path: None,
-                operators: Some(domain),
-                without_arena: split,
-                without_spinning: split,
-            };
-            let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&folder) };
-            let session = build_session(&label, &options, &reference.log_id, source, OptLevel::Disable, extras)?;
-            crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {}", template.segments));
-            for output in session.outputs().iter().filter(|o| passed_on.iter().any(|n| n == o.name())) {
-                if let Some(ty) = tensor_type(output.dtype()) {
-                    border_types.insert(output.name().to_string(), ty);
-                }
-            }
-            segments.push(SegmentSession { session, passed_on, last_read_here });
+            segments.push(SegmentSession { session: None, bytes, folder, reads, passed_on, last_read_here });
         }
-        // Every session is built before the first runs and kept for later samples. Building each
-        // when its turn comes and releasing it once run held ONNX Runtime to one segment (decoder
-        // 400: 340 MB against 595 MB) but cost more with every segment, in the allocator (Relu
-        // chain of 50,000: 17-20 s against 9 s), so it was not kept (docs/performance.md).
-        Ok(PairedSession { segments, reducer, label, log_id: reference.log_id, template, _scratch: scratch })
+        let mut paired = PairedSession {
+            segments,
+            reducer,
+            label,
+            log_id: reference.log_id,
+            template,
+            keep_sessions,
+            border_types: HashMap::new(),
+            options,
+            _scratch: scratch,
+        };
+        // Kept sessions are all built before the first runs: a segment ONNX Runtime refuses then
+        // fails the build, before anything ran. Building each when its turn comes and releasing it
+        // once run holds ONNX Runtime to one segment (decoder 400: 340 MB against 595 MB), but
+        // every build costs more than the one before it in the allocator (Relu chain of 50,000:
+        // 17-20 s against 9 s; docs/performance.md): worth it for one sample only.
+        if keep_sessions {
+            for k in 0..paired.segments.len() {
+                paired.build_segment(k)?;
+            }
+        }
+        Ok(paired)
+    }
+
+    /// Builds segment `k`'s session (the segments before it built already, for the types of the
+    /// values it reads from them).
+    fn build_segment(&mut self, k: usize) -> Result<(), RuntimeError> {
+        use prost::Message;
+        let label = &self.label;
+        let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
+        let count = self.segments.len();
+        let segment = &mut self.segments[k];
+        let mut proto = ModelProto::decode(segment.bytes.as_slice())
+            .map_err(|e| err(format!("segment {k}'s graph cannot be read back: {e}")))?;
+        if let Some(g) = proto.graph.as_mut() {
+            for name in &segment.reads {
+                let ty = self.border_types.get(name).cloned().ok_or_else(|| {
+                    err(format!("segment {k} reads '{name}', which no earlier segment passes on as a tensor"))
+                })?;
+                g.input.push(ValueInfoProto { name: Some(name.clone()), r#type: Some(ty), ..Default::default() });
+            }
+        }
+        let bytes = proto.encode_to_vec();
+        drop(proto);
+        let domain = OperatorDomain::new(PAIR_DOMAIN)
+            .and_then(|d| d.add(ReducePair { reducer: self.reducer.clone() }))
+            .map_err(|e| err(format!("cannot register layerwise's operators: {e}")))?;
+        // The segments' threads sleep between runs: each session has its own pool, and spinning
+        // pools of a large model's segments cost 3x the build CPU (measured, docs/performance.md).
+        let split = count > 1;
+        let extras = SessionExtras {
+            optimized_path: None,
+            operators: Some(domain),
+            without_arena: split,
+            without_spinning: split,
+        };
+        let source = ModelSource::Memory { bytes: &bytes, external_folder: Some(&segment.folder) };
+        let session = build_session(label, &self.options, &self.log_id, source, OptLevel::Disable, extras)?;
+        crate::ort_backend::timing_mark(|| format!("paired build: segment {k} of {count}"));
+        for output in session.outputs().iter().filter(|o| segment.passed_on.iter().any(|n| n == o.name())) {
+            if let Some(ty) = tensor_type(output.dtype()) {
+                self.border_types.insert(output.name().to_string(), ty);
+            }
+        }
+        segment.session = Some(session);
+        Ok(())
     }
 
     /// Runs the session on `inputs`, handing each pair to `reducer`.
@@ -298,20 +346,24 @@ impl PairedSession {
     /// Runs the segments in order, each fed with the graph inputs it reads and the values earlier
     /// segments passed on; a value is freed after the last segment that reads it.
     fn run_segments(&mut self, inputs: &[(String, Tensor)]) -> Result<(), RuntimeError> {
-        let label = &self.label;
+        let label = &self.label.clone();
         let err = |why: String| RuntimeError::Ort { backend: label.clone(), why };
         let mut border: HashMap<String, DynValue> = HashMap::new();
         // Graph inputs, converted once however many segments read them.
         let mut fed: HashMap<String, DynValue> = HashMap::new();
         let split = self.segments.len() > 1;
-        for segment in &mut self.segments {
-            for input in segment.session.inputs() {
+        for k in 0..self.segments.len() {
+            if self.segments[k].session.is_none() {
+                self.build_segment(k)?;
+            }
+            let segment = &mut self.segments[k];
+            let session = segment.session.as_mut().expect("built just above");
+            for input in session.inputs() {
                 if !border.contains_key(input.name()) && !fed.contains_key(input.name()) {
                     fed.insert(input.name().to_string(), feed(input, inputs, label)?);
                 }
             }
-            let feeds: Vec<(String, SessionInputValue<'_>)> = segment
-                .session
+            let feeds: Vec<(String, SessionInputValue<'_>)> = session
                 .inputs()
                 .iter()
                 .map(|i| {
@@ -320,7 +372,7 @@ impl PairedSession {
                     (i.name().to_string(), SessionInputValue::from(value))
                 })
                 .collect();
-            let (session, passed_on) = (&mut segment.session, &segment.passed_on);
+            let passed_on = &segment.passed_on;
             // The values passed on leave the outputs inside the guarded run (the outputs borrow its
             // options); the rest are dropped with them.
             let passed: Vec<(String, DynValue)> = crate::run_guard::guarded(
@@ -339,6 +391,9 @@ impl PairedSession {
                 border.remove(name);
             }
             border.extend(passed);
+            if !self.keep_sessions {
+                segment.session = None;
+            }
             if split {
                 // What the segment's kernels freed goes back to the system before the next one runs.
                 crate::ort_backend::release_freed_memory();
