@@ -155,6 +155,25 @@ fn run_bisect(
             })
             .collect()
     };
+    // With one sample, the model's plain run (outputs only) that the steps after the walk need
+    // comes first: its session is gone before the comparison holds every tensor of both sides, so
+    // the two are never in memory together (decoder-overflow 2,000, `--cand-model`: the peak was
+    // that session beside the held tensors, 2,034 MiB).
+    let early_reference_outputs = if total_samples == 1 && samples.len() == 1 && !options.reference.is_saved() {
+        // A sample or a run that fails here fails again below, where its error is told as the
+        // comparison tells it.
+        let feeds = prepare(&[0]).ok().and_then(|mut p| p.pop()).map(|(_, inputs)| setup::feeds_of(&inputs));
+        let outputs = feeds.and_then(|feeds| {
+            let outputs = steps.run("running the reference (outputs)", || {
+                job.run_reference(&feeds, &Selection::Names(Vec::new()))
+            });
+            outputs.ok().map(|outputs| (feeds, outputs))
+        });
+        layerwise_runtime::release_freed_memory();
+        outputs
+    } else {
+        None
+    };
     let mut batch = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
     let mut prepared = prepare(&batch);
     while !batch.is_empty() {
@@ -298,13 +317,13 @@ fn run_bisect(
     let mut verdict = chosen.verdict.clone();
     // The model run as deployed (outputs only), once: the check that the reference is the model,
     // and the reference's outputs for the noise floor and every counterfactual check.
-    let reference_outputs = if options.reference.is_saved() {
-        None
-    } else {
-        Some(
+    let reference_outputs = match early_reference_outputs {
+        _ if options.reference.is_saved() => None,
+        Some((early, outputs)) if early == feeds => Some(outputs),
+        _ => Some(
             steps
                 .run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())))?,
-        )
+        ),
     };
     let not_the_model = match &reference_outputs {
         Some(plain) => {
