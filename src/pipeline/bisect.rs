@@ -164,9 +164,8 @@ fn run_bisect(
         // comparison tells it.
         let feeds = prepare(&[0]).ok().and_then(|mut p| p.pop()).map(|(_, inputs)| setup::feeds_of(&inputs));
         let outputs = feeds.and_then(|feeds| {
-            let outputs = steps.run("running the reference (outputs)", || {
-                job.run_reference(&feeds, &Selection::Names(Vec::new()))
-            });
+            let outputs = steps
+                .run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())));
             outputs.ok().map(|outputs| (feeds, outputs))
         });
         layerwise_runtime::release_freed_memory();

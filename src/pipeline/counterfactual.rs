@@ -38,6 +38,9 @@ pub(super) fn counterfactual(
         _ => None,
     };
     let mut keeper = KeepRunner::new(job.model, &job.index, job.candidate.as_mut());
+    if let Some((cm, _)) = &job.cand_model {
+        keeper = keeper.sharing_weights_of(cm);
+    }
     // The candidate can keep nodes only where it emulates FP16 or runs a converted model.
     if !keeper.emulated() && job.cand_model.is_none() {
         return Ok(None);

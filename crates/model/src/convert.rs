@@ -74,6 +74,9 @@ pub struct ConvertOptions {
     /// Weights beyond the FP16 range of the graphs around a body being converted, which the body
     /// may read from its outer scope: their readers there are kept FP32 as the outer graph's are.
     pub outer_overflowing: BTreeSet<String>,
+    /// Weights already stored in the target type, by name (a converted file's): a weight that
+    /// converts to the same bytes shares them instead of holding a second copy.
+    pub stored: Option<std::sync::Arc<HashMap<String, TensorProto>>>,
 }
 
 impl Default for ConvertOptions {
@@ -86,6 +89,7 @@ impl Default for ConvertOptions {
             target: Precision::Fp16,
             refused: BTreeMap::new(),
             outer_overflowing: BTreeSet::new(),
+            stored: None,
         }
     }
 }
@@ -133,6 +137,41 @@ fn set_elem_type(v: &mut crate::onnx::ValueInfoProto, dt: DataType) {
     if let Some(type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut()) {
         t.elem_type = Some(dt as i32);
     }
+}
+
+/// [`to_low_tensor`], sharing `stored`'s bytes where they are what the conversion would store
+/// (compared chunk by chunk as it converts: nothing is allocated for a weight that matches).
+fn to_low_tensor_or_stored(
+    model: &Model,
+    t: &TensorProto,
+    target: Precision,
+    stored: Option<&TensorProto>,
+) -> Result<TensorProto, ModelError> {
+    let theirs = stored
+        .filter(|s| s.data_type() == target.data_type() as i32 && s.dims == t.dims)
+        .and_then(|s| s.raw_data.as_ref());
+    if let Some(theirs) = theirs {
+        let (mut at, mut equal, mut chunk) = (0usize, true, Vec::new());
+        for_each_float_chunk(model, t, &mut |values| {
+            if equal {
+                chunk.clear();
+                push_stored(target, values, &mut chunk);
+                equal = theirs.get(at..at + chunk.len()) == Some(&chunk[..]);
+                at += chunk.len();
+            }
+        })?;
+        if equal && at == theirs.len() {
+            return Ok(TensorProto {
+                name: t.name.clone(),
+                dims: t.dims.clone(),
+                data_type: Some(target.data_type() as i32),
+                raw_data: Some(theirs.clone()),
+                doc_string: t.doc_string.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    to_low_tensor(model, t, target)
 }
 
 fn to_low_tensor(model: &Model, t: &TensorProto, target: Precision) -> Result<TensorProto, ModelError> {
@@ -443,9 +482,10 @@ fn convert_graph(
     // Rewrite.
     let mut out = model.proto.clone();
     let g = out.graph.as_mut().expect("graph");
+    let stored = options.stored.as_deref();
     for t in g.initializer.iter_mut() {
         if storage.get(t.name()) == Some(&low) {
-            *t = to_low_tensor(model, t, target)?;
+            *t = to_low_tensor_or_stored(model, t, target, stored.and_then(|s| s.get(t.name())))?;
         }
     }
     let mut casts: HashMap<(String, Precision), String> = HashMap::new();
@@ -1051,4 +1091,32 @@ fn integer_sums(index: &GraphIndex, tensor: &str) -> bool {
     index.producer(tensor).is_some_and(|p| {
         matches!(p.op_type.as_str(), "MatMulInteger" | "ConvInteger") && (p.domain.is_empty() || p.domain == "ai.onnx")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::{f32_tensor, Dim, ModelBuilder};
+
+    /// A weight that converts to the bytes a converted file stores shares that file's bytes (the
+    /// same buffer, nothing allocated); one that converts to other bytes gets its own.
+    #[test]
+    fn a_weight_stored_alike_in_a_converted_file_shares_its_bytes() {
+        let mut b = ModelBuilder::new("w", 17);
+        b.input("x", DataType::Float, &[Dim::from(4)]);
+        b.initializer(f32_tensor("w", &[4], &[1.0, 2.5, -3.0, 0.1]));
+        b.node("Mul", "mul", &["x", "w"], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        let model = Model::from_proto(b.build(), "w").unwrap();
+        let w = &model.graph().initializer[0];
+        let stored = to_low_tensor(&model, w, Precision::Fp16).unwrap();
+        let shared = to_low_tensor_or_stored(&model, w, Precision::Fp16, Some(&stored)).unwrap();
+        let (theirs, ours) = (stored.raw_data.as_ref().unwrap(), shared.raw_data.as_ref().unwrap());
+        assert_eq!(theirs.as_ptr(), ours.as_ptr());
+        let mut other = stored.clone();
+        other.raw_data = Some(bytes::Bytes::from(vec![0u8; 8]));
+        let own = to_low_tensor_or_stored(&model, w, Precision::Fp16, Some(&other)).unwrap();
+        assert_eq!(own.raw_data, stored.raw_data);
+        assert_ne!(own.raw_data.as_ref().unwrap().as_ptr(), other.raw_data.as_ref().unwrap().as_ptr());
+    }
 }
