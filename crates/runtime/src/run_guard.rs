@@ -197,7 +197,7 @@ pub(crate) fn guarded<O: SelectedOutputMarker, R>(
         // A run may end on its own just as it is stopped: its results are whole.
         Ok(r) => Ok(r),
         Err(_) if watched.stopped_at > 0 => Err(RunError::Memory(format!(
-            "the run was stopped while it ran: it grew the process by {} (from {} resident), past its limit of {} ({}). The memory plan was made from the reference's shapes; a run that computes more than they say has tensors whose shapes depend on the data (a length or count computed from values that differ here). Nothing was written",
+            "the run was stopped while it ran: it grew the process by {} (from {} resident), past its limit of {} ({}). The memory plan is made before anything runs, and tensors whose shapes depend on the data (a length or count computed from values) can outgrow it; give --max-memory more if this growth is expected. Nothing was written",
             layerwise_model::tensor::size(watched.stopped_at),
             layerwise_model::tensor::size(watched.start_rss),
             layerwise_model::tensor::size(watched.limit),
