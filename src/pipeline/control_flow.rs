@@ -21,6 +21,7 @@ pub fn flatten_control_flow(
     model: &Model,
     reference: &mut dyn Backend,
     samples: &[Vec<(String, Tensor)>],
+    what: &str,
 ) -> Result<Option<(Model, ControlFlow)>> {
     let mut current = model.derived(model.proto.clone(), &file_name(model));
     let mut report = ControlFlow::default();
@@ -52,7 +53,7 @@ pub fn flatten_control_flow(
                 let selection = Selection::Names(wanted.clone());
                 let out = reference
                     .run(&RunRequest { model: &current, index: &index, inputs: feeds, selection: &selection })
-                    .context("running the reference to see which branches its control flow takes")?;
+                    .with_context(|| format!("running {what} to see which branches its control flow takes"))?;
                 values = out.tensors;
             }
             for (name, t) in feeds {

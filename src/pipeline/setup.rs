@@ -445,8 +445,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     let mut flattened = None;
     if has_control_flow(&index) && !options.keep_control_flow {
         let all_feeds = sample_feeds(&decls, &samples, &owners)?;
-        let result =
-            steps.run("following control flow", || flatten_control_flow(&original, reference.as_mut(), &all_feeds))?;
+        let result = steps.run("following control flow", || {
+            flatten_control_flow(&original, reference.as_mut(), &all_feeds, "the reference")
+        })?;
         if let Some((model, report)) = result {
             control_flow = Some(report);
             flattened = Some((GraphIndex::build(model.graph())?, model));
@@ -496,18 +497,29 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                 // ONNX Runtime's reference kernels run the file.
                 let all_feeds = sample_feeds(&decls, &samples, &owners)?;
                 let by_candidate = match options.candidate {
-                    BackendSpec::Ort(_) => match flatten_control_flow(&cm, candidate.as_mut(), &all_feeds) {
-                        Ok(found) => Some(found),
-                        Err(e) => {
-                            input_notes.push(format!("the candidate model's branches were decided by ONNX Runtime's reference kernels on the file: the candidate ({}) could not run it for that ({e:#})", options.candidate));
-                            None
+                    BackendSpec::Ort(_) => {
+                        match flatten_control_flow(&cm, candidate.as_mut(), &all_feeds, "the candidate model") {
+                            Ok(found) => Some(found),
+                            // A run stopped for its memory would only grow again on the reference's kernels.
+                            Err(e) if matches!(e.downcast_ref(), Some(layerwise_runtime::RuntimeError::Memory(_))) => {
+                                return Err(e)
+                            }
+                            Err(e) => {
+                                input_notes.push(format!("the candidate model's branches were decided by ONNX Runtime's reference kernels on the file: the candidate ({}) could not run it for that ({e:#})", options.candidate));
+                                None
+                            }
                         }
-                    },
+                    }
                     _ => None,
                 };
                 let flattened = match by_candidate {
                     Some(found) => found,
-                    None => flatten_control_flow(&cm, reference.as_mut(), &all_feeds)?,
+                    None => flatten_control_flow(
+                        &cm,
+                        reference.as_mut(),
+                        &all_feeds,
+                        "the candidate model on the reference's kernels",
+                    )?,
                 };
                 if let Some((flat, taken)) = flattened {
                     ci = GraphIndex::build(flat.graph())?;
