@@ -264,6 +264,12 @@ impl<'a> KeepRunner<'a> {
         self
     }
 
+    /// What every conversion of this runner starts from: its target type, and the stored weights
+    /// it shares ([`KeepRunner::sharing_weights_of`]).
+    fn convert_options(&self) -> ConvertOptions {
+        ConvertOptions { target: self.target, stored: self.stored.clone(), ..Default::default() }
+    }
+
     /// Whether the candidate keeps nodes itself (FP16 emulation) rather than running a converted model.
     pub fn emulated(&self) -> bool {
         self.emulated
@@ -283,8 +289,8 @@ impl<'a> KeepRunner<'a> {
     /// instead of having ONNX Runtime type-check it again.
     pub fn refused(&mut self) -> Result<&BTreeMap<String, String>> {
         if self.refused.is_none() {
-            let (model, index, target) = (self.model, self.index, self.target);
-            let everything = ConvertOptions { target, stored: self.stored.clone(), ..Default::default() };
+            let (model, index) = (self.model, self.index);
+            let everything = self.convert_options();
             let (unkept, refused) = convert_checked(model, index, self.float()?, &everything)?;
             self.refused = Some(refused);
             self.unkept = Some(unkept);
@@ -299,8 +305,7 @@ impl<'a> KeepRunner<'a> {
             let refused = self.refused()?.clone();
             // Dropped by `converter_fp32` for an emulation: made again if asked.
             if self.unkept.is_none() {
-                let options =
-                    ConvertOptions { target: self.target, refused, stored: self.stored.clone(), ..Default::default() };
+                let options = ConvertOptions { refused, ..self.convert_options() };
                 self.unkept = Some(convert_fp16(self.model, self.index, self.float()?, &options)?);
             }
         }
@@ -313,15 +318,9 @@ impl<'a> KeepRunner<'a> {
         if keep.is_empty() {
             return Ok(self.unkept()?.clone());
         }
-        let (model, index, target) = (self.model, self.index, self.target);
+        let (model, index) = (self.model, self.index);
         let refused = self.refused()?.clone();
-        let options = ConvertOptions {
-            keep_nodes: keep.iter().cloned().collect(),
-            target,
-            refused,
-            stored: self.stored.clone(),
-            ..Default::default()
-        };
+        let options = ConvertOptions { keep_nodes: keep.iter().cloned().collect(), refused, ..self.convert_options() };
         Ok(convert_fp16(model, index, self.float()?, &options)?)
     }
 

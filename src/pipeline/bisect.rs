@@ -155,14 +155,16 @@ fn run_bisect(
             })
             .collect()
     };
+    let mut batch = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
+    let mut prepared = prepare(&batch);
     // With one sample, the model's plain run (outputs only) that the steps after the walk need
-    // comes first: its session is gone before the comparison holds every tensor of both sides, so
-    // the two are never in memory together (decoder-overflow 2,000, `--cand-model`: the peak was
-    // that session beside the held tensors, 2,034 MiB).
+    // comes first, on the inputs just prepared: its session is gone before the comparison holds
+    // every tensor of both sides, so the two are never in memory together (decoder-overflow
+    // 2,000, `--cand-model`: the peak was that session beside the held tensors, 2,034 MiB).
     let early_reference_outputs = if total_samples == 1 && samples.len() == 1 && !options.reference.is_saved() {
-        // A sample or a run that fails here fails again below, where its error is told as the
-        // comparison tells it.
-        let feeds = prepare(&[0]).ok().and_then(|mut p| p.pop()).map(|(_, inputs)| setup::feeds_of(&inputs));
+        // A sample that cannot be read, or a run that fails here, is told below as the comparison
+        // tells it.
+        let feeds = prepared.as_ref().ok().and_then(|p| p.first()).map(|(_, inputs)| setup::feeds_of(inputs));
         let outputs = feeds.and_then(|feeds| {
             let outputs = steps
                 .run("running the reference (outputs)", || job.run_reference(&feeds, &Selection::Names(Vec::new())));
@@ -173,8 +175,6 @@ fn run_bisect(
     } else {
         None
     };
-    let mut batch = next_batch(queue.as_deref_mut(), width, &mut handed, samples.len());
-    let mut prepared = prepare(&batch);
     while !batch.is_empty() {
         let this_batch = std::mem::take(&mut batch);
         let inputs_read = std::mem::replace(&mut prepared, Ok(Vec::new()))?;

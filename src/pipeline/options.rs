@@ -277,3 +277,10 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     }
     Ok(bytes as u64)
 }
+
+/// Whether `e` is a run refused or stopped for its memory (`RuntimeError::Memory`): such a run is
+/// never tried again another way (separate runs, the reference's kernels), where it would only
+/// grow again.
+pub(crate) fn stopped_for_memory(e: &anyhow::Error) -> bool {
+    matches!(e.downcast_ref(), Some(layerwise_runtime::RuntimeError::Memory(_)))
+}

@@ -78,8 +78,7 @@ impl Job<'_> {
                 self.separate_because = Some("a side gives ONNX Runtime no program to pair".into());
                 return Ok(None);
             }
-            // A run stopped for its memory would only grow again in separate runs.
-            Err(e) if matches!(e.downcast_ref(), Some(layerwise_runtime::RuntimeError::Memory(_))) => return Err(e),
+            Err(e) if super::options::stopped_for_memory(&e) => return Err(e),
             Err(e) => {
                 self.paired_session = None;
                 // A graph the pairing cannot take (disagreeing opsets) is compared the usual way,

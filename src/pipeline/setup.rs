@@ -500,10 +500,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
                     BackendSpec::Ort(_) => {
                         match flatten_control_flow(&cm, candidate.as_mut(), &all_feeds, "the candidate model") {
                             Ok(found) => Some(found),
-                            // A run stopped for its memory would only grow again on the reference's kernels.
-                            Err(e) if matches!(e.downcast_ref(), Some(layerwise_runtime::RuntimeError::Memory(_))) => {
-                                return Err(e)
-                            }
+                            Err(e) if super::options::stopped_for_memory(&e) => return Err(e),
                             Err(e) => {
                                 input_notes.push(format!("the candidate model's branches were decided by ONNX Runtime's reference kernels on the file: the candidate ({}) could not run it for that ({e:#})", options.candidate));
                                 None
