@@ -1016,9 +1016,10 @@ fn the_weights_share_keeps_the_relu_a_quantizer_took_over_effword() {
     let (w1, w2) = (weights(64, 1), weights(32, 2));
     save(&float_model(&w1, &w2), &dir.path().join("m.onnx"));
     save(&clipped_model(&w1, &w2), &dir.path().join("clipped.onnx"));
-    // The oracle: the float model with the weights as qdq_model stores them (per tensor, int8).
+    // The oracle: the float model with the weights as qdq_model stores them (per tensor, int8
+    // within +-63).
     let stored = |w: &[f32]| {
-        let (codes, scale) = crate::common::quantized::per_tensor_int8(w);
+        let (codes, scale) = crate::common::quantized::per_tensor_int8_reduced(w);
         codes.iter().map(|&q| q as f32 * scale).collect::<Vec<_>>()
     };
     save(&float_model(&stored(&w1), &stored(&w2)), &dir.path().join("weights.onnx"));

@@ -33,7 +33,7 @@ impl SimQuantized {
             },
             self.samples,
             if self.samples == 1 { "" } else { "s" },
-            if self.config.format == SimFormat::Fp8 { ",opt=basic" } else { "" },
+            ",opt=basic",
             if self.config.format == SimFormat::Fp8 { ARITHMETIC_FP8 } else { ARITHMETIC }
         )
     }
@@ -59,11 +59,10 @@ impl SimQuantized {
 /// optimizations), so that the ranges are its ranges bit for bit.
 pub const CALIBRATION_SPEC: &str = "ort:cpu,opt=disable";
 
-/// What ONNX Runtime's CPU provider does with the int8/uint8 Q/DQ model, as checked with
-/// onnxruntime 1.31.1 (docs/quantization.md): it fuses each DequantizeLinear -> Conv/MatMul/Gemm
-/// -> QuantizeLinear group into an integer kernel, and computes every other node in float32 on
-/// dequantized values.
-pub const ARITHMETIC: &str = "int32 accumulation in ONNX Runtime's integer kernels where it fuses a Q/DQ group (QLinearConv, QLinearMatMul, QGemm), float32 elsewhere on dequantized values";
+/// What the int8/uint8 Q/DQ model computes at `opt=basic` (below ONNX Runtime's Q/DQ fusions,
+/// `BackendSpec::parse`): every op in float32 on dequantized values, which holds a sum of int8
+/// code products exactly while it stays below 2^24 and rounds it by float32's step beyond.
+pub const ARITHMETIC: &str = "the file's arithmetic, the same on every CPU: every op computed in float32 on dequantized values (ONNX Runtime's Q/DQ fusions off: its fused u8s8 integer kernels saturate on x86 CPUs without VNNI), so a Conv/MatMul/Gemm's sum of int8 code products is exact below 2^24 and within float32's rounding above";
 /// The same for float8, run at `opt=basic` (see `BackendSpec::parse`): no integer kernel.
 pub const ARITHMETIC_FP8: &str = "float8 e4m3fn rounding at each quantizer (round to nearest even, saturating at 448 x scale), every op computed in float32 on dequantized values (no float8 kernels)";
 

@@ -141,9 +141,9 @@ pub enum BackendSpec {
     Sim { rounding: Rounding, trt_style: bool, options: OrtOptions },
     /// `sim:int8|fp8[,threads=N]`: the float32 model quantized by layerwise's own quantizer
     /// (`layerwise_model::quantize`, a config from `--quant-config`, ranges calibrated on the
-    /// samples) and the Q/DQ model run on ONNX Runtime's CPU provider with its default
-    /// optimizations, exactly as `--cand ort:cpu --cand-model` runs a Q/DQ model (`sim:fp8`: at
-    /// `opt=basic`, see `parse`).
+    /// samples) and the Q/DQ model run on ONNX Runtime's CPU provider at `opt=basic`, below its
+    /// Q/DQ fusions, exactly as `--cand ort:cpu,opt=basic --cand-model` runs a Q/DQ model: the
+    /// arithmetic the file describes, the same on every CPU (see `parse`).
     Quantized { fp8: bool, options: OrtOptions },
     /// `npz:PATH`: tensors saved earlier with `--save-tensors` (a folder or an `.npz` file).
     Saved(PathBuf),
@@ -189,12 +189,15 @@ impl BackendSpec {
             "sim:bf16" => (Some(Rounding::Bf16), ExecutionProvider::Cpu),
             "sim:tf32" => (Some(Rounding::Tf32), ExecutionProvider::Cpu),
             "sim:int8" | "sim:fp8" => {
+                // The Q/DQ model runs at Basic, below ONNX Runtime's Q/DQ fusions: the emulation
+                // computes the arithmetic the file describes (int32 sums of the codes, exact in
+                // float32 at these sizes), the same on every CPU. At the default level the fused
+                // u8s8 kernels of an x86 CPU without VNNI (AVX2 only) sum pairs of products in 16
+                // bits and saturate: `fix --cand sim:int8` kept every node on an AMD EPYC where a
+                // VNNI CPU kept one. (For float8, 1.31.1's Extended fusions also turn Q/DQ around
+                // a Conv into a QLinearConv that refuses float8 inputs.)
                 let mut options = OrtOptions::cpu();
-                if head == "sim:fp8" {
-                    // onnxruntime 1.31.1's Extended fusions turn float8 Q/DQ around a Conv into a
-                    // QLinearConv, which then refuses float8 inputs: the Q/DQ model runs at Basic.
-                    options.opt_level = OptLevel::Basic;
-                }
+                options.opt_level = OptLevel::Basic;
                 for part in parts {
                     match part.split_once('=') {
                         Some(("threads", v)) => options.threads = Some(v.parse().ok().filter(|&n: &usize| n > 0).ok_or_else(|| bad(format!("threads must be a positive number, not '{v}'")))?),
