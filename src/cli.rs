@@ -157,6 +157,12 @@ struct FixArgs {
     /// search.
     #[arg(long, default_value_t = 12)]
     max_rounds: usize,
+    /// Most memory a run may add, e.g. 512M or 4G: refused before anything runs where the
+    /// reference's tensors (every tensor of every sample, held for the trials) cannot fit, and
+    /// any run that grows past it (plus 128 MiB of ONNX Runtime's own) is stopped with exit 2.
+    /// Default: 90% of the memory available when each run starts.
+    #[arg(long, value_name = "SIZE", value_parser = crate::pipeline::parse_size)]
+    max_memory: Option<u64>,
 }
 
 #[derive(Args)]
@@ -588,6 +594,7 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         repro: args.repro,
         shard: args.shard,
         separate_runs: args.separate_runs,
+        holds_reference_tensors: false,
         device: None,
     };
     // Outputs are checked before a data-loader script runs (and again with the samples it made).
@@ -812,6 +819,8 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
             progress: !quiet,
             cand_model: args.cand_model,
             quant_config: args.quant_config,
+            max_memory: args.max_memory,
+            holds_reference_tensors: true,
             ..BisectOptions::new(&args.model, args.reference, candidate)
         },
         output: args.output,

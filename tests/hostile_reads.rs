@@ -505,13 +505,24 @@ fn runs_that_cannot_fit_in_memory_are_refused_up_front_with_the_figures() {
         let said = c.refused(&args, "--max-memory 1.0 MiB: this run holds at least", QUICK);
         assert!(said.contains("3.8 MiB of inputs") && said.contains("the largest tensor 'y' 3.8 MiB"), "{said}");
         let why = if extra.contains(&"--save-tensors") {
-            "--save-tensors holds every tensor at once"
+            "every tensor is held at once (--save-tensors, or fix's reference"
         } else {
             "a single tensor cannot be split into smaller groups"
         };
         assert!(said.contains(why), "{said}");
     }
+    // fix holds the reference's every tensor for its trials: --max-memory counts them whole (fix
+    // had no --max-memory before; its runs were bounded only by the memory available).
+    let fixed = c.p("fixed.onnx");
+    let said = c.refused(
+        &["fix", &m, "--input-shape", "x:1000000", "--max-memory", "1M", "-o", &fixed],
+        "--max-memory 1.0 MiB: this run holds at least",
+        QUICK,
+    );
+    assert!(said.contains("fix's reference, which its trials compare against"), "{said}");
+    assert!(!c.path("fixed.onnx").exists(), "a refused fix wrote its model");
     // What fits its budget runs as before.
+    c.runs(&["fix", &m, "--input-shape", "x:1000", "--max-memory", "1M", "-o", &fixed]);
     c.runs(&["bisect", &m, "--input-shape", "x:1000", "--max-memory", "1M"]);
     c.runs(&["bisect", &m, "--input-shape", "x:1000", "--max-memory", "1M", "--separate-runs"]);
 

@@ -86,6 +86,9 @@ pub struct BisectOptions {
     /// Run the reference and the candidate as separate sessions and compare the tensors they return,
     /// even where both could run paired in one session (which holds only per-tensor statistics).
     pub separate_runs: bool,
+    /// Every tensor of the reference on every sample is held for the whole job (`fix`, whose
+    /// trials compare against them): counted so by the memory check made before anything runs.
+    pub holds_reference_tensors: bool,
     /// The GPU that the GPU backends of `reference` and `candidate` run on (overrides nothing:
     /// a spec that names its own `device=` is refused); set per shard by `--devices`.
     pub device: Option<u32>,
@@ -148,6 +151,7 @@ impl BisectOptions {
             repro: None,
             shard: None,
             separate_runs: false,
+            holds_reference_tensors: false,
             device: None,
         }
     }

@@ -427,7 +427,9 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
     }
     // What the run will hold, estimated and refused here, before anything runs, where it cannot
     // fit --max-memory or the memory available.
-    let whole = options.save_tensors.is_some();
+    let held_samples =
+        if options.holds_reference_tensors { samples.len() } else { usize::from(options.save_tensors.is_some()) };
+    let whole = held_samples > 0;
     let sample_options = samples.iter().map(|(_, o)| o);
     layerwise_runtime::inputs::check_memory(
         &original,
@@ -437,7 +439,7 @@ pub(crate) fn set_up<'m>(original: &'m Model, options: &BisectOptions, steps: &m
         loaded_cand.as_ref().map(|(m, _)| m),
         options.max_memory,
         !options.separate_runs && !whole,
-        whole,
+        held_samples,
     )?;
     // Control flow as the reference ran it: bodies become ordinary, comparable graph.
     let has_control_flow = |i: &GraphIndex| i.nodes.iter().any(|n| n.has_subgraphs);

@@ -255,6 +255,7 @@ fn fix(
     let samples = samples.into_iter().map(|(name, raw)| Ok((name, arrays(raw)?))).collect::<PyResult<Vec<_>>>()?;
     let mut bisect = bisect_options(model, &o, arrays(inputs)?, samples)?;
     bisect.outputs = layerwise_report::Outputs { json: o.json.clone(), ..Default::default() };
+    bisect.holds_reference_tensors = true;
     let options = FixOptions { bisect, output: o.output.clone(), max_rounds: o.max_rounds.unwrap_or(12) };
     interruptible(py, move || {
         let outcome = run_fix(&options)?;

@@ -564,7 +564,8 @@ pub fn weight_bytes(model: &Model) -> u64 {
 /// sessions' weights): `--input-shape x:1000000000` on a Relu passed
 /// the input's own check and was killed by the kernel at 20.7 GB, leaving its scratch folder.
 /// The sample with the largest inputs stands for all. `may_pair`: both sides may run in one
-/// paired session; `whole`: every tensor is held at once (`--save-tensors`).
+/// paired session; `held_samples`: how many samples' every tensor is held at once (0: none is;
+/// 1: `--save-tensors`; `fix` keeps the reference's tensors of every sample for its trials).
 #[allow(clippy::too_many_arguments)]
 pub fn check_memory<'a>(
     model: &Model,
@@ -574,14 +575,15 @@ pub fn check_memory<'a>(
     cand: Option<&Model>,
     max_memory: Option<u64>,
     may_pair: bool,
-    whole: bool,
+    held_samples: usize,
 ) -> Result<(), RuntimeError> {
+    let whole = held_samples > 0;
     let bytes = |s: &[(String, DType, Vec<usize>)]| {
         s.iter().map(|(_, d, s)| tensor_bytes(s, d.size()).unwrap_or(u64::MAX)).fold(0u64, u64::saturating_add)
     };
     let Some(shapes) = samples.filter_map(|o| sample_shapes(decls, o)).max_by_key(|s| bytes(s)) else { return Ok(()) };
     let e = estimate_memory(model, index, &shapes, cand.map_or(0, weight_bytes));
-    let least = e.least_tensors(may_pair, whole);
+    let least = e.least_tensors(may_pair, whole).saturating_mul(held_samples.max(1) as u64);
     let largest = match &e.largest {
         Some((name, b)) => format!(", the largest tensor '{name}' {}", size(*b)),
         None => String::new(),
@@ -593,7 +595,11 @@ pub fn check_memory<'a>(
             size(least),
             size(e.inputs),
             size(e.outputs),
-            if whole { "--save-tensors holds every tensor at once" } else { "a single tensor cannot be split into smaller groups" },
+            match held_samples {
+                0 => "a single tensor cannot be split into smaller groups".to_string(),
+                1 => "every tensor is held at once (--save-tensors, or fix's reference, which its trials compare against)".to_string(),
+                n => format!("fix holds every tensor of the reference on each of the {n} samples at once (its trials compare against them)"),
+            },
             size(least)
         )));
     }
