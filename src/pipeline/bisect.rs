@@ -161,7 +161,7 @@ fn run_bisect(
     // comes first, on the inputs just prepared: its session is gone before the comparison holds
     // every tensor of both sides, so the two are never in memory together (decoder-overflow
     // 2,000, `--cand-model`: the peak was that session beside the held tensors, 2,034 MiB).
-    let early_reference_outputs = if total_samples == 1 && samples.len() == 1 && !options.reference.is_saved() {
+    job.plain_reference = if total_samples == 1 && samples.len() == 1 && !options.reference.is_saved() {
         // A sample that cannot be read, or a run that fails here, is told below as the comparison
         // tells it.
         let feeds = prepared.as_ref().ok().and_then(|p| p.first()).map(|(_, inputs)| setup::feeds_of(inputs));
@@ -316,7 +316,7 @@ fn run_bisect(
     let mut verdict = chosen.verdict.clone();
     // The model run as deployed (outputs only), once: the check that the reference is the model,
     // and the reference's outputs for the noise floor and every counterfactual check.
-    let reference_outputs = match early_reference_outputs {
+    let reference_outputs = match job.plain_reference.take() {
         _ if options.reference.is_saved() => None,
         Some((early, outputs)) if early == feeds => Some(outputs),
         _ => Some(

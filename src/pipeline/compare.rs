@@ -52,6 +52,10 @@ pub(super) struct Job<'a> {
     pub(super) device_reducer: Option<layerwise_runtime::device_stats::DeviceReducer>,
     /// Why the GPU reduction could not be built, once tried.
     pub(super) device_refused: Option<String>,
+    /// The reference's plain run (outputs only) on one sample's feeds, made before the comparison
+    /// (bisect.rs): the run as deployed and the steps after the walk read it instead of running the
+    /// same session again (on the H100 that second run cost 1.8 s of an 11,201-node bisect).
+    pub(super) plain_reference: Option<(Vec<(String, Tensor)>, RunOutput)>,
     /// `--batch`: where each tensor's samples lie in a batched run, once the first batch checked it.
     /// (and every tensor's shape in that batch, which later batches must have).
     pub(super) batch_layouts:
@@ -123,6 +127,7 @@ impl<'a> Job<'a> {
             paired_session: None,
             device_reducer: None,
             device_refused: None,
+            plain_reference: None,
             batch_layouts: None,
             batch_refused: None,
         }
@@ -465,9 +470,16 @@ impl Job<'_> {
         }
         let (fusions, blocked) = self.deployed_fusions();
         let outputs_only = Selection::Names(Vec::new());
-        let ref_out = steps.run(&format!("running reference {} (outputs only)", self.options.reference), || {
-            self.run_reference(feeds, &outputs_only)
-        })?;
+        let ref_out = match &self.plain_reference {
+            Some((fed, plain)) if fed.as_slice() == feeds => plain.tensors.clone(),
+            _ => {
+                steps
+                    .run(&format!("running reference {} (outputs only)", self.options.reference), || {
+                        self.run_reference(feeds, &outputs_only)
+                    })?
+                    .tensors
+            }
+        };
         let cand_out =
             steps.run(&format!("running candidate {} as deployed (outputs only)", self.options.candidate), || {
                 // The file as it is, where the comparison reads it in Q/DQ form.
@@ -484,14 +496,8 @@ impl Job<'_> {
                 .with_context(|| format!("candidate {}", self.options.candidate))
             })?;
         let comparison = std::mem::take(&mut compared.comparison);
-        let (comparison, differs) = with_deployed_outputs(
-            &self.index,
-            &self.order,
-            &self.judging,
-            comparison,
-            &ref_out.tensors,
-            &cand_out.tensors,
-        );
+        let (comparison, differs) =
+            with_deployed_outputs(&self.index, &self.order, &self.judging, comparison, &ref_out, &cand_out.tensors);
         compared.comparison = comparison;
         let differ: Vec<String> =
             differs.iter().map(|(name, a, b)| format!("'{name}' {a:.2e} as deployed, {b:.2e} exposed")).collect();
@@ -500,7 +506,7 @@ impl Job<'_> {
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {
             for o in &outputs {
-                if let (Some(rv), Some(cv)) = (ref_out.tensors.get(o), cand_out.tensors.get(o)) {
+                if let (Some(rv), Some(cv)) = (ref_out.get(o), cand_out.tensors.get(o)) {
                     r.insert(o.clone(), rv.clone());
                     c.insert(o.clone(), cv.clone());
                 }
@@ -508,7 +514,7 @@ impl Job<'_> {
         }
         for o in &outputs {
             if let (Some(h), Some(rv), Some(cv)) =
-                (compared.histograms.get_mut(o), ref_out.tensors.get(o), cand_out.tensors.get(o))
+                (compared.histograms.get_mut(o), ref_out.get(o), cand_out.tensors.get(o))
             {
                 *h = layerwise_analysis::histogram(&rv.to_f32(), &cv.to_f32(), HISTOGRAM_BINS);
             }
