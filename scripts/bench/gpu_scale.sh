@@ -5,8 +5,9 @@
 # Python) in $R/py. For each SPEC, side by side, RUNS times: the GPU floor (scripts/bench/gpu_floor.py:
 # two plain CUDA sessions, the reference with TF32 off and the converted candidate) and
 #   layerwise bisect MODEL --inputs IN.npz --ref ort:cuda,tf32=off --cand ort:cuda --cand-model FP16
-# (or, for fix:BLOCKS:EVERY, `layerwise fix MODEL --cand ort:cuda`), each with its wall time, peak host
-# RSS and peak GPU memory (nvidia-smi's memory.used sampled every 100 ms, less the idle value).
+# (or, for fix:BLOCKS:EVERY, `layerwise fix MODEL --ref ort:cuda,tf32=off --cand ort:cuda`), each with
+# its wall time, peak host RSS (scripts/bench/timed.py) and peak GPU memory (nvidia-smi's memory.used
+# sampled every 100 ms, less the idle value).
 # Usage: R=DIR bash scripts/bench/gpu_scale.sh RUNS SPEC...
 #   SPEC: decoder-overflow:BLOCKS (one block in the middle overflows FP16), fix:BLOCKS:EVERY (every
 #   EVERY-th block overflows on its own: BLOCKS / EVERY independent overflows).
@@ -26,7 +27,7 @@ measure() {
     local tag=$1; shift
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > "$work/$tag.gpu" &
     local smi=$!
-    /usr/bin/time -f "%e %M" -o "$work/$tag.time" "$@" > "$work/$tag.out" 2> "$work/$tag.err"
+    python3 scripts/bench/timed.py "$work/$tag.time" "$@" > "$work/$tag.out" 2> "$work/$tag.err"
     local rc=$?
     kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
     read -r wall rss < <(tail -1 "$work/$tag.time")
@@ -49,7 +50,7 @@ for spec in "$@"; do
         measure "$kind-$blocks floor #$i" python3 scripts/bench/gpu_floor.py "$model" "$fp16" "$inputs"
         grep -o '"floor_s": [0-9.]*' "$work/$kind-$blocks floor #$i.out"
         if [ "$kind" = fix ]; then
-            measure "$kind-$blocks fix #$i" "$R/layerwise" fix "$model" --inputs "$inputs" --cand ort:cuda -o "$work/fixed.onnx" --json "$work/fix.json"
+            measure "$kind-$blocks fix #$i" "$R/layerwise" fix "$model" --inputs "$inputs" --ref ort:cuda,tf32=off --cand ort:cuda -o "$work/fixed.onnx" --json "$work/fix.json"
         else
             measure "$kind-$blocks bisect #$i" "$R/layerwise" bisect "$model" --inputs "$inputs" --ref ort:cuda,tf32=off --cand ort:cuda --cand-model "$fp16" --json "$work/bisect.json"
         fi
