@@ -612,8 +612,18 @@ impl Job<'_> {
             return;
         }
         let (fusions, _) = self.deployed_fusions();
+        // Integer kernels on an x86 CPU without VNNI saturate pairs of products: a known way for a
+        // Q/DQ file to compute otherwise as deployed, said as what it is, not measured here.
+        let saturating = if self.judging.quantization.is_some()
+            && self.options.candidate.to_string().starts_with("ort:cpu")
+            && layerwise_runtime::cpu::x86_without_vnni()
+        {
+            "; this CPU has no VNNI (neither avx_vnni nor avx512_vnni in its flags), where ONNX Runtime's fused u8s8 integer kernels add each pair of 8-bit products in 16 bits, which saturates where a pair passes 32767 (weights quantized with reduce_range, 7 bits, cannot reach it); whether that is the difference here is not measured: the file with ONNX Runtime's Q/DQ fusions off (--cand ort:cpu,opt=basic) computes what it describes on every CPU"
+        } else {
+            ""
+        };
         verdict.summary = format!(
-            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: {fusions}) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between its ops is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured"
+            "output '{output}' diverges as deployed (rel L2 {deployed:.2e}, only its outputs: {fusions}) but errs {exposed:.2e} with every tensor exposed (fusions blocked): the difference arises in what ONNX Runtime fuses or rewrites when nothing between its ops is exposed, which the walk over the unfused model's tensors cannot place, so no layer is named; which fusion is not measured{saturating}"
         );
         verdict.first_divergent = None;
     }

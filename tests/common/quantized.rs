@@ -60,9 +60,15 @@ pub fn float_model(w1: &[f32], w2: &[f32]) -> ModelProto {
 /// stored in int8 with a per-tensor scale (7 bits, `per_tensor_int8_reduced`), activations quantized, and the Relu taken over by the
 /// quantizer after mm1 (zero point -128: it clips at 0), which leaves the name 'r' on mm1's output.
 pub fn qdq_model(w1: &[f32], w2: &[f32]) -> ModelProto {
-    let ((w1_q, s1), (w2_q, s2)) = (per_tensor_int8_reduced(w1), per_tensor_int8_reduced(w2));
+    qdq_model_stored(w1, w2, per_tensor_int8_reduced)
+}
+
+/// `qdq_model` with its weights stored by `store` (codes, scale): `per_tensor_int8` gives the
+/// full-range codes that saturate the fused u8s8 kernels of an x86 CPU without VNNI.
+pub fn qdq_model_stored(w1: &[f32], w2: &[f32], store: fn(&[f32]) -> (Vec<i32>, f32)) -> ModelProto {
+    let ((w1_q, s1), (w2_q, s2)) = (store(w1), store(w2));
     // |h| <= 8 * max|w1| for x in [-1, 1].
-    let sr = 8.0 * s1 * 63.0 / 255.0;
+    let sr = 8.0 * w1.iter().fold(0f32, |m, v| m.max(v.abs())) / 255.0;
     let mut b = ModelBuilder::new("mlp_int8", 17);
     b.input("x", DataType::Float, &[Dim::from(1), Dim::from(8)]);
     b.initializer(int8_tensor("w1_q", &[8, 8], &w1_q));

@@ -7,6 +7,7 @@
 
 mod backend;
 pub mod backend_log;
+pub mod cpu;
 pub mod device_stats;
 mod error;
 mod factory;
