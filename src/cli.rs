@@ -229,6 +229,13 @@ struct BisectArgs {
     /// says it ran batched.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
+    /// Judge an output in the model's own terms beside its element-wise error (repeatable):
+    /// OUTPUT:classify[,topk=5], OUTPUT:ctc[,blank=0], OUTPUT:mask[,min_iou=0.9],
+    /// OUTPUT:embedding[,min_cosine=0.99],
+    /// OUTPUT:detect[,boxes=0:4,scores=4:,class=K,format=xywh|xyxy,conf=0.25,iou=0.5]. An output
+    /// computed by a Softmax over the last axis of [N, C] is judged as a classifier unasked.
+    #[arg(long = "task", value_name = "OUTPUT:TASK", value_parser = crate::pipeline::parse_task)]
+    tasks: Vec<(String, layerwise_analysis::answers::Task)>,
     /// Do not run blame-chain nodes alone to tell introduced from propagated error.
     #[arg(long)]
     no_isolate: bool,
@@ -595,6 +602,7 @@ fn run_bisect(args: BisectArgs, quiet: bool) -> Result<u8> {
         shard: args.shard,
         separate_runs: args.separate_runs,
         holds_reference_tensors: false,
+        tasks: args.tasks,
         device: None,
     };
     // Outputs are checked before a data-loader script runs (and again with the samples it made).

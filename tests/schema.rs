@@ -170,7 +170,7 @@ fn reports_with_every_optional_section_match_the_schema() {
     save(&small_loop(), &d.join("loop.onnx"));
     write_samples(&d.join("samples"));
     // Each run writes some of the optional sections.
-    run(&["bisect", "demo.onnx", "--inputs", "samples", "--json", "samples.json"], d);
+    run(&["bisect", "demo.onnx", "--inputs", "samples", "--task", "features:embedding", "--json", "samples.json"], d);
     run(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", "0/2", "--json", "part0.json"], d);
     run(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", "1/2", "--json", "part1.json"], d);
     run(&["merge", "part0.json", "part1.json", "--json", "merged.json"], d);

@@ -7,6 +7,7 @@
 mod common;
 
 mod accumulation;
+mod answers;
 mod architecture;
 mod bisection;
 mod cancellation;

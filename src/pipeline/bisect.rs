@@ -96,6 +96,7 @@ fn run_bisect(
     let owners = std::mem::take(&mut setup.owners);
     let flattened = std::mem::replace(&mut setup.model, std::borrow::Cow::Borrowed(original));
     let mut job = Job::new(options, &flattened, setup);
+    job.judged = super::answers::judged_outputs(options, job.model, &job.index)?;
     let weights = if job.judging.precision() == Precision::Fp16 {
         let mut weights = steps
             .run("scanning weights for the FP16 range", || scan_fp16_weight_range(job.model).map_err(Into::into))?;
@@ -273,6 +274,13 @@ fn run_bisect(
     job.paired_session = None;
     layerwise_runtime::release_freed_memory();
     layerwise_runtime::timing_mark(|| "paired session dropped".into());
+    // Did the answer change: over the samples this run compared (a shard's partial report leaves
+    // it to no one yet: `merge` does not read answers).
+    if queue.is_none() && options.shard.is_none() {
+        let answered: Vec<(&str, &[_])> =
+            per_sample.iter().map(|s| (s.name.as_str(), s.compared.answers.as_slice())).collect();
+        extras.answers = super::answers::records(&job.judged, &answered);
+    }
     let chosen = match queue {
         None => choose_sample(
             &job,
@@ -443,6 +451,12 @@ fn walk_compared(
     refuse_empty_outputs(&job.index.outputs, |o| compared.comparison.get(o).map(|r| r.shape.as_slice()), feeds)?;
     let mut compared = compared;
     job.compare_deployed(feeds, &mut compared, steps)?;
+    let values = std::mem::take(&mut compared.output_values);
+    compared.answers = super::answers::check_sample(
+        &job.judged,
+        &values,
+        "on this comparison path (the report's memory.comparison says which) or the two sides' shapes differ",
+    );
     compared.comparison.quantizers = quantizer_ranges(job);
     measure_quantizers(job, feeds, &mut compared, steps)?;
     let mut verdict = job.judging.walk(&job.index, &mut compared.comparison, feeds, weights);

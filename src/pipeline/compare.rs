@@ -56,6 +56,8 @@ pub(super) struct Job<'a> {
     /// (bisect.rs): the run as deployed and the steps after the walk read it instead of running the
     /// same session again (on the H100 that second run cost 1.8 s of an 11,201-node bisect).
     pub(super) plain_reference: Option<(Vec<(String, Tensor)>, RunOutput)>,
+    /// The outputs judged by their answers (`answers::judged_outputs`).
+    pub(super) judged: Vec<super::answers::Judged>,
     /// `--batch`: where each tensor's samples lie in a batched run, once the first batch checked it.
     /// (and every tensor's shape in that batch, which later batches must have).
     pub(super) batch_layouts:
@@ -80,6 +82,11 @@ pub(super) struct Compared {
     /// A Q/DQ candidate's outputs whose error as deployed differs from the exposed run's:
     /// (output, deployed rel L2, exposed rel L2).
     pub deployed_differs: Vec<(String, f64, f64)>,
+    /// The judged outputs' values on both sides (`answers`): read once the sample is compared,
+    /// then dropped.
+    pub output_values: HashMap<String, layerwise_analysis::KeptValues>,
+    /// This sample's answers, per judged output: the check, or why none could be made.
+    pub answers: Vec<(String, Result<layerwise_analysis::answers::AnswerCheck, String>)>,
 }
 
 impl<'a> Job<'a> {
@@ -128,6 +135,7 @@ impl<'a> Job<'a> {
             device_reducer: None,
             device_refused: None,
             plain_reference: None,
+            judged: Vec::new(),
             batch_layouts: None,
             batch_refused: None,
         }
@@ -367,6 +375,8 @@ impl<'a> Job<'a> {
             engine_layers: Vec::new(),
             memory: memory.clone(),
             deployed_differs: Vec::new(),
+            output_values: HashMap::new(),
+            answers: Vec::new(),
         };
         let split = groups.len() > 1;
         if split && self.options.save_tensors.is_some() {
@@ -395,6 +405,15 @@ impl<'a> Job<'a> {
                         })?;
                     (ref_out, cand_out)
                 };
+            for j in &self.judged {
+                if let (Some(r), Some(c)) = (ref_out.tensors.get(&j.output), cand_out.tensors.get(&j.output)) {
+                    if r.shape == c.shape {
+                        result
+                            .output_values
+                            .insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
+                    }
+                }
+            }
             let order: Vec<String> =
                 group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
             let mut comparison = steps.run("comparing tensors", || {
@@ -502,6 +521,16 @@ impl Job<'_> {
         let differ: Vec<String> =
             differs.iter().map(|(name, a, b)| format!("'{name}' {a:.2e} as deployed, {b:.2e} exposed")).collect();
         compared.deployed_differs.extend(differs);
+        // The answers are the deployed run's too.
+        for j in &self.judged {
+            if let (Some(r), Some(c)) = (ref_out.get(&j.output), cand_out.tensors.get(&j.output)) {
+                if r.shape == c.shape {
+                    compared
+                        .output_values
+                        .insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
+                }
+            }
+        }
         let outputs = model_outputs(&self.index);
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {

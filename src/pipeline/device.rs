@@ -162,6 +162,8 @@ impl Job<'_> {
                 engine_layers: Vec::new(),
                 memory: Some(memory.clone()),
                 deployed_differs: Vec::new(),
+                output_values: HashMap::new(),
+                answers: Vec::new(),
             })
             .collect()
     }

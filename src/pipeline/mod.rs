@@ -1,6 +1,7 @@
 //! The bisect job: its stages, each a file (docs/architecture.md). `bisect.rs` runs them in order;
 //! this file only names the modules and what the rest of the crate uses.
 
+mod answers;
 mod bisect;
 mod compare;
 mod conclusions;
@@ -22,6 +23,7 @@ pub(crate) mod setup;
 pub mod sim_quant;
 mod steps;
 
+pub use answers::parse_task;
 pub use bisect::{bisect, bisect_model, refuse_empty_outputs};
 pub(crate) use compare::with_deployed_outputs;
 pub use names::{reference_names, reference_of};

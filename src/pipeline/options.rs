@@ -86,6 +86,9 @@ pub struct BisectOptions {
     /// Run the reference and the candidate as separate sessions and compare the tensors they return,
     /// even where both could run paired in one session (which holds only per-tensor statistics).
     pub separate_runs: bool,
+    /// `--task OUTPUT:TASK`: outputs judged in the model's own terms beside the element-wise
+    /// metrics (`layerwise_analysis::answers`); a classifier's Softmax output is recognised.
+    pub tasks: Vec<(String, layerwise_analysis::answers::Task)>,
     /// Every tensor of the reference on every sample is held for the whole job (`fix`, whose
     /// trials compare against them): counted so by the memory check made before anything runs.
     pub holds_reference_tensors: bool,
@@ -152,6 +155,7 @@ impl BisectOptions {
             shard: None,
             separate_runs: false,
             holds_reference_tensors: false,
+            tasks: Vec::new(),
             device: None,
         }
     }

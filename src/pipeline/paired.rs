@@ -35,7 +35,10 @@ impl Job<'_> {
                 RunRequest { model: self.model, index: &self.index, inputs: feeds, selection: &self.options.selection }
             }
         };
-        let comparison = Arc::new(PairedComparison::new(self.judging.tolerances.clone(), &self.index.outputs));
+        let comparison = Arc::new(
+            PairedComparison::new(self.judging.tolerances.clone(), &self.index.outputs)
+                .keeping_values_of(self.judged.iter().map(|j| j.output.clone())),
+        );
         let reducer = comparison.clone();
         let label = format!("running {} and {} paired", self.options.reference, self.options.candidate);
         // Samples of the same shapes run in the session the first one built.
@@ -89,6 +92,7 @@ impl Job<'_> {
         };
         layerwise_runtime::timing_mark(|| "paired: step done".into());
         let bytes = comparison.reference_bytes();
+        let comparison_values = comparison.take_kept();
         let (mut comparison, histograms) = steps
             .run("collecting the comparison", || Ok(comparison.finish(&self.index, &self.order, &run.unavailable)))?;
         // The model outputs no node computes are not in the session's order: an input passed
@@ -139,6 +143,8 @@ impl Job<'_> {
             engine_layers: Vec::new(),
             memory: Some(memory),
             deployed_differs: Vec::new(),
+            output_values: comparison_values,
+            answers: Vec::new(),
         }))
     }
 

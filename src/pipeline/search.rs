@@ -76,6 +76,8 @@ pub(super) fn search(
         engine_layers,
         memory: None,
         deployed_differs: Vec::new(),
+        output_values: HashMap::new(),
+        answers: Vec::new(),
     };
     Ok((compared, verdict, result))
 }

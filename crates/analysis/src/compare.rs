@@ -366,7 +366,13 @@ pub struct PairedComparison {
     /// The tensors in the order they arrived: the session's execution order.
     arrival: Mutex<Vec<String>>,
     reference_bytes: AtomicU64,
+    /// Tensors whose values are kept besides their metrics (outputs judged by their answers).
+    keep: std::collections::HashSet<String>,
+    kept: Mutex<HashMap<String, KeptValues>>,
 }
+
+/// A tensor's shape and both sides' values, as float32.
+pub type KeptValues = (Vec<usize>, Vec<f32>, Vec<f32>);
 
 enum Reduced {
     Compared {
@@ -388,7 +394,20 @@ impl PairedComparison {
             reduced: Mutex::new(HashMap::new()),
             arrival: Mutex::new(Vec::new()),
             reference_bytes: AtomicU64::new(0),
+            keep: Default::default(),
+            kept: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps the values of `tensors` (of the same shape on both sides) besides their metrics.
+    pub fn keeping_values_of(mut self, tensors: impl IntoIterator<Item = String>) -> PairedComparison {
+        self.keep = tensors.into_iter().collect();
+        self
+    }
+
+    /// The values kept so far ([`PairedComparison::keeping_values_of`]), leaving none.
+    pub fn take_kept(&self) -> HashMap<String, KeptValues> {
+        std::mem::take(&mut *self.kept.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Bytes of the reference tensors reduced so far: what two separate runs would have held per side.
@@ -459,6 +478,12 @@ impl PairReducer for PairedComparison {
                 Some(why) => Reduced::Unavailable(why),
                 None => {
                     self.reference_bytes.fetch_add((reference.values.len() * rt.size()) as u64, Ordering::Relaxed);
+                    if self.keep.contains(tensor) && reference.shape == candidate.shape {
+                        self.kept.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                            tensor.to_string(),
+                            (reference.shape.clone(), reference.values.to_vec(), candidate.values.to_vec()),
+                        );
+                    }
                     let (metrics, histogram) = if reference.shape == candidate.shape {
                         let m = if self.outputs.contains(tensor) {
                             self.tol.output(tensor, rt).metrics(&reference.values, &candidate.values, &reference.shape)

@@ -34,10 +34,58 @@ pub struct Extras {
     pub repro: Option<Repro>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<Shard>,
+    /// `--task` (or an output recognised as a classifier): did the answer change, per output.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<AnswerRecord>,
     /// Model Explorer's node id for each node whose layerwise name differs from it (unnamed and
     /// duplicate names, nodes inside If branches); `--model-explorer` keys its data by these.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub explorer_ids: std::collections::BTreeMap<String, String>,
+}
+
+/// One output judged in the model's own terms (`crate::answers`) over the samples compared.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
+pub struct AnswerRecord {
+    pub output: String,
+    /// classify, ctc, mask, embedding or detect.
+    pub task: String,
+    /// Why this task: given with `--task`, or what recognised it.
+    pub because: String,
+    /// Samples whose answers were compared.
+    pub samples: usize,
+    /// Cases judged over those samples (a batch's items, sequences, images).
+    pub cases: usize,
+    /// Cases whose answer changed.
+    pub changed_cases: usize,
+    /// The samples with a changed answer, by name.
+    pub changed_samples: Vec<String>,
+    /// What changed and by how much: the first sample with a change, else the first sample.
+    pub detail: String,
+    /// Why the answers could not be compared (then the counts are 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_judged: Option<String>,
+}
+
+impl AnswerRecord {
+    /// One line for the verdict: what the answer did, in the model's own terms.
+    pub fn line(&self) -> String {
+        let head = format!("answer of '{}' ({}, {})", self.output, self.task, self.because);
+        if let Some(why) = &self.not_judged {
+            return format!("{head}: not judged: {why}");
+        }
+        let held = if self.changed_cases == 0 { "held" } else { "CHANGED" };
+        let samples = if self.samples > 1 {
+            let named = match self.changed_samples.len() {
+                0 => String::new(),
+                n if n <= 5 => format!(" ({})", self.changed_samples.join(", ")),
+                n => format!(" ({}, and {} more)", self.changed_samples[..5].join(", "), n - 5),
+            };
+            format!(" on {} of {} samples{named}", self.changed_samples.len(), self.samples)
+        } else {
+            String::new()
+        };
+        format!("{head}: {held}{samples}: {}", self.detail)
+    }
 }
 
 /// `--repro DIR`: the first divergent layer as a standalone model with its data.

@@ -1,6 +1,7 @@
 //! Comparing two runs tensor by tensor, and walking back from the worst output to the layer that
 //! first diverges.
 
+pub mod answers;
 mod causes;
 mod compare;
 mod defaults;
@@ -17,13 +18,13 @@ mod walk;
 
 pub use compare::{
     add_passed_through, compare_all, different_meaning, fed_value, is_weight_output, missing_reason, passed_through,
-    tensor_record, Comparison, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
+    tensor_record, Comparison, KeptValues, PairedComparison, TensorRecord, HISTOGRAM_BINS, WEIGHT_OUTPUT,
 };
 pub use defaults::defaults_and_rule;
 pub use findings::{
-    aggregate_samples, chosen_sample, verdict_order, ComparisonMode, ControlFlow, Counterfactual, Extras, InlinedNode,
-    Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro, SampleData,
-    SampleRun, SampleStats, Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
+    aggregate_samples, chosen_sample, verdict_order, AnswerRecord, ComparisonMode, ControlFlow, Counterfactual, Extras,
+    InlinedNode, Isolation, KeepCheck, LocalError, MemoryPlan, NoiseFloor, QuantizerAlone, QuantizersAlone, Repro,
+    SampleData, SampleRun, SampleStats, Samples, Shard, TensorMatching, ILL_CONDITIONED_FACTOR,
 };
 pub use histogram::{histogram, Histogram};
 pub use integers::IntegerTensors;

@@ -38,6 +38,9 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         markdown_code(&report.reference.spec),
         markdown_code(&report.cand.spec)
     );
+    for a in &report.extras.answers {
+        let _ = writeln!(m, "**{}**\n", md(&a.line()));
+    }
     let _ = writeln!(m, "{}\n", md(&v.summary));
     if !v.conclusions.is_empty() {
         for c in &v.conclusions {

@@ -266,7 +266,7 @@ pub fn render_html(report: &Report) -> String {
     );
     let _ = write!(
         h,
-        r#"<header class="verdict {}" id="verdict"><h1>{}</h1><p>{}</p>{}<p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
+        r#"<header class="verdict {}" id="verdict"><h1>{}</h1>{}<p>{}</p>{}<p>{} · reference <code>{}</code> · candidate <code>{}</code></p></header><main>"#,
         if pass { "pass" } else { "diverged" },
         if crate::nothing_judged(report) {
             "PASS - nothing judged"
@@ -275,6 +275,12 @@ pub fn render_html(report: &Report) -> String {
         } else {
             "DIVERGED"
         },
+        report
+            .extras
+            .answers
+            .iter()
+            .map(|a| format!(r#"<p class="answer"><b>{}</b></p>"#, esc(&a.line())))
+            .collect::<String>(),
         esc(&v.summary),
         conclusions_list(&v.conclusions),
         esc(&report.model.path),

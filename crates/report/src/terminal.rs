@@ -333,6 +333,10 @@ pub fn render_verdict_text(report: &Report) -> String {
     let mut out = String::new();
     let v = &report.verdict;
     let _ = writeln!(out, "\n{}", crate::verdict_headline(report));
+    // What the numbers mean to the user first: did the answer change (`--task`).
+    for a in &report.extras.answers {
+        let _ = writeln!(out, "  {}", a.line());
+    }
     let _ = writeln!(out, "  {}", v.summary);
     for c in &v.conclusions {
         let _ = writeln!(out, "  - {c}");

@@ -1,0 +1,115 @@
+//! Did the answer change (issue 56): outputs judged in the model's own terms beside their
+//! element-wise error, in the verdict and the JSON report.
+
+use crate::common::{json, layerwise, save, text};
+use layerwise_model::builder::{attr, f32_tensor, Dim, ModelBuilder};
+use layerwise_model::onnx::ModelProto;
+use layerwise_model::DataType;
+use layerwise_runtime::Tensor;
+
+/// x[1, 5, 3] + a table of per-step scores -> logits, a CTC head's output (blank 0). Steps: class
+/// 2, blank, a near tie (class 1 1.0002, class 2 1.0004), blank, class 1. Greedy decode of the
+/// reference: [2, 2, 1]. FP16 rounds both tied scores to 1.0, the first wins: [2, 1, 1]. The
+/// element-wise error is 2e-4 of one value in 15, well within FP16's tolerance.
+fn ctc_head() -> ModelProto {
+    let table = [
+        0.0, 0.0, 3.0, //
+        3.0, 0.0, 0.0, //
+        0.0, 1.0002, 1.0004, //
+        3.0, 0.0, 0.0, //
+        0.0, 3.0, 0.0,
+    ];
+    let mut b = ModelBuilder::new("ctc", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(5), Dim::from(3)]);
+    b.initializer(f32_tensor("table", &[1, 5, 3], &table));
+    b.node("Add", "scores", &["x", "table"], &["logits"], vec![]);
+    b.output("logits", DataType::Float);
+    b.build()
+}
+
+fn zeros(dir: &std::path::Path, shape: Vec<usize>) {
+    let n = shape.iter().product();
+    layerwise_runtime::npy::write_npz(&dir.join("x.npz"), &[("x", &Tensor::f32(shape, vec![0.0; n]))]).unwrap();
+}
+
+#[test]
+fn a_ctc_string_that_changes_under_a_passing_error_is_said_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&ctc_head(), &dir.path().join("m.onnx"));
+    zeros(dir.path(), vec![1, 5, 3]);
+    let out = layerwise(
+        &["bisect", "m.onnx", "--inputs", "x.npz", "--task", "logits:ctc,blank=0", "--json", "r.json"],
+        dir.path(),
+    );
+    let t = text(&out);
+    // Element-wise the output passes; the decoded sequence changed.
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("VERDICT: PASS"), "{t}");
+    assert!(
+        t.contains("answer of 'logits' (ctc, given): CHANGED: decoded sequence changed in 1 of 1 (greedy CTC, blank 0; edit distance 1 in all; sequence 0: 1 of its 3 symbols)"),
+        "{t}"
+    );
+    let r = json(&dir.path().join("r.json"));
+    let a = &r["answers"][0];
+    assert_eq!(
+        (a["output"].as_str(), a["task"].as_str(), a["changed_cases"].as_u64()),
+        (Some("logits"), Some("ctc"), Some(1)),
+        "{a}"
+    );
+    // Without the task nothing is said of answers: a [1, 5, 3] Add is no recognised classifier.
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "x.npz", "--json", "plain.json"], dir.path());
+    assert!(!text(&out).contains("answer of"), "{}", text(&out));
+    assert!(json(&dir.path().join("plain.json")).get("answers").is_none());
+}
+
+/// x[8, 16] -> MatMul -> Softmax over the classes: recognised as a classifier, judged by top-1
+/// and top-5 without being asked; the same answer given with --task takes its options.
+#[test]
+fn a_softmax_classifier_is_recognised_and_its_top1_judged() {
+    let dir = tempfile::tempdir().unwrap();
+    let w: Vec<f32> = (0..160).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.3).collect();
+    let mut b = ModelBuilder::new("cls", 17);
+    b.input("x", DataType::Float, &[Dim::from(8), Dim::from(16)]);
+    b.initializer(f32_tensor("w", &[16, 10], &w));
+    b.node("MatMul", "fc", &["x", "w"], &["logits"], vec![]);
+    b.node("Softmax", "softmax", &["logits"], &["prob"], vec![attr::int("axis", -1)]);
+    b.output("prob", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json"], dir.path());
+    let t = text(&out);
+    assert!(matches!(out.status.code(), Some(0 | 1)), "{t}");
+    assert!(
+        t.contains("answer of 'prob' (classify, recognised: Softmax 'softmax' over the classes of a [N, C] output): held: top-1 class the same in 8 of 8; top-5 set changed in"),
+        "{t}"
+    );
+    let r = json(&dir.path().join("r.json"));
+    assert_eq!(r["answers"][0]["cases"], 8, "{}", r["answers"]);
+    let out = layerwise(
+        &["bisect", "m.onnx", "--cand", "sim:fp16", "--task", "prob:classify,topk=2", "--separate-runs"],
+        dir.path(),
+    );
+    assert!(
+        text(&out).contains("answer of 'prob' (classify, given): held: top-1 class the same in 8 of 8; top-2 set"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_task_for_no_output_or_with_a_bad_option_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&ctc_head(), &dir.path().join("m.onnx"));
+    let out = layerwise(&["bisect", "m.onnx", "--task", "probs:ctc"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(
+        text(&out).contains("--task probs:ctc: 'probs' is not an output of the model (its outputs: 'logits')"),
+        "{}",
+        text(&out)
+    );
+    let out = layerwise(&["bisect", "m.onnx", "--task", "logits:ctc,topk=3"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("ctc: unknown option 'topk' (it takes blank)"), "{}", text(&out));
+    let out = layerwise(&["bisect", "m.onnx", "--task", "logits"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("is not OUTPUT:TASK"), "{}", text(&out));
+}
