@@ -8,7 +8,8 @@
 # (or, for fix:BLOCKS:EVERY, `layerwise fix MODEL --ref ort:cuda,tf32=off --cand ort:cuda`), each with
 # its wall time, peak host RSS (scripts/bench/timed.py) and peak GPU memory (nvidia-smi's memory.used
 # sampled every 100 ms, less the idle value).
-# Usage: R=DIR bash scripts/bench/gpu_scale.sh RUNS SPEC...
+# Usage: R=DIR [STEPS=1] bash scripts/bench/gpu_scale.sh RUNS SPEC...
+#   STEPS=1: the bisect runs under scripts/bench/rss_steps.py (peak RSS per step, in its .out).
 #   SPEC: decoder-overflow:BLOCKS (one block in the middle overflows FP16), fix:BLOCKS:EVERY (every
 #   EVERY-th block overflows on its own: BLOCKS / EVERY independent overflows).
 set -u
@@ -52,7 +53,7 @@ for spec in "$@"; do
         if [ "$kind" = fix ]; then
             measure "$kind-$blocks fix #$i" "$R/layerwise" fix "$model" --inputs "$inputs" --ref ort:cuda,tf32=off --cand ort:cuda -o "$work/fixed.onnx" --json "$work/fix.json"
         else
-            measure "$kind-$blocks bisect #$i" "$R/layerwise" bisect "$model" --inputs "$inputs" --ref ort:cuda,tf32=off --cand ort:cuda --cand-model "$fp16" --json "$work/bisect.json"
+            measure "$kind-$blocks bisect #$i" ${STEPS:+python3 scripts/bench/rss_steps.py} "$R/layerwise" bisect "$model" --inputs "$inputs" --ref ort:cuda,tf32=off --cand ort:cuda --cand-model "$fp16" --json "$work/bisect.json"
         fi
         grep -m1 -E "^VERDICT|^FIXED|^NOT FIXED|^error" "$work/$kind-$blocks "*"#$i.out" "$work/$kind-$blocks "*"#$i.err" 2>/dev/null | grep -v floor | head -2
     done
