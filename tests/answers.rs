@@ -44,7 +44,11 @@ fn a_ctc_string_that_changes_under_a_passing_error_is_said_to_change() {
     let t = text(&out);
     // Element-wise the output passes; the decoded sequence changed.
     assert_eq!(out.status.code(), Some(0), "{t}");
-    assert!(t.contains("VERDICT: PASS"), "{t}");
+    // The headline says what the numbers do not.
+    assert!(
+        t.contains("VERDICT: PASS - all 1 model outputs are within tolerance; the answer changed: 'logits' (ctc)"),
+        "{t}"
+    );
     assert!(
         t.contains("answer of 'logits' (ctc, given): CHANGED: decoded sequence changed in 1 of 1 (greedy CTC, blank 0; edit distance 1 in all; sequence 0: 1 of its 3 symbols)"),
         "{t}"
@@ -72,7 +76,10 @@ fn a_softmax_classifier_is_recognised_and_its_top1_judged() {
     b.input("x", DataType::Float, &[Dim::from(8), Dim::from(16)]);
     b.initializer(f32_tensor("w", &[16, 10], &w));
     b.node("MatMul", "fc", &["x", "w"], &["logits"], vec![]);
-    b.node("Softmax", "softmax", &["logits"], &["prob"], vec![attr::int("axis", -1)]);
+    // A Softmax passed on by an Identity, as PaddlePaddle's exports end (the tester's PP-OCR
+    // orientation classifier was not recognised so).
+    b.node("Softmax", "softmax", &["logits"], &["p"], vec![attr::int("axis", -1)]);
+    b.node("Identity", "scale_0", &["p"], &["prob"], vec![]);
     b.output("prob", DataType::Float);
     save(&b.build(), &dir.path().join("m.onnx"));
     let out = layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--json", "r.json"], dir.path());
@@ -92,6 +99,28 @@ fn a_softmax_classifier_is_recognised_and_its_top1_judged() {
         text(&out).contains("answer of 'prob' (classify, given): held: top-1 class the same in 8 of 8; top-2 set"),
         "{}",
         text(&out)
+    );
+    // Over a sample set: the rate, with the samples named (the tester's find: "held on 0 of 5
+    // samples" with the first sample's counts).
+    std::fs::create_dir_all(dir.path().join("set")).unwrap();
+    for k in 0..3 {
+        let x: Vec<f32> = (0..128).map(|i| ((i * 7 + k * 13) % 17) as f32 / 17.0 - 0.5).collect();
+        layerwise_runtime::npy::write_npz(
+            &dir.path().join(format!("set/s{k}.npz")),
+            &[("x", &Tensor::f32(vec![8, 16], x))],
+        )
+        .unwrap();
+    }
+    let out =
+        layerwise(&["bisect", "m.onnx", "--cand", "sim:fp16", "--inputs", "set", "--json", "set.json"], dir.path());
+    let t = text(&out);
+    assert!(t.contains("(classify, recognised: Softmax 'softmax' over the classes of a [N, C] output): held on all 3 samples (24 cases); sample s0.npz: top-1 class the same in 8 of 8"), "{t}");
+    let r = json(&dir.path().join("set.json"));
+    assert_eq!(
+        (r["answers"][0]["samples"].as_u64(), r["answers"][0]["cases"].as_u64()),
+        (Some(3), Some(24)),
+        "{}",
+        r["answers"]
     );
 }
 

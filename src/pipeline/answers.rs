@@ -57,7 +57,12 @@ pub(super) fn judged_outputs(options: &BisectOptions, model: &Model, index: &Gra
         if judged.iter().any(|j| j.output == *output) {
             continue;
         }
-        let Some(producer) = index.producer(output) else { continue };
+        // The Softmax itself, or one passed on by Identity nodes (PaddlePaddle's exports end so).
+        let mut producer = index.producer(output);
+        while let Some(p) = producer.filter(|p| p.op_type == "Identity" && p.domain.is_empty()) {
+            producer = p.inputs.first().and_then(|i| index.producer(i));
+        }
+        let Some(producer) = producer else { continue };
         if producer.op_type != "Softmax" || !producer.domain.is_empty() {
             continue;
         }
@@ -125,16 +130,21 @@ pub(super) fn records(
                         record.samples += 1;
                         record.cases += c.cases;
                         record.changed_cases += c.changed.len();
-                        let detail =
-                            if samples.len() > 1 { format!("sample {name}: {}", c.detail) } else { c.detail.clone() };
+                        let several = samples.len() > 1;
+                        let detail = if several { format!("sample {name}: {}", c.detail) } else { c.detail.clone() };
                         first.get_or_insert_with(|| detail.clone());
                         if !c.held() {
-                            record.changed_samples.push(name.to_string());
+                            // One sample has no name to give (its inputs came from one file or
+                            // from the seed).
+                            if several {
+                                record.changed_samples.push(name.to_string());
+                            }
                             first_changed.get_or_insert(detail);
                         }
                     }
                     Err(why) => {
-                        record.not_judged.get_or_insert_with(|| format!("sample {name}: {why}"));
+                        let why = if samples.len() > 1 { format!("sample {name}: {why}") } else { why.clone() };
+                        record.not_judged.get_or_insert(why);
                     }
                 }
             }

@@ -81,15 +81,31 @@ impl Task {
                 return Err(format!("unknown task '{other}': one of classify, ctc, mask, embedding, detect"));
             }
         };
+        let fraction = |key: &str, value: &str, low: f64, high: f64| -> Result<f64, String> {
+            let v = number(key, value)?;
+            if v < low || v > high {
+                return Err(format!("{key}={value}: must be within [{low}, {high}]"));
+            }
+            Ok(v)
+        };
+        let mut seen = std::collections::HashSet::new();
         for (key, value) in options {
+            if !seen.insert(key) {
+                return Err(format!("{head}: '{key}' given twice"));
+            }
             match (&mut task, key) {
-                (Task::Classify { topk }, "topk") => *topk = count(key, value)?.max(1),
+                (Task::Classify { topk }, "topk") => {
+                    *topk = count(key, value)?;
+                    if *topk == 0 {
+                        return Err("topk=0: at least 1".into());
+                    }
+                }
                 (Task::Classify { .. }, _) => return Err(unknown(key, "topk")),
                 (Task::Ctc { blank }, "blank") => *blank = count(key, value)?,
                 (Task::Ctc { .. }, _) => return Err(unknown(key, "blank")),
-                (Task::Mask { min_iou }, "min_iou") => *min_iou = number(key, value)?,
+                (Task::Mask { min_iou }, "min_iou") => *min_iou = fraction(key, value, 0.0, 1.0)?,
                 (Task::Mask { .. }, _) => return Err(unknown(key, "min_iou")),
-                (Task::Embedding { min_cosine }, "min_cosine") => *min_cosine = number(key, value)?,
+                (Task::Embedding { min_cosine }, "min_cosine") => *min_cosine = fraction(key, value, -1.0, 1.0)?,
                 (Task::Embedding { .. }, _) => return Err(unknown(key, "min_cosine")),
                 (Task::Detect { boxes, .. }, "boxes") => {
                     let r = range(value)?;
@@ -107,8 +123,8 @@ impl Task {
                         _ => return Err(format!("format={value}: xywh or xyxy")),
                     }
                 }
-                (Task::Detect { conf, .. }, "conf") => *conf = number(key, value)?,
-                (Task::Detect { iou, .. }, "iou") => *iou = number(key, value)?,
+                (Task::Detect { conf, .. }, "conf") => *conf = fraction(key, value, 0.0, 1.0)?,
+                (Task::Detect { iou, .. }, "iou") => *iou = fraction(key, value, 0.0, 1.0)?,
                 (Task::Detect { .. }, _) => return Err(unknown(key, "boxes, scores, class, format, conf, iou")),
             }
         }
@@ -275,9 +291,15 @@ fn ctc(shape: &[usize], reference: &[f32], candidate: &[f32], blank: usize) -> R
 
 fn embedding(shape: &[usize], reference: &[f32], candidate: &[f32], min_cosine: f64) -> AnswerCheck {
     let width = last_axis(shape);
-    let mut changed = Vec::new();
+    let (mut changed, mut nonfinite) = (Vec::new(), 0usize);
     let mut lowest = f64::INFINITY;
     for (case, (r, c)) in reference.chunks(width).zip(candidate.chunks(width)).enumerate() {
+        // A vector holding inf/NaN has no direction: its answer changed, and no cosine is made up.
+        if r.iter().chain(c).any(|v| !v.is_finite()) {
+            nonfinite += 1;
+            changed.push(case);
+            continue;
+        }
         let (mut dot, mut rr, mut cc) = (0f64, 0f64, 0f64);
         for (&x, &y) in r.iter().zip(c) {
             dot += x as f64 * y as f64;
@@ -285,14 +307,20 @@ fn embedding(shape: &[usize], reference: &[f32], candidate: &[f32], min_cosine: 
             cc += y as f64 * y as f64;
         }
         let cosine = if rr == 0.0 && cc == 0.0 { 1.0 } else { dot / (rr.sqrt() * cc.sqrt()) };
-        let cosine = if cosine.is_nan() { -1.0 } else { cosine };
         lowest = lowest.min(cosine);
-        if cosine < min_cosine {
+        if cosine.is_nan() || cosine < min_cosine {
             changed.push(case);
         }
     }
     let cases = reference.len() / width;
-    let detail = format!("cosine below {min_cosine} in {} of {cases} (lowest {lowest:.6})", changed.len());
+    let finite = cases - nonfinite;
+    let mut detail = format!("cosine below {min_cosine} in {} of {finite}", changed.len() - nonfinite);
+    if finite > 0 {
+        detail.push_str(&format!(" (lowest {lowest:.6})"));
+    }
+    if nonfinite > 0 {
+        detail.push_str(&format!("; {nonfinite} of {cases} vectors hold inf/NaN (no cosine)"));
+    }
     AnswerCheck { cases, changed, detail }
 }
 
@@ -301,6 +329,9 @@ fn mask(shape: &[usize], reference: &[f32], candidate: &[f32], min_iou: f64) -> 
         return Err(format!("mask reads [N, classes, ..pixels]; this output is {shape:?}"));
     }
     let (n, classes) = (shape[0].max(1), shape[1].max(1));
+    if classes < 2 {
+        return Err(format!("mask takes the argmax over classes on axis 1, and this output has {classes} ({shape:?}): a one-channel map is read by a threshold, which no argmax can judge"));
+    }
     let pixels: usize = shape[2..].iter().product::<usize>().max(1);
     let argmax = |values: &[f32], image: usize, p: usize| {
         (0..classes)
@@ -398,8 +429,10 @@ fn detections(task: &Task, rows: &[Vec<f64>]) -> Vec<Detection> {
 
 fn detect(task: &Task, shape: &[usize], reference: &[f32], candidate: &[f32]) -> Result<AnswerCheck, String> {
     let Task::Detect { boxes, scores, class, iou: threshold, conf, .. } = task else { unreachable!() };
-    if shape.len() < 2 {
-        return Err(format!("detect reads [.., boxes, fields] or [.., fields, boxes]; this output is {shape:?}"));
+    if shape.len() < 3 {
+        return Err(format!(
+            "detect reads [images, boxes, fields] or [images, fields, boxes]; this output is {shape:?}"
+        ));
     }
     let (a, b) = (shape[shape.len() - 2], shape[shape.len() - 1]);
     let needed = [boxes.1, scores.1.unwrap_or(scores.0 + 1), class.map_or(0, |c| c + 1)].into_iter().max().unwrap_or(0);
@@ -455,8 +488,9 @@ fn detect(task: &Task, shape: &[usize], reference: &[f32], candidate: &[f32]) ->
             changed.push(image);
         }
     }
+    let moved = if kept > 0 { format!("; corners moved up to {moved:.3}") } else { String::new() };
     let detail = format!(
-        "{held_count} detections above {conf} in the reference: {kept} matched (class and IoU >= {threshold}; corners moved up to {moved:.3}), {lost} lost, {added} added"
+        "{held_count} detections above {conf} in the reference: {kept} matched (class and IoU >= {threshold}{moved}), {lost} lost, {added} added"
     );
     Ok(AnswerCheck { cases: images, changed, detail })
 }
@@ -476,6 +510,16 @@ mod tests {
         assert!(Task::parse("classify,blank=1").unwrap_err().contains("unknown option 'blank'"));
         assert!(Task::parse("segment").unwrap_err().contains("unknown task 'segment'"));
         assert!(Task::parse("detect,boxes=0:3").unwrap_err().contains("four columns"));
+        assert!(Task::parse("classify,topk=0").unwrap_err().contains("at least 1"));
+        assert!(Task::parse("classify,topk=5,topk=3").unwrap_err().contains("'topk' given twice"));
+        assert!(Task::parse("embedding,min_cosine=2").unwrap_err().contains("within [-1, 1]"));
+        assert!(Task::parse("detect,conf=-1").unwrap_err().contains("within [0, 1]"));
+        // Shapes a task cannot read are said, not judged.
+        assert!(check(&Task::Mask { min_iou: 0.9 }, &[1, 1, 2, 2], &[0.0; 4], &[0.0; 4])
+            .unwrap_err()
+            .contains("one-channel map"));
+        let detect = Task::parse("detect").unwrap();
+        assert!(check(&detect, &[8, 10], &[0.0; 80], &[0.0; 80]).unwrap_err().contains("[images, boxes, fields]"));
     }
 
     #[test]
@@ -523,6 +567,15 @@ mod tests {
         let c = check(&Task::Embedding { min_cosine: 0.99 }, &[2, 2], &reference, &candidate).unwrap();
         assert_eq!(c.changed, vec![1]);
         assert!(c.detail.contains("lowest -1.000000"), "{}", c.detail);
+        // A vector with NaN has no cosine: changed, and said so.
+        let nan = [1.0, 0.0, f32::NAN, 1.0];
+        let c = check(&Task::Embedding { min_cosine: 0.99 }, &[2, 2], &reference, &nan).unwrap();
+        assert_eq!(c.changed, vec![1]);
+        assert!(
+            c.detail.contains("cosine below 0.99 in 0 of 1 (lowest 1.000000); 1 of 2 vectors hold inf/NaN (no cosine)"),
+            "{}",
+            c.detail
+        );
     }
 
     #[test]
@@ -555,7 +608,11 @@ mod tests {
         let task = Task::parse("detect").unwrap();
         let c = check(&task, &[1, 6, n], &reference, &candidate).unwrap();
         assert_eq!(c.changed, vec![0]);
-        assert!(c.detail.contains("3 detections above 0.25 in the reference: 0 matched"), "{}", c.detail);
+        assert!(
+            c.detail.contains("3 detections above 0.25 in the reference: 0 matched (class and IoU >= 0.5), 3 lost"),
+            "{}",
+            c.detail
+        );
         assert!(c.detail.contains("3 lost, 0 added"), "{}", c.detail);
         // Boxes moved by a pixel, scores kept: every detection matched.
         let mut moved = reference.clone();

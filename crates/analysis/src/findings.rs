@@ -73,18 +73,26 @@ impl AnswerRecord {
         if let Some(why) = &self.not_judged {
             return format!("{head}: not judged: {why}");
         }
-        let held = if self.changed_cases == 0 { "held" } else { "CHANGED" };
-        let samples = if self.samples > 1 {
-            let named = match self.changed_samples.len() {
-                0 => String::new(),
-                n if n <= 5 => format!(" ({})", self.changed_samples.join(", ")),
-                n => format!(" ({}, and {} more)", self.changed_samples[..5].join(", "), n - 5),
-            };
-            format!(" on {} of {} samples{named}", self.changed_samples.len(), self.samples)
-        } else {
-            String::new()
+        if self.samples <= 1 {
+            let held = if self.changed_cases == 0 { "held" } else { "CHANGED" };
+            return format!("{head}: {held}: {}", self.detail);
+        }
+        if self.changed_cases == 0 {
+            return format!("{head}: held on all {} samples ({} cases); {}", self.samples, self.cases, self.detail);
+        }
+        let named = match self.changed_samples.len() {
+            0 => String::new(),
+            n if n <= 5 => format!(" ({})", self.changed_samples.join(", ")),
+            n => format!(" ({}, and {} more)", self.changed_samples[..5].join(", "), n - 5),
         };
-        format!("{head}: {held}{samples}: {}", self.detail)
+        format!(
+            "{head}: CHANGED on {} of {} samples{named}, {} of {} cases; {}",
+            self.changed_samples.len(),
+            self.samples,
+            self.changed_cases,
+            self.cases,
+            self.detail
+        )
     }
 }
 

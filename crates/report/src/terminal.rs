@@ -114,6 +114,9 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
 
     let v = &report.verdict;
     let _ = writeln!(out, "{}", crate::verdict_headline(report));
+    for a in &report.extras.answers {
+        let _ = writeln!(out, "  {}", a.line());
+    }
     if let Some(fd) = &v.first_divergent {
         let _ = writeln!(out, "\nFirst divergent layer: {} ({})", fd.node, fd.op_type);
         let _ = writeln!(out, "  tensor  {}", fd.tensor);

@@ -32,6 +32,30 @@ pub fn non_finite_heading(verdict: &layerwise_analysis::Verdict) -> &'static str
 
 /// The verdict's first line, the same in every format.
 pub fn verdict_headline(report: &Report) -> String {
+    // The answers beside the numbers (`--task`): an element-wise PASS whose answer changed, or a
+    // DIVERGED whose answers held, says so in the headline every format shows.
+    let answers = &report.extras.answers;
+    let judged: Vec<&layerwise_analysis::AnswerRecord> = answers.iter().filter(|a| a.not_judged.is_none()).collect();
+    let named = |changed: bool| {
+        judged
+            .iter()
+            .filter(|a| (a.changed_cases > 0) == changed)
+            .map(|a| format!("'{}' ({})", a.output, a.task))
+            .collect::<Vec<_>>()
+    };
+    let (changed, held) = (named(true), named(false));
+    let suffix = if !changed.is_empty() {
+        format!("; the answer changed: {}", changed.join(", "))
+    } else if !held.is_empty() && report.verdict.status == layerwise_analysis::Status::Diverged {
+        format!("; the answers held: {}", held.join(", "))
+    } else {
+        String::new()
+    };
+    format!("{}{suffix}", numeric_headline(report))
+}
+
+/// The headline from the element-wise judgement alone.
+fn numeric_headline(report: &Report) -> String {
     use layerwise_analysis::Status;
     // Each output once (a model may list one twice); those not compared are said so, never
     // counted as within or out of tolerance.
