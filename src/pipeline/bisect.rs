@@ -337,7 +337,7 @@ fn run_bisect(
             let differences = plain_reference::differences(&job.index, &chosen.compared.comparison, plain);
             // Why, where it can be measured: the same plain run with ONNX Runtime's graph
             // optimizations off (the CPU provider's reference only).
-            let why = if differences.is_empty() || !options.reference.to_string().starts_with("ort:cpu") {
+            let why = if differences.is_empty() || !options.reference.runs_on_ort_cpu() {
                 plain_reference::Why::NotMeasured
             } else {
                 steps

@@ -405,15 +405,7 @@ impl<'a> Job<'a> {
                         })?;
                     (ref_out, cand_out)
                 };
-            for j in &self.judged {
-                if let (Some(r), Some(c)) = (ref_out.tensors.get(&j.output), cand_out.tensors.get(&j.output)) {
-                    if r.shape == c.shape {
-                        result
-                            .output_values
-                            .insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
-                    }
-                }
-            }
+            keep_judged_values(&self.judged, &ref_out.tensors, &cand_out.tensors, &mut result.output_values);
             let order: Vec<String> =
                 group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
             let mut comparison = steps.run("comparing tensors", || {
@@ -522,15 +514,7 @@ impl Job<'_> {
             differs.iter().map(|(name, a, b)| format!("'{name}' {a:.2e} as deployed, {b:.2e} exposed")).collect();
         compared.deployed_differs.extend(differs);
         // The answers are the deployed run's too.
-        for j in &self.judged {
-            if let (Some(r), Some(c)) = (ref_out.get(&j.output), cand_out.tensors.get(&j.output)) {
-                if r.shape == c.shape {
-                    compared
-                        .output_values
-                        .insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
-                }
-            }
-        }
+        keep_judged_values(&self.judged, &ref_out, &cand_out.tensors, &mut compared.output_values);
         let outputs = model_outputs(&self.index);
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {
@@ -572,6 +556,22 @@ impl Job<'_> {
                 "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32",
                 "fusions blocked",
             )
+        }
+    }
+}
+
+/// The values of each judged output that both runs returned in one shape (`Compared::output_values`).
+fn keep_judged_values(
+    judged: &[super::answers::Judged],
+    reference: &HashMap<String, Tensor>,
+    candidate: &HashMap<String, Tensor>,
+    into: &mut HashMap<String, layerwise_analysis::KeptValues>,
+) {
+    for j in judged {
+        if let (Some(r), Some(c)) = (reference.get(&j.output), candidate.get(&j.output)) {
+            if r.shape == c.shape {
+                into.insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
+            }
         }
     }
 }
@@ -644,7 +644,7 @@ impl Job<'_> {
         // Integer kernels on an x86 CPU without VNNI saturate pairs of products: a known way for a
         // Q/DQ file to compute otherwise as deployed, said as what it is, not measured here.
         let saturating = if self.judging.quantization.is_some()
-            && self.options.candidate.to_string().starts_with("ort:cpu")
+            && self.options.candidate.runs_on_ort_cpu()
             && layerwise_runtime::cpu::x86_without_vnni()
         {
             "; this CPU has no VNNI (neither avx_vnni nor avx512_vnni in its flags), where ONNX Runtime's fused u8s8 integer kernels add each pair of 8-bit products in 16 bits, which saturates where a pair passes 32767 (weights quantized with reduce_range, 7 bits, cannot reach it); whether that is the difference here is not measured: the file with ONNX Runtime's Q/DQ fusions off (--cand ort:cpu,opt=basic) computes what it describes on every CPU"

@@ -228,12 +228,24 @@ fn classify(shape: &[usize], reference: &[f32], candidate: &[f32], topk: usize) 
     AnswerCheck { cases, changed, detail }
 }
 
+/// The index `ranked` puts first (the largest value, the first of ties, NaN only where all are),
+/// without sorting the row: a CTC step has thousands of classes.
+fn first_ranked(row: &[f32]) -> usize {
+    let mut best = 0;
+    for (k, &v) in row.iter().enumerate().skip(1) {
+        if v > row[best] || (row[best].is_nan() && !v.is_nan()) {
+            best = k;
+        }
+    }
+    best
+}
+
 /// Greedy CTC decode of one sequence's [T, C] scores.
 fn ctc_decode(steps: &[f32], classes: usize, blank: usize) -> Vec<usize> {
     let mut out = Vec::new();
     let mut last = None;
     for step in steps.chunks(classes) {
-        let best = ranked(step)[0];
+        let best = first_ranked(step);
         if Some(best) != last && best != blank {
             out.push(best);
         }
@@ -266,11 +278,10 @@ fn ctc(shape: &[usize], reference: &[f32], candidate: &[f32], blank: usize) -> R
         return Err(format!("ctc blank={blank} is not one of the {classes} classes"));
     }
     let per_sequence = classes * shape[shape.len() - 2].max(1);
-    let (mut changed, mut distance, mut longest) = (Vec::new(), 0usize, 0usize);
+    let (mut changed, mut distance) = (Vec::new(), 0usize);
     let mut first = None;
     for (case, (r, c)) in reference.chunks(per_sequence).zip(candidate.chunks(per_sequence)).enumerate() {
         let (a, b) = (ctc_decode(r, classes, blank), ctc_decode(c, classes, blank));
-        longest = longest.max(a.len());
         if a != b {
             let d = edit_distance(&a, &b);
             distance += d;
@@ -558,6 +569,15 @@ mod tests {
         assert!(check(&Task::Ctc { blank: 0 }, &[1, 6, 3], &reference, &reference).unwrap().held());
         assert_eq!(edit_distance(&[1, 2, 3], &[1, 3]), 1);
         assert_eq!(edit_distance(&[], &[4, 5]), 2);
+    }
+
+    #[test]
+    fn the_first_ranked_class_is_ranked_s_first() {
+        for row in
+            [vec![0.5, 2.0, 2.0, -1.0], vec![f32::NAN, 1.0, 3.0], vec![f32::NAN, f32::NAN], vec![-0.0, 0.0], vec![1.0]]
+        {
+            assert_eq!(first_ranked(&row), ranked(&row)[0], "{row:?}");
+        }
     }
 
     #[test]

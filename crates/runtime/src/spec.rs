@@ -382,6 +382,11 @@ impl BackendSpec {
         matches!(self, BackendSpec::Ort(o) if o.ep.needs_gpu())
     }
 
+    /// Whether it is `ort:cpu` (ONNX Runtime's CPU provider, whatever its options).
+    pub fn runs_on_ort_cpu(&self) -> bool {
+        matches!(self, BackendSpec::Ort(o) if o.ep == ExecutionProvider::Cpu)
+    }
+
     /// For `ort:cpu` with typed evaluation on (the default): the threads to evaluate a model with
     /// FP16/BF16 tensors with, one node at a time in its own types. `None` for other backends.
     pub fn typed_cpu_threads(&self) -> Option<Option<usize>> {
