@@ -163,6 +163,19 @@ struct FixArgs {
     /// Default: 90% of the memory available when each run starts.
     #[arg(long, value_name = "SIZE", value_parser = crate::pipeline::parse_size)]
     max_memory: Option<u64>,
+    /// What the keep list must bring about: `elementwise` (every output within tolerance), or
+    /// `answer` (the answers of the outputs judged by --task, or a classifier recognised by its
+    /// Softmax, unchanged on every case; every other output within tolerance), `answer:SHARE` (on
+    /// at least that share of each judged output's cases, e.g. answer:0.99). Verified on the file
+    /// written either way.
+    #[arg(long, default_value = "elementwise", value_name = "TARGET", value_parser = crate::fix::FixTarget::parse)]
+    target: crate::fix::FixTarget,
+    /// Judge an output in the model's own terms (repeatable), as bisect --task does:
+    /// OUTPUT:classify[,topk=5], OUTPUT:ctc[,blank=0], OUTPUT:mask[,min_iou=0.9],
+    /// OUTPUT:embedding[,min_cosine=0.99], OUTPUT:detect[,...]; the answers of the written model
+    /// are reported, and with --target answer they are what the keep list must hold.
+    #[arg(long = "task", value_name = "OUTPUT:TASK", value_parser = crate::pipeline::parse_task)]
+    tasks: Vec<(String, layerwise_analysis::answers::Task)>,
 }
 
 #[derive(Args)]
@@ -829,10 +842,12 @@ fn run_fix(args: FixArgs, quiet: bool) -> Result<u8> {
             quant_config: args.quant_config,
             max_memory: args.max_memory,
             holds_reference_tensors: true,
+            tasks: args.tasks,
             ..BisectOptions::new(&args.model, args.reference, candidate)
         },
         output: args.output,
         max_rounds: args.max_rounds,
+        target: args.target,
     };
     // Outputs are checked before a data-loader script runs (and again with the samples it made).
     crate::fix::check_fix_outputs(&options)?;
@@ -1026,6 +1041,7 @@ fn run_demo(args: DemoArgs, quiet: bool) -> Result<u8> {
         },
         output: Some(fixed_path.clone()),
         max_rounds: 12,
+        target: crate::fix::FixTarget::Elementwise,
     };
     let fixed = fix(&fix_options)?;
     say_raw!("{}", escape::terminal_lines(&fixed.text));

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use layerwise_analysis::{aggregate_samples, chosen_sample, SampleData, Shard};
+use layerwise_analysis::{aggregate_samples, chosen_sample, AnswerRecord, SampleData, Shard};
 use layerwise_report::{read_report, Report};
 
 /// The merged report (what `bisect --json` would have written, `run_info` aside).
@@ -92,10 +92,60 @@ pub fn merge_reports(partials: Vec<(PathBuf, Report)>) -> Result<Report> {
             first_shard.total_samples
         );
     }
+    let answers = merged_answers(&reports);
     let data: Vec<SampleData> = samples.iter().map(|(d, _)| d.clone()).collect();
     let chosen = chosen_sample(&data).expect("at least one sample");
     let order = first_shard.order.clone();
     let mut merged = reports.swap_remove(samples[chosen].1).1;
     merged.extras.samples = if data.len() > 1 { Some(aggregate_samples(&data, chosen, &order)) } else { None };
+    merged.extras.answers = answers;
     Ok(merged)
+}
+
+/// Each judged output's answers over every shard's samples, as one run over the set records them:
+/// the counts added, the changed samples in the set's order, and the detail of the first sample
+/// with a change (else of the set's first sample). Each shard's detail is of its own first such
+/// sample, named.
+fn merged_answers(reports: &[(PathBuf, Report, Shard)]) -> Vec<AnswerRecord> {
+    let first_sample = |shard: &Shard| shard.samples.iter().map(|s| s.run.sample.clone()).min();
+    let Some((_, first, _)) = reports.first() else { return Vec::new() };
+    first
+        .extras
+        .answers
+        .iter()
+        .map(|head| {
+            let parts: Vec<(&AnswerRecord, Option<String>)> = reports
+                .iter()
+                .filter_map(|(_, r, s)| {
+                    r.extras.answers.iter().find(|a| a.output == head.output).map(|a| (a, first_sample(s)))
+                })
+                .collect();
+            let mut merged = AnswerRecord { samples: 0, cases: 0, changed_cases: 0, ..head.clone() };
+            merged.changed_samples.clear();
+            for (a, _) in &parts {
+                merged.samples += a.samples;
+                merged.cases += a.cases;
+                merged.changed_cases += a.changed_cases;
+                merged.changed_samples.extend(a.changed_samples.iter().cloned());
+            }
+            merged.changed_samples.sort();
+            let judged = parts.iter().filter(|(a, _)| a.not_judged.is_none() && a.samples > 0);
+            let shown = match judged
+                .clone()
+                .filter(|(a, _)| a.changed_cases > 0)
+                .min_by_key(|(a, _)| a.changed_samples.first().cloned())
+            {
+                Some(changed) => Some(changed),
+                None => judged.min_by_key(|(_, first)| first.clone()),
+            };
+            match shown {
+                Some((a, _)) => {
+                    merged.detail = a.detail.clone();
+                    merged.not_judged = None;
+                }
+                None => merged.not_judged = parts.iter().find_map(|(a, _)| a.not_judged.clone()),
+            }
+            merged
+        })
+        .collect()
 }

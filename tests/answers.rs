@@ -142,3 +142,117 @@ fn a_task_for_no_output_or_with_a_bad_option_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("is not OUTPUT:TASK"), "{}", text(&out));
 }
+
+/// `fix --target answer` on the CTC head whose string FP16 changes under an element-wise PASS: the
+/// element-wise fix keeps nothing (every output within tolerance), while the answer holds only
+/// with the tie's Add kept in FP32, which the written model must bear out.
+#[test]
+fn fix_held_to_the_answer_keeps_what_the_decoded_string_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&ctc_head(), &dir.path().join("m.onnx"));
+    zeros(dir.path(), vec![1, 5, 3]);
+    let base = ["fix", "m.onnx", "--inputs", "x.npz", "--task", "logits:ctc,blank=0"];
+    let out = layerwise(&[&base[..], &["--json", "elementwise.json"]].concat(), dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("all outputs are within tolerance in FP16; nothing to keep in FP32"), "{t}");
+    // The answers are reported beside an element-wise fix, and said to be no part of it.
+    assert!(t.contains("answers of the written model (the keep list was held to the element-wise tolerance):"), "{t}");
+    assert!(t.contains("answer of 'logits' (ctc, given): CHANGED: decoded sequence changed in 1 of 1"), "{t}");
+    let r = json(&dir.path().join("elementwise.json"));
+    assert_eq!(r["keep_fp32"].as_array().map(Vec::len), Some(0), "{r}");
+    assert!(r.get("target").is_none(), "{r}");
+    assert_eq!(r["answers"][0]["changed_cases"], 1, "{r}");
+
+    let out = layerwise(
+        &[&base[..], &["--target", "answer", "-o", "fixed.onnx", "--json", "answer.json"]].concat(),
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(t.contains("FIX: FIXED - keeping 1 of 1 nodes in FP32"), "{t}");
+    assert!(t.contains("keeps the answer of 'logits' (ctc) unchanged on every case (1 case)"), "{t}");
+    assert!(t.contains("answers of the written model (the keep list was held to them: --target answer):"), "{t}");
+    assert!(t.contains("answer of 'logits' (ctc, given): held"), "{t}");
+    let r = json(&dir.path().join("answer.json"));
+    assert_eq!(r["target"], "answer", "{r}");
+    assert_eq!(r["keep_fp32"], serde_json::json!(["scores"]), "{r}");
+    assert_eq!((r["answers"][0]["cases"].as_u64(), r["answers"][0]["changed_cases"].as_u64()), (Some(1), Some(0)));
+    // The oracle: the written file decoded by ONNX Runtime itself, as its own types run.
+    let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
+    let index = layerwise_model::GraphIndex::build(written.graph()).unwrap();
+    let mut ort = layerwise_runtime::create_backend(&layerwise_runtime::BackendSpec::ort_cpu()).unwrap();
+    let x = Tensor::f32(vec![1, 5, 3], vec![0.0; 15]);
+    let out = ort
+        .run(&layerwise_runtime::RunRequest {
+            model: &written,
+            index: &index,
+            inputs: &[("x".to_string(), x)],
+            selection: &layerwise_model::Selection::Names(Vec::new()),
+        })
+        .unwrap();
+    let logits = out.tensors["logits"].to_f32();
+    let best: Vec<usize> =
+        logits.chunks(3).map(|step| (0..3).fold(0, |b, c| if step[c] > step[b] { c } else { b })).collect();
+    assert_eq!(best, vec![2, 0, 2, 0, 1], "the tie must still go to class 2: {logits:?}");
+}
+
+/// A classifier whose logits FP16 moves out of tolerance (a cancellation: (x @ w + 30000) - 30000,
+/// where FP16's step is 16) while every top-1 class holds by a margin of about 22 (rounding moves
+/// two classes' difference by 16 at most): the element-wise fix keeps the cancellation, the fix
+/// held to the answer keeps nothing.
+#[test]
+fn fix_held_to_the_answer_keeps_nothing_where_every_class_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    // Column j scores 5j per unit of the row's sum (4.4 and more here): classes 22 apart.
+    let w: Vec<f32> = (0..8 * 5).map(|i| (i % 5) as f32 * 5.0).collect();
+    let mut b = ModelBuilder::new("cls", 17);
+    b.input("x", DataType::Float, &[Dim::from(4), Dim::from(8)]);
+    b.initializer(f32_tensor("w", &[8, 5], &w));
+    b.initializer(f32_tensor("offset", &[1], &[30000.0]));
+    b.node("MatMul", "fc", &["x", "w"], &["z"], vec![]);
+    b.node("Add", "shift", &["z", "offset"], &["shifted"], vec![]);
+    b.node("Sub", "unshift", &["shifted", "offset"], &["logits"], vec![]);
+    b.output("logits", DataType::Float);
+    save(&b.build(), &dir.path().join("m.onnx"));
+    let x: Vec<f32> = (0..32).map(|i| 0.3 + ((i * 7) % 11) as f32 * 0.05).collect();
+    layerwise_runtime::npy::write_npz(&dir.path().join("x.npz"), &[("x", &Tensor::f32(vec![4, 8], x))]).unwrap();
+    let base = ["fix", "m.onnx", "--inputs", "x.npz", "--task", "logits:classify,topk=1"];
+    let out = layerwise(&[&base[..], &["--json", "elementwise.json"]].concat(), dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    let elementwise = json(&dir.path().join("elementwise.json"));
+    let kept = elementwise["keep_fp32"].as_array().map_or(0, Vec::len);
+    assert!(kept >= 1, "the element-wise fix must keep the cancellation: {t}");
+    assert!(elementwise["outputs"][0]["before_pass"] == false, "{t}");
+
+    let out = layerwise(&[&base[..], &["--target", "answer", "--json", "answer.json"]].concat(), dir.path());
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{t}");
+    assert!(
+        t.contains("FIX: FIXED - FP16 with nothing kept keeps the answer of 'logits' (classify) unchanged on every case (4 cases) (element-wise, 'logits' (relative L2"),
+        "{t}"
+    );
+    assert!(t.contains("stays outside tolerance: the answers were the target); nothing to keep in FP32"), "{t}");
+    let r = json(&dir.path().join("answer.json"));
+    assert_eq!(r["keep_fp32"].as_array().map(Vec::len), Some(0), "{r}");
+    assert_eq!(r["fixed_model_check"]["pass"], true, "{r}");
+    assert_eq!(r["outputs"][0]["after_pass"], false, "element-wise the written file still fails: {r}");
+}
+
+/// `--target answer` with no output judged by its answers is refused before any run, and a bad
+/// share is refused by the parser.
+#[test]
+fn fix_held_to_the_answer_needs_an_output_judged_by_it() {
+    let dir = tempfile::tempdir().unwrap();
+    save(&ctc_head(), &dir.path().join("m.onnx"));
+    zeros(dir.path(), vec![1, 5, 3]);
+    let args = ["fix", "m.onnx", "--inputs", "x.npz", "--target", "answer"];
+    crate::common::assert_refused(
+        &layerwise(&args, dir.path()),
+        &args,
+        "fix --target answer: no output of m.onnx is judged by its answers: give --task OUTPUT:TASK",
+    );
+    let args = ["fix", "m.onnx", "--inputs", "x.npz", "--target", "answer:1.5", "--task", "logits:ctc"];
+    crate::common::assert_refused(&layerwise(&args, dir.path()), &args, "a number above 0 and at most 1");
+}

@@ -138,7 +138,12 @@ fn converted_model_runs_in_onnx_runtime_and_compares_by_name() {
 }
 
 fn fix_options(model: &std::path::Path, cand: &str, output: std::path::PathBuf) -> FixOptions {
-    FixOptions { bisect: BisectOptions::new(model, spec("ort:cpu"), spec(cand)), output: Some(output), max_rounds: 12 }
+    FixOptions {
+        bisect: BisectOptions::new(model, spec("ort:cpu"), spec(cand)),
+        output: Some(output),
+        max_rounds: 12,
+        target: layerwise::fix::FixTarget::Elementwise,
+    }
 }
 
 #[test]

@@ -217,6 +217,7 @@ fn fix_keeps_every_independent_overflow_in_one_round() {
         ),
         output: None,
         max_rounds: 2,
+        target: layerwise::fix::FixTarget::Elementwise,
     };
     let outcome = layerwise::fix::fix(&options).unwrap();
     let r = &outcome.report;

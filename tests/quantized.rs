@@ -1284,3 +1284,85 @@ fn a_qdq_file_whose_pairs_saturate_the_u8s8_kernels_of_a_cpu_without_vnni_is_sai
         assert!(!summary.contains("no VNNI"), "{t}");
     }
 }
+
+/// Two quantizers each at fault (both clip |t| at 0.5 of values in [-1, 1]): each share is
+/// measured with the other on, so the shares overlap; leaving both out is measured too, in one
+/// run, and said beside them (the independent tester's smart-turn model: six shares of 54-82%
+/// summing past 340%, while leaving the six out together removed 49%).
+#[test]
+fn quantizers_at_fault_are_also_measured_left_out_together() {
+    let build = |quantized: bool| {
+        let mut b = ModelBuilder::new("two_clips", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
+        b.initializer(f32_tensor("c", &[], &[0.001]));
+        b.initializer(TensorProto {
+            name: Some("z".into()),
+            dims: vec![],
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: vec![0],
+            ..Default::default()
+        });
+        let mut prev = "x".to_string();
+        for i in 0..2 {
+            let out = format!("t{i}");
+            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
+            prev = out.clone();
+            if quantized {
+                // A step of 0.5/127: everything beyond 0.5 is clipped.
+                b.initializer(f32_tensor(&format!("s{i}"), &[], &[0.5 / 127.0]));
+                b.node(
+                    "QuantizeLinear",
+                    &format!("q{i}"),
+                    &[&out, &format!("s{i}"), "z"],
+                    &[&format!("{out}_q")],
+                    vec![],
+                );
+                b.node(
+                    "DequantizeLinear",
+                    &format!("dq{i}"),
+                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
+                    &[&format!("{out}_f")],
+                    vec![],
+                );
+                prev = format!("{out}_f");
+            }
+        }
+        b.node("Identity", "out", &[&prev], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    save(&build(false), &dir.path().join("m.onnx"));
+    save(&build(true), &dir.path().join("q.onnx"));
+    let out = layerwise(
+        &[
+            "bisect",
+            "m.onnx",
+            "--cand-model",
+            "q.onnx",
+            "--val-range",
+            "x:-1,1",
+            "--no-counterfactual",
+            "--json",
+            "r.json",
+        ],
+        dir.path(),
+    );
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    let alone = &json(&dir.path().join("r.json"))["quantizers_alone"];
+    let together = alone["together"].as_f64().unwrap();
+    let left_out = alone["at_fault_left_out"].as_f64().expect("measured with two at fault");
+    // Both clip at the same bound: with both left out nothing is clipped, only the Adds' float32.
+    assert!(together > 0.1 && left_out < 1e-3 * together, "{alone}");
+    assert!(
+        t.contains(
+            "the 2 quantizers at fault left out together (every other quantizer on, measured) take 'y' from rel L2"
+        ),
+        "{t}"
+    );
+    assert!(
+        t.contains("each share above is measured with the others on, so the shares overlap and do not add up"),
+        "{t}"
+    );
+}

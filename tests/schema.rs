@@ -196,7 +196,22 @@ fn reports_with_every_optional_section_match_the_schema() {
         ],
         d,
     );
-    run(&["fix", "demo.onnx", "-o", "fixed.onnx", "--json", "fix.json"], d);
+    // Held to the answers, so that the fix report's `target` and `answers` are checked too.
+    run(
+        &[
+            "fix",
+            "demo.onnx",
+            "-o",
+            "fixed.onnx",
+            "--json",
+            "fix.json",
+            "--task",
+            "logits:classify",
+            "--target",
+            "answer",
+        ],
+        d,
+    );
 
     let report = validator(&layerwise_report::report_schema());
     let mut seen = BTreeSet::new();
@@ -224,7 +239,9 @@ fn reports_with_every_optional_section_match_the_schema() {
     assert!(unseen.is_empty(), "no report checked here has {unseen:?}: add a run that writes them");
 
     let fix = validator(&layerwise_report::fix_report_schema());
-    assert_valid(&fix, &json(&d.join("fix.json")), "fix.json");
+    let fixed = json(&d.join("fix.json"));
+    assert_valid(&fix, &fixed, "fix.json");
+    assert!(fixed["target"] == "answer" && fixed["answers"][0]["output"] == "logits", "{fixed}");
 }
 
 /// `doc` with the value at `pointer` replaced, or removed (`None`).

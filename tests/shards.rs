@@ -12,13 +12,20 @@ fn four_shards_merged_are_the_single_run_byte_for_byte_apart_from_run_info() {
     let dir = tempfile::tempdir().unwrap();
     save(&layerwise::demo::demo_model(), &dir.path().join("demo.onnx"));
     write_demo_samples(&dir.path().join("samples"));
-    let out = layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--json", "full.json"], dir.path());
+    // The answers too (issue 56): each shard's, added up by merge as one run records them.
+    let task = ["--task", "logits:classify"];
+    let out = layerwise(
+        &[&["bisect", "demo.onnx", "--inputs", "samples", "--json", "full.json"][..], &task].concat(),
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     for i in 0..4 {
         let shard = format!("{i}/4");
         let json = format!("part{i}.json");
-        let out =
-            layerwise(&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json], dir.path());
+        let out = layerwise(
+            &[&["bisect", "demo.onnx", "--inputs", "samples", "--shard", &shard, "--json", &json][..], &task].concat(),
+            dir.path(),
+        );
         assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
     }
     // Any order of the partials.
@@ -42,6 +49,9 @@ fn four_shards_merged_are_the_single_run_byte_for_byte_apart_from_run_info() {
     let merged = json_without_run_info(&dir.path().join("merged.json"));
     assert_eq!(serde_json::to_string(&full).unwrap(), serde_json::to_string(&merged).unwrap(), "merged = single run");
     assert_eq!(full["samples"]["count"], 7);
+    let answers = &full["answers"][0];
+    assert_eq!((answers["samples"].as_u64(), answers["cases"].as_u64()), (Some(7), Some(56)), "{answers}");
+    assert!(answers["changed_cases"].as_u64() > Some(0), "the loud samples' classes change: {answers}");
     assert_eq!(full["samples"]["worst_sample"], "s1.npz", "the earliest of the equally loud samples");
     assert!(dir.path().join("merged.html").is_file());
     // A partial is not a full report: it says which share it holds.

@@ -233,6 +233,14 @@ def _check_shapes(name: str, value: Any) -> list:
     return out
 
 
+def _check_tasks(name: str, value: Any) -> list:
+    """{"logits": "ctc,blank=0"}: each output's task as `--task OUTPUT:TASK` gives it."""
+    out = []
+    for k, task in _check_mapping(name, value, "a task such as 'classify,topk=5' (a string)").items():
+        out.append([k, _check_str(f"{name}[{k!r}]", task)])
+    return out
+
+
 def _check_ranges(name: str, value: Any) -> list:
     out = []
     for k, pair in _check_mapping(name, value, "a (low, high) pair").items():
@@ -286,6 +294,10 @@ def _check_option(key: str, value: Any) -> Any:
         return _check_names(key, value)
     if key == "max_memory":
         return _check_size(key, value)
+    if key == "task":
+        return _check_tasks(key, value)
+    if key == "target":
+        return _check_str(key, value)
     raise TypeError(f"unexpected option {key!r}")
 
 
@@ -363,6 +375,7 @@ class TensorResult(_Node):
 _OPTIONAL_SECTIONS = frozenset({
     "first_divergent_detail", "worst_output", "search", "isolation", "counterfactual", "memory",
     "samples", "noise_floor", "control_flow", "matching", "repro", "shard", "explorer_ids",
+    "answers", "target",
 })
 
 
@@ -464,19 +477,21 @@ def bisect(
     html: Optional[Union[str, os.PathLike]] = None,
     markdown: Optional[Union[str, os.PathLike]] = None,
     repro: Optional[Union[str, os.PathLike]] = None,
+    task: Optional[Mapping[str, str]] = None,
 ) -> Report:
     """`layerwise bisect`, with the same options (see `layerwise bisect --help`).
 
     `inputs` is a mapping of input name to numpy array (one sample; inputs not given are random,
     seeded, as on the command line), or an iterable of such mappings (a data loader): every
-    sample is run and aggregated as `--inputs DIR` does, without writing files.
+    sample is run and aggregated as `--inputs DIR` does, without writing files. `task` judges
+    outputs by their answers, as `--task` does: {"logits": "ctc,blank=0"}; the report's `answers`.
     """
     model = _check_path("model", model)
     options = _options(
         ref=ref, cand=cand, cand_model=cand_model, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, tensors=tensors, mark=mark, max_memory=max_memory,
         separate_runs=separate_runs, isolate=isolate, counterfactual=counterfactual, noise_floor=noise_floor, keep_control_flow=keep_control_flow,
-        match=match, progress=progress, json=json, html=html, markdown=markdown, repro=repro,
+        match=match, progress=progress, json=json, html=html, markdown=markdown, repro=repro, task=task,
     )
     single, samples = _split_inputs(inputs)
     return Report(_native.bisect(model, options, single, samples))
@@ -498,15 +513,20 @@ def fix(
     max_rounds: int = 12,
     json: Optional[Union[str, os.PathLike]] = None,
     progress: bool = True,
+    task: Optional[Mapping[str, str]] = None,
+    target: str = "elementwise",
 ) -> FixReport:
     """`layerwise fix`: the smallest keep-in-FP32 list that brings every output within tolerance,
     verified, and the fixed model written to `output` when given. `inputs` is one sample (a
     mapping of input name to array) or several (an iterable of such mappings): the keep list must
-    hold on every sample."""
+    hold on every sample. `task` judges outputs by their answers, as `--task` does; with
+    `target="answer"` (or "answer:0.99") the keep list is held to those answers instead of every
+    output's element-wise tolerance, as `--target` does."""
     model = _check_path("model", model)
     options = _options(
         ref=ref, cand=cand, output=output, atol=atol, rtol=rtol, range_tol=range_tol, seed=seed,
         input_shapes=input_shapes, val_ranges=val_ranges, max_rounds=max_rounds, json=json, progress=progress,
+        task=task, target=target,
     )
     single, samples = _split_inputs(inputs)
     return FixReport(_json_loads(_native.fix(model, options, single, samples)))

@@ -13,9 +13,11 @@ use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, Kept
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Precision, RunRequest};
 
-use super::options::{check_fix_outputs, files_written_at, FixOptions, FixOutcome};
+use super::options::{check_fix_outputs, files_written_at, FixOptions, FixOutcome, FixTarget};
 use super::quantized::fix_quantized;
-use super::search::{diagnose, keep_the_breaks, region_search, BreaksKept, Judged, Keeping, Sample, Search};
+use super::search::{
+    diagnose, keep_the_breaks, region_search, AnswerGoal, BreaksKept, Judged, Keeping, Sample, Search,
+};
 use super::summary::{bf16_samples, bf16_whole, num, output_changes, stage_json, summary, Found, LARGE_KEEP_LIST};
 use super::write::{made_by_inlining, trtexec_flags, write_and_check, Writing};
 use crate::keep::KeepRunner;
@@ -53,11 +55,34 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
     if let Some((cm, _)) = &setup.cand_model {
         refuse_unkeepable_candidate_model(cm, &setup.judging)?;
     }
+    let goal = answer_goal(options, &setup.model, &setup.index)?;
     let samples = run_the_reference(&mut setup, &mut steps)?;
     if setup.cand_model.is_some() {
-        return fix_quantized(options, setup, samples, steps);
+        return fix_quantized(options, setup, samples, steps, goal);
     }
-    fix_float(options, &original, &original_index, setup, samples, steps)
+    fix_float(options, &original, &original_index, setup, samples, steps, goal)
+}
+
+/// The outputs judged by their answers (`--task`, or a classifier recognised by its Softmax), and
+/// with `--target answer` the share of their cases that must hold; refused before any run where
+/// the target asks for answers and no output is judged by them.
+fn answer_goal(options: &FixOptions, model: &Model, index: &GraphIndex) -> Result<Option<AnswerGoal>> {
+    let judged = crate::pipeline::answers::judged_outputs(&options.bisect, model, index)?;
+    let share = match options.target {
+        FixTarget::Elementwise => None,
+        FixTarget::Answers { share } => Some(share),
+    };
+    if judged.is_empty() {
+        if share.is_some() {
+            bail!(
+                "fix --target answer: no output of {} is judged by its answers: give --task OUTPUT:TASK (classify, ctc, mask, embedding or detect) for an output ({}); only a Softmax over the last axis of an [N, C] output is recognised as a classifier unasked",
+                options.bisect.model.display(),
+                index.outputs.iter().map(|o| format!("'{o}'")).collect::<Vec<_>>().join(", ")
+            );
+        }
+        return Ok(None);
+    }
+    Ok(Some(AnswerGoal { judged, share }))
 }
 
 /// A candidate model `fix` can keep nodes of: a Q/DQ model, whose nodes are left unquantized.
@@ -140,6 +165,7 @@ fn fix_float(
     setup: Setup,
     samples: Vec<Sample>,
     steps: Steps,
+    goal: Option<AnswerGoal>,
 ) -> Result<FixOutcome> {
     let b = &options.bisect;
     let inlined: Vec<String> =
@@ -193,6 +219,7 @@ fn fix_float(
     let deployed = !keeper.emulated() && crate::pipeline::setup::judged_as_deployed(&b.candidate, true);
     let mut search =
         Search::new(index, samples, order, candidate, Keeping::Float(keeper), judging, weights, steps, deployed);
+    search.goal = goal;
 
     let first = diagnose(&mut search)?;
     let mut keep: Vec<String> = Vec::new();
@@ -217,8 +244,10 @@ fn fix_float(
     let mut stuck = None;
     // An output as sensitive to one rounding of every weight as to the candidate has no small fix:
     // measured where bisect measures it, on the plan bisect makes ([`FloorPlan`]).
+    // Held to the answers, an element-wise floor is no reason to stop: a keep list may still keep
+    // every answer.
     let mut floor = None;
-    if last.1.status == Status::Diverged && b.noise_floor {
+    if last.1.status == Status::Diverged && b.noise_floor && !search.held_to_answers() {
         if let Some(Ok(plan)) = FloorPlan::of(&search.judging, index, &last.1, &last.0) {
             // Timed in run_info, shown as no step of its own (the progress lines stay as they were).
             let started = std::time::Instant::now();
@@ -374,6 +403,11 @@ fn fix_float(
         }
         None => None,
     };
+    // The written file's answers where it was checked, else the last candidate run's.
+    let answers = match &checked {
+        Some(c) if c.check.not_run.is_none() => c.answers.clone(),
+        _ => std::mem::take(&mut search.answers),
+    };
     let summary = summary(&Found {
         index,
         fixed,
@@ -393,6 +427,12 @@ fn fix_float(
             .filter(|_| fixed)
             .map(|c| c.check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max)),
         non_finite_inside: &last.1.non_finite,
+        target: match options.target {
+            FixTarget::Answers { share } => Some(share),
+            FixTarget::Elementwise => None,
+        },
+        answers: &answers,
+        outputs: checked.as_ref().filter(|c| c.check.not_run.is_none()).map_or(&outputs[..], |c| &c.check.outputs[..]),
     });
     let (fixed_model, fixed_model_fp32_nodes, fixed_model_check, fixed_model_load, mut staged) = match checked {
         Some(c) => (c.fixed_model, c.fp32_nodes, Some(c.check), Some(c.load), c.outputs),
@@ -423,6 +463,8 @@ fn fix_float(
         fixed_model_check,
         fixed_model_load,
         other_precision,
+        target: options.target.name(),
+        answers,
         run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
     // Every output of the run, or none: the report staged too, then all moved into place.

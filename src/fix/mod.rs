@@ -13,5 +13,5 @@ mod write;
 
 pub use job::fix;
 pub(crate) use options::keep_list_path;
-pub use options::{check_fix_outputs, FixOptions, FixOutcome};
+pub use options::{check_fix_outputs, FixOptions, FixOutcome, FixTarget};
 pub use write::trtexec_flags;

@@ -18,6 +18,45 @@ pub struct FixOptions {
     pub output: Option<PathBuf>,
     /// Most rounds of adding a pattern before giving up.
     pub max_rounds: usize,
+    /// What the keep list must bring about.
+    pub target: FixTarget,
+}
+
+/// What a keep list must bring about (`--target`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FixTarget {
+    /// Every output within tolerance, element by element (the default).
+    Elementwise,
+    /// The answers of the outputs judged by them (`--task`, or a classifier recognised by its
+    /// Softmax) held on at least `share` of their cases (1: every case); every other output within
+    /// tolerance.
+    Answers { share: f64 },
+}
+
+impl FixTarget {
+    /// `elementwise`, `answer`, or `answer:SHARE` with 0 < SHARE <= 1.
+    pub fn parse(s: &str) -> Result<FixTarget, String> {
+        match s.split_once(':') {
+            None if s == "elementwise" => Ok(FixTarget::Elementwise),
+            None if s == "answer" => Ok(FixTarget::Answers { share: 1.0 }),
+            Some(("answer", share)) => match share.trim().parse::<f64>() {
+                Ok(v) if v > 0.0 && v <= 1.0 => Ok(FixTarget::Answers { share: v }),
+                _ => Err(format!(
+                    "'{s}': the share of cases whose answer must hold is a number above 0 and at most 1 (e.g. answer:0.99)"
+                )),
+            },
+            _ => Err(format!("'{s}' is not a target: elementwise, answer or answer:SHARE (e.g. answer:0.99)")),
+        }
+    }
+
+    /// How the report names it: `answer`, `answer:0.99`; `None` for the element-wise default.
+    pub fn name(&self) -> Option<String> {
+        match self {
+            FixTarget::Elementwise => None,
+            FixTarget::Answers { share } if *share >= 1.0 => Some("answer".into()),
+            FixTarget::Answers { share } => Some(format!("answer:{share}")),
+        }
+    }
 }
 
 pub struct FixOutcome {

@@ -10,13 +10,13 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use layerwise_analysis::{Comparison, QuantizerAlone, Status};
+use layerwise_analysis::{is_weight_output, Comparison, QuantizerAlone, Status};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, ModelCheck, FIX_SCHEMA};
 use layerwise_runtime::{RunRequest, Tensor};
 
 use super::options::{exclusion_list_path, FixOptions, FixOutcome};
-use super::search::{diagnose, Keeping, Sample, Search};
+use super::search::{diagnose, AnswerGoal, Keeping, Sample, Search};
 use super::summary::{output_changes, stage_json};
 use crate::keep::UnquantizedRunner;
 use crate::pipeline::setup::Setup;
@@ -30,6 +30,7 @@ pub(super) fn fix_quantized(
     setup: Setup,
     samples: Vec<Sample>,
     steps: Steps,
+    goal: Option<AnswerGoal>,
 ) -> Result<FixOutcome> {
     let b = &options.bisect;
     let Setup {
@@ -42,6 +43,7 @@ pub(super) fn fix_quantized(
     let keeping = Keeping::Unquantized(runner);
     // A Q/DQ model's outputs are judged as deployed (ONNX Runtime's Q/DQ fusions), as bisect judges them.
     let mut search = Search::new(index, samples, order, candidate, keeping, judging, Vec::new(), steps, true);
+    search.goal = goal;
     let first = diagnose(&mut search)?;
     let mut patterns: Vec<KeptPattern> = Vec::new();
     let mut last = first.clone();
@@ -192,7 +194,7 @@ pub(super) fn fix_quantized(
     cm.save_standalone(&written_proto, &path).with_context(|| format!("writing {}", path.display()))?;
     let written = Model::load(&path)?;
     let written_index = GraphIndex::build(written.graph())?;
-    let (check_outputs, check_pass) = check_as_deployed(
+    let (check_outputs, check_pass, written_answers) = check_as_deployed(
         &mut search,
         deployed_file.as_ref().map_or((cm, ci), |(f, fi)| (f, fi)),
         (&written, &written_index),
@@ -227,12 +229,24 @@ pub(super) fn fix_quantized(
         )
     };
     let family = search.judging.candidate.arithmetic.to_string();
+    // Held to the answers: what the written model keeps, in the model's own terms.
+    let held_to_answers = search.goal.as_ref().and_then(|g| g.share).map(|share| {
+        let others = index
+            .outputs
+            .iter()
+            .any(|o| !is_weight_output(index, o) && !written_answers.iter().any(|a| a.output == *o));
+        super::summary::answers_kept(&written_answers, share, others, &check_outputs)
+    });
     let summary = match (&stuck, fixed) {
-        (_, true) if keep.is_empty() => "every output is within tolerance with nothing left unquantized".to_string(),
+        (_, true) if keep.is_empty() => match &held_to_answers {
+            Some(kept) => format!("with nothing left unquantized, the model {kept}"),
+            None => "every output is within tolerance with nothing left unquantized".to_string(),
+        },
         (_, true) => format!(
-            "leaving {} node{} unquantized brings every output within tolerance, measured on the written model ({}){}{}{}",
+            "leaving {} node{} unquantized {}, measured on the written model ({}){}{}{}",
             keep.len(),
             if keep.len() == 1 { "" } else { "s" },
+            held_to_answers.clone().unwrap_or_else(|| "brings every output within tolerance".to_string()),
             keep.join(", "),
             exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default(),
             form,
@@ -284,6 +298,8 @@ pub(super) fn fix_quantized(
         }),
         fixed_model_load: None,
         other_precision: None,
+        target: options.target.name(),
+        answers: written_answers,
         run_info: layerwise_report::RunInfo::now(search.steps.finish()),
     };
     // Every output of the run, or none: the report staged too, then all moved into place.
@@ -406,7 +422,7 @@ fn check_as_deployed(
     given: (&Model, &GraphIndex),
     written: (&Model, &GraphIndex),
     cand_names: &HashMap<String, String>,
-) -> Result<(Vec<layerwise_report::OutputChange>, bool)> {
+) -> Result<(Vec<layerwise_report::OutputChange>, bool, Vec<layerwise_analysis::AnswerRecord>)> {
     let index = search.index;
     let reference_of: HashMap<&str, &str> =
         cand_names.iter().filter(|(r, _)| index.outputs.contains(r)).map(|(r, c)| (c.as_str(), r.as_str())).collect();
@@ -426,18 +442,27 @@ fn check_as_deployed(
             .into_iter()
             .filter_map(|(c, v)| reference_of.get(c.as_str()).map(|r| (r.to_string(), v)))
             .collect();
-        anyhow::Ok(search.compare_outputs(k, &tensors))
+        anyhow::Ok((search.compare_outputs(k, &tensors), tensors))
     };
     let mut shown = Vec::new();
     let mut pass = true;
+    let mut answers = Vec::new();
     // ((fails, failed before), largest output error) of the sample shown.
     let mut worst: Option<((bool, bool), f64)> = None;
     for k in 0..search.samples.len() {
         let name = search.samples[k].name.clone();
-        let before: Comparison =
+        let (before, _): (Comparison, _) =
             deployed(search, given, k, format!("running the candidate model as deployed ({name})"))?;
-        let after = deployed(search, written, k, format!("running the written model ({name})"))?;
-        let passes = after.outputs_pass(index);
+        let (after, tensors) = deployed(search, written, k, format!("running the written model ({name})"))?;
+        // Held to the answers, a sample passes where they hold (the share is judged over all).
+        let sample = search.goal.as_ref().map(|g| g.sample(index, &after, &search.samples[k].reference, &tensors));
+        let passes = match (&search.goal, &sample) {
+            (Some(goal), Some(sample)) if goal.share.is_some() => !goal.fails(sample),
+            _ => after.outputs_pass(index),
+        };
+        if let Some(sample) = sample {
+            answers.push((name.clone(), sample));
+        }
         let key = (!passes, !before.outputs_pass(index));
         let error = after.largest_error(&index.outputs);
         if worst.is_none_or(|(k, e)| key > k || (key == k && error > e)) {
@@ -446,7 +471,15 @@ fn check_as_deployed(
         }
         pass &= passes;
     }
-    Ok((shown, pass))
+    let mut records = Vec::new();
+    if let Some(goal) = &search.goal {
+        let (met, over) = goal.over(&answers);
+        records = over;
+        if goal.share.is_some() {
+            pass = met;
+        }
+    }
+    Ok((shown, pass, records))
 }
 
 /// The nodes to leave unquantized as the quantizers take them: ONNX Runtime's `quantize_static`

@@ -6,12 +6,14 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Result};
-use layerwise_analysis::{is_weight_output, verdict_order, Comparison, Status, Verdict, WEIGHT_OUTPUT};
+use layerwise_analysis::answers::AnswerCheck;
+use layerwise_analysis::{is_weight_output, verdict_order, AnswerRecord, Comparison, Status, Verdict, WEIGHT_OUTPUT};
 use layerwise_model::{GraphIndex, Selection, WeightRange};
 use layerwise_report::{FixStage, KeptPattern, Round};
 use layerwise_runtime::{Backend, Tensor};
 
 use crate::keep::{HeldRun, KeepRunner, UnquantizedRunner};
+use crate::pipeline::answers::{answers_hold, check_tensors, records, Judged as JudgedOutput};
 use crate::pipeline::setup::Judging;
 use crate::pipeline::with_deployed_outputs;
 use crate::pipeline::Steps;
@@ -66,6 +68,64 @@ pub(super) struct Search<'a> {
     /// evaluation): its outputs are judged as deployed, only they asked for, as bisect judges them
     /// ([`with_deployed_outputs`]).
     deployed: bool,
+    /// Where the keep list is held to the answers (`--target answer`): a trial passes when they
+    /// hold, whatever the element-wise errors of the outputs they judge.
+    pub goal: Option<AnswerGoal>,
+    /// The answers of the last trial over its samples (empty without judged outputs).
+    pub answers: Vec<AnswerRecord>,
+}
+
+/// The outputs judged by their answers, and for `--target answer` the share of each one's cases
+/// that must hold.
+pub(super) struct AnswerGoal {
+    pub judged: Vec<JudgedOutput>,
+    /// `None`: the answers are reported, the keep list is held to the element-wise tolerance.
+    pub share: Option<f64>,
+}
+
+/// One sample's answers, and whether its outputs not judged by answers are within tolerance.
+pub(super) struct SampleAnswers {
+    answers: Vec<(String, Result<AnswerCheck, String>)>,
+    others_pass: bool,
+}
+
+impl AnswerGoal {
+    /// Sample run `candidate` (whole tensors, outputs named as the model's) judged by its answers
+    /// against `reference`; `comparison` gives the element-wise pass of the other outputs.
+    pub(super) fn sample(
+        &self,
+        index: &GraphIndex,
+        comparison: &Comparison,
+        reference: &HashMap<String, Tensor>,
+        candidate: &HashMap<String, Tensor>,
+    ) -> SampleAnswers {
+        let answers = check_tensors(&self.judged, reference, candidate);
+        let judged: std::collections::HashSet<&str> = answers.iter().map(|(o, _)| o.as_str()).collect();
+        let others_pass = index
+            .outputs
+            .iter()
+            .filter(|o| !is_weight_output(index, o) && !judged.contains(o.as_str()))
+            .all(|o| comparison.get(o).is_some_and(|r| r.pass));
+        SampleAnswers { answers, others_pass }
+    }
+
+    /// Whether a sample fails the target on its own: an answer changed or not judged, or another
+    /// output out of tolerance.
+    pub(super) fn fails(&self, sample: &SampleAnswers) -> bool {
+        !sample.others_pass || sample.answers.iter().any(|(_, c)| !c.as_ref().is_ok_and(AnswerCheck::held))
+    }
+
+    /// Over the samples (name, answers): whether the target holds (always false where the keep
+    /// list is held to the element-wise tolerance: the caller's status stands), and the record of
+    /// each judged output.
+    pub(super) fn over(&self, samples: &[(String, SampleAnswers)]) -> (bool, Vec<AnswerRecord>) {
+        let views: Vec<(&str, &[(String, Result<AnswerCheck, String>)])> =
+            samples.iter().map(|(n, s)| (n.as_str(), s.answers.as_slice())).collect();
+        let records = records(&self.judged, &views, samples.len() > 1);
+        let met =
+            self.share.is_some_and(|share| answers_hold(&records, share)) && samples.iter().all(|(_, s)| s.others_pass);
+        (met, records)
+    }
 }
 
 impl<'a> Search<'a> {
@@ -94,7 +154,14 @@ impl<'a> Search<'a> {
             rounds: Vec::new(),
             steps,
             deployed,
+            goal: None,
+            answers: Vec::new(),
         }
+    }
+
+    /// Whether the keep list is held to the answers rather than the element-wise tolerance.
+    pub(super) fn held_to_answers(&self) -> bool {
+        self.goal.as_ref().is_some_and(|g| g.share.is_some())
     }
 
     /// Candidate runs with `keep` at reference precision, one per sample, recorded as a round of
@@ -106,7 +173,8 @@ impl<'a> Search<'a> {
             Keeping::Float(_) => format!("keeping {} in FP32", nodes(keep.len())),
             Keeping::Unquantized(_) => format!("leaving {} unquantized", nodes(keep.len())),
         };
-        let mut worst: Option<(usize, Judged)> = None;
+        let mut worst: Option<(usize, bool, Judged)> = None;
+        let mut per_sample = Vec::new();
         for k in 0..self.samples.len() {
             let label = match self.samples.len() {
                 1 => format!("candidate run {} ({how})", self.runs),
@@ -139,9 +207,10 @@ impl<'a> Search<'a> {
                 }
             })?;
             // A run to compute the next from (kept FP32), or the tensors alone (left unquantized).
-            let judged = match run {
+            let (judged, answers) = match run {
                 Ok(run) => {
                     let judged = self.judge(k, run.tensor_map(), as_deployed.as_ref());
+                    let answers = self.answers_of(k, &judged.0, as_deployed.as_ref().unwrap_or(run.tensor_map()));
                     if matches!(&self.keeping, Keeping::Float(keeper) if keeper.emulated()) {
                         let runs = &mut self.samples[k].runs;
                         runs.push(run);
@@ -149,15 +218,40 @@ impl<'a> Search<'a> {
                             runs.remove(0);
                         }
                     }
-                    judged
+                    (judged, answers)
                 }
-                Err(tensors) => self.judge(k, &tensors, as_deployed.as_ref()),
+                Err(tensors) => {
+                    let judged = self.judge(k, &tensors, as_deployed.as_ref());
+                    let answers = self.answers_of(k, &judged.0, as_deployed.as_ref().unwrap_or(&tensors));
+                    (judged, answers)
+                }
             };
-            if worst.as_ref().is_none_or(|(_, so_far)| worse(&judged, so_far, self.index)) {
-                worst = Some((k, judged));
+            // Held to the answers, a sample whose answer changed is worse than any that held (the
+            // walk then reads a run where the target fails).
+            let fails = match (&self.goal, &answers) {
+                (Some(goal), Some(a)) if goal.share.is_some() => goal.fails(a),
+                _ => false,
+            };
+            let replaces = match &worst {
+                None => true,
+                Some((_, f, _)) if fails != *f => fails,
+                Some((_, _, so_far)) => worse(&judged, so_far, self.index),
+            };
+            if replaces {
+                worst = Some((k, fails, judged));
+            }
+            if let Some(a) = answers {
+                per_sample.push((self.samples[k].name.clone(), a));
             }
         }
-        let (k, judged) = worst.expect("at least one sample");
+        let (k, _, mut judged) = worst.expect("at least one sample");
+        if let Some(goal) = &self.goal {
+            let (met, records) = goal.over(&per_sample);
+            self.answers = records;
+            if goal.share.is_some() {
+                judged.1.status = if met { Status::Pass } else { Status::Diverged };
+            }
+        }
         self.judged = k;
         self.rounds.push(Round {
             stage,
@@ -167,6 +261,17 @@ impl<'a> Search<'a> {
             first_divergent: judged.1.first_divergent.as_ref().map(|f| f.node.clone()),
         });
         Ok(judged)
+    }
+
+    /// Sample `k`'s answers in a run whose outputs are `outputs`, where outputs are judged by them.
+    fn answers_of(
+        &self,
+        k: usize,
+        comparison: &Comparison,
+        outputs: &HashMap<String, Tensor>,
+    ) -> Option<SampleAnswers> {
+        let goal = self.goal.as_ref()?;
+        Some(goal.sample(self.index, comparison, &self.samples[k].reference, outputs))
     }
 
     /// Drops the latest run of each sample from those held to compute the next from (a trial whose

@@ -142,6 +142,12 @@ pub(super) struct Found<'a> {
     pub fixed_error: Option<f64>,
     /// The inf/NaN the last candidate run (with the keep list) held, by tensor.
     pub non_finite_inside: &'a [layerwise_analysis::NonFiniteTensor],
+    /// Held to the answers (`--target answer`): the share of cases that must hold.
+    pub target: Option<f64>,
+    /// The answers of the outputs judged by them (the written model's where it was checked).
+    pub answers: &'a [layerwise_analysis::AnswerRecord],
+    /// Every output before and after (the written model's check where made).
+    pub outputs: &'a [OutputChange],
 }
 
 /// "12x", or "more than" where the ratio is not a finite number.
@@ -152,6 +158,49 @@ fn times(larger: f64, smaller: f64) -> String {
     } else {
         "more than".to_string()
     }
+}
+
+/// What a keep list held to the answers brings about (`--target answer`): "keeps the answers of
+/// 'logits' (ctc) unchanged on every case (12 cases)", with the other outputs' tolerance where
+/// there are others, and the judged outputs still outside their element-wise tolerance named.
+pub(super) fn answers_kept(
+    answers: &[layerwise_analysis::AnswerRecord],
+    share: f64,
+    others: bool,
+    outputs: &[OutputChange],
+) -> String {
+    let each: Vec<String> = answers
+        .iter()
+        .map(|a| {
+            let how = if a.changed_cases == 0 {
+                format!("on every case ({} case{})", a.cases, if a.cases == 1 { "" } else { "s" })
+            } else {
+                format!(
+                    "on {} of {} cases (the target: at least {}%)",
+                    a.cases - a.changed_cases,
+                    a.cases,
+                    share * 100.0
+                )
+            };
+            format!("'{}' ({}) unchanged {how}", a.output, a.task)
+        })
+        .collect();
+    let outside: Vec<String> = outputs
+        .iter()
+        .filter(|o| !o.after_pass && answers.iter().any(|a| a.output == o.name))
+        .map(|o| format!("'{}' (relative L2 {})", o.name, num(o.after_rel_l2)))
+        .collect();
+    format!(
+        "keeps the answer{} of {}{}{}",
+        if answers.len() == 1 { "" } else { "s" },
+        each.join(", "),
+        if others { ", and every other output within tolerance" } else { "" },
+        if outside.is_empty() {
+            String::new()
+        } else {
+            format!(" (element-wise, {} stays outside tolerance: the answers were the target)", outside.join(", "))
+        }
+    )
 }
 
 /// The summary sentence of an FP16 or BF16 fix.
@@ -207,15 +256,26 @@ pub(super) fn summary(found: &Found) -> String {
     }
     let compared = if weight_outputs.is_empty() { "" } else { " compared" };
     let low_name = if low == Precision::Bf16 { "BF16" } else { "FP16" };
+    let held_to_answers = found.target.map(|share| {
+        let others =
+            index.outputs.iter().any(|o| !is_weight_output(index, o) && !found.answers.iter().any(|a| a.output == *o));
+        answers_kept(found.answers, share, others, found.outputs)
+    });
     let mut summary = if fixed && keep.is_empty() {
-        format!("all{compared} outputs are within tolerance in {low_name}; nothing to keep in FP32{by_converter}")
+        match &held_to_answers {
+            Some(kept) => format!("{low_name} with nothing kept {kept}; nothing to keep in FP32{by_converter}"),
+            None => format!(
+                "all{compared} outputs are within tolerance in {low_name}; nothing to keep in FP32{by_converter}"
+            ),
+        }
     } else if fixed {
         format!(
-            "keeping {} of {} nodes in FP32 ({}{}) brings every{compared} output within tolerance{}, in the emulation and in the written model's own types; found in {runs} candidate runs{by_converter}{bf16_note}",
+            "keeping {} of {} nodes in FP32 ({}{}) {}{}, in the emulation and in the written model's own types; found in {runs} candidate runs{by_converter}{bf16_note}",
             keep.len(),
             index.nodes.len(),
             keep_list_summary(patterns),
             if inside_kept_whole > 0 { format!("; the control flow kept whole holds {inside_kept_whole} more nodes in its bodies, all FP32 too") } else { String::new() },
+            held_to_answers.clone().unwrap_or_else(|| format!("brings every{compared} output within tolerance")),
             if samples > 1 { format!(" on every one of the {samples} samples") } else { String::new() },
         )
     } else {

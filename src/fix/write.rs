@@ -59,12 +59,15 @@ impl Writing<'_> {
 /// The written file at `path`, read back and evaluated in its own types on every sample: it must
 /// hold on each. The worst sample's outputs (the first failing one, else the largest error, by
 /// bisect's order of samples), or why the evaluation could not run.
-fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, Comparison)>, String>> {
+/// Where outputs are judged by their answers, their record over the samples too; held to the
+/// answers (`--target answer`), the file passes where they hold.
+fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<TypedCheck>, String>> {
     let written = Model::load(path)?;
     let wi = GraphIndex::build(written.graph())?;
     let mut typed = layerwise_runtime::typed::TypedBackend::new(&layerwise_runtime::BackendSpec::ort_cpu(), None);
     let outputs = &search.index.outputs;
     let mut worst: Option<(bool, Comparison)> = None;
+    let mut answers = Vec::new();
     for k in 0..search.samples.len() {
         let request = RunRequest {
             model: &written,
@@ -77,13 +80,37 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<(bool, Comp
             Err(e) => return Ok(Err(e.to_string())),
         };
         let comparison = search.compare_outputs(k, &out.tensors);
-        let pass = comparison.outputs_pass(search.index);
+        let sample = search
+            .goal
+            .as_ref()
+            .map(|g| g.sample(search.index, &comparison, &search.samples[k].reference, &out.tensors));
+        let pass = match (&search.goal, &sample) {
+            (Some(goal), Some(sample)) if goal.share.is_some() => !goal.fails(sample),
+            _ => comparison.outputs_pass(search.index),
+        };
+        if let Some(sample) = sample {
+            answers.push((search.samples[k].name.clone(), sample));
+        }
         let key = |pass: bool, c: &Comparison| (!pass, c.largest_error(outputs));
         if worst.as_ref().is_none_or(|(p, c)| verdict_order(key(pass, &comparison), key(*p, c)).is_gt()) {
             worst = Some((pass, comparison));
         }
     }
-    Ok(Ok(worst))
+    Ok(Ok(worst.map(|(pass, comparison)| match &search.goal {
+        Some(goal) => {
+            let (met, records) = goal.over(&answers);
+            TypedCheck { pass: if goal.share.is_some() { met } else { pass }, comparison, answers: records }
+        }
+        None => TypedCheck { pass, comparison, answers: Vec::new() },
+    })))
+}
+
+/// The written file's evaluation in its own types: whether it holds on every sample, the worst
+/// sample's outputs, and the answers' record where outputs are judged by them.
+struct TypedCheck {
+    pass: bool,
+    comparison: Comparison,
+    answers: Vec<layerwise_analysis::AnswerRecord>,
 }
 
 /// What the written file's checks found.
@@ -99,6 +126,8 @@ pub(super) struct Checked {
     pub load: LoadCheck,
     /// Why the written file is no fix, where it is not.
     pub failure: Option<String>,
+    /// The written file's answers over the samples, where outputs are judged by them.
+    pub answers: Vec<layerwise_analysis::AnswerRecord>,
 }
 
 /// The file for `keep` written (or the one `beside` wrote for that list already, with its time),
@@ -140,14 +169,18 @@ pub(super) fn write_and_check(
     let checked = typed_check(search, &writing.path)?;
     search.steps.record("evaluating the fixed model in its own types", started.elapsed().as_secs_f64());
     let structural_problems = check_float_types(&conversion.proto, &writing.float);
+    let mut answers = Vec::new();
     let check = match checked {
-        Ok(Some((pass, comparison))) => ModelCheck {
-            backend,
-            structural_problems,
-            outputs: output_changes(index, first, &comparison),
-            pass,
-            not_run: None,
-        },
+        Ok(Some(TypedCheck { pass, comparison, answers: records })) => {
+            answers = records;
+            ModelCheck {
+                backend,
+                structural_problems,
+                outputs: output_changes(index, first, &comparison),
+                pass,
+                not_run: None,
+            }
+        }
         Ok(None) => ModelCheck {
             backend,
             structural_problems,
@@ -174,8 +207,14 @@ pub(super) fn write_and_check(
             .map(|o: &OutputChange| format!("'{}' rel L2 {}", o.name, num(o.after_rel_l2)))
             .collect();
         // A model that does not hold is not written (its staging folder goes with it).
+        let changed: Vec<String> =
+            answers.iter().filter(|a| a.changed_cases > 0 || a.not_judged.is_some()).map(|a| a.line()).collect();
         Some(match &check.not_run {
             Some(why) => format!("the candidate passes with this keep list, but the written model could not be checked in its own types: {why}"),
+            None if search.held_to_answers() && !changed.is_empty() => format!(
+                "the candidate's answers hold with this keep list, but the written model's, evaluated in its own types, do not: {}",
+                changed.join("; ")
+            ),
             None => format!(
                 "the candidate passes with this keep list, but the written model, evaluated in its own types, fails: {}",
                 if worst.is_empty() { "its outputs are out of tolerance".to_string() } else { worst.join(", ") }
@@ -197,7 +236,7 @@ pub(super) fn write_and_check(
         }
         None
     };
-    Ok(Checked { fixed_model, outputs, fp32_nodes: conversion.fp32_nodes, check, load, failure })
+    Ok(Checked { fixed_model, outputs, fp32_nodes: conversion.fp32_nodes, check, load, failure, answers })
 }
 
 /// A fix's outputs, written in full beside their destinations and moved there together once every

@@ -7,6 +7,7 @@ use anyhow::{bail, Result};
 use layerwise_analysis::answers::{check, AnswerCheck, Task};
 use layerwise_analysis::AnswerRecord;
 use layerwise_model::{GraphIndex, Model};
+use layerwise_runtime::Tensor;
 
 use super::options::BisectOptions;
 
@@ -27,7 +28,7 @@ pub fn parse_task(s: &str) -> Result<(String, layerwise_analysis::answers::Task)
 
 /// An output judged by its answers.
 #[derive(Debug, Clone)]
-pub(super) struct Judged {
+pub(crate) struct Judged {
     pub output: String,
     pub task: Task,
     pub because: String,
@@ -38,7 +39,7 @@ pub(super) struct Judged {
 
 /// The outputs `options` asks to judge by their answers, and the classifiers recognised: a model
 /// output computed by a Softmax over its last axis (checked to be [N, C] when its values come).
-pub(super) fn judged_outputs(options: &BisectOptions, model: &Model, index: &GraphIndex) -> Result<Vec<Judged>> {
+pub(crate) fn judged_outputs(options: &BisectOptions, model: &Model, index: &GraphIndex) -> Result<Vec<Judged>> {
     let mut judged = Vec::new();
     for (output, task) in &options.tasks {
         if !index.outputs.contains(output) {
@@ -108,9 +109,13 @@ pub(super) fn check_sample(
 
 /// The record of each judged output over the samples compared: `samples` is (name, that sample's
 /// answers) in the order compared.
-pub(super) fn records(
+///
+/// `several`: whether the whole set holds more than one sample (a shard's partial report may
+/// hold one of many): then each line and each changed sample is named.
+pub(crate) fn records(
     judged: &[Judged],
     samples: &[(&str, &[(String, Result<AnswerCheck, String>)])],
+    several: bool,
 ) -> Vec<AnswerRecord> {
     judged
         .iter()
@@ -130,7 +135,6 @@ pub(super) fn records(
                         record.samples += 1;
                         record.cases += c.cases;
                         record.changed_cases += c.changed.len();
-                        let several = samples.len() > 1;
                         let detail = if several { format!("sample {name}: {}", c.detail) } else { c.detail.clone() };
                         first.get_or_insert_with(|| detail.clone());
                         if !c.held() {
@@ -143,7 +147,7 @@ pub(super) fn records(
                         }
                     }
                     Err(why) => {
-                        let why = if samples.len() > 1 { format!("sample {name}: {why}") } else { why.clone() };
+                        let why = if several { format!("sample {name}: {why}") } else { why.clone() };
                         record.not_judged.get_or_insert(why);
                     }
                 }
@@ -160,4 +164,40 @@ pub(super) fn records(
             Some(record)
         })
         .collect()
+}
+
+/// The values of each judged output that both runs returned in one shape (`Compared::output_values`).
+pub(super) fn keep_judged_values(
+    judged: &[Judged],
+    reference: &HashMap<String, Tensor>,
+    candidate: &HashMap<String, Tensor>,
+    into: &mut HashMap<String, layerwise_analysis::KeptValues>,
+) {
+    for j in judged {
+        if let (Some(r), Some(c)) = (reference.get(&j.output), candidate.get(&j.output)) {
+            if r.shape == c.shape {
+                into.insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
+            }
+        }
+    }
+}
+
+/// One sample's answers from both sides' whole tensors (a run of the model, or of a written file
+/// whose outputs keep the model's names).
+pub(crate) fn check_tensors(
+    judged: &[Judged],
+    reference: &HashMap<String, Tensor>,
+    candidate: &HashMap<String, Tensor>,
+) -> Vec<(String, Result<AnswerCheck, String>)> {
+    let mut values = HashMap::new();
+    keep_judged_values(judged, reference, candidate, &mut values);
+    check_sample(judged, &values, "(a side did not return it, or the two sides' shapes differ)")
+}
+
+/// Whether the answers over the samples hold on at least `share` of each judged output's cases
+/// (1: every case); an output whose answers could not be judged does not hold.
+pub(crate) fn answers_hold(records: &[AnswerRecord], share: f64) -> bool {
+    records.iter().all(|r| {
+        r.not_judged.is_none() && r.cases > 0 && (r.changed_cases as f64) <= (1.0 - share) * r.cases as f64 + 1e-9
+    })
 }

@@ -274,12 +274,12 @@ fn run_bisect(
     job.paired_session = None;
     layerwise_runtime::release_freed_memory();
     layerwise_runtime::timing_mark(|| "paired session dropped".into());
-    // Did the answer change: over the samples this run compared (a shard's partial report leaves
-    // it to no one yet: `merge` does not read answers).
-    if queue.is_none() && options.shard.is_none() {
+    // Did the answer change: over the samples this run compared (a shard's own, which `merge`
+    // adds up over the shards).
+    if queue.is_none() {
         let answered: Vec<(&str, &[_])> =
             per_sample.iter().map(|s| (s.name.as_str(), s.compared.answers.as_slice())).collect();
-        extras.answers = super::answers::records(&job.judged, &answered);
+        extras.answers = super::answers::records(&job.judged, &answered, total_samples > 1);
     }
     let chosen = match queue {
         None => choose_sample(

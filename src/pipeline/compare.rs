@@ -405,7 +405,12 @@ impl<'a> Job<'a> {
                         })?;
                     (ref_out, cand_out)
                 };
-            keep_judged_values(&self.judged, &ref_out.tensors, &cand_out.tensors, &mut result.output_values);
+            super::answers::keep_judged_values(
+                &self.judged,
+                &ref_out.tensors,
+                &cand_out.tensors,
+                &mut result.output_values,
+            );
             let order: Vec<String> =
                 group.iter().chain(&self.index.outputs).filter(|t| attempted.insert(t.to_string())).cloned().collect();
             let mut comparison = steps.run("comparing tensors", || {
@@ -514,7 +519,7 @@ impl Job<'_> {
             differs.iter().map(|(name, a, b)| format!("'{name}' {a:.2e} as deployed, {b:.2e} exposed")).collect();
         compared.deployed_differs.extend(differs);
         // The answers are the deployed run's too.
-        keep_judged_values(&self.judged, &ref_out, &cand_out.tensors, &mut compared.output_values);
+        super::answers::keep_judged_values(&self.judged, &ref_out, &cand_out.tensors, &mut compared.output_values);
         let outputs = model_outputs(&self.index);
         // What the report shows of an output (its tensors, its histogram) is the deployed run's too.
         if let Some((r, c)) = &mut compared.tensors {
@@ -556,22 +561,6 @@ impl Job<'_> {
                 "ONNX Runtime's graph fusions, such as a decomposed LayerNorm fused into one kernel that sums in float32",
                 "fusions blocked",
             )
-        }
-    }
-}
-
-/// The values of each judged output that both runs returned in one shape (`Compared::output_values`).
-fn keep_judged_values(
-    judged: &[super::answers::Judged],
-    reference: &HashMap<String, Tensor>,
-    candidate: &HashMap<String, Tensor>,
-    into: &mut HashMap<String, layerwise_analysis::KeptValues>,
-) {
-    for j in judged {
-        if let (Some(r), Some(c)) = (reference.get(&j.output), candidate.get(&j.output)) {
-            if r.shape == c.shape {
-                into.insert(j.output.clone(), (r.shape.clone(), r.to_f32().to_vec(), c.to_f32().to_vec()));
-            }
         }
     }
 }

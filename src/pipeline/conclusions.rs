@@ -412,6 +412,22 @@ pub(super) fn quantizers_alone_lines(
             }
         ));
     }
+    if let Some(left) = found.at_fault_left_out {
+        let removed = (found.together - left).max(0.0);
+        out.push(format!(
+            "the {} quantizers at fault left out together (every other quantizer on, measured) take '{}' from rel L2 {} to {}: {} of it; each share above is measured with the others on, so the shares overlap and do not add up{}",
+            at_fault.len(),
+            found.output,
+            n(found.together),
+            n(left),
+            share(removed),
+            if removed < 0.5 * found.together {
+                "; the rest comes through the quantizers not at fault and the weights"
+            } else {
+                ""
+            }
+        ));
+    }
     if found.together < 0.5 * found.candidate_error && found.weights_together.is_none() {
         out.push(format!(
             "the activation quantizers together give {}, less than half the candidate's {}: the rest is the quantized weights' rounding or the integer kernels' arithmetic, not measured one at a time",

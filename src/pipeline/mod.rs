@@ -1,7 +1,7 @@
 //! The bisect job: its stages, each a file (docs/architecture.md). `bisect.rs` runs them in order;
 //! this file only names the modules and what the rest of the crate uses.
 
-mod answers;
+pub(crate) mod answers;
 mod bisect;
 mod compare;
 mod conclusions;

@@ -187,7 +187,7 @@ pub(crate) fn measure(
     // stable sort keeps it).
     let weight = |q: &QuantizerAlone| q.error.max(q.removed_from(together));
     each.sort_by(|a, b| weight(b).total_cmp(&weight(a)));
-    Ok(Some(QuantizersAlone {
+    let mut found = QuantizersAlone {
         output: output.to_string(),
         together,
         candidate_error,
@@ -195,7 +195,18 @@ pub(crate) fn measure(
         weights_together,
         each,
         not_measured,
-    }))
+        at_fault_left_out: None,
+    };
+    // Each share is measured with the others on, so they overlap: where several are at fault,
+    // leaving all of them out at once is measured too (one run), never added up.
+    if chosen.len() == measured.len() {
+        let at_fault: std::collections::HashSet<&str> = found.at_fault().map(|q| q.node.as_str()).collect();
+        if at_fault.len() > 1 {
+            let off: Vec<bool> = chosen.iter().map(|&i| at_fault.contains(nodes[i].0.as_str())).collect();
+            found.at_fault_left_out = Some(error(&run(&|s| !off[s])?.to_f32()));
+        }
+    }
+    Ok(Some(found))
 }
 
 /// The Q/DQ candidate with every activation quantizer taken out: each DequantizeLinear that reads

@@ -158,3 +158,43 @@ def test_a_quantized_cand_model_without_cand_runs_as_deployed_as_on_the_command_
     # A float cand_model keeps the FP16 emulation.
     r = layerwise.bisect(tmp_path / "m.onnx", cand_model=tmp_path / "m.onnx", val_ranges={"x": (-1, 1)}, progress=False)
     assert r.to_dict()["cand"]["spec"] == "sim:fp16"
+
+
+def ctc_head(path):
+    """A CTC head whose decoded string FP16 changes under an element-wise PASS (tests/answers.rs):
+    step 2's scores 1.0002 and 1.0004 round to one value, and the first class wins."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = np.array(
+        [[0, 0, 3], [3, 0, 0], [0, 1.0002, 1.0004], [3, 0, 0], [0, 3, 0]], dtype=np.float32
+    ).reshape(1, 5, 3)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "table"], ["logits"], name="scores")],
+        "ctc",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 5, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(table, "table")],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_task_and_the_fix_held_to_the_answer(tmp_path):
+    """Issue 56: `task` as --task, `target` as fix --target."""
+    model = tmp_path / "ctc.onnx"
+    ctc_head(model)
+    x = {"x": np.zeros((1, 5, 3), np.float32)}
+    r = layerwise.bisect(model, inputs=x, task={"logits": "ctc,blank=0"}, progress=False)
+    assert r.status == "pass"
+    assert (r.answers[0].output, r.answers[0].task, r.answers[0].changed_cases) == ("logits", "ctc", 1)
+    # Without a task there are no answers, and saying so is None.
+    assert layerwise.bisect(model, inputs=x, progress=False).answers is None
+    elementwise = layerwise.fix(model, inputs=x, task={"logits": "ctc"}, progress=False)
+    assert elementwise.keep_fp32 == [] and elementwise.answers[0].changed_cases == 1
+    held = layerwise.fix(model, inputs=x, task={"logits": "ctc"}, target="answer", progress=False)
+    assert held.status == "fixed", held.summary
+    assert (held.target, held.keep_fp32, held.answers[0].changed_cases) == ("answer", ["scores"], 0)
+    with pytest.raises(ValueError, match="at most 1"):
+        layerwise.fix(model, inputs=x, task={"logits": "ctc"}, target="answer:2", progress=False)
+    with pytest.raises(ValueError, match="is not OUTPUT:TASK|not a task|task"):
+        layerwise.bisect(model, inputs=x, task={"logits": "guess"}, progress=False)

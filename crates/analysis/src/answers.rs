@@ -217,11 +217,13 @@ fn classify(shape: &[usize], reference: &[f32], candidate: &[f32], topk: usize) 
     }
     let cases = reference.len() / classes;
     let smallest = margins.iter().copied().fold(f64::INFINITY, f64::min);
+    // A top-k set of one class, or of every class, says nothing the top-1 count does not.
+    let topk = if k > 1 && k < classes { format!("; top-{k} set changed in {topk_changed}") } else { String::new() };
     let detail = if changed.is_empty() {
-        format!("top-1 class the same in {cases} of {cases}; top-{k} set changed in {topk_changed}")
+        format!("top-1 class the same in {cases} of {cases}{topk}")
     } else {
         format!(
-            "top-1 class changed in {} of {cases} (smallest margin between the reference's first two: {smallest:.3e}); top-{k} set changed in {topk_changed}",
+            "top-1 class changed in {} of {cases} (smallest margin between the reference's first two: {smallest:.3e}){topk}",
             changed.len()
         )
     };

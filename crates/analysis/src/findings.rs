@@ -224,6 +224,13 @@ pub struct QuantizersAlone {
     pub weights_together: Option<f64>,
     /// Each measured quantizer alone, the largest error first.
     pub each: Vec<QuantizerAlone>,
+    /// The output's relative L2 error with every quantizer at fault left out together and every
+    /// other quantizer on: what leaving all of them out removes, measured (their shares, each
+    /// measured with the others on, overlap). `None` with fewer than two at fault, or where not
+    /// every quantizer was switched.
+    #[serde(default, with = "crate::num::option_finite", skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<FiniteOrString>")]
+    pub at_fault_left_out: Option<f64>,
     /// Quantizers not measured, with the reason (float8, no reference tensor by that value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub not_measured: Vec<(String, String)>,
@@ -588,6 +595,7 @@ mod quantizers_at_fault {
     #[test]
     fn a_quantizer_whose_leaving_out_removes_half_is_at_fault_though_small_alone() {
         let found = QuantizersAlone {
+            at_fault_left_out: None,
             output: "y".into(),
             together: 0.614,
             candidate_error: 0.367,

@@ -96,6 +96,9 @@ struct Options {
     repro: Option<PathBuf>,
     output: Option<PathBuf>,
     max_rounds: Option<usize>,
+    /// (output, task) as `--task OUTPUT:TASK` gives them.
+    task: Vec<(String, String)>,
+    target: Option<String>,
 }
 
 /// The options of `options_json`, or an error naming the option at fault and what it takes (the
@@ -189,6 +192,12 @@ fn bisect_options(
     b.outputs.html = o.html.clone();
     b.outputs.markdown = o.markdown.clone();
     b.repro = o.repro.clone();
+    for (output, task) in &o.task {
+        b.tasks.push(
+            layerwise::pipeline::parse_task(&format!("{output}:{task}"))
+                .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("task[{output:?}]: {e}")))?,
+        );
+    }
     Ok(b)
 }
 
@@ -256,7 +265,9 @@ fn fix(
     let mut bisect = bisect_options(model, &o, arrays(inputs)?, samples)?;
     bisect.outputs = layerwise_report::Outputs { json: o.json.clone(), ..Default::default() };
     bisect.holds_reference_tensors = true;
-    let options = FixOptions { bisect, output: o.output.clone(), max_rounds: o.max_rounds.unwrap_or(12) };
+    let target = layerwise::fix::FixTarget::parse(o.target.as_deref().unwrap_or("elementwise"))
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("target: {e}")))?;
+    let options = FixOptions { bisect, output: o.output.clone(), max_rounds: o.max_rounds.unwrap_or(12), target };
     interruptible(py, move || {
         let outcome = run_fix(&options)?;
         Ok(serde_json::to_string(&outcome.report)?)

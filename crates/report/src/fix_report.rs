@@ -166,6 +166,16 @@ pub struct FixReport {
     /// (`sim:bf16`, nothing kept) and judged by BF16's tolerances on every sample, measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub other_precision: Option<OtherPrecision>,
+    /// What the keep list was held to, where not every output's element-wise tolerance (`fix
+    /// --target`): `answer` (every case of each output judged by its answers unchanged; the other
+    /// outputs within tolerance), or `answer:SHARE` (at least that share of each one's cases).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// The answers of the outputs judged by them (`--task`, or a classifier recognised by its
+    /// Softmax), over the samples: of the written model where it was checked, else of the last
+    /// candidate run. Empty where no output is judged by its answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<layerwise_analysis::AnswerRecord>,
     pub run_info: RunInfo,
 }
 
@@ -247,6 +257,22 @@ pub fn render_fix_terminal(r: &FixReport, precision: &str) -> String {
             num(o.after_rel_l2),
             if o.after_pass { "pass" } else { "FAIL" }
         );
+    }
+    // The answers of the outputs judged by them: the written model's where it was checked.
+    if !r.answers.is_empty() {
+        let whose = if r.fixed_model_check.as_ref().is_some_and(|c| c.not_run.is_none()) {
+            "the written model"
+        } else {
+            "the last candidate run"
+        };
+        let held_to = match &r.target {
+            Some(target) => format!("the keep list was held to them: --target {target}"),
+            None => "the keep list was held to the element-wise tolerance".to_string(),
+        };
+        let _ = writeln!(out, "  answers of {whose} ({held_to}):");
+        for a in &r.answers {
+            let _ = writeln!(out, "    {}", a.line());
+        }
     }
     if !r.trtexec_flags.is_empty() {
         let _ = writeln!(out, "  TensorRT 10 (weakly typed): trtexec --onnx=MODEL {}", r.trtexec_flags);
