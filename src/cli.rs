@@ -153,8 +153,9 @@ struct FixArgs {
     #[arg(long)]
     json: Option<PathBuf>,
     /// Most rounds (candidate runs that add to the keep set) before giving up; a quantized
-    /// candidate's search over its quantizers (a bisection of a few runs) counts its runs. 0: no
-    /// search.
+    /// candidate's search over its quantizers (a bisection of a few runs) counts its runs, and
+    /// stops there with the passing set it has. The prune runs that drop from a passing set are
+    /// not counted. 0: no search.
     #[arg(long, default_value_t = 12)]
     max_rounds: usize,
     /// Most memory a run may add, e.g. 512M or 4G: refused before anything runs where the

@@ -1365,4 +1365,90 @@ fn quantizers_at_fault_are_also_measured_left_out_together() {
         t.contains("each share above is measured with the others on, so the shares overlap and do not add up"),
         "{t}"
     );
+    // The candidate's own file is named wherever the candidate is (the tester's smart-turn report
+    // said "candidate ort:cpu" and named the quantized file nowhere).
+    assert!(t.contains("candidate  ort:cpu on q.onnx"), "{t}");
+    assert_eq!(json(&dir.path().join("r.json"))["cand"]["model"], "q.onnx");
+}
+
+/// `fix --max-rounds` bounds the bisection over a Q/DQ candidate's quantizers as its help says
+/// (the tester's smart-turn fix ran "pattern 7, prune 19" under --max-rounds 2 and said FIXED
+/// with nothing of the limit): a chain of 40 quantized Adds, one quantizer 1000x too coarse and
+/// two others 30x, bisected over 40 groups; cut at 2 rounds, the summary says so.
+#[test]
+fn max_rounds_bounds_the_bisection_over_a_quantized_candidates_quantizers() {
+    let n = 40;
+    let build = |quantized: bool| {
+        let mut b = ModelBuilder::new("chain", 17);
+        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
+        b.initializer(f32_tensor("c", &[], &[0.001]));
+        b.initializer(TensorProto {
+            name: Some("z".into()),
+            dims: vec![],
+            data_type: Some(DataType::Int8 as i32),
+            int32_data: vec![0],
+            ..Default::default()
+        });
+        let mut prev = "x".to_string();
+        for i in 0..n {
+            let out = format!("t{i}");
+            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
+            prev = out.clone();
+            if quantized {
+                let scale = match i {
+                    20 => 2000.0 / 127.0,
+                    5 | 33 => 60.0 / 127.0,
+                    _ => 2.0 / 127.0,
+                };
+                b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale]));
+                b.node(
+                    "QuantizeLinear",
+                    &format!("q{i}"),
+                    &[&out, &format!("s{i}"), "z"],
+                    &[&format!("{out}_q")],
+                    vec![],
+                );
+                b.node(
+                    "DequantizeLinear",
+                    &format!("dq{i}"),
+                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
+                    &[&format!("{out}_f")],
+                    vec![],
+                );
+                prev = format!("{out}_f");
+            }
+        }
+        b.node("Identity", "out", &[&prev], &["y"], vec![]);
+        b.output("y", DataType::Float);
+        b.build()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    save(&build(false), &dir.path().join("m.onnx"));
+    save(&build(true), &dir.path().join("q.onnx"));
+    let fix = |rounds: &str, json_name: &str| {
+        let out = layerwise(
+            &[
+                "fix",
+                "m.onnx",
+                "--cand-model",
+                "q.onnx",
+                "--val-range",
+                "x:-1,1",
+                "--max-rounds",
+                rounds,
+                "--json",
+                json_name,
+            ],
+            dir.path(),
+        );
+        (text(&out), json(&dir.path().join(json_name)))
+    };
+    let (unbounded, r) = fix("12", "all.json");
+    let pattern_runs =
+        |r: &serde_json::Value| r["rounds"].as_array().unwrap().iter().filter(|x| x["stage"] == "pattern").count();
+    assert!(pattern_runs(&r) > 2, "the bisection needs more than 2 runs here: {unbounded}");
+    assert!(!unbounded.contains("stopped at --max-rounds"), "{unbounded}");
+    let (t, r) = fix("2", "two.json");
+    assert!(pattern_runs(&r) <= 2, "{t}");
+    assert!(t.contains("the bisection over the quantizers stopped at --max-rounds 2 with the first"), "{t}");
 }

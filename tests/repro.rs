@@ -175,7 +175,7 @@ fn a_converted_cand_model_without_cand_runs_on_ort_cpu_in_its_own_types() {
     // The header says the file is evaluated in its own types (a plain ONNX Runtime run of a
     // T5 decoder's FP16 file gave 3.25e-2 where the typed evaluation gave 1.00, unsaid: found by
     // the third tester's re-check).
-    assert!(t.contains("candidate  ort:cpu (the file evaluated in its own types by layerwise"), "{t}");
+    assert!(t.contains("candidate  ort:cpu on fp16.onnx (the file evaluated in its own types by layerwise"), "{t}");
     assert_eq!(json(&dir.path().join("r.json"))["cand"]["spec"], "ort:cpu", "{t}");
 }
 

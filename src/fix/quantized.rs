@@ -81,6 +81,7 @@ pub(super) fn fix_quantized(
         _ => Default::default(),
     };
     let mut groups = quantizer_groups(&runner, ci, by_error, first.1.worst_output.as_deref().unwrap_or_default());
+    let mut cut_by_rounds: Option<usize> = None;
     // Each quantizer's readers left unquantized, in that order: the smallest leading part of the
     // list that brings the outputs within tolerance, found by bisection over its length (a few
     // candidate runs, not one a quantizer), where the whole list does. `--max-rounds 0` adds
@@ -91,7 +92,13 @@ pub(super) fn fix_quantized(
         let (mut failing, mut passing) = (0, groups.len());
         if whole.1.status != Status::Diverged {
             let mut best = whole;
+            // Its runs count toward --max-rounds: cut there, it keeps the shortest passing part
+            // found, which the summary says may not be the smallest.
             while passing - failing > 1 {
+                if search.rounds.len() > options.max_rounds {
+                    cut_by_rounds = Some(passing);
+                    break;
+                }
                 let mid = (failing + passing) / 2;
                 let trial = search.trial(&keep_of(mid), FixStage::Pattern)?;
                 if trial.1.status == Status::Diverged {
@@ -243,14 +250,15 @@ pub(super) fn fix_quantized(
             None => "every output is within tolerance with nothing left unquantized".to_string(),
         },
         (_, true) => format!(
-            "leaving {} node{} unquantized {}, measured on the written model ({}){}{}{}",
+            "leaving {} node{} unquantized {}, measured on the written model ({}){}{}{}{}",
             keep.len(),
             if keep.len() == 1 { "" } else { "s" },
             held_to_answers.clone().unwrap_or_else(|| "brings every output within tolerance".to_string()),
             keep.join(", "),
             exclusion.as_ref().map(|p| format!("; nodes_to_exclude in {}", p.display())).unwrap_or_default(),
             form,
-            unpruned.map(|n| format!("; not pruned: {n} patterns, more than the {MOST_PRUNED} dropped one at a time, so a smaller set may exist")).unwrap_or_default()
+            unpruned.map(|n| format!("; not pruned: {n} patterns, more than the {MOST_PRUNED} dropped one at a time, so a smaller set may exist")).unwrap_or_default(),
+            cut_by_rounds.map(|n| format!("; the bisection over the quantizers stopped at --max-rounds {} with the first {n} of them left out, so a smaller set may exist", options.max_rounds)).unwrap_or_default()
         ),
         // The written model is quantized again with the set excluded, which is not the search's
         // copy (a graph input's quantizer, say): its check may pass where the search's runs did

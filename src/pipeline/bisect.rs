@@ -1025,6 +1025,7 @@ fn report(
         index: &job.index,
         ref_spec: options.reference.to_string(),
         cand_spec: options.candidate.to_string(),
+        cand_model: options.cand_model.as_ref().map(|p| p.display().to_string()),
         ref_notes: compared.notes.0.clone(),
         cand_notes,
         tolerance: job.judging.tolerances.all,

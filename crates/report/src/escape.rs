@@ -103,7 +103,7 @@ fn markdown_words(text: &str) -> String {
             // table row.
             let pieces: Vec<String> = word
                 .split('|')
-                .map(|piece| if links_on_github(piece) { code_span(piece) } else { markdown_chars(piece) })
+                .map(|piece| if links_on_github(piece) { linkable_piece(piece) } else { markdown_chars(piece) })
                 .collect();
             out.push_str(&pieces.join("\\|"));
         } else {
@@ -128,6 +128,21 @@ fn markdown_words(text: &str) -> String {
     }
     flush(&mut word, &mut out);
     out
+}
+
+/// A word GitHub could link: a code span, with the sentence's brackets, quotes and punctuation
+/// around it left outside as text where the rest still links (`[a, ArgMax#98])` showed "])" in the
+/// code span, as part of the name).
+fn linkable_piece(piece: &str) -> String {
+    let core = piece
+        .trim_start_matches(['(', '[', '{', '\'', '"'])
+        .trim_end_matches([')', ']', '}', ',', ';', '.', '\'', '"']);
+    if core.is_empty() || !links_on_github(core) {
+        return code_span(piece);
+    }
+    let start = piece.find(core).unwrap_or(0);
+    let (head, tail) = (&piece[..start], &piece[start + core.len()..]);
+    format!("{}{}{}", markdown_chars(head), code_span(core), markdown_chars(tail))
 }
 
 fn markdown_chars(text: &str) -> String {
@@ -305,9 +320,18 @@ pub fn trtexec_layer_refusal(name: &str) -> Option<&'static str> {
         Some("',' or ':', where trtexec splits --layerPrecisions")
     } else if name == "*" || name.is_empty() {
         Some("a name trtexec reads as every layer")
+    } else if made_up_name(name) {
+        Some("the node has no name of its own in the file (layerwise calls an unnamed or twice-named node OP#INDEX), so TensorRT names its layer otherwise")
     } else {
         None
     }
+}
+
+/// `NAME#INDEX`: how layerwise names a node whose name in the file is empty or shared
+/// (`GraphIndex`); no TensorRT layer is called so.
+fn made_up_name(name: &str) -> bool {
+    name.rsplit_once('#')
+        .is_some_and(|(head, index)| !head.is_empty() && !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// The names of `keep` that [`trtexec_layer_refusal`] leaves out of a printed trtexec line, each
@@ -330,6 +354,28 @@ pub fn html(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::csv_text;
+
+    /// Found by the independent tester (issue 51): `fix` printed `--layerPrecisions=...,ArgMax#98:fp32`
+    /// for a node with no name in the file, a layer TensorRT does not call so.
+    #[test]
+    fn a_name_layerwise_made_up_is_left_out_of_trtexec() {
+        for made_up in ["ArgMax#98", "block/Add#1204"] {
+            assert!(super::trtexec_layer_refusal(made_up).is_some_and(|why| why.contains("no name of its own")));
+        }
+        for real in ["ArgMax_98", "a#b", "#12", "x#"] {
+            assert_eq!(super::trtexec_layer_refusal(real), None, "{real}");
+        }
+    }
+
+    /// Found by the independent tester (issue 51): "[v_/value_head/Add, ArgMax#98])" rendered
+    /// "])" inside the code span, as if part of the name.
+    #[test]
+    fn brackets_around_a_linkable_name_stay_outside_its_code_span() {
+        let shown = super::markdown_text("kept (integer_from_float [v_/value_head/Add, ArgMax#98])");
+        assert!(shown.contains("`ArgMax#98`"), "{shown}");
+        assert!(!shown.contains("ArgMax#98]"), "{shown}");
+        assert!(shown.ends_with("`ArgMax#98`\\])"), "{shown}");
+    }
 
     /// Found by the red team (issue 54): a node name `a\0b` put a raw NUL into the HTML report.
     #[test]

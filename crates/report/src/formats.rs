@@ -36,7 +36,7 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
         "{} — reference {}, candidate {}\n",
         markdown_code(&report.model.path),
         markdown_code(&report.reference.spec),
-        markdown_code(&report.cand.spec)
+        markdown_code(&report.cand.described())
     );
     for a in &report.extras.answers {
         let _ = writeln!(m, "**{}**\n", md(&a.line()));

@@ -285,7 +285,7 @@ pub fn render_html(report: &Report) -> String {
         conclusions_list(&v.conclusions),
         esc(&report.model.path),
         esc(&report.reference.spec),
-        esc(&report.cand.spec)
+        esc(&report.cand.described())
     );
 
     if let Some(fd) = fd {

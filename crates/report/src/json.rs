@@ -12,6 +12,8 @@ pub struct ReportContext<'a> {
     pub index: &'a GraphIndex,
     pub ref_spec: String,
     pub cand_spec: String,
+    /// The candidate's own model file (`--cand-model`), where it runs one.
+    pub cand_model: Option<String>,
     pub ref_notes: Vec<String>,
     pub cand_notes: Vec<String>,
     pub tolerance: Tolerance,
@@ -127,6 +129,19 @@ pub struct ModelInfo {
 pub struct BackendInfo {
     pub spec: String,
     pub notes: Vec<String>,
+    /// The model file this side ran, where it is not the report's `model` (`--cand-model`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl BackendInfo {
+    /// The spec, and the model file it ran where that is another: "ort:cpu on q.onnx".
+    pub fn described(&self) -> String {
+        match &self.model {
+            Some(m) => format!("{} on {m}", self.spec),
+            None => self.spec.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -312,8 +327,8 @@ pub fn build_report(ctx: ReportContext) -> Report {
             opset: ctx.model.opset(),
             node_count: ctx.index.nodes.len(),
         },
-        reference: BackendInfo { spec: ctx.ref_spec, notes: ctx.ref_notes },
-        cand: BackendInfo { spec: ctx.cand_spec, notes: ctx.cand_notes },
+        reference: BackendInfo { spec: ctx.ref_spec, notes: ctx.ref_notes, model: None },
+        cand: BackendInfo { spec: ctx.cand_spec, notes: ctx.cand_notes, model: ctx.cand_model },
         tolerances: Tolerances {
             atol: ctx.tolerance.atol,
             rtol: ctx.tolerance.rtol,

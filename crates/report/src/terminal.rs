@@ -39,7 +39,7 @@ pub fn render_terminal(report: &Report, top: usize) -> String {
     let _ = writeln!(
         out,
         "candidate  {}{}",
-        report.cand.spec,
+        report.cand.described(),
         if typed {
             " (the file evaluated in its own types by layerwise, not by ONNX Runtime's CPU kernels, which compute FP16 and BF16 in float32)"
         } else {
