@@ -108,7 +108,16 @@ const CASES: &[Case] = &[
         wheel: &REC,
         inputs: Inputs::Random,
         setup: &[],
-        args: &["bisect", "MODEL", "--input-shape", "x:1x3x48x320", "--val-range", "x:-1,1"],
+        args: &[
+            "bisect",
+            "MODEL",
+            "--input-shape",
+            "x:1x3x48x320",
+            "--val-range",
+            "x:-1,1",
+            "--task",
+            "softmax_11.tmp_0:ctc,blank=0",
+        ],
     },
     // Refused with the command to use: opset 12 has no per-channel int8 Q/DQ.
     Case {
@@ -183,6 +192,29 @@ const CASES: &[Case] = &[
             "images:0,1",
             "--cand",
             "sim:int8",
+            "--task",
+            "output0:detect",
+        ],
+    },
+    // Held to the detections (issue 56): the fix path of --target answer on a real model.
+    Case {
+        name: "yolov8n fix int8 answer",
+        wheel: &YOLOV8N,
+        inputs: Inputs::Random,
+        setup: &[],
+        args: &[
+            "fix",
+            "MODEL",
+            "--input-shape",
+            "images:1x3x320x320",
+            "--val-range",
+            "images:0,1",
+            "--cand",
+            "sim:int8",
+            "--task",
+            "output0:detect,conf=0.01",
+            "--target",
+            "answer",
         ],
     },
     // BGR pixels minus the VGG means (104, 117, 123).
@@ -336,6 +368,11 @@ fn observe(case: &Case, dir: &Path) -> Value {
         &std::fs::read(dir.join("report.json")).unwrap_or_else(|e| panic!("{}: no report ({e}): {t}", case.name)),
     )
     .unwrap();
+    // The answers of the outputs judged by them (issue 56): changed cases of all, per output.
+    if let Some(answers) = r["answers"].as_array() {
+        seen["answers_changed"] =
+            json!(answers.iter().map(|a| json!([a["output"], a["changed_cases"], a["cases"]])).collect::<Vec<_>>());
+    }
     if case.args[0] == "fix" {
         seen["status"] = r["status"].clone();
         seen["keep_fp32"] = json!(r["keep_fp32"].as_array().map_or(0, Vec::len));
