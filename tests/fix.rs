@@ -342,10 +342,13 @@ fn the_file_written_beside_the_prune_rounds_is_the_fixed_file() {
     let r = &outcome.report;
     assert_eq!(r.status, FixStatus::Fixed, "{}", outcome.text);
     assert_eq!(r.patterns.len(), 2, "{}", outcome.text);
+    // Each overflow's node is beyond FP16's range from inputs within it: no prune round tries
+    // without it (issue 55: 16 such rounds were 59 of a GPU fix's 74.5 s), and the summary says so.
+    assert!(!r.rounds.iter().any(|x| x.stage == FixStage::Prune), "{:?}", r.rounds);
     assert!(
-        r.rounds.iter().filter(|x| x.stage == FixStage::Prune).all(|x| x.status == Status::Diverged),
-        "{:?}",
-        r.rounds
+        r.summary.contains("2 of the 2 patterns were kept without a trial of dropping them: each holds a node where the reference leaves FP16's range"),
+        "{}",
+        r.summary
     );
     let steps: Vec<&str> = r.run_info.durations_s.iter().map(|(s, _)| s.as_str()).collect();
     assert!(

@@ -73,6 +73,15 @@ pub(super) struct Search<'a> {
     pub goal: Option<AnswerGoal>,
     /// The answers of the last trial over its samples (empty without judged outputs).
     pub answers: Vec<AnswerRecord>,
+    /// Nodes kept because the reference leaves FP16's range there from inputs within it
+    /// ([`range_exits`]): an FP16 run stores inf there, so the prune does not try without them.
+    pub beyond_range: std::collections::HashSet<String>,
+    /// Whether each sample's latest runs are kept to compute the next trial from
+    /// ([`HELD_RUNS`] copies of every tensor per sample beside the reference's): only where they
+    /// fit in half the memory left once the reference is held (three samples of 4, 4 and 3 text
+    /// lines grew the process to 23.8 GB on a 24 GB machine, and the written model's check then
+    /// failed for memory); otherwise each trial runs whole, one at a time.
+    hold_runs: bool,
 }
 
 /// The outputs judged by their answers, and for `--target answer` the share of each one's cases
@@ -141,6 +150,14 @@ impl<'a> Search<'a> {
         steps: Steps,
         deployed: bool,
     ) -> Search<'a> {
+        let largest_sample = samples
+            .iter()
+            .map(|s| s.reference.values().map(|t| t.size_bytes() as u64).fold(0u64, u64::saturating_add))
+            .max()
+            .unwrap_or(0);
+        // The held runs, and the trial's own run beside them.
+        let held = largest_sample.saturating_mul((samples.len() * (HELD_RUNS + 1)) as u64);
+        let hold_runs = layerwise_model::tensor::available_memory().is_none_or(|free| held <= free / 2);
         Search {
             index,
             samples,
@@ -156,6 +173,8 @@ impl<'a> Search<'a> {
             deployed,
             goal: None,
             answers: Vec::new(),
+            beyond_range: Default::default(),
+            hold_runs,
         }
     }
 
@@ -211,7 +230,7 @@ impl<'a> Search<'a> {
                 Ok(run) => {
                     let judged = self.judge(k, run.tensor_map(), as_deployed.as_ref());
                     let answers = self.answers_of(k, &judged.0, as_deployed.as_ref().unwrap_or(run.tensor_map()));
-                    if matches!(&self.keeping, Keeping::Float(keeper) if keeper.emulated()) {
+                    if self.hold_runs && matches!(&self.keeping, Keeping::Float(keeper) if keeper.emulated()) {
                         let runs = &mut self.samples[k].runs;
                         runs.push(run);
                         if runs.len() > HELD_RUNS {
@@ -311,6 +330,18 @@ impl<'a> Search<'a> {
 /// The first run, with nothing kept: a verdict on no output at all would say nothing, as in bisect.
 pub(super) fn diagnose(search: &mut Search) -> Result<Judged> {
     let first = search.trial(&[], FixStage::Diagnose)?;
+    // Held to answers that cannot be judged (a blank beyond the classes), no keep list could
+    // ever meet the target: that is the task's fault, said as such, not a search that fails.
+    if search.held_to_answers() {
+        if let Some(a) = search.answers.iter().find(|a| a.not_judged.is_some()) {
+            bail!(
+                "fix --target answer: the answers of '{}' ({}) cannot be judged: {}",
+                a.output,
+                a.task,
+                a.not_judged.as_deref().unwrap_or_default()
+            );
+        }
+    }
     let index = search.index;
     if index.outputs.iter().all(|o| first.0.get(o).is_none()) {
         bail!(
@@ -436,6 +467,7 @@ pub(super) fn keep_the_breaks(
         }
         if fp16 {
             for exit in range_exits(index, &last.0, keep) {
+                search.beyond_range.insert(exit.0.clone());
                 if !culprits.iter().any(|(n, _)| *n == exit.0) {
                     culprits.push(exit);
                 }

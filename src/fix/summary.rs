@@ -148,6 +148,9 @@ pub(super) struct Found<'a> {
     pub answers: &'a [layerwise_analysis::AnswerRecord],
     /// Every output before and after (the written model's check where made).
     pub outputs: &'a [OutputChange],
+    /// Patterns the prune kept without a trial: each holds a node the reference takes beyond
+    /// FP16's range.
+    pub untried: usize,
 }
 
 /// "12x", or "more than" where the ratio is not a finite number.
@@ -276,7 +279,9 @@ pub(super) fn summary(found: &Found) -> String {
             keep_list_summary(patterns),
             if inside_kept_whole > 0 { format!("; the control flow kept whole holds {inside_kept_whole} more nodes in its bodies, all FP32 too") } else { String::new() },
             held_to_answers.clone().unwrap_or_else(|| format!("brings every{compared} output within tolerance")),
-            if samples > 1 { format!(" on every one of the {samples} samples") } else { String::new() },
+            // Held to the answers, the answer words say on how many cases (a share may leave some
+            // samples changed).
+            if samples > 1 && held_to_answers.is_none() { format!(" on every one of the {samples} samples") } else { String::new() },
         )
     } else {
         format!(
@@ -284,6 +289,16 @@ pub(super) fn summary(found: &Found) -> String {
             found.stuck.clone().unwrap_or_else(|| "the round limit was reached".into())
         )
     };
+    if fixed && found.untried > 0 {
+        summary.push_str(&format!(
+            "; {} of the {} patterns {} kept without a trial of dropping {}: {} a node where the reference leaves FP16's range from inputs within it, which any FP16 run stores as inf",
+            found.untried,
+            patterns.len(),
+            if found.untried == 1 { "was" } else { "were" },
+            if found.untried == 1 { "it" } else { "them" },
+            if found.untried == 1 { "it holds" } else { "each holds" }
+        ));
+    }
     if fixed && found.hand_overs > 0 {
         summary.push_str(&format!(
             "; {} of the kept names hand a body's value to its If's or Loop's output, which the written file holds as that node's float32 output, not as a node of its own (so its FP32 node list is shorter)",
