@@ -370,6 +370,7 @@ fn fix_float(
     });
     let trtexec = trtexec_flags(&keep, &inlined, low_flag);
     let mut checked = None;
+    let mut written_failed = false;
     if fixed {
         // The file written: the original with the keep list resolved into its control-flow
         // bodies; otherwise the model the search ran (its own functions inlined, the IR version
@@ -387,6 +388,7 @@ fn fix_float(
         )?;
         if let Some(why) = &check.failure {
             fixed = false;
+            written_failed = true;
             stuck = Some(why.clone());
         }
         checked = Some(check);
@@ -421,6 +423,7 @@ fn fix_float(
         samples: search.samples.len(),
         inside_kept_whole,
         untried,
+        written_failed,
         hand_overs: keep.iter().filter(|n| made_by_inlining(n, &inlined)).count(),
         branches_taken: &branches_taken,
         converter_fp32: &converter_fp32,

@@ -391,7 +391,7 @@ fn quantizer_groups(
                 a.tensor,
                 a.node,
                 a.error,
-                if *faulty { ", at fault" } else { ", the largest alone of those left" }
+                if *faulty { ", at fault" } else { ", not at fault (the quantizers not at fault come by the larger of what each gives alone and what leaving it out removes)" }
             ),
             None => format!("the quantizer QuantizeLinear '{q_node}' (not measured alone, or nothing alone): the nodes that read it and the one that computes what it quantizes are left unquantized"),
         };
@@ -460,8 +460,8 @@ fn check_as_deployed(
     for k in 0..search.samples.len() {
         let name = search.samples[k].name.clone();
         let (before, _): (Comparison, _) =
-            deployed(search, given, k, format!("running the candidate model as deployed ({name})"))?;
-        let (after, tensors) = deployed(search, written, k, format!("running the written model ({name})"))?;
+            deployed(search, given, k, format!("running the candidate model as deployed{}", of_sample(&name)))?;
+        let (after, tensors) = deployed(search, written, k, format!("running the written model{}", of_sample(&name)))?;
         // Held to the answers, a sample passes where they hold (the share is judged over all).
         let sample = search.goal.as_ref().map(|g| g.sample(index, &after, &search.samples[k].reference, &tensors));
         let passes = match (&search.goal, &sample) {
@@ -488,6 +488,15 @@ fn check_as_deployed(
         }
     }
     Ok((shown, pass, records))
+}
+
+/// " (NAME)" for a named sample; nothing for the one sample of a run without a set.
+fn of_sample(name: &str) -> String {
+    if name.is_empty() {
+        String::new()
+    } else {
+        format!(" ({name})")
+    }
 }
 
 /// The nodes to leave unquantized as the quantizers take them: ONNX Runtime's `quantize_static`

@@ -151,6 +151,9 @@ pub(super) struct Found<'a> {
     /// Patterns the prune kept without a trial: each holds a node the reference takes beyond
     /// FP16's range.
     pub untried: usize,
+    /// The search passed, and the file written for its keep list failed its checks (`stuck` says
+    /// why).
+    pub written_failed: bool,
 }
 
 /// "12x", or "more than" where the ratio is not a finite number.
@@ -282,6 +285,14 @@ pub(super) fn summary(found: &Found) -> String {
             // Held to the answers, the answer words say on how many cases (a share may leave some
             // samples changed).
             if samples > 1 && held_to_answers.is_none() { format!(" on every one of the {samples} samples") } else { String::new() },
+        )
+    } else if found.written_failed {
+        // The search passed; the file written from its list did not hold (or could not be
+        // checked): not "no fix found".
+        format!(
+            "the search's keep list of {} nodes passes in {runs} candidate runs, but it is no fix: {}{bf16_note}",
+            keep.len(),
+            found.stuck.clone().unwrap_or_default()
         )
     } else {
         format!(

@@ -160,9 +160,10 @@ pub(crate) fn guarded<O: SelectedOutputMarker, R>(
             Some(available) => (
                 (available as f64 * AVAILABLE_SHARE) as u64,
                 format!(
-                    "{:.0}% of the {} of memory available when it started",
+                    "{:.0}% of the {} of memory available when it started, when this process already held {}",
                     AVAILABLE_SHARE * 100.0,
-                    layerwise_model::tensor::size(available)
+                    layerwise_model::tensor::size(available),
+                    layerwise_model::tensor::size(start_rss)
                 ),
             ),
             None => return run(&options).map_err(RunError::Ort),
