@@ -531,47 +531,9 @@ fn the_quantizer_that_alone_gives_the_error_is_named_at_fault() {
 fn beyond_256_quantizers_those_with_the_largest_own_error_are_measured_alone() {
     let n = 300;
     let planted = 137;
-    let build = |quantized: bool| {
-        let mut b = ModelBuilder::new("chain", 17);
-        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
-        b.initializer(f32_tensor("c", &[], &[0.001]));
-        b.initializer(TensorProto {
-            name: Some("z".into()),
-            dims: vec![],
-            data_type: Some(DataType::Int8 as i32),
-            int32_data: vec![0],
-            ..Default::default()
-        });
-        let mut prev = "x".to_string();
-        for i in 0..n {
-            let out = format!("t{i}");
-            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
-            prev = out.clone();
-            if quantized {
-                // |t| stays below 2: a step of 2/127, 1000x coarser at the planted one.
-                let scale = if i == planted { 2000.0 / 127.0 } else { 2.0 / 127.0 };
-                b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale]));
-                b.node(
-                    "QuantizeLinear",
-                    &format!("q{i}"),
-                    &[&out, &format!("s{i}"), "z"],
-                    &[&format!("{out}_q")],
-                    vec![],
-                );
-                b.node(
-                    "DequantizeLinear",
-                    &format!("dq{i}"),
-                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
-                    &[&format!("{out}_f")],
-                    vec![],
-                );
-                prev = format!("{out}_f");
-            }
-        }
-        b.node("Identity", "out", &[&prev], &["y"], vec![]);
-        b.output("y", DataType::Float);
-        b.build()
-    };
+    // |t| stays below 2: a step of 2/127, 1000x coarser at the planted one.
+    let scale = |i: usize| if i == planted { 2000.0 / 127.0 } else { 2.0 / 127.0 };
+    let build = |quantized: bool| quantized_add_chain(n, 16, quantized.then_some(&scale));
     let dir = tempfile::tempdir().unwrap();
     save(&build(false), &dir.path().join("m.onnx"));
     save(&build(true), &dir.path().join("q.onnx"));
@@ -1291,46 +1253,9 @@ fn a_qdq_file_whose_pairs_saturate_the_u8s8_kernels_of_a_cpu_without_vnni_is_sai
 /// summing past 340%, while leaving the six out together removed 49%).
 #[test]
 fn quantizers_at_fault_are_also_measured_left_out_together() {
-    let build = |quantized: bool| {
-        let mut b = ModelBuilder::new("two_clips", 17);
-        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(64)]);
-        b.initializer(f32_tensor("c", &[], &[0.001]));
-        b.initializer(TensorProto {
-            name: Some("z".into()),
-            dims: vec![],
-            data_type: Some(DataType::Int8 as i32),
-            int32_data: vec![0],
-            ..Default::default()
-        });
-        let mut prev = "x".to_string();
-        for i in 0..2 {
-            let out = format!("t{i}");
-            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
-            prev = out.clone();
-            if quantized {
-                // A step of 0.5/127: everything beyond 0.5 is clipped.
-                b.initializer(f32_tensor(&format!("s{i}"), &[], &[0.5 / 127.0]));
-                b.node(
-                    "QuantizeLinear",
-                    &format!("q{i}"),
-                    &[&out, &format!("s{i}"), "z"],
-                    &[&format!("{out}_q")],
-                    vec![],
-                );
-                b.node(
-                    "DequantizeLinear",
-                    &format!("dq{i}"),
-                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
-                    &[&format!("{out}_f")],
-                    vec![],
-                );
-                prev = format!("{out}_f");
-            }
-        }
-        b.node("Identity", "out", &[&prev], &["y"], vec![]);
-        b.output("y", DataType::Float);
-        b.build()
-    };
+    // A step of 0.5/127: everything beyond 0.5 is clipped.
+    let scale = |_: usize| 0.5 / 127.0;
+    let build = |quantized: bool| quantized_add_chain(2, 64, quantized.then_some(&scale));
     let dir = tempfile::tempdir().unwrap();
     save(&build(false), &dir.path().join("m.onnx"));
     save(&build(true), &dir.path().join("q.onnx"));
@@ -1378,50 +1303,12 @@ fn quantizers_at_fault_are_also_measured_left_out_together() {
 #[test]
 fn max_rounds_bounds_the_bisection_over_a_quantized_candidates_quantizers() {
     let n = 40;
-    let build = |quantized: bool| {
-        let mut b = ModelBuilder::new("chain", 17);
-        b.input("x", DataType::Float, &[Dim::from(1), Dim::from(16)]);
-        b.initializer(f32_tensor("c", &[], &[0.001]));
-        b.initializer(TensorProto {
-            name: Some("z".into()),
-            dims: vec![],
-            data_type: Some(DataType::Int8 as i32),
-            int32_data: vec![0],
-            ..Default::default()
-        });
-        let mut prev = "x".to_string();
-        for i in 0..n {
-            let out = format!("t{i}");
-            b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
-            prev = out.clone();
-            if quantized {
-                let scale = match i {
-                    20 => 2000.0 / 127.0,
-                    5 | 33 => 60.0 / 127.0,
-                    _ => 2.0 / 127.0,
-                };
-                b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale]));
-                b.node(
-                    "QuantizeLinear",
-                    &format!("q{i}"),
-                    &[&out, &format!("s{i}"), "z"],
-                    &[&format!("{out}_q")],
-                    vec![],
-                );
-                b.node(
-                    "DequantizeLinear",
-                    &format!("dq{i}"),
-                    &[&format!("{out}_q"), &format!("s{i}"), "z"],
-                    &[&format!("{out}_f")],
-                    vec![],
-                );
-                prev = format!("{out}_f");
-            }
-        }
-        b.node("Identity", "out", &[&prev], &["y"], vec![]);
-        b.output("y", DataType::Float);
-        b.build()
+    let scale = |i: usize| match i {
+        20 => 2000.0 / 127.0,
+        5 | 33 => 60.0 / 127.0,
+        _ => 2.0 / 127.0,
     };
+    let build = |quantized: bool| quantized_add_chain(n, 16, quantized.then_some(&scale));
     let dir = tempfile::tempdir().unwrap();
     save(&build(false), &dir.path().join("m.onnx"));
     save(&build(true), &dir.path().join("q.onnx"));
@@ -1451,4 +1338,40 @@ fn max_rounds_bounds_the_bisection_over_a_quantized_candidates_quantizers() {
     let (t, r) = fix("2", "two.json");
     assert!(pattern_runs(&r) <= 2, "{t}");
     assert!(t.contains("the bisection over the quantizers stopped at --max-rounds 2 with the first"), "{t}");
+}
+
+/// x[1, width] through `n` Adds of 0.001 (t0 .. t{n-1}) to y; with `scale`, each Add's output
+/// goes through a QuantizeLinear/DequantizeLinear pair (int8, zero point 0) of scale `scale(i)`.
+fn quantized_add_chain(n: usize, width: i64, scale: Option<&dyn Fn(usize) -> f32>) -> ModelProto {
+    let mut b = ModelBuilder::new("chain", 17);
+    b.input("x", DataType::Float, &[Dim::from(1), Dim::from(width)]);
+    b.initializer(f32_tensor("c", &[], &[0.001]));
+    b.initializer(TensorProto {
+        name: Some("z".into()),
+        dims: vec![],
+        data_type: Some(DataType::Int8 as i32),
+        int32_data: vec![0],
+        ..Default::default()
+    });
+    let mut prev = "x".to_string();
+    for i in 0..n {
+        let out = format!("t{i}");
+        b.node("Add", &format!("add{i}"), &[&prev, "c"], &[&out], vec![]);
+        prev = out.clone();
+        if let Some(scale) = scale {
+            b.initializer(f32_tensor(&format!("s{i}"), &[], &[scale(i)]));
+            b.node("QuantizeLinear", &format!("q{i}"), &[&out, &format!("s{i}"), "z"], &[&format!("{out}_q")], vec![]);
+            b.node(
+                "DequantizeLinear",
+                &format!("dq{i}"),
+                &[&format!("{out}_q"), &format!("s{i}"), "z"],
+                &[&format!("{out}_f")],
+                vec![],
+            );
+            prev = format!("{out}_f");
+        }
+    }
+    b.node("Identity", "out", &[&prev], &["y"], vec![]);
+    b.output("y", DataType::Float);
+    b.build()
 }

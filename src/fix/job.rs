@@ -13,7 +13,7 @@ use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, Kept
 use layerwise_runtime::inputs::prepare_inputs;
 use layerwise_runtime::{float32_tensors, Precision, RunRequest};
 
-use super::options::{check_fix_outputs, files_written_at, FixOptions, FixOutcome, FixTarget};
+use super::options::{check_fix_outputs, files_written_at, FixOptions, FixOutcome};
 use super::quantized::fix_quantized;
 use super::search::{
     diagnose, keep_the_breaks, region_search, AnswerGoal, BreaksKept, Judged, Keeping, Sample, Search,
@@ -68,10 +68,7 @@ pub fn fix(options: &FixOptions) -> Result<FixOutcome> {
 /// the target asks for answers and no output is judged by them.
 fn answer_goal(options: &FixOptions, model: &Model, index: &GraphIndex) -> Result<Option<AnswerGoal>> {
     let judged = crate::pipeline::answers::judged_outputs(&options.bisect, model, index)?;
-    let share = match options.target {
-        FixTarget::Elementwise => None,
-        FixTarget::Answers { share } => Some(share),
-    };
+    let share = options.target.share();
     if judged.is_empty() {
         if share.is_some() {
             bail!(
@@ -433,10 +430,7 @@ fn fix_float(
             .filter(|_| fixed)
             .map(|c| c.check.outputs.iter().map(|o| o.after_rel_l2).fold(0.0, f64::max)),
         non_finite_inside: &last.1.non_finite,
-        target: match options.target {
-            FixTarget::Answers { share } => Some(share),
-            FixTarget::Elementwise => None,
-        },
+        target: options.target.share(),
         answers: &answers,
         outputs: checked.as_ref().filter(|c| c.check.not_run.is_none()).map_or(&outputs[..], |c| &c.check.outputs[..]),
     });

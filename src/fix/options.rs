@@ -49,6 +49,14 @@ impl FixTarget {
         }
     }
 
+    /// The share of cases whose answers must hold; `None` for the element-wise default.
+    pub fn share(&self) -> Option<f64> {
+        match self {
+            FixTarget::Elementwise => None,
+            FixTarget::Answers { share } => Some(*share),
+        }
+    }
+
     /// How the report names it: `answer`, `answer:0.99`; `None` for the element-wise default.
     pub fn name(&self) -> Option<String> {
         match self {

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use layerwise_analysis::{is_weight_output, Comparison, QuantizerAlone, Status};
+use layerwise_analysis::{Comparison, QuantizerAlone, Status};
 use layerwise_model::{GraphIndex, Model, Selection};
 use layerwise_report::{render_fix_terminal, FixReport, FixStage, FixStatus, KeptPattern, ModelCheck, FIX_SCHEMA};
 use layerwise_runtime::{RunRequest, Tensor};
@@ -237,13 +237,10 @@ pub(super) fn fix_quantized(
     };
     let family = search.judging.candidate.arithmetic.to_string();
     // Held to the answers: what the written model keeps, in the model's own terms.
-    let held_to_answers = search.goal.as_ref().and_then(|g| g.share).map(|share| {
-        let others = index
-            .outputs
-            .iter()
-            .any(|o| !is_weight_output(index, o) && !written_answers.iter().any(|a| a.output == *o));
-        super::summary::answers_kept(&written_answers, share, others, &check_outputs)
-    });
+    let held_to_answers = options
+        .target
+        .share()
+        .map(|share| super::summary::answers_kept(index, &written_answers, share, &check_outputs));
     let summary = match (&stuck, fixed) {
         (_, true) if keep.is_empty() => match &held_to_answers {
             Some(kept) => format!("with nothing left unquantized, the model {kept}"),
@@ -462,15 +459,7 @@ fn check_as_deployed(
         let (before, _): (Comparison, _) =
             deployed(search, given, k, format!("running the candidate model as deployed{}", of_sample(&name)))?;
         let (after, tensors) = deployed(search, written, k, format!("running the written model{}", of_sample(&name)))?;
-        // Held to the answers, a sample passes where they hold (the share is judged over all).
-        let sample = search.goal.as_ref().map(|g| g.sample(index, &after, &search.samples[k].reference, &tensors));
-        let passes = match (&search.goal, &sample) {
-            (Some(goal), Some(sample)) if goal.share.is_some() => !goal.fails(sample),
-            _ => after.outputs_pass(index),
-        };
-        if let Some(sample) = sample {
-            answers.push((name.clone(), sample));
-        }
+        let passes = search.sample_passes(k, &after, &tensors, &mut answers);
         let key = (!passes, !before.outputs_pass(index));
         let error = after.largest_error(&index.outputs);
         if worst.is_none_or(|(k, e)| key > k || (key == k && error > e)) {
@@ -479,14 +468,7 @@ fn check_as_deployed(
         }
         pass &= passes;
     }
-    let mut records = Vec::new();
-    if let Some(goal) = &search.goal {
-        let (met, over) = goal.over(&answers);
-        records = over;
-        if goal.share.is_some() {
-            pass = met;
-        }
-    }
+    let (pass, records) = search.target_over(&answers, pass);
     Ok((shown, pass, records))
 }
 

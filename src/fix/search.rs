@@ -120,7 +120,7 @@ impl AnswerGoal {
 
     /// Whether a sample fails the target on its own: an answer changed or not judged, or another
     /// output out of tolerance.
-    pub(super) fn fails(&self, sample: &SampleAnswers) -> bool {
+    fn fails(&self, sample: &SampleAnswers) -> bool {
         !sample.others_pass || sample.answers.iter().any(|(_, c)| !c.as_ref().is_ok_and(AnswerCheck::held))
     }
 
@@ -226,10 +226,11 @@ impl<'a> Search<'a> {
                 }
             })?;
             // A run to compute the next from (kept FP32), or the tensors alone (left unquantized).
-            let (judged, answers) = match run {
+            let (judged, passes) = match run {
                 Ok(run) => {
                     let judged = self.judge(k, run.tensor_map(), as_deployed.as_ref());
-                    let answers = self.answers_of(k, &judged.0, as_deployed.as_ref().unwrap_or(run.tensor_map()));
+                    let outputs = as_deployed.as_ref().unwrap_or(run.tensor_map());
+                    let passes = self.sample_passes(k, &judged.0, outputs, &mut per_sample);
                     if self.hold_runs && matches!(&self.keeping, Keeping::Float(keeper) if keeper.emulated()) {
                         let runs = &mut self.samples[k].runs;
                         runs.push(run);
@@ -237,20 +238,18 @@ impl<'a> Search<'a> {
                             runs.remove(0);
                         }
                     }
-                    (judged, answers)
+                    (judged, passes)
                 }
                 Err(tensors) => {
                     let judged = self.judge(k, &tensors, as_deployed.as_ref());
-                    let answers = self.answers_of(k, &judged.0, as_deployed.as_ref().unwrap_or(&tensors));
-                    (judged, answers)
+                    let passes =
+                        self.sample_passes(k, &judged.0, as_deployed.as_ref().unwrap_or(&tensors), &mut per_sample);
+                    (judged, passes)
                 }
             };
             // Held to the answers, a sample whose answer changed is worse than any that held (the
             // walk then reads a run where the target fails).
-            let fails = match (&self.goal, &answers) {
-                (Some(goal), Some(a)) if goal.share.is_some() => goal.fails(a),
-                _ => false,
-            };
+            let fails = self.held_to_answers() && !passes;
             let replaces = match &worst {
                 None => true,
                 Some((_, f, _)) if fails != *f => fails,
@@ -259,18 +258,12 @@ impl<'a> Search<'a> {
             if replaces {
                 worst = Some((k, fails, judged));
             }
-            if let Some(a) = answers {
-                per_sample.push((self.samples[k].name.clone(), a));
-            }
         }
         let (k, _, mut judged) = worst.expect("at least one sample");
-        if let Some(goal) = &self.goal {
-            let (met, records) = goal.over(&per_sample);
-            self.answers = records;
-            if goal.share.is_some() {
-                judged.1.status = if met { Status::Pass } else { Status::Diverged };
-            }
-        }
+        // Element-wise, the worst sample's verdict stands (it passes only where every sample does).
+        let (met, records) = self.target_over(&per_sample, judged.1.status == Status::Pass);
+        self.answers = records;
+        judged.1.status = if met { Status::Pass } else { Status::Diverged };
         self.judged = k;
         self.rounds.push(Round {
             stage,
@@ -282,15 +275,40 @@ impl<'a> Search<'a> {
         Ok(judged)
     }
 
-    /// Sample `k`'s answers in a run whose outputs are `outputs`, where outputs are judged by them.
-    fn answers_of(
+    /// Sample `k`'s run judged by the target, alone: its outputs `outputs` (named as the model's),
+    /// compared element-wise as `comparison`. Held to the answers, whether they hold (and every
+    /// other output passes); else whether every output passes. Where outputs are judged by their
+    /// answers, the sample's answers go to `answers`, for [`Search::target_over`]. The trials, the
+    /// typed check of the written file and a quantized file's check as deployed all judge by it.
+    pub(super) fn sample_passes(
         &self,
         k: usize,
         comparison: &Comparison,
         outputs: &HashMap<String, Tensor>,
-    ) -> Option<SampleAnswers> {
-        let goal = self.goal.as_ref()?;
-        Some(goal.sample(self.index, comparison, &self.samples[k].reference, outputs))
+        answers: &mut Vec<(String, SampleAnswers)>,
+    ) -> bool {
+        let Some(goal) = &self.goal else { return comparison.outputs_pass(self.index) };
+        let sample = goal.sample(self.index, comparison, &self.samples[k].reference, outputs);
+        let passes = if goal.share.is_some() { !goal.fails(&sample) } else { comparison.outputs_pass(self.index) };
+        answers.push((self.samples[k].name.clone(), sample));
+        passes
+    }
+
+    /// The target over the samples whose answers [`Search::sample_passes`] gathered: held to the
+    /// answers, whether they hold on the share asked; else `elementwise` (every sample within
+    /// tolerance). With the answers' record of each judged output.
+    pub(super) fn target_over(
+        &self,
+        answers: &[(String, SampleAnswers)],
+        elementwise: bool,
+    ) -> (bool, Vec<AnswerRecord>) {
+        match &self.goal {
+            Some(goal) => {
+                let (met, records) = goal.over(answers);
+                (if goal.share.is_some() { met } else { elementwise }, records)
+            }
+            None => (elementwise, Vec::new()),
+        }
     }
 
     /// Drops the latest run of each sample from those held to compute the next from (a trial whose

@@ -170,11 +170,13 @@ fn times(larger: f64, smaller: f64) -> String {
 /// 'logits' (ctc) unchanged on every case (12 cases)", with the other outputs' tolerance where
 /// there are others, and the judged outputs still outside their element-wise tolerance named.
 pub(super) fn answers_kept(
+    index: &GraphIndex,
     answers: &[layerwise_analysis::AnswerRecord],
     share: f64,
-    others: bool,
     outputs: &[OutputChange],
 ) -> String {
+    // Outputs compared element-wise beside the judged ones (weights passed straight out are not).
+    let others = index.outputs.iter().any(|o| !is_weight_output(index, o) && !answers.iter().any(|a| a.output == *o));
     let each: Vec<String> = answers
         .iter()
         .map(|a| {
@@ -262,11 +264,7 @@ pub(super) fn summary(found: &Found) -> String {
     }
     let compared = if weight_outputs.is_empty() { "" } else { " compared" };
     let low_name = if low == Precision::Bf16 { "BF16" } else { "FP16" };
-    let held_to_answers = found.target.map(|share| {
-        let others =
-            index.outputs.iter().any(|o| !is_weight_output(index, o) && !found.answers.iter().any(|a| a.output == *o));
-        answers_kept(found.answers, share, others, found.outputs)
-    });
+    let held_to_answers = found.target.map(|share| answers_kept(index, found.answers, share, found.outputs));
     let mut summary = if fixed && keep.is_empty() {
         match &held_to_answers {
             Some(kept) => format!("{low_name} with nothing kept {kept}; nothing to keep in FP32{by_converter}"),

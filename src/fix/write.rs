@@ -80,28 +80,16 @@ fn typed_check(search: &Search, path: &Path) -> Result<Result<Option<TypedCheck>
             Err(e) => return Ok(Err(e.to_string())),
         };
         let comparison = search.compare_outputs(k, &out.tensors);
-        let sample = search
-            .goal
-            .as_ref()
-            .map(|g| g.sample(search.index, &comparison, &search.samples[k].reference, &out.tensors));
-        let pass = match (&search.goal, &sample) {
-            (Some(goal), Some(sample)) if goal.share.is_some() => !goal.fails(sample),
-            _ => comparison.outputs_pass(search.index),
-        };
-        if let Some(sample) = sample {
-            answers.push((search.samples[k].name.clone(), sample));
-        }
+        let pass = search.sample_passes(k, &comparison, &out.tensors, &mut answers);
         let key = |pass: bool, c: &Comparison| (!pass, c.largest_error(outputs));
         if worst.as_ref().is_none_or(|(p, c)| verdict_order(key(pass, &comparison), key(*p, c)).is_gt()) {
             worst = Some((pass, comparison));
         }
     }
-    Ok(Ok(worst.map(|(pass, comparison)| match &search.goal {
-        Some(goal) => {
-            let (met, records) = goal.over(&answers);
-            TypedCheck { pass: if goal.share.is_some() { met } else { pass }, comparison, answers: records }
-        }
-        None => TypedCheck { pass, comparison, answers: Vec::new() },
+    // The worst sample passes only where every sample does.
+    Ok(Ok(worst.map(|(pass, comparison)| {
+        let (pass, answers) = search.target_over(&answers, pass);
+        TypedCheck { pass, comparison, answers }
     })))
 }
 
