@@ -178,6 +178,13 @@ fn fix_held_to_the_answer_keeps_what_the_decoded_string_needs() {
     assert_eq!(r["target"], "answer", "{r}");
     assert_eq!(r["keep_fp32"], serde_json::json!(["scores"]), "{r}");
     assert_eq!((r["answers"][0]["cases"].as_u64(), r["answers"][0]["changed_cases"].as_u64()), (Some(1), Some(0)));
+    // The Markdown shows the fix's answers as the terminal does.
+    let out = layerwise(&["bisect", "m.onnx", "--inputs", "x.npz", "--json", "b.json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let out = layerwise(&["report", "b.json", "--fix", "answer.json", "--markdown", "pr.md"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let md = std::fs::read_to_string(dir.path().join("pr.md")).unwrap();
+    assert!(md.contains("answer of 'logits' (ctc, given): held"), "{md}");
     // The oracle: the written file decoded by ONNX Runtime itself, as its own types run.
     let written = layerwise_model::Model::load(&dir.path().join("fixed.onnx")).unwrap();
     let index = layerwise_model::GraphIndex::build(written.graph()).unwrap();

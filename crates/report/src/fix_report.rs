@@ -354,6 +354,10 @@ pub fn render_fix_html(r: &FixReport) -> String {
         if fixed { "FIXED" } else { "NOT FIXED" },
         esc(&r.summary)
     );
+    // The answers, as the terminal shows them.
+    for a in &r.answers {
+        let _ = write!(h, r#"<p class="answer"><b>{}</b></p>"#, esc(&a.line()));
+    }
     if !r.patterns.is_empty() {
         h.push_str("<table><thead><tr><th>keep in FP32</th><th>nodes</th><th>because</th></tr></thead><tbody>");
         for p in &r.patterns {

@@ -90,6 +90,10 @@ pub fn render_markdown(report: &Report, fix: Option<&FixReport>) -> String {
     if let Some(fix) = fix {
         let status = if fix.status == FixStatus::Fixed { "fixed" } else { "not_fixed" };
         let _ = writeln!(m, "**Fix ({status}):** {}  ", md(&fix.summary));
+        // The answers, as the terminal shows them.
+        for a in &fix.answers {
+            let _ = writeln!(m, "{}  ", md(&a.line()));
+        }
         if !fix.keep_fp32.is_empty() {
             let names: Vec<String> = fix.keep_fp32.iter().map(|k| markdown_code(k)).collect();
             let _ = writeln!(m, "Keep in FP32: {}  ", names.join(", "));
