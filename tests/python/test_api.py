@@ -194,6 +194,8 @@ def test_task_and_the_fix_held_to_the_answer(tmp_path):
     held = layerwise.fix(model, inputs=x, task={"logits": "ctc"}, target="answer", progress=False)
     assert held.status == "fixed", held.summary
     assert (held.target, held.keep_fp32, held.answers[0].changed_cases) == ("answer", ["scores"], 0)
+    # The notebook view shows the answers as the terminal does.
+    assert "answer of 'logits' (ctc, given): held" in held._repr_html_()
     with pytest.raises(ValueError, match="at most 1"):
         layerwise.fix(model, inputs=x, task={"logits": "ctc"}, target="answer:2", progress=False)
     with pytest.raises(ValueError, match="is not OUTPUT:TASK|not a task|task"):
